@@ -1,0 +1,1 @@
+"""Verification math (pure functions) and the one decode loop."""

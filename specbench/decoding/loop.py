@@ -1,0 +1,138 @@
+"""The one decode loop. Every method, autoregressive decoding included, runs through ``decode``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from specbench.decoding.sampling import SamplingParams, logits_to_probs
+from specbench.decoding.verify import block_divergence, block_efficiency, verify_greedy, verify_sampling
+from specbench.drafters.base import Draft, Drafter
+from specbench.errors import SpecbenchError
+from specbench.models.target import Target
+from specbench.selection.base import Feedback, Selector
+from specbench.timing import Clock
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_new_tokens: int = 128
+    draft_length: int = 4
+
+    def __post_init__(self):
+        if self.draft_length < 1:
+            raise SpecbenchError(f"draft length must be at least 1, got {self.draft_length}",
+                                 "set decoding.draft_length to 1 or more (use the autoregressive arm for no draft)")
+        if self.max_new_tokens < 1:
+            raise SpecbenchError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}",
+                                 "set decoding.max_new_tokens to 1 or more")
+
+
+@dataclass
+class Round:
+    index: int
+    arm: str
+    drafted: int
+    accepted: int
+    n_max: int
+    be: float
+    bd: float
+    emitted: int
+    t_select: float
+    t_draft: float
+    t_verify: float
+    t_switch: float
+    switched: bool
+
+
+@dataclass
+class Generation:
+    tokens: list[int]
+    rounds: list[Round] = field(default_factory=list)
+    target_calls: int = 0
+    seconds: float = 0.0
+    stop: str = "length"  # "eos" or "length"
+
+    @property
+    def drafted(self) -> int:
+        return sum(r.drafted for r in self.rounds)
+
+    @property
+    def accepted(self) -> int:
+        return sum(r.accepted for r in self.rounds)
+
+    @property
+    def switches(self) -> int:
+        return sum(r.switched for r in self.rounds)
+
+
+def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prompt_ids: list[int], *,
+           sampling: SamplingParams, limits: Limits, eos_ids: frozenset[int], rng: torch.Generator,
+           clock: Clock, query=None, on_round: Callable[[Round], None] | None = None) -> Generation:
+    """Generate up to ``limits.max_new_tokens`` tokens for one prompt (batch size 1).
+
+    Each round: the selector picks an arm; its drafter catches up with the committed tokens
+    (``sync``: timed as switching cost when the previous round used another arm) and proposes up
+    to ``draft_length`` tokens; one target forward scores them; verification keeps the accepted
+    prefix plus one target token; the cache is rolled back to that; the selector gets feedback.
+    Output stops after an EOS (kept, even inside an accepted draft) or at ``max_new_tokens``.
+    ``seconds`` covers everything from the prefill on, read from ``clock`` at the boundaries.
+    """
+    t_start = clock.now()
+    target.prefill(prompt_ids)
+    for drafter in pool.values():
+        drafter.reset(target.encoder_ids)
+    selector.reset(query)
+    out: list[int] = []
+    gen = Generation(tokens=out)
+    prev_arm = None
+    while len(out) < limits.max_new_tokens:
+        t0 = clock.now()
+        arm = selector.select()
+        t1 = clock.now()
+        drafter = pool[arm]
+        # Leave room for the bonus token so a round never overshoots max_new_tokens.
+        k = min(limits.draft_length, limits.max_new_tokens - len(out) - 1)
+        switched = prev_arm is not None and arm != prev_arm
+        drafter.sync(target.tokens)
+        t2 = clock.now()
+        draft = drafter.propose(target.tokens, k, sampling, rng, eos_ids) if k > 0 else Draft([], None)
+        t3 = clock.now()
+        logits = target.score(draft.tokens)
+        if sampling.greedy:
+            verdict = verify_greedy(draft.tokens, logits)
+            p = logits_to_probs(logits[: len(draft.tokens)], sampling) if draft.tokens else None
+        else:
+            p = logits_to_probs(logits, sampling)
+            verdict = verify_sampling(draft.tokens, draft.probs, p, rng)
+        new = verdict.tokens
+        for i, tok in enumerate(new):
+            if tok in eos_ids:
+                new = new[: i + 1]
+                gen.stop = "eos"
+                break
+        accepted = min(verdict.accepted, len(new))
+        n_max = k if arm != "autoregressive" else 0
+        bd = block_divergence(draft.tokens, draft.probs, p, n_max) if draft.tokens else 0.0
+        out.extend(new)
+        done = gen.stop == "eos" or len(out) >= limits.max_new_tokens
+        if not done:
+            target.commit(new)
+        t4 = clock.now()
+        rnd = Round(index=len(gen.rounds), arm=arm, drafted=len(draft.tokens), accepted=accepted, n_max=n_max,
+                    be=block_efficiency(accepted, n_max), bd=bd, emitted=len(new), t_select=t1 - t0,
+                    t_draft=(t3 - t2) if switched else (t3 - t1), t_verify=t4 - t3,
+                    t_switch=(t2 - t1) if switched else 0.0, switched=switched)
+        gen.rounds.append(rnd)
+        selector.update(arm, Feedback(drafted=rnd.drafted, accepted=accepted, n_max=n_max, be=rnd.be, bd=bd,
+                                      t_draft=rnd.t_draft, t_verify=rnd.t_verify, t_switch=rnd.t_switch))
+        if on_round is not None:
+            on_round(rnd)
+        prev_arm = arm
+        if done:
+            break
+    gen.target_calls = target.calls
+    gen.seconds = clock.now() - t_start
+    return gen

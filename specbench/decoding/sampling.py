@@ -1,0 +1,59 @@
+"""Turning logits into the distributions that drafting and verification use (pure functions)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """``temperature == 0`` means greedy decoding; top-k/top-p apply to sampling only."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution a token is drawn from: temperature, then top-k, then top-p (nucleus).
+
+    Under greedy decoding nothing is sampled; the plain softmax (temperature 1) is returned so that
+    alignment rewards such as Block Divergence stay defined.
+    """
+    logits = logits.float()
+    if params.greedy:
+        return torch.softmax(logits, dim=-1)
+    logits = logits / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+        mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p
+        drop_sorted = mass_before >= params.top_p  # the first token is always kept
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def pick(probs_or_logits: torch.Tensor, params: SamplingParams, rng: torch.Generator) -> int:
+    """Greedy: argmax of the row. Sampling: one draw from the (already processed) probabilities."""
+    if params.greedy:
+        return int(torch.argmax(probs_or_logits, dim=-1))
+    return int(torch.multinomial(probs_or_logits, 1, generator=rng))

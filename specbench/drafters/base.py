@@ -1,0 +1,89 @@
+"""The drafter interface and the one implementation shared by every model-backed drafter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specbench.decoding.sampling import SamplingParams, logits_to_probs, pick
+from specbench.models.cache import CachedLM
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    probs: torch.Tensor | None  # [len(tokens), V]: the distributions the tokens were drawn from
+
+
+class Drafter:
+    """A source of draft tokens.
+
+    ``cost`` is the relative cost per drafted token (parameter count relative to the target by
+    default); ``reset`` starts a query; ``sync`` brings the drafter's own state up to the committed
+    tokens (the loop times it: when the drafter was idle in the previous round this is the
+    switching cost); ``propose`` drafts up to ``k`` tokens.
+    """
+
+    name: str = "drafter"
+    cost: float = 0.0
+    deterministic: bool = False
+    can_generate_alone: bool = True
+
+    def reset(self, encoder_ids: list[int] | None) -> None:
+        pass
+
+    def sync(self, tokens: list[int]) -> None:
+        pass
+
+    def propose(self, tokens: list[int], k: int, sampling: SamplingParams, rng: torch.Generator,
+                eos_ids: frozenset[int] = frozenset()) -> Draft:
+        raise NotImplementedError
+
+
+class AutoregressiveArm(Drafter):
+    """No draft: the round is one ordinary target step."""
+
+    name = "autoregressive"
+    deterministic = True
+
+    def propose(self, tokens, k, sampling, rng, eos_ids=frozenset()) -> Draft:
+        return Draft(tokens=[], probs=None)
+
+
+class ModelDrafter(Drafter):
+    """Drafts token by token from any causal or seq2seq HF module with its own KV cache."""
+
+    def __init__(self, name: str, model: torch.nn.Module, vocab_size: int, cost: float):
+        self.name = name
+        self.cost = cost
+        self.lm = CachedLM(model, vocab_size=vocab_size)
+        self._next_logits: torch.Tensor | None = None
+
+    def reset(self, encoder_ids):
+        self.lm.reset(encoder_ids)
+        self._next_logits = None
+
+    def sync(self, tokens):
+        self._next_logits = self.lm.sync(tokens)
+
+    def propose(self, tokens, k, sampling, rng, eos_ids=frozenset()) -> Draft:
+        if self._next_logits is None or self.lm.cached != tokens:
+            self.sync(tokens)
+        logits = self._next_logits
+        self._next_logits = None
+        out: list[int] = []
+        rows: list[torch.Tensor] = []
+        for i in range(k):
+            probs = logits_to_probs(logits, sampling)
+            tok = pick(logits if sampling.greedy else probs, sampling, rng)
+            out.append(tok)
+            rows.append(probs)
+            if tok in eos_ids or i == k - 1:
+                break
+            logits = self.lm.forward([tok])[-1]
+        return Draft(tokens=out, probs=torch.stack(rows) if rows else None)
+
+
+def param_count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

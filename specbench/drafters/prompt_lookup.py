@@ -1,0 +1,48 @@
+"""``prompt_lookup``: copy the continuation of the latest earlier occurrence of the last n-gram.
+
+No model: the haystack is the encoder input (encoder-decoder targets) followed by the decoder
+tokens so far. Drafts are deterministic (``probs = None``, one-hot for verification).
+"""
+
+from __future__ import annotations
+
+from specbench.drafters.base import Draft, Drafter
+from specbench.errors import SpecbenchError
+
+
+def lookup(haystack: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
+    """Up to ``k`` tokens following the most recent earlier match of the longest suffix n-gram."""
+    n_tokens = len(haystack)
+    for n in range(min(max_ngram, n_tokens - 1), min_ngram - 1, -1):
+        pattern = haystack[n_tokens - n:]
+        for start in range(n_tokens - n - 1, -1, -1):
+            if haystack[start:start + n] == pattern:
+                cont = haystack[start + n:start + n + k]
+                if cont:
+                    return cont
+    return []
+
+
+class PromptLookup(Drafter):
+    deterministic = True
+    can_generate_alone = False
+
+    def __init__(self, name: str, max_ngram: int = 3, min_ngram: int = 1, cost: float = 0.0):
+        if not 1 <= min_ngram <= max_ngram:
+            raise SpecbenchError(f"prompt_lookup needs 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}",
+                                 "set drafter min_ngram/max_ngram accordingly (defaults 1 and 3)")
+        self.name = name
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.cost = cost
+        self._prefix: list[int] = []
+
+    def reset(self, encoder_ids):
+        self._prefix = list(encoder_ids or [])
+
+    def propose(self, tokens, k, sampling, rng, eos_ids=frozenset()) -> Draft:
+        return Draft(tokens=lookup(self._prefix + tokens, k, self.max_ngram, self.min_ngram), probs=None)
+
+
+def build(target, name: str, max_ngram: int = 3, min_ngram: int = 1, cost: float = 0.0) -> PromptLookup:
+    return PromptLookup(name, max_ngram=max_ngram, min_ngram=min_ngram, cost=cost)

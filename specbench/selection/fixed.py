@@ -1,0 +1,18 @@
+"""``fixed``: the same arm for every round of every query (``autoregressive`` is the baseline)."""
+
+from __future__ import annotations
+
+from specbench.errors import SpecbenchError
+from specbench.selection.base import Selector
+
+
+class Fixed(Selector):
+    def __init__(self, arms: list[str], arm: str):
+        super().__init__(arms)
+        if arm not in self.arms:
+            raise SpecbenchError(f"fixed selector: no arm named '{arm}' in the pool",
+                                 f"use one of: {', '.join(self.arms)}")
+        self.arm = arm
+
+    def select(self) -> str:
+        return self.arm
