@@ -1,0 +1,88 @@
+"""The ``specbench`` command line: Typer commands that hand their trailing arguments to Hydra.
+
+``specbench eval target=tiny_llama pool=tiny dataset.limit=4`` and ``specbench eval -m
+decoding.draft_length=2,4`` behave as in any Hydra app (run directories under ``outputs/``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import typer
+
+from specbench.errors import SpecbenchError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Multi-drafter speculative decoding: collect rewards, train drafter policies, evaluate.")
+HYDRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": ["--help"]}
+
+
+def conf_dir() -> str:
+    path = Path(os.environ.get("SPECBENCH_CONF", Path(__file__).resolve().parent.parent / "conf"))
+    if not (path / "eval.yaml").exists():
+        raise SpecbenchError(f"config directory {path} not found",
+                             "install specbench from its repository with `pip install -e .`, or set SPECBENCH_CONF")
+    return str(path)
+
+
+def _fail(exc: SpecbenchError) -> None:
+    typer.secho(f"error: {exc.problem}", fg="red", err=True)
+    if exc.fix:
+        typer.secho(f"fix:   {exc.fix}", err=True)
+    raise SystemExit(2)
+
+
+def hydra_run(config_name: str, pipeline, args: list[str]) -> None:
+    """Run ``pipeline(cfg, output_dir)`` under ``@hydra.main`` with ``args`` as Hydra's argv."""
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        path = conf_dir()
+    except SpecbenchError as exc:
+        _fail(exc)
+
+    @hydra.main(version_base=None, config_path=path, config_name=config_name)
+    def _main(cfg):
+        try:
+            return pipeline(cfg, HydraConfig.get().runtime.output_dir)
+        except SpecbenchError as exc:
+            _fail(exc)
+
+    sys.argv = [f"specbench {config_name}", *args]
+    _main()
+
+
+@app.command("eval", context_settings=HYDRA_ARGS)
+def eval_(ctx: typer.Context) -> None:
+    """Timed decoding: speedup, MAT, acceptance and exact match vs autoregressive (Hydra overrides follow)."""
+    from specbench.pipelines import evaluate
+
+    hydra_run("eval", evaluate.run, ctx.args)
+
+
+def _not_built(command: str, issue: str) -> None:
+    typer.secho(f"specbench {command} is not built yet ({issue}).", fg="yellow", err=True)
+    raise SystemExit(2)
+
+
+@app.command("collect", context_settings=HYDRA_ARGS)
+def collect(ctx: typer.Context) -> None:
+    """Offline reward collection for the context-aware drafter policy (not built yet)."""
+    _not_built("collect", "offline contextual-bandit issue")
+
+
+@app.command("train-policy", context_settings=HYDRA_ARGS)
+def train_policy(ctx: typer.Context) -> None:
+    """Train a drafter-selection policy from collected rewards (not built yet)."""
+    _not_built("train-policy", "offline contextual-bandit issue")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Pipelines: ``run(cfg) -> output directory``. They print tables only through ``report``."""

@@ -1,0 +1,150 @@
+"""``specbench eval``: timed decoding of several methods on the same examples, interleaved.
+
+Per example every method runs once, in an order rotated by the example index (A B C, B C A, ...),
+in one process with one clock; the autoregressive baseline is always among them. Records are
+appended as each generation finishes; rerunning into the same directory skips finished
+(query, method) pairs, so an interrupted run resumes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from specbench.decoding.loop import Limits, decode
+from specbench.decoding.sampling import SamplingParams
+from specbench.drafters import AUTOREGRESSIVE, build_pool
+from specbench.errors import SpecbenchError
+from specbench.models import Target, load_model
+from specbench.pipelines import report
+from specbench.records import ExampleRecord, JsonlWriter, RoundRecord, read_jsonl
+from specbench.selection import Fixed, Selector
+from specbench.tasks import build_prompt, load_queries
+from specbench.timing import Clock
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Method:
+    name: str
+    make_selector: Callable[[], Selector]
+
+
+def parse_methods(specs, pool: dict, selector_cfg) -> list[Method]:
+    """``autoregressive`` | ``fixed:<arm>`` | ``fixed:*`` (every drafter) | ``selector`` (the composed
+    ``selector`` config). The autoregressive baseline is always first."""
+    arms = list(pool)
+    names: list[str] = [AUTOREGRESSIVE]
+    methods = [Method(AUTOREGRESSIVE, lambda: Fixed(arms, AUTOREGRESSIVE))]
+    for spec in specs or []:
+        spec = str(spec)
+        if spec == AUTOREGRESSIVE:
+            continue
+        if spec == "selector":
+            if selector_cfg is None:
+                continue
+            name = str(selector_cfg.get("name") or selector_cfg._target_.rsplit(".", 1)[-1].lower())
+            scfg = {k: v for k, v in OmegaConf.to_container(selector_cfg, resolve=True).items() if k != "name"}
+            new = [Method(name, lambda scfg=scfg: instantiate(scfg, arms=arms))]
+        elif spec.startswith("fixed:"):
+            arm = spec.split(":", 1)[1]
+            chosen = [a for a in arms if a != AUTOREGRESSIVE] if arm == "*" else [arm]
+            for a in chosen:
+                Fixed(arms, a)  # validates the arm name now, before any decoding
+            new = [Method(f"fixed:{a}", lambda a=a: Fixed(arms, a)) for a in chosen]
+        else:
+            raise SpecbenchError(f"unknown method '{spec}'",
+                                 "use autoregressive, fixed:<drafter>, fixed:* or selector in eval.methods")
+        for m in new:
+            if m.name not in names:
+                names.append(m.name)
+                methods.append(m)
+    return methods
+
+
+def eos_ids_of(loaded, extra=()) -> frozenset[int]:
+    ids = set()
+    for source in (loaded.tokenizer.eos_token_id, getattr(loaded.model.generation_config, "eos_token_id", None)):
+        if source is None:
+            continue
+        ids.update(source if isinstance(source, (list, tuple)) else [source])
+    ids.update(int(x) for x in extra or ())
+    return frozenset(int(i) for i in ids)
+
+
+def _seed_for(seed: int, query_index: int, method_index: int) -> int:
+    return (seed * 1_000_003 + query_index * 1_009 + method_index) % (2**63)
+
+
+def run(cfg: DictConfig, output_dir: str | Path) -> Path:
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, out / "config.yaml")
+    if cfg.get("threads"):
+        torch.set_num_threads(int(cfg.threads))
+
+    dec = cfg.decoding
+    sampling = SamplingParams(temperature=float(dec.temperature), top_k=int(dec.top_k), top_p=float(dec.top_p))
+    limits = Limits(max_new_tokens=int(dec.max_new_tokens), draft_length=int(dec.draft_length))
+    queries = load_queries(list(cfg.dataset.sources), limit=cfg.dataset.get("limit"), seed=int(cfg.dataset.get("seed", 0)),
+                           shuffle=bool(cfg.dataset.get("shuffle", False)))
+
+    log.info("loading target %s", cfg.target.model)
+    loaded = load_model(cfg.target.model, dtype=cfg.target.dtype, device=cfg.target.device)
+    target = Target(loaded)
+    pool = build_pool(target, cfg.pool.get("drafters"))
+    methods = parse_methods(cfg.methods, pool, cfg.get("selector"))
+    eos_ids = eos_ids_of(loaded, dec.get("extra_eos_ids"))
+    templates = cfg.dataset.templates[cfg.target.prompt.templates]
+    prompts = [build_prompt(q, loaded.tokenizer, cfg.target.prompt.style, templates, cfg.target.prompt.get("system"))
+               for q in queries]
+    clock = Clock(target.device)
+
+    done = {(r["query_id"], r["method"]) for r in read_jsonl(out / "examples.jsonl")}
+    if done:
+        log.info("resuming: %d finished generations found in %s", len(done), out)
+    todo = [(qi, mi) for qi in range(len(queries)) for mi in range(len(methods))
+            if (queries[qi].id, methods[mi].name) not in done]
+
+    if todo and cfg.warmup.max_new_tokens > 0:
+        warm = Limits(max_new_tokens=int(cfg.warmup.max_new_tokens), draft_length=limits.draft_length)
+        for m in methods:
+            decode(target, pool, m.make_selector(), prompts[0], sampling=sampling, limits=warm, eos_ids=eos_ids,
+                   rng=torch.Generator(device=target.device).manual_seed(0), clock=clock, query=queries[0])
+
+    with JsonlWriter(out / "rounds.jsonl") as rounds_out, JsonlWriter(out / "examples.jsonl") as examples_out, \
+            tqdm(total=len(todo), desc="eval", unit="gen") as bar:
+        for qi, query in enumerate(queries):
+            order = [methods[(qi + j) % len(methods)] for j in range(len(methods))]
+            for m in order:
+                if (query.id, m.name) in done:
+                    continue
+                mi = methods.index(m)
+                rng = torch.Generator(device=target.device).manual_seed(_seed_for(int(cfg.seed), qi, mi))
+                gen = decode(target, pool, m.make_selector(), prompts[qi], sampling=sampling, limits=limits,
+                             eos_ids=eos_ids, rng=rng, clock=clock, query=query)
+                rounds_out.write_many(RoundRecord(query_id=query.id, task=query.task, method=m.name, round=r.index,
+                                                  arm=r.arm, drafted=r.drafted, accepted=r.accepted, n_max=r.n_max,
+                                                  be=r.be, bd=r.bd, emitted=r.emitted, t_select=r.t_select,
+                                                  t_draft=r.t_draft, t_verify=r.t_verify, t_switch=r.t_switch,
+                                                  switched=r.switched) for r in gen.rounds)
+                examples_out.write(ExampleRecord(
+                    query_id=query.id, task=query.task, method=m.name, output_ids=gen.tokens,
+                    text=loaded.tokenizer.decode(gen.tokens, skip_special_tokens=True), new_tokens=len(gen.tokens),
+                    seconds=gen.seconds, target_calls=gen.target_calls, rounds=len(gen.rounds), drafted=gen.drafted,
+                    accepted=gen.accepted, switches=gen.switches, t_switch=sum(r.t_switch for r in gen.rounds),
+                    stop=gen.stop, category=query.category))
+                bar.update(1)
+
+    table = report.summarize(read_jsonl(out / "examples.jsonl"))
+    md = report.write_tables(table, out, title=f"specbench eval: {cfg.target.model}")
+    report.print_table(md, title=f"summary ({out})")
+    return out

@@ -1,0 +1,93 @@
+"""Summary tables: pure functions of example records, and the one function that prints them."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+import pandas as pd
+
+log = logging.getLogger(__name__)
+
+BASELINE = "autoregressive"
+ALL_TASKS = "all"
+COLUMNS = ["task", "method", "n_examples", "new_tokens", "seconds", "tokens_per_s", "tokens_per_s_mean",
+           "speedup", "speedup_mean", "mat", "acceptance_rate", "exact_match", "switches"]
+
+
+def summarize(examples: Iterable[dict], baseline: str = BASELINE) -> pd.DataFrame:
+    """One row per (task, method) plus one per method over all tasks (task = ``all``).
+
+    - tokens_per_s: total new tokens / total seconds; tokens_per_s_mean: mean of per-example rates.
+    - speedup: total baseline seconds / total method seconds over the examples both ran;
+      speedup_mean: mean of the per-example ratios.
+    - mat: new tokens per target forward (bonus token included; autoregressive = 1.00).
+    - acceptance_rate: accepted draft tokens / drafted tokens (NaN when nothing was drafted).
+    - exact_match: share of examples whose output ids equal the baseline's for the same query.
+    """
+    df = pd.DataFrame(list(examples))
+    if df.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    base = df[df.method == baseline].set_index("query_id")
+    quality_cols = sorted({k for q in df.get("quality", pd.Series(dtype=object)).dropna() for k in q})
+    rows = []
+    for task_key, sub in [*df.groupby("task"), (ALL_TASKS, df)]:
+        for method, m in sub.groupby("method", sort=False):
+            row = _row(m, base)
+            row.update(task=task_key, method=method)
+            for key in quality_cols:
+                vals = [q.get(key) for q in m["quality"] if isinstance(q, dict) and q.get(key) is not None]
+                row[key] = sum(vals) / len(vals) if vals else float("nan")
+            rows.append(row)
+    out = pd.DataFrame(rows)
+    order = {m: i for i, m in enumerate(dict.fromkeys([baseline, *df.method]))}
+    out["_t"] = out.task.eq(ALL_TASKS)
+    out["_m"] = out.method.map(order)
+    out = out.sort_values(["_t", "task", "_m"]).drop(columns=["_t", "_m"]).reset_index(drop=True)
+    return out[COLUMNS + quality_cols]
+
+
+def _row(m: pd.DataFrame, base: pd.DataFrame) -> dict:
+    tokens, seconds = int(m.new_tokens.sum()), float(m.seconds.sum())
+    paired = m[m.query_id.isin(base.index)]
+    if len(paired):
+        b = base.loc[paired.query_id]
+        speedup = float(b.seconds.sum()) / float(paired.seconds.sum())
+        speedup_mean = float((b.seconds.values / paired.seconds.values).mean())
+        exact = float(sum(list(o) == list(r) for o, r in zip(paired.output_ids, b.output_ids)) / len(paired))
+    else:
+        speedup = speedup_mean = exact = float("nan")
+    drafted = int(m.drafted.sum())
+    return {
+        "n_examples": len(m), "new_tokens": tokens, "seconds": seconds,
+        "tokens_per_s": tokens / seconds if seconds else float("nan"),
+        "tokens_per_s_mean": float((m.new_tokens / m.seconds).mean()),
+        "speedup": speedup, "speedup_mean": speedup_mean,
+        "mat": tokens / int(m.target_calls.sum()) if int(m.target_calls.sum()) else float("nan"),
+        "acceptance_rate": int(m.accepted.sum()) / drafted if drafted else float("nan"),
+        "exact_match": exact, "switches": int(m.switches.sum()),
+    }
+
+
+def to_markdown(df: pd.DataFrame, floatfmt: str = ".3f") -> str:
+    return df.to_markdown(index=False, floatfmt=floatfmt)
+
+
+def write_tables(df: pd.DataFrame, out_dir: Path, stem: str = "summary", title: str | None = None) -> str:
+    """Write ``<stem>.csv`` and ``<stem>.md``; return the Markdown table."""
+    out_dir = Path(out_dir)
+    df.to_csv(out_dir / f"{stem}.csv", index=False)
+    md = to_markdown(df)
+    notes = ("speedup = total autoregressive seconds / total method seconds on the same examples; "
+             "mat = new tokens per target forward (bonus token included); acceptance_rate = accepted / "
+             "drafted tokens; exact_match = share of outputs identical to autoregressive.")
+    (out_dir / f"{stem}.md").write_text((f"# {title}\n\n" if title else "") + md + "\n\n" + notes + "\n", encoding="utf-8")
+    return md
+
+
+def print_table(md: str, title: str | None = None) -> None:
+    """The one place pipelines print tables."""
+    if title:
+        print(f"\n{title}")
+    print(md, flush=True)

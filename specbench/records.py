@@ -1,0 +1,95 @@
+"""Record types every pipeline reads and writes, and append-as-you-go JSONL files.
+
+- round: one speculative round of one (query, method);
+- example: one finished generation of one (query, method);
+- summary rows are derived from example records only (``pipelines/report.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class RoundRecord:
+    query_id: str
+    task: str
+    method: str
+    round: int
+    arm: str
+    drafted: int
+    accepted: int
+    n_max: int
+    be: float
+    bd: float
+    emitted: int
+    t_select: float
+    t_draft: float
+    t_verify: float
+    t_switch: float
+    switched: bool
+
+
+@dataclass
+class ExampleRecord:
+    query_id: str
+    task: str
+    method: str
+    output_ids: list[int]
+    text: str
+    new_tokens: int
+    seconds: float
+    target_calls: int
+    rounds: int
+    drafted: int
+    accepted: int
+    switches: int
+    t_switch: float
+    stop: str
+    category: str | None = None
+    quality: dict = field(default_factory=dict)
+
+
+class JsonlWriter:
+    """Appends one JSON object per line and flushes it, so an interrupted run keeps every line."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = self.path.open("a", encoding="utf-8")
+
+    def write(self, record) -> None:
+        row = asdict(record) if hasattr(record, "__dataclass_fields__") else record
+        self._fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self._fh.flush()
+
+    def write_many(self, records) -> None:
+        for r in records:
+            self._fh.write(json.dumps(asdict(r), ensure_ascii=False) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def read_jsonl(path: Path) -> Iterator[dict]:
+    """Read records; a torn last line (a run killed mid-write) is skipped."""
+    path = Path(path)
+    if not path.exists():
+        return
+    with path.open(encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError:
+                    continue
