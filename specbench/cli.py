@@ -63,6 +63,14 @@ def eval_(ctx: typer.Context) -> None:
     hydra_run("eval", evaluate.run, ctx.args)
 
 
+@app.command("bench", context_settings=HYDRA_ARGS)
+def bench_(ctx: typer.Context) -> None:
+    """Our decode loop vs Hugging Face generate / assisted generation: seconds, speedups, output match."""
+    from specbench.pipelines import bench
+
+    hydra_run("bench", bench.run, ctx.args)
+
+
 def _not_built(command: str, issue: str) -> None:
     typer.secho(f"specbench {command} is not built yet ({issue}).", fg="yellow", err=True)
     raise SystemExit(2)

@@ -59,6 +59,7 @@ class JsonlWriter:
     def __init__(self, path: Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        _drop_torn_tail(self.path)
         self._fh = self.path.open("a", encoding="utf-8")
 
     def write(self, record) -> None:
@@ -79,6 +80,17 @@ class JsonlWriter:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a last line left without its newline by a killed run, so appends start on a fresh line."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with path.open("rb+") as fh:
+        data = fh.read()
+        if data.endswith(b"\n"):
+            return
+        fh.truncate(data.rfind(b"\n") + 1)
 
 
 def read_jsonl(path: Path) -> Iterator[dict]:

@@ -2,7 +2,8 @@
 
 Schemes:
 - ``dynamic_int8`` (CPU): ``torch.ao`` dynamic quantization: int8 weights (per output channel)
-  and activations quantized on the fly, run by fbgemm/onednn int8 GEMMs. Fastest on CPUs.
+  and int8 activations quantized on the fly per call, run by fbgemm/onednn int8 GEMMs. Fastest on
+  CPUs.
 - ``weight_int8`` (CPU or CUDA): weight-only int8 with per-output-channel scales; activations
   stay in the model's dtype (the weight is dequantized inside the matmul).
 """
@@ -61,13 +62,15 @@ def quantize(model: torch.nn.Module, scheme: str) -> torch.nn.Module:
             raise SpecbenchError(f"scheme dynamic_int8 needs a float32 target, got {model.dtype}",
                                  "use target.dtype=float32, or scheme=weight_int8")
         try:
-            from torch.ao.quantization import quantize_dynamic
+            from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
         except ImportError as exc:  # removed from a future torch
             raise SpecbenchError("this torch has no torch.ao.quantization.quantize_dynamic",
                                  "use scheme=weight_int8") from exc
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8).eval()
+            # Per-output-channel weight scales: the default per-tensor scale costs acceptance.
+            spec = {torch.nn.Linear: per_channel_dynamic_qconfig}
+            return quantize_dynamic(copy.deepcopy(model), spec, dtype=torch.qint8).eval()
     clone = copy.deepcopy(model)
     _replace_linears(clone)
     return clone.eval()

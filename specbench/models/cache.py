@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 
 import torch
+from transformers import DynamicCache, EncoderDecoderCache
 
 
 def crop_cache(cache, keep: int) -> None:
@@ -57,7 +58,8 @@ class CachedLM:
 
     @torch.inference_mode()
     def reset(self, encoder_ids: list[int] | None = None) -> None:
-        self.cache = None
+        # An explicit cache object: transformers 4.x would otherwise return legacy tuples.
+        self.cache = EncoderDecoderCache(DynamicCache(), DynamicCache()) if self.is_encoder_decoder else DynamicCache()
         self.cached = []
         self.encoder_outputs = None
         if self.is_encoder_decoder:
@@ -82,7 +84,7 @@ class CachedLM:
         return logits.float()
 
     def crop(self, keep: int) -> None:
-        if self.cache is not None and keep < len(self.cached):
+        if keep < len(self.cached):
             crop_cache(self.cache, keep)
         del self.cached[keep:]
 

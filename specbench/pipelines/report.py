@@ -74,14 +74,17 @@ def to_markdown(df: pd.DataFrame, floatfmt: str = ".3f") -> str:
     return df.to_markdown(index=False, floatfmt=floatfmt)
 
 
-def write_tables(df: pd.DataFrame, out_dir: Path, stem: str = "summary", title: str | None = None) -> str:
-    """Write ``<stem>.csv`` and ``<stem>.md``; return the Markdown table."""
+EVAL_NOTES = ("speedup = total autoregressive seconds / total method seconds on the same examples; "
+              "mat = new tokens per target forward (bonus token included); acceptance_rate = accepted / "
+              "drafted tokens; exact_match = share of outputs identical to autoregressive.")
+
+
+def write_tables(df: pd.DataFrame, out_dir: Path, stem: str = "summary", title: str | None = None,
+                 notes: str = EVAL_NOTES) -> str:
+    """Write ``<stem>.csv`` and ``<stem>.md`` (table + notes defining the columns); return the table."""
     out_dir = Path(out_dir)
     df.to_csv(out_dir / f"{stem}.csv", index=False)
     md = to_markdown(df)
-    notes = ("speedup = total autoregressive seconds / total method seconds on the same examples; "
-             "mat = new tokens per target forward (bonus token included); acceptance_rate = accepted / "
-             "drafted tokens; exact_match = share of outputs identical to autoregressive.")
     (out_dir / f"{stem}.md").write_text((f"# {title}\n\n" if title else "") + md + "\n\n" + notes + "\n", encoding="utf-8")
     return md
 

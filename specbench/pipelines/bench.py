@@ -1,0 +1,269 @@
+"""``specbench bench``: our decode loop against Hugging Face ``generate``, on the same examples.
+
+Per example, in one process, in an order rotated by the example index (as in ``eval``), every
+variant generates once, greedily, at batch size 1, from the same prompt ids (built as ``eval``
+builds them) with the same ``max_new_tokens``, EOS ids, pad id and draft length:
+
+- ``ours`` / autoregressive: ``decode`` with ``Fixed`` on the ``autoregressive`` arm;
+- ``hf`` / autoregressive: ``model.generate(do_sample=False)`` (plain greedy);
+- ``ours`` / <drafter>: ``decode`` with ``Fixed(<drafter>)``;
+- ``hf`` / <drafter>: assisted generation with the same drafter: its torch module as
+  ``assistant_model`` (model drafters), or ``prompt_lookup_num_tokens=draft_length`` with
+  ``max_matching_ngram_size=max_ngram`` (prompt lookup); the assistant settings are pinned on
+  copies of the generation configs: ``num_assistant_tokens=draft_length``,
+  ``num_assistant_tokens_schedule="constant"``, ``assistant_confidence_threshold=0``.
+
+What is timed: one call (``decode(...)`` or ``generate(...)``, input tensor included) between two
+readings of ``specbench.timing.Clock``; loading, prompt building and the first, untimed, short
+warm-up generation of each variant are not. New tokens are counted the same way for both: the ids
+after the prompt (after the decoder start token for encoder-decoder models), cut after the first
+EOS (kept). A drafter Hugging Face cannot run as an assistant gets NaN in the ``hf`` columns and a
+logged warning. One JSONL line per generation is appended to ``bench.jsonl`` as it finishes
+(rerunning into the same directory skips finished generations); the table is a pure function of it.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from specbench.decoding.loop import Limits, decode
+from specbench.decoding.sampling import SamplingParams
+from specbench.drafters import AUTOREGRESSIVE, ModelDrafter, build_pool
+from specbench.drafters.prompt_lookup import PromptLookup
+from specbench.errors import SpecbenchError
+from specbench.models import Target, load_model
+from specbench.pipelines import report
+from specbench.pipelines.evaluate import eos_ids_of, parse_methods
+from specbench.records import JsonlWriter, read_jsonl
+from specbench.selection import Fixed
+from specbench.tasks import build_prompt, load_queries
+from specbench.timing import Clock
+
+log = logging.getLogger(__name__)
+
+OURS, HF = "ours", "hf"
+GREEDY = SamplingParams(temperature=0.0)
+COLUMNS = ["method", "n_examples", "ours_tokens", "hf_tokens", "ours_s", "hf_s", "ours_speedup", "hf_speedup",
+           "ours_vs_hf", "ours_mat", "match_rate", "ours_speedup_mean", "hf_speedup_mean"]
+NOTES = ("ours_s / hf_s: total seconds of our decode loop / of Hugging Face generate. ours_speedup = ours "
+         "autoregressive s / ours method s; hf_speedup = HF greedy s / HF assisted s; ours_vs_hf = HF s / ours s "
+         "for the same method (>1: ours is faster); ratios are of totals over the examples both sides ran "
+         "(*_mean: mean of per-example ratios). ours_mat = new tokens per target forward (bonus token included). "
+         "match_rate = share of examples whose output ids equal HF's. Greedy, batch size 1, same prompts, "
+         "max_new_tokens, EOS ids and draft length; HF assistant settings pinned (num_assistant_tokens = draft "
+         "length, constant schedule, confidence threshold 0). NaN hf columns: HF cannot run that drafter.")
+
+
+@dataclass
+class Variant:
+    """One way of generating: ``run(prompt_ids, max_new_tokens, query) -> (new ids, target calls | None)``."""
+
+    method: str  # "autoregressive" or a drafter name: the table row
+    impl: str  # OURS or HF
+    run: Callable[[list[int], int, object], tuple[list[int], int | None]]
+
+
+def cut_at_eos(ids: list[int], eos_ids: frozenset[int]) -> list[int]:
+    """The ids up to and including the first EOS."""
+    for i, tok in enumerate(ids):
+        if tok in eos_ids:
+            return ids[: i + 1]
+    return ids
+
+
+def pinned_assistant_settings(config, draft_length: int):
+    """A copy of a generation config with the assistant knobs fixed (their defaults vary by version)."""
+    config = copy.deepcopy(config)
+    config.num_assistant_tokens = draft_length
+    config.num_assistant_tokens_schedule = "constant"
+    config.assistant_confidence_threshold = 0.0
+    return config
+
+
+def hf_generation_config(model, eos_ids: frozenset[int], pad_id: int):
+    """The model's generation config with plain greedy settings and nothing that changes argmax outputs."""
+    config = copy.deepcopy(model.generation_config)
+    for key, value in dict(do_sample=False, num_beams=1, temperature=None, top_k=None, top_p=None,
+                           repetition_penalty=1.0, no_repeat_ngram_size=0, bad_words_ids=None, suppress_tokens=None,
+                           begin_suppress_tokens=None, forced_bos_token_id=None, forced_eos_token_id=None,
+                           min_length=0, min_new_tokens=None, eos_token_id=sorted(eos_ids),
+                           pad_token_id=pad_id).items():
+        setattr(config, key, value)
+    return config
+
+
+def hf_assistance(drafter, draft_length: int) -> tuple[dict, dict] | None:
+    """``(generation config fields, generate kwargs)`` that make HF assisted generation use ``drafter``,
+    or None when HF has no counterpart. A model drafter's module gets a pinned copy of its generation
+    config (HF reads the assistant knobs from the assistant's config; ours never reads it)."""
+    if isinstance(drafter, PromptLookup):
+        return {"prompt_lookup_num_tokens": draft_length, "max_matching_ngram_size": drafter.max_ngram}, {}
+    if isinstance(drafter, ModelDrafter):
+        module = drafter.lm.model
+        module.generation_config = pinned_assistant_settings(module.generation_config, draft_length)
+        return {}, {"assistant_model": module}
+    return None
+
+
+def run(cfg: DictConfig, output_dir: str | Path) -> Path:
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, out / "config.yaml")
+    if cfg.get("threads"):
+        torch.set_num_threads(int(cfg.threads))
+    dec = cfg.decoding
+    if float(dec.temperature) != 0:
+        raise SpecbenchError(f"bench compares greedy outputs token for token; got decoding.temperature={dec.temperature}",
+                             "use decoding=greedy (the default)")
+    k, max_new, warm_n = int(dec.draft_length), int(dec.max_new_tokens), int(cfg.warmup.max_new_tokens)
+    Limits(max_new_tokens=max_new, draft_length=k)  # validates both
+    queries = load_queries(list(cfg.dataset.sources), limit=cfg.dataset.get("limit"), seed=int(cfg.dataset.get("seed", 0)),
+                           shuffle=bool(cfg.dataset.get("shuffle", False)))
+
+    log.info("loading target %s", cfg.target.model)
+    loaded = load_model(cfg.target.model, dtype=cfg.target.dtype, device=cfg.target.device)
+    target = Target(loaded)
+    pool = build_pool(target, cfg.pool.get("drafters"))
+    names = [AUTOREGRESSIVE, *(m.name.split(":", 1)[1] for m in parse_methods(
+        ["fixed:*"] if cfg.get("drafters") is None else [f"fixed:{d}" for d in cfg.drafters], pool, None)[1:])]
+    eos_ids = eos_ids_of(loaded, dec.get("extra_eos_ids"))
+    pad_id = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else min(eos_ids)
+    templates = cfg.dataset.templates[cfg.target.prompt.templates]
+    prompts = [build_prompt(q, loaded.tokenizer, cfg.target.prompt.style, templates, cfg.target.prompt.get("system"))
+               for q in queries]
+    clock = Clock(target.device)
+    base_config = hf_generation_config(target.model, eos_ids, pad_id)
+
+    def ours(arm: str) -> Variant:
+        def go(prompt, n, query):
+            gen = decode(target, pool, Fixed(list(pool), arm), prompt, sampling=GREEDY,
+                         limits=Limits(max_new_tokens=n, draft_length=k), eos_ids=eos_ids,
+                         rng=torch.Generator(device=target.device).manual_seed(int(cfg.seed)), clock=clock, query=query)
+            return gen.tokens, gen.target_calls
+        return Variant(arm, OURS, go)
+
+    def hf(method: str, fields: dict, kwargs: dict) -> Variant:
+        config = base_config if method == AUTOREGRESSIVE else pinned_assistant_settings(base_config, k)
+        for key, value in fields.items():
+            setattr(config, key, value)
+        configs = {}  # one per max_new_tokens (warm-up and timed), built before any timing
+        for n in {max_new, warm_n}:
+            configs[n] = copy.deepcopy(config)
+            configs[n].max_new_tokens = n
+
+        def go(prompt, n, query):
+            ids = torch.tensor([prompt], device=target.device)
+            seq = target.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                        generation_config=configs[n], **kwargs)
+            start = 1 if target.is_encoder_decoder else len(prompt)  # decoder start token / prompt
+            # at most n, as ours (transformers 4.46 prompt lookup on encoder-decoder models emits n + 1)
+            return seq[0, start:start + n].tolist(), None
+        return Variant(method, HF, go)
+
+    variants = [ours(AUTOREGRESSIVE), hf(AUTOREGRESSIVE, {}, {})]
+    for name in names[1:]:
+        variants.append(ours(name))
+        assist = hf_assistance(pool[name], k)
+        if assist is None:
+            log.warning("drafter '%s' (%s) has no Hugging Face assisted-generation counterpart: hf columns are NaN",
+                        name, type(pool[name]).__name__)
+        else:
+            variants.append(hf(name, *assist))
+
+    unsupported: set[str] = set()
+
+    def attempt(v: Variant, prompt, n, query):
+        """Run ``v`` timed; an HF failure marks the drafter unsupported (NaN hf columns) instead of crashing."""
+        try:
+            t0 = clock.now()
+            ids, calls = v.run(prompt, n, query)
+            return cut_at_eos(ids, eos_ids), calls, clock.now() - t0
+        except Exception as exc:  # noqa: BLE001 - any HF failure means "HF cannot run this drafter"
+            if v.impl == OURS:
+                raise
+            log.warning("Hugging Face generate failed with drafter '%s' (%s: %s): hf columns are NaN",
+                        v.method, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+            unsupported.add(v.method)
+            return None
+
+    path = out / "bench.jsonl"
+    done = {(r["query_id"], r["method"], r["impl"]) for r in read_jsonl(path)}
+    todo = [(q, v) for q in queries for v in variants if (q.id, v.method, v.impl) not in done]
+    if todo and warm_n > 0:
+        for v in variants:
+            attempt(v, prompts[0], warm_n, queries[0])
+
+    with JsonlWriter(path) as writer, tqdm(total=len(todo), desc="bench", unit="gen") as bar:
+        for qi, query in enumerate(queries):
+            for j in range(len(variants)):
+                v = variants[(qi + j) % len(variants)]
+                if (query.id, v.method, v.impl) in done:
+                    continue
+                if not (v.impl == HF and v.method in unsupported):
+                    result = attempt(v, prompts[qi], max_new, query)
+                    if result is not None:
+                        ids, calls, seconds = result
+                        writer.write({"query_id": query.id, "task": query.task, "method": v.method, "impl": v.impl,
+                                      "output_ids": ids, "new_tokens": len(ids), "seconds": seconds,
+                                      "target_calls": calls})
+                bar.update(1)
+
+    table = summarize(read_jsonl(path), order=names)
+    title = f"specbench bench: {cfg.target.model} (draft length {k}, max_new_tokens {max_new})"
+    md = report.write_tables(table, out, stem="bench", title=title, notes=NOTES)
+    report.print_table(md, title=f"bench ({out})")
+    return out
+
+
+def summarize(records: Iterable[dict], order: list[str] | None = None) -> pd.DataFrame:
+    """One row per method (autoregressive first) from the ``bench.jsonl`` records (see ``NOTES``)."""
+    gens = {(r["method"], r["impl"], r["query_id"]): r for r in records}
+    if not gens:
+        return pd.DataFrame(columns=COLUMNS)
+    methods = list(dict.fromkeys([AUTOREGRESSIVE, *(order or []), *(m for m, _, _ in gens)]))
+    queries = list(dict.fromkeys(q for _, _, q in gens))
+    nan = float("nan")
+
+    def pairs(a: tuple[str, str], b: tuple[str, str]) -> list[tuple[dict, dict]]:
+        return [(gens[(*a, q)], gens[(*b, q)]) for q in queries if (*a, q) in gens and (*b, q) in gens]
+
+    def speedup(base, method) -> tuple[float, float]:
+        """(total base s / total method s, mean of per-example ratios) over the examples both ran."""
+        p = pairs(base, method)
+        if not p:
+            return nan, nan
+        return (sum(b["seconds"] for b, _ in p) / sum(m["seconds"] for _, m in p),
+                sum(b["seconds"] / m["seconds"] for b, m in p) / len(p))
+
+    def total(method, impl, key) -> float:
+        vals = [g[key] for (m, i, _), g in gens.items() if m == method and i == impl]
+        return sum(vals) if vals else nan
+
+    rows = []
+    for m in methods:
+        n = sum(1 for (mm, i, _) in gens if mm == m and i == OURS)
+        if not n and m != AUTOREGRESSIVE:
+            continue
+        ours_speedup, ours_mean = speedup((AUTOREGRESSIVE, OURS), (m, OURS))
+        hf_speedup, hf_mean = speedup((AUTOREGRESSIVE, HF), (m, HF))
+        same = pairs((m, OURS), (m, HF))
+        calls = total(m, OURS, "target_calls")
+        rows.append({
+            "method": m, "n_examples": n, "ours_tokens": total(m, OURS, "new_tokens"),
+            "hf_tokens": total(m, HF, "new_tokens"), "ours_s": total(m, OURS, "seconds"), "hf_s": total(m, HF, "seconds"),
+            "ours_speedup": ours_speedup, "hf_speedup": hf_speedup, "ours_vs_hf": speedup((m, HF), (m, OURS))[0],
+            "ours_mat": total(m, OURS, "new_tokens") / calls if calls and not math.isnan(calls) else nan,
+            "match_rate": sum(a["output_ids"] == b["output_ids"] for a, b in same) / len(same) if same else nan,
+            "ours_speedup_mean": ours_mean, "hf_speedup_mean": hf_mean,
+        })
+    return pd.DataFrame(rows, columns=COLUMNS)

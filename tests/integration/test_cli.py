@@ -1,0 +1,118 @@
+"""The command line end to end on tiny in-process models (Hydra overrides, files, resume, errors)."""
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+TINY = ["target=tiny_llama", "pool=tiny", "dataset.limit=1", "decoding.max_new_tokens=8", "warmup.max_new_tokens=2"]
+
+
+def specbench(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "specbench.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=600)
+
+
+def test_help_lists_commands():
+    res = specbench("--help")
+    assert res.returncode == 0
+    for cmd in ("eval", "collect", "train-policy"):
+        assert cmd in res.stdout
+
+
+@pytest.mark.parametrize("cmd", ["collect", "train-policy"])
+def test_unbuilt_commands_say_so(cmd):
+    res = specbench(cmd)
+    assert res.returncode != 0
+    assert "not built yet" in res.stderr
+
+
+def test_eval_writes_records_and_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    res = specbench("eval", *TINY, f"hydra.run.dir={run_dir}")
+    assert res.returncode == 0, res.stderr[-3000:]
+    for name in ("config.yaml", "rounds.jsonl", "examples.jsonl", "summary.csv", "summary.md"):
+        assert (run_dir / name).exists(), name
+    summary = pd.read_csv(run_dir / "summary.csv")
+    for col in ("task", "method", "n_examples", "new_tokens", "seconds", "tokens_per_s", "speedup", "mat",
+                "acceptance_rate", "exact_match"):
+        assert col in summary.columns
+    methods = set(summary.method)
+    assert {"autoregressive", "fixed:quantized", "fixed:prompt_lookup", "fixed:early_exit_1"} <= methods
+    assert (summary.exact_match == 1.0).all()  # greedy speculative decoding is lossless
+    assert set(summary.task) == {"translation", "summarization", "math", "chat", "all"}
+    assert "| method" in res.stdout  # the table is printed
+    examples = [json.loads(x) for x in (run_dir / "examples.jsonl").read_text().splitlines()]
+    assert len(examples) == 4 * 4  # 4 tasks x 1 example x 4 methods
+    rounds = (run_dir / "rounds.jsonl").read_text().splitlines()
+    assert sum(e["rounds"] for e in examples) == len(rounds)
+
+    # Rerunning into the same directory skips every finished generation.
+    again = specbench("eval", *TINY, f"hydra.run.dir={run_dir}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert len((run_dir / "examples.jsonl").read_text().splitlines()) == len(examples)
+
+
+def test_eval_resumes_after_interruption(tmp_path):
+    """A run killed half way keeps its finished lines and completes them without duplicates."""
+    run_dir = tmp_path / "run"
+    full = specbench("eval", *TINY, f"hydra.run.dir={run_dir}")
+    assert full.returncode == 0, full.stderr[-3000:]
+    lines = (run_dir / "examples.jsonl").read_text().splitlines()
+    (run_dir / "examples.jsonl").write_text("\n".join(lines[:5]) + "\n" + lines[5][:20])  # torn last line
+    res = specbench("eval", *TINY, f"hydra.run.dir={run_dir}")
+    assert res.returncode == 0, res.stderr[-3000:]
+    keys = [(r["query_id"], r["method"]) for r in map(json.loads, filter(None, _complete_lines(run_dir)))]
+    assert len(keys) == len(set(keys)) == len(lines)
+
+
+def _complete_lines(run_dir):
+    out = []
+    for line in (run_dir / "examples.jsonl").read_text().splitlines():
+        try:
+            json.loads(line)
+            out.append(line)
+        except json.JSONDecodeError:
+            pass
+    return out
+
+
+def test_eval_encoder_decoder_with_hf_drafter(tmp_path):
+    res = specbench("eval", "target=tiny_t5", "pool=tiny_t5_hf", "dataset.limit=1", "decoding.max_new_tokens=8",
+                    "warmup.max_new_tokens=0", f"hydra.run.dir={tmp_path}")
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    assert "fixed:tiny_draft" in set(summary.method)
+    assert (summary.exact_match == 1.0).all()
+
+
+def test_multirun_sweep(tmp_path):
+    res = specbench("eval", "-m", *TINY, "methods=[autoregressive,fixed:quantized]", "decoding.draft_length=1,3",
+                    f"hydra.sweep.dir={tmp_path}")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert (tmp_path / "0" / "summary.csv").exists() and (tmp_path / "1" / "summary.csv").exists()
+
+
+@pytest.mark.parametrize("override, message", [
+    ("pool=nope", "smollm2_default"),  # Hydra lists the available pools
+    ("decoding.draft_length=0", "draft length must be at least 1"),
+    ("methods=[fixed:nope]", "no arm named 'nope'"),
+    ("target.model=embedded:nope", "unknown embedded model"),
+    ("target.model=./no/such/model", "does not exist"),
+    ("dataset.sources=[{format: gsm8k, path: ./missing.jsonl}]", "does not exist"),
+])
+def test_bad_input_is_named(tmp_path, override, message):
+    res = specbench("eval", *TINY, override, f"hydra.run.dir={tmp_path}")
+    assert res.returncode != 0
+    assert message in res.stderr + res.stdout
+
+
+def test_empty_dataset_is_an_error(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    res = specbench("eval", *TINY, f"dataset.sources=[{{format: gsm8k, path: '{empty}'}}]",
+                    f"hydra.run.dir={tmp_path / 'run'}")
+    assert res.returncode == 2
+    assert "empty" in res.stderr

