@@ -50,6 +50,8 @@ class ExampleRecord:
     t_switch: float
     stop: str
     category: str | None = None
+    turn: int = 1
+    reference: str | None = None
     quality: dict = field(default_factory=dict)
 
 

@@ -38,15 +38,13 @@ from tqdm.auto import tqdm
 
 from specbench.decoding.loop import Limits, decode
 from specbench.decoding.sampling import SamplingParams
-from specbench.drafters import AUTOREGRESSIVE, ModelDrafter, build_pool
+from specbench.drafters import AUTOREGRESSIVE, ModelDrafter
 from specbench.drafters.prompt_lookup import PromptLookup
 from specbench.errors import SpecbenchError
-from specbench.models import Target, load_model
 from specbench.pipelines import report
-from specbench.pipelines.evaluate import eos_ids_of, parse_methods
+from specbench.pipelines.evaluate import eos_ids_of, parse_methods, prepare
 from specbench.records import JsonlWriter, read_jsonl
 from specbench.selection import Fixed
-from specbench.tasks import build_prompt, load_queries
 from specbench.timing import Clock
 
 log = logging.getLogger(__name__)
@@ -126,21 +124,12 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         raise SpecbenchError(f"bench compares greedy outputs token for token; got decoding.temperature={dec.temperature}",
                              "use decoding=greedy (the default)")
     k, max_new, warm_n = int(dec.draft_length), int(dec.max_new_tokens), int(cfg.warmup.max_new_tokens)
-    Limits(max_new_tokens=max_new, draft_length=k)  # validates both
-    queries = load_queries(list(cfg.dataset.sources), limit=cfg.dataset.get("limit"), seed=int(cfg.dataset.get("seed", 0)),
-                           shuffle=bool(cfg.dataset.get("shuffle", False)))
-
-    log.info("loading target %s", cfg.target.model)
-    loaded = load_model(cfg.target.model, dtype=cfg.target.dtype, device=cfg.target.device)
-    target = Target(loaded)
-    pool = build_pool(target, cfg.pool.get("drafters"))
+    _, _, queries, loaded, target, pool, prompter = prepare(cfg)
     names = [AUTOREGRESSIVE, *(m.name.split(":", 1)[1] for m in parse_methods(
         ["fixed:*"] if cfg.get("drafters") is None else [f"fixed:{d}" for d in cfg.drafters], pool, None)[1:])]
     eos_ids = eos_ids_of(loaded, dec.get("extra_eos_ids"))
     pad_id = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else min(eos_ids)
-    templates = cfg.dataset.templates[cfg.target.prompt.templates]
-    prompts = [build_prompt(q, loaded.tokenizer, cfg.target.prompt.style, templates, cfg.target.prompt.get("system"))
-               for q in queries]
+    prompts = [prompter(q) for q in queries]
     clock = Clock(target.device)
     base_config = hf_generation_config(target.model, eos_ids, pad_id)
 

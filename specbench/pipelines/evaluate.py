@@ -26,7 +26,7 @@ from specbench.models import Target, load_model
 from specbench.pipelines import report
 from specbench.records import ExampleRecord, JsonlWriter, RoundRecord, read_jsonl
 from specbench.selection import Fixed, Selector
-from specbench.tasks import build_prompt, load_queries
+from specbench.tasks import build_prompt, load_dataset_config, load_shots, metrics, render, truncate_fields
 from specbench.timing import Clock
 
 log = logging.getLogger(__name__)
@@ -84,67 +84,113 @@ def _seed_for(seed: int, query_index: int, method_index: int) -> int:
     return (seed * 1_000_003 + query_index * 1_009 + method_index) % (2**63)
 
 
+def prepare(cfg: DictConfig):
+    """Everything a timed run needs, built before any timing: queries, target, pool, prompts."""
+    dec = cfg.decoding
+    sampling = SamplingParams(temperature=float(dec.temperature), top_k=int(dec.top_k), top_p=float(dec.top_p))
+    limits = Limits(max_new_tokens=int(dec.max_new_tokens), draft_length=int(dec.draft_length))
+    queries = load_dataset_config(cfg.dataset)
+    log.info("loading target %s", cfg.target.model)
+    loaded = load_model(cfg.target.model, dtype=cfg.target.dtype, device=cfg.target.device)
+    target = Target(loaded)
+    pool = build_pool(target, cfg.pool.get("drafters"))
+    if cfg.target.prompt.templates not in cfg.templates:
+        raise SpecbenchError(f"unknown template set '{cfg.target.prompt.templates}'",
+                             f"set target.prompt.templates to one of: {', '.join(cfg.templates)}")
+    shots = load_shots(cfg.dataset, int(cfg.dataset.get("n_shot") or 0))
+    queries = [truncate_fields(q, loaded.tokenizer, cfg.dataset.get("max_input_tokens")) for q in queries]
+    prompter = Prompter(loaded.tokenizer, cfg.target.prompt.style, cfg.templates[cfg.target.prompt.templates],
+                        cfg.target.prompt.get("system"), shots)
+    return sampling, limits, queries, loaded, target, pool, prompter
+
+
+@dataclass
+class Prompter:
+    tokenizer: object
+    style: str
+    templates: dict
+    system: str | None
+    shots: list
+
+    def __call__(self, query, turn: int = 0, history=()) -> list[int]:
+        return build_prompt(query, self.tokenizer, self.style, self.templates, self.system, turn=turn,
+                            history=history, shots=self.shots)
+
+    def user_text(self, query, turn: int) -> str:
+        return render(query, self.templates, turn=turn, shots=self.shots if turn == 0 else ())
+
+
+def turns_of(query, max_turns: int) -> int:
+    return max(1, min(len(query.turns), max_turns)) if query.turns else 1
+
+
+def example_id(query, turn: int) -> str:
+    return query.id if turn == 0 else f"{query.id}/turn{turn + 1}"
+
+
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, out / "config.yaml")
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
-
-    dec = cfg.decoding
-    sampling = SamplingParams(temperature=float(dec.temperature), top_k=int(dec.top_k), top_p=float(dec.top_p))
-    limits = Limits(max_new_tokens=int(dec.max_new_tokens), draft_length=int(dec.draft_length))
-    queries = load_queries(list(cfg.dataset.sources), limit=cfg.dataset.get("limit"), seed=int(cfg.dataset.get("seed", 0)),
-                           shuffle=bool(cfg.dataset.get("shuffle", False)))
-
-    log.info("loading target %s", cfg.target.model)
-    loaded = load_model(cfg.target.model, dtype=cfg.target.dtype, device=cfg.target.device)
-    target = Target(loaded)
-    pool = build_pool(target, cfg.pool.get("drafters"))
+    sampling, limits, queries, loaded, target, pool, prompter = prepare(cfg)
     methods = parse_methods(cfg.methods, pool, cfg.get("selector"))
-    eos_ids = eos_ids_of(loaded, dec.get("extra_eos_ids"))
-    templates = cfg.dataset.templates[cfg.target.prompt.templates]
-    prompts = [build_prompt(q, loaded.tokenizer, cfg.target.prompt.style, templates, cfg.target.prompt.get("system"))
-               for q in queries]
+    eos_ids = eos_ids_of(loaded, cfg.decoding.get("extra_eos_ids"))
+    max_turns = int(cfg.dataset.get("max_turns") or 1)
     clock = Clock(target.device)
 
     done = {(r["query_id"], r["method"]) for r in read_jsonl(out / "examples.jsonl")}
     if done:
         log.info("resuming: %d finished generations found in %s", len(done), out)
-    todo = [(qi, mi) for qi in range(len(queries)) for mi in range(len(methods))
-            if (queries[qi].id, methods[mi].name) not in done]
+    todo = [(qi, mi) for qi, q in enumerate(queries) for mi in range(len(methods))
+            if any((example_id(q, t), methods[mi].name) not in done for t in range(turns_of(q, max_turns)))]
 
     if todo and cfg.warmup.max_new_tokens > 0:
         warm = Limits(max_new_tokens=int(cfg.warmup.max_new_tokens), draft_length=limits.draft_length)
         for m in methods:
-            decode(target, pool, m.make_selector(), prompts[0], sampling=sampling, limits=warm, eos_ids=eos_ids,
-                   rng=torch.Generator(device=target.device).manual_seed(0), clock=clock, query=queries[0])
+            decode(target, pool, m.make_selector(), prompter(queries[0]), sampling=sampling, limits=warm,
+                   eos_ids=eos_ids, rng=torch.Generator(device=target.device).manual_seed(0), clock=clock,
+                   query=queries[0])
 
+    todo_set = set(todo)
     with JsonlWriter(out / "rounds.jsonl") as rounds_out, JsonlWriter(out / "examples.jsonl") as examples_out, \
-            tqdm(total=len(todo), desc="eval", unit="gen") as bar:
+            tqdm(total=len(todo), desc="eval", unit="query x method") as bar:
         for qi, query in enumerate(queries):
-            order = [methods[(qi + j) % len(methods)] for j in range(len(methods))]
-            for m in order:
-                if (query.id, m.name) in done:
+            for j in range(len(methods)):
+                mi = (qi + j) % len(methods)  # rotate the order per example
+                if (qi, mi) not in todo_set:
                     continue
-                mi = methods.index(m)
+                m = methods[mi]
                 rng = torch.Generator(device=target.device).manual_seed(_seed_for(int(cfg.seed), qi, mi))
-                gen = decode(target, pool, m.make_selector(), prompts[qi], sampling=sampling, limits=limits,
-                             eos_ids=eos_ids, rng=rng, clock=clock, query=query)
-                rounds_out.write_many(RoundRecord(query_id=query.id, task=query.task, method=m.name, round=r.index,
-                                                  arm=r.arm, drafted=r.drafted, accepted=r.accepted, n_max=r.n_max,
-                                                  be=r.be, bd=r.bd, emitted=r.emitted, t_select=r.t_select,
-                                                  t_draft=r.t_draft, t_verify=r.t_verify, t_switch=r.t_switch,
-                                                  switched=r.switched) for r in gen.rounds)
-                examples_out.write(ExampleRecord(
-                    query_id=query.id, task=query.task, method=m.name, output_ids=gen.tokens,
-                    text=loaded.tokenizer.decode(gen.tokens, skip_special_tokens=True), new_tokens=len(gen.tokens),
-                    seconds=gen.seconds, target_calls=gen.target_calls, rounds=len(gen.rounds), drafted=gen.drafted,
-                    accepted=gen.accepted, switches=gen.switches, t_switch=sum(r.t_switch for r in gen.rounds),
-                    stop=gen.stop, category=query.category))
+                history: list[tuple[str, str]] = []
+                for turn in range(turns_of(query, max_turns)):
+                    gen = decode(target, pool, m.make_selector(), prompter(query, turn, history), sampling=sampling,
+                                 limits=limits, eos_ids=eos_ids, rng=rng, clock=clock, query=query)
+                    text = loaded.tokenizer.decode(gen.tokens, skip_special_tokens=True)
+                    history.append((prompter.user_text(query, turn), text))
+                    ex_id = example_id(query, turn)
+                    if (ex_id, m.name) in done:  # redone only to rebuild the chat history
+                        continue
+                    reference = query.reference if turn == 0 else None
+                    rounds_out.write_many(_round_records(ex_id, query.task, m.name, gen))
+                    examples_out.write(ExampleRecord(
+                        query_id=ex_id, task=query.task, method=m.name, output_ids=gen.tokens, text=text,
+                        new_tokens=len(gen.tokens), seconds=gen.seconds, target_calls=gen.target_calls,
+                        rounds=len(gen.rounds), drafted=gen.drafted, accepted=gen.accepted, switches=gen.switches,
+                        t_switch=sum(r.t_switch for r in gen.rounds), stop=gen.stop, category=query.category,
+                        turn=turn + 1, reference=reference, quality=metrics.score(query.task, text, reference)))
                 bar.update(1)
 
     table = report.summarize(read_jsonl(out / "examples.jsonl"))
     md = report.write_tables(table, out, title=f"specbench eval: {cfg.target.model}")
     report.print_table(md, title=f"summary ({out})")
     return out
+
+
+def _round_records(query_id: str, task: str, method: str, gen):
+    for r in gen.rounds:
+        yield RoundRecord(query_id=query_id, task=task, method=method, round=r.index, arm=r.arm, drafted=r.drafted,
+                          accepted=r.accepted, n_max=r.n_max, be=r.be, bd=r.bd, emitted=r.emitted,
+                          t_select=r.t_select, t_draft=r.t_draft, t_verify=r.t_verify, t_switch=r.t_switch,
+                          switched=r.switched)

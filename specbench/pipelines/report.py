@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from specbench.tasks import metrics
+
 log = logging.getLogger(__name__)
 
 BASELINE = "autoregressive"
@@ -25,6 +27,8 @@ def summarize(examples: Iterable[dict], baseline: str = BASELINE) -> pd.DataFram
     - mat: new tokens per target forward (bonus token included; autoregressive = 1.00).
     - acceptance_rate: accepted draft tokens / drafted tokens (NaN when nothing was drafted).
     - exact_match: share of examples whose output ids equal the baseline's for the same query.
+    - quality columns (bleu, rouge1/2/L, accuracy, output_words): means of the per-example scores,
+      except bleu, which is corpus BLEU.
     """
     df = pd.DataFrame(list(examples))
     if df.empty:
@@ -37,8 +41,7 @@ def summarize(examples: Iterable[dict], baseline: str = BASELINE) -> pd.DataFram
             row = _row(m, base)
             row.update(task=task_key, method=method)
             for key in quality_cols:
-                vals = [q.get(key) for q in m["quality"] if isinstance(q, dict) and q.get(key) is not None]
-                row[key] = sum(vals) / len(vals) if vals else float("nan")
+                row[key] = _quality(m, key)
             rows.append(row)
     out = pd.DataFrame(rows)
     order = {m: i for i, m in enumerate(dict.fromkeys([baseline, *df.method]))}
@@ -46,6 +49,16 @@ def summarize(examples: Iterable[dict], baseline: str = BASELINE) -> pd.DataFram
     out["_m"] = out.method.map(order)
     out = out.sort_values(["_t", "task", "_m"]).drop(columns=["_t", "_m"]).reset_index(drop=True)
     return out[COLUMNS + quality_cols]
+
+
+def _quality(m: pd.DataFrame, key: str) -> float:
+    """Mean of the per-example scores; BLEU is corpus BLEU over the examples that have a reference."""
+    if key == "bleu" and "reference" in m:
+        has_ref = m[m.reference.notna()]
+        if len(has_ref):
+            return metrics.corpus_bleu(list(has_ref.text), list(has_ref.reference))
+    vals = [q.get(key) for q in m["quality"] if isinstance(q, dict) and q.get(key) is not None]
+    return sum(vals) / len(vals) if vals else float("nan")
 
 
 def _row(m: pd.DataFrame, base: pd.DataFrame) -> dict:

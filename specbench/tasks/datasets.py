@@ -1,16 +1,18 @@
 """Dataset loading: native record formats -> ``Query`` objects.
 
-Formats (the shapes of the public files, see shared/data/README.md):
-- ``iwslt``: one JSON array of ``{"translation": {"de": ..., "en": ...}}`` (also JSONL);
-- ``xsum``: JSONL ``{document, summary, id}``;
-- ``gsm8k``: JSONL ``{question, answer}`` (answer ends in ``#### n``);
-- ``mt_bench``: JSONL ``{question_id, category, turns[], reference?}`` (Spec-Bench's format too).
-A path is a local file or ``embedded:<file>`` (the suite shipped in ``specbench/tasks/embedded``).
+Formats (the shapes of the public files; see shared/data/README.md):
+- ``iwslt``: ``{"translation": {"de": ..., "en": ...}}`` rows (a JSON array, JSONL or Parquet);
+- ``xsum``: ``{document, summary, id}``;
+- ``gsm8k``: ``{question, answer}`` (the answer ends in ``#### n``);
+- ``mt_bench``: ``{question_id, category, turns[], reference?}``: MT-Bench and Spec-Bench files.
+Each source reads a local file (``path``: .json, .jsonl or .parquet), a file of the embedded suite
+(``embedded:<file>``), or, with ``path: null``, the Hugging Face hub (``hub: {path, name}``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from specbench.errors import SpecbenchError
 
+log = logging.getLogger(__name__)
 EMBEDDED_DIR = Path(__file__).parent / "embedded"
 
 
@@ -27,25 +30,26 @@ class Query:
     task: str
     fields: dict  # template fields: source / document / question / turn
     reference: str | None = None
-    turns: list[str] = field(default_factory=list)  # chat: all user turns (the first is asked)
+    turns: list[str] = field(default_factory=list)  # chat: every user turn, in order
     category: str | None = None
 
 
 def _need(row: Mapping, key: str, where: str):
-    if not isinstance(row, Mapping) or key not in row:
-        raise SpecbenchError(f"{where}: record has no field '{key}' (fields: {sorted(row) if isinstance(row, Mapping) else type(row).__name__})",
+    if not isinstance(row, Mapping) or key not in row or row[key] is None:
+        have = sorted(row) if isinstance(row, Mapping) else type(row).__name__
+        raise SpecbenchError(f"{where}: record has no field '{key}' (it has: {have})",
                              "fix the record, or pick the dataset format that matches this file")
     return row[key]
 
 
-def _iwslt(row, i, where, src="de", tgt="en"):
+def _iwslt(row, i, where, source_lang="de", target_lang="en"):
     pair = _need(row, "translation", where)
-    return Query(id=f"iwslt-{i}", task="translation", fields={"source": _need(pair, src, where)},
-                 reference=_need(pair, tgt, where))
+    return Query(id=f"iwslt-{i}", task="translation", fields={"source": _need(pair, source_lang, f"{where} (translation)")},
+                 reference=_need(pair, target_lang, f"{where} (translation)"))
 
 
 def _xsum(row, i, where):
-    return Query(id=str(row.get("id", f"xsum-{i}")), task="summarization",
+    return Query(id=str(row.get("id") or f"xsum-{i}"), task="summarization",
                  fields={"document": _need(row, "document", where)}, reference=_need(row, "summary", where))
 
 
@@ -54,14 +58,15 @@ def _gsm8k(row, i, where):
                  reference=_need(row, "answer", where))
 
 
-def _mt_bench(row, i, where):
-    turns = _need(row, "turns", where)
-    if not isinstance(turns, list) or not turns:
-        raise SpecbenchError(f"{where}: field 'turns' must be a non-empty list", "fix the record")
+def _mt_bench(row, i, where, task_from_category=False):
+    turns = list(_need(row, "turns", where))
+    if not turns or not all(isinstance(t, str) for t in turns):
+        raise SpecbenchError(f"{where}: field 'turns' must be a non-empty list of strings", "fix the record")
     ref = row.get("reference")
-    return Query(id=f"mt-{_need(row, 'question_id', where)}", task="chat", fields={"turn": turns[0]},
-                 reference=ref[0] if isinstance(ref, list) and ref else None, turns=list(turns),
-                 category=row.get("category"))
+    category = row.get("category")
+    return Query(id=f"q{_need(row, 'question_id', where)}", task=category if task_from_category and category else "chat",
+                 fields={"turn": turns[0]}, reference=ref[0] if isinstance(ref, list) and ref else None,
+                 turns=turns, category=category)
 
 
 FORMATS: dict[str, Callable] = {"iwslt": _iwslt, "xsum": _xsum, "gsm8k": _gsm8k, "mt_bench": _mt_bench}
@@ -76,12 +81,19 @@ def resolve_path(path: str) -> Path:
         return p
     p = Path(path).expanduser()
     if not p.is_file():
-        raise SpecbenchError(f"dataset file '{path}' does not exist", "check dataset.path (a .json or .jsonl file)")
+        raise SpecbenchError(f"dataset file '{path}' does not exist",
+                             "check the path (a .json, .jsonl or .parquet file), or set it to null to use the hub")
     return p
 
 
 def read_records(path: Path) -> Iterable[tuple[dict, str]]:
-    """Yield (record, 'file:line') from a JSON array or JSONL file."""
+    """Yield ``(record, where)`` from a JSON array, JSONL or Parquet file (``where`` = file:line)."""
+    if path.suffix == ".parquet":
+        import pandas as pd
+
+        for i, row in enumerate(pd.read_parquet(path).to_dict("records")):
+            yield _plain(row), f"{path}: row {i + 1}"
+        return
     text = path.read_text(encoding="utf-8")
     if text.lstrip().startswith("["):
         try:
@@ -100,31 +112,95 @@ def read_records(path: Path) -> Iterable[tuple[dict, str]]:
             raise SpecbenchError(f"{path}:{lineno}: not valid JSON ({exc.msg})", "fix that line") from exc
 
 
-def load_source(fmt: str, path: str, task: str | None = None, limit: int | None = None, seed: int = 0,
-                shuffle: bool = False, **format_args) -> list[Query]:
+def _plain(value):
+    """numpy arrays / scalars from Parquet -> lists / Python scalars."""
+    if hasattr(value, "tolist"):
+        return _plain(value.tolist())
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def hub_records(hub: Mapping, split: str) -> Iterable[tuple[dict, str]]:
+    """Rows of a Hugging Face hub dataset (needs network access)."""
+    try:
+        import datasets
+
+        ds = datasets.load_dataset(hub["path"], hub.get("name"), split=split)
+    except Exception as exc:  # noqa: BLE001 - offline, unknown id, refused scripts: all mean "use a file"
+        raise SpecbenchError(
+            f"could not load the dataset '{hub['path']}' ({hub.get('name') or 'default'}, split {split}) from the "
+            f"Hugging Face hub: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+            "pass a local copy instead: dataset.path=<file.jsonl|file.json|file.parquet> "
+            "(for a multi-source dataset: dataset.sources.<name>.path=...)") from exc
+    for i, row in enumerate(ds):
+        yield row, f"{hub['path']}[{split}] row {i + 1}"
+
+
+def load_source(name: str, source: Mapping, limit: int | None = None, seed: int = 0, shuffle: bool = False,
+                categories: list[str] | None = None) -> list[Query]:
+    """Read one source, keep ``categories`` (if given), then a ``limit`` (seeded random one if ``shuffle``)."""
+    source = dict(source)
+    fmt = source.pop("format", None)
     if fmt not in FORMATS:
-        raise SpecbenchError(f"unknown dataset format '{fmt}'", f"use one of: {', '.join(FORMATS)}")
+        raise SpecbenchError(f"dataset source '{name}': unknown format '{fmt}'", f"use one of: {', '.join(FORMATS)}")
+    path, hub, split, task = source.pop("path", None), source.pop("hub", None), source.pop("split", None), source.pop("task", None)
+    if path:
+        records = read_records(resolve_path(str(path)))
+    elif hub:
+        records = hub_records(hub, split or "test")
+    else:
+        raise SpecbenchError(f"dataset source '{name}' has neither a path nor a hub id", "set dataset.path=<file>")
     parse = FORMATS[fmt]
-    queries = [parse(row, i, where, **format_args) for i, (row, where) in enumerate(read_records(resolve_path(path)))]
+    queries = [parse(row, i, where, **source) for i, (row, where) in enumerate(records)]
     if task:
         for q in queries:
             q.task = task
+    if categories:
+        known = sorted({q.category for q in queries if q.category})
+        unknown = [c for c in categories if c not in known]
+        if unknown:
+            raise SpecbenchError(f"dataset source '{name}': unknown categories {unknown}",
+                                 f"known categories: {', '.join(known) or '(none: this source has no categories)'}")
+        queries = [q for q in queries if q.category in categories]
     if shuffle:
         random.Random(seed).shuffle(queries)
     return queries[:limit] if limit is not None else queries
 
 
-def load_queries(sources: list[Mapping], limit: int | None = None, seed: int = 0, shuffle: bool = False) -> list[Query]:
-    """Load every source; ``limit`` caps each source. Raises if nothing is left."""
+def load_dataset_config(cfg: Mapping) -> list[Query]:
+    """All queries of a ``dataset`` config: every source, ``limit`` per source, and, with
+    ``interleave``, one seeded shuffled stream across sources (the ``mixed`` dataset)."""
+    sources = cfg.get("sources") or {}
     if not sources:
-        raise SpecbenchError("the dataset config lists no sources", "add dataset.sources or pick dataset=embedded")
-    if limit is not None and limit < 1:
+        raise SpecbenchError("the dataset config lists no sources", "pick dataset=embedded (or add dataset.sources)")
+    limit = cfg.get("limit")
+    if limit is not None and int(limit) < 1:
         raise SpecbenchError(f"dataset.limit must be at least 1, got {limit}", "use dataset.limit=null for all")
+    seed = int(cfg.get("seed") or 0)
     queries: list[Query] = []
-    for src in sources:
-        src = dict(src)
-        queries += load_source(src.pop("format"), src.pop("path"), limit=limit, seed=seed, shuffle=shuffle, **src)
+    for name, src in sources.items():
+        queries += load_source(name, src, limit=limit, seed=seed, shuffle=bool(cfg.get("shuffle")),
+                               categories=list(cfg.get("categories") or []))
     if not queries:
-        raise SpecbenchError("the dataset is empty: its files hold no records",
-                             "check dataset.path / dataset.sources point at non-empty files")
+        raise SpecbenchError("the dataset is empty: no records were read (or none matched dataset.categories)",
+                             "check that dataset.path / dataset.sources point at non-empty files")
+    ids = [q.id for q in queries]
+    if len(set(ids)) != len(ids):  # the same file twice, or colliding ids across sources
+        for name_q in queries:
+            name_q.id = f"{name_q.task}/{name_q.id}"
+    if cfg.get("interleave"):
+        random.Random(seed).shuffle(queries)
     return queries
+
+
+def load_shots(cfg: Mapping, n: int) -> list[Query]:
+    """``n`` solved examples for n-shot prompts from ``cfg.shots`` (a source), seeded choice."""
+    if n <= 0:
+        return []
+    shots = load_source("shots", cfg["shots"])
+    if len(shots) < n:
+        raise SpecbenchError(f"n_shot={n} but the shots source has {len(shots)} records", "lower dataset.n_shot")
+    return random.Random(int(cfg.get("seed") or 0)).sample(shots, n)
