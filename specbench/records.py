@@ -1,6 +1,6 @@
 """Record types every pipeline reads and writes, and append-as-you-go JSONL files.
 
-- round: one speculative round of one (query, method);
+- round: one speculative round of one (query, method) (``Round`` plus the ids, ``round_row``);
 - example: one finished generation of one (query, method);
 - summary rows are derived from example records only (``pipelines/report.py``).
 """
@@ -14,11 +14,10 @@ from pathlib import Path
 
 
 @dataclass
-class RoundRecord:
-    query_id: str
-    task: str
-    method: str
-    round: int
+class Round:
+    """One speculative round, as the decode loop reports it (times in seconds)."""
+
+    index: int
     arm: str
     drafted: int
     accepted: int
@@ -31,6 +30,13 @@ class RoundRecord:
     t_verify: float
     t_switch: float
     switched: bool
+
+
+def round_row(query_id: str, task: str, method: str, rnd: Round) -> dict:
+    """A ``rounds.jsonl`` line: which generation the round belongs to, then the round itself."""
+    row = {"query_id": query_id, "task": task, "method": method, "round": rnd.index}
+    row.update((k, v) for k, v in asdict(rnd).items() if k != "index")
+    return row
 
 
 @dataclass
@@ -65,13 +71,13 @@ class JsonlWriter:
         self._fh = self.path.open("a", encoding="utf-8")
 
     def write(self, record) -> None:
-        row = asdict(record) if hasattr(record, "__dataclass_fields__") else record
-        self._fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-        self._fh.flush()
+        self.write_many([record])
 
     def write_many(self, records) -> None:
-        for r in records:
-            self._fh.write(json.dumps(asdict(r), ensure_ascii=False) + "\n")
+        """Append dataclass instances or dicts, one line each, then flush."""
+        for rec in records:
+            row = asdict(rec) if hasattr(rec, "__dataclass_fields__") else rec
+            self._fh.write(json.dumps(row, ensure_ascii=False) + "\n")
         self._fh.flush()
 
     def close(self) -> None:

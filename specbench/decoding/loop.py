@@ -12,6 +12,7 @@ from specbench.decoding.verify import block_divergence, block_efficiency, verify
 from specbench.drafters.base import Draft, Drafter
 from specbench.errors import SpecbenchError
 from specbench.models.target import Target
+from specbench.records import Round
 from specbench.selection.base import Feedback, Selector
 from specbench.timing import Clock
 
@@ -28,23 +29,6 @@ class Limits:
         if self.max_new_tokens < 1:
             raise SpecbenchError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}",
                                  "set decoding.max_new_tokens to 1 or more")
-
-
-@dataclass
-class Round:
-    index: int
-    arm: str
-    drafted: int
-    accepted: int
-    n_max: int
-    be: float
-    bd: float
-    emitted: int
-    t_select: float
-    t_draft: float
-    t_verify: float
-    t_switch: float
-    switched: bool
 
 
 @dataclass

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specbench.errors import SpecbenchError
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -17,11 +19,12 @@ class SamplingParams:
 
     def __post_init__(self):
         if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+            raise SpecbenchError(f"temperature must be >= 0, got {self.temperature}",
+                                 "set decoding.temperature to 0 (greedy) or a positive value")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+            raise SpecbenchError(f"top_k must be >= 0 (0 = off), got {self.top_k}", "set decoding.top_k")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise SpecbenchError(f"top_p must be in (0, 1], got {self.top_p}", "set decoding.top_p")
 
     @property
     def greedy(self) -> bool:

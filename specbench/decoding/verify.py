@@ -65,7 +65,7 @@ def verify_sampling(draft: list[int], q: torch.Tensor | None, p: torch.Tensor, r
         p_x = p[:k].gather(-1, idx).squeeze(-1)
         q_x = draft_token_probs(draft, q).to(p.device)
         u = torch.rand(k, generator=rng, device=p.device)
-        rejected = (u * q_x > p_x).nonzero()  # u < p/q  <=>  accept (q_x > 0: x was drawn from q)
+        rejected = (u * q_x >= p_x).nonzero()  # accept iff u < p/q (q_x > 0: x was drawn from q)
         if rejected.numel():
             n = int(rejected[0, 0])
             res = residual(p[n], None if q is None else q[n], draft[n])

@@ -52,11 +52,17 @@ class AutoregressiveArm(Drafter):
 
 
 class ModelDrafter(Drafter):
-    """Drafts token by token from any causal or seq2seq HF module with its own KV cache."""
+    """Drafts token by token from any causal or seq2seq HF module with its own KV cache.
 
-    def __init__(self, name: str, model: torch.nn.Module, vocab_size: int, cost: float):
+    ``confidence_threshold``: stop the draft after a token whose drafter probability is below it
+    (0 = always draft ``k``). Verification is unchanged, so decoding stays lossless.
+    """
+
+    def __init__(self, name: str, model: torch.nn.Module, vocab_size: int, cost: float,
+                 confidence_threshold: float = 0.0):
         self.name = name
         self.cost = cost
+        self.confidence_threshold = float(confidence_threshold)
         self.lm = CachedLM(model, vocab_size=vocab_size)
         self._next_logits: torch.Tensor | None = None
 
@@ -79,7 +85,9 @@ class ModelDrafter(Drafter):
             tok = pick(logits if sampling.greedy else probs, sampling, rng)
             out.append(tok)
             rows.append(probs)
-            if tok in eos_ids or i == k - 1:
+            # Stop early at EOS, at k tokens, or when the drafter doubts its own token (it would
+            # likely be rejected, and each further draft forward costs time).
+            if tok in eos_ids or i == k - 1 or float(probs[tok]) < self.confidence_threshold:
                 break
             logits = self.lm.forward([tok], last_only=True)[-1]
         return Draft(tokens=out, probs=torch.stack(rows) if rows else None)

@@ -42,8 +42,9 @@ def truncated_model(model: torch.nn.Module, layers: int, layers_key: str) -> tor
 
 
 def build(target: Target, name: str, layers: int, layers_key: str = "num_hidden_layers",
-          cost: float | None = None) -> ModelDrafter:
+          cost: float | None = None,
+          confidence_threshold: float = 0.0) -> ModelDrafter:
     small = truncated_model(target.model, int(layers), layers_key)
     if cost is None:
         cost = param_count(small) / param_count(target.model)
-    return ModelDrafter(name, small, target.vocab_size, cost)
+    return ModelDrafter(name, small, target.vocab_size, cost, confidence_threshold)

@@ -22,7 +22,8 @@ def check_same_vocabulary(target_tok, drafter_tok, drafter_name: str) -> None:
 
 
 def build(target: Target, name: str, model: str, dtype: str | None = None, device: str | None = None,
-          cost: float | None = None) -> ModelDrafter:
+          cost: float | None = None,
+          confidence_threshold: float = 0.0) -> ModelDrafter:
     loaded = load_model(model, dtype=dtype or str(target.model.dtype).removeprefix("torch."),
                         device=device or str(target.device))
     check_same_vocabulary(target.tokenizer, loaded.tokenizer, name)
@@ -32,4 +33,4 @@ def build(target: Target, name: str, model: str, dtype: str | None = None, devic
                              f"use a {kind} drafter for this target")
     if cost is None:
         cost = param_count(loaded.model) / param_count(target.model)
-    return ModelDrafter(name, loaded.model, target.vocab_size, cost)
+    return ModelDrafter(name, loaded.model, target.vocab_size, cost, confidence_threshold)

@@ -41,17 +41,21 @@ class WeightInt8Linear(torch.nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-def _replace_linears(model: torch.nn.Module) -> int:
-    n = 0
-    for name, module in list(model.named_modules()):
-        for child_name, child in list(module.named_children()):
-            if type(child) is torch.nn.Linear:
-                setattr(module, child_name, WeightInt8Linear(child))
-                n += 1
-    return n
+def _replace_linears(model: torch.nn.Module, skip: list[str]) -> None:
+    for name in _linear_names(model, skip):
+        owner, _, attr = name.rpartition(".")
+        parent = model.get_submodule(owner)
+        setattr(parent, attr, WeightInt8Linear(getattr(parent, attr)))
 
 
-def quantize(model: torch.nn.Module, scheme: str) -> torch.nn.Module:
+def _linear_names(model: torch.nn.Module, skip: list[str]) -> list[str]:
+    """Names of the nn.Linear modules to quantize: all but those whose name ends with a ``skip`` entry."""
+    return [n for n, m in model.named_modules()
+            if type(m) is torch.nn.Linear and not any(n.endswith(s) for s in skip)]
+
+
+def quantize(model: torch.nn.Module, scheme: str, skip: list[str] | None = None) -> torch.nn.Module:
+    """A quantized copy of ``model``; linear layers named in ``skip`` (suffixes) keep full precision."""
     if scheme not in SCHEMES:
         raise SpecbenchError(f"unknown quantization scheme '{scheme}'", f"use one of {list(SCHEMES)}")
     device = next(model.parameters()).device
@@ -69,29 +73,33 @@ def quantize(model: torch.nn.Module, scheme: str) -> torch.nn.Module:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             # Per-output-channel weight scales: the default per-tensor scale costs acceptance.
-            spec = {torch.nn.Linear: per_channel_dynamic_qconfig}
-            return quantize_dynamic(copy.deepcopy(model), spec, dtype=torch.qint8).eval()
+            clone = copy.deepcopy(model)
+            spec = {name: per_channel_dynamic_qconfig for name in _linear_names(clone, skip or [])}
+            return quantize_dynamic(clone, spec, dtype=torch.qint8).eval()
     clone = copy.deepcopy(model)
-    _replace_linears(clone)
+    _replace_linears(clone, skip or [])
     return clone.eval()
 
 
-def weight_bytes(model: torch.nn.Module, int8_linears: bool) -> float:
-    """Bytes of weights read per token: int8 linear weights count 1 byte per entry."""
-    total = 0.0
-    seen = set()
+def weight_bytes(model: torch.nn.Module) -> float:
+    """Bytes of weights read per token, counting each tensor once: parameters and buffers at their
+    element size, torch.ao packed int8 linears at one byte per weight entry."""
+    total, seen = 0.0, set()
     for mod in model.modules():
-        for pname, p in mod.named_parameters(recurse=False):
-            if id(p) in seen:
-                continue
-            seen.add(id(p))
-            per = 1 if (int8_linears and isinstance(mod, torch.nn.Linear) and pname == "weight") else p.element_size()
-            total += p.numel() * per
+        packed = getattr(mod, "weight", None)
+        if callable(packed) and not isinstance(packed, torch.Tensor):  # torch.ao dynamic Linear
+            w = packed()
+            total += w.numel() * w.element_size()
+        for t in [*mod.parameters(recurse=False), *mod.buffers(recurse=False)]:
+            if id(t) not in seen:
+                seen.add(id(t))
+                total += t.numel() * t.element_size()
     return total
 
 
-def build(target: Target, name: str, scheme: str = "dynamic_int8", cost: float | None = None) -> ModelDrafter:
-    qmodel = quantize(target.model, scheme)
+def build(target: Target, name: str, scheme: str = "dynamic_int8", skip: list[str] | None = None,
+          cost: float | None = None, confidence_threshold: float = 0.0) -> ModelDrafter:
+    qmodel = quantize(target.model, scheme, skip)
     if cost is None:
-        cost = weight_bytes(target.model, int8_linears=True) / weight_bytes(target.model, int8_linears=False)
-    return ModelDrafter(name, qmodel, target.vocab_size, cost)
+        cost = weight_bytes(qmodel) / weight_bytes(target.model)
+    return ModelDrafter(name, qmodel, target.vocab_size, cost, confidence_threshold)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from specbench.decoding.loop import Limits, decode
@@ -42,7 +42,7 @@ from specbench.drafters import AUTOREGRESSIVE, ModelDrafter
 from specbench.drafters.prompt_lookup import PromptLookup
 from specbench.errors import SpecbenchError
 from specbench.pipelines import report
-from specbench.pipelines.evaluate import eos_ids_of, parse_methods, prepare
+from specbench.pipelines.evaluate import eos_ids_of, parse_methods, prepare, start_run
 from specbench.records import JsonlWriter, read_jsonl
 from specbench.selection import Fixed
 from specbench.timing import Clock
@@ -114,11 +114,7 @@ def hf_assistance(drafter, draft_length: int) -> tuple[dict, dict] | None:
 
 
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, out / "config.yaml")
-    if cfg.get("threads"):
-        torch.set_num_threads(int(cfg.threads))
+    out = start_run(cfg, output_dir)
     dec = cfg.decoding
     if float(dec.temperature) != 0:
         raise SpecbenchError(f"bench compares greedy outputs token for token; got decoding.temperature={dec.temperature}",

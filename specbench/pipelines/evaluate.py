@@ -24,7 +24,7 @@ from specbench.drafters import AUTOREGRESSIVE, build_pool
 from specbench.errors import SpecbenchError
 from specbench.models import Target, load_model
 from specbench.pipelines import report
-from specbench.records import ExampleRecord, JsonlWriter, RoundRecord, read_jsonl
+from specbench.records import ExampleRecord, JsonlWriter, read_jsonl, round_row
 from specbench.selection import Fixed, Selector
 from specbench.tasks import build_prompt, load_dataset_config, load_shots, metrics, render, truncate_fields
 from specbench.timing import Clock
@@ -128,12 +128,18 @@ def example_id(query, turn: int) -> str:
     return query.id if turn == 0 else f"{query.id}/turn{turn + 1}"
 
 
-def run(cfg: DictConfig, output_dir: str | Path) -> Path:
+def start_run(cfg: DictConfig, output_dir: str | Path) -> Path:
+    """Create the run directory, save the composed config there, apply ``threads``."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, out / "config.yaml")
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
+    return out
+
+
+def run(cfg: DictConfig, output_dir: str | Path) -> Path:
+    out = start_run(cfg, output_dir)
     sampling, limits, queries, loaded, target, pool, prompter = prepare(cfg)
     methods = parse_methods(cfg.methods, pool, cfg.get("selector"))
     eos_ids = eos_ids_of(loaded, cfg.decoding.get("extra_eos_ids"))
@@ -173,7 +179,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                     if (ex_id, m.name) in done:  # redone only to rebuild the chat history
                         continue
                     reference = query.reference if turn == 0 else None
-                    rounds_out.write_many(_round_records(ex_id, query.task, m.name, gen))
+                    rounds_out.write_many(round_row(ex_id, query.task, m.name, r) for r in gen.rounds)
                     examples_out.write(ExampleRecord(
                         query_id=ex_id, task=query.task, method=m.name, output_ids=gen.tokens, text=text,
                         new_tokens=len(gen.tokens), seconds=gen.seconds, target_calls=gen.target_calls,
@@ -186,11 +192,3 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     md = report.write_tables(table, out, title=f"specbench eval: {cfg.target.model}")
     report.print_table(md, title=f"summary ({out})")
     return out
-
-
-def _round_records(query_id: str, task: str, method: str, gen):
-    for r in gen.rounds:
-        yield RoundRecord(query_id=query_id, task=task, method=method, round=r.index, arm=r.arm, drafted=r.drafted,
-                          accepted=r.accepted, n_max=r.n_max, be=r.be, bd=r.bd, emitted=r.emitted,
-                          t_select=r.t_select, t_draft=r.t_draft, t_verify=r.t_verify, t_switch=r.t_switch,
-                          switched=r.switched)

@@ -101,10 +101,11 @@ def test_multirun_sweep(tmp_path):
     ("methods=[fixed:nope]", "no arm named 'nope'"),
     ("target.model=embedded:nope", "unknown embedded model"),
     ("target.model=./no/such/model", "does not exist"),
-    ("dataset.sources=[{format: gsm8k, path: ./missing.jsonl}]", "does not exist"),
+    ("dataset=gsm8k dataset.path=./missing.jsonl", "does not exist"),
+    ("decoding.temperature=-1", "temperature must be >= 0"),
 ])
 def test_bad_input_is_named(tmp_path, override, message):
-    res = specbench("eval", *TINY, override, f"hydra.run.dir={tmp_path}")
+    res = specbench("eval", *TINY, *override.split(), f"hydra.run.dir={tmp_path}")
     assert res.returncode != 0
     assert message in res.stderr + res.stdout
 
@@ -112,7 +113,25 @@ def test_bad_input_is_named(tmp_path, override, message):
 def test_empty_dataset_is_an_error(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    res = specbench("eval", *TINY, f"dataset.sources=[{{format: gsm8k, path: '{empty}'}}]",
+    res = specbench("eval", *TINY, "dataset=gsm8k", f"dataset.path={empty}",
                     f"hydra.run.dir={tmp_path / 'run'}")
     assert res.returncode == 2
     assert "empty" in res.stderr
+
+
+def test_two_turn_chat_and_quality_columns(tmp_path):
+    """MT-Bench-shaped data: both turns are generated and recorded; task metrics reach the summary."""
+    mt = tmp_path / "question.jsonl"
+    mt.write_text('{"question_id": 1, "category": "writing", "turns": ["Write a line.", "Shorter."]}\n')
+    res = specbench("eval", *TINY, "dataset=mt_bench", f"dataset.path={mt}", "methods=[autoregressive,fixed:quantized]",
+                    f"hydra.run.dir={tmp_path / 'mt'}")
+    assert res.returncode == 0, res.stderr[-3000:]
+    examples = [json.loads(x) for x in (tmp_path / "mt" / "examples.jsonl").read_text().splitlines()]
+    assert sorted((e["query_id"], e["turn"]) for e in examples if e["method"] == "autoregressive") == [
+        ("q1", 1), ("q1/turn2", 2)]
+    res = specbench("eval", *TINY, f"hydra.run.dir={tmp_path / 'emb'}", "methods=[autoregressive]")
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = pd.read_csv(tmp_path / "emb" / "summary.csv")
+    for col in ("bleu", "rouge2", "accuracy", "output_words"):
+        assert col in summary.columns
+    assert summary.set_index("task").loc["translation", "bleu"] >= 0

@@ -10,7 +10,8 @@ from specbench.decoding.sampling import SamplingParams
 from specbench.drafters import build_pool
 from specbench.models import Target, load_model
 from specbench.selection import Fixed
-from specbench.tasks import build_prompt, load_queries
+from specbench.tasks import build_prompt
+from specbench.tasks.datasets import load_source
 from specbench.timing import Clock
 
 pytestmark = [
@@ -28,11 +29,11 @@ def smollm2():
     loaded = load_model("embedded:smollm2_135m", dtype="float32", device="cpu")
     target = Target(loaded)
     pool = build_pool(target, {
-        "quantized": {"_target_": "specbench.drafters.quantized.build"},
+        "quantized": {"_target_": "specbench.drafters.quantized.build", "skip": ["down_proj"]},
         "prompt_lookup": {"_target_": "specbench.drafters.prompt_lookup.build"},
     })
-    queries = load_queries([{"format": "gsm8k", "path": "embedded:gsm8k.jsonl"},
-                            {"format": "xsum", "path": "embedded:xsum.jsonl"}], limit=1)
+    queries = [load_source("math", {"format": "gsm8k", "path": "embedded:gsm8k.jsonl", "task": "math"}, limit=1)[0],
+               load_source("sum", {"format": "xsum", "path": "embedded:xsum.jsonl", "task": "summarization"}, limit=1)[0]]
     prompts = [build_prompt(q, loaded.tokenizer, "chat", TEMPLATES) for q in queries]
     return loaded, target, pool, prompts
 

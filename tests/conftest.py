@@ -1,0 +1,142 @@
+"""Shared fixtures.
+
+Tiny models (section "tiny models"): session-scoped targets and drafter pools built from the
+embedded random models, so no test downloads anything. Targets are stateful (KV cache, committed
+tokens) but every user (``decode``, ``Target.prefill``) starts by resetting that state, so one
+instance per session is safe as long as tests do not keep references across each other.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+# ---------------------------------------------------------------------------------------------
+# tiny models
+# ---------------------------------------------------------------------------------------------
+
+# family -> (config field holding the decoder layer count, embedded drafter model of the same family)
+TINY_FAMILIES: dict[str, dict[str, str]] = {
+    "tiny_llama": {"layers_key": "num_hidden_layers", "draft_model": "embedded:tiny_llama_draft"},
+    "tiny_t5": {"layers_key": "num_decoder_layers", "draft_model": "embedded:tiny_t5_draft"},
+}
+
+# Every drafter kind of the toolkit (pool key -> kind); the autoregressive arm is always added by build_pool.
+TINY_DRAFTER_KINDS = ("quantized_dynamic", "quantized_weight", "prompt_lookup", "early_exit", "hf")
+
+
+def tiny_drafter_configs(family: str, kinds=TINY_DRAFTER_KINDS) -> dict[str, dict]:
+    """Pool config ``{name: {_target_: ..., ...}}`` for a tiny target family."""
+    spec = TINY_FAMILIES[family]
+    every = {
+        "quantized_dynamic": {"_target_": "specbench.drafters.quantized.build"},
+        "quantized_weight": {"_target_": "specbench.drafters.quantized.build", "scheme": "weight_int8"},
+        "prompt_lookup": {"_target_": "specbench.drafters.prompt_lookup.build"},
+        "early_exit": {"_target_": "specbench.drafters.early_exit.build", "layers": 1,
+                       "layers_key": spec["layers_key"]},
+        "hf": {"_target_": "specbench.drafters.hf.build", "model": spec["draft_model"]},
+    }
+    return {k: dict(every[k]) for k in kinds}
+
+
+def build_tiny_pool(target, family: str, kinds=TINY_DRAFTER_KINDS):
+    """``build_pool`` over :func:`tiny_drafter_configs` (includes the ``autoregressive`` arm)."""
+    from specbench.drafters import build_pool
+
+    return build_pool(target, tiny_drafter_configs(family, kinds))
+
+
+def load_tiny_target(family: str):
+    from specbench.models import Target, load_model
+
+    return Target(load_model(f"embedded:{family}", device="cpu"))
+
+
+@dataclass
+class TinySetup:
+    family: str
+    target: object  # specbench.models.Target
+    pool: dict  # name -> Drafter, with "autoregressive"
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    @property
+    def model(self):
+        return self.target.model
+
+    @property
+    def eos_id(self) -> int:
+        return int(self.target.tokenizer.eos_token_id)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def torch_single_thread():
+    """Run torch on one intra-op thread (override with SPECBENCH_TEST_THREADS).
+
+    The tiny models do tiny matmuls, and on a small shared CPU box OpenMP's spin-waiting makes
+    multi-threaded torch up to 100x slower when other processes compete for the cores.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(int(os.environ.get("SPECBENCH_TEST_THREADS", "1")))
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_target():
+    return load_tiny_target("tiny_llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_t5_target():
+    return load_tiny_target("tiny_t5")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_pool(tiny_llama_target):
+    return build_tiny_pool(tiny_llama_target, "tiny_llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_t5_pool(tiny_t5_target):
+    return build_tiny_pool(tiny_t5_target, "tiny_t5")
+
+
+@pytest.fixture(scope="session", params=list(TINY_FAMILIES))
+def tiny_setup(request) -> TinySetup:
+    """Parametrized over the tiny families: target plus a pool with every drafter kind."""
+    family = request.param
+    return TinySetup(family=family, target=request.getfixturevalue(f"{family}_target"),
+                     pool=request.getfixturevalue(f"{family}_pool"))
+
+
+def run_tiny_decode(target, pool, arm_or_selector, prompt_ids, *, max_new_tokens=40, draft_length=4,
+                    eos_ids=None, sampling=None, rng=None):
+    """``specbench.decoding.loop.decode`` with test defaults (greedy, seeded rng, target's EOS).
+
+    ``arm_or_selector`` is a pool key (a ``Fixed`` selector is built) or a ``Selector``.
+    """
+    from specbench.decoding.loop import Limits, decode
+    from specbench.decoding.sampling import SamplingParams
+    from specbench.selection import Fixed
+    from specbench.timing import Clock
+
+    selector = Fixed(list(pool), arm_or_selector) if isinstance(arm_or_selector, str) else arm_or_selector
+    if eos_ids is None:
+        eos_ids = frozenset({int(target.tokenizer.eos_token_id)})
+    return decode(target, pool, selector, list(prompt_ids),
+                  sampling=sampling if sampling is not None else SamplingParams(),
+                  limits=Limits(max_new_tokens=max_new_tokens, draft_length=draft_length),
+                  eos_ids=frozenset(eos_ids), rng=rng if rng is not None else torch.Generator().manual_seed(0),
+                  clock=Clock())
+
+
+@pytest.fixture(scope="session")
+def tiny_decode():
+    """The :func:`run_tiny_decode` helper, as a fixture (tests need not import conftest)."""
+    return run_tiny_decode

@@ -1,0 +1,135 @@
+"""Speculative sampling through the real decode loop reproduces the target's distribution.
+
+For a fixed prompt the exact law of the first two sampled tokens is p(x1) * p(x2 | x1), computed
+from the target itself under the same processing (temperature 1, top-k 4: at most 16 outcomes).
+``decode`` with ``max_new_tokens=2`` drafts one token in its first round (room is left for the bonus
+token), so every path of verification is used: acceptance plus bonus token, rejection plus a
+residual draw, then (after a rejection) one plain target step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from specbench.decoding.sampling import SamplingParams, logits_to_probs
+from specbench.drafters import build_pool
+from specbench.drafters.prompt_lookup import lookup
+
+SAMPLING = SamplingParams(temperature=1.0, top_k=4)
+RUNS = 3000
+# With 16 outcomes and 3000 runs the expected TV of the empirical law is at most
+# 0.5 * sum_i sqrt(2 p_i (1 - p_i) / (pi * N)) <= 0.5 * 4 * sqrt(2 / (pi * 3000)) ~ 0.029, and in
+# practice ~0.015 for these skewed laws; 0.05 is a generous bound that a wrong acceptance rule
+# (e.g. drafts always accepted) exceeds by far with these drafters.
+TV_MAX = 0.05
+
+
+def chi2_critical(df: int, alpha: float = 1e-3) -> float:
+    """Upper ``alpha`` quantile of chi-square(df) (Wilson-Hilferty; accurate to ~1% for df >= 3)."""
+    z = {1e-3: 3.090, 1e-4: 3.719}[alpha]
+    h = 2.0 / (9.0 * df)
+    return df * (1.0 - h + z * math.sqrt(h)) ** 3
+
+
+def test_chi2_critical_matches_tables():
+    assert chi2_critical(15) == pytest.approx(37.70, rel=0.02)
+    assert chi2_critical(3) == pytest.approx(16.27, rel=0.03)
+
+
+@pytest.fixture(scope="module")
+def sampling_setup(tiny_llama_target):
+    """Target, a pool of (early-exit, prompt-lookup) drafters and a prompt where both matter.
+
+    The prompt is ``pre + [a, X] + mid + [a]``: prompt lookup proposes ``X``; ``X`` is picked so the
+    target gives it probability near 1/2, so it is accepted and rejected often. Early exit with 3
+    of 4 layers is a model drafter whose top-4 distribution overlaps the target's only partly
+    (hf tiny_llama_draft has no overlap at all under top-4, and the int8 drafters are almost
+    identical to the target; neither would exercise both outcomes of the acceptance test).
+    """
+    target = tiny_llama_target
+    pool = build_pool(target, {
+        "early_exit": {"_target_": "specbench.drafters.early_exit.build", "layers": 3},
+        "prompt_lookup": {"_target_": "specbench.drafters.prompt_lookup.build"},
+    })
+    tok = target.tokenizer
+    pre, mid = tok("Sum: ")["input_ids"], tok(" is big; so")["input_ids"]
+    a = tok("=")["input_ids"][0]
+    candidates = []
+    for x in range(len(tok)):
+        ids = pre + [a, x] + mid + [a]
+        if x not in tok.all_special_ids and lookup(ids, 1, 3, 1) == [x]:
+            candidates.append(ids)
+    with torch.inference_mode():
+        probs = logits_to_probs(target.model(torch.tensor(candidates)).logits[:, -1], SAMPLING)
+    drafted = [ids[len(pre) + 1] for ids in candidates]
+    best = min(range(len(candidates)), key=lambda i: abs(float(probs[i, drafted[i]]) - 0.5))
+    prompt = candidates[best]
+    assert 0.2 < float(probs[best, drafted[best]]) < 0.8
+    return target, pool, prompt, drafted[best]
+
+
+def exact_two_token_law(target, prompt: list[int]) -> dict[tuple[int, int], float]:
+    with torch.inference_mode():
+        p1 = logits_to_probs(target.model(torch.tensor([prompt])).logits[0, -1], SAMPLING)
+        support = p1.nonzero().flatten().tolist()
+        batch = torch.tensor([prompt + [x1] for x1 in support])
+        p2 = logits_to_probs(target.model(batch).logits[:, -1], SAMPLING)
+    law = {}
+    for row, x1 in enumerate(support):
+        for x2 in p2[row].nonzero().flatten().tolist():
+            law[(x1, x2)] = float(p1[x1]) * float(p2[row, x2])
+    assert sum(law.values()) == pytest.approx(1.0, abs=1e-5)
+    return law
+
+
+def check_law(counts: Counter, law: dict, runs: int) -> None:
+    outside = {k: v for k, v in counts.items() if k not in law}
+    assert not outside, f"sequences the target gives probability 0: {outside}"
+    tv = 0.5 * sum(abs(counts.get(k, 0) / runs - p) for k, p in law.items())
+    assert tv < TV_MAX, f"total variation {tv:.4f}"
+    # chi-square on the outcomes with expected count >= 5, the rest pooled into one cell
+    big = {k: p for k, p in law.items() if p * runs >= 5}
+    rest_p = 1.0 - sum(big.values())
+    rest_n = runs - sum(counts.get(k, 0) for k in big)
+    stat = sum((counts.get(k, 0) - p * runs) ** 2 / (p * runs) for k, p in big.items())
+    cells = len(big)
+    if rest_p * runs >= 5:
+        stat += (rest_n - rest_p * runs) ** 2 / (rest_p * runs)
+        cells += 1
+    assert cells >= 4
+    assert stat < chi2_critical(cells - 1), f"chi-square {stat:.1f} with {cells - 1} degrees of freedom"
+
+
+@pytest.mark.parametrize("arm", ["early_exit", "prompt_lookup"])
+def test_two_token_law_matches_target(sampling_setup, tiny_decode, arm):
+    target, pool, prompt, lookup_token = sampling_setup
+    law = exact_two_token_law(target, prompt)
+    rng = torch.Generator().manual_seed(1234)
+    counts: Counter = Counter()
+    drafted = accepted = rounds = 0
+    for _ in range(RUNS):
+        gen = tiny_decode(target, pool, arm, prompt, max_new_tokens=2, draft_length=4, sampling=SAMPLING,
+                          eos_ids=frozenset(), rng=rng)
+        assert len(gen.tokens) == 2 and gen.stop == "length"
+        assert gen.target_calls == len(gen.rounds)
+        first = gen.rounds[0]
+        assert first.drafted == 1 and first.n_max == 1  # draft capped to leave room for the bonus token
+        if arm == "prompt_lookup":
+            assert gen.tokens[0] == lookup_token or first.accepted == 0
+        counts[tuple(gen.tokens)] += 1
+        drafted += gen.drafted
+        accepted += gen.accepted
+        rounds += len(gen.rounds)
+    assert drafted == RUNS
+    # both branches of verification happened often
+    assert 0.1 * RUNS < accepted < 0.9 * RUNS
+    assert rounds == 2 * RUNS - accepted  # an accepted draft ends the query in one round
+    check_law(counts, law, RUNS)
+    if arm == "prompt_lookup":
+        # acceptance probability of a deterministic draft is p(x): check it too
+        p_x = sum(p for (x1, _), p in law.items() if x1 == lookup_token)
+        assert accepted / RUNS == pytest.approx(p_x, abs=0.04)
