@@ -189,6 +189,6 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                 bar.update(1)
 
     table = report.summarize(read_jsonl(out / "examples.jsonl"))
-    md = report.write_tables(table, out, title=f"specbench eval: {cfg.target.model}")
-    report.print_table(md, title=f"summary ({out})")
+    report.write_tables(table, out, title=f"specbench eval: {cfg.target.model}")
+    report.print_table(report.compact(table), title=f"summary ({out}; every column in summary.csv / summary.md)")
     return out

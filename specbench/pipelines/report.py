@@ -54,9 +54,9 @@ def summarize(examples: Iterable[dict], baseline: str = BASELINE) -> pd.DataFram
 def _quality(m: pd.DataFrame, key: str) -> float:
     """Mean of the per-example scores; BLEU is corpus BLEU over the examples that have a reference."""
     if key == "bleu" and "reference" in m:
-        has_ref = m[m.reference.notna()]
-        if len(has_ref):
-            return metrics.corpus_bleu(list(has_ref.text), list(has_ref.reference))
+        scored = m[m.reference.notna() & m.quality.map(lambda q: isinstance(q, dict) and "bleu" in q)]
+        if len(scored):
+            return metrics.corpus_bleu(list(scored.text), list(scored.reference))
     vals = [q.get(key) for q in m["quality"] if isinstance(q, dict) and q.get(key) is not None]
     return sum(vals) / len(vals) if vals else float("nan")
 
@@ -100,6 +100,16 @@ def write_tables(df: pd.DataFrame, out_dir: Path, stem: str = "summary", title: 
     md = to_markdown(df)
     (out_dir / f"{stem}.md").write_text((f"# {title}\n\n" if title else "") + md + "\n\n" + notes + "\n", encoding="utf-8")
     return md
+
+
+SHOWN = ["task", "method", "n_examples", "new_tokens", "seconds", "tokens_per_s", "speedup", "mat",
+         "acceptance_rate", "exact_match", "accuracy", "bleu", "rouge2", "rougeL", "output_words"]
+
+
+def compact(df: pd.DataFrame) -> str:
+    """The printed view of a summary: the main columns, and quality columns only where defined."""
+    cols = [c for c in SHOWN if c in df.columns and not df[c].isna().all()]
+    return to_markdown(df[cols])
 
 
 def print_table(md: str, title: str | None = None) -> None:
