@@ -159,6 +159,9 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                    eos_ids=eos_ids, rng=torch.Generator(device=target.device).manual_seed(0), clock=clock,
                    query=queries[0])
 
+    # One selector per method for the whole run: ``reset`` starts each query, and selectors that
+    # carry statistics across queries (warm start) keep them.
+    selectors = {m.name: m.make_selector() for m in methods}
     todo_set = set(todo)
     with JsonlWriter(out / "rounds.jsonl") as rounds_out, JsonlWriter(out / "examples.jsonl") as examples_out, \
             tqdm(total=len(todo), desc="eval", unit="query x method") as bar:
@@ -171,7 +174,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                 rng = torch.Generator(device=target.device).manual_seed(_seed_for(int(cfg.seed), qi, mi))
                 history: list[tuple[str, str]] = []
                 for turn in range(turns_of(query, max_turns)):
-                    gen = decode(target, pool, m.make_selector(), prompter(query, turn, history), sampling=sampling,
+                    gen = decode(target, pool, selectors[m.name], prompter(query, turn, history), sampling=sampling,
                                  limits=limits, eos_ids=eos_ids, rng=rng, clock=clock, query=query)
                     text = loaded.tokenizer.decode(gen.tokens, skip_special_tokens=True)
                     history.append((prompter.user_text(query, turn), text))

@@ -1,6 +1,12 @@
 """Drafter selectors: per query (fixed, oracle, policy) or per round (bandits)."""
 
+from specbench.selection.bandits import BanditSelector, EpsilonGreedy, RandomSelector
 from specbench.selection.base import Feedback, Selector
+from specbench.selection.etc import ExploreThenCommit
+from specbench.selection.exp3 import EXP3
 from specbench.selection.fixed import Fixed
+from specbench.selection.halving import SequentialHalving
+from specbench.selection.ucb import UCB, DiscountedUCB, SlidingWindowUCB
 
-__all__ = ["Feedback", "Fixed", "Selector"]
+__all__ = ["BanditSelector", "DiscountedUCB", "EXP3", "EpsilonGreedy", "ExploreThenCommit", "Feedback", "Fixed",
+           "RandomSelector", "Selector", "SequentialHalving", "SlidingWindowUCB", "UCB"]

@@ -1,0 +1,132 @@
+"""Online drafter selection (MetaSD): a multi-armed bandit over the pool, one pull per speculative round.
+
+The reward of a round is Block Divergence ``bd = (1/N_max) * sum_j (1 - TV(p_j, q_j))`` (dense, low
+variance) or Block Efficiency ``be = accepted / N_max`` (sparse); both lie in [0, 1]. The
+``autoregressive`` arm drafts nothing, so both rewards are 0 for it: it is left out unless asked for.
+"""
+
+from __future__ import annotations
+
+import random
+
+from specbench.errors import SpecbenchError
+from specbench.selection.base import Feedback, Selector
+
+AUTOREGRESSIVE = "autoregressive"  # the pool key of specbench.drafters.AUTOREGRESSIVE (not imported: stays light)
+REWARDS = ("bd", "be")
+
+
+class BanditSelector(Selector):
+    """State shared by the per-round bandits.
+
+    Playable arms (``self.candidates``): ``candidates`` if given, else every pool arm except
+    ``autoregressive`` (kept with ``include_autoregressive``). Statistics per playable arm i: pull
+    count ``n_i`` and reward sum ``S_i`` (empirical mean ``S_i / n_i``) in ``self.counts`` /
+    ``self.sums``. ``reset(query)`` zeroes them, or with ``carry_over`` multiplies them by ``decay``
+    (warm start across queries: 1 keeps everything, 0 forgets). Randomness comes only from
+    ``self.rng = random.Random(seed)``. Subclasses implement ``_choose() -> arm index``.
+    """
+
+    def __init__(self, arms: list[str], reward: str = "bd", candidates: list[str] | None = None,
+                 include_autoregressive: bool = False, seed: int = 0, carry_over: bool = False,
+                 decay: float = 1.0):
+        super().__init__(arms)
+        if reward not in REWARDS:
+            raise SpecbenchError(f"unknown bandit reward '{reward}'",
+                                 "use reward: bd (Block Divergence) or reward: be (Block Efficiency)")
+        if candidates is None:
+            playable = [a for a in self.arms if include_autoregressive or a != AUTOREGRESSIVE]
+        else:
+            unknown = [str(a) for a in candidates if a not in self.arms]
+            if unknown:
+                raise SpecbenchError(f"bandit selector: no arm named {', '.join(unknown)} in the pool",
+                                     f"use candidates from: {', '.join(self.arms)}")
+            playable = list(dict.fromkeys(candidates))
+        if not playable:
+            raise SpecbenchError("bandit selector: no arm to play",
+                                 "add a drafter to the pool, list candidates, or set include_autoregressive: true")
+        if not 0.0 <= decay <= 1.0:
+            raise SpecbenchError(f"bandit selector: decay {decay} is outside [0, 1]", "set decay between 0 and 1")
+        self.reward = reward
+        self.candidates = playable
+        self.carry_over = bool(carry_over)
+        self.decay = float(decay)
+        self.rng = random.Random(seed)
+        self._index = {a: i for i, a in enumerate(playable)}
+        self.k = len(playable)
+        self.counts = [0.0] * self.k
+        self.sums = [0.0] * self.k
+        self.t = 0  # rounds played in the current query
+
+    # -- statistics ---------------------------------------------------------------------------
+    def mean(self, i: int) -> float:
+        """Empirical mean reward of arm ``i`` (0 before its first pull)."""
+        return self.sums[i] / self.counts[i] if self.counts[i] > 0 else 0.0
+
+    def _clear(self) -> None:
+        self.counts = [0.0] * self.k
+        self.sums = [0.0] * self.k
+
+    def _decay(self, factor: float) -> None:
+        self.counts = [factor * c for c in self.counts]
+        self.sums = [factor * s for s in self.sums]
+
+    def _record(self, i: int, r: float) -> None:
+        self.counts[i] += 1.0
+        self.sums[i] += r
+
+    def _unplayed(self) -> list[int]:
+        return [i for i in range(self.k) if self.counts[i] <= 0]
+
+    def _greedy(self) -> int:
+        """Index of the highest empirical mean (ties: the first listed arm)."""
+        return max(range(self.k), key=self.mean)
+
+    # -- the Selector interface ---------------------------------------------------------------
+    def reset(self, query=None) -> None:
+        if self.carry_over:
+            self._decay(self.decay)
+        else:
+            self._clear()
+        self.t = 0
+
+    def select(self) -> str:
+        return self.candidates[self._choose()]
+
+    def _choose(self) -> int:
+        raise NotImplementedError
+
+    def reward_of(self, feedback: Feedback) -> float:
+        """The configured reward of a round (``feedback.bd`` or ``feedback.be``), clipped to [0, 1]."""
+        return min(1.0, max(0.0, float(getattr(feedback, self.reward))))
+
+    def update(self, arm: str, feedback: Feedback) -> None:
+        if arm not in self._index:
+            raise ValueError(f"{type(self).__name__} got feedback for '{arm}', not one of {self.candidates}")
+        self.t += 1
+        self._record(self._index[arm], self.reward_of(feedback))
+
+
+class RandomSelector(BanditSelector):
+    """Uniform random arm each round (the no-learning baseline)."""
+
+    def _choose(self) -> int:
+        return self.rng.randrange(self.k)
+
+
+class EpsilonGreedy(BanditSelector):
+    """Each arm once, then with probability ``epsilon`` a uniform random arm, else argmax_i mean_i."""
+
+    def __init__(self, arms: list[str], epsilon: float = 0.1, **kwargs):
+        super().__init__(arms, **kwargs)
+        if not 0.0 <= epsilon <= 1.0:
+            raise SpecbenchError(f"epsilon_greedy: epsilon {epsilon} is outside [0, 1]", "set epsilon between 0 and 1")
+        self.epsilon = float(epsilon)
+
+    def _choose(self) -> int:
+        unplayed = self._unplayed()
+        if unplayed:
+            return unplayed[0]
+        if self.rng.random() < self.epsilon:
+            return self.rng.randrange(self.k)
+        return self._greedy()
