@@ -6,25 +6,16 @@ decoding.draft_length=2,4`` behave as in any Hydra app (run directories under ``
 
 from __future__ import annotations
 
-import os
 import sys
-from pathlib import Path
 
 import typer
 
+from specbench.configs import conf_dir
 from specbench.errors import SpecbenchError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Multi-drafter speculative decoding: collect rewards, train drafter policies, evaluate.")
 HYDRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": ["--help"]}
-
-
-def conf_dir() -> str:
-    path = Path(os.environ.get("SPECBENCH_CONF", Path(__file__).resolve().parent.parent / "conf"))
-    if not (path / "eval.yaml").exists():
-        raise SpecbenchError(f"config directory {path} not found",
-                             "install specbench from its repository with `pip install -e .`, or set SPECBENCH_CONF")
-    return str(path)
 
 
 def _fail(exc: SpecbenchError) -> None:

@@ -55,6 +55,7 @@ class ExampleRecord:
     switches: int
     t_switch: float
     stop: str
+    t_select: float = 0.0
     category: str | None = None
     turn: int = 1
     reference: str | None = None

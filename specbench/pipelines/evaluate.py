@@ -18,6 +18,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from specbench.configs import conf_dir, group_options
 from specbench.decoding.loop import Limits, decode
 from specbench.decoding.sampling import SamplingParams
 from specbench.drafters import AUTOREGRESSIVE, build_pool
@@ -40,7 +41,8 @@ class Method:
 
 def parse_methods(specs, pool: dict, selector_cfg) -> list[Method]:
     """``autoregressive`` | ``fixed:<arm>`` | ``fixed:*`` (every drafter) | ``selector`` (the composed
-    ``selector`` config). The autoregressive baseline is always first."""
+    ``selector`` config) | ``selector:<name>`` (``conf/selector/<name>.yaml``, so one run can compare
+    several selectors). The autoregressive baseline is always first."""
     arms = list(pool)
     names: list[str] = [AUTOREGRESSIVE]
     methods = [Method(AUTOREGRESSIVE, lambda: Fixed(arms, AUTOREGRESSIVE))]
@@ -48,11 +50,14 @@ def parse_methods(specs, pool: dict, selector_cfg) -> list[Method]:
         spec = str(spec)
         if spec == AUTOREGRESSIVE:
             continue
-        if spec == "selector":
-            if selector_cfg is None:
+        if spec == "selector" or spec.startswith("selector:"):
+            if spec.startswith("selector:"):
+                selector_cfg = load_selector_config(spec.split(":", 1)[1])
+            elif selector_cfg is None:
                 continue
             name = str(selector_cfg.get("name") or selector_cfg._target_.rsplit(".", 1)[-1].lower())
             scfg = {k: v for k, v in OmegaConf.to_container(selector_cfg, resolve=True).items() if k != "name"}
+            instantiate(scfg, arms=arms)  # validates the config now, before any decoding
             new = [Method(name, lambda scfg=scfg: instantiate(scfg, arms=arms))]
         elif spec.startswith("fixed:"):
             arm = spec.split(":", 1)[1]
@@ -62,12 +67,19 @@ def parse_methods(specs, pool: dict, selector_cfg) -> list[Method]:
             new = [Method(f"fixed:{a}", lambda a=a: Fixed(arms, a)) for a in chosen]
         else:
             raise SpecbenchError(f"unknown method '{spec}'",
-                                 "use autoregressive, fixed:<drafter>, fixed:* or selector in eval.methods")
+                                 "use autoregressive, fixed:<drafter>, fixed:*, selector or selector:<name> in methods")
         for m in new:
             if m.name not in names:
                 names.append(m.name)
                 methods.append(m)
     return methods
+
+
+def load_selector_config(name: str):
+    options = group_options("selector")
+    if name not in options:
+        raise SpecbenchError(f"no selector config named '{name}'", f"use one of: {', '.join(options)}")
+    return OmegaConf.load(Path(conf_dir()) / "selector" / f"{name}.yaml")
 
 
 def eos_ids_of(loaded, extra=()) -> frozenset[int]:
@@ -187,7 +199,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                         query_id=ex_id, task=query.task, method=m.name, output_ids=gen.tokens, text=text,
                         new_tokens=len(gen.tokens), seconds=gen.seconds, target_calls=gen.target_calls,
                         rounds=len(gen.rounds), drafted=gen.drafted, accepted=gen.accepted, switches=gen.switches,
-                        t_switch=sum(r.t_switch for r in gen.rounds), stop=gen.stop, category=query.category,
+                        t_switch=sum(r.t_switch for r in gen.rounds), t_select=sum(r.t_select for r in gen.rounds),
+                        stop=gen.stop, category=query.category,
                         turn=turn + 1, reference=reference, quality=metrics.score(query.task, text, reference)))
                 bar.update(1)
 

@@ -13,9 +13,30 @@ from specbench.tasks import metrics
 log = logging.getLogger(__name__)
 
 BASELINE = "autoregressive"
+ORACLE = "oracle"
 ALL_TASKS = "all"
 COLUMNS = ["task", "method", "n_examples", "new_tokens", "seconds", "tokens_per_s", "tokens_per_s_mean",
-           "speedup", "speedup_mean", "mat", "acceptance_rate", "exact_match", "switches"]
+           "speedup", "speedup_mean", "mat", "acceptance_rate", "exact_match", "switches", "selector_share"]
+
+
+def oracle_arms(df: pd.DataFrame) -> dict[str, str]:
+    """Per task, the single fixed drafter with the fewest total seconds on that task's examples
+    (the oracle of the tables: an upper bound measured on the same examples in the same run)."""
+    fixed = df[df.method.str.startswith("fixed:")]
+    if fixed.method.nunique() < 1:
+        return {}
+    totals = fixed.groupby(["task", "method"]).seconds.sum().reset_index()
+    best = totals.loc[totals.groupby("task").seconds.idxmin()]
+    return dict(zip(best.task, best.method))
+
+
+def with_oracle(df: pd.DataFrame) -> pd.DataFrame:
+    """Add the oracle's examples: for each task, a copy of its best fixed drafter's examples."""
+    arms = oracle_arms(df)
+    if not arms:
+        return df
+    picked = pd.concat([df[(df.task == t) & (df.method == m)] for t, m in arms.items()])
+    return pd.concat([df, picked.assign(method=ORACLE)], ignore_index=True)
 
 
 def summarize(examples: Iterable[dict], baseline: str = BASELINE) -> pd.DataFrame:
@@ -27,12 +48,15 @@ def summarize(examples: Iterable[dict], baseline: str = BASELINE) -> pd.DataFram
     - mat: new tokens per target forward (bonus token included; autoregressive = 1.00).
     - acceptance_rate: accepted draft tokens / drafted tokens (NaN when nothing was drafted).
     - exact_match: share of examples whose output ids equal the baseline's for the same query.
+    - selector_share: the selector's own time (select calls) / total seconds.
+    - the ``oracle`` rows: per task, the best single fixed drafter on those examples (``oracle_arms``).
     - quality columns (bleu, rouge1/2/L, accuracy, output_words): means of the per-example scores,
       except bleu, which is corpus BLEU.
     """
     df = pd.DataFrame(list(examples))
     if df.empty:
         return pd.DataFrame(columns=COLUMNS)
+    df = with_oracle(df)
     base = df[df.method == baseline].set_index("query_id")
     quality_cols = sorted({k for q in df.get("quality", pd.Series(dtype=object)).dropna() for k in q})
     rows = []
@@ -44,7 +68,7 @@ def summarize(examples: Iterable[dict], baseline: str = BASELINE) -> pd.DataFram
                 row[key] = _quality(m, key)
             rows.append(row)
     out = pd.DataFrame(rows)
-    order = {m: i for i, m in enumerate(dict.fromkeys([baseline, *df.method]))}
+    order = {m: i for i, m in enumerate(dict.fromkeys([baseline, *df.method]))}  # oracle last
     out["_t"] = out.task.eq(ALL_TASKS)
     out["_m"] = out.method.map(order)
     out = out.sort_values(["_t", "task", "_m"]).drop(columns=["_t", "_m"]).reset_index(drop=True)
@@ -80,6 +104,7 @@ def _row(m: pd.DataFrame, base: pd.DataFrame) -> dict:
         "mat": tokens / int(m.target_calls.sum()) if int(m.target_calls.sum()) else float("nan"),
         "acceptance_rate": int(m.accepted.sum()) / drafted if drafted else float("nan"),
         "exact_match": exact, "switches": int(m.switches.sum()),
+        "selector_share": float(m.t_select.sum()) / seconds if "t_select" in m and seconds else float("nan"),
     }
 
 

@@ -88,6 +88,17 @@ def test_eval_encoder_decoder_with_hf_drafter(tmp_path):
     assert (summary.exact_match == 1.0).all()
 
 
+def test_several_selectors_in_one_run(tmp_path):
+    res = specbench("eval", *TINY, "methods=[autoregressive,fixed:*,selector:ucb,selector:exp3]",
+                    f"hydra.run.dir={tmp_path}")
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    assert {"ucb-bd", "exp3-bd", "oracle"} <= set(summary.method)
+    assert (summary.exact_match == 1.0).all()  # switching drafters every round stays lossless
+    bad = specbench("eval", *TINY, "methods=[selector:nope]", f"hydra.run.dir={tmp_path / 'bad'}")
+    assert bad.returncode == 2 and "no selector config named 'nope'" in bad.stderr
+
+
 def test_multirun_sweep(tmp_path):
     res = specbench("eval", "-m", *TINY, "methods=[autoregressive,fixed:quantized]", "decoding.draft_length=1,3",
                     f"hydra.sweep.dir={tmp_path}")
