@@ -5,7 +5,7 @@ PIP ?= $(PYTHON) -m pip
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo test test-fast bench clean metasd-cpu
 
 install:
 	$(PIP) install -q "$(TORCH_SPEC)"
@@ -26,3 +26,7 @@ test-fast: install
 
 clean:
 	rm -rf outputs/eval outputs/bench outputs/multirun
+
+# MetaSD (online drafter selection) at CPU scale on the embedded default: table + convergence plot
+metasd-cpu: install
+	specbench eval +experiment=metasd_cpu

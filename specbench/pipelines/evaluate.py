@@ -92,6 +92,21 @@ def eos_ids_of(loaded, extra=()) -> frozenset[int]:
     return frozenset(int(i) for i in ids)
 
 
+def write_convergence(examples: list[dict], out: Path) -> None:
+    """convergence.csv (+ .png when matplotlib is installed) when adaptive selectors ran."""
+    import pandas as pd
+
+    adaptive = {e["method"] for e in examples if e["method"] != AUTOREGRESSIVE and not e["method"].startswith("fixed:")}
+    if not adaptive:
+        return
+    conv = report.convergence(read_jsonl(out / "rounds.jsonl"), report.oracle_arms(pd.DataFrame(examples)))
+    conv.to_csv(out / "convergence.csv", index=False)
+    try:
+        report.plot_convergence(conv, out / "convergence.png")
+    except ImportError:
+        log.warning("matplotlib is not installed: convergence.png skipped (pip install matplotlib)")
+
+
 def _seed_for(seed: int, query_index: int, method_index: int) -> int:
     return (seed * 1_000_003 + query_index * 1_009 + method_index) % (2**63)
 
@@ -204,7 +219,9 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                         turn=turn + 1, reference=reference, quality=metrics.score(query.task, text, reference)))
                 bar.update(1)
 
-    table = report.summarize(read_jsonl(out / "examples.jsonl"))
+    examples = list(read_jsonl(out / "examples.jsonl"))
+    table = report.summarize(examples)
     report.write_tables(table, out, title=f"specbench eval: {cfg.target.model}")
+    write_convergence(examples, out)
     report.print_table(report.compact(table), title=f"summary ({out}; every column in summary.csv / summary.md)")
     return out

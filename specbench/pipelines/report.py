@@ -75,6 +75,40 @@ def summarize(examples: Iterable[dict], baseline: str = BASELINE) -> pd.DataFram
     return out[COLUMNS + quality_cols]
 
 
+def convergence(rounds: Iterable[dict], arms: dict[str, str]) -> pd.DataFrame:
+    """Share of rounds, by round index, in which each adaptive selector played its task's oracle arm.
+
+    ``arms`` maps task -> oracle method (``fixed:<arm>``); fixed and autoregressive methods are left
+    out. Columns: method, round, share, n (rounds at that index).
+    """
+    df = pd.DataFrame(list(rounds))
+    if df.empty or not arms:
+        return pd.DataFrame(columns=["method", "round", "share", "n"])
+    df = df[~df.method.str.startswith("fixed:") & (df.method != BASELINE) & df.task.isin(arms)]
+    df = df.assign(hit=df.arm == df.task.map(lambda t: arms[t].split(":", 1)[1]))
+    out = df.groupby(["method", "round"]).hit.agg(["mean", "size"]).reset_index()
+    return out.rename(columns={"mean": "share", "size": "n"})
+
+
+def plot_convergence(conv: pd.DataFrame, path: Path, max_round: int = 40) -> None:
+    """Line plot of ``convergence`` (one line per selector); needs matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for method, sub in conv[conv["round"] < max_round].groupby("method"):
+        ax.plot(sub["round"], sub["share"], label=method)
+    ax.set_xlabel("round index within a query")
+    ax.set_ylabel("share of rounds playing the oracle's arm")
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def _quality(m: pd.DataFrame, key: str) -> float:
     """Mean of the per-example scores; BLEU is corpus BLEU over the examples that have a reference."""
     if key == "bleu" and "reference" in m:

@@ -146,3 +146,16 @@ def test_two_turn_chat_and_quality_columns(tmp_path):
     for col in ("bleu", "rouge2", "accuracy", "output_words"):
         assert col in summary.columns
     assert summary.set_index("task").loc["translation", "bleu"] >= 0
+
+
+def test_metasd_experiment_writes_table_and_convergence(tmp_path):
+    res = specbench("eval", "+experiment=metasd_cpu", "target=tiny_llama", "pool=tiny", "dataset.limit=1",
+                    "decoding.max_new_tokens=8", "warmup.max_new_tokens=0", f"hydra.run.dir={tmp_path}")
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    assert {"ucb-bd", "ucb-be", "exp3-bd", "halving-bd", "ducb-bd", "swucb-bd", "etc-bd", "random", "oracle"} <= set(
+        summary.method)
+    conv = pd.read_csv(tmp_path / "convergence.csv")
+    assert set(conv.columns) == {"method", "round", "share", "n"}
+    assert conv.share.between(0, 1).all() and "fixed:quantized" not in set(conv.method)
+    assert (tmp_path / "convergence.png").stat().st_size > 0
