@@ -74,7 +74,7 @@ class ModelDrafter(Drafter):
         self._next_logits = self.lm.sync(tokens)
 
     def propose(self, tokens, k, sampling, rng, eos_ids=frozenset()) -> Draft:
-        if self._next_logits is None or self.lm.cached != tokens:
+        if self._next_logits is None:  # the loop syncs first; a direct call may not
             self.sync(tokens)
         logits = self._next_logits
         self._next_logits = None

@@ -59,7 +59,6 @@ class CachedLM:
         self.cache = None
         self.cached: list[int] = []
         self.encoder_outputs = None
-        self.forward_calls = 0
         self._cache_kw = cache_argument(model)
         self._keep_kw = keep_argument(model)
 
@@ -87,7 +86,6 @@ class CachedLM:
             out = self.model(input_ids=x, **kwargs)
         self.cache = out[self._cache_kw]
         self.cached.extend(ids)
-        self.forward_calls += 1
         logits = out.logits[0, -1:] if last_only else out.logits[0]
         if self.vocab_size is not None and logits.shape[-1] != self.vocab_size:
             logits = _fit_vocab(logits, self.vocab_size)
