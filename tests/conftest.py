@@ -18,10 +18,13 @@ import torch
 # tiny models
 # ---------------------------------------------------------------------------------------------
 
-# family -> (config field holding the decoder layer count, embedded drafter model of the same family)
+# family -> config field holding the decoder layer count, embedded drafter model of the same family, and
+# the early-exit head path (final norm module, scale before the LM head), as in conf/target/<family>.yaml
 TINY_FAMILIES: dict[str, dict[str, str]] = {
-    "tiny_llama": {"layers_key": "num_hidden_layers", "draft_model": "embedded:tiny_llama_draft"},
-    "tiny_t5": {"layers_key": "num_decoder_layers", "draft_model": "embedded:tiny_t5_draft"},
+    "tiny_llama": {"layers_key": "num_hidden_layers", "draft_model": "embedded:tiny_llama_draft",
+                   "final_norm": "model.norm", "head_scale": 1.0},
+    "tiny_t5": {"layers_key": "num_decoder_layers", "draft_model": "embedded:tiny_t5_draft",
+                "final_norm": "decoder.final_layer_norm", "head_scale": 0.125},
 }
 
 # Every drafter kind of the toolkit (pool key -> kind); the autoregressive arm is always added by build_pool.
@@ -36,7 +39,8 @@ def tiny_drafter_configs(family: str, kinds=TINY_DRAFTER_KINDS) -> dict[str, dic
         "quantized_weight": {"_target_": "specbench.drafters.quantized.build", "scheme": "weight_int8"},
         "prompt_lookup": {"_target_": "specbench.drafters.prompt_lookup.build"},
         "early_exit": {"_target_": "specbench.drafters.early_exit.build", "layers": 1,
-                       "layers_key": spec["layers_key"]},
+                       "layers_key": spec["layers_key"], "final_norm": spec["final_norm"],
+                       "head_scale": spec["head_scale"]},
         "hf": {"_target_": "specbench.drafters.hf.build", "model": spec["draft_model"]},
     }
     return {k: dict(every[k]) for k in kinds}

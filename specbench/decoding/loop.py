@@ -63,17 +63,28 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
     prefix plus one target token; the cache is rolled back to that; the selector gets feedback.
     Output stops after an EOS (kept, even inside an accepted draft) or at ``max_new_tokens``.
     ``seconds`` covers everything from the prefill on, read from ``clock`` at the boundaries.
+
+    With a ``full_information`` selector the verification forward also returns the target's hidden
+    states, and every early-exit arm that was not played gets its Block Divergence at the drafted
+    positions (``observe``); that work is timed as selector time (``t_select``).
     """
     t_start = clock.now()
     target.prefill(prompt_ids)
     for drafter in pool.values():
         drafter.reset(target.encoder_ids)
+    t_reset = clock.now()
+    if selector.embedding_pooling is not None:  # a context-aware selector reads the query first (timed)
+        selector.set_embedding(target.embed(prompt_ids, selector.embedding_pooling))
     selector.reset(query)
+    t_reset = clock.now() - t_reset
+    side_arms = [name for name, d in pool.items() if d.exit_layer is not None] if selector.full_information else []
     out: list[int] = []
     gen = Generation(tokens=out)
     prev_arm = None
+    t_pre = t_reset  # the selector's per-query work counts in the first round's t_select
     while len(out) < limits.max_new_tokens:
-        t0 = clock.now()
+        t0 = clock.now() - t_pre
+        t_pre = 0.0
         arm = selector.select()
         t1 = clock.now()
         drafter = pool[arm]
@@ -84,7 +95,11 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
         t2 = clock.now()
         draft = drafter.propose(target.tokens, k, sampling, rng, eos_ids) if k > 0 else Draft([], None)
         t3 = clock.now()
-        logits = target.score(draft.tokens)
+        states = None
+        if side_arms and draft.tokens:
+            logits, states = target.score(draft.tokens, hidden=True)
+        else:
+            logits = target.score(draft.tokens)
         if sampling.greedy:
             verdict = verify_greedy(draft.tokens, logits)
             p = logits_to_probs(logits[: len(draft.tokens)], sampling) if draft.tokens else None
@@ -105,13 +120,17 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
         if not done:
             target.commit(new)
         t4 = clock.now()
+        side = {} if states is None else side_observations(pool, side_arms, arm, states, p, draft.tokens, sampling)
+        t5 = clock.now()
         rnd = Round(index=len(gen.rounds), arm=arm, drafted=len(draft.tokens), accepted=accepted, n_max=n_max,
-                    be=block_efficiency(accepted, n_max), bd=bd, emitted=len(new), t_select=t1 - t0,
+                    be=block_efficiency(accepted, n_max), bd=bd, emitted=len(new), t_select=(t1 - t0) + (t5 - t4),
                     t_draft=(t3 - t2) if switched else (t3 - t1), t_verify=t4 - t3,
                     t_switch=(t2 - t1) if switched else 0.0, switched=switched)
         gen.rounds.append(rnd)
         selector.update(arm, Feedback(drafted=rnd.drafted, accepted=accepted, n_max=n_max, be=rnd.be, bd=bd,
                                       t_draft=rnd.t_draft, t_verify=rnd.t_verify, t_switch=rnd.t_switch))
+        for name, side_bd in side.items():
+            selector.observe(name, side_bd)
         if on_round is not None:
             on_round(rnd)
         prev_arm = arm
@@ -120,3 +139,22 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
     gen.target_calls = target.calls
     gen.seconds = clock.now() - t_start
     return gen
+
+
+def side_observations(pool: Mapping[str, Drafter], arms: list[str], played: str, states: tuple, p: torch.Tensor,
+                      draft: list[int], sampling: SamplingParams) -> dict[str, float]:
+    """Block Divergence of each early-exit arm in ``arms`` but ``played`` at the ``k = len(draft)`` drafted positions.
+
+    Arm e's distribution at position j is read off the target's own state after ``e.exit_layer``
+    layers (the context is the played draft, which the target scored); the mean over the ``k``
+    positions is its BD for the round (``k`` is the denominator: every position was observed).
+    """
+    k = len(draft)
+    out = {}
+    for name in arms:
+        if name == played:
+            continue
+        drafter = pool[name]
+        q = logits_to_probs(drafter.logits_from_hidden(states[drafter.exit_layer][:k]), sampling)
+        out[name] = block_divergence(draft, q, p, k)
+    return out

@@ -29,6 +29,11 @@ class Drafter:
     cost: float = 0.0
     deterministic: bool = False
     can_generate_alone: bool = True
+    exit_layer: int | None = None  # early-exit drafters: their distribution is readable off the target
+
+    def logits_from_hidden(self, states: torch.Tensor) -> torch.Tensor:
+        """``[n, H]`` target states after ``exit_layer`` layers -> logits ``[n, V]`` (early exits only)."""
+        raise NotImplementedError(f"{type(self).__name__} is not an early-exit drafter")
 
     def reset(self, encoder_ids: list[int] | None) -> None:
         pass

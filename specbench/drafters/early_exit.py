@@ -4,6 +4,11 @@ The drafter is the target's own class built with ``L`` layers on the meta device
 and buffers are then bound to the target's tensors (no copy). ``layers_key`` names the config field
 that holds the layer count (``num_hidden_layers`` for decoder-only models, ``num_decoder_layers``
 for T5), set per target family in YAML.
+
+Full-information feedback: the target's verification forward passes through layer L, so the
+drafter's distribution at every verified position is ``head(norm(h_L) * head_scale)`` with the
+target's own final norm (``final_norm``, a module path in the target YAML) and LM head
+(``head_scale``: 1 for Llama-style models, ``d_model ** -0.5`` for T5 with tied embeddings).
 """
 
 from __future__ import annotations
@@ -14,7 +19,34 @@ import torch
 
 from specbench.drafters.base import ModelDrafter, param_count
 from specbench.errors import SpecbenchError
+from specbench.models.cache import fit_vocab
 from specbench.models.target import Target
+
+
+class EarlyExitDrafter(ModelDrafter):
+    """A ``ModelDrafter`` over the target's first ``exit_layer`` layers that can also read its
+    distribution off the target's own hidden states (``logits_from_hidden``)."""
+
+    def __init__(self, name: str, model: torch.nn.Module, vocab_size: int, cost: float, exit_layer: int,
+                 norm: torch.nn.Module, head: torch.nn.Module, head_scale: float = 1.0,
+                 confidence_threshold: float = 0.0):
+        super().__init__(name, model, vocab_size, cost, confidence_threshold)
+        self.exit_layer = int(exit_layer)
+        self._norm = norm
+        self._head = head
+        self._head_scale = float(head_scale)
+        self._vocab_size = vocab_size
+
+    @torch.inference_mode()
+    def logits_from_hidden(self, states: torch.Tensor) -> torch.Tensor:
+        """``[n, H]`` target states after ``exit_layer`` layers -> this drafter's logits ``[n, V]``."""
+        x = self._norm(states)
+        if self._head_scale != 1.0:
+            x = x * self._head_scale
+        logits = self._head(x)
+        if logits.shape[-1] != self._vocab_size:
+            logits = fit_vocab(logits, self._vocab_size)
+        return logits.float()
 
 
 def truncated_model(model: torch.nn.Module, layers: int, layers_key: str) -> torch.nn.Module:
@@ -42,9 +74,16 @@ def truncated_model(model: torch.nn.Module, layers: int, layers_key: str) -> tor
 
 
 def build(target: Target, name: str, layers: int, layers_key: str = "num_hidden_layers",
-          cost: float | None = None,
-          confidence_threshold: float = 0.0) -> ModelDrafter:
+          cost: float | None = None, confidence_threshold: float = 0.0, final_norm: str = "model.norm",
+          head_scale: float = 1.0) -> EarlyExitDrafter:
     small = truncated_model(target.model, int(layers), layers_key)
     if cost is None:
         cost = param_count(small) / param_count(target.model)
-    return ModelDrafter(name, small, target.vocab_size, cost, confidence_threshold)
+    try:
+        norm = target.model.get_submodule(final_norm)
+    except AttributeError:
+        raise SpecbenchError(f"the target has no module '{final_norm}' (early_exit final_norm)",
+                             "set target.final_norm to the path of the final norm "
+                             "(model.norm for Llama-style models, decoder.final_layer_norm for T5)") from None
+    return EarlyExitDrafter(name, small, target.vocab_size, cost, int(layers), norm,
+                            target.model.get_output_embeddings(), head_scale, confidence_threshold)

@@ -73,13 +73,19 @@ class CachedLM:
             self.encoder_outputs = self.model.get_encoder()(input_ids=ids)
 
     @torch.inference_mode()
-    def forward(self, ids: list[int], last_only: bool = False) -> torch.Tensor:
+    def forward(self, ids: list[int], last_only: bool = False, hidden: bool = False):
         """Append ``ids`` to the cache; return float32 logits ``[len(ids), V]`` (``[1, V]`` with
-        ``last_only``, which skips the LM head on the other positions where the model allows)."""
+        ``last_only``, which skips the LM head on the other positions where the model allows).
+
+        With ``hidden`` return ``(logits, states)`` where ``states[l]`` ``[len(ids), H]`` is the
+        (decoder's) residual stream after ``l`` layers (``states[0]``: the embeddings).
+        """
         x = torch.tensor([ids], device=self.device)
         kwargs = {self._cache_kw: self.cache, "use_cache": True}
         if last_only and self._keep_kw:
             kwargs[self._keep_kw] = 1
+        if hidden:
+            kwargs["output_hidden_states"] = True
         if self.is_encoder_decoder:
             out = self.model(encoder_outputs=self.encoder_outputs, decoder_input_ids=x, **kwargs)
         else:
@@ -88,7 +94,10 @@ class CachedLM:
         self.cached.extend(ids)
         logits = out.logits[0, -1:] if last_only else out.logits[0]
         if self.vocab_size is not None and logits.shape[-1] != self.vocab_size:
-            logits = _fit_vocab(logits, self.vocab_size)
+            logits = fit_vocab(logits, self.vocab_size)
+        if hidden:
+            states = out.decoder_hidden_states if self.is_encoder_decoder else out.hidden_states
+            return logits.float(), tuple(h[0] for h in states)
         return logits.float()
 
     def crop(self, keep: int) -> None:
@@ -110,7 +119,7 @@ class CachedLM:
         return self.forward(tokens[len(self.cached):], last_only=True)[-1]
 
 
-def _fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Drop padded rows past ``vocab_size`` or pad missing ids with -inf."""
     if logits.shape[-1] > vocab_size:
         return logits[..., :vocab_size]

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import torch
 
+from specbench.errors import SpecbenchError
 from specbench.models.cache import CachedLM
 from specbench.models.loading import LoadedModel
+
+POOLINGS = ("mean", "last")
 
 
 class Target:
@@ -50,10 +53,32 @@ class Target:
         if len(tokens) > 1:
             self.lm.forward(tokens[:-1], last_only=True)
 
-    def score(self, draft: list[int]) -> torch.Tensor:
-        """One forward over [last committed token, *draft]; logits ``[len(draft) + 1, V]``."""
+    def score(self, draft: list[int], hidden: bool = False):
+        """One forward over [last committed token, *draft]; logits ``[len(draft) + 1, V]``.
+
+        With ``hidden``: ``(logits, states)``, ``states[l]`` the residual stream after ``l`` layers
+        at the same positions (what early-exit drafters read for full-information feedback).
+        """
         self.calls += 1
-        return self.lm.forward(self.tokens[-1:] + list(draft))
+        return self.lm.forward(self.tokens[-1:] + list(draft), hidden=hidden)
+
+    @torch.inference_mode()
+    def embed(self, prompt_ids: list[int], pooling: str = "mean") -> torch.Tensor:
+        """The query's embedding ``[H]`` (float32): the encoder output (encoder-decoder) or the final
+        (normed) hidden states (decoder-only) over the prompt tokens, pooled by ``mean`` or ``last``.
+        One forward of its own: it leaves the decoding state (cache, tokens) untouched."""
+        if pooling not in POOLINGS:
+            raise SpecbenchError(f"unknown embedding pooling '{pooling}'", f"use one of: {', '.join(POOLINGS)}")
+        x = torch.tensor([list(prompt_ids)], device=self.device)
+        if self.is_encoder_decoder:
+            states = self.model.get_encoder()(input_ids=x).last_hidden_state[0]
+        else:
+            states = self.model.base_model(input_ids=x, use_cache=False).last_hidden_state[0]
+        return (states.mean(dim=0) if pooling == "mean" else states[-1]).float()
+
+    @property
+    def embedding_source(self) -> str:
+        return "encoder_output" if self.is_encoder_decoder else "final_hidden_states"
 
     def commit(self, new_tokens: list[int]) -> None:
         """Append the round's output; roll the cache back to the accepted prefix."""

@@ -25,11 +25,15 @@ class BanditSelector(Selector):
     ``self.sums``. ``reset(query)`` zeroes them, or with ``carry_over`` multiplies them by ``decay``
     (warm start across queries: 1 keeps everything, 0 forgets). Randomness comes only from
     ``self.rng = random.Random(seed)``. Subclasses implement ``_choose() -> arm index``.
+
+    ``full_information`` (reward ``bd`` only): early-exit arms that were not played still get their
+    round's BD as a side observation (``observe``): it adds to ``n_i`` and ``S_i`` like a pull but
+    does not advance the round counter ``t``.
     """
 
     def __init__(self, arms: list[str], reward: str = "bd", candidates: list[str] | None = None,
                  include_autoregressive: bool = False, seed: int = 0, carry_over: bool = False,
-                 decay: float = 1.0):
+                 decay: float = 1.0, full_information: bool = False):
         super().__init__(arms)
         if reward not in REWARDS:
             raise SpecbenchError(f"unknown bandit reward '{reward}'",
@@ -47,6 +51,10 @@ class BanditSelector(Selector):
                                  "add a drafter to the pool, list candidates, or set include_autoregressive: true")
         if not 0.0 <= decay <= 1.0:
             raise SpecbenchError(f"bandit selector: decay {decay} is outside [0, 1]", "set decay between 0 and 1")
+        if full_information and reward != "bd":
+            raise SpecbenchError("full_information needs reward: bd (side observations are Block Divergences)",
+                                 "set reward: bd, or full_information: false")
+        self.full_information = bool(full_information)
         self.reward = reward
         self.candidates = playable
         self.carry_over = bool(carry_over)
@@ -105,6 +113,14 @@ class BanditSelector(Selector):
             raise ValueError(f"{type(self).__name__} got feedback for '{arm}', not one of {self.candidates}")
         self.t += 1
         self._record(self._index[arm], self.reward_of(feedback))
+
+    def observe(self, arm: str, bd: float) -> None:
+        if self.full_information and arm in self._index:
+            self._side(self._index[arm], min(1.0, max(0.0, float(bd))))
+
+    def _side(self, i: int, r: float) -> None:
+        """Fold a side observation into arm ``i``'s statistics (by default exactly like a pull)."""
+        self._record(i, r)
 
 
 class RandomSelector(BanditSelector):

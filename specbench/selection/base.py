@@ -24,10 +24,22 @@ class Feedback:
 
 
 class Selector:
-    """Chooses which arm (a pool key, ``autoregressive`` included) drafts each round."""
+    """Chooses which arm (a pool key, ``autoregressive`` included) drafts each round.
+
+    ``embedding_pooling``: when set, the loop embeds each prompt with the target (timed as part of
+    decoding) and passes it to ``set_embedding`` before ``reset``.
+    ``full_information``: the selector also wants ``observe`` calls, one per early-exit arm it did
+    not play, with that arm's Block Divergence read off the target's verification forward.
+    """
+
+    full_information: bool = False
+    embedding_pooling: str | None = None  # set by selectors that read the query's embedding (``set_embedding``)
 
     def __init__(self, arms: list[str]):
         self.arms = list(arms)
+
+    def set_embedding(self, embedding) -> None:
+        """The query's embedding from the target (``Target.embed``), given before ``reset``."""
 
     def reset(self, query=None) -> None:
         """Start a new query (per-query selectors decide here)."""
@@ -37,3 +49,6 @@ class Selector:
 
     def update(self, arm: str, feedback: Feedback) -> None:
         """Learn from the round just played (online selectors)."""
+
+    def observe(self, arm: str, bd: float) -> None:
+        """A side observation: the Block Divergence arm ``arm`` would have had this round (not played)."""

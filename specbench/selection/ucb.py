@@ -49,6 +49,9 @@ class DiscountedUCB(UCB):
         self._decay(self.gamma)
         super()._record(i, r)
 
+    def _side(self, i: int, r: float) -> None:
+        super()._record(i, r)  # same round as the pull it accompanies: no second discount
+
 
 class SlidingWindowUCB(UCB):
     """Sliding-window UCB (Garivier & Moulines 2011): ``n_i`` and ``S_i`` count only the last

@@ -209,8 +209,8 @@ def test_early_exit_keeps_the_target_intact(tiny_setup, tiny_decode):
     prompt = tiny_setup.tokenizer(PROMPT)["input_ids"]
     encoder_ids, tokens = target.decoder_start(prompt)
     before = fresh_logits(target.model, encoder_ids, tokens + [5, 6])
-    key = "num_decoder_layers" if target.is_encoder_decoder else "num_hidden_layers"
-    pool = build_pool(target, {"ee": {"_target_": "specbench.drafters.early_exit.build", "layers": 1,
-                                      "layers_key": key}})
+    head = ({"layers_key": "num_decoder_layers", "final_norm": "decoder.final_layer_norm", "head_scale": 0.125}
+            if target.is_encoder_decoder else {"layers_key": "num_hidden_layers"})
+    pool = build_pool(target, {"ee": {"_target_": "specbench.drafters.early_exit.build", "layers": 1, **head}})
     tiny_decode(target, pool, "ee", prompt, max_new_tokens=5, draft_length=2)
     assert torch.equal(fresh_logits(target.model, encoder_ids, tokens + [5, 6]), before)

@@ -221,11 +221,11 @@ def test_arms_and_reward_choice():
 
 # -- configs -----------------------------------------------------------------------------------------
 BANDIT_CONFS = ["ucb", "ucb_be", "exp3", "sequential_halving", "etc", "discounted_ucb", "sliding_window_ucb",
-                "epsilon_greedy", "random"]
+                "epsilon_greedy", "random", "ucb_full_info"]
 
 
 def test_every_bandit_config_is_tested():
-    assert {p.stem for p in CONF.glob("*.yaml")} - {"fixed"} == set(BANDIT_CONFS)
+    assert {p.stem for p in CONF.glob("*.yaml")} - {"fixed", "policy"} == set(BANDIT_CONFS)
 
 
 @pytest.mark.parametrize("stem", BANDIT_CONFS)
@@ -233,10 +233,11 @@ def test_selector_configs_instantiate(stem):
     cfg = OmegaConf.load(CONF / f"{stem}.yaml")
     assert cfg.reward == ("be" if stem == "ucb_be" else "bd")
     name = cfg.name
-    assert name == {"ucb": "ucb-bd", "ucb_be": "ucb-be", "random": "random"}.get(stem, name)
+    assert name == {"ucb": "ucb-bd", "ucb_be": "ucb-be", "random": "random", "ucb_full_info": "ucb-bd-fi"}.get(stem, name)
     scfg = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "name"}
     sel = instantiate(scfg, arms=ARMS)
     assert isinstance(sel, BanditSelector) and sel.candidates == ["a", "b", "c"]
+    assert sel.full_information == (stem == "ucb_full_info")
     picks = play(sel, bd_like(), 60)
     assert set(picks) <= {"a", "b", "c"} and sel.t == 60
     if stem != "random":
@@ -258,3 +259,49 @@ def test_composed_selector_through_parse_methods(overrides, name, reward, candid
     method = parse_methods(["selector"], dict.fromkeys(ARMS), cfg.selector)[-1]
     sel = method.make_selector()
     assert method.name == name and sel.reward == reward and sel.candidates == candidates
+
+
+# -- full-information feedback (early-exit arms observed without being played) ----------------------
+@pytest.mark.parametrize("cls", [UCB, DiscountedUCB, SlidingWindowUCB, ExploreThenCommit])
+def test_side_observations_spare_the_bad_observed_arm(cls):
+    """Arm "a" (mean 0.3) is an early exit whose BD arrives every round for free: with full
+    information the selector has no need to play it, and plays it far less than without."""
+    env = bd_like()
+
+    def run(full_information: bool, seeds=range(10)) -> float:
+        plays = 0
+        for seed in seeds:
+            sel = cls(ARMS, full_information=full_information, seed=seed)
+            sel.reset()
+            rng = random.Random(20_000 + seed)
+            for t in range(60):
+                arm = sel.select()
+                plays += arm == "a"
+                sel.update(arm, feedback(bd=env(arm, t, rng)))
+                if arm != "a":
+                    sel.observe("a", env("a", t, rng))
+        return plays / len(seeds)
+
+    assert run(True) < run(False)
+    assert run(True) <= 1.0
+
+
+def test_side_observations_count_but_do_not_advance_rounds():
+    sel = UCB(ARMS, full_information=True)
+    sel.reset()
+    sel.update("b", feedback(bd=0.5))
+    sel.observe("a", 0.25)
+    sel.observe("autoregressive", 0.9)  # not a candidate: ignored
+    assert sel.t == 1
+    assert sel.counts == [1.0, 1.0, 0.0] and sel.sums == [0.25, 0.5, 0.0]
+    off = UCB(ARMS)
+    off.reset()
+    off.observe("a", 0.25)  # full_information off: ignored
+    assert off.counts == [0.0, 0.0, 0.0]
+
+
+def test_full_information_needs_bd_and_a_selector_that_can_use_it():
+    with pytest.raises(SpecbenchError, match="full_information needs reward: bd"):
+        UCB(ARMS, reward="be", full_information=True)
+    with pytest.raises(SpecbenchError, match="exp3 does not take full_information"):
+        EXP3(ARMS, full_information=True)
