@@ -140,8 +140,9 @@ def hub_records(hub: Mapping, split: str) -> Iterable[tuple[dict, str]]:
 
 
 def load_source(name: str, source: Mapping, limit: int | None = None, seed: int = 0, shuffle: bool = False,
-                categories: list[str] | None = None) -> list[Query]:
-    """Read one source, keep ``categories`` (if given), then a ``limit`` (seeded random one if ``shuffle``)."""
+                categories: list[str] | None = None, offset: int = 0) -> list[Query]:
+    """Read one source, keep ``categories`` (if given), then skip ``offset`` records and keep
+    ``limit`` (a seeded random choice with ``shuffle``; disjoint offsets give disjoint slices)."""
     source = dict(source)
     fmt = source.pop("format", None)
     if fmt not in FORMATS:
@@ -167,7 +168,7 @@ def load_source(name: str, source: Mapping, limit: int | None = None, seed: int 
         queries = [q for q in queries if q.category in categories]
     if shuffle:
         random.Random(seed).shuffle(queries)
-    return queries[:limit] if limit is not None else queries
+    return queries[offset: offset + limit] if limit is not None else queries[offset:]
 
 
 def load_dataset_config(cfg: Mapping) -> list[Query]:
@@ -179,11 +180,16 @@ def load_dataset_config(cfg: Mapping) -> list[Query]:
     limit = cfg.get("limit")
     if limit is not None and int(limit) < 1:
         raise SpecbenchError(f"dataset.limit must be at least 1, got {limit}", "use dataset.limit=null for all")
+    offset = int(cfg.get("offset") or 0)
+    if offset < 0:
+        raise SpecbenchError(f"dataset.offset must be >= 0, got {offset}", "use dataset.offset=0 to start at the first record")
     seed = int(cfg.get("seed") or 0)
     queries: list[Query] = []
     for name, src in sources.items():
+        if src is None:  # a source switched off by an override (dataset.sources.NAME=null)
+            continue
         queries += load_source(name, src, limit=limit, seed=seed, shuffle=bool(cfg.get("shuffle")),
-                               categories=list(cfg.get("categories") or []))
+                               categories=list(cfg.get("categories") or []), offset=offset)
     if not queries:
         raise SpecbenchError("the dataset is empty: no records were read (or none matched dataset.categories)",
                              "check that dataset.path / dataset.sources point at non-empty files")

@@ -67,6 +67,17 @@ def test_limit_seed_and_interleave(tmp_path):
     assert [q.id for q in load_dataset_config(other)] != [q.id for q in a]
 
 
+def test_offset_gives_disjoint_held_out_slices(tmp_path):
+    g = write_jsonl(tmp_path / "g.jsonl", [{"question": f"q{i}", "answer": f"#### {i}"} for i in range(20)])
+    first = load_dataset_config(dataset_cfg("gsm8k", path=str(g), limit=6, shuffle=True))
+    second = load_dataset_config(dataset_cfg("gsm8k", path=str(g), limit=6, shuffle=True, offset=6))
+    everything = load_dataset_config(dataset_cfg("gsm8k", path=str(g), shuffle=True))
+    assert [q.id for q in first + second] == [q.id for q in everything[:12]]
+    assert not {q.id for q in first} & {q.id for q in second}
+    with pytest.raises(SpecbenchError, match="dataset.offset must be >= 0"):
+        load_dataset_config(dataset_cfg("gsm8k", path=str(g), offset=-1))
+
+
 def test_categories_filter_and_unknown(tmp_path):
     m = write_jsonl(tmp_path / "m.jsonl", [{"question_id": i, "category": c, "turns": ["x"]}
                                            for i, c in enumerate(["math", "writing", "math"])])
