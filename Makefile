@@ -5,7 +5,7 @@ PIP ?= $(PYTHON) -m pip
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench clean metasd-cpu
+.PHONY: install demo test test-fast bench clean metasd-cpu metasd-cpu-full-info huang-cpu huang-cpu-math huang-cpu-early-exit
 
 install:
 	$(PIP) install -q "$(TORCH_SPEC)"
@@ -30,3 +30,31 @@ clean:
 # MetaSD (online drafter selection) at CPU scale on the embedded default: table + convergence plot
 metasd-cpu: install
 	specbench eval +experiment=metasd_cpu
+
+# Full-information feedback for early-exit arms: UCB-BD with and without it, three early exits in the pool
+metasd-cpu-full-info: install
+	specbench eval +experiment=metasd_cpu_full_info
+
+# Context-aware selection (offline contextual bandit) at CPU scale. Fixed run directories, so an
+# interrupted target resumes where it stopped. THREADS=1 when other jobs share the CPU.
+HUANG ?= outputs/huang_cpu
+THREADS ?= null
+huang-cpu: install
+	specbench collect +experiment=huang_cpu dataset.limit=32 threads=$(THREADS) hydra.run.dir=$(HUANG)/collect
+	specbench train-policy data=$(HUANG)/collect reward.source=measured "sweep.n_examples=[2,4,8,16,32,51]" \
+		hydra.run.dir=$(HUANG)/policy
+	specbench train-policy data=$(HUANG)/collect reward.source=proxy "sweep.alpha=[0,0.25,0.5,0.75,1]" \
+		hydra.run.dir=$(HUANG)/policy_proxy
+	specbench eval +experiment=huang_cpu dataset.offset=32 dataset.limit=6 selector=policy threads=$(THREADS) \
+		policy.checkpoint=$(HUANG)/policy/policy.pt hydra.run.dir=$(HUANG)/eval
+
+huang-cpu-math: install
+	specbench collect +experiment=huang_cpu_math threads=$(THREADS) hydra.run.dir=$(HUANG)_math/collect
+	specbench train-policy data=$(HUANG)_math/collect reward.source=measured hydra.run.dir=$(HUANG)_math/policy
+
+huang-cpu-early-exit: install
+	specbench collect +experiment=huang_cpu_early_exit threads=$(THREADS) hydra.run.dir=$(HUANG)_early_exit/collect
+	specbench train-policy data=$(HUANG)_early_exit/collect reward.source=measured \
+		"train.arms=[early_exit_8,early_exit_16,early_exit_24]" hydra.run.dir=$(HUANG)_early_exit/policy_without_ar
+	specbench train-policy data=$(HUANG)_early_exit/collect reward.source=measured \
+		hydra.run.dir=$(HUANG)_early_exit/policy_with_ar

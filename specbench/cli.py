@@ -62,21 +62,33 @@ def bench_(ctx: typer.Context) -> None:
     hydra_run("bench", bench.run, ctx.args)
 
 
-def _not_built(command: str, issue: str) -> None:
-    typer.secho(f"specbench {command} is not built yet ({issue}).", fg="yellow", err=True)
-    raise SystemExit(2)
-
-
 @app.command("collect", context_settings=HYDRA_ARGS)
 def collect(ctx: typer.Context) -> None:
-    """Offline reward collection for the context-aware drafter policy (not built yet)."""
-    _not_built("collect", "offline contextual-bandit issue")
+    """Offline rewards for the drafter policy: per query, target/drafter outputs, alignment, costs, embedding."""
+    from specbench.pipelines import collect as pipeline
+
+    hydra_run("collect", pipeline.run, ctx.args)
+
+
+@app.command("merge")
+def merge(sources: list[str] = typer.Argument(..., help="collect output directories (shards)"),
+          out: str = typer.Option(..., "--out", help="directory to write the merged rows.jsonl into")) -> None:
+    """Join the rows of several `specbench collect` shards into one directory."""
+    from specbench.pipelines import collect as pipeline
+
+    try:
+        path = pipeline.merge(sources, out)
+    except SpecbenchError as exc:
+        _fail(exc)
+    typer.echo(f"merged rows: {path}")
 
 
 @app.command("train-policy", context_settings=HYDRA_ARGS)
 def train_policy(ctx: typer.Context) -> None:
-    """Train a drafter-selection policy from collected rewards (not built yet)."""
-    _not_built("train-policy", "offline contextual-bandit issue")
+    """Train the query -> drafter policy (REINFORCE) on collected rows; writes policy.pt and tables."""
+    from specbench.pipelines import train_policy as pipeline
+
+    hydra_run("train_policy", pipeline.run, ctx.args)
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
@@ -39,7 +40,7 @@ class Method:
     make_selector: Callable[[], Selector]
 
 
-def parse_methods(specs, pool: dict, selector_cfg) -> list[Method]:
+def parse_methods(specs, pool: dict, selector_cfg, root: DictConfig | None = None) -> list[Method]:
     """``autoregressive`` | ``fixed:<arm>`` | ``fixed:*`` (every drafter) | ``selector`` (the composed
     ``selector`` config) | ``selector:<name>`` (``conf/selector/<name>.yaml``, so one run can compare
     several selectors). The autoregressive baseline is always first."""
@@ -52,13 +53,13 @@ def parse_methods(specs, pool: dict, selector_cfg) -> list[Method]:
             continue
         if spec == "selector" or spec.startswith("selector:"):
             if spec.startswith("selector:"):
-                selector_cfg = load_selector_config(spec.split(":", 1)[1])
+                selector_cfg = load_selector_config(spec.split(":", 1)[1], root)
             elif selector_cfg is None:
                 continue
             name = str(selector_cfg.get("name") or selector_cfg._target_.rsplit(".", 1)[-1].lower())
             scfg = {k: v for k, v in OmegaConf.to_container(selector_cfg, resolve=True).items() if k != "name"}
-            instantiate(scfg, arms=arms)  # validates the config now, before any decoding
-            new = [Method(name, lambda scfg=scfg: instantiate(scfg, arms=arms))]
+            make_selector(scfg, arms)  # validates the config now, before any decoding
+            new = [Method(name, lambda scfg=scfg: make_selector(scfg, arms))]
         elif spec.startswith("fixed:"):
             arm = spec.split(":", 1)[1]
             chosen = [a for a in arms if a != AUTOREGRESSIVE] if arm == "*" else [arm]
@@ -75,11 +76,29 @@ def parse_methods(specs, pool: dict, selector_cfg) -> list[Method]:
     return methods
 
 
-def load_selector_config(name: str):
+def make_selector(scfg: dict, arms: list[str]) -> Selector:
+    """Instantiate a selector config; a ``SpecbenchError`` inside surfaces as itself."""
+    try:
+        return instantiate(scfg, arms=arms)
+    except InstantiationException as exc:
+        if isinstance(exc.__cause__, SpecbenchError):
+            raise exc.__cause__ from None
+        raise SpecbenchError(f"could not build selector '{scfg.get('_target_')}': {exc}",
+                             "check its keys against conf/selector/") from exc
+
+
+def load_selector_config(name: str, root: DictConfig | None = None):
+    """``conf/selector/<name>.yaml``, placed under ``root`` (the run's config) so that its
+    interpolations (``${policy.checkpoint}``) resolve as they would for ``selector=<name>``."""
     options = group_options("selector")
     if name not in options:
         raise SpecbenchError(f"no selector config named '{name}'", f"use one of: {', '.join(options)}")
-    return OmegaConf.load(Path(conf_dir()) / "selector" / f"{name}.yaml")
+    loaded = OmegaConf.load(Path(conf_dir()) / "selector" / f"{name}.yaml")
+    if root is None:
+        return loaded
+    ctx = OmegaConf.create({k: v for k, v in OmegaConf.to_container(root, resolve=False).items() if k != "selector"})
+    ctx.selector = loaded
+    return ctx.selector
 
 
 def eos_ids_of(loaded, extra=()) -> frozenset[int]:
@@ -168,7 +187,7 @@ def start_run(cfg: DictConfig, output_dir: str | Path) -> Path:
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     out = start_run(cfg, output_dir)
     sampling, limits, queries, loaded, target, pool, prompter = prepare(cfg)
-    methods = parse_methods(cfg.methods, pool, cfg.get("selector"))
+    methods = parse_methods(cfg.methods, pool, cfg.get("selector"), cfg)
     eos_ids = eos_ids_of(loaded, cfg.decoding.get("extra_eos_ids"))
     max_turns = int(cfg.dataset.get("max_turns") or 1)
     clock = Clock(target.device)

@@ -6,7 +6,8 @@ from specbench.selection.etc import ExploreThenCommit
 from specbench.selection.exp3 import EXP3
 from specbench.selection.fixed import Fixed
 from specbench.selection.halving import SequentialHalving
+from specbench.selection.policy import PolicySelector
 from specbench.selection.ucb import UCB, DiscountedUCB, SlidingWindowUCB
 
 __all__ = ["BanditSelector", "DiscountedUCB", "EXP3", "EpsilonGreedy", "ExploreThenCommit", "Feedback", "Fixed",
-           "RandomSelector", "Selector", "SequentialHalving", "SlidingWindowUCB", "UCB"]
+           "PolicySelector", "RandomSelector", "Selector", "SequentialHalving", "SlidingWindowUCB", "UCB"]

@@ -1,0 +1,248 @@
+"""``specbench collect``: offline rewards for the context-aware drafter policy.
+
+Per query (one row, appended as soon as it is finished):
+- the query's embedding from the target (``Target.embed``: mean/last pooling);
+- the target's greedy output (the autoregressive run of the one decode loop, timed);
+- each drafter's own greedy output, generated alone, timed, and its ``alignment`` with the
+  target's output (ROUGE-L F by default; ``collect.alignment``); a drafter that cannot generate
+  alone (prompt lookup) is marked ``standalone: false`` with no alignment;
+- each arm's cost: ``cost_params`` (parameter/weight bytes relative to the target; the
+  autoregressive arm is the target, 1.0) and ``cost_measured`` (seconds per token alone relative
+  to the target's);
+- with ``collect.measure_speculative``: a real speculative run per arm (``spec``: seconds, target
+  calls, MAT, speedup over the autoregressive run of the same query, exact match).
+
+Raw scores are kept (not a combined reward), so ``train-policy`` can change alpha, the cost kind
+and the arm set without collecting again. A rerun into the same directory skips finished queries;
+``collect.shard=i collect.num_shards=n`` takes every n-th query into ``rows-<i>-of-<n>.jsonl``, and
+``specbench merge`` joins shard files (``read_rows`` reads every ``rows*.jsonl`` of a directory).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from specbench.decoding.loop import Generation, Limits, decode
+from specbench.decoding.sampling import SamplingParams
+from specbench.drafters import AUTOREGRESSIVE, Drafter
+from specbench.errors import SpecbenchError
+from specbench.pipelines.evaluate import eos_ids_of, prepare, start_run
+from specbench.records import JsonlWriter, read_jsonl
+from specbench.selection import Fixed
+from specbench.tasks import metrics
+from specbench.timing import Clock
+
+log = logging.getLogger(__name__)
+
+ALIGNMENTS = ("rougeL", "rouge1", "rouge2", "bleu")
+SIGNATURE_FILE = "collect_config.yaml"
+
+
+def alignment(metric: str, drafter_text: str, target_text: str) -> float:
+    """How well a drafter's own output matches the target's, in [0, 1]."""
+    if metric == "bleu":
+        return metrics.bleu(drafter_text, target_text) / 100.0
+    if metric in ("rougeL", "rouge1", "rouge2"):
+        return metrics.rouge(drafter_text, target_text)[metric] / 100.0
+    raise SpecbenchError(f"unknown alignment metric '{metric}'", f"set collect.alignment to one of: {', '.join(ALIGNMENTS)}")
+
+
+def rows_file(shard: int, num_shards: int) -> str:
+    return "rows.jsonl" if num_shards == 1 else f"rows-{shard:05d}-of-{num_shards:05d}.jsonl"
+
+
+def read_rows(paths: Iterable[str | Path]) -> list[dict]:
+    """Every row of the given collect directories (all ``rows*.jsonl``), one per query id, in
+    dataset order (``index``). Raises when a directory has no rows."""
+    rows: dict[str, dict] = {}
+    for path in paths:
+        path = Path(path)
+        files = sorted(path.glob("rows*.jsonl")) if path.is_dir() else [path]
+        if not any(f.exists() for f in files):
+            raise SpecbenchError(f"no collected rows in {path}",
+                                 "run `specbench collect` first and pass its output directory (data=<dir>)")
+        for f in files:
+            for row in read_jsonl(f):
+                rows.setdefault(row["query_id"], row)
+    return sorted(rows.values(), key=lambda r: (r["index"], r["query_id"]))
+
+
+def signature(cfg: DictConfig) -> dict:
+    """What makes two collections comparable (everything but sharding and run settings)."""
+    def plain(node):
+        return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+    return {"target": cfg.target.model, "dtype": cfg.target.dtype, "pool": plain(cfg.pool.get("drafters")),
+            "dataset": plain(cfg.dataset), "decoding": plain(cfg.decoding), "prompt": plain(cfg.target.prompt),
+            "collect": {k: v for k, v in plain(cfg.collect).items() if k not in ("shard", "num_shards", "overwrite")},
+            "embedding": plain(cfg.embedding)}
+
+
+def check_directory(out: Path, cfg: DictConfig) -> None:
+    """Refuse to mix rows of different configs in one directory (unless ``collect.overwrite``)."""
+    sig_path = out / SIGNATURE_FILE
+    mine = signature(cfg)
+    if sig_path.exists():
+        theirs = OmegaConf.to_container(OmegaConf.load(sig_path), resolve=True)
+        if theirs != mine:
+            if not cfg.collect.overwrite:
+                diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+                raise SpecbenchError(f"{out} holds rows collected with a different config (differs in: {', '.join(diff)})",
+                                     "collect into a new directory, or pass collect.overwrite=true to discard those rows")
+            for f in out.glob("rows*.jsonl"):
+                f.unlink()
+    OmegaConf.save(OmegaConf.create(mine), sig_path)
+
+
+@torch.inference_mode()
+def generate_alone(drafter: Drafter, encoder_ids, tokens: list[int], max_new: int, eos_ids: frozenset[int],
+                   rng: torch.Generator) -> list[int]:
+    """The drafter's own greedy continuation of ``tokens`` (up to ``max_new`` tokens, EOS kept)."""
+    drafter.reset(encoder_ids)
+    out: list[int] = []
+    greedy = SamplingParams()
+    while len(out) < max_new:
+        drafter.sync(tokens + out)
+        draft = drafter.propose(tokens + out, max_new - len(out), greedy, rng, eos_ids)
+        if not draft.tokens:
+            break
+        out.extend(draft.tokens)
+        if out[-1] in eos_ids:
+            break
+    return out[:max_new]
+
+
+def spec_summary(gen: Generation, ar: Generation, ar_tokens: list[int]) -> dict:
+    return {"seconds": gen.seconds, "target_calls": gen.target_calls, "new_tokens": len(gen.tokens),
+            "mat": len(gen.tokens) / max(gen.target_calls, 1), "speedup": ar.seconds / gen.seconds if gen.seconds else None,
+            "exact_match": gen.tokens == ar_tokens}
+
+
+def run(cfg: DictConfig, output_dir: str | Path) -> Path:
+    out = start_run(cfg, output_dir)
+    col = cfg.collect
+    shard, num_shards = int(col.shard), int(col.num_shards)
+    if num_shards < 1 or not 0 <= shard < num_shards:
+        raise SpecbenchError(f"collect.shard={shard} collect.num_shards={num_shards} is not a valid shard",
+                             "use 0 <= collect.shard < collect.num_shards")
+    if col.alignment not in ALIGNMENTS:
+        alignment(str(col.alignment), "", "")  # raises the error with the list of metrics
+    check_directory(out, cfg)
+    sampling, limits, queries, loaded, target, pool, prompter = prepare(cfg)
+    limits = Limits(max_new_tokens=int(col.max_new_tokens or limits.max_new_tokens), draft_length=limits.draft_length)
+    eos_ids = eos_ids_of(loaded, cfg.decoding.get("extra_eos_ids"))
+    pooling = str(cfg.embedding.pooling)
+    clock = Clock(target.device)
+    arms = list(pool)
+    mine = [(i, q) for i, q in enumerate(queries) if i % num_shards == shard]
+    path = out / rows_file(shard, num_shards)
+    done = {r["query_id"] for r in read_jsonl(path)}
+    todo = [(i, q) for i, q in mine if q.id not in done]
+    if done:
+        log.info("resuming: %d of %d queries already collected in %s", len(mine) - len(todo), len(mine), path)
+
+    def timed_decode(arm: str, prompt_ids: list[int], seed: int) -> Generation:
+        return decode(target, pool, Fixed(arms, arm), prompt_ids, sampling=sampling, limits=limits, eos_ids=eos_ids,
+                      rng=torch.Generator(device=target.device).manual_seed(seed), clock=clock)
+
+    if todo and cfg.warmup.max_new_tokens > 0:
+        warm = prompter(queries[0])
+        for arm in arms:
+            decode(target, pool, Fixed(arms, arm), warm, sampling=sampling,
+                   limits=Limits(max_new_tokens=int(cfg.warmup.max_new_tokens), draft_length=limits.draft_length),
+                   eos_ids=eos_ids, rng=torch.Generator(device=target.device).manual_seed(0), clock=clock)
+
+    with JsonlWriter(path) as writer:
+        for index, query in tqdm(todo, desc=f"collect shard {shard}/{num_shards}", unit="query"):
+            prompt_ids = prompter(query)
+            seed = int(cfg.seed) * 1_000_003 + index
+            embedding = target.embed(prompt_ids, pooling)
+            ar = timed_decode(AUTOREGRESSIVE, prompt_ids, seed)
+            target_text = loaded.tokenizer.decode(ar.tokens, skip_special_tokens=True)
+            target_spt = ar.seconds / max(len(ar.tokens), 1)
+            encoder_ids, start = target.decoder_start(prompt_ids)
+            row_arms: dict[str, dict] = {}
+            drafters = [a for a in arms if a != AUTOREGRESSIVE]
+            order = drafters[index % len(drafters):] + drafters[: index % len(drafters)] if drafters else []
+            for arm in order:  # rotated per query, like eval
+                drafter = pool[arm]
+                rec: dict = {"standalone": bool(drafter.can_generate_alone), "cost_params": float(drafter.cost)}
+                if drafter.can_generate_alone:
+                    t0 = clock.now()
+                    tokens = generate_alone(drafter, encoder_ids, start, limits.max_new_tokens, eos_ids,
+                                            torch.Generator(device=target.device).manual_seed(seed))
+                    seconds = clock.now() - t0
+                    text = loaded.tokenizer.decode(tokens, skip_special_tokens=True)
+                    rec.update(text=text, new_tokens=len(tokens), seconds=seconds,
+                               alignment=alignment(str(col.alignment), text, target_text),
+                               cost_measured=(seconds / max(len(tokens), 1)) / target_spt if target_spt else None)
+                else:
+                    rec.update(alignment=None, cost_measured=None)
+                if col.measure_speculative:
+                    rec["spec"] = spec_summary(timed_decode(arm, prompt_ids, seed), ar, ar.tokens)
+                row_arms[arm] = rec
+            row_arms = {AUTOREGRESSIVE: {"standalone": True, "alignment": 1.0, "cost_params": 1.0, "cost_measured": 1.0,
+                                         "seconds": ar.seconds, "new_tokens": len(ar.tokens),
+                                         **({"spec": spec_summary(ar, ar, ar.tokens)} if col.measure_speculative else {})},
+                        **{a: row_arms[a] for a in drafters}}
+            writer.write({"query_id": query.id, "task": query.task, "index": index, "shard": shard,
+                          "prompt_tokens": len(prompt_ids), "reference": query.reference,
+                          "target": {"text": target_text, "tokens": ar.tokens, "seconds": ar.seconds},
+                          "embedding_dim": int(embedding.numel()), "embedding": embedding.tolist(),
+                          "arms": row_arms})
+    rows = read_rows([path])
+    log.info("%d rows in %s", len(rows), path)
+    print_collect_summary(rows, arms)
+    return out
+
+
+def print_collect_summary(rows: list[dict], arms: list[str]) -> None:
+    import pandas as pd
+
+    from specbench.pipelines.report import print_table, to_markdown
+
+    table = []
+    for arm in arms:
+        recs = [r["arms"][arm] for r in rows if arm in r["arms"]]
+        al = [x["alignment"] for x in recs if x.get("alignment") is not None]
+        cm = [x["cost_measured"] for x in recs if x.get("cost_measured") is not None]
+        sp = [x["spec"]["speedup"] for x in recs if x.get("spec") and x["spec"].get("speedup")]
+        table.append({"arm": arm, "queries": len(recs), "standalone": recs[0]["standalone"] if recs else None,
+                      "alignment": sum(al) / len(al) if al else None, "cost_params": recs[0]["cost_params"] if recs else None,
+                      "cost_measured": sum(cm) / len(cm) if cm else None,
+                      "spec_speedup": sum(sp) / len(sp) if sp else None})
+    print_table(to_markdown(pd.DataFrame(table)), title=f"collect: {len(rows)} queries (means over queries)")
+
+
+def merge(sources: list[str], out: str | Path) -> Path:
+    """Join the rows of several collect directories (shards) into ``out/rows.jsonl``.
+
+    The directories must hold the same collect config (``collect_config.yaml``, shard settings
+    aside); a query collected twice is kept once.
+    """
+    out = Path(out)
+    sigs = []
+    for src in sources:
+        sig = Path(src) / SIGNATURE_FILE
+        if not sig.exists():
+            raise SpecbenchError(f"{src} is not a collect directory (no {SIGNATURE_FILE})",
+                                 "pass the output directories of `specbench collect` runs")
+        sigs.append(OmegaConf.to_container(OmegaConf.load(sig)))
+    if any(s != sigs[0] for s in sigs[1:]):
+        raise SpecbenchError("the directories hold rows of different collect configs", "merge shards of one collection only")
+    rows = read_rows(sources)
+    out.mkdir(parents=True, exist_ok=True)
+    target_file = out / "rows.jsonl"
+    if target_file.exists():
+        target_file.unlink()
+    OmegaConf.save(OmegaConf.create(sigs[0]), out / SIGNATURE_FILE)
+    with JsonlWriter(target_file) as writer:
+        writer.write_many(rows)
+    log.info("merged %d rows from %d directories into %s", len(rows), len(sources), target_file)
+    return target_file

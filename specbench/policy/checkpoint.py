@@ -1,0 +1,112 @@
+"""Policy checkpoints: one ``torch.save`` of a plain dict, loadable with ``weights_only=True``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from specbench.errors import SpecbenchError
+from specbench.policy.net import PolicyNet
+from specbench.policy.train import Policy, TrainResult
+
+FORMAT = "specbench-policy"
+VERSION = 1
+
+
+def _plain(value: Any, where: str) -> Any:
+    """``value`` as tensors, lists, dicts (str keys), str, numbers, bools and None, for safe loading."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().clone()
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if hasattr(value, "item") and callable(value.item):  # numpy scalars
+        return _plain(value.item(), where)
+    raise SpecbenchError(f"policy checkpoint: {where} has type {type(value).__name__}",
+                         "pass plain values (numbers, strings, lists, dicts), e.g. OmegaConf.to_container(cfg)")
+
+
+def save_checkpoint(path: str | Path, result_or_policy: TrainResult | Policy, *, arms: Sequence[str],
+                    embedding: Mapping[str, Any], alpha: float, config: Mapping[str, Any]) -> Path:
+    """Write the policy (weights, standardization, arms, embedding spec, alpha, config, metrics) to ``path``.
+
+    ``embedding`` describes how queries were embedded, e.g. ``{"pooling": "mean", "source":
+    "decoder_last_hidden", "dim": 576, "target": "embedded:smollm2_135m"}``. Returns the path."""
+    src = result_or_policy
+    if not isinstance(src, (TrainResult, Policy)):
+        raise SpecbenchError(f"policy checkpoint: cannot save a {type(src).__name__}",
+                             "pass the TrainResult of train_policy or a Policy")
+    arms = list(arms)
+    if arms != list(src.arms):
+        raise SpecbenchError(f"policy checkpoint: arms {arms} differ from the policy's {list(src.arms)}",
+                             "pass the arm names the policy was trained with, in order")
+    model: PolicyNet = src.model
+    if "dim" in embedding and int(embedding["dim"]) != model.dim:
+        raise SpecbenchError(f"policy checkpoint: embedding dim {embedding['dim']} but the policy reads {model.dim}",
+                             "pass the embedding spec used to build the training data")
+    metrics = src.metrics if isinstance(src, TrainResult) else src.meta.get("metrics", {})
+    blob = {
+        "format": FORMAT, "version": VERSION,
+        "state_dict": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+        "dim": model.dim, "hidden": list(model.hidden), "dropout": model.dropout, "n_arms": model.n_arms,
+        "arms": arms, "mean": src.mean.detach().cpu().clone(), "std": src.std.detach().cpu().clone(),
+        "embedding": _plain(dict(embedding), "embedding"), "alpha": float(alpha),
+        "config": _plain(dict(config), "config"), "metrics": _plain(dict(metrics), "metrics"),
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(blob, path)
+    return path
+
+
+def load_checkpoint(path: str | Path) -> Policy:
+    """The ``Policy`` saved at ``path``; ``policy.meta`` holds everything else that was saved
+    (dim, hidden, arms, embedding, alpha, config, metrics, format, version)."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecbenchError(f"policy checkpoint {path} does not exist",
+                             "run `specbench train-policy` first, or point to an existing checkpoint")
+    not_ours = SpecbenchError(f"{path} is not a specbench policy checkpoint",
+                              "point to a file written by `specbench train-policy`")
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # pickle, zip or safe-load errors: not our file
+        raise not_ours from e
+    if not isinstance(blob, dict) or blob.get("format") != FORMAT:
+        raise not_ours
+    if blob.get("version") != VERSION:
+        raise SpecbenchError(f"policy checkpoint {path} has format version {blob.get('version')}, "
+                             f"this specbench reads {VERSION}", "retrain with `specbench train-policy`")
+    try:
+        model = PolicyNet(blob["dim"], blob["n_arms"], blob["hidden"], blob.get("dropout", 0.0))
+        model.load_state_dict(blob["state_dict"])
+        model = model.to(blob["mean"].dtype)
+        meta = {k: v for k, v in blob.items() if k not in ("state_dict", "mean", "std")}
+        return Policy(model, blob["mean"], blob["std"], list(blob["arms"]), meta)
+    except (KeyError, RuntimeError, TypeError, AttributeError) as e:
+        raise SpecbenchError(f"policy checkpoint {path} is damaged or incomplete ({e})",
+                             "retrain with `specbench train-policy`") from e
+
+
+def check_compatible(policy: Policy, pool_arms: Sequence[str], embedding_dim: int) -> None:
+    """SpecbenchError unless every policy arm is in ``pool_arms`` and the policy reads ``embedding_dim``."""
+    target = policy.meta.get("embedding", {}).get("target", "unknown")
+    missing = [a for a in policy.arms if a not in pool_arms]
+    if missing:
+        raise SpecbenchError(f"policy checkpoint chooses arms {missing} that are not in the drafter pool "
+                             f"(pool: {list(pool_arms)}; checkpoint arms: {list(policy.arms)})",
+                             "add the missing drafters to the pool, or retrain with `specbench train-policy` "
+                             "on this pool")
+    if int(embedding_dim) != policy.dim:
+        raise SpecbenchError(f"policy checkpoint reads {policy.dim}-dim embeddings (trained for target {target}) "
+                             f"but this target's embeddings have {embedding_dim} dims",
+                             "use the target the checkpoint was trained for, or retrain with "
+                             "`specbench train-policy` on this target")

@@ -1,0 +1,158 @@
+"""Context-aware selection end to end on tiny models: collect (resume, shards, merge, refusals),
+train-policy, and eval with selector=policy, in-process and through the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from specbench.configs import conf_dir
+from specbench.errors import SpecbenchError
+from specbench.pipelines import collect, train_policy
+from specbench.policy import load_checkpoint
+from specbench.selection import PolicySelector
+
+TINY = ["target=tiny_llama", "pool=tiny", "dataset.limit=1", "decoding.max_new_tokens=6", "warmup.max_new_tokens=0",
+        "collect.max_new_tokens=6"]
+
+
+def cfg_of(name: str, overrides: list[str]):
+    with initialize_config_dir(config_dir=conf_dir(), version_base=None):
+        return compose(config_name=name, overrides=overrides)
+
+
+def deterministic(row: dict) -> dict:
+    """The fields of a row that do not depend on timing."""
+    return {"query_id": row["query_id"], "index": row["index"], "target": row["target"]["tokens"],
+            "embedding": [round(x, 5) for x in row["embedding"]],
+            "arms": {a: {k: rec.get(k) for k in ("standalone", "alignment", "cost_params", "text")}
+                     for a, rec in row["arms"].items()}}
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("collect_full")
+    collect.run(cfg_of("collect", TINY), out)
+    return out
+
+
+def test_collect_rows(full_run):
+    rows = collect.read_rows([full_run])
+    assert len(rows) == 4 and [r["index"] for r in rows] == [0, 1, 2, 3]  # 4 embedded tasks x limit 1
+    for row in rows:
+        assert set(row["arms"]) == {"autoregressive", "quantized", "prompt_lookup", "early_exit_1"}
+        ar = row["arms"]["autoregressive"]
+        assert ar["alignment"] == 1.0 and ar["cost_params"] == 1.0
+        assert row["arms"]["prompt_lookup"]["standalone"] is False and row["arms"]["prompt_lookup"]["alignment"] is None
+        for arm in ("quantized", "early_exit_1"):
+            rec = row["arms"][arm]
+            assert rec["standalone"] and 0.0 <= rec["alignment"] <= 1.0 and 0.0 < rec["cost_params"] < 1.0
+        assert row["embedding_dim"] == len(row["embedding"]) == 64
+        assert 1 <= len(row["target"]["tokens"]) <= 6
+
+
+def test_interrupted_collect_resumes_to_the_same_rows(full_run, tmp_path):
+    lines = (full_run / "rows.jsonl").read_text().splitlines()
+    out = tmp_path / "resumed"
+    out.mkdir()
+    (out / "collect_config.yaml").write_text((full_run / "collect_config.yaml").read_text())
+    (out / "rows.jsonl").write_text("\n".join(lines[:2]) + "\n" + lines[2][:40])  # killed mid-write
+    collect.run(cfg_of("collect", TINY), out)
+    resumed = [json.loads(x) for x in (out / "rows.jsonl").read_text().splitlines()]
+    assert len(resumed) == len({r["query_id"] for r in resumed}) == 4
+    assert [deterministic(r) for r in collect.read_rows([out])] == \
+        [deterministic(r) for r in collect.read_rows([full_run])]
+
+
+def test_shards_merged_equal_one_run(full_run, tmp_path):
+    for shard in (0, 1):
+        collect.run(cfg_of("collect", TINY + [f"collect.shard={shard}", "collect.num_shards=2"]), tmp_path / f"s{shard}")
+    assert len(collect.read_rows([tmp_path / "s0"])) == 2
+    merged = collect.merge([str(tmp_path / "s0"), str(tmp_path / "s1")], tmp_path / "merged")
+    assert [deterministic(r) for r in collect.read_rows([merged.parent])] == \
+        [deterministic(r) for r in collect.read_rows([full_run])]
+
+
+def test_collect_refuses_a_directory_of_another_config(full_run, tmp_path):
+    out = tmp_path / "other"
+    collect.run(cfg_of("collect", TINY), out)
+    with pytest.raises(SpecbenchError, match="different config .*collect"):
+        collect.run(cfg_of("collect", TINY + ["collect.alignment=bleu"]), out)
+    collect.run(cfg_of("collect", TINY + ["collect.alignment=bleu", "collect.overwrite=true"]), out)
+    assert len(collect.read_rows([out])) == 4
+
+
+def test_bad_collect_settings(tmp_path):
+    with pytest.raises(SpecbenchError, match="collect.alignment"):
+        collect.run(cfg_of("collect", TINY + ["collect.alignment=meteor"]), tmp_path / "a")
+    with pytest.raises(SpecbenchError, match="not a valid shard"):
+        collect.run(cfg_of("collect", TINY + ["collect.shard=2", "collect.num_shards=2"]), tmp_path / "b")
+
+
+def test_train_policy_writes_a_checkpoint_the_selector_accepts(full_run, tmp_path):
+    out = tmp_path / "policy"
+    train_policy.run(cfg_of("train_policy", [f"data={full_run}", "train.epochs=5", "train.val_fraction=0.25"]), out)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["arms"] == ["autoregressive", "quantized", "early_exit_1"]  # prompt lookup has no proxy score
+    policy = load_checkpoint(out / "policy.pt")
+    assert policy.arms == metrics["arms"] and policy.meta["embedding"]["dim"] == 64
+    assert policy.meta["embedding"]["target"] == "embedded:tiny_llama"
+    sel = PolicySelector(["autoregressive", "quantized", "prompt_lookup", "early_exit_1"], str(out / "policy.pt"))
+    sel.set_embedding(torch.zeros(64))
+    sel.reset()
+    assert sel.select() in policy.arms
+    with pytest.raises(SpecbenchError, match="early_exit_1"):
+        PolicySelector(["autoregressive", "quantized"], str(out / "policy.pt"))
+    with pytest.raises(SpecbenchError, match="32"):
+        sel.set_embedding(torch.zeros(32))
+
+
+def test_reward_sources_and_costs():
+    rows = [{"arms": {"autoregressive": {"alignment": 1.0, "cost_params": 1.0, "cost_measured": 1.0,
+                                         "spec": {"speedup": 1.0, "seconds": 2.0}},
+                      "d": {"alignment": 0.6, "cost_params": 0.5, "cost_measured": 0.25, "spec": {"speedup": 2.0, "seconds": 1.0}},
+                      "pl": {"alignment": None, "cost_params": 0.0, "cost_measured": None,
+                             "spec": {"speedup": 0.5, "seconds": 4.0}}}}]
+    arms = ["autoregressive", "d", "pl"]
+    r = train_policy.rewards(rows, arms, 0.5, "params", "proxy")[0]
+    assert r[0].item() == pytest.approx(0.5) and r[1].item() == pytest.approx(0.5 * 0.6 + 0.5 * 0.5)
+    assert math.isnan(r[2].item())
+    r = train_policy.rewards(rows, arms, 0.0, "measured", "proxy")[0]
+    assert r[1].item() == pytest.approx(0.75) and r[0].item() == pytest.approx(0.0)
+    r = train_policy.rewards(rows, arms, 0.5, "params", "measured")[0]
+    assert r.tolist() == pytest.approx([0.5, 1.0, 0.25])
+    sp = train_policy.replay(rows, torch.tensor([0]), arms, ["d"])
+    assert sp["policy"] == pytest.approx(2.0) and sp["oracle"] == pytest.approx(2.0) and sp["pl"] == pytest.approx(0.5)
+    pc = train_policy.proxy_check(rows, arms, 1.0, "params")
+    assert pc["queries"] == 1 and pc["top1_agreement"] == 0.0  # proxy prefers autoregressive, d is fastest
+    with pytest.raises(SpecbenchError, match="reward.source"):
+        train_policy.rewards(rows, arms, 0.5, "params", "vibes")
+
+
+def test_collect_train_eval_through_the_cli(tmp_path):
+    def run(*args):
+        res = subprocess.run([sys.executable, "-m", "specbench.cli", *args], capture_output=True, text=True,
+                             timeout=600, cwd=tmp_path)
+        assert res.returncode == 0, res.stderr[-3000:]
+        return res
+
+    run("collect", *TINY, "collect.measure_speculative=true", f"hydra.run.dir={tmp_path / 'c'}")
+    res = run("train-policy", f"data={tmp_path / 'c'}", "train.epochs=5", "reward.source=measured",
+              "sweep.alpha=[0,1]", "sweep.n_examples=[1,2]", f"hydra.run.dir={tmp_path / 'p'}")
+    assert "speedup_replayed" in res.stdout
+    for name in ("policy.pt", "summary.md", "alpha_sweep.csv", "data_efficiency.csv", "history.csv"):
+        assert (tmp_path / "p" / name).exists(), name
+    assert load_checkpoint(tmp_path / "p" / "policy.pt").arms == ["autoregressive", "quantized", "prompt_lookup",
+                                                                  "early_exit_1"]
+    run("eval", *TINY[:-1], "selector=policy", f"policy.checkpoint={tmp_path / 'p' / 'policy.pt'}",
+        f"hydra.run.dir={tmp_path / 'e'}")
+    summary = pd.read_csv(tmp_path / "e" / "summary.csv")
+    pol = summary[(summary.method == "policy") & (summary.task == "all")].iloc[0]
+    assert pol.exact_match == 1.0 and pol.n_examples == 4
