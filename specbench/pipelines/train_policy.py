@@ -260,13 +260,21 @@ def data_efficiency(rows, X, arms, cfg, alpha: float, sizes: list[int], out: Pat
     return table
 
 
-def _plot_alpha(df: pd.DataFrame, arms: list[str], path: Path) -> None:
+def _pyplot(path: Path):
+    """matplotlib's pyplot (Agg backend), or None with a warning when matplotlib is missing."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        log.warning("matplotlib is not installed: %s skipped", path.name)
+        log.warning("matplotlib is not installed: %s skipped (pip install matplotlib)", path.name)
+        return None
+    return plt
+
+
+def _plot_alpha(df: pd.DataFrame, arms: list[str], path: Path) -> None:
+    plt = _pyplot(path)
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(6, 4))
     for arm in arms:
@@ -285,12 +293,8 @@ def _plot_alpha(df: pd.DataFrame, arms: list[str], path: Path) -> None:
 
 
 def _plot_data_efficiency(df: pd.DataFrame, path: Path) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        log.warning("matplotlib is not installed: %s skipped", path.name)
+    plt = _pyplot(path)
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(6, 4))
     use_speed = df.speedup_replayed.notna().any()

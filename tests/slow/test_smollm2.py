@@ -59,3 +59,25 @@ def test_embedded_model_is_cached_as_safetensors(smollm2):
     from specbench.models.loading import cache_dir
 
     assert (cache_dir() / "smollm2-135m-instruct" / "model.safetensors").exists()
+
+
+def test_early_exit_read_off_and_embedding(smollm2):
+    """SmolLM2's YAML head path (final_norm model.norm, head_scale 1) reproduces its early exit from
+    the target's own hidden states; the query embedding has the model's width."""
+    from omegaconf import OmegaConf
+
+    from specbench.configs import conf_dir
+    from specbench.drafters.early_exit import build
+
+    loaded, target, pool, prompts = smollm2
+    yaml = OmegaConf.load(f"{conf_dir()}/target/smollm2_135m.yaml")
+    ee = build(target, "ee", layers=8, layers_key=yaml.layers_key, final_norm=yaml.final_norm,
+               head_scale=yaml.head_scale)
+    target.prefill(prompts[0])
+    draft = [1, 2, 3]
+    _, states = target.score(draft, hidden=True)
+    ee.reset(None)
+    own = ee.lm.forward(list(target.tokens) + draft)[-4:]
+    torch.testing.assert_close(ee.logits_from_hidden(states[8]), own, atol=2e-3, rtol=1e-3)
+    emb = target.embed(prompts[0])
+    assert emb.shape == (loaded.model.config.hidden_size,) and torch.isfinite(emb).all()
