@@ -148,13 +148,18 @@ def side_observations(pool: Mapping[str, Drafter], arms: list[str], played: str,
     Arm e's distribution at position j is read off the target's own state after ``e.exit_layer``
     layers (the context is the played draft, which the target scored); the mean over the ``k``
     positions is its BD for the round (``k`` is the denominator: every position was observed).
+    Exits that share an LM head (the target's) run it once over all their rows: on CPUs the head's
+    weight read is the cost.
     """
     k = len(draft)
+    others = [name for name in arms if name != played]
+    groups: dict[int, list[str]] = {}
+    for name in others:
+        groups.setdefault(id(pool[name].head), []).append(name)
     out = {}
-    for name in arms:
-        if name == played:
-            continue
-        drafter = pool[name]
-        q = logits_to_probs(drafter.logits_from_hidden(states[drafter.exit_layer][:k]), sampling)
-        out[name] = block_divergence(draft, q, p, k)
+    for names in groups.values():
+        x = torch.cat([pool[n].head_input(states[pool[n].exit_layer][:k]) for n in names])
+        q = logits_to_probs(pool[names[0]].head_logits(x), sampling)
+        for i, name in enumerate(names):
+            out[name] = block_divergence(draft, q[i * k:(i + 1) * k], p, k)
     return out

@@ -31,9 +31,19 @@ class Drafter:
     can_generate_alone: bool = True
     exit_layer: int | None = None  # early-exit drafters: their distribution is readable off the target
 
-    def logits_from_hidden(self, states: torch.Tensor) -> torch.Tensor:
-        """``[n, H]`` target states after ``exit_layer`` layers -> logits ``[n, V]`` (early exits only)."""
+    # Early exits only: logits = head_logits(head_input(states after exit_layer layers)), where
+    # ``head`` is the (shared) LM head module, so exits with one head can batch their rows.
+    head: torch.nn.Module | None = None
+
+    def head_input(self, states: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} is not an early-exit drafter")
+
+    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} is not an early-exit drafter")
+
+    def logits_from_hidden(self, states: torch.Tensor) -> torch.Tensor:
+        """``[n, H]`` target states after ``exit_layer`` layers -> logits ``[n, V]``."""
+        return self.head_logits(self.head_input(states))
 
     def reset(self, encoder_ids: list[int] | None) -> None:
         pass

@@ -37,12 +37,19 @@ class EarlyExitDrafter(ModelDrafter):
         self._head_scale = float(head_scale)
         self._vocab_size = vocab_size
 
+    @property
+    def head(self) -> torch.nn.Module:
+        """The LM head (the target's own): exits sharing it can run it once over all their rows."""
+        return self._head
+
     @torch.inference_mode()
-    def logits_from_hidden(self, states: torch.Tensor) -> torch.Tensor:
-        """``[n, H]`` target states after ``exit_layer`` layers -> this drafter's logits ``[n, V]``."""
+    def head_input(self, states: torch.Tensor) -> torch.Tensor:
+        """``[n, H]`` target states after ``exit_layer`` layers -> the LM head's input (norm, scale)."""
         x = self._norm(states)
-        if self._head_scale != 1.0:
-            x = x * self._head_scale
+        return x * self._head_scale if self._head_scale != 1.0 else x
+
+    @torch.inference_mode()
+    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
         logits = self._head(x)
         if logits.shape[-1] != self._vocab_size:
             logits = fit_vocab(logits, self._vocab_size)

@@ -3,6 +3,7 @@ verification forward, exactly as if they had run, and decoding stays lossless.""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from specbench.decoding.verify import block_divergence
@@ -70,3 +71,25 @@ def test_full_information_ucb_is_lossless(tiny_setup, tiny_decode):
 def test_block_divergence_of_identical_distributions_is_one():
     p = torch.softmax(torch.randn(3, 11, generator=torch.Generator().manual_seed(0)), -1)
     assert abs(block_divergence([0, 1, 2], p[:3], p, 3) - 1.0) < 1e-6
+
+
+def test_exits_sharing_a_head_are_batched_exactly(tiny_setup):
+    """Two early exits over one LM head: the batched read-off equals each arm's own."""
+    from specbench.decoding.loop import side_observations
+    from specbench.decoding.sampling import SamplingParams, logits_to_probs
+    from specbench.drafters import build_pool
+
+    exit_cfg = {"_target_": "specbench.drafters.early_exit.build", "layers": tiny_setup.pool["early_exit"].exit_layer,
+                "layers_key": "num_decoder_layers" if tiny_setup.target.is_encoder_decoder else "num_hidden_layers",
+                "final_norm": "decoder.final_layer_norm" if tiny_setup.target.is_encoder_decoder else "model.norm",
+                "head_scale": 0.125 if tiny_setup.target.is_encoder_decoder else 1.0}
+    target = tiny_setup.target
+    pool = build_pool(target, {"a": exit_cfg, "b": exit_cfg})
+    target.prefill(tiny_setup.tokenizer(PROMPT)["input_ids"])
+    draft = [3, 4, 5]
+    logits, states = target.score(draft, hidden=True)
+    p = logits_to_probs(logits[:3], SamplingParams())
+    side = side_observations(pool, ["a", "b"], "autoregressive", states, p, draft, SamplingParams())
+    own = block_divergence(draft, logits_to_probs(pool["a"].logits_from_hidden(states[pool["a"].exit_layer][:3]),
+                                                  SamplingParams()), p, 3)
+    assert side["a"] == pytest.approx(own, abs=1e-6) and side["b"] == pytest.approx(own, abs=1e-6)
