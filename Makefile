@@ -43,7 +43,7 @@ huang-cpu: install
 	specbench collect +experiment=huang_cpu dataset.limit=32 threads=$(THREADS) hydra.run.dir=$(HUANG)/collect
 	specbench train-policy data=$(HUANG)/collect reward.source=measured "sweep.n_examples=[2,4,8,16,32,51]" \
 		hydra.run.dir=$(HUANG)/policy
-	specbench train-policy data=$(HUANG)/collect reward.source=proxy "sweep.alpha=[0,0.25,0.5,0.75,1]" \
+	specbench train-policy data=$(HUANG)/collect reward.source=proxy "sweep.alpha=[0,0.2,0.3,0.35,0.4,0.45,0.5,0.75,1]" \
 		hydra.run.dir=$(HUANG)/policy_proxy
 	specbench eval +experiment=huang_cpu dataset.offset=32 dataset.limit=6 selector=policy threads=$(THREADS) \
 		policy.checkpoint=$(HUANG)/policy/policy.pt hydra.run.dir=$(HUANG)/eval

@@ -69,12 +69,13 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
     positions (``observe``); that work is timed as selector time (``t_select``).
     """
     t_start = clock.now()
-    target.prefill(prompt_ids)
+    # A context-aware selector reads the query's embedding, taken from the prefill (timed).
+    embedding = target.prefill(prompt_ids, embedding=selector.embedding_pooling)
     for drafter in pool.values():
         drafter.reset(target.encoder_ids)
     t_reset = clock.now()
-    if selector.embedding_pooling is not None:  # a context-aware selector reads the query first (timed)
-        selector.set_embedding(target.embed(prompt_ids, selector.embedding_pooling))
+    if embedding is not None:
+        selector.set_embedding(embedding)
     selector.reset(query)
     t_reset = clock.now() - t_reset
     side_arms = [name for name, d in pool.items() if d.exit_layer is not None] if selector.full_information else []

@@ -18,6 +18,16 @@ from specbench.models.loading import LoadedModel
 POOLINGS = ("mean", "last")
 
 
+def check_pooling(pooling: str | None) -> None:
+    if pooling is not None and pooling not in POOLINGS:
+        raise SpecbenchError(f"unknown embedding pooling '{pooling}'", f"use one of: {', '.join(POOLINGS)}")
+
+
+def pool_states(states: torch.Tensor, pooling: str) -> torch.Tensor:
+    """``[n, H]`` -> ``[H]`` float32: the mean over positions, or the last position."""
+    return (states.mean(dim=0) if pooling == "mean" else states[-1]).float()
+
+
 class Target:
     def __init__(self, loaded: LoadedModel):
         self.loaded = loaded
@@ -41,8 +51,16 @@ class Target:
             return list(prompt_ids), [int(start)]
         return None, list(prompt_ids)
 
-    def prefill(self, prompt_ids: list[int]) -> None:
-        """Start a query: encode (encoder-decoder) and cache every prompt token but the last."""
+    def prefill(self, prompt_ids: list[int], embedding: str | None = None) -> torch.Tensor | None:
+        """Start a query: encode (encoder-decoder) and cache every prompt token but the last.
+
+        With ``embedding`` (a pooling), also return the query's embedding, equal to
+        ``embed(prompt_ids, embedding)`` but read off the prefill itself: the encoder output, or
+        the final hidden states of a forward over every prompt token (the last one is then cropped
+        from the cache, since ``score`` feeds it again), so a context-aware selector costs one
+        extra token position rather than a second pass over the prompt.
+        """
+        check_pooling(embedding)
         encoder_ids, tokens = self.decoder_start(prompt_ids)
         if not tokens:
             raise ValueError("empty prompt")
@@ -50,8 +68,15 @@ class Target:
         self.encoder_ids = encoder_ids
         self.tokens = tokens
         self.calls = 0
+        if embedding is not None and not self.is_encoder_decoder:
+            _, hidden = self.lm.forward(tokens, last_only=True, hidden=True)
+            self.lm.crop(len(tokens) - 1)
+            return pool_states(hidden[-1], embedding)  # the final (normed) states, as last_hidden_state
         if len(tokens) > 1:
             self.lm.forward(tokens[:-1], last_only=True)
+        if embedding is None:
+            return None
+        return pool_states(self.lm.encoder_outputs.last_hidden_state[0], embedding)
 
     def score(self, draft: list[int], hidden: bool = False):
         """One forward over [last committed token, *draft]; logits ``[len(draft) + 1, V]``.
@@ -67,14 +92,13 @@ class Target:
         """The query's embedding ``[H]`` (float32): the encoder output (encoder-decoder) or the final
         (normed) hidden states (decoder-only) over the prompt tokens, pooled by ``mean`` or ``last``.
         One forward of its own: it leaves the decoding state (cache, tokens) untouched."""
-        if pooling not in POOLINGS:
-            raise SpecbenchError(f"unknown embedding pooling '{pooling}'", f"use one of: {', '.join(POOLINGS)}")
+        check_pooling(pooling)
         x = torch.tensor([list(prompt_ids)], device=self.device)
         if self.is_encoder_decoder:
             states = self.model.get_encoder()(input_ids=x).last_hidden_state[0]
         else:
             states = self.model.base_model(input_ids=x, use_cache=False).last_hidden_state[0]
-        return (states.mean(dim=0) if pooling == "mean" else states[-1]).float()
+        return pool_states(states, pooling)
 
     @property
     def embedding_source(self) -> str:

@@ -93,3 +93,17 @@ def test_exits_sharing_a_head_are_batched_exactly(tiny_setup):
     own = block_divergence(draft, logits_to_probs(pool["a"].logits_from_hidden(states[pool["a"].exit_layer][:3]),
                                                   SamplingParams()), p, 3)
     assert side["a"] == pytest.approx(own, abs=1e-6) and side["b"] == pytest.approx(own, abs=1e-6)
+
+
+def test_prefill_embedding_equals_embed_and_keeps_decoding_exact(tiny_setup, tiny_decode):
+    """The embedding read off the prefill is the standalone one, and the cache it leaves behind
+    decodes exactly as a plain prefill does."""
+    target = tiny_setup.target
+    prompt = tiny_setup.tokenizer(PROMPT)["input_ids"]
+    for pooling in ("mean", "last"):
+        emb = target.prefill(prompt, embedding=pooling)
+        torch.testing.assert_close(emb, target.embed(prompt, pooling), atol=1e-5, rtol=1e-5)
+        assert len(target.lm.cached) == len(target.tokens) - 1
+        after = target.score([5, 6])
+        target.prefill(prompt)
+        torch.testing.assert_close(after, target.score([5, 6]), atol=1e-5, rtol=1e-5)
