@@ -302,6 +302,8 @@ def _plot_data_efficiency(df: pd.DataFrame, path: Path) -> None:
     ax.plot(df.n_examples, df[y], marker="o", label="policy")
     ax.plot(df.n_examples, df[ref], "k:", label="oracle")
     ax.set_xscale("log")
+    ax.minorticks_off()
+    ax.set_xticks(list(df.n_examples), [str(int(n)) for n in df.n_examples])
     ax.set_xlabel("training queries")
     ax.set_ylabel("speedup over autoregressive (replayed)" if use_speed else "validation reward")
     ax.legend()
