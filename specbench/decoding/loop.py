@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specbench.decoding.cascade import Cascade
 from specbench.decoding.sampling import SamplingParams, logits_to_probs
 from specbench.decoding.verify import block_divergence, block_efficiency, verify_greedy, verify_sampling
 from specbench.drafters.base import Draft, Drafter
@@ -48,13 +49,18 @@ class Generation:
         return sum(r.accepted for r in self.rounds)
 
     @property
+    def deferred(self) -> int:
+        return sum(r.deferred for r in self.rounds)
+
+    @property
     def switches(self) -> int:
         return sum(r.switched for r in self.rounds)
 
 
 def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prompt_ids: list[int], *,
            sampling: SamplingParams, limits: Limits, eos_ids: frozenset[int], rng: torch.Generator,
-           clock: Clock, query=None, on_round: Callable[[Round], None] | None = None) -> Generation:
+           clock: Clock, query=None, on_round: Callable[[Round], None] | None = None,
+           cascade: Cascade | None = None) -> Generation:
     """Generate up to ``limits.max_new_tokens`` tokens for one prompt (batch size 1).
 
     Each round: the selector picks an arm; its drafter catches up with the committed tokens
@@ -63,6 +69,8 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
     prefix plus one target token; the cache is rolled back to that; the selector gets feedback.
     Output stops after an EOS (kept, even inside an accepted draft) or at ``max_new_tokens``.
     ``seconds`` covers everything from the prefill on, read from ``clock`` at the boundaries.
+    ``cascade``: a deferral rule verifying against its mixture instead of the target (lossy); ``None``
+    or rule ``none`` is lossless verification (then every drafted position counts as deferred).
     """
     t_start = clock.now()
     target.prefill(prompt_ids)
@@ -85,7 +93,11 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
         draft = drafter.propose(target.tokens, k, sampling, rng, eos_ids) if k > 0 else Draft([], None)
         t3 = clock.now()
         logits = target.score(draft.tokens)
-        if sampling.greedy:
+        deferred = len(draft.tokens) if cascade is not None else 0
+        if cascade is not None and not cascade.lossless and draft.tokens:
+            verdict, deferred = cascade.verify(draft.tokens, draft.probs, draft.raw, logits, sampling, rng)
+            p = logits_to_probs(logits, sampling)
+        elif sampling.greedy:
             verdict = verify_greedy(draft.tokens, logits)
             p = logits_to_probs(logits[: len(draft.tokens)], sampling) if draft.tokens else None
         else:
@@ -108,7 +120,7 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
         rnd = Round(index=len(gen.rounds), arm=arm, drafted=len(draft.tokens), accepted=accepted, n_max=n_max,
                     be=block_efficiency(accepted, n_max), bd=bd, emitted=len(new), t_select=t1 - t0,
                     t_draft=(t3 - t2) if switched else (t3 - t1), t_verify=t4 - t3,
-                    t_switch=(t2 - t1) if switched else 0.0, switched=switched)
+                    t_switch=(t2 - t1) if switched else 0.0, switched=switched, deferred=deferred)
         gen.rounds.append(rnd)
         selector.update(arm, Feedback(drafted=rnd.drafted, accepted=accepted, n_max=n_max, be=rnd.be, bd=bd,
                                       t_draft=rnd.t_draft, t_verify=rnd.t_verify, t_switch=rnd.t_switch))
