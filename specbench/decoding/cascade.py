@@ -25,13 +25,21 @@ authors' reference code. A deterministic drafter (prompt lookup) has a one-hot `
 Greedy decoding (temperature 0) is the limit of the sampler as the tempered distributions become
 one-hot on each model's argmax: a draft token ``x_i`` (the drafter's argmax) is kept iff the rule
 keeps it for sure or it equals the target's argmax, and at the first position that fails the
-target's argmax is emitted (after a fully kept draft, the target's argmax is the bonus token):
+target's argmax is emitted:
 
 - mixture rules keep ``x_i`` iff the position is not deferred (untempered test);
 - token rules keep ``x_i`` iff ``x_i`` is in the accept set (untempered test);
 - ``lossy_sd`` keeps every draft token at ``alpha = 1`` and otherwise is plain greedy speculative
   decoding (its test is a random draw against tempered, i.e. one-hot, probabilities);
 - ``none`` keeps nothing by itself (plain greedy speculative decoding).
+
+The bonus position: under a lossy rule the decode loop drafts ``k + 1`` tokens and the target
+scores the first ``k`` (one forward, ``k + 1`` rows, as in lossless decoding), so the last draft
+token sits where lossless decoding puts the target's bonus token and is verified against ``pi``
+there like any other; a round whose draft is fully kept emits no target token. (Drafting it costs
+one more drafter forward per round; the drafter's next catch-up feeds one token fewer.) Hence, at
+a never-deferring alpha, greedy output is exactly the drafter's own greedy output. A draft shorter
+than ``k + 1`` (prompt lookup, an EOS) keeps the usual bonus token from the target.
 
 Lenience ranges (the extremes, used by the tests): every rule accepts ``alpha`` in
 ``[ALWAYS[rule], NEVER[rule]]``; at ``NEVER`` it never defers (every draft token is kept), at
@@ -168,6 +176,8 @@ def verify_greedy_kept(draft: list[int], keep: torch.Tensor, target_logits: torc
     n = 0
     while n < len(draft) and (keep[n] or draft[n] == best[n]):
         n += 1
+    if n == len(best):  # no bonus row (k rows for k draft tokens): a fully kept draft is the output
+        return Verdict(accepted=n, tokens=list(draft))
     return Verdict(accepted=n, tokens=list(draft[:n]) + [best[n]])
 
 
@@ -206,7 +216,9 @@ class Cascade:
 
         ``q`` ``[k, V]``: the tempered distributions the draft was drawn from (``None``: a
         deterministic drafter, one-hot); ``q_raw``: the drafter's untempered softmax rows (``None``:
-        one-hot); ``target_logits`` ``[k + 1, V]``. Deferred positions: mixture rules, delta = 1;
+        one-hot); ``target_logits`` ``[k + 1, V]``, or ``[k, V]`` when the last draft token sits in the
+        bonus position (the loop drafts one token more under a lossy rule): a fully kept draft then
+        ends the round without a target token. Deferred positions: mixture rules, delta = 1;
         token rules, the drafted token is outside the accept set; ``lossy_sd``, its acceptance
         probability is below 1; ``none``, every position.
         """
@@ -231,6 +243,8 @@ class Cascade:
             sure = lossy_accept_prob(q_t.gather(-1, idx).squeeze(-1), p[:k].gather(-1, idx).squeeze(-1), self.alpha)
             deferred = int((sure < 1.0).sum())
             if self.alpha >= 1.0:
+                if logits.shape[0] == k:
+                    return Verdict(accepted=k, tokens=list(draft)), deferred
                 token = int(torch.multinomial(p[k], 1, generator=rng))
                 return Verdict(accepted=k, tokens=list(draft) + [token]), deferred
             # accept iff u (1 - alpha) q(x) < p(x); residual norm(max(0, p - (1 - alpha) q))

@@ -90,11 +90,16 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
         switched = prev_arm is not None and arm != prev_arm
         drafter.sync(target.tokens)
         t2 = clock.now()
-        draft = drafter.propose(target.tokens, k, sampling, rng, eos_ids) if k > 0 else Draft([], None)
+        # A lossy cascade rule may keep the last draft token too, so it drafts one token more (in the
+        # bonus token's room) and the target scores all but that one: a round whose drafts are all kept
+        # emits only drafter tokens, and at a never-deferring alpha the output is the drafter's own.
+        lossy = cascade is not None and not cascade.lossless
+        n_draft = k + 1 if lossy else k
+        draft = drafter.propose(target.tokens, n_draft, sampling, rng, eos_ids) if n_draft > 0 else Draft([], None)
         t3 = clock.now()
-        logits = target.score(draft.tokens)
+        logits = target.score(draft.tokens[:k])  # [k + 1, V]: a bonus row unless the draft has k + 1 tokens
         deferred = len(draft.tokens) if cascade is not None else 0
-        if cascade is not None and not cascade.lossless and draft.tokens:
+        if lossy and draft.tokens:
             verdict, deferred = cascade.verify(draft.tokens, draft.probs, draft.raw, logits, sampling, rng)
             p = logits_to_probs(logits, sampling)
         elif sampling.greedy:
@@ -110,7 +115,7 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
                 gen.stop = "eos"
                 break
         accepted = min(verdict.accepted, len(new))
-        n_max = k if arm != "autoregressive" else 0
+        n_max = n_draft if arm != "autoregressive" else 0
         bd = block_divergence(draft.tokens, draft.probs, p, n_max) if draft.tokens else 0.0
         out.extend(new)
         done = gen.stop == "eos" or len(out) >= limits.max_new_tokens

@@ -98,6 +98,11 @@ def test_verify_greedy_kept_by_hand():
     assert (v.accepted, v.tokens) == (1, [0, 0])  # rejected at 1: the target's argmax is emitted
     v = verify_greedy_kept([0, 3], torch.tensor([False, True]), logits)
     assert (v.accepted, v.tokens) == (0, [1])
+    # k rows for k draft tokens (the last draft token in the bonus position): a kept draft ends the round
+    v = verify_greedy_kept([0, 0, 3], torch.tensor([True, False, True]), logits)
+    assert (v.accepted, v.tokens) == (3, [0, 0, 3])
+    v = verify_greedy_kept([0, 0, 3], torch.tensor([True, False, False]), logits)
+    assert (v.accepted, v.tokens) == (2, [0, 0, 2])
 
 
 # ------------------------------------------------------------------ validation
@@ -211,7 +216,8 @@ def test_sampler_against_pi_matches_pi(rule, alpha, deterministic):
     cascade = Cascade(rule, alpha)
     runs = 8000
     gen = torch.Generator().manual_seed(11)
-    logits = torch.log(torch.stack([P_S, P_S]))  # position 0 and the bonus position
+    # one row: the drafted token sits in the bonus position (as the loop drafts under a lossy rule)
+    logits = torch.log(P_S).unsqueeze(0)
     q = Q_S.unsqueeze(0)
     q_used = one_hot([1], len(Q_S)) if deterministic else q
     if rule == "lossy_sd":
@@ -228,7 +234,7 @@ def test_sampler_against_pi_matches_pi(rule, alpha, deterministic):
                                            logits, T1, gen)
         counts[verdict.tokens[0]] += 1
         accepted += verdict.accepted
-        assert len(verdict.tokens) == verdict.accepted + 1
+        assert len(verdict.tokens) == 1
     check_law(counts, law, runs)
     # the draft is always kept exactly when pi = q; otherwise both branches of verification ran
     assert (accepted == runs) == torch.allclose(law, q_used[0])
@@ -243,7 +249,9 @@ def test_sampling_extremes(rule):
         draft = [int(torch.multinomial(row, 1, generator=gen)) for row in q]
         logits = torch.log(p.clamp_min(1e-30))
         verdict, deferred = Cascade(rule, NEVER[rule]).verify(draft, q, q, logits, T1, gen)
-        assert verdict.accepted == 3 and verdict.tokens[:3] == draft and deferred == 0
+        assert verdict.accepted == 3 and verdict.tokens[:3] == draft and len(verdict.tokens) == 4 and deferred == 0
+        verdict, _ = Cascade(rule, NEVER[rule]).verify(draft, q, q, logits[:3], T1, gen)  # no bonus row
+        assert verdict.accepted == 3 and verdict.tokens == draft
         # always defer: the same draws as lossless speculative sampling
         seed = int(torch.randint(0, 2**31, (1,), generator=gen))
         lossy, deferred = Cascade(rule, ALWAYS[rule]).verify(draft, q, q, logits, T1, torch.Generator().manual_seed(seed))
