@@ -5,7 +5,7 @@ PIP ?= $(PYTHON) -m pip
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench clean metasd-cpu
+.PHONY: install demo test test-fast bench clean metasd-cpu cascades-cpu
 
 install:
 	$(PIP) install -q "$(TORCH_SPEC)"
@@ -25,8 +25,16 @@ test-fast: install
 	$(PYTHON) -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS) tests
 
 clean:
-	rm -rf outputs/eval outputs/bench outputs/multirun
+	rm -rf outputs/eval outputs/bench outputs/multirun outputs/cascades_cpu
 
 # MetaSD (online drafter selection) at CPU scale on the embedded default: table + convergence plot
 metasd-cpu: install
 	specbench eval +experiment=metasd_cpu
+
+# Speculative cascades at CPU scale: quality vs speedup per (rule, alpha) on the embedded suite and on
+# the local real datasets (../shared/data): curves.csv/md, best.csv and curves_<task>.png in each
+# directory below. Rerunning resumes (finished generations are skipped); `make clean` starts afresh.
+CASCADES_OUT ?= outputs/cascades_cpu
+cascades-cpu: install
+	$(PYTHON) -m specbench.cli cascades +experiment=cascades_cpu hydra.run.dir=$(CASCADES_OUT)/embedded
+	$(PYTHON) -m specbench.cli cascades +experiment=cascades_cpu_local hydra.run.dir=$(CASCADES_OUT)/local
