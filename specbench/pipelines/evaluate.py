@@ -231,7 +231,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
 
     examples = list(read_jsonl(out / "examples.jsonl"))
     table = report.summarize(examples)
-    report.write_tables(table, out, title=f"specbench eval: {cfg.target.model}")
+    lossy = f" (cascade rule {cascade.label}: lossy)" if cascade is not None and not cascade.lossless else ""
+    report.write_tables(table, out, title=f"specbench eval: {cfg.target.model}{lossy}")
     write_convergence(examples, out)
     report.print_table(report.compact(table), title=f"summary ({out}; every column in summary.csv / summary.md)")
     return out

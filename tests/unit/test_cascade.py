@@ -283,3 +283,67 @@ def test_every_rule_has_extremes():
     for rule in RULES:
         Cascade(rule, ALWAYS[rule])
         Cascade(rule, NEVER[rule])
+
+
+# ------------------------------------------------------------------ the curves table (pure functions of records)
+
+
+def _ex(qid, task, method, seconds, out, ref_ids, quality, calls, drafted=0, accepted=0, deferred=0):
+    from specbench.pipelines.cascades import agreement
+
+    return {"query_id": qid, "task": task, "method": method, "output_ids": out, "text": "x", "new_tokens": len(out),
+            "seconds": seconds, "target_calls": calls, "drafted": drafted, "accepted": accepted, "deferred": deferred,
+            "reference": None, "quality": quality, "agreement": agreement(out, ref_ids)}
+
+
+def test_rejections_by_hand():
+    from specbench.pipelines.cascades import rejections
+
+    rounds = [{"drafted": 4, "accepted": 4, "emitted": 5},   # all accepted + bonus
+              {"drafted": 4, "accepted": 1, "emitted": 2},   # rejected at position 2
+              {"drafted": 5, "accepted": 2, "emitted": 2},   # EOS inside the accepted prefix: no rejection
+              {"drafted": 5, "accepted": 5, "emitted": 5},   # lossy rule, fully kept, no bonus
+              {"drafted": 0, "accepted": 0, "emitted": 1}]   # autoregressive step
+    assert rejections(rounds) == 1
+
+
+def test_agreement_by_hand():
+    from specbench.pipelines.cascades import agreement
+
+    assert agreement([1, 2, 3], [1, 2, 3]) == {"exact": True, "tokens": 1.0}
+    assert agreement([1, 9, 3, 4], [1, 2, 3]) == {"exact": False, "tokens": 0.5}
+
+
+def test_curves_and_best_rule_by_hand():
+    from specbench.pipelines.cascades import best_at_loss, closing_note, curves
+
+    ar = [1, 2, 3, 4]
+    examples = [
+        _ex("q1", "math", "autoregressive", 4.0, ar, ar, {"accuracy": 1.0}, 4),
+        _ex("q2", "math", "autoregressive", 4.0, ar, ar, {"accuracy": 0.0}, 4),
+        _ex("q1", "math", "drafter_alone", 1.0, [9, 9, 9, 9], ar, {"accuracy": 0.0}, 4),
+        _ex("q2", "math", "drafter_alone", 1.0, [9, 9, 9, 9], ar, {"accuracy": 0.0}, 4),
+        _ex("q1", "math", "sd", 2.0, ar, ar, {"accuracy": 1.0}, 2, drafted=4, accepted=2, deferred=4),
+        _ex("q2", "math", "sd", 2.0, ar, ar, {"accuracy": 0.0}, 2, drafted=4, accepted=2, deferred=4),
+        _ex("q1", "math", "chow@0.5", 1.0, [1, 2, 3, 9], ar, {"accuracy": 1.0}, 1, drafted=4, accepted=4),
+        _ex("q2", "math", "chow@0.5", 1.0, ar, ar, {"accuracy": 0.0}, 1, drafted=4, accepted=4),
+        _ex("q1", "math", "chow@0.9", 0.5, [9, 2, 3, 4], ar, {"accuracy": 0.0}, 1, drafted=4, accepted=4),
+        _ex("q2", "math", "chow@0.9", 0.5, ar, ar, {"accuracy": 0.0}, 1, drafted=4, accepted=4),
+    ]
+    rounds = [{"query_id": q, "method": "sd", "drafted": 4, "accepted": 2, "emitted": 3} for q in ("q1", "q2")]
+    table = curves(examples, rounds).set_index("method")
+    assert list(table.index) == ["autoregressive", "drafter_alone", "sd", "chow@0.5", "chow@0.9"]
+    assert table.loc["sd", "speedup"] == 2.0 and table.loc["chow@0.9", "speedup"] == 8.0
+    assert table.loc["sd", "rejection_rate"] == pytest.approx(2 / 6)  # 2 rejected of 4 accepted + 2 rejected
+    assert table.loc["chow@0.5", "rejection_rate"] == 0.0
+    assert table.loc["sd", "mat"] == 2.0 and math.isnan(table.loc["drafter_alone", "mat"])
+    assert table.loc["sd", "deferral_rate"] == 1.0 and table.loc["chow@0.5", "deferral_rate"] == 0.0
+    assert table.loc["chow@0.5", "agreement_exact"] == 0.5
+    assert table.loc["chow@0.5", "agreement_tokens"] == pytest.approx(7 / 8)
+    assert table.loc["chow@0.9", "quality"] == 0.0 and table.loc["sd", "quality"] == 0.5
+    assert (table.loc["chow@0.5", "rule"], table.loc["chow@0.5", "alpha"]) == ("chow", 0.5)
+    best = best_at_loss(table.reset_index())
+    # chow@0.9 is faster but loses 50% accuracy; chow@0.5 keeps SD's accuracy at 4x
+    assert best.to_dict("records") == [{"task": "math", "rule": "chow", "alpha": 0.5, "quality": 0.5,
+                                        "sd_quality": 0.5, "speedup": 4.0, "sd_speedup": 2.0, "gain": 2.0}]
+    assert "chow (alpha 0.5): speedup 4.000x" in closing_note(best)
