@@ -5,7 +5,8 @@ PIP ?= $(PYTHON) -m pip
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench clean metasd-cpu metasd-cpu-full-info huang-cpu huang-cpu-math huang-cpu-early-exit
+.PHONY: install demo test test-fast bench clean metasd-cpu metasd-cpu-full-info huang-cpu huang-cpu-math \
+	huang-cpu-early-exit cascades-cpu
 
 install:
 	$(PIP) install -q "$(TORCH_SPEC)"
@@ -25,7 +26,7 @@ test-fast: install
 	$(PYTHON) -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS) tests
 
 clean:
-	rm -rf outputs/eval outputs/bench outputs/multirun
+	rm -rf outputs/eval outputs/bench outputs/multirun outputs/cascades_cpu
 
 # MetaSD (online drafter selection) at CPU scale on the embedded default: table + convergence plot
 metasd-cpu: install
@@ -58,3 +59,11 @@ huang-cpu-early-exit: install
 		"train.arms=[early_exit_8,early_exit_16,early_exit_24]" hydra.run.dir=$(HUANG)_early_exit/policy_without_ar
 	specbench train-policy data=$(HUANG)_early_exit/collect reward.source=measured \
 		hydra.run.dir=$(HUANG)_early_exit/policy_with_ar
+
+# Speculative cascades at CPU scale: quality vs speedup per (rule, alpha) on the embedded suite and on
+# the local real datasets (../shared/data): curves.csv/md, best.csv and curves_<task>.png in each
+# directory below. Rerunning resumes (finished generations are skipped); `make clean` starts afresh.
+CASCADES_OUT ?= outputs/cascades_cpu
+cascades-cpu: install
+	$(PYTHON) -m specbench.cli cascades +experiment=cascades_cpu hydra.run.dir=$(CASCADES_OUT)/embedded
+	$(PYTHON) -m specbench.cli cascades +experiment=cascades_cpu_local hydra.run.dir=$(CASCADES_OUT)/local

@@ -62,6 +62,14 @@ def bench_(ctx: typer.Context) -> None:
     hydra_run("bench", bench.run, ctx.args)
 
 
+@app.command("cascades", context_settings=HYDRA_ARGS)
+def cascades_(ctx: typer.Context) -> None:
+    """Speculative cascades: quality vs speedup per (rule, alpha), curves.csv/md and a PNG per task."""
+    from specbench.pipelines import cascades
+
+    hydra_run("cascades", cascades.run, ctx.args)
+
+
 @app.command("collect", context_settings=HYDRA_ARGS)
 def collect(ctx: typer.Context) -> None:
     """Offline rewards for the drafter policy: per query, target/drafter outputs, alignment, costs, embedding."""

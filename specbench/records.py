@@ -30,6 +30,7 @@ class Round:
     t_verify: float
     t_switch: float
     switched: bool
+    deferred: int = 0  # drafted positions a cascade rule deferred to the target (0: no cascade rule)
 
 
 def round_row(query_id: str, task: str, method: str, rnd: Round) -> dict:
@@ -60,6 +61,8 @@ class ExampleRecord:
     turn: int = 1
     reference: str | None = None
     quality: dict = field(default_factory=dict)
+    deferred: int = 0  # sum of the rounds' deferred positions (cascade rules)
+    agreement: dict = field(default_factory=dict)  # vs the autoregressive output of the same query, when known
 
 
 class JsonlWriter:

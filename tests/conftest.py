@@ -120,10 +120,11 @@ def tiny_setup(request) -> TinySetup:
 
 
 def run_tiny_decode(target, pool, arm_or_selector, prompt_ids, *, max_new_tokens=40, draft_length=4,
-                    eos_ids=None, sampling=None, rng=None):
+                    eos_ids=None, sampling=None, rng=None, cascade=None):
     """``specbench.decoding.loop.decode`` with test defaults (greedy, seeded rng, target's EOS).
 
-    ``arm_or_selector`` is a pool key (a ``Fixed`` selector is built) or a ``Selector``.
+    ``arm_or_selector`` is a pool key (a ``Fixed`` selector is built) or a ``Selector``; ``cascade`` a
+    speculative-cascade rule (``None``: lossless).
     """
     from specbench.decoding.loop import Limits, decode
     from specbench.decoding.sampling import SamplingParams
@@ -137,7 +138,7 @@ def run_tiny_decode(target, pool, arm_or_selector, prompt_ids, *, max_new_tokens
                   sampling=sampling if sampling is not None else SamplingParams(),
                   limits=Limits(max_new_tokens=max_new_tokens, draft_length=draft_length),
                   eos_ids=frozenset(eos_ids), rng=rng if rng is not None else torch.Generator().manual_seed(0),
-                  clock=Clock())
+                  clock=Clock(), cascade=cascade)
 
 
 @pytest.fixture(scope="session")

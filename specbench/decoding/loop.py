@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specbench.decoding.cascade import Cascade
 from specbench.decoding.sampling import SamplingParams, logits_to_probs
 from specbench.decoding.verify import block_divergence, block_efficiency, verify_greedy, verify_sampling
 from specbench.drafters.base import Draft, Drafter
@@ -48,13 +49,18 @@ class Generation:
         return sum(r.accepted for r in self.rounds)
 
     @property
+    def deferred(self) -> int:
+        return sum(r.deferred for r in self.rounds)
+
+    @property
     def switches(self) -> int:
         return sum(r.switched for r in self.rounds)
 
 
 def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prompt_ids: list[int], *,
            sampling: SamplingParams, limits: Limits, eos_ids: frozenset[int], rng: torch.Generator,
-           clock: Clock, query=None, on_round: Callable[[Round], None] | None = None) -> Generation:
+           clock: Clock, query=None, on_round: Callable[[Round], None] | None = None,
+           cascade: Cascade | None = None) -> Generation:
     """Generate up to ``limits.max_new_tokens`` tokens for one prompt (batch size 1).
 
     Each round: the selector picks an arm; its drafter catches up with the committed tokens
@@ -63,6 +69,8 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
     prefix plus one target token; the cache is rolled back to that; the selector gets feedback.
     Output stops after an EOS (kept, even inside an accepted draft) or at ``max_new_tokens``.
     ``seconds`` covers everything from the prefill on, read from ``clock`` at the boundaries.
+    ``cascade``: a deferral rule verifying against its mixture instead of the target (lossy); ``None``
+    or rule ``none`` is lossless verification (then every drafted position counts as deferred).
 
     With a ``full_information`` selector the verification forward also returns the target's hidden
     states, and every early-exit arm that was not played gets its Block Divergence at the drafted
@@ -94,14 +102,24 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
         switched = prev_arm is not None and arm != prev_arm
         drafter.sync(target.tokens)
         t2 = clock.now()
-        draft = drafter.propose(target.tokens, k, sampling, rng, eos_ids) if k > 0 else Draft([], None)
+        # A lossy cascade rule may keep the last draft token too, so it drafts one token more (in the
+        # bonus token's room) and the target scores all but that one: a round whose drafts are all kept
+        # emits only drafter tokens, and at a never-deferring alpha the output is the drafter's own.
+        lossy = cascade is not None and not cascade.lossless
+        n_draft = k + 1 if lossy else k
+        draft = drafter.propose(target.tokens, n_draft, sampling, rng, eos_ids) if n_draft > 0 else Draft([], None)
         t3 = clock.now()
+        scored = draft.tokens[:k]  # [k + 1, V] logits: a bonus row unless the draft has k + 1 tokens
         states = None
         if side_arms and draft.tokens:
-            logits, states = target.score(draft.tokens, hidden=True)
+            logits, states = target.score(scored, hidden=True)
         else:
-            logits = target.score(draft.tokens)
-        if sampling.greedy:
+            logits = target.score(scored)
+        deferred = len(draft.tokens) if cascade is not None else 0
+        if lossy and draft.tokens:
+            verdict, deferred = cascade.verify(draft.tokens, draft.probs, draft.raw, logits, sampling, rng)
+            p = logits_to_probs(logits, sampling)
+        elif sampling.greedy:
             verdict = verify_greedy(draft.tokens, logits)
             p = logits_to_probs(logits[: len(draft.tokens)], sampling) if draft.tokens else None
         else:
@@ -114,7 +132,7 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
                 gen.stop = "eos"
                 break
         accepted = min(verdict.accepted, len(new))
-        n_max = k if arm != "autoregressive" else 0
+        n_max = n_draft if arm != "autoregressive" else 0
         bd = block_divergence(draft.tokens, draft.probs, p, n_max) if draft.tokens else 0.0
         out.extend(new)
         done = gen.stop == "eos" or len(out) >= limits.max_new_tokens
@@ -126,7 +144,7 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
         rnd = Round(index=len(gen.rounds), arm=arm, drafted=len(draft.tokens), accepted=accepted, n_max=n_max,
                     be=block_efficiency(accepted, n_max), bd=bd, emitted=len(new), t_select=(t1 - t0) + (t5 - t4),
                     t_draft=(t3 - t2) if switched else (t3 - t1), t_verify=t4 - t3,
-                    t_switch=(t2 - t1) if switched else 0.0, switched=switched)
+                    t_switch=(t2 - t1) if switched else 0.0, switched=switched, deferred=deferred)
         gen.rounds.append(rnd)
         selector.update(arm, Feedback(drafted=rnd.drafted, accepted=accepted, n_max=n_max, be=rnd.be, bd=bd,
                                       t_draft=rnd.t_draft, t_verify=rnd.t_verify, t_switch=rnd.t_switch))

@@ -57,7 +57,8 @@ def verify_sampling(draft: list[int], q: torch.Tensor | None, p: torch.Tensor, r
     ``q`` ``[k, V]`` must be exactly the distributions the draft tokens were drawn from (``None``
     for deterministic drafters); ``p`` ``[k + 1, V]`` the processed target distributions. Token i
     is accepted with probability ``min(1, p(x_i) / q(x_i))``; at the first rejection a token is
-    drawn from the residual; if all are accepted the bonus token is drawn from ``p[k]``.
+    drawn from the residual; if all are accepted the bonus token is drawn from ``p[k]`` (when ``p``
+    has only ``k`` rows there is no bonus position: a fully accepted draft is returned as is).
     """
     k = len(draft)
     if k:
@@ -71,6 +72,8 @@ def verify_sampling(draft: list[int], q: torch.Tensor | None, p: torch.Tensor, r
             res = residual(p[n], None if q is None else q[n], draft[n])
             token = int(torch.multinomial(res, 1, generator=rng))
             return Verdict(accepted=n, tokens=list(draft[:n]) + [token])
+    if p.shape[0] == k:
+        return Verdict(accepted=k, tokens=list(draft))
     token = int(torch.multinomial(p[k], 1, generator=rng))
     return Verdict(accepted=k, tokens=list(draft) + [token])
 

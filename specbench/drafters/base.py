@@ -14,6 +14,7 @@ from specbench.models.cache import CachedLM
 class Draft:
     tokens: list[int]
     probs: torch.Tensor | None  # [len(tokens), V]: the distributions the tokens were drawn from
+    raw: torch.Tensor | None = None  # [len(tokens), V]: the drafter's untempered softmax (cascade rules)
 
 
 class Drafter:
@@ -95,17 +96,19 @@ class ModelDrafter(Drafter):
         self._next_logits = None
         out: list[int] = []
         rows: list[torch.Tensor] = []
+        raw: list[torch.Tensor] = []
         for i in range(k):
             probs = logits_to_probs(logits, sampling)
             tok = pick(logits if sampling.greedy else probs, sampling, rng)
             out.append(tok)
             rows.append(probs)
+            raw.append(probs if sampling.greedy else torch.softmax(logits.float(), dim=-1))
             # Stop early at EOS, at k tokens, or when the drafter doubts its own token (it would
             # likely be rejected, and each further draft forward costs time).
             if tok in eos_ids or i == k - 1 or float(probs[tok]) < self.confidence_threshold:
                 break
             logits = self.lm.forward([tok], last_only=True)[-1]
-        return Draft(tokens=out, probs=torch.stack(rows) if rows else None)
+        return Draft(tokens=out, probs=torch.stack(rows) if rows else None, raw=torch.stack(raw) if raw else None)
 
 
 def param_count(model: torch.nn.Module) -> int:

@@ -34,7 +34,8 @@ class Target:
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.config = loaded.model.config
-        self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
+        head = self.model.get_output_embeddings().weight
+        self.vocab_size = int((head() if callable(head) else head).shape[0])  # callable: a dynamic-int8 head
         self.lm = CachedLM(self.model, vocab_size=self.vocab_size)
         self.device = self.lm.device
         self.is_encoder_decoder = self.lm.is_encoder_decoder

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from specbench.configs import conf_dir, group_options
+from specbench.decoding.cascade import Cascade
 from specbench.decoding.loop import Limits, decode
 from specbench.decoding.sampling import SamplingParams
 from specbench.drafters import AUTOREGRESSIVE, build_pool
@@ -126,6 +127,12 @@ def write_convergence(examples: list[dict], out: Path) -> None:
         log.warning("matplotlib is not installed: convergence.png skipped (pip install matplotlib)")
 
 
+def cascade_of(cfg: DictConfig) -> Cascade | None:
+    """The run's cascade rule (``cascade=<rule> cascade.alpha=<a>``); None when the config has none."""
+    c = cfg.get("cascade")
+    return None if c is None else Cascade(rule=str(c.rule), alpha=float(c.alpha))
+
+
 def _seed_for(seed: int, query_index: int, method_index: int) -> int:
     return (seed * 1_000_003 + query_index * 1_009 + method_index) % (2**63)
 
@@ -191,6 +198,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     eos_ids = eos_ids_of(loaded, cfg.decoding.get("extra_eos_ids"))
     max_turns = int(cfg.dataset.get("max_turns") or 1)
     clock = Clock(target.device)
+    cascade = cascade_of(cfg)
 
     done = {(r["query_id"], r["method"]) for r in read_jsonl(out / "examples.jsonl")}
     if done:
@@ -203,7 +211,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         for m in methods:
             decode(target, pool, m.make_selector(), prompter(queries[0]), sampling=sampling, limits=warm,
                    eos_ids=eos_ids, rng=torch.Generator(device=target.device).manual_seed(0), clock=clock,
-                   query=queries[0])
+                   query=queries[0], cascade=cascade)
 
     # One selector per method for the whole run: ``reset`` starts each query, and selectors that
     # carry statistics across queries (warm start) keep them.
@@ -221,7 +229,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                 history: list[tuple[str, str]] = []
                 for turn in range(turns_of(query, max_turns)):
                     gen = decode(target, pool, selectors[m.name], prompter(query, turn, history), sampling=sampling,
-                                 limits=limits, eos_ids=eos_ids, rng=rng, clock=clock, query=query)
+                                 limits=limits, eos_ids=eos_ids, rng=rng, clock=clock, query=query,
+                                 cascade=cascade)
                     text = loaded.tokenizer.decode(gen.tokens, skip_special_tokens=True)
                     history.append((prompter.user_text(query, turn), text))
                     ex_id = example_id(query, turn)
@@ -235,12 +244,14 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                         rounds=len(gen.rounds), drafted=gen.drafted, accepted=gen.accepted, switches=gen.switches,
                         t_switch=sum(r.t_switch for r in gen.rounds), t_select=sum(r.t_select for r in gen.rounds),
                         stop=gen.stop, category=query.category,
-                        turn=turn + 1, reference=reference, quality=metrics.score(query.task, text, reference)))
+                        turn=turn + 1, reference=reference, quality=metrics.score(query.task, text, reference),
+                        deferred=gen.deferred))
                 bar.update(1)
 
     examples = list(read_jsonl(out / "examples.jsonl"))
     table = report.summarize(examples)
-    report.write_tables(table, out, title=f"specbench eval: {cfg.target.model}")
+    lossy = f" (cascade rule {cascade.label}: lossy)" if cascade is not None and not cascade.lossless else ""
+    report.write_tables(table, out, title=f"specbench eval: {cfg.target.model}{lossy}")
     write_convergence(examples, out)
     report.print_table(report.compact(table), title=f"summary ({out}; every column in summary.csv / summary.md)")
     return out
