@@ -85,15 +85,13 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
     if embedding is not None:
         selector.set_embedding(embedding)
     selector.reset(query)
-    t_reset = clock.now() - t_reset
+    t_reset = clock.now() - t_reset  # the selector's per-query work, counted in the first round's t_select
     side_arms = [name for name, d in pool.items() if d.exit_layer is not None] if selector.full_information else []
     out: list[int] = []
     gen = Generation(tokens=out)
     prev_arm = None
-    t_pre = t_reset  # the selector's per-query work counts in the first round's t_select
     while len(out) < limits.max_new_tokens:
-        t0 = clock.now() - t_pre
-        t_pre = 0.0
+        t0 = clock.now()
         arm = selector.select()
         t1 = clock.now()
         drafter = pool[arm]
@@ -141,8 +139,9 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
         t4 = clock.now()
         side = {} if states is None else side_observations(pool, side_arms, arm, states, p, draft.tokens, sampling)
         t5 = clock.now()
+        t_select = (t1 - t0) + (t5 - t4) + (0.0 if gen.rounds else t_reset)
         rnd = Round(index=len(gen.rounds), arm=arm, drafted=len(draft.tokens), accepted=accepted, n_max=n_max,
-                    be=block_efficiency(accepted, n_max), bd=bd, emitted=len(new), t_select=(t1 - t0) + (t5 - t4),
+                    be=block_efficiency(accepted, n_max), bd=bd, emitted=len(new), t_select=t_select,
                     t_draft=(t3 - t2) if switched else (t3 - t1), t_verify=t4 - t3,
                     t_switch=(t2 - t1) if switched else 0.0, switched=switched, deferred=deferred)
         gen.rounds.append(rnd)

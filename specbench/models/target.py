@@ -101,10 +101,6 @@ class Target:
             states = self.model.base_model(input_ids=x, use_cache=False).last_hidden_state[0]
         return pool_states(states, pooling)
 
-    @property
-    def embedding_source(self) -> str:
-        return "encoder_output" if self.is_encoder_decoder else "final_hidden_states"
-
     def commit(self, new_tokens: list[int]) -> None:
         """Append the round's output; roll the cache back to the accepted prefix."""
         self.tokens.extend(new_tokens)

@@ -27,13 +27,10 @@ from specbench.decoding.cascade import RULES, Cascade
 from specbench.decoding.loop import Generation, Limits, decode
 from specbench.drafters import AUTOREGRESSIVE, AutoregressiveArm, ModelDrafter
 from specbench.errors import SpecbenchError
-from specbench.models import Target
-from specbench.models.loading import LoadedModel
 from specbench.pipelines import report
-from specbench.pipelines.evaluate import _seed_for, eos_ids_of, prepare, start_run
-from specbench.records import ExampleRecord, JsonlWriter, read_jsonl, round_row
+from specbench.pipelines.evaluate import _seed_for, alone_target, eos_ids_of, example_record, prepare, start_run
+from specbench.records import JsonlWriter, read_jsonl, round_row
 from specbench.selection import Fixed
-from specbench.tasks import metrics
 from specbench.timing import Clock
 
 log = logging.getLogger(__name__)
@@ -76,12 +73,6 @@ def variants(rules, alphas) -> list[Variant]:
             if c.label not in {v.name for v in out}:
                 out.append(Variant(c.label, c))
     return out
-
-
-def alone_target(drafter: ModelDrafter, target: Target) -> Target:
-    """The drafter's own module as a target: decoding it with the autoregressive arm is the drafter's
-    greedy generation, through the same loop and clock as every other method."""
-    return Target(LoadedModel(model=drafter.lm.model, tokenizer=target.tokenizer, name=drafter.name))
 
 
 def agreement(output: list[int], reference: list[int]) -> dict:
@@ -159,14 +150,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                     ar_ids[query.id] = gen.tokens
                 agree = agreement(gen.tokens, ar_ids[query.id]) if query.id in ar_ids else {}
                 rounds_out.write_many(round_row(query.id, query.task, v.name, r) for r in gen.rounds)
-                examples_out.write(ExampleRecord(
-                    query_id=query.id, task=query.task, method=v.name, output_ids=gen.tokens, text=text,
-                    new_tokens=len(gen.tokens), seconds=gen.seconds, target_calls=gen.target_calls,
-                    rounds=len(gen.rounds), drafted=gen.drafted, accepted=gen.accepted, switches=gen.switches,
-                    t_switch=0.0, t_select=sum(r.t_select for r in gen.rounds), stop=gen.stop,
-                    category=query.category, reference=query.reference,
-                    quality=metrics.score(query.task, text, query.reference), deferred=gen.deferred,
-                    agreement=agree))
+                examples_out.write(example_record(query, query.id, v.name, gen, text, query.reference, agreement=agree))
                 bar.update(1)
 
     examples = list(read_jsonl(out / "examples.jsonl"))
@@ -286,11 +270,7 @@ def closing_note(best: pd.DataFrame) -> str:
 
 def plot(table: pd.DataFrame, path: Path, title: str = "") -> None:
     """Quality against speedup for one task: each rule a line over alpha, SD and the drafter alone marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = report.pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     sd = table[table.method == SD]
     for rule, sub in table[table.method.str.contains("@")].groupby("rule", sort=False):

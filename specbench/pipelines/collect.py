@@ -30,9 +30,9 @@ from tqdm.auto import tqdm
 
 from specbench.decoding.loop import Generation, Limits, decode
 from specbench.decoding.sampling import SamplingParams
-from specbench.drafters import AUTOREGRESSIVE, Drafter
+from specbench.drafters import AUTOREGRESSIVE, ModelDrafter
 from specbench.errors import SpecbenchError
-from specbench.pipelines.evaluate import eos_ids_of, prepare, start_run
+from specbench.pipelines.evaluate import alone_target, eos_ids_of, prepare, start_run
 from specbench.records import JsonlWriter, read_jsonl
 from specbench.selection import Fixed
 from specbench.tasks import metrics
@@ -100,24 +100,6 @@ def check_directory(out: Path, cfg: DictConfig) -> None:
     OmegaConf.save(OmegaConf.create(mine), sig_path)
 
 
-@torch.inference_mode()
-def generate_alone(drafter: Drafter, encoder_ids, tokens: list[int], max_new: int, eos_ids: frozenset[int],
-                   rng: torch.Generator) -> list[int]:
-    """The drafter's own greedy continuation of ``tokens`` (up to ``max_new`` tokens, EOS kept)."""
-    drafter.reset(encoder_ids)
-    out: list[int] = []
-    greedy = SamplingParams()
-    while len(out) < max_new:
-        drafter.sync(tokens + out)
-        draft = drafter.propose(tokens + out, max_new - len(out), greedy, rng, eos_ids)
-        if not draft.tokens:
-            break
-        out.extend(draft.tokens)
-        if out[-1] in eos_ids:
-            break
-    return out[:max_new]
-
-
 def spec_summary(gen: Generation, ar: Generation, ar_tokens: list[int]) -> dict:
     return {"seconds": gen.seconds, "target_calls": gen.target_calls, "new_tokens": len(gen.tokens),
             "mat": len(gen.tokens) / max(gen.target_calls, 1), "speedup": ar.seconds / gen.seconds if gen.seconds else None,
@@ -132,7 +114,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         raise SpecbenchError(f"collect.shard={shard} collect.num_shards={num_shards} is not a valid shard",
                              "use 0 <= collect.shard < collect.num_shards")
     if col.alignment not in ALIGNMENTS:
-        alignment(str(col.alignment), "", "")  # raises the error with the list of metrics
+        raise SpecbenchError(f"unknown alignment metric '{col.alignment}'",
+                             f"set collect.alignment to one of: {', '.join(ALIGNMENTS)}")
     check_directory(out, cfg)
     sampling, limits, queries, loaded, target, pool, prompter = prepare(cfg)
     limits = Limits(max_new_tokens=int(col.max_new_tokens or limits.max_new_tokens), draft_length=limits.draft_length)
@@ -151,6 +134,16 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         return decode(target, pool, Fixed(arms, arm), prompt_ids, sampling=sampling, limits=limits, eos_ids=eos_ids,
                       rng=torch.Generator(device=target.device).manual_seed(seed), clock=clock)
 
+    # A drafter's own greedy output: its module as the target of the one decode loop, autoregressive arm.
+    ar_only = {AUTOREGRESSIVE: pool[AUTOREGRESSIVE]}
+    alone = {a: alone_target(d, target) for a, d in pool.items()
+             if a != AUTOREGRESSIVE and d.can_generate_alone and isinstance(d, ModelDrafter)}
+
+    def generate_alone(arm: str, prompt_ids: list[int], seed: int) -> Generation:
+        return decode(alone[arm], ar_only, Fixed([AUTOREGRESSIVE], AUTOREGRESSIVE), prompt_ids,
+                      sampling=SamplingParams(), limits=limits, eos_ids=eos_ids,
+                      rng=torch.Generator(device=target.device).manual_seed(seed), clock=clock)
+
     if todo and cfg.warmup.max_new_tokens > 0:
         warm = prompter(queries[0])
         for arm in arms:
@@ -166,22 +159,18 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
             ar = timed_decode(AUTOREGRESSIVE, prompt_ids, seed)
             target_text = loaded.tokenizer.decode(ar.tokens, skip_special_tokens=True)
             target_spt = ar.seconds / max(len(ar.tokens), 1)
-            encoder_ids, start = target.decoder_start(prompt_ids)
             row_arms: dict[str, dict] = {}
             drafters = [a for a in arms if a != AUTOREGRESSIVE]
             order = drafters[index % len(drafters):] + drafters[: index % len(drafters)] if drafters else []
             for arm in order:  # rotated per query, like eval
                 drafter = pool[arm]
-                rec: dict = {"standalone": bool(drafter.can_generate_alone), "cost_params": float(drafter.cost)}
-                if drafter.can_generate_alone:
-                    t0 = clock.now()
-                    tokens = generate_alone(drafter, encoder_ids, start, limits.max_new_tokens, eos_ids,
-                                            torch.Generator(device=target.device).manual_seed(seed))
-                    seconds = clock.now() - t0
-                    text = loaded.tokenizer.decode(tokens, skip_special_tokens=True)
-                    rec.update(text=text, new_tokens=len(tokens), seconds=seconds,
+                rec: dict = {"standalone": arm in alone, "cost_params": float(drafter.cost)}
+                if arm in alone:
+                    own = generate_alone(arm, prompt_ids, seed)
+                    text = loaded.tokenizer.decode(own.tokens, skip_special_tokens=True)
+                    rec.update(text=text, new_tokens=len(own.tokens), seconds=own.seconds,
                                alignment=alignment(str(col.alignment), text, target_text),
-                               cost_measured=(seconds / max(len(tokens), 1)) / target_spt if target_spt else None)
+                               cost_measured=(own.seconds / max(len(own.tokens), 1)) / target_spt if target_spt else None)
                 else:
                     rec.update(alignment=None, cost_measured=None)
                 if col.measure_speculative:

@@ -21,11 +21,12 @@ from tqdm.auto import tqdm
 
 from specbench.configs import conf_dir, group_options
 from specbench.decoding.cascade import Cascade
-from specbench.decoding.loop import Limits, decode
+from specbench.decoding.loop import Generation, Limits, decode
 from specbench.decoding.sampling import SamplingParams
-from specbench.drafters import AUTOREGRESSIVE, build_pool
+from specbench.drafters import AUTOREGRESSIVE, ModelDrafter, build_pool
 from specbench.errors import SpecbenchError
 from specbench.models import Target, load_model
+from specbench.models.loading import LoadedModel
 from specbench.pipelines import report
 from specbench.records import ExampleRecord, JsonlWriter, read_jsonl, round_row
 from specbench.selection import Fixed, Selector
@@ -181,6 +182,24 @@ def example_id(query, turn: int) -> str:
     return query.id if turn == 0 else f"{query.id}/turn{turn + 1}"
 
 
+def alone_target(drafter: ModelDrafter, target: Target) -> Target:
+    """The drafter's own module as a target: decoding it with the autoregressive arm is the drafter's
+    greedy generation, through the same loop and clock as every other method."""
+    return Target(LoadedModel(model=drafter.lm.model, tokenizer=target.tokenizer, name=drafter.name))
+
+
+def example_record(query, ex_id: str, method: str, gen: Generation, text: str, reference: str | None,
+                   **extra) -> ExampleRecord:
+    """The ``examples.jsonl`` record of one finished generation (quality scored against ``reference``)."""
+    return ExampleRecord(
+        query_id=ex_id, task=query.task, method=method, output_ids=gen.tokens, text=text,
+        new_tokens=len(gen.tokens), seconds=gen.seconds, target_calls=gen.target_calls, rounds=len(gen.rounds),
+        drafted=gen.drafted, accepted=gen.accepted, switches=gen.switches,
+        t_switch=sum(r.t_switch for r in gen.rounds), t_select=sum(r.t_select for r in gen.rounds),
+        stop=gen.stop, category=query.category, reference=reference,
+        quality=metrics.score(query.task, text, reference), deferred=gen.deferred, **extra)
+
+
 def start_run(cfg: DictConfig, output_dir: str | Path) -> Path:
     """Create the run directory, save the composed config there, apply ``threads``."""
     out = Path(output_dir)
@@ -238,14 +257,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                         continue
                     reference = query.reference if turn == 0 else None
                     rounds_out.write_many(round_row(ex_id, query.task, m.name, r) for r in gen.rounds)
-                    examples_out.write(ExampleRecord(
-                        query_id=ex_id, task=query.task, method=m.name, output_ids=gen.tokens, text=text,
-                        new_tokens=len(gen.tokens), seconds=gen.seconds, target_calls=gen.target_calls,
-                        rounds=len(gen.rounds), drafted=gen.drafted, accepted=gen.accepted, switches=gen.switches,
-                        t_switch=sum(r.t_switch for r in gen.rounds), t_select=sum(r.t_select for r in gen.rounds),
-                        stop=gen.stop, category=query.category,
-                        turn=turn + 1, reference=reference, quality=metrics.score(query.task, text, reference),
-                        deferred=gen.deferred))
+                    examples_out.write(example_record(query, ex_id, m.name, gen, text, reference, turn=turn + 1))
                 bar.update(1)
 
     examples = list(read_jsonl(out / "examples.jsonl"))

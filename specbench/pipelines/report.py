@@ -90,12 +90,19 @@ def convergence(rounds: Iterable[dict], arms: dict[str, str]) -> pd.DataFrame:
     return out.rename(columns={"mean": "share", "size": "n"})
 
 
-def plot_convergence(conv: pd.DataFrame, path: Path, max_round: int = 40) -> None:
-    """Line plot of ``convergence`` (one line per selector); needs matplotlib."""
+def pyplot():
+    """``matplotlib.pyplot`` on the non-interactive Agg backend (ImportError without matplotlib)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_convergence(conv: pd.DataFrame, path: Path, max_round: int = 40) -> None:
+    """Line plot of ``convergence`` (one line per selector); needs matplotlib."""
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for method, sub in conv[conv["round"] < max_round].groupby("method"):

@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from specbench.drafters import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
 from specbench.pipelines.collect import SIGNATURE_FILE, read_rows
-from specbench.pipelines.report import print_table, to_markdown, write_tables
+from specbench.pipelines.report import print_table, pyplot, write_tables
 from specbench.policy import TrainConfig, check_alpha, reward_matrix, save_checkpoint, train_policy
 from specbench.policy.train import TrainResult
 
@@ -263,13 +263,10 @@ def data_efficiency(rows, X, arms, cfg, alpha: float, sizes: list[int], out: Pat
 def _pyplot(path: Path):
     """matplotlib's pyplot (Agg backend), or None with a warning when matplotlib is missing."""
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        return pyplot()
     except ImportError:
         log.warning("matplotlib is not installed: %s skipped (pip install matplotlib)", path.name)
         return None
-    return plt
 
 
 def _plot_alpha(df: pd.DataFrame, arms: list[str], path: Path) -> None:

@@ -13,7 +13,6 @@ from specbench.decoding.cascade import ALWAYS, NEVER, RULES, Cascade
 from specbench.decoding.sampling import SamplingParams, logits_to_probs
 from specbench.drafters import AUTOREGRESSIVE, AutoregressiveArm
 from specbench.pipelines.cascades import alone_target
-from specbench.selection import Fixed
 from specbench.selection.base import Selector
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog. The quick brown", "abc abc abc abc"]
