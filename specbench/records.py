@@ -31,6 +31,7 @@ class Round:
     t_switch: float
     switched: bool
     deferred: int = 0  # drafted positions a cascade rule deferred to the target (0: no cascade rule)
+    first_use: bool = False  # the drafter did its per-query setup in this round (timed in t_switch)
 
 
 def round_row(query_id: str, task: str, method: str, rnd: Round) -> dict:

@@ -7,10 +7,9 @@ from collections.abc import Mapping
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
-from specbench.drafters.base import AutoregressiveArm, Draft, Drafter, ModelDrafter
+from specbench.decoding.drafter import AUTOREGRESSIVE, AutoregressiveArm, Draft, Drafter
+from specbench.drafters.base import ModelDrafter
 from specbench.errors import SpecbenchError
-
-AUTOREGRESSIVE = "autoregressive"
 
 
 def build_pool(target, drafters: Mapping) -> dict[str, Drafter]:

@@ -1,70 +1,12 @@
-"""The drafter interface and the one implementation shared by every model-backed drafter."""
+"""The one implementation shared by every model-backed drafter (the protocol is ``decoding/drafter.py``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from specbench.decoding.sampling import SamplingParams, logits_to_probs, pick
+from specbench.decoding.drafter import AUTOREGRESSIVE, AutoregressiveArm, Draft, Drafter, Query
+from specbench.decoding.sampling import logits_to_probs, pick
 from specbench.models.cache import CachedLM
-
-
-@dataclass
-class Draft:
-    tokens: list[int]
-    probs: torch.Tensor | None  # [len(tokens), V]: the distributions the tokens were drawn from
-    raw: torch.Tensor | None = None  # [len(tokens), V]: the drafter's untempered softmax (cascade rules)
-
-
-class Drafter:
-    """A source of draft tokens.
-
-    ``cost`` is the relative cost per drafted token (parameter count relative to the target by
-    default); ``reset`` starts a query; ``sync`` brings the drafter's own state up to the committed
-    tokens (the loop times it: when the drafter was idle in the previous round this is the
-    switching cost); ``propose`` drafts up to ``k`` tokens.
-    """
-
-    name: str = "drafter"
-    cost: float = 0.0
-    deterministic: bool = False
-    can_generate_alone: bool = True
-    exit_layer: int | None = None  # early-exit drafters: their distribution is readable off the target
-
-    # Early exits only: logits = head_logits(head_input(states after exit_layer layers)), where
-    # ``head`` is the (shared) LM head module, so exits with one head can batch their rows.
-    head: torch.nn.Module | None = None
-
-    def head_input(self, states: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError(f"{type(self).__name__} is not an early-exit drafter")
-
-    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError(f"{type(self).__name__} is not an early-exit drafter")
-
-    def logits_from_hidden(self, states: torch.Tensor) -> torch.Tensor:
-        """``[n, H]`` target states after ``exit_layer`` layers -> logits ``[n, V]``."""
-        return self.head_logits(self.head_input(states))
-
-    def reset(self, encoder_ids: list[int] | None) -> None:
-        pass
-
-    def sync(self, tokens: list[int]) -> None:
-        pass
-
-    def propose(self, tokens: list[int], k: int, sampling: SamplingParams, rng: torch.Generator,
-                eos_ids: frozenset[int] = frozenset()) -> Draft:
-        raise NotImplementedError
-
-
-class AutoregressiveArm(Drafter):
-    """No draft: the round is one ordinary target step."""
-
-    name = "autoregressive"
-    deterministic = True
-
-    def propose(self, tokens, k, sampling, rng, eos_ids=frozenset()) -> Draft:
-        return Draft(tokens=[], probs=None)
 
 
 class ModelDrafter(Drafter):
@@ -72,7 +14,11 @@ class ModelDrafter(Drafter):
 
     ``confidence_threshold``: stop the draft after a token whose drafter probability is below it
     (0 = always draft ``k``). Verification is unchanged, so decoding stays lossless.
+    ``shares_encoder``: the module's encoder is the target's own (an early exit of an
+    encoder-decoder target), so a query reuses the target's encoder output instead of encoding again.
     """
+
+    shares_encoder: bool = False
 
     def __init__(self, name: str, model: torch.nn.Module, vocab_size: int, cost: float,
                  confidence_threshold: float = 0.0):
@@ -82,16 +28,23 @@ class ModelDrafter(Drafter):
         self.lm = CachedLM(model, vocab_size=vocab_size)
         self._next_logits: torch.Tensor | None = None
 
-    def reset(self, encoder_ids):
-        self.lm.reset(encoder_ids)
+    def begin(self, query: Query) -> None:
+        self.lm.reset(query.encoder_ids, query.encoder_outputs if self.shares_encoder else None)
         self._next_logits = None
 
-    def sync(self, tokens):
+    def reset(self, encoder_ids):
+        self.begin(Query(encoder_ids=encoder_ids))
+        self._query = None
+
+    def standalone_model(self) -> torch.nn.Module:
+        return self.lm.model
+
+    def catch_up(self, tokens):
         self._next_logits = self.lm.sync(tokens)
 
     def propose(self, tokens, k, sampling, rng, eos_ids=frozenset()) -> Draft:
         if self._next_logits is None:  # the loop syncs first; a direct call may not
-            self.sync(tokens)
+            self.catch_up(tokens)
         logits = self._next_logits
         self._next_logits = None
         out: list[int] = []
@@ -113,3 +66,6 @@ class ModelDrafter(Drafter):
 
 def param_count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+__all__ = ["AUTOREGRESSIVE", "AutoregressiveArm", "Draft", "Drafter", "ModelDrafter", "param_count"]

@@ -17,6 +17,9 @@ import copy
 
 import torch
 
+from specbench.decoding.drafter import Verification
+from specbench.decoding.sampling import logits_to_probs
+from specbench.decoding.verify import block_divergence
 from specbench.drafters.base import ModelDrafter, param_count
 from specbench.errors import SpecbenchError
 from specbench.models.cache import fit_vocab
@@ -25,7 +28,14 @@ from specbench.models.target import Target
 
 class EarlyExitDrafter(ModelDrafter):
     """A ``ModelDrafter`` over the target's first ``exit_layer`` layers that can also read its
-    distribution off the target's own hidden states (``logits_from_hidden``)."""
+    distribution off the target's own hidden states (``logits_from_hidden``).
+
+    Its layers are the target's, so it shares the target's encoder (encoder-decoder targets). When
+    the selector asks for side observations it watches every verification forward (``state_layers``)
+    and, when not played, returns its Block Divergence at the drafted positions (``observe``).
+    """
+
+    shares_encoder = True
 
     def __init__(self, name: str, model: torch.nn.Module, vocab_size: int, cost: float, exit_layer: int,
                  norm: torch.nn.Module, head: torch.nn.Module, head_scale: float = 1.0,
@@ -54,6 +64,36 @@ class EarlyExitDrafter(ModelDrafter):
         if logits.shape[-1] != self._vocab_size:
             logits = fit_vocab(logits, self._vocab_size)
         return logits.float()
+
+    def logits_from_hidden(self, states: torch.Tensor) -> torch.Tensor:
+        """``[n, H]`` target states after ``exit_layer`` layers -> logits ``[n, V]``."""
+        return self.head_logits(self.head_input(states))
+
+    def state_layers(self, side_observations: bool) -> tuple[int, ...]:
+        return (self.exit_layer,) if side_observations else ()
+
+    def observe(self, v: Verification) -> float | None:
+        """This exit's Block Divergence at the ``k`` drafted positions of a round it did not play
+        (the context is the played draft, which the target scored; ``k`` is the denominator)."""
+        if v.played == self.name or not v.draft:
+            return None
+        key = ("early_exit_bd", id(self._head))
+        if key not in v.cache:
+            v.cache[key] = side_observations(v, [d for name, d in v.peers.items()
+                                                 if name != v.played and isinstance(d, EarlyExitDrafter)
+                                                 and d._head is self._head])
+        return v.cache[key].get(self.name)
+
+
+def side_observations(v: Verification, exits: list[EarlyExitDrafter]) -> dict[str, float]:
+    """Block Divergence of each exit in ``exits`` (all sharing one LM head) at the drafted positions.
+
+    The head runs once over all their rows: on CPUs reading its weight is the cost.
+    """
+    k = len(v.draft)
+    x = torch.cat([e.head_input(v.states[e.exit_layer][:k]) for e in exits])
+    q = logits_to_probs(exits[0].head_logits(x), v.sampling)
+    return {e.name: block_divergence(v.draft, q[i * k:(i + 1) * k], v.p, k) for i, e in enumerate(exits)}
 
 
 def truncated_model(model: torch.nn.Module, layers: int, layers_key: str) -> torch.nn.Module:

@@ -25,7 +25,6 @@ def lookup(haystack: list[int], k: int, max_ngram: int, min_ngram: int) -> list[
 
 class PromptLookup(Drafter):
     deterministic = True
-    can_generate_alone = False
 
     def __init__(self, name: str, max_ngram: int = 3, min_ngram: int = 1, cost: float = 0.0):
         if not 1 <= min_ngram <= max_ngram:

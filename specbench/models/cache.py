@@ -63,14 +63,19 @@ class CachedLM:
         self._keep_kw = keep_argument(model)
 
     @torch.inference_mode()
-    def reset(self, encoder_ids: list[int] | None = None) -> None:
+    def reset(self, encoder_ids: list[int] | None = None, encoder_outputs=None) -> None:
+        """Start a query: an empty cache; for encoder-decoder models, encode ``encoder_ids`` unless
+        ``encoder_outputs`` (the same encoder's output, computed elsewhere) is given."""
         # An explicit cache object: transformers 4.x would otherwise return legacy tuples.
         self.cache = EncoderDecoderCache(DynamicCache(), DynamicCache()) if self.is_encoder_decoder else DynamicCache()
         self.cached = []
         self.encoder_outputs = None
         if self.is_encoder_decoder:
-            ids = torch.tensor([encoder_ids], device=self.device)
-            self.encoder_outputs = self.model.get_encoder()(input_ids=ids)
+            if encoder_outputs is not None:
+                self.encoder_outputs = encoder_outputs
+            else:
+                ids = torch.tensor([encoder_ids], device=self.device)
+                self.encoder_outputs = self.model.get_encoder()(input_ids=ids)
 
     @torch.inference_mode()
     def forward(self, ids: list[int], last_only: bool = False, hidden: bool = False):

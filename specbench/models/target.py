@@ -52,7 +52,7 @@ class Target:
             return list(prompt_ids), [int(start)]
         return None, list(prompt_ids)
 
-    def prefill(self, prompt_ids: list[int], embedding: str | None = None) -> torch.Tensor | None:
+    def prefill(self, prompt_ids: list[int], embedding: str | None = None, layers: tuple[int, ...] = ()):
         """Start a query: encode (encoder-decoder) and cache every prompt token but the last.
 
         With ``embedding`` (a pooling), also return the query's embedding, equal to
@@ -60,6 +60,7 @@ class Target:
         the final hidden states of a forward over every prompt token (the last one is then cropped
         from the cache, since ``score`` feeds it again), so a context-aware selector costs one
         extra token position rather than a second pass over the prompt.
+        With ``layers``: ``(embedding, {layer: [len(tokens) - 1, H] states at the cached positions})``.
         """
         check_pooling(embedding)
         encoder_ids, tokens = self.decoder_start(prompt_ids)
@@ -69,24 +70,45 @@ class Target:
         self.encoder_ids = encoder_ids
         self.tokens = tokens
         self.calls = 0
+        states = None
         if embedding is not None and not self.is_encoder_decoder:
-            _, hidden = self.lm.forward(tokens, last_only=True, hidden=True)
+            _, states = self.lm.forward(tokens, last_only=True, hidden=True)
             self.lm.crop(len(tokens) - 1)
-            return pool_states(hidden[-1], embedding)  # the final (normed) states, as last_hidden_state
-        if len(tokens) > 1:
-            self.lm.forward(tokens[:-1], last_only=True)
-        if embedding is None:
-            return None
-        return pool_states(self.lm.encoder_outputs.last_hidden_state[0], embedding)
+            pooled = pool_states(states[-1], embedding)  # the final (normed) states, as last_hidden_state
+        else:
+            if len(tokens) > 1:
+                fed = self.lm.forward(tokens[:-1], last_only=True, hidden=bool(layers))
+                states = fed[1] if layers else None
+            pooled = (None if embedding is None
+                      else pool_states(self.lm.encoder_outputs.last_hidden_state[0], embedding))
+        if not layers:
+            return pooled
+        n = len(tokens) - 1
+        return pooled, {int(layer): (states[layer][:n] if states is not None else self._no_states(layer))
+                        for layer in layers}
 
-    def score(self, draft: list[int], hidden: bool = False):
+    def _no_states(self, layer: int) -> torch.Tensor:
+        width = getattr(self.config, "d_model", None) or self.config.hidden_size
+        return torch.zeros(0, width, device=self.device)
+
+    @property
+    def encoder_outputs(self):
+        """The encoder's output for the current query (encoder-decoder targets; None otherwise)."""
+        return self.lm.encoder_outputs
+
+    def score(self, draft: list[int], hidden: bool = False, layers: tuple[int, ...] = ()):
         """One forward over [last committed token, *draft]; logits ``[len(draft) + 1, V]``.
 
         With ``hidden``: ``(logits, states)``, ``states[l]`` the residual stream after ``l`` layers
-        at the same positions (what early-exit drafters read for full-information feedback).
+        at the same positions. With ``layers``: ``(logits, {l: states[l] for l in layers})``. Without
+        either the forward does not return hidden states at all.
         """
         self.calls += 1
-        return self.lm.forward(self.tokens[-1:] + list(draft), hidden=hidden)
+        ids = self.tokens[-1:] + list(draft)
+        if layers:
+            logits, states = self.lm.forward(ids, hidden=True)
+            return logits, {int(layer): states[layer] for layer in layers}
+        return self.lm.forward(ids, hidden=hidden)
 
     @torch.inference_mode()
     def embed(self, prompt_ids: list[int], pooling: str = "mean") -> torch.Tensor:

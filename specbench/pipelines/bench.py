@@ -36,16 +36,16 @@ import torch
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-from specbench.decoding.loop import Limits, decode
+from specbench.decoding.drafter import AUTOREGRESSIVE
+from specbench.decoding.loop import Limits
 from specbench.decoding.sampling import SamplingParams
-from specbench.drafters import AUTOREGRESSIVE, ModelDrafter
+from specbench.drafters import ModelDrafter
 from specbench.drafters.prompt_lookup import PromptLookup
 from specbench.errors import SpecbenchError
-from specbench.pipelines import report
-from specbench.pipelines.evaluate import eos_ids_of, parse_methods, prepare, start_run
+from specbench.pipelines import report, speed
+from specbench.pipelines.methods import parse_methods
+from specbench.pipelines.session import Session, rotation
 from specbench.records import JsonlWriter, read_jsonl
-from specbench.selection import Fixed
-from specbench.timing import Clock
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +64,13 @@ NOTES = ("ours_s / hf_s: total seconds of our decode loop / of Hugging Face gene
 
 @dataclass
 class Variant:
-    """One way of generating: ``run(prompt_ids, max_new_tokens, query) -> (new ids, target calls | None)``."""
+    """One way of generating. ``setup(prompt_ids, max_new_tokens, query)`` builds everything a call
+    needs (selector, limits, generator, input tensor) and returns ``go() -> (new ids, target calls |
+    None)``: only ``go`` is timed."""
 
     method: str  # "autoregressive" or a drafter name: the table row
     impl: str  # OURS or HF
-    run: Callable[[list[int], int, object], tuple[list[int], int | None]]
+    setup: Callable[[list[int], int, object], Callable[[], tuple[list[int], int | None]]]
 
 
 def cut_at_eos(ids: list[int], eos_ids: frozenset[int]) -> list[int]:
@@ -114,28 +116,28 @@ def hf_assistance(drafter, draft_length: int) -> tuple[dict, dict] | None:
 
 
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
-    out = start_run(cfg, output_dir)
     dec = cfg.decoding
     if float(dec.temperature) != 0:
         raise SpecbenchError(f"bench compares greedy outputs token for token; got decoding.temperature={dec.temperature}",
                              "use decoding=greedy (the default)")
+    s = Session.open(cfg, output_dir)
+    out, target, clock, eos_ids = s.out, s.target, s.clock, s.eos_ids
     k, max_new, warm_n = int(dec.draft_length), int(dec.max_new_tokens), int(cfg.warmup.max_new_tokens)
-    _, _, queries, loaded, target, pool, prompter = prepare(cfg)
     names = [AUTOREGRESSIVE, *(m.name.split(":", 1)[1] for m in parse_methods(
-        ["fixed:*"] if cfg.get("drafters") is None else [f"fixed:{d}" for d in cfg.drafters], pool, None)[1:])]
-    eos_ids = eos_ids_of(loaded, dec.get("extra_eos_ids"))
-    pad_id = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else min(eos_ids)
-    prompts = [prompter(q) for q in queries]
-    clock = Clock(target.device)
+        ["fixed:*"] if cfg.get("drafters") is None else [f"fixed:{d}" for d in cfg.drafters], s.pool, None)[1:])]
+    pad_id = s.loaded.tokenizer.pad_token_id if s.loaded.tokenizer.pad_token_id is not None else min(eos_ids)
+    prompts = [s.prompter(q) for q in s.queries]
     base_config = hf_generation_config(target.model, eos_ids, pad_id)
 
     def ours(arm: str) -> Variant:
-        def go(prompt, n, query):
-            gen = decode(target, pool, Fixed(list(pool), arm), prompt, sampling=GREEDY,
-                         limits=Limits(max_new_tokens=n, draft_length=k), eos_ids=eos_ids,
-                         rng=torch.Generator(device=target.device).manual_seed(int(cfg.seed)), clock=clock, query=query)
-            return gen.tokens, gen.target_calls
-        return Variant(arm, OURS, go)
+        def setup(prompt, n, query):
+            selector, limits, rng = s.fixed(arm), Limits(max_new_tokens=n, draft_length=k), s.rng(seed=int(cfg.seed))
+
+            def go():
+                gen = s.decode(selector, prompt, rng, limits=limits, query=query, sampling=GREEDY)
+                return gen.tokens, gen.target_calls
+            return go
+        return Variant(arm, OURS, setup)
 
     def hf(method: str, fields: dict, kwargs: dict) -> Variant:
         config = base_config if method == AUTOREGRESSIVE else pinned_assistant_settings(base_config, k)
@@ -145,23 +147,27 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         for n in {max_new, warm_n}:
             configs[n] = copy.deepcopy(config)
             configs[n].max_new_tokens = n
+        start = 1 if target.is_encoder_decoder else None  # decoder start token / prompt
 
-        def go(prompt, n, query):
+        def setup(prompt, n, query):
             ids = torch.tensor([prompt], device=target.device)
-            seq = target.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                        generation_config=configs[n], **kwargs)
-            start = 1 if target.is_encoder_decoder else len(prompt)  # decoder start token / prompt
-            # at most n, as ours (transformers 4.46 prompt lookup on encoder-decoder models emits n + 1)
-            return seq[0, start:start + n].tolist(), None
-        return Variant(method, HF, go)
+            mask = torch.ones_like(ids)
+            first = start if start is not None else len(prompt)
+
+            def go():
+                seq = target.model.generate(input_ids=ids, attention_mask=mask, generation_config=configs[n], **kwargs)
+                # at most n, as ours (transformers 4.46 prompt lookup on encoder-decoder models emits n + 1)
+                return seq[0, first:first + n].tolist(), None
+            return go
+        return Variant(method, HF, setup)
 
     variants = [ours(AUTOREGRESSIVE), hf(AUTOREGRESSIVE, {}, {})]
     for name in names[1:]:
         variants.append(ours(name))
-        assist = hf_assistance(pool[name], k)
+        assist = hf_assistance(s.pool[name], k)
         if assist is None:
             log.warning("drafter '%s' (%s) has no Hugging Face assisted-generation counterpart: hf columns are NaN",
-                        name, type(pool[name]).__name__)
+                        name, type(s.pool[name]).__name__)
         else:
             variants.append(hf(name, *assist))
 
@@ -169,10 +175,11 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
 
     def attempt(v: Variant, prompt, n, query):
         """Run ``v`` timed; an HF failure marks the drafter unsupported (NaN hf columns) instead of crashing."""
+        go = v.setup(prompt, n, query)
         try:
-            t0 = clock.now()
-            ids, calls = v.run(prompt, n, query)
-            return cut_at_eos(ids, eos_ids), calls, clock.now() - t0
+            t0 = clock.boundary()
+            ids, calls = go()
+            return cut_at_eos(ids, eos_ids), calls, clock.boundary() - t0
         except Exception as exc:  # noqa: BLE001 - any HF failure means "HF cannot run this drafter"
             if v.impl == OURS:
                 raise
@@ -183,15 +190,15 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
 
     path = out / "bench.jsonl"
     done = {(r["query_id"], r["method"], r["impl"]) for r in read_jsonl(path)}
-    todo = [(q, v) for q in queries for v in variants if (q.id, v.method, v.impl) not in done]
+    todo = [(q, v) for q in s.queries for v in variants if (q.id, v.method, v.impl) not in done]
     if todo and warm_n > 0:
         for v in variants:
-            attempt(v, prompts[0], warm_n, queries[0])
+            attempt(v, prompts[0], warm_n, s.queries[0])
 
     with JsonlWriter(path) as writer, tqdm(total=len(todo), desc="bench", unit="gen") as bar:
-        for qi, query in enumerate(queries):
-            for j in range(len(variants)):
-                v = variants[(qi + j) % len(variants)]
+        for qi, query in enumerate(s.queries):
+            for vi in rotation(len(variants), qi):
+                v = variants[vi]
                 if (query.id, v.method, v.impl) in done:
                     continue
                 if not (v.impl == HF and v.method in unsupported):
@@ -225,10 +232,7 @@ def summarize(records: Iterable[dict], order: list[str] | None = None) -> pd.Dat
     def speedup(base, method) -> tuple[float, float]:
         """(total base s / total method s, mean of per-example ratios) over the examples both ran."""
         p = pairs(base, method)
-        if not p:
-            return nan, nan
-        return (sum(b["seconds"] for b, _ in p) / sum(m["seconds"] for _, m in p),
-                sum(b["seconds"] / m["seconds"] for b, m in p) / len(p))
+        return speed.speedup([b["seconds"] for b, _ in p], [m["seconds"] for _, m in p])
 
     def total(method, impl, key) -> float:
         vals = [g[key] for (m, i, _), g in gens.items() if m == method and i == impl]
@@ -247,7 +251,7 @@ def summarize(records: Iterable[dict], order: list[str] | None = None) -> pd.Dat
             "method": m, "n_examples": n, "ours_tokens": total(m, OURS, "new_tokens"),
             "hf_tokens": total(m, HF, "new_tokens"), "ours_s": total(m, OURS, "seconds"), "hf_s": total(m, HF, "seconds"),
             "ours_speedup": ours_speedup, "hf_speedup": hf_speedup, "ours_vs_hf": speedup((m, HF), (m, OURS))[0],
-            "ours_mat": total(m, OURS, "new_tokens") / calls if calls and not math.isnan(calls) else nan,
+            "ours_mat": speed.mat(total(m, OURS, "new_tokens"), calls) if not math.isnan(calls) else nan,
             "match_rate": sum(a["output_ids"] == b["output_ids"] for a, b in same) / len(same) if same else nan,
             "ours_speedup_mean": ours_mean, "hf_speedup_mean": hf_mean,
         })

@@ -1,11 +1,11 @@
 """``specbench cascades``: quality against speed for speculative-cascade rules as the lenience varies.
 
-The target, its pool and the dataset are loaded once (``evaluate.prepare``). Per query, in one
-process with one clock: the autoregressive baseline first (every other method's agreement is
-measured against its output), then, in an order rotated by the query index, the chosen drafter
-alone (its own greedy generation: the decode loop with the drafter's module as the target and the
-autoregressive arm), lossless speculative decoding with that drafter (``sd``: rule ``none``,
-alpha = 0) and every ``<rule>@<alpha>`` of the grid with the same drafter. Records are appended as
+The target, its pool and the dataset are loaded once (``Session``). Per query, in one process with
+one clock and in an order rotated by the query index (as in ``eval``): the autoregressive baseline,
+the chosen drafter alone (its own greedy generation: the decode loop with the drafter's module as
+the target and the autoregressive arm), lossless speculative decoding with that drafter (``sd``:
+rule ``none``, alpha = 0) and every ``<rule>@<alpha>`` of the grid with the same drafter. Agreement
+with the autoregressive output is computed from the records, after the fact. Records are appended as
 each generation finishes (``examples.jsonl``, ``rounds.jsonl``); rerunning into the same directory
 skips finished (query, method) pairs. ``curves.csv`` / ``curves.md`` and one ``curves_<task>.png``
 per task are pure functions of those records (:func:`curves`, :func:`best_at_loss`, :func:`plot`).
@@ -19,19 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-import torch
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from specbench.decoding.cascade import RULES, Cascade
-from specbench.decoding.loop import Generation, Limits, decode
-from specbench.drafters import AUTOREGRESSIVE, AutoregressiveArm, ModelDrafter
+from specbench.decoding.drafter import AUTOREGRESSIVE
+from specbench.decoding.loop import Generation, Limits
 from specbench.errors import SpecbenchError
-from specbench.pipelines import report
-from specbench.pipelines.evaluate import _seed_for, alone_target, eos_ids_of, example_record, prepare, start_run
-from specbench.records import JsonlWriter, read_jsonl, round_row
-from specbench.selection import Fixed
-from specbench.timing import Clock
+from specbench.pipelines import report, speed
+from specbench.pipelines.session import Records, Session, rotation
 
 log = logging.getLogger(__name__)
 
@@ -82,15 +78,9 @@ def agreement(output: list[int], reference: list[int]) -> dict:
     return {"exact": list(output) == list(reference), "tokens": same / n if n else 1.0}
 
 
-def rejections(rounds: Iterable[dict]) -> int:
-    """Rounds whose draft the verifier cut short: fewer accepted than drafted and one target token emitted
-    after the accepted prefix (a draft cut by an EOS inside its accepted prefix is not a rejection)."""
-    return sum(1 for r in rounds if r["accepted"] < r["drafted"] and r["emitted"] == r["accepted"] + 1)
-
-
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
-    out = start_run(cfg, output_dir)
-    sampling, limits, queries, loaded, target, pool, prompter = prepare(cfg)
+    s = Session.open(cfg, output_dir)
+    queries = s.queries
     tasks = cfg.get("tasks")
     if tasks:
         queries = [q for q in queries if q.task in set(tasks)]
@@ -98,64 +88,43 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
             raise SpecbenchError(f"no queries of tasks {list(tasks)} in the dataset",
                                  "check `tasks` against the dataset's sources (translation, summarization, math, chat)")
     name = str(cfg.drafter_arm)
-    if name not in pool or name == AUTOREGRESSIVE:
+    if name not in s.pool or name == AUTOREGRESSIVE:
         raise SpecbenchError(f"drafter '{name}' is not in the pool",
-                             f"set drafter_arm to one of: {', '.join(a for a in pool if a != AUTOREGRESSIVE)}")
-    drafter = pool[name]
+                             f"set drafter_arm to one of: {', '.join(a for a in s.pool if a != AUTOREGRESSIVE)}")
+    drafter = s.pool[name]
     runs = variants(cfg.rules, cfg.alphas)
-    if not isinstance(drafter, ModelDrafter):
+    if not drafter.can_generate_alone:
         log.warning("drafter %s has no model of its own: the drafter-alone row is skipped", name)
         runs = [v for v in runs if v.name != ALONE]
-    eos_ids = eos_ids_of(loaded, cfg.decoding.get("extra_eos_ids"))
-    clock = Clock(target.device)
-    arms = {AUTOREGRESSIVE: AutoregressiveArm()}
-    spec_pool = {AUTOREGRESSIVE: pool[AUTOREGRESSIVE], name: drafter}
-    alone = alone_target(drafter, target) if isinstance(drafter, ModelDrafter) else None
+    spec_pool = {AUTOREGRESSIVE: s.pool[AUTOREGRESSIVE], name: drafter}
+    alone = s.alone(name) if drafter.can_generate_alone else None
 
-    def generate(v: Variant, prompt: list[int], lim: Limits, rng: torch.Generator, query) -> Generation:
+    def generate(v: Variant, prompt: list[int], lim: Limits, rng, query=None) -> Generation:
         if v.name == ALONE:
-            return decode(alone, arms, Fixed([AUTOREGRESSIVE], AUTOREGRESSIVE), prompt, sampling=sampling,
-                          limits=lim, eos_ids=eos_ids, rng=rng, clock=clock, query=query)
+            return alone(prompt, rng, lim)
         arm = AUTOREGRESSIVE if v.name == AUTOREGRESSIVE else name
-        return decode(target, spec_pool, Fixed(list(spec_pool), arm), prompt, sampling=sampling, limits=lim,
-                      eos_ids=eos_ids, rng=rng, clock=clock, query=query, cascade=v.cascade)
+        return s.decode(s.fixed(arm, spec_pool), prompt, rng, limits=lim, query=query, pool=spec_pool,
+                        cascade=v.cascade)
 
-    previous = list(read_jsonl(out / "examples.jsonl"))
-    done = {(r["query_id"], r["method"]) for r in previous}
-    ar_ids = {r["query_id"]: r["output_ids"] for r in previous if r["method"] == AUTOREGRESSIVE}
-    if done:
-        log.info("resuming: %d finished generations found in %s", len(done), out)
-    todo = [(q, v) for q in queries for v in runs if (q.id, v.name) not in done]
+    records = Records(s.out)
+    todo = {(q.id, v.name) for q in queries for v in runs} - records.done
+    if todo:
+        s.warm_up(lambda prompt, lim, rng, v=v: generate(v, prompt, lim, rng) for v in runs)
 
-    if todo and cfg.warmup.max_new_tokens > 0:
-        warm = Limits(max_new_tokens=int(cfg.warmup.max_new_tokens), draft_length=limits.draft_length)
-        for v in runs:
-            generate(v, prompter(queries[0]), warm, torch.Generator(device=target.device).manual_seed(0), queries[0])
-
-    todo_set = {(q.id, v.name) for q, v in todo}
-    with JsonlWriter(out / "rounds.jsonl") as rounds_out, JsonlWriter(out / "examples.jsonl") as examples_out, \
-            tqdm(total=len(todo), desc="cascades", unit="query x method") as bar:
+    with records, tqdm(total=len(todo), desc="cascades", unit="query x method") as bar:
         for qi, query in enumerate(queries):
-            prompt = prompter(query)
-            rest = runs[1:]
-            order = [runs[0]] + [rest[(qi + j) % len(rest)] for j in range(len(rest))]
-            for v in order:
-                if (query.id, v.name) not in todo_set:
+            prompt = s.prompter(query)
+            for mi in rotation(len(runs), qi):
+                v = runs[mi]
+                if (query.id, v.name) not in todo:
                     continue
-                mi = [r.name for r in runs].index(v.name)
-                rng = torch.Generator(device=target.device).manual_seed(_seed_for(int(cfg.seed), qi, mi))
-                gen = generate(v, prompt, limits, rng, query)
-                text = loaded.tokenizer.decode(gen.tokens, skip_special_tokens=True)
-                if v.name == AUTOREGRESSIVE:
-                    ar_ids[query.id] = gen.tokens
-                agree = agreement(gen.tokens, ar_ids[query.id]) if query.id in ar_ids else {}
-                rounds_out.write_many(round_row(query.id, query.task, v.name, r) for r in gen.rounds)
-                examples_out.write(example_record(query, query.id, v.name, gen, text, query.reference, agreement=agree))
+                gen = generate(v, prompt, s.limits, s.rng(qi, mi), query)
+                records.write(query, query.id, v.name, gen, s.text(gen.tokens), query.reference)
                 bar.update(1)
 
-    examples = list(read_jsonl(out / "examples.jsonl"))
-    table = curves(examples, read_jsonl(out / "rounds.jsonl"))
+    table = curves(records.examples(), records.rounds())
     best = best_at_loss(table)
+    out = s.out
     title = f"specbench cascades: {cfg.target.model}, drafter {name}"
     report.write_tables(table, out, stem="curves", title=title, notes=NOTES + "\n\n" + closing_note(best))
     best.to_csv(out / "best.csv", index=False)
@@ -186,7 +155,8 @@ def parse_method(method: str) -> tuple[str, float]:
 
 
 def curves(examples: Iterable[dict], rounds: Iterable[dict]) -> pd.DataFrame:
-    """One row per (task, method): quality, speedup over autoregressive, rejection rate, MAT, agreement."""
+    """One row per (task, method): quality, speedup over autoregressive, rejection rate, MAT, agreement
+    with the autoregressive output of the same query."""
     df = pd.DataFrame(list(examples))
     if df.empty:
         return pd.DataFrame(columns=COLUMNS)
@@ -194,7 +164,7 @@ def curves(examples: Iterable[dict], rounds: Iterable[dict]) -> pd.DataFrame:
     if rj.empty:
         rej = {}
     else:
-        rej = {key: rejections(g.to_dict("records")) for key, g in rj.groupby(["query_id", "method"])}
+        rej = {key: speed.rejections(g.to_dict("records")) for key, g in rj.groupby(["query_id", "method"])}
     df["rejected"] = [rej.get((q, m), 0) for q, m in zip(df.query_id, df.method)]
     if "deferred" not in df:
         df["deferred"] = 0
@@ -206,19 +176,17 @@ def curves(examples: Iterable[dict], rounds: Iterable[dict]) -> pd.DataFrame:
             rule, alpha = parse_method(method)
             paired = m[m.query_id.isin(base.index)]
             b = base.loc[paired.query_id]
-            judged = int(m.accepted.sum() + m.rejected.sum())
-            drafted = int(m.drafted.sum())
-            agree = [a for a in m.get("agreement", pd.Series(dtype=object)) if isinstance(a, dict) and a]
+            total, mean = speed.speedup(list(b.seconds), list(paired.seconds))
+            agree = [agreement(o, r) for o, r in zip(paired.output_ids, b.output_ids)]
             rows.append({
                 "task": task, "method": method, "rule": rule, "alpha": alpha, "n_examples": len(m),
-                "metric": key or "", "quality": report._quality(m, key) if key else float("nan"),
-                "speedup": float(b.seconds.sum()) / float(paired.seconds.sum()) if len(paired) else float("nan"),
-                "speedup_mean": float((b.seconds.values / paired.seconds.values).mean()) if len(paired) else float("nan"),
-                "rejection_rate": int(m.rejected.sum()) / judged if judged else float("nan"),
-                "mat": int(m.new_tokens.sum()) / int(m.target_calls.sum()) if int(m.target_calls.sum()) and method != ALONE
+                "metric": key or "", "quality": report.quality(m, key) if key else float("nan"),
+                "speedup": total, "speedup_mean": mean,
+                "rejection_rate": speed.rejection_rate(int(m.rejected.sum()), int(m.accepted.sum())),
+                "mat": speed.mat(int(m.new_tokens.sum()), int(m.target_calls.sum())) if method != ALONE
                 else float("nan"),
-                "acceptance_rate": int(m.accepted.sum()) / drafted if drafted else float("nan"),
-                "deferral_rate": int(m.deferred.sum()) / drafted if drafted else float("nan"),
+                "acceptance_rate": speed.acceptance_rate(int(m.accepted.sum()), int(m.drafted.sum())),
+                "deferral_rate": speed.ratio(int(m.deferred.sum()), int(m.drafted.sum())),
                 "agreement_exact": sum(bool(a["exact"]) for a in agree) / len(agree) if agree else float("nan"),
                 "agreement_tokens": sum(a["tokens"] for a in agree) / len(agree) if agree else float("nan"),
                 "new_tokens": int(m.new_tokens.sum()), "seconds": float(m.seconds.sum()),
@@ -292,5 +260,4 @@ def plot(table: pd.DataFrame, path: Path, title: str = "") -> None:
     plt.close(fig)
 
 
-__all__ = ["ALONE", "SD", "agreement", "alone_target", "best_at_loss", "closing_note", "curves", "plot",
-           "rejections", "run", "variants"]
+__all__ = ["ALONE", "SD", "agreement", "best_at_loss", "closing_note", "curves", "plot", "run", "variants"]

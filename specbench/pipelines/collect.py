@@ -24,19 +24,16 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from specbench.decoding.loop import Generation, Limits, decode
-from specbench.decoding.sampling import SamplingParams
-from specbench.drafters import AUTOREGRESSIVE, ModelDrafter
+from specbench.decoding.drafter import AUTOREGRESSIVE
+from specbench.decoding.loop import Generation, Limits
 from specbench.errors import SpecbenchError
-from specbench.pipelines.evaluate import alone_target, eos_ids_of, prepare, start_run
+from specbench.pipelines import speed
+from specbench.pipelines.session import Session, rotation
 from specbench.records import JsonlWriter, read_jsonl
-from specbench.selection import Fixed
 from specbench.tasks import metrics
-from specbench.timing import Clock
 
 log = logging.getLogger(__name__)
 
@@ -100,14 +97,13 @@ def check_directory(out: Path, cfg: DictConfig) -> None:
     OmegaConf.save(OmegaConf.create(mine), sig_path)
 
 
-def spec_summary(gen: Generation, ar: Generation, ar_tokens: list[int]) -> dict:
+def spec_summary(gen: Generation, ar: Generation) -> dict:
     return {"seconds": gen.seconds, "target_calls": gen.target_calls, "new_tokens": len(gen.tokens),
-            "mat": len(gen.tokens) / max(gen.target_calls, 1), "speedup": ar.seconds / gen.seconds if gen.seconds else None,
-            "exact_match": gen.tokens == ar_tokens}
+            "mat": speed.mat(len(gen.tokens), max(gen.target_calls, 1)),
+            "speedup": ar.seconds / gen.seconds if gen.seconds else None, "exact_match": gen.tokens == ar.tokens}
 
 
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
-    out = start_run(cfg, output_dir)
     col = cfg.collect
     shard, num_shards = int(col.shard), int(col.num_shards)
     if num_shards < 1 or not 0 <= shard < num_shards:
@@ -116,70 +112,63 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     if col.alignment not in ALIGNMENTS:
         raise SpecbenchError(f"unknown alignment metric '{col.alignment}'",
                              f"set collect.alignment to one of: {', '.join(ALIGNMENTS)}")
-    check_directory(out, cfg)
-    sampling, limits, queries, loaded, target, pool, prompter = prepare(cfg)
-    limits = Limits(max_new_tokens=int(col.max_new_tokens or limits.max_new_tokens), draft_length=limits.draft_length)
-    eos_ids = eos_ids_of(loaded, cfg.decoding.get("extra_eos_ids"))
+    s = Session.open(cfg, output_dir, before_load=lambda out: check_directory(out, cfg))
+    limits = Limits(max_new_tokens=int(col.max_new_tokens or s.limits.max_new_tokens), draft_length=s.limits.draft_length)
     pooling = str(cfg.embedding.pooling)
-    clock = Clock(target.device)
-    arms = list(pool)
-    mine = [(i, q) for i, q in enumerate(queries) if i % num_shards == shard]
-    path = out / rows_file(shard, num_shards)
+    arms = list(s.pool)
+    drafters = [a for a in arms if a != AUTOREGRESSIVE]
+    mine = [(i, q) for i, q in enumerate(s.queries) if i % num_shards == shard]
+    path = s.out / rows_file(shard, num_shards)
     done = {r["query_id"] for r in read_jsonl(path)}
     todo = [(i, q) for i, q in mine if q.id not in done]
     if done:
         log.info("resuming: %d of %d queries already collected in %s", len(mine) - len(todo), len(mine), path)
 
-    def timed_decode(arm: str, prompt_ids: list[int], seed: int) -> Generation:
-        return decode(target, pool, Fixed(arms, arm), prompt_ids, sampling=sampling, limits=limits, eos_ids=eos_ids,
-                      rng=torch.Generator(device=target.device).manual_seed(seed), clock=clock)
-
     # A drafter's own greedy output: its module as the target of the one decode loop, autoregressive arm.
-    ar_only = {AUTOREGRESSIVE: pool[AUTOREGRESSIVE]}
-    alone = {a: alone_target(d, target) for a, d in pool.items()
-             if a != AUTOREGRESSIVE and d.can_generate_alone and isinstance(d, ModelDrafter)}
+    alone = {a: s.alone(a) for a in drafters if s.pool[a].can_generate_alone}
 
-    def generate_alone(arm: str, prompt_ids: list[int], seed: int) -> Generation:
-        return decode(alone[arm], ar_only, Fixed([AUTOREGRESSIVE], AUTOREGRESSIVE), prompt_ids,
-                      sampling=SamplingParams(), limits=limits, eos_ids=eos_ids,
-                      rng=torch.Generator(device=target.device).manual_seed(seed), clock=clock)
+    def speculative(arm: str, prompt_ids: list[int], seed: int, lim: Limits = limits) -> Generation:
+        return s.decode(s.fixed(arm), prompt_ids, s.rng(seed=seed), limits=lim)
 
-    if todo and cfg.warmup.max_new_tokens > 0:
-        warm = prompter(queries[0])
-        for arm in arms:
-            decode(target, pool, Fixed(arms, arm), warm, sampling=sampling,
-                   limits=Limits(max_new_tokens=int(cfg.warmup.max_new_tokens), draft_length=limits.draft_length),
-                   eos_ids=eos_ids, rng=torch.Generator(device=target.device).manual_seed(0), clock=clock)
+    if todo:
+        s.warm_up(lambda prompt, lim, rng, a=a: speculative(a, prompt, 0, lim) for a in arms)
 
     with JsonlWriter(path) as writer:
         for index, query in tqdm(todo, desc=f"collect shard {shard}/{num_shards}", unit="query"):
-            prompt_ids = prompter(query)
+            prompt_ids = s.prompter(query)
             seed = int(cfg.seed) * 1_000_003 + index
-            embedding = target.embed(prompt_ids, pooling)
-            ar = timed_decode(AUTOREGRESSIVE, prompt_ids, seed)
-            target_text = loaded.tokenizer.decode(ar.tokens, skip_special_tokens=True)
-            target_spt = ar.seconds / max(len(ar.tokens), 1)
-            row_arms: dict[str, dict] = {}
-            drafters = [a for a in arms if a != AUTOREGRESSIVE]
-            order = drafters[index % len(drafters):] + drafters[: index % len(drafters)] if drafters else []
-            for arm in order:  # rotated per query, like eval
-                drafter = pool[arm]
-                rec: dict = {"standalone": arm in alone, "cost_params": float(drafter.cost)}
+            embedding = s.target.embed(prompt_ids, pooling)
+            own: dict[str, Generation] = {}
+            spec: dict[str, Generation] = {}
+            for ai in rotation(len(arms), index):  # every timed generation of the query, rotated like eval
+                arm = arms[ai]
+                if arm == AUTOREGRESSIVE:
+                    spec[arm] = speculative(arm, prompt_ids, seed)
+                    continue
                 if arm in alone:
-                    own = generate_alone(arm, prompt_ids, seed)
-                    text = loaded.tokenizer.decode(own.tokens, skip_special_tokens=True)
-                    rec.update(text=text, new_tokens=len(own.tokens), seconds=own.seconds,
+                    own[arm] = alone[arm](prompt_ids, s.rng(seed=seed), limits)
+                if col.measure_speculative:
+                    spec[arm] = speculative(arm, prompt_ids, seed)
+            ar = spec[AUTOREGRESSIVE]
+            target_text = s.text(ar.tokens)
+            target_spt = ar.seconds / max(len(ar.tokens), 1)
+            row_arms: dict[str, dict] = {AUTOREGRESSIVE: {
+                "standalone": True, "alignment": 1.0, "cost_params": 1.0, "cost_measured": 1.0,
+                "seconds": ar.seconds, "new_tokens": len(ar.tokens),
+                **({"spec": spec_summary(ar, ar)} if col.measure_speculative else {})}}
+            for arm in drafters:
+                rec: dict = {"standalone": arm in alone, "cost_params": float(s.pool[arm].cost)}
+                if arm in own:
+                    text = s.text(own[arm].tokens)
+                    rec.update(text=text, new_tokens=len(own[arm].tokens), seconds=own[arm].seconds,
                                alignment=alignment(str(col.alignment), text, target_text),
-                               cost_measured=(own.seconds / max(len(own.tokens), 1)) / target_spt if target_spt else None)
+                               cost_measured=(own[arm].seconds / max(len(own[arm].tokens), 1)) / target_spt
+                               if target_spt else None)
                 else:
                     rec.update(alignment=None, cost_measured=None)
                 if col.measure_speculative:
-                    rec["spec"] = spec_summary(timed_decode(arm, prompt_ids, seed), ar, ar.tokens)
+                    rec["spec"] = spec_summary(spec[arm], ar)
                 row_arms[arm] = rec
-            row_arms = {AUTOREGRESSIVE: {"standalone": True, "alignment": 1.0, "cost_params": 1.0, "cost_measured": 1.0,
-                                         "seconds": ar.seconds, "new_tokens": len(ar.tokens),
-                                         **({"spec": spec_summary(ar, ar, ar.tokens)} if col.measure_speculative else {})},
-                        **{a: row_arms[a] for a in drafters}}
             writer.write({"query_id": query.id, "task": query.task, "index": index, "shard": shard,
                           "prompt_tokens": len(prompt_ids), "reference": query.reference,
                           "target": {"text": target_text, "tokens": ar.tokens, "seconds": ar.seconds},
@@ -188,7 +177,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     rows = read_rows([path])
     log.info("%d rows in %s", len(rows), path)
     print_collect_summary(rows, arms)
-    return out
+    return s.out
 
 
 def print_collect_summary(rows: list[dict], arms: list[str]) -> None:

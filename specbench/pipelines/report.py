@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from specbench.decoding.drafter import AUTOREGRESSIVE
+from specbench.pipelines import speed
 from specbench.tasks import metrics
 
 log = logging.getLogger(__name__)
 
-BASELINE = "autoregressive"
+BASELINE = AUTOREGRESSIVE
 ORACLE = "oracle"
 ALL_TASKS = "all"
 COLUMNS = ["task", "method", "n_examples", "new_tokens", "seconds", "tokens_per_s", "tokens_per_s_mean",
@@ -65,7 +67,7 @@ def summarize(examples: Iterable[dict], baseline: str = BASELINE) -> pd.DataFram
             row = _row(m, base)
             row.update(task=task_key, method=method)
             for key in quality_cols:
-                row[key] = _quality(m, key)
+                row[key] = quality(m, key)
             rows.append(row)
     out = pd.DataFrame(rows)
     order = {m: i for i, m in enumerate(dict.fromkeys([baseline, *df.method]))}  # oracle last
@@ -116,7 +118,7 @@ def plot_convergence(conv: pd.DataFrame, path: Path, max_round: int = 40) -> Non
     plt.close(fig)
 
 
-def _quality(m: pd.DataFrame, key: str) -> float:
+def quality(m: pd.DataFrame, key: str) -> float:
     """Mean of the per-example scores; BLEU is corpus BLEU over the examples that have a reference."""
     if key == "bleu" and "reference" in m:
         scored = m[m.reference.notna() & m.quality.map(lambda q: isinstance(q, dict) and "bleu" in q)]
@@ -129,23 +131,19 @@ def _quality(m: pd.DataFrame, key: str) -> float:
 def _row(m: pd.DataFrame, base: pd.DataFrame) -> dict:
     tokens, seconds = int(m.new_tokens.sum()), float(m.seconds.sum())
     paired = m[m.query_id.isin(base.index)]
-    if len(paired):
-        b = base.loc[paired.query_id]
-        speedup = float(b.seconds.sum()) / float(paired.seconds.sum())
-        speedup_mean = float((b.seconds.values / paired.seconds.values).mean())
-        exact = float(sum(list(o) == list(r) for o, r in zip(paired.output_ids, b.output_ids)) / len(paired))
-    else:
-        speedup = speedup_mean = exact = float("nan")
-    drafted = int(m.drafted.sum())
+    b = base.loc[paired.query_id]
+    total, mean = speed.speedup(list(b.seconds), list(paired.seconds))
+    exact = (float(sum(list(o) == list(r) for o, r in zip(paired.output_ids, b.output_ids)) / len(paired))
+             if len(paired) else float("nan"))
     return {
         "n_examples": len(m), "new_tokens": tokens, "seconds": seconds,
-        "tokens_per_s": tokens / seconds if seconds else float("nan"),
+        "tokens_per_s": speed.ratio(tokens, seconds),
         "tokens_per_s_mean": float((m.new_tokens / m.seconds).mean()),
-        "speedup": speedup, "speedup_mean": speedup_mean,
-        "mat": tokens / int(m.target_calls.sum()) if int(m.target_calls.sum()) else float("nan"),
-        "acceptance_rate": int(m.accepted.sum()) / drafted if drafted else float("nan"),
+        "speedup": total, "speedup_mean": mean,
+        "mat": speed.mat(tokens, int(m.target_calls.sum())),
+        "acceptance_rate": speed.acceptance_rate(int(m.accepted.sum()), int(m.drafted.sum())),
         "exact_match": exact, "switches": int(m.switches.sum()),
-        "selector_share": float(m.t_select.sum()) / seconds if "t_select" in m and seconds else float("nan"),
+        "selector_share": speed.ratio(float(m.t_select.sum()), seconds) if "t_select" in m else float("nan"),
     }
 
 

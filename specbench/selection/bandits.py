@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import random
 
+from specbench.decoding.drafter import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
 from specbench.selection.base import Feedback, Selector
 
-AUTOREGRESSIVE = "autoregressive"  # the pool key of specbench.drafters.AUTOREGRESSIVE (not imported: stays light)
 REWARDS = ("bd", "be")
 
 

@@ -12,6 +12,7 @@ from specbench.drafters.early_exit import truncated_model
 from specbench.models import Target
 
 ATOL = 1e-4
+RTOL = 1e-4  # logits of ~10 differ by ~1e-4 between cached and uncached fp32 matmuls
 PROMPT = "Speculative decoding keeps the target's output."
 
 
@@ -34,7 +35,7 @@ def expected_score(target: Target, draft: list[int]) -> torch.Tensor:
 
 def assert_close(actual, expected):
     assert actual.shape == expected.shape
-    assert torch.allclose(actual, expected, atol=ATOL), float((actual - expected).abs().max())
+    assert torch.allclose(actual, expected, atol=ATOL, rtol=RTOL), float((actual - expected).abs().max())
 
 
 def argmax_tokens(logits: torch.Tensor) -> list[int]:
@@ -147,7 +148,7 @@ def test_drafter_sync_catches_up_after_idle_rounds(tiny_setup, drafter_pool, nam
     drafter.reset(encoder_ids)
     # first round: the drafter drafts 4 tokens after the prompt (greedy)
     rng = torch.Generator().manual_seed(0)
-    drafter.sync(tokens)
+    drafter.catch_up(tokens)
     draft = drafter.propose(tokens, 4, SamplingParams(), rng)
     d = draft.tokens
     assert len(d) == 4

@@ -75,7 +75,7 @@ def test_block_divergence_of_identical_distributions_is_one():
 
 def test_exits_sharing_a_head_are_batched_exactly(tiny_setup):
     """Two early exits over one LM head: the batched read-off equals each arm's own."""
-    from specbench.decoding.loop import side_observations
+    from specbench.decoding.drafter import Verification
     from specbench.decoding.sampling import SamplingParams, logits_to_probs
     from specbench.drafters import build_pool
 
@@ -89,7 +89,11 @@ def test_exits_sharing_a_head_are_batched_exactly(tiny_setup):
     draft = [3, 4, 5]
     logits, states = target.score(draft, hidden=True)
     p = logits_to_probs(logits[:3], SamplingParams())
-    side = side_observations(pool, ["a", "b"], "autoregressive", states, p, draft, SamplingParams())
+    layer = pool["a"].exit_layer
+    seen = Verification(tokens=list(target.tokens), draft=draft, p=p, accepted=0, new=[], played="autoregressive",
+                        sampling=SamplingParams(), states={layer: states[layer]}, peers=pool)
+    side = {name: pool[name].observe(seen) for name in ("a", "b")}
+    assert len(seen.cache) == 1  # one batched head call for both exits
     own = block_divergence(draft, logits_to_probs(pool["a"].logits_from_hidden(states[pool["a"].exit_layer][:3]),
                                                   SamplingParams()), p, 3)
     assert side["a"] == pytest.approx(own, abs=1e-6) and side["b"] == pytest.approx(own, abs=1e-6)

@@ -230,7 +230,9 @@ def test_every_bandit_config_is_tested():
 
 @pytest.mark.parametrize("stem", BANDIT_CONFS)
 def test_selector_configs_instantiate(stem):
-    cfg = OmegaConf.load(CONF / f"{stem}.yaml")
+    from specbench.configs import load_option
+
+    cfg = load_option("selector", stem)  # the file with its defaults (the shared bandit knobs) applied
     assert cfg.reward == ("be" if stem == "ucb_be" else "bd")
     name = cfg.name
     assert name == {"ucb": "ucb-bd", "ucb_be": "ucb-be", "random": "random", "ucb_full_info": "ucb-bd-fi"}.get(stem, name)
@@ -252,7 +254,7 @@ def test_selector_configs_instantiate(stem):
 def test_composed_selector_through_parse_methods(overrides, name, reward, candidates):
     from hydra import compose, initialize_config_dir
 
-    from specbench.pipelines.evaluate import parse_methods
+    from specbench.pipelines.methods import parse_methods
 
     with initialize_config_dir(config_dir=str(CONF.parent), version_base=None):
         cfg = compose(config_name="eval", overrides=overrides)

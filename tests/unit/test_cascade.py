@@ -297,7 +297,7 @@ def _ex(qid, task, method, seconds, out, ref_ids, quality, calls, drafted=0, acc
 
 
 def test_rejections_by_hand():
-    from specbench.pipelines.cascades import rejections
+    from specbench.pipelines.speed import rejections
 
     rounds = [{"drafted": 4, "accepted": 4, "emitted": 5},   # all accepted + bonus
               {"drafted": 4, "accepted": 1, "emitted": 2},   # rejected at position 2

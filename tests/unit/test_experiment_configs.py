@@ -1,6 +1,7 @@
 """Every experiment config composes with the commands it is meant for (no model is loaded, nothing
 is downloaded): paper-scale configs are for users with GPUs and hub access, so this is the check
-that they stay runnable as the code changes."""
+that they stay runnable as the code changes. Also: the shared run directories of every command,
+and ``specbench.configs.load_option`` (a group option read by name, as Hydra composes it)."""
 
 from __future__ import annotations
 
@@ -10,21 +11,34 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from specbench.configs import conf_dir
+from specbench.configs import conf_dir, group_options, load_option
+from specbench.errors import SpecbenchError
 
 EXPERIMENTS = sorted(p.stem for p in (Path(conf_dir()) / "experiment").glob("*.yaml"))
-COMMANDS = {"metasd": ["eval"], "huang": ["collect", "eval"]}
+# experiment name prefix -> the commands (root configs) it is written for
+COMMANDS = {"cascades": ["cascades"], "huang": ["collect", "eval"], "metasd": ["eval"]}
+# root config -> its run directories: outputs/<name>/<time>, outputs/multirun/<name>/<time>/<job>
+RUN_NAMES = {"eval": "eval", "bench": "bench", "cascades": "cascades", "collect": "collect",
+             "train_policy": "policy"}
+# every group whose options are plain configs (experiments are _global_ and hydra/ is Hydra's)
+GROUPS = sorted(p.name for p in Path(conf_dir()).iterdir() if p.is_dir() and p.name not in ("experiment", "hydra"))
 
 
 def commands_for(name: str) -> list[str]:
-    return next((cmds for prefix, cmds in COMMANDS.items() if name.startswith(prefix)), ["eval"])
+    cmds = next((cmds for prefix, cmds in COMMANDS.items() if name.startswith(prefix)), None)
+    assert cmds, f"experiment {name}: add its name prefix and commands to COMMANDS in this test"
+    return cmds
+
+
+def compose_config(config_name: str | None, overrides: list[str], hydra: bool = False):
+    with initialize_config_dir(config_dir=conf_dir(), version_base=None):
+        return compose(config_name=config_name, overrides=overrides, return_hydra_config=hydra)
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_experiment_composes(name):
     for command in commands_for(name):
-        with initialize_config_dir(config_dir=conf_dir(), version_base=None):
-            cfg = compose(config_name=command, overrides=[f"+experiment={name}"])
+        cfg = compose_config(command, [f"+experiment={name}"])
         # resolve everything but the values a user must supply (???)
         container = OmegaConf.to_container(cfg, resolve=False)
         assert container["target"]["model"]
@@ -32,4 +46,62 @@ def test_experiment_composes(name):
         for key, drafter in (cfg.pool.drafters or {}).items():
             assert "_target_" in drafter, f"{name}: drafter {key} has no _target_"
         if command == "eval":
-            assert "autoregressive" in list(cfg.methods)
+            methods = list(cfg.methods)
+            assert "autoregressive" in methods
+            for spec in methods:
+                if spec.startswith("selector:"):
+                    assert spec.split(":", 1)[1] in group_options("selector"), f"{name}: {spec}"
+        if command == "cascades":
+            assert cfg.drafter_arm in cfg.pool.drafters, f"{name}: drafter_arm {cfg.drafter_arm} not in the pool"
+            for rule in cfg.rules:
+                assert list(cfg.alphas[rule]), f"{name}: rule {rule} has no alphas"
+
+
+@pytest.mark.parametrize("root, run_name", sorted(RUN_NAMES.items()))
+def test_run_directories_per_command(root, run_name):
+    """conf/hydra/run_dirs.yaml, shared: each command keeps its own folder under outputs/."""
+    cfg = compose_config(root, [], hydra=True)
+    assert cfg.run_name == run_name
+    assert cfg.hydra.run.dir.startswith(f"outputs/{run_name}/")
+    assert cfg.hydra.sweep.dir.startswith(f"outputs/multirun/{run_name}/")
+    assert OmegaConf.to_container(cfg.hydra.sweep, resolve=False)["subdir"] == "${hydra.job.num}"
+    assert cfg.hydra.job.chdir is False
+
+
+@pytest.mark.parametrize("name", [n for n in EXPERIMENTS
+                                  if "hydra" in OmegaConf.load(Path(conf_dir()) / "experiment" / f"{n}.yaml")])
+def test_experiment_run_directory_overrides_the_shared_one(name):
+    for command in commands_for(name):
+        cfg = compose_config(command, [f"+experiment={name}"], hydra=True)
+        assert cfg.hydra.run.dir.startswith(f"outputs/{name}/")
+        assert cfg.hydra.sweep.dir.startswith(f"outputs/multirun/{RUN_NAMES[command]}/")
+
+
+@pytest.mark.parametrize("group, name", [(g, n) for g in GROUPS for n in group_options(g)])
+def test_load_option_is_what_hydra_composes(group, name):
+    """load_option(group, name) == the `group` node Hydra composes for `group=name` (selector
+    options include selector/base/bandit through their defaults; pools include drafters)."""
+    mine = OmegaConf.to_container(load_option(group, name), resolve=False)
+    composed = compose_config(None, [f"+{group}={name}"])
+    assert mine == OmegaConf.to_container(composed[group], resolve=False)
+    assert "defaults" not in mine
+
+
+def test_selector_options_share_the_bandit_base():
+    assert "base" not in group_options("selector") and "bandit" not in group_options("selector")
+    base = OmegaConf.to_container(OmegaConf.load(Path(conf_dir()) / "selector" / "base" / "bandit.yaml"))
+    bandits = [n for n in group_options("selector") if n not in ("fixed", "policy")]
+    assert len(bandits) == 10
+    for name in bandits:
+        cfg = load_option("selector", name)
+        assert set(base) <= set(cfg), name
+        assert cfg._target_.startswith("specbench.selection.")
+    assert load_option("selector", "ucb").reward == "bd"
+    assert load_option("selector", "ucb_be").reward == "be"
+    assert load_option("selector", "ucb_full_info").full_information is True
+    assert load_option("selector", "exp3").full_information is False
+
+
+def test_load_option_unknown_name():
+    with pytest.raises(SpecbenchError, match="no selector config named 'nope'"):
+        load_option("selector", "nope")

@@ -1,0 +1,168 @@
+"""The drafter protocol the decode loop speaks, beside the loop (``decoding`` never imports ``drafters``).
+
+A drafter is touched only in the rounds that play it: the loop calls ``sync`` then ``propose`` on
+the chosen arm and nothing on the others, so a drafter's per-query setup (an encoder pass, a prompt
+prefill) happens lazily, the first time it is synced in a query, and is timed in that round as its
+first-use cost. The one exception is the verification hook (``observe``): a drafter that declares
+``state_layers`` is shown what each target verification forward computed, played or not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from specbench.decoding.sampling import SamplingParams
+
+# The pool key of the no-draft arm: a round that plays it is one ordinary target step.
+AUTOREGRESSIVE = "autoregressive"
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    probs: torch.Tensor | None  # [len(tokens), V]: the distributions the tokens were drawn from
+    raw: torch.Tensor | None = None  # [len(tokens), V]: the drafter's untempered softmax (cascade rules)
+
+
+@dataclass
+class Query:
+    """One decode call's per-query context, handed to ``sync``.
+
+    ``encoder_ids``: the prompt as the target's encoder saw it (encoder-decoder targets; None for
+    decoder-only ones). ``encoder_outputs``: the target's own encoder output for them, which a
+    drafter sharing the target's encoder reuses instead of encoding again. A new ``Query`` object
+    starts a new query: a drafter compares it by identity to the one it last saw.
+
+    The loop also keeps here what the target computed at the committed positions for the layers
+    the pool asked for (``state_layers``): ``states(layer)`` is ``[n, H]``, the residual stream
+    after ``layer`` layers at committed positions ``0 .. n - 1``, filled from the prefill and from
+    each verification forward (its accepted rows). A drafter reads it when it is synced, so
+    feature-level draft heads need no second target pass and do no work in rounds they do not play.
+    """
+
+    encoder_ids: list[int] | None = None
+    encoder_outputs: object = None
+    side_observations: bool = False  # the selector wants side observations this query (``observe``)
+    _chunks: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+
+    def record_states(self, states: Mapping[int, torch.Tensor], rows: int, start: int) -> None:
+        """Keep ``rows`` rows of ``states`` as committed positions ``start ..`` (dropping any past ``start``)."""
+        for layer, x in states.items():
+            chunks = self._chunks.setdefault(layer, [])
+            have = sum(c.shape[0] for c in chunks)
+            if have > start:  # positions past ``start`` were never committed: drop them
+                kept = torch.cat(chunks)[:start] if chunks else x[:0]
+                chunks[:] = [kept] if kept.shape[0] else []
+            elif have < start:
+                raise ValueError(f"states recorded up to position {have}, then from {start}")
+            chunks.append(x[:rows])
+
+    def states(self, layer: int) -> torch.Tensor:
+        """``[n, H]``: the target's states after ``layer`` layers at every committed position recorded so far."""
+        chunks = self._chunks.get(layer)
+        if not chunks:
+            raise KeyError(f"no target states were recorded for layer {layer}: declare it in state_layers")
+        if len(chunks) > 1:
+            chunks[:] = [torch.cat(chunks)]
+        return chunks[0]
+
+
+@dataclass
+class Verification:
+    """What one target verification forward computed (handed to ``Drafter.observe``).
+
+    ``tokens``: the committed sequence before the round's output; ``draft``: the scored draft tokens
+    (``len(draft) + 1`` positions were scored: the last committed token, then the draft);
+    ``p``: the target's processed distributions at the drafted positions ``[len(draft), V]`` (None
+    when nothing was drafted); ``accepted``: how many draft tokens verification kept; ``new``: the
+    tokens the round emitted; ``states``: ``{layer: [len(draft) + 1, H]}`` residual stream after
+    ``layer`` layers at the scored positions, for the layers some drafter asked for; ``played``:
+    the arm that drafted; ``peers``: every drafter observing this forward (so drafters that share
+    work, such as early exits sharing an LM head, can do it once for all of them, through ``cache``).
+    """
+
+    tokens: list[int]
+    draft: list[int]
+    p: torch.Tensor | None
+    accepted: int
+    new: list[int]
+    played: str
+    sampling: SamplingParams
+    states: dict[int, torch.Tensor] = field(default_factory=dict)
+    peers: Mapping[str, "Drafter"] = field(default_factory=dict)
+    cache: dict = field(default_factory=dict)  # scratch shared by the drafters observing this forward
+
+
+class Drafter:
+    """A source of draft tokens.
+
+    ``cost`` is the relative cost per drafted token (parameter count relative to the target by
+    default). ``sync(query, tokens)`` brings the drafter's own state up to the committed tokens,
+    starting the query first when ``query`` is new (``begin``); ``propose`` drafts up to ``k``
+    tokens. ``drafts``: False only for the autoregressive arm (a round of it drafts nothing and
+    has no reward).
+
+    The verification hook: ``state_layers(side_observations)`` names the target layers whose
+    hidden states the drafter wants from each verification forward (none by default, and then the
+    target runs without returning them); ``observe(verification)`` receives them and may return a
+    side observation, the Block Divergence the drafter would have had this round (only asked of
+    drafters that were not played).
+    """
+
+    name: str = "drafter"
+    cost: float = 0.0
+    deterministic: bool = False
+    drafts: bool = True
+
+    _query: Query | None = None
+
+    def begin(self, query: Query) -> None:
+        """Per-query setup (eager). The loop never calls it: ``sync`` does, the first time it meets a query."""
+        self.reset(query.encoder_ids)
+
+    def reset(self, encoder_ids: list[int] | None) -> None:
+        """Start a query from its encoder ids (drafters with per-query state override this)."""
+
+    def sync(self, query: Query, tokens: list[int]) -> bool:
+        """Catch up with ``tokens``; returns True when this call started the query (first use)."""
+        first = query is not self._query
+        if first:
+            self._query = query
+            self.begin(query)
+        self.catch_up(tokens)
+        return first
+
+    def catch_up(self, tokens: list[int]) -> None:
+        """Bring the drafter's own state (a KV cache) up to the committed ``tokens``."""
+
+    def propose(self, tokens: list[int], k: int, sampling: SamplingParams, rng: torch.Generator,
+                eos_ids: frozenset[int] = frozenset()) -> Draft:
+        raise NotImplementedError
+
+    def standalone_model(self) -> torch.nn.Module | None:
+        """A model of the drafter's own that can generate without the target (its "alone" output), or None."""
+        return None
+
+    @property
+    def can_generate_alone(self) -> bool:
+        return self.standalone_model() is not None
+
+    def state_layers(self, side_observations: bool) -> tuple[int, ...]:
+        return ()
+
+    def observe(self, verification: Verification) -> float | None:
+        return None
+
+
+class AutoregressiveArm(Drafter):
+    """No draft: the round is one ordinary target step."""
+
+    name = AUTOREGRESSIVE
+    deterministic = True
+    drafts = False
+
+    def propose(self, tokens, k, sampling, rng, eos_ids=frozenset()) -> Draft:
+        return Draft(tokens=[], probs=None)

@@ -1,0 +1,82 @@
+"""Methods of a run: ``methods=[autoregressive, fixed:<arm>, fixed:*, selector, selector:<name>]`` -> selectors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from specbench.configs import group_options, load_option
+from specbench.decoding.drafter import AUTOREGRESSIVE
+from specbench.errors import SpecbenchError
+from specbench.selection import Fixed, Selector
+
+
+@dataclass
+class Method:
+    name: str
+    make_selector: Callable[[], Selector]
+
+
+def parse_methods(specs, pool: dict, selector_cfg, root: DictConfig | None = None) -> list[Method]:
+    """``autoregressive`` | ``fixed:<arm>`` | ``fixed:*`` (every drafter) | ``selector`` (the composed
+    ``selector`` config) | ``selector:<name>`` (``conf/selector/<name>.yaml``, so one run can compare
+    several selectors). The autoregressive baseline is always first."""
+    arms = list(pool)
+    names: list[str] = [AUTOREGRESSIVE]
+    methods = [Method(AUTOREGRESSIVE, lambda: Fixed(arms, AUTOREGRESSIVE))]
+    for spec in specs or []:
+        spec = str(spec)
+        if spec == AUTOREGRESSIVE:
+            continue
+        if spec == "selector" or spec.startswith("selector:"):
+            if spec.startswith("selector:"):
+                selector_cfg = load_selector_config(spec.split(":", 1)[1], root)
+            elif selector_cfg is None:
+                continue
+            name = str(selector_cfg.get("name") or selector_cfg._target_.rsplit(".", 1)[-1].lower())
+            scfg = {k: v for k, v in OmegaConf.to_container(selector_cfg, resolve=True).items() if k != "name"}
+            make_selector(scfg, arms)  # validates the config now, before any decoding
+            new = [Method(name, lambda scfg=scfg: make_selector(scfg, arms))]
+        elif spec.startswith("fixed:"):
+            arm = spec.split(":", 1)[1]
+            chosen = [a for a in arms if a != AUTOREGRESSIVE] if arm == "*" else [arm]
+            for a in chosen:
+                Fixed(arms, a)  # validates the arm name now, before any decoding
+            new = [Method(f"fixed:{a}", lambda a=a: Fixed(arms, a)) for a in chosen]
+        else:
+            raise SpecbenchError(f"unknown method '{spec}'",
+                                 "use autoregressive, fixed:<drafter>, fixed:*, selector or selector:<name> in methods")
+        for m in new:
+            if m.name not in names:
+                names.append(m.name)
+                methods.append(m)
+    return methods
+
+
+def make_selector(scfg: dict, arms: list[str]) -> Selector:
+    """Instantiate a selector config; a ``SpecbenchError`` inside surfaces as itself."""
+    try:
+        return instantiate(scfg, arms=arms)
+    except InstantiationException as exc:
+        if isinstance(exc.__cause__, SpecbenchError):
+            raise exc.__cause__ from None
+        raise SpecbenchError(f"could not build selector '{scfg.get('_target_')}': {exc}",
+                             "check its keys against conf/selector/") from exc
+
+
+def load_selector_config(name: str, root: DictConfig | None = None):
+    """``conf/selector/<name>.yaml``, placed under ``root`` (the run's config) so that its
+    interpolations (``${policy.checkpoint}``) resolve as they would for ``selector=<name>``."""
+    options = group_options("selector")
+    if name not in options:
+        raise SpecbenchError(f"no selector config named '{name}'", f"use one of: {', '.join(options)}")
+    loaded = load_option("selector", name)
+    if root is None:
+        return loaded
+    ctx = OmegaConf.create({k: v for k, v in OmegaConf.to_container(root, resolve=False).items() if k != "selector"})
+    ctx.selector = loaded
+    return ctx.selector

@@ -1,0 +1,120 @@
+"""Every experiment config, run on the tiny in-process models: the refactor-regression fixture.
+
+Each experiment of ``conf/experiment`` is composed against the root config of each command it is
+meant for (``eval``, ``collect``, ``cascades``); then its target, pool and dataset are swapped for
+tiny ones of the same family (decoder-only or encoder-decoder) and it runs greedily on one query
+per task with a few new tokens. What must not change when the code is reshaped is recorded:
+output ids and the counts of every generation (rounds, drafted, accepted, target calls, switches,
+the arm of every round). Timing is not recorded.
+
+    python -m tests.regression.capture      # rewrites tests/regression/fixture.json (only on purpose)
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf, open_dict
+
+from specbench.configs import conf_dir
+
+FIXTURE = Path(__file__).with_name("fixture.json")
+ENCODER_DECODER = ("huang_t5", "cascades_t5")
+
+
+def experiments() -> list[str]:
+    return sorted(p.stem for p in (Path(conf_dir()) / "experiment").glob("*.yaml"))
+
+
+def commands_for(name: str) -> list[str]:
+    if name.startswith("cascades"):
+        return ["cascades"]
+    if name.startswith("huang"):
+        return ["collect", "eval"]
+    return ["eval"]
+
+
+def tiny_config(name: str, command: str):
+    """The experiment composed for ``command`` with tiny target, pool and dataset."""
+    t5 = name.startswith(ENCODER_DECODER)
+    with initialize_config_dir(config_dir=conf_dir(), version_base=None):
+        cfg = compose(config_name=command, overrides=[f"+experiment={name}"])
+        tiny = compose(config_name=command, overrides=[
+            f"target={'tiny_t5' if t5 else 'tiny_llama'}", f"pool={'tiny_t5_hf' if t5 else 'tiny_llama_hf'}",
+            "dataset=embedded"])
+    with open_dict(cfg):
+        cfg.target = tiny.target
+        cfg.pool = tiny.pool
+        cfg.dataset = tiny.dataset
+        cfg.dataset.limit = 1
+        cfg.decoding = tiny.decoding
+        cfg.decoding.max_new_tokens = 12
+        cfg.warmup.max_new_tokens = 2
+        cfg.threads = None
+        if command == "cascades":
+            cfg.drafter_arm = "tiny_draft"
+            cfg.tasks = None
+        if command == "collect":
+            cfg.collect.max_new_tokens = 12
+        if "policy" in cfg:
+            cfg.policy.checkpoint = None
+    return cfg
+
+
+GEN_KEYS = ("query_id", "method", "output_ids", "rounds", "drafted", "accepted", "target_calls", "switches", "stop")
+
+
+def unique_scenarios(names: list[str] | None = None) -> dict[str, object]:
+    """``{"<experiment>/<command>": tiny config}``, one per distinct tiny config (many experiments
+    differ only in what the tiny swap replaces)."""
+    seen, out = set(), {}
+    for name in names or experiments():
+        for command in commands_for(name):
+            cfg = tiny_config(name, command)
+            key = command + OmegaConf.to_yaml(cfg)
+            if key not in seen:
+                seen.add(key)
+                out[f"{name}/{command}"] = cfg
+    return out
+
+
+def run_scenario(cfg, command: str, out: Path) -> dict:
+    if command == "collect":
+        from specbench.pipelines import collect
+
+        collect.run(cfg, out)
+        rows = [json.loads(x) for f in sorted(out.glob("rows*.jsonl")) for x in f.read_text().splitlines() if x]
+        return {r["query_id"]: {"target": r["target"]["tokens"],
+                                "arms": {a: {k: v for k, v in rec.items() if k in ("new_tokens", "text", "spec_calls")}
+                                         | ({"spec": {k: rec["spec"][k] for k in ("target_calls", "new_tokens",
+                                                                                  "exact_match")}}
+                                            if rec.get("spec") else {})
+                                         for a, rec in sorted(r["arms"].items())}}
+                for r in rows}
+    if command == "cascades":
+        from specbench.pipelines import cascades as pipeline
+    else:
+        from specbench.pipelines import evaluate as pipeline
+    pipeline.run(cfg, out)
+    examples = [json.loads(x) for x in (out / "examples.jsonl").read_text().splitlines() if x]
+    rounds = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines() if x]
+    arms: dict[tuple, list] = {}
+    for r in rounds:
+        arms.setdefault((r["query_id"], r["method"]), []).append(r["arm"])
+    return {f"{e['query_id']}|{e['method']}": {**{k: e.get(k) for k in GEN_KEYS},
+                                               "arms": arms.get((e["query_id"], e["method"]), [])}
+            for e in examples}
+
+
+def capture(names: list[str] | None = None) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    result = {}
+    for key, cfg in unique_scenarios(names).items():
+        with tempfile.TemporaryDirectory() as tmp:
+            result[key] = run_scenario(cfg, key.split("/")[1], Path(tmp))
+    return result
