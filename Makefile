@@ -6,7 +6,7 @@ TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
 .PHONY: install demo test test-fast bench clean metasd-cpu metasd-cpu-full-info huang-cpu huang-cpu-math \
-	huang-cpu-early-exit cascades-cpu
+	huang-cpu-early-exit cascades-cpu specialists specialists-eval
 
 install:
 	$(PIP) install -q "$(TORCH_SPEC)"
@@ -67,3 +67,29 @@ CASCADES_OUT ?= outputs/cascades_cpu
 cascades-cpu: install
 	$(PYTHON) -m specbench.cli cascades +experiment=cascades_cpu hydra.run.dir=$(CASCADES_OUT)/embedded
 	$(PYTHON) -m specbench.cli cascades +experiment=cascades_cpu_local hydra.run.dir=$(CASCADES_OUT)/local
+
+# Specialist draft heads for the embedded target (EAGLE-1 layout, one decoder layer, 8192-token draft
+# sub-vocabulary), one per task plus a generalist on the mix with the same budget, written to
+# $$SPECBENCH_CACHE/drafters/eagle_<task> (conf/drafter/eagle_<task>.yaml). Training rows are disjoint
+# from every evaluation slice: GSM8K train; XSum rows 200+ of the seeded shuffle (evaluation takes the
+# first rows of the same shuffle); the IWSLT2017 test file (evaluation uses validation); AlpacaEval
+# (evaluation uses MT-Bench). Rerunning resumes each head after its last finished epoch.
+SPECIALIST_ROWS ?= 300
+SPECIALIST_ARGS ?= train.epochs=10 train.time_budget_s=900 threads=$(THREADS)
+SPECIALISTS_OUT ?= outputs/specialists
+specialists: install
+	specbench train-drafter name=eagle_math dataset=gsm8k dataset.path=../shared/data/gsm8k/train.jsonl \
+		dataset.limit=$(SPECIALIST_ROWS) $(SPECIALIST_ARGS) hydra.run.dir=$(SPECIALISTS_OUT)/math
+	specbench train-drafter name=eagle_summarization dataset=xsum dataset.path=../shared/data/xsum/xsum-1000.jsonl \
+		dataset.shuffle=true dataset.offset=200 dataset.limit=$(SPECIALIST_ROWS) $(SPECIALIST_ARGS) hydra.run.dir=$(SPECIALISTS_OUT)/summarization
+	specbench train-drafter name=eagle_translation dataset=iwslt2017 \
+		dataset.path=../shared/data/iwslt2017_de_en/test.json dataset.limit=$(SPECIALIST_ROWS) $(SPECIALIST_ARGS) hydra.run.dir=$(SPECIALISTS_OUT)/translation
+	specbench train-drafter name=eagle_chat dataset=alpaca dataset.limit=$(SPECIALIST_ROWS) $(SPECIALIST_ARGS) hydra.run.dir=$(SPECIALISTS_OUT)/chat
+	specbench train-drafter name=eagle_general dataset=specialist_mix dataset.limit=$$(( $(SPECIALIST_ROWS) / 4 )) \
+		$(SPECIALIST_ARGS) \
+		hydra.run.dir=$(SPECIALISTS_OUT)/general
+
+# The specialist pool on the local real data (4 queries per task, 96 new tokens, interleaved with the
+# autoregressive baseline): each head, the generalist, prompt lookup and int8 on every task.
+specialists-eval: install
+	specbench eval +experiment=specialists_cpu threads=$(THREADS) hydra.run.dir=$(SPECIALISTS_OUT)/eval

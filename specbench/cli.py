@@ -99,6 +99,14 @@ def train_policy(ctx: typer.Context) -> None:
     hydra_run("train_policy", pipeline.run, ctx.args)
 
 
+@app.command("train-drafter", context_settings=HYDRA_ARGS)
+def train_drafter(ctx: typer.Context) -> None:
+    """Train a draft head for the target by distillation (EAGLE-1 layout); writes a checkpoint directory."""
+    from specbench.pipelines import train_drafter as pipeline
+
+    hydra_run("train_drafter", pipeline.run, ctx.args)
+
+
 def main() -> None:
     app()
 

@@ -95,6 +95,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     table = report.summarize(examples)
     lossy = f" (cascade rule {s.cascade.label}: lossy)" if s.cascade is not None and not s.cascade.lossless else ""
     report.write_tables(table, s.out, title=f"specbench eval: {cfg.target.model}{lossy}")
+    if not table.empty:
+        report.write_matrices(table, s.out)
     write_convergence(examples, s.out)
     report.print_table(report.compact(table), title=f"summary ({s.out}; every column in summary.csv / summary.md)")
     return s.out

@@ -147,6 +147,21 @@ def _row(m: pd.DataFrame, base: pd.DataFrame) -> dict:
     }
 
 
+def pivot(table: pd.DataFrame, value: str) -> pd.DataFrame:
+    """Task x method matrix of one summary column (the fixed drafters and the baseline; no ``all`` row)."""
+    sub = table[(table.task != ALL_TASKS) & (table.method != ORACLE)]
+    out = sub.pivot(index="task", columns="method", values=value)
+    return out[[m for m in dict.fromkeys(sub.method) if m in out.columns]].reset_index()
+
+
+def write_matrices(table: pd.DataFrame, out_dir: Path, values=("speedup", "mat", "acceptance_rate")) -> str:
+    """``by_task.md``: one task x method matrix per column in ``values`` (every drafter on every task)."""
+    parts = [f"## {v}\n\n{to_markdown(pivot(table, v))}" for v in values if v in table.columns]
+    md = "\n\n".join(parts)
+    (Path(out_dir) / "by_task.md").write_text(md + "\n\n" + EVAL_NOTES + "\n", encoding="utf-8")
+    return md
+
+
 def to_markdown(df: pd.DataFrame, floatfmt: str = ".3f") -> str:
     return df.to_markdown(index=False, floatfmt=floatfmt)
 

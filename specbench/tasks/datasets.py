@@ -4,7 +4,8 @@ Formats (the shapes of the public files; see shared/data/README.md):
 - ``iwslt``: ``{"translation": {"de": ..., "en": ...}}`` rows (a JSON array, JSONL or Parquet);
 - ``xsum``: ``{document, summary, id}``;
 - ``gsm8k``: ``{question, answer}`` (the answer ends in ``#### n``);
-- ``mt_bench``: ``{question_id, category, turns[], reference?}``: MT-Bench and Spec-Bench files.
+- ``mt_bench``: ``{question_id, category, turns[], reference?}``: MT-Bench and Spec-Bench files;
+- ``alpaca``: ``{instruction, output, dataset?}``: AlpacaEval instructions with an answer (chat).
 Each source reads a local file (``path``: .json, .jsonl or .parquet), a file of the embedded suite
 (``embedded:<file>``), or, with ``path: null``, the Hugging Face hub (``hub: {path, name}``).
 """
@@ -69,7 +70,15 @@ def _mt_bench(row, i, where, task_from_category=False):
                  turns=turns, category=category)
 
 
-FORMATS: dict[str, Callable] = {"iwslt": _iwslt, "xsum": _xsum, "gsm8k": _gsm8k, "mt_bench": _mt_bench}
+def _alpaca(row, i, where):
+    """AlpacaEval-style chat records: ``{instruction, output}`` (one user turn and a reference answer)."""
+    instruction = _need(row, "instruction", where)
+    return Query(id=f"alpaca-{i}", task="chat", fields={"turn": instruction}, reference=row.get("output"),
+                 turns=[instruction], category=row.get("dataset"))
+
+
+FORMATS: dict[str, Callable] = {"iwslt": _iwslt, "xsum": _xsum, "gsm8k": _gsm8k, "mt_bench": _mt_bench,
+                                "alpaca": _alpaca}
 
 
 def resolve_path(path: str) -> Path:

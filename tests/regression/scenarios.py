@@ -8,6 +8,9 @@ output ids and the counts of every generation (rounds, drafted, accepted, target
 the arm of every round). Timing is not recorded.
 
     python -m tests.regression.capture      # rewrites tests/regression/fixture.json (only on purpose)
+
+The fixture was captured before the pipeline refactor of issue 10; experiments added since
+(``specialists_cost``) were captured when they were added.
 """
 
 from __future__ import annotations

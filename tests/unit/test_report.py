@@ -38,3 +38,12 @@ def test_oracle_is_best_fixed_drafter_per_task():
     s = summarize(RECORDS).set_index(["task", "method"])
     assert s.loc[("all", "oracle"), "seconds"] == 3.0
     assert s.loc[("all", "oracle"), "speedup"] == 2.0
+
+
+def test_task_by_method_matrix():
+    from specbench.pipelines.report import pivot
+
+    m = pivot(summarize(RECORDS), "speedup").set_index("task")
+    assert list(m.columns) == ["autoregressive", "fixed:x", "fixed:y", "ucb"]  # no oracle, no "all" row
+    assert list(m.index) == ["chat", "math"]
+    assert m.loc["math", "fixed:x"] == 2.0 and m.loc["chat", "fixed:y"] == 2.0

@@ -1,0 +1,164 @@
+"""Training a feature-level draft head by self-distillation from its target (pure training math).
+
+Data: token sequences (prompt + response), the response positions marked. One target forward
+per sequence (no gradient) gives its last-layer features ``F`` (what the loop hands the head at
+decode time) and the target's next-token distribution at every position, kept as its top-k
+(``Teacher``). The head learns, at each pair ``(F[t], x[t+1])``, to predict ``F[t+1]`` (smooth-L1)
+and the target's distribution of ``x[t+2]`` (cross-entropy against the teacher's top-k, over the
+draft vocabulary), on response positions. Everything is seeded and runs on one device; a
+checkpoint after every epoch lets an interrupted run resume to the same weights.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from specbench.drafters.eagle import EagleHead, HeadLogits
+
+
+@dataclass
+class Example:
+    ids: list[int]  # prompt + response token ids
+    start: int  # index of the first response token
+
+
+@dataclass
+class Teacher:
+    """What the target computed for one sequence: features ``[T, H]`` and top-k next-token probabilities."""
+
+    features: torch.Tensor
+    top_ids: torch.Tensor  # [T, k]
+    top_p: torch.Tensor  # [T, k]
+
+
+@torch.inference_mode()
+def teach(model: nn.Module, ex: Example, top_k: int = 32) -> Teacher:
+    """One target forward over the sequence: last-layer features and the top-k of its distributions."""
+    x = torch.tensor([ex.ids], device=next(model.parameters()).device)
+    out = model(input_ids=x, output_hidden_states=True, use_cache=False)
+    probs = torch.softmax(out.logits[0].float(), dim=-1)
+    top = torch.topk(probs, min(top_k, probs.shape[-1]), dim=-1)
+    return Teacher(features=out.hidden_states[-1][0].float().cpu(), top_ids=top.indices.cpu(), top_p=top.values.cpu())
+
+
+def sub_vocabulary(examples: Sequence[Example], size: int | None, vocab_size: int, always: Sequence[int] = ()):
+    """The ``size`` most frequent response token ids (plus ``always``, e.g. EOS), sorted; None for the full vocabulary."""
+    if not size or size >= vocab_size:
+        return None
+    counts = Counter(t for ex in examples for t in ex.ids[ex.start:])
+    keep = list(dict.fromkeys([*always, *(t for t, _ in counts.most_common())]))[:size]
+    if len(keep) < size:  # pad with the lowest unused ids so the size is what was asked
+        rest = (i for i in range(vocab_size) if i not in set(keep))
+        keep += [next(rest) for _ in range(size - len(keep))]
+    return torch.tensor(sorted(keep), dtype=torch.long)
+
+
+def pairs(ex: Example, t: Teacher) -> dict[str, torch.Tensor]:
+    """Training pairs of one sequence: inputs ``(F[i], x[i+1])``, targets ``F[i+1]`` and the teacher at
+    ``i+1``, for ``i = 0 .. T-2``; ``mask`` marks pairs that predict a response token (``x[i+2]``)."""
+    n = len(ex.ids)
+    i = torch.arange(n - 1)
+    return {"feat": t.features[:-1], "tok": torch.tensor(ex.ids[1:]), "next": t.features[1:],
+            "top_ids": t.top_ids[1:], "top_p": t.top_p[1:], "mask": (i + 2 >= ex.start) & (i + 2 < n + 1)}
+
+
+def loss_of(head: EagleHead, embed: nn.Module, logits: HeadLogits, batch: dict, feature_weight: float,
+            ce_weight: float, t2d: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
+    """Mean loss over the masked pairs of a batch ``[B, T]`` (one causal sequence per row)."""
+    with torch.no_grad():
+        emb = embed(batch["tok"])
+    hat = head(batch["feat"], emb)
+    m = batch["mask"]
+    reg = nn.functional.smooth_l1_loss(hat[m], batch["next"][m])
+    logq = torch.log_softmax(logits(hat[m]), dim=-1)  # [M, N]
+    ids, p = batch["top_ids"][m], batch["top_p"][m]
+    if t2d is not None:  # target id -> draft index (-1 outside the sub-vocabulary)
+        idx = t2d[ids]
+        inside = idx >= 0
+        picked = torch.gather(logq, 1, idx.clamp(min=0)) * inside
+        p = p * inside
+    else:
+        picked = torch.gather(logq, 1, ids)
+    ce = -(p * picked).sum(-1).mean()
+    loss = feature_weight * reg + ce_weight * ce
+    with torch.no_grad():
+        agree = float((ids[:, 0] == draft_argmax(logq, logits)).float().mean())
+    return loss, {"loss": float(loss.detach()), "feature": float(reg.detach()), "ce": float(ce.detach()), "top1": agree}
+
+
+def draft_argmax(logq: torch.Tensor, logits: HeadLogits) -> torch.Tensor:
+    best = logq.argmax(-1)
+    return logits.d2t[best] if logits.d2t is not None else best
+
+
+def batches(items: list[dict], batch_size: int, seq_len: int, generator: torch.Generator):
+    """Shuffle the sequences (seeded), cut each to ``seq_len`` pairs, pad to a batch ``[B, T]``."""
+    order = torch.randperm(len(items), generator=generator).tolist()
+    for s in range(0, len(order), batch_size):
+        chunk = [items[i] for i in order[s:s + batch_size]]
+        n = max(min(len(c["tok"]), seq_len) for c in chunk)
+        out = {}
+        for key in chunk[0]:
+            rows = []
+            for c in chunk:
+                v = c[key][:seq_len]
+                pad = n - v.shape[0]
+                if pad:
+                    v = torch.cat([v, torch.zeros((pad, *v.shape[1:]), dtype=v.dtype)])
+                rows.append(v)
+            out[key] = torch.stack(rows)
+        yield out
+
+
+@torch.inference_mode()
+def agreement(head: EagleHead, embed: nn.Module, logits: HeadLogits, items: list[dict], depth: int = 4) -> dict:
+    """Held-out agreement with the target's argmax, teacher-forced and when drafting on its own features.
+
+    ``top1``: the head's argmax equals the target's at response positions, given the target's true
+    features (depth 1). ``depth_j``: share of positions where the first ``j`` drafts, each made on
+    the head's own predicted features, all equal the target's argmax along the text (a chain stops
+    at its first miss). ``expected_accepted`` = sum of ``depth_j`` for j = 1 .. ``depth``: the mean
+    accepted draft tokens per round at draft length ``depth`` when the text is the target's own greedy
+    output (for reference text, an estimate).
+    """
+    hits = [0] * depth
+    total = 0
+    for it in items:
+        feat, tok, top, mask = it["feat"], it["tok"], it["top_ids"][:, 0], it["mask"]
+        n = feat.shape[0]
+        starts = [i for i in range(n) if bool(mask[i])]
+        if not starts:
+            continue
+        emb = embed(tok[None])
+        hat = head(feat[None], emb)[0]  # depth 1 for every position at once
+        first = draft_argmax(torch.log_softmax(logits(hat), -1), logits)
+        for i in starts:
+            total += 1
+            if int(first[i]) != int(top[i]):
+                continue
+            hits[0] += 1
+            h, cache = hat[i], None
+            # deeper drafts: feed (own feature, own token) pairs after the true prefix
+            from transformers import DynamicCache
+
+            cache = DynamicCache()
+            head(feat[None, : i + 1], emb[:, : i + 1], cache)
+            prev = int(first[i])
+            for j in range(1, depth):
+                if i + j >= n:
+                    break
+                h = head(h[None, None], embed(torch.tensor([[prev]])), cache)[0, -1]
+                guess = int(draft_argmax(torch.log_softmax(logits(h), -1), logits))
+                if guess != int(top[i + j]):
+                    break
+                hits[j] += 1
+                prev = guess
+    rates = [h / total if total else math.nan for h in hits]
+    return {"positions": total, "top1": rates[0], **{f"depth_{j + 1}": r for j, r in enumerate(rates)},
+            "expected_accepted": sum(rates) if total else math.nan}

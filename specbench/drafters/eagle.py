@@ -1,0 +1,284 @@
+"""``eagle``: a feature-level draft head in the EAGLE-1 layout, drafting on the target's own features.
+
+At position t the head takes the target's last hidden state ``f_t`` and the embedding of token
+``x_{t+1}`` (the target's own embedding table, frozen): ``fc([embed(x_{t+1}), f_t])`` (2H -> H,
+with bias), then N decoder layers of the target's own family (the first without its input norm, as
+in EAGLE-1), give a predicted feature ``f_{t+1}``; the target's own LM head (shared, frozen) turns
+it into the next-token distribution. Drafting continues on its own predicted features.
+
+- **State dict** (the published EAGLE-1 layout, so public heads load without conversion):
+  ``fc.weight``, ``fc.bias``, ``layers.<i>.*`` (the family's decoder-layer keys); an
+  ``embed_tokens.weight`` in the file is ignored (the target's is used). Optional ``d2t``: the draft
+  sub-vocabulary (target ids of the N tokens the head scores, FR-Spec / EAGLE-3); verification
+  stays against the full vocabulary, and in sampling mode ``q`` is the head's distribution placed
+  in the full vocabulary (zero outside the sub-vocabulary), so decoding stays lossless.
+- **Features** come from the loop (``state_layers``: the target's last layer, after its final norm
+  as Hugging Face returns it, which is what EAGLE-1 reads): the prefill and every verification
+  forward record them at the committed positions, so there is no second target pass and the head
+  does nothing in rounds it does not play.
+- **Cache**: the head's own KV cache holds one position per pair ``(f_t, x_{t+1})``; draft pairs
+  (predicted features) are cropped away at the next sync, like any drafter's rollback.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from specbench.decoding.drafter import Draft, Drafter, Query
+from specbench.decoding.sampling import logits_to_probs, pick
+from specbench.errors import SpecbenchError
+from specbench.models.cache import cache_argument, common_prefix, crop_cache
+from specbench.models.target import Target
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+def vocab_fingerprint(tokenizer) -> str:
+    """A short hash of the tokenizer's (token, id) pairs: equal fingerprints, same ids."""
+    items = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha256(json.dumps(items, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def family_config(target_config, layers: int):
+    """The target's config for an N-layer head stack: no vocabulary of its own (inputs are embeddings)."""
+    config = copy.deepcopy(target_config)
+    config.num_hidden_layers = int(layers)
+    config.vocab_size = 1
+    config.pad_token_id = None
+    config.tie_word_embeddings = False
+    return config
+
+
+class EagleHead(nn.Module):
+    """``fc`` + the family's decoder layers; ``forward(features, token_embeddings, cache) -> features``.
+
+    The stack is the target family's base model built with N layers (its mask, rotary and cache
+    handling), fed ``inputs_embeds``; its final norm and its first layer's input norm are identities
+    (EAGLE-1). Parameters: ``fc.*`` and ``layers.*`` only.
+    """
+
+    def __init__(self, target_model: nn.Module, layers: int = 1, dtype: torch.dtype | None = None):
+        super().__init__()
+        base = target_model.base_model
+        hidden = int(target_model.config.hidden_size)
+        config = family_config(base.config, layers)
+        stack = type(base)(config)
+        stack.norm = nn.Identity()
+        first = stack.layers[0]
+        if hasattr(first, "input_layernorm"):
+            first.input_layernorm = nn.Identity()
+        stack.embed_tokens = None
+        self.fc = nn.Linear(2 * hidden, hidden, bias=True)
+        self.layers = stack.layers
+        self._stack = [stack]  # not a submodule: its parameters are ``layers``
+        self.n_layers = int(layers)
+        self._cache_kw = cache_argument(stack)
+        self.to(dtype=dtype or next(target_model.parameters()).dtype, device=next(target_model.parameters()).device)
+        stack.to(device=next(target_model.parameters()).device)
+
+    def forward(self, features: torch.Tensor, embeddings: torch.Tensor, cache=None) -> torch.Tensor:
+        """``features`` ``[B, T, H]`` (``f_t``), ``embeddings`` ``[B, T, H]`` (of ``x_{t+1}``) -> ``[B, T, H]``."""
+        x = self.fc(torch.cat([embeddings, features], dim=-1))
+        kwargs = {} if cache is None else {self._cache_kw: cache, "use_cache": True}
+        out = self._stack[0](inputs_embeds=x, **kwargs)
+        return out.last_hidden_state
+
+
+def load_state(path: Path) -> dict[str, torch.Tensor]:
+    """The head's tensors from a checkpoint directory (safetensors, or the original ``pytorch_model.bin``)."""
+    if (path / WEIGHTS_FILE).exists():
+        from safetensors.torch import load_file
+
+        return load_file(str(path / WEIGHTS_FILE))
+    if (path / "pytorch_model.bin").exists():
+        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise SpecbenchError(f"{path} holds no head weights ({WEIGHTS_FILE} or pytorch_model.bin)",
+                         "point the drafter's checkpoint at a directory written by `specbench train-drafter` "
+                         "or an EAGLE-1 head")
+
+
+def resolve_checkpoint(checkpoint: str, make_target: str | None = None) -> Path:
+    """A local directory, ``cache:<path>`` (under ``$SPECBENCH_CACHE``, where ``train-drafter`` writes),
+    or a hub id downloaded once (users with hub access)."""
+    if str(checkpoint).startswith("cache:"):
+        from specbench.models.loading import cache_dir
+
+        checkpoint = str(cache_dir() / str(checkpoint)[len("cache:"):])
+    path = Path(str(checkpoint)).expanduser()
+    if path.is_dir():
+        return path
+    if "/" in str(checkpoint) and not path.exists() and not str(checkpoint).startswith((".", "/", "~")):
+        try:
+            from huggingface_hub import snapshot_download
+
+            return Path(snapshot_download(str(checkpoint)))
+        except Exception as exc:  # noqa: BLE001 - offline, unknown repo, no access: one clear message
+            raise SpecbenchError(f"could not fetch the draft head '{checkpoint}' from the hub ({type(exc).__name__})",
+                                 "pass a local directory, or check the hub id and your network") from exc
+    fix = f"build it with `{make_target}`" if make_target else "train one with `specbench train-drafter`"
+    raise SpecbenchError(f"draft head checkpoint {checkpoint} not found", fix)
+
+
+def load_head(checkpoint: str, target: Target, make_target: str | None = None):
+    """``(EagleHead, d2t | None, meta)`` from a checkpoint directory or hub id, checked against ``target``."""
+    path = resolve_checkpoint(checkpoint, make_target)
+    meta = json.loads((path / CONFIG_FILE).read_text()) if (path / CONFIG_FILE).exists() else {}
+    mine = meta.get("specbench") or {}
+    if mine.get("vocab") and mine["vocab"] != vocab_fingerprint(target.tokenizer):
+        raise SpecbenchError(
+            f"draft head {path} was trained for target '{mine.get('target')}', whose vocabulary differs from "
+            f"this target's ('{target.loaded.name}')",
+            f"use a head trained for {target.loaded.name} (specbench train-drafter target=...), or that target")
+    state = load_state(path)
+    layer_ids = {int(k.split(".")[1]) for k in state if k.startswith("layers.")}
+    if "fc.weight" not in state or not layer_ids:
+        raise SpecbenchError(f"{path} is not an EAGLE-1 head (no fc.weight / layers.* tensors)",
+                             "point the checkpoint at an EAGLE-1 layout head or a train-drafter output")
+    hidden = int(target.config.hidden_size)
+    if tuple(state["fc.weight"].shape) != (hidden, 2 * hidden):
+        raise SpecbenchError(f"draft head {path} has fc {tuple(state['fc.weight'].shape)}, the target needs "
+                             f"({hidden}, {2 * hidden})", "use a head trained for this target")
+    head = EagleHead(target.model, layers=max(layer_ids) + 1)
+    d2t = state.pop("d2t", None)
+    state = {k: v for k, v in state.items() if k.startswith(("fc.", "layers."))}
+    own = head.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    if missing or unexpected:
+        raise SpecbenchError(f"draft head {path} does not fit the target's layer layout (missing {missing[:3]}, "
+                             f"unexpected {unexpected[:3]})", "use a head trained for this target's family")
+    head.load_state_dict(state)
+    return head.eval(), (None if d2t is None else d2t.long().to(target.device)), meta
+
+
+def save_head(head: EagleHead, d2t: torch.Tensor | None, path: Path, meta: dict) -> None:
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
+    if d2t is not None:
+        tensors["d2t"] = d2t.detach().cpu().to(torch.int64)
+    save_file(tensors, str(path / WEIGHTS_FILE))
+    config = head._stack[0].config.to_dict()
+    config["specbench"] = meta
+    (path / CONFIG_FILE).write_text(json.dumps(config, indent=1, default=str))
+
+
+class HeadLogits:
+    """The target's LM head restricted to a sub-vocabulary (``d2t``), or the whole head."""
+
+    def __init__(self, target: Target, d2t: torch.Tensor | None):
+        self.lm_head = target.model.get_output_embeddings()
+        self.vocab_size = target.vocab_size
+        self.d2t = d2t
+        weight = self.lm_head.weight
+        self.weight = None if d2t is None else weight[d2t].detach().clone()
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        """``[..., H]`` -> float32 logits over the draft vocabulary (``[..., N]``, or ``[..., V]``)."""
+        if self.weight is None:
+            return self.lm_head(h)[..., : self.vocab_size].float()
+        return torch.nn.functional.linear(h, self.weight).float()
+
+    def to_full(self, rows: torch.Tensor, fill: float) -> torch.Tensor:
+        """Place ``[..., N]`` values in the full vocabulary (``fill`` elsewhere)."""
+        if self.d2t is None:
+            return rows
+        out = rows.new_full((*rows.shape[:-1], self.vocab_size), fill)
+        out[..., self.d2t] = rows
+        return out
+
+
+class EagleDrafter(Drafter):
+    def __init__(self, name: str, head: EagleHead, target: Target, d2t: torch.Tensor | None, cost: float):
+        self.name = name
+        self.cost = float(cost)
+        self.head = head
+        self.embed = target.model.get_input_embeddings()
+        self.logits = HeadLogits(target, d2t)
+        self.layer = int(target.config.num_hidden_layers)
+        self.cache = None
+        self.real: list[int] = []  # x_{t+1} of the cached pairs built from the target's own features
+        self._hat: torch.Tensor | None = None  # the predicted feature that drafts the next token
+
+    def state_layers(self, side_observations: bool) -> tuple[int, ...]:
+        return (self.layer,)
+
+    def begin(self, query: Query) -> None:
+        self.cache = DynamicCache()
+        self.real = []
+        self._hat = None
+
+    @torch.inference_mode()
+    def _feed(self, features: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+        ids = torch.tensor([tokens], device=features.device)
+        return self.head(features[None], self.embed(ids), self.cache)[0]
+
+    @torch.inference_mode()
+    def catch_up(self, tokens: list[int]) -> None:
+        n = len(tokens)
+        if n < 2:  # no committed feature yet: nothing to draft from
+            self._hat = None
+            return
+        features = self._query.states(self.layer)[: n - 1]
+        keep = min(common_prefix(self.real, tokens[1:n]), n - 2)  # refeed at least the last pair
+        crop_cache(self.cache, keep)
+        del self.real[keep:]
+        out = self._feed(features[keep:], tokens[keep + 1:n])
+        self.real.extend(tokens[keep + 1:n])
+        self._hat = out[-1]
+
+    @torch.inference_mode()
+    def propose(self, tokens, k, sampling, rng, eos_ids=frozenset()) -> Draft:
+        if self._hat is None:
+            return Draft(tokens=[], probs=None)
+        h = self._hat
+        self._hat = None
+        out: list[int] = []
+        rows: list[torch.Tensor] = []
+        raw: list[torch.Tensor] = []
+        for i in range(k):
+            sub = self.logits(h)
+            probs = self.logits.to_full(logits_to_probs(sub, sampling), 0.0)
+            full = self.logits.to_full(sub, float("-inf"))
+            tok = pick(full if sampling.greedy else probs, sampling, rng)
+            out.append(tok)
+            rows.append(probs)
+            raw.append(probs if sampling.greedy else torch.softmax(full, dim=-1))
+            if tok in eos_ids or i == k - 1:
+                break
+            h = self._feed(h[None], [tok])[-1]
+        return Draft(tokens=out, probs=torch.stack(rows), raw=torch.stack(raw))
+
+
+def head_cost(head: EagleHead, logits: HeadLogits, target: Target) -> float:
+    """Parameters touched per draft token (head + the LM-head rows it scores) / the target's."""
+    own = sum(p.numel() for p in head.parameters())
+    rows = logits.weight.numel() if logits.weight is not None else logits.lm_head.weight.numel()
+    return (own + rows) / sum(p.numel() for p in target.model.parameters())
+
+
+def build(target: Target, name: str, checkpoint: str | None = None, cost: float | None = None,
+          make_target: str | None = None, sub_vocabulary: bool = True) -> EagleDrafter:
+    """``sub_vocabulary=false`` scores the whole vocabulary even when the head has a ``d2t`` (to measure
+    what the sub-vocabulary saves)."""
+    if target.is_encoder_decoder:
+        raise SpecbenchError(f"drafter '{name}' (eagle) needs a decoder-only target",
+                             "use early_exit, quantized or an hf drafter with encoder-decoder targets")
+    if not checkpoint:
+        raise SpecbenchError(f"drafter '{name}' (eagle) has no checkpoint",
+                             f"set its checkpoint, or build one with `{make_target or 'specbench train-drafter'}`")
+    head, d2t, _ = load_head(checkpoint, target, make_target)
+    if not sub_vocabulary:
+        d2t = None
+    drafter = EagleDrafter(name, head, target, d2t, cost=0.0)
+    drafter.cost = head_cost(head, drafter.logits, target) if cost is None else float(cost)
+    return drafter
