@@ -74,21 +74,18 @@ class Query:
 class Verification:
     """What one target verification forward computed (handed to ``Drafter.observe``).
 
-    ``tokens``: the committed sequence before the round's output; ``draft``: the scored draft tokens
-    (``len(draft) + 1`` positions were scored: the last committed token, then the draft);
+    ``draft``: the scored draft tokens (``len(draft) + 1`` positions were scored: the last committed
+    token, then the draft);
     ``p``: the target's processed distributions at the drafted positions ``[len(draft), V]`` (None
-    when nothing was drafted); ``accepted``: how many draft tokens verification kept; ``new``: the
-    tokens the round emitted; ``states``: ``{layer: [len(draft) + 1, H]}`` residual stream after
+    when nothing was drafted); ``accepted``: how many draft tokens verification kept; ``states``: ``{layer: [len(draft) + 1, H]}`` residual stream after
     ``layer`` layers at the scored positions, for the layers some drafter asked for; ``played``:
     the arm that drafted; ``peers``: every drafter observing this forward (so drafters that share
     work, such as early exits sharing an LM head, can do it once for all of them, through ``cache``).
     """
 
-    tokens: list[int]
     draft: list[int]
     p: torch.Tensor | None
     accepted: int
-    new: list[int]
     played: str
     sampling: SamplingParams
     states: dict[int, torch.Tensor] = field(default_factory=dict)

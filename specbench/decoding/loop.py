@@ -148,18 +148,18 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
         accepted = min(verdict.accepted, len(new))
         n_max = n_draft if drafter.drafts else 0
         bd = block_divergence(draft.tokens, draft.probs, p, n_max) if draft.tokens else 0.0
-        committed = list(target.tokens)
+        last = len(target.tokens) - 1  # position of the last committed token: the first scored row
         out.extend(new)
         done = gen.stop == "eos" or len(out) >= limits.max_new_tokens
         if not done:
             target.commit(new)
             if layers:  # rows of the last committed token and the accepted draft tokens
-                ctx.record_states(states, rows=len(new), start=len(committed) - 1)
+                ctx.record_states(states, rows=len(new), start=last)
         t4 = clock.now()
         side = {}
         if watching and selector.full_information:
-            seen = Verification(tokens=committed, draft=scored, p=p, accepted=accepted, new=new, played=arm,
-                                sampling=sampling, states=states, peers=watching)
+            seen = Verification(draft=scored, p=p, accepted=accepted, played=arm, sampling=sampling, states=states,
+                                peers=watching)
             for name, d in watching.items():
                 obs = d.observe(seen)
                 if obs is not None and name != arm:

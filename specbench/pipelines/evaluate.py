@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 
 from omegaconf import DictConfig
+from tqdm.auto import tqdm
 
 from specbench.decoding.drafter import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
@@ -69,8 +70,6 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                   for m in methods)
 
     todo_set = set(todo)
-    from tqdm.auto import tqdm
-
     with records, tqdm(total=len(todo), desc="eval", unit="query x method") as bar:
         for qi, query in enumerate(s.queries):
             for mi in rotation(len(methods), qi):

@@ -90,8 +90,8 @@ def test_exits_sharing_a_head_are_batched_exactly(tiny_setup):
     logits, states = target.score(draft, hidden=True)
     p = logits_to_probs(logits[:3], SamplingParams())
     layer = pool["a"].exit_layer
-    seen = Verification(tokens=list(target.tokens), draft=draft, p=p, accepted=0, new=[], played="autoregressive",
-                        sampling=SamplingParams(), states={layer: states[layer]}, peers=pool)
+    seen = Verification(draft=draft, p=p, accepted=0, played="autoregressive", sampling=SamplingParams(),
+                        states={layer: states[layer]}, peers=pool)
     side = {name: pool[name].observe(seen) for name in ("a", "b")}
     assert len(seen.cache) == 1  # one batched head call for both exits
     own = block_divergence(draft, logits_to_probs(pool["a"].logits_from_hidden(states[pool["a"].exit_layer][:3]),
