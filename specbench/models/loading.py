@@ -6,6 +6,7 @@ A name is one of:
   built in-process (``tiny_llama``, ``tiny_llama_draft``, ``tiny_t5``, ``tiny_t5_draft``);
 - a local directory written by ``save_pretrained`` (a path that starts with ``/``, ``.`` or ``~``,
   or one that exists);
+- ``cache:<path>``: a directory under ``$SPECBENCH_CACHE`` (where ``specbench train-drafter`` writes);
 - a Hugging Face hub id (``t5-small``, ``lmsys/vicuna-7b-v1.3``, ...).
 """
 
@@ -75,6 +76,21 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")).expanduser() / "specbench"
 
 
+def resolve_cached(name: str, make_target: str | None = None) -> Path | None:
+    """``cache:<path>`` -> ``$SPECBENCH_CACHE/<path>`` (an existing directory, else a clear error naming
+    what builds it); a local directory -> its path; anything else (hub id, embedded) -> None."""
+    name = str(name)
+    if name.startswith("cache:"):
+        path = cache_dir() / name[len("cache:"):]
+        if not path.is_dir():
+            fix = f"build it with `{make_target}`" if make_target else "train one with `specbench train-drafter`"
+            raise SpecbenchError(f"{name} ({path}) not found", fix)
+        return path
+    if _is_local(name) and Path(name).expanduser().is_dir():
+        return Path(name).expanduser()
+    return None
+
+
 def _smollm2_dir() -> Path:
     """Convert the packaged GGUF to a safetensors directory once; return that directory."""
     out = cache_dir() / "smollm2-135m-instruct"
@@ -136,6 +152,8 @@ def load_model(name: str, dtype: str | None = "float32", device: str | None = "a
     """Load ``name`` (see module doc) in eval mode on the requested dtype and device."""
     torch_dtype = resolve_dtype(dtype)
     dev = resolve_device(device)
+    if name.startswith("cache:"):
+        name = str(resolve_cached(name))
     if name.startswith("embedded:"):
         entry = name.split(":", 1)[1]
         if entry not in EMBEDDED_MODELS:
