@@ -6,7 +6,7 @@ TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
 .PHONY: install demo test test-fast bench clean metasd-cpu metasd-cpu-full-info huang-cpu huang-cpu-math \
-	huang-cpu-early-exit cascades-cpu specialists specialists-eval
+	huang-cpu-early-exit cascades-cpu specialists specialists-eval reproduce-cpu report
 
 install:
 	$(PIP) install -q "$(TORCH_SPEC)"
@@ -96,3 +96,15 @@ specialists: install
 # autoregressive baseline): each head, the generalist, prompt lookup and int8 on every task.
 specialists-eval: install
 	specbench eval +experiment=specialists_cpu threads=$(THREADS) hydra.run.dir=$(SPECIALISTS_OUT)/eval
+
+# Every CPU-scale reproduction (Huang et al. Tables 1, 4, 6 and Figs. 2, 3; MetaSD's main table,
+# convergence, switching cost and a non-stationary stream; speculative cascades greedy and at
+# temperature 1) with the specialist pool, then the report: outputs/reproduce/report/REPORT.md.
+# Resumable: finished steps are skipped, an interrupted one resumes (specbench/reproduction/plan.py).
+REPRO ?= outputs/reproduce
+reproduce-cpu: specialists
+	specbench reproduce --root $(REPRO)
+
+# Rebuild the report from the runs (and copy it to docs/reproduction, which the README links).
+report: install
+	specbench report $(REPRO) --publish docs/reproduction

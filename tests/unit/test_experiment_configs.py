@@ -16,7 +16,8 @@ from specbench.errors import SpecbenchError
 
 EXPERIMENTS = sorted(p.stem for p in (Path(conf_dir()) / "experiment").glob("*.yaml"))
 # experiment name prefix -> the commands (root configs) it is written for
-COMMANDS = {"cascades": ["cascades"], "huang": ["collect", "eval"], "metasd": ["eval"], "specialists": ["eval"]}
+COMMANDS = {"cascades": ["cascades"], "huang": ["collect", "eval"], "metasd": ["eval"], "specialists": ["eval"],
+            "reproduce_huang": ["collect", "eval"], "reproduce_metasd": ["eval"]}
 # root config -> its run directories: outputs/<name>/<time>, outputs/multirun/<name>/<time>/<job>
 RUN_NAMES = {"eval": "eval", "bench": "bench", "cascades": "cascades", "collect": "collect",
              "train_policy": "policy"}
