@@ -23,8 +23,9 @@ from specbench.errors import SpecbenchError
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Multi-drafter speculative decoding: collect rewards, train drafter policies, evaluate.")
 HYDRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": ["--help"]}
-# OSError numbers that mean "this path may not be written (or read) here"
-ACCESS_ERRORS = (errno.EACCES, errno.EPERM, errno.EROFS)
+# OSError numbers that mean "this path cannot be written (or read) here": a read-only directory or file
+# system, a full disk, a file where a directory should be
+PATH_ERRORS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR)
 
 
 def _fail(exc: SpecbenchError) -> None:
@@ -80,10 +81,10 @@ def _fail_or_raise(exc: Exception, config_name: str) -> None:
         _fail(exc)
     if isinstance(exc, (ConfigCompositionException, OverrideParseException)):
         _fail(hydra_error(exc, config_name))
-    if isinstance(exc, OSError) and exc.errno in ACCESS_ERRORS:
+    if isinstance(exc, OSError) and exc.errno in PATH_ERRORS and exc.filename:
         _fail(SpecbenchError(f"{exc.strerror}: {exc.filename}",
-                             "make that path writable (readable, for an input), or write the run elsewhere: "
-                             "hydra.run.dir=<a writable directory>"))
+                             "check that path (permissions, free space, a file where a directory should be), or "
+                             "write the run elsewhere: hydra.run.dir=<a writable directory>"))
     raise exc
 
 
@@ -126,7 +127,8 @@ def hydra_error(exc: Exception, config_name: str) -> SpecbenchError:
         return SpecbenchError(f"unknown config key '{quoted.group(1)}'{where}",
                               f"check the spelling ({helps}); to add a new key on purpose, prefix it with +")
     problem = lines[0].rstrip(".") if lines else type(exc).__name__
-    return SpecbenchError(problem, " ".join(lines[1:]) or helps)
+    fix = " ".join(lines[1:]) or helps
+    return SpecbenchError(problem[:1].lower() + problem[1:], fix[:1].lower() + fix[1:])
 
 
 def _unused(out: Path) -> bool:

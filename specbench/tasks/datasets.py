@@ -194,7 +194,7 @@ def check_categories(sources: Mapping[str, list[Query]], categories: list[str]) 
     known = sorted({q.category for queries in sources.values() for q in queries if q.category})
     unknown = [c for c in categories if c not in known]
     if unknown:
-        where = f"dataset source '{next(iter(sources))}'" if len(sources) == 1 else "the dataset"
+        where = f"dataset source '{next(iter(sources))}'" if len(sources) == 1 else "dataset.categories"
         raise SpecbenchError(f"{where}: unknown categories {unknown}",
                              f"known categories: {', '.join(known) or '(none: no source has categories)'}")
 

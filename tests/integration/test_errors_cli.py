@@ -77,7 +77,7 @@ def test_wrong_types_fail_before_anything_loads(tmp_path, no_model_loads, comman
     (["target=nope"], "error: no target config named 'nope'", "fix:   use one of: hf, smollm2_135m, tiny_llama, tiny_t5"),
     (["decoding.nope=1"], "error: unknown config key 'decoding.nope' (decoding has: temperature", "prefix it with +"),
     (["selector.beta=2"], "error: unknown config key 'selector.beta'", "--help` lists the config groups"),
-    (["experiment=metasd_cpu"], "error: Could not override 'experiment'", "+experiment=metasd_cpu"),
+    (["experiment=metasd_cpu"], "error: could not override 'experiment'", "+experiment=metasd_cpu"),
     (["decoding.draft_length=[1"], "error: cannot read the override", "KEY=VALUE"),
     (["-m", "target=tiny_llama,nope"], "error: no target config named 'nope'", "fix:   use one of:"),
 ])

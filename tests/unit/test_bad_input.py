@@ -195,7 +195,7 @@ def test_categories_filter_the_sources_that_have_them(tmp_path):
     assert set(by_task) == {"translation", "summarization", "math", "chat"}
     assert by_task["chat"] and {q.category for q in by_task["chat"]} == {"writing"}
     assert len(by_task["math"]) == 8  # a source without categories is kept whole
-    with pytest.raises(SpecbenchError, match=r"the dataset: unknown categories \['poetry'\]") as info:
+    with pytest.raises(SpecbenchError, match=r"dataset.categories: unknown categories \['poetry'\]") as info:
         load_dataset_config(composed("eval", "dataset.categories=[poetry]").dataset)
     assert "writing" in info.value.fix
 
