@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
+
+from specbench.errors import SpecbenchError
 
 
 @dataclass
@@ -66,6 +68,10 @@ class ExampleRecord:
     agreement: dict = field(default_factory=dict)  # vs the autoregressive output of the same query, when known
 
 
+# the fields every examples.jsonl line must have (the others have defaults)
+EXAMPLE_KEYS = tuple(f.name for f in fields(ExampleRecord) if f.default is MISSING and f.default_factory is MISSING)
+
+
 class JsonlWriter:
     """Appends one JSON object per line and flushes it, so an interrupted run keeps every line."""
 
@@ -111,8 +117,15 @@ def read_jsonl(path: Path) -> Iterator[dict]:
     path = Path(path)
     if not path.exists():
         return
-    with path.open(encoding="utf-8") as fh:
-        for line in fh:
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                if not raw.endswith(b"\n"):  # a torn last line, cut inside a character
+                    continue
+                raise SpecbenchError(f"{path}:{lineno}: not UTF-8 text ({exc.reason} at byte {exc.start} of the line)",
+                                     "repair or delete that line (or start a new run directory)") from exc
             if line.strip():
                 try:
                     yield json.loads(line)

@@ -26,7 +26,7 @@ from specbench.decoding.sampling import SamplingParams
 from specbench.errors import SpecbenchError
 from specbench.models import Target, load_model
 from specbench.models.loading import LoadedModel
-from specbench.records import ExampleRecord, JsonlWriter, read_jsonl, round_row
+from specbench.records import EXAMPLE_KEYS, ExampleRecord, JsonlWriter, read_jsonl, round_row
 from specbench.selection import Fixed, Selector
 from specbench.tasks import build_prompt, load_dataset_config, load_shots, metrics, render, truncate_fields
 from specbench.timing import Clock
@@ -129,6 +129,7 @@ class Session:
         dec = cfg.decoding
         sampling = SamplingParams(temperature=float(dec.temperature), top_k=int(dec.top_k), top_p=float(dec.top_p))
         limits = Limits(max_new_tokens=int(dec.max_new_tokens), draft_length=int(dec.draft_length))
+        cascade = cascade_of(cfg)
         queries = load_dataset_config(cfg.dataset)
         log.info("loading target %s", cfg.target.model)
         loaded = load_model(cfg.target.model, dtype=cfg.target.dtype, device=cfg.target.device)
@@ -144,7 +145,7 @@ class Session:
         clock = Clock(target.device, phases=bool(OmegaConf.select(cfg, "timing.phases", default=False)))
         return cls(cfg=cfg, out=out, queries=queries, loaded=loaded, target=target, pool=pool, prompter=prompter,
                    sampling=sampling, limits=limits, eos_ids=eos_ids_of(loaded, dec.get("extra_eos_ids")),
-                   clock=clock, cascade=cascade_of(cfg))
+                   clock=clock, cascade=cascade)
 
     # -- decoding ----------------------------------------------------------------------------
     def rng(self, query_index: int = 0, method_index: int = 0, seed: int | None = None) -> torch.Generator:
@@ -210,7 +211,15 @@ class Records:
 
     def __init__(self, out: Path):
         self.out = Path(out)
-        self.done = {(r["query_id"], r["method"]) for r in read_jsonl(self.out / "examples.jsonl")}
+        path = self.out / "examples.jsonl"
+        self.done = set()
+        for i, rec in enumerate(read_jsonl(path), 1):
+            missing = [k for k in EXAMPLE_KEYS if not isinstance(rec, dict) or k not in rec]
+            if missing:
+                have = ", ".join(rec) if isinstance(rec, dict) else f"a JSON {type(rec).__name__}"
+                raise SpecbenchError(f"{path}: record {i} has no {', '.join(missing)} (it has: {have})",
+                                     "repair or delete that line (or start a new run directory)")
+            self.done.add((rec["query_id"], rec["method"]))
         if self.done:
             log.info("resuming: %d finished generations found in %s", len(self.done), self.out)
         self._rounds = self._examples = None
