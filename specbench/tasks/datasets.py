@@ -148,6 +148,20 @@ def hub_records(hub: Mapping, split: str) -> Iterable[tuple[dict, str]]:
         yield row, f"{hub['path']}[{split}] row {i + 1}"
 
 
+def check_unique_ids(queries: Iterable[tuple[Query, str]], what: str) -> None:
+    """Refuse queries that share an id (``(query, where)`` pairs; ``where`` names file and line): an id
+    names a query's records, so two queries under one id would be merged by a resume and the summary."""
+    seen: dict[str, list[str]] = {}
+    for q, where in queries:
+        seen.setdefault(q.id, []).append(where)
+    dups = {qid: wheres for qid, wheres in seen.items() if len(wheres) > 1}
+    if dups:
+        shown = "; ".join(f"id '{qid}' at {', '.join(wheres)}" for qid, wheres in list(dups.items())[:5])
+        more = f" (and {len(dups) - 5} more ids)" if len(dups) > 5 else ""
+        raise SpecbenchError(f"{what}: {len(dups)} query id(s) used by more than one record: {shown}{more}",
+                             "give every record its own id (or remove the repeated records)")
+
+
 def load_source(name: str, source: Mapping, limit: int | None = None, seed: int = 0, shuffle: bool = False,
                 categories: list[str] | None = None, offset: int = 0) -> list[Query]:
     """Read one source, keep ``categories`` (if given), then skip ``offset`` records and keep
@@ -164,7 +178,9 @@ def load_source(name: str, source: Mapping, limit: int | None = None, seed: int 
     else:
         raise SpecbenchError(f"dataset source '{name}' has neither a path nor a hub id", "set dataset.path=<file>")
     parse = FORMATS[fmt]
-    queries = [parse(row, i, where, **source) for i, (row, where) in enumerate(records)]
+    parsed = [(parse(row, i, where, **source), where) for i, (row, where) in enumerate(records)]
+    check_unique_ids(parsed, f"dataset source '{name}'")
+    queries = [q for q, _ in parsed]
     if task:
         for q in queries:
             q.task = task
@@ -194,11 +210,14 @@ def load_dataset_config(cfg: Mapping) -> list[Query]:
         raise SpecbenchError(f"dataset.offset must be >= 0, got {offset}", "use dataset.offset=0 to start at the first record")
     seed = int(cfg.get("seed") or 0)
     queries: list[Query] = []
+    origin: list[str] = []
     for name, src in sources.items():
         if src is None:  # a source switched off by an override (dataset.sources.NAME=null)
             continue
-        queries += load_source(name, src, limit=limit, seed=seed, shuffle=bool(cfg.get("shuffle")),
-                               categories=list(cfg.get("categories") or []), offset=offset)
+        got = load_source(name, src, limit=limit, seed=seed, shuffle=bool(cfg.get("shuffle")),
+                          categories=list(cfg.get("categories") or []), offset=offset)
+        queries += got
+        origin += [f"source '{name}'"] * len(got)
     if not queries:
         raise SpecbenchError("the dataset is empty: no records were read (or none matched dataset.categories)",
                              "check that dataset.path / dataset.sources point at non-empty files")
@@ -206,6 +225,7 @@ def load_dataset_config(cfg: Mapping) -> list[Query]:
     if len(set(ids)) != len(ids):  # the same file twice, or colliding ids across sources
         for name_q in queries:
             name_q.id = f"{name_q.task}/{name_q.id}"
+        check_unique_ids(zip(queries, origin), "the dataset's sources")
     if cfg.get("interleave"):
         random.Random(seed).shuffle(queries)
     return queries
