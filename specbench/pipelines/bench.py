@@ -44,7 +44,7 @@ from specbench.drafters.prompt_lookup import PromptLookup
 from specbench.errors import SpecbenchError
 from specbench.pipelines import report, speed
 from specbench.pipelines.methods import parse_methods
-from specbench.pipelines.session import Session, rotation
+from specbench.pipelines.session import RunFiles, Session, rotation
 from specbench.records import JsonlWriter, read_jsonl
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     if float(dec.temperature) != 0:
         raise SpecbenchError(f"bench compares greedy outputs token for token; got decoding.temperature={dec.temperature}",
                              "use decoding=greedy (the default)")
-    s = Session.open(cfg, output_dir)
+    s = Session.open(cfg, output_dir, RunFiles(results=("bench.jsonl",)))
     out, target, clock, eos_ids = s.out, s.target, s.clock, s.eos_ids
     k, max_new, warm_n = int(dec.draft_length), int(dec.max_new_tokens), int(cfg.warmup.max_new_tokens)
     names = [AUTOREGRESSIVE, *(m.name.split(":", 1)[1] for m in parse_methods(
