@@ -17,10 +17,11 @@ What is timed: one call (``decode(...)`` or ``generate(...)``, input tensor incl
 readings of ``specbench.timing.Clock``; loading, prompt building and the first, untimed, short
 warm-up generation of each variant are not. New tokens are counted the same way for both: the ids
 after the prompt (after the decoder start token for encoder-decoder models), cut after the first
-EOS (kept). A drafter Hugging Face has no counterpart for, or refuses as unsupported (``hf_unsupported``),
-gets NaN in the ``hf`` columns, a logged warning and its reason in the notes; any other Hugging Face
-failure (out of memory included) stops the run with an error. One JSONL line per generation is appended to ``bench.jsonl`` as it finishes
-(rerunning into the same directory skips finished generations); the table is a pure function of it.
+EOS (kept). A drafter Hugging Face has no counterpart for, or refuses as unsupported
+(``hf_unsupported``), gets NaN in the ``hf`` columns, a logged warning and its reason in the notes;
+any other Hugging Face failure (out of memory included) stops the run with an error. One JSONL line
+per generation is appended to ``bench.jsonl`` as it finishes (rerunning into the same directory
+skips finished generations); the table is a pure function of it.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ chosen arms); ``specbench eval selector=policy`` measures them live.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -166,9 +167,12 @@ def check_held_out(n: int, val_fraction: float, minimum: int = MIN_VALIDATION) -
     n_val = held_out(n, val_fraction)
     if n_val >= minimum:
         return
-    needed = next((m for m in range(2, 1_000_000) if held_out(m, val_fraction) >= minimum), None)
-    more = (f"collect at least {needed} queries (specbench collect dataset.limit=...)" if needed
-            else "set train.val_fraction > 0")
+    if val_fraction > 0:
+        start = max(2, int((minimum - 0.5) / val_fraction) - 2)  # held_out rounds n * val_fraction
+        needed = next(m for m in itertools.count(start) if held_out(m, val_fraction) >= minimum)
+        more = f"collect at least {needed} queries (specbench collect dataset.limit=...)"
+    else:
+        more = "set train.val_fraction > 0"
     raise SpecbenchError(f"train-policy: {n} collected row(s) with train.val_fraction={val_fraction} leave {n_val} "
                          f"for validation; at least {minimum} held-out rows are needed (validation numbers must not "
                          "come from the rows the policy was trained on)",
