@@ -185,12 +185,14 @@ def collect(ctx: typer.Context) -> None:
 
 @app.command("merge")
 def merge(sources: list[str] = typer.Argument(..., help="collect output directories (shards)"),
-          out: str = typer.Option(..., "--out", help="directory to write the merged rows.jsonl into")) -> None:
+          out: str = typer.Option(..., "--out", help="directory to write the merged rows.jsonl into"),
+          overwrite: bool = typer.Option(False, "--overwrite",
+                                         help="replace the rows of a collection already in --out")) -> None:
     """Join the rows of several `specbench collect` shards into one directory."""
     from specbench.pipelines import collect as pipeline
 
     try:
-        path = pipeline.merge(sources, out)
+        path = pipeline.merge(sources, out, overwrite=overwrite)
     except SpecbenchError as exc:
         _fail(exc)
     typer.echo(f"merged rows: {path}")

@@ -8,11 +8,14 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 from specbench.errors import SpecbenchError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -113,21 +116,29 @@ def _drop_torn_tail(path: Path) -> None:
 
 
 def read_jsonl(path: Path) -> Iterator[dict]:
-    """Read records; a torn last line (a run killed mid-write) is skipped."""
+    """Read records, one JSON object per line.
+
+    A torn last line (no newline at its end: a run killed mid-write) is skipped with a warning;
+    ``JsonlWriter`` cuts it before appending. Any other line that is not a JSON object (valid UTF-8)
+    is corruption, not an interruption: SpecbenchError naming the file and the line number.
+    """
     path = Path(path)
     if not path.exists():
         return
     with path.open("rb") as fh:
         for lineno, raw in enumerate(fh, 1):
+            if not raw.strip():
+                continue
             try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                if not raw.endswith(b"\n"):  # a torn last line, cut inside a character
-                    continue
-                raise SpecbenchError(f"{path}:{lineno}: not UTF-8 text ({exc.reason} at byte {exc.start} of the line)",
-                                     "repair or delete that line (or start a new run directory)") from exc
-            if line.strip():
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError:
-                    continue
+                record = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                if not raw.endswith(b"\n"):  # only the last line can lack its newline
+                    log.warning("%s:%d: skipping a torn last line (a run stopped while writing it)", path, lineno)
+                    return
+                raise SpecbenchError(f"{path}:{lineno}: line {lineno} is not a JSON record ({exc}): the file is "
+                                     "corrupted (an interrupted run leaves at most a torn last line)",
+                                     f"repair or delete line {lineno} of {path}, or rerun into a new directory") from exc
+            if not isinstance(record, dict):
+                raise SpecbenchError(f"{path}:{lineno}: line {lineno} is not a JSON object: the file is corrupted",
+                                     f"repair or delete line {lineno} of {path}, or rerun into a new directory")
+            yield record

@@ -18,7 +18,7 @@ from specbench.decoding.drafter import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
 from specbench.pipelines import report
 from specbench.pipelines.methods import Method, parse_methods
-from specbench.pipelines.session import Records, Session, example_id, rotation, turns_of
+from specbench.pipelines.session import RECORDS, Records, Session, example_id, rotation, turns_of
 from specbench.records import read_jsonl
 from specbench.selection import Selector
 
@@ -54,7 +54,7 @@ def check_resumable(selectors: dict[str, Selector], methods: list[Method], todo:
 
 
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
-    s = Session.open(cfg, output_dir)
+    s = Session.open(cfg, output_dir, RECORDS)
     methods = parse_methods(cfg.methods, s.pool, cfg.get("selector"), cfg)
     max_turns = int(cfg.dataset.get("max_turns") or 1)
     records = Records(s.out)

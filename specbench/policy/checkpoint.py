@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Sequence
@@ -14,6 +15,7 @@ from specbench.policy.train import Policy, TrainResult
 
 FORMAT = "specbench-policy"
 VERSION = 1
+log = logging.getLogger(__name__)
 
 
 def _plain(value: Any, where: str) -> Any:
@@ -96,9 +98,19 @@ def load_checkpoint(path: str | Path) -> Policy:
                              "retrain with `specbench train-policy`") from e
 
 
-def check_compatible(policy: Policy, pool_arms: Sequence[str], embedding_dim: int) -> None:
-    """SpecbenchError unless every policy arm is in ``pool_arms`` and the policy reads ``embedding_dim``."""
-    target = policy.meta.get("embedding", {}).get("target", "unknown")
+def check_compatible(policy: Policy, pool_arms: Sequence[str], embedding_dim: int, target: str | None = None) -> None:
+    """SpecbenchError unless every policy arm is in ``pool_arms``, the policy reads ``embedding_dim``
+    and, when ``target`` (the run's target model) is given, the policy was trained on that target's
+    embeddings (a checkpoint that records no target is accepted with a warning)."""
+    trained_for = (policy.meta.get("embedding") or {}).get("target")
+    if target is not None and trained_for is not None and str(trained_for) != str(target):
+        raise SpecbenchError(f"the policy checkpoint was trained on the embeddings of target {trained_for}, but this "
+                             f"run's target is {target}: its choices would be read off another model's embeddings",
+                             f"run it with target.model={trained_for}, or collect and train a policy for {target} "
+                             "(specbench collect + specbench train-policy)")
+    if target is not None and trained_for is None:
+        log.warning("the policy checkpoint records no target: cannot check it was trained for %s", target)
+    target = trained_for or "unknown"
     missing = [a for a in policy.arms if a not in pool_arms]
     if missing:
         raise SpecbenchError(f"policy checkpoint chooses arms {missing} that are not in the drafter pool "

@@ -168,6 +168,20 @@ def hub_records(hub: Mapping, split: str) -> Iterable[tuple[dict, str]]:
         yield row, f"{hub['path']}[{split}] row {i + 1}"
 
 
+def check_unique_ids(queries: Iterable[tuple[Query, str]], what: str) -> None:
+    """Refuse queries that share an id (``(query, where)`` pairs; ``where`` names file and line): an id
+    names a query's records, so two queries under one id would be merged by a resume and the summary."""
+    seen: dict[str, list[str]] = {}
+    for q, where in queries:
+        seen.setdefault(q.id, []).append(where)
+    dups = {qid: wheres for qid, wheres in seen.items() if len(wheres) > 1}
+    if dups:
+        shown = "; ".join(f"id '{qid}' at {', '.join(wheres)}" for qid, wheres in list(dups.items())[:5])
+        more = f" (and {len(dups) - 5} more ids)" if len(dups) > 5 else ""
+        raise SpecbenchError(f"{what}: {len(dups)} query id(s) used by more than one record: {shown}{more}",
+                             "give every record its own id (or remove the repeated records)")
+
+
 def read_source(name: str, source: Mapping) -> list[Query]:
     """Every record of one source (a local file, an embedded file or the hub) as queries."""
     source = dict(source)
@@ -182,7 +196,9 @@ def read_source(name: str, source: Mapping) -> list[Query]:
     else:
         raise SpecbenchError(f"dataset source '{name}' has neither a path nor a hub id", "set dataset.path=<file>")
     parse = FORMATS[fmt]
-    queries = [parse(row, i, where, **source) for i, (row, where) in enumerate(records)]
+    parsed = [(parse(row, i, where, **source), where) for i, (row, where) in enumerate(records)]
+    check_unique_ids(parsed, f"dataset source '{name}'")
+    queries = [q for q, _ in parsed]
     if task:
         for q in queries:
             q.task = task
@@ -240,12 +256,15 @@ def load_dataset_config(cfg: Mapping) -> list[Query]:
     if categories:
         check_categories(read, categories)
     queries: list[Query] = []
+    origin: list[str] = []
     for name, source_queries in read.items():
         has_categories = any(q.category for q in source_queries)
         if categories and not has_categories:
             log.info("dataset.categories: source '%s' has no categories, so all its records are kept", name)
-        queries += select_queries(source_queries, limit=limit, seed=seed, shuffle=bool(cfg.get("shuffle")),
-                                  categories=categories if has_categories else None, offset=offset)
+        got = select_queries(source_queries, limit=limit, seed=seed, shuffle=bool(cfg.get("shuffle")),
+                             categories=categories if has_categories else None, offset=offset)
+        queries += got
+        origin += [f"source '{name}'"] * len(got)
     if not queries:
         raise SpecbenchError("the dataset is empty: no records were read (or none matched dataset.categories)",
                              "check that dataset.path / dataset.sources point at non-empty files")
@@ -253,6 +272,7 @@ def load_dataset_config(cfg: Mapping) -> list[Query]:
     if len(set(ids)) != len(ids):  # the same file twice, or colliding ids across sources
         for name_q in queries:
             name_q.id = f"{name_q.task}/{name_q.id}"
+        check_unique_ids(zip(queries, origin), "the dataset's sources")
     if cfg.get("interleave"):
         random.Random(seed).shuffle(queries)
     return queries
