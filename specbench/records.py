@@ -135,8 +135,10 @@ def read_jsonl(path: Path) -> Iterator[dict]:
                 if not raw.endswith(b"\n"):  # only the last line can lack its newline
                     log.warning("%s:%d: skipping a torn last line (a run stopped while writing it)", path, lineno)
                     return
-                raise SpecbenchError(f"{path}:{lineno}: line {lineno} is not a JSON record ({exc}): the file is "
-                                     "corrupted (an interrupted run leaves at most a torn last line)",
+                what = (f"not UTF-8 text ({exc.reason} at byte {exc.start} of the line)"
+                        if isinstance(exc, UnicodeDecodeError) else f"line {lineno} is not a JSON record ({exc})")
+                raise SpecbenchError(f"{path}:{lineno}: {what}: the file is corrupted (an interrupted run leaves at "
+                                     "most a torn last line)",
                                      f"repair or delete line {lineno} of {path}, or rerun into a new directory") from exc
             if not isinstance(record, dict):
                 raise SpecbenchError(f"{path}:{lineno}: line {lineno} is not a JSON object: the file is corrupted",

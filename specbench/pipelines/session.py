@@ -379,7 +379,7 @@ class Records:
             if missing:
                 have = ", ".join(rec) if isinstance(rec, dict) else f"a JSON {type(rec).__name__}"
                 raise SpecbenchError(f"{path}: record {i} has no {', '.join(missing)} (it has: {have})",
-                                     "repair or delete that line (or start a new run directory)")
+                                     f"repair or delete line {i} of {path} (or rerun into a new directory)")
             self.done.add((rec["query_id"], rec["method"]))
         if self.done:
             log.info("resuming: %d finished generations found in %s", len(self.done), self.out)

@@ -143,7 +143,7 @@ def damaged_copy(finished_run: Path, tmp_path: Path, damage) -> Path:
 def test_damaged_examples_on_resume(finished_run, tmp_path, damage, words):
     run_dir = damaged_copy(finished_run, tmp_path, damage)
     code, err, _ = run("eval", *TINY, "methods=[autoregressive,fixed:prompt_lookup]", f"hydra.run.dir={run_dir}")
-    assert_clear_error(code, err, words, "repair or delete that line")
+    assert_clear_error(code, err, words, "repair or delete line")
     assert (run_dir / "examples.jsonl").exists()  # a directory with results is never removed
 
 

@@ -134,7 +134,7 @@ def test_examples_line_without_method_is_named(tmp_path):
     (tmp_path / "examples.jsonl").write_text(json.dumps(rec) + "\n" + json.dumps(broken) + "\n")
     with pytest.raises(SpecbenchError, match=r"examples.jsonl: record 2 has no method") as info:
         Records(tmp_path)
-    assert "repair or delete that line" in info.value.fix
+    assert "repair or delete line" in info.value.fix
 
 
 # -- models -----------------------------------------------------------------------------------
