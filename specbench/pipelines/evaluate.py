@@ -19,8 +19,9 @@ from specbench.errors import SpecbenchError
 from specbench.pipelines import report, spec_bench
 from specbench.pipelines.methods import Method, parse_methods
 from specbench.pipelines.session import Records, Session, example_id, rotation, turns_of
+from specbench.policy import check_held_out
 from specbench.records import read_jsonl
-from specbench.selection import Selector
+from specbench.selection import PolicySelector, Selector
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,9 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     # One selector per method for the whole run: ``reset`` starts each query, and selectors that
     # carry statistics across queries (warm start) keep them.
     selectors = {m.name: m.make_selector() for m in methods}
+    for name, selector in selectors.items():  # a trained policy must not be evaluated on its training queries
+        if isinstance(selector, PolicySelector):
+            check_held_out(selector.policy, s.queries, where=f"the policy of method '{name}'")
     check_resumable(selectors, methods, todo, {m for _, m in records.done})
     if todo:
         s.warm_up(lambda prompt, lim, rng, m=m: s.decode(m.make_selector(), prompt, rng, limits=lim,
