@@ -3,7 +3,10 @@ prefix: shared by the config tests and the paper-scale dry run."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
+
+from hydra import compose, initialize_config_dir
 
 from specbench.configs import conf_dir
 
@@ -19,3 +22,11 @@ def commands_for(name: str) -> list[str]:
     cmds = next((cmds for prefix, cmds in COMMANDS.items() if name.startswith(prefix)), None)
     assert cmds, f"experiment {name}: add its name prefix and commands to COMMANDS in tests/experiments.py"
     return cmds
+
+
+@functools.cache
+def paper_scale(name: str) -> bool:
+    """An experiment is paper scale when its target is not an embedded model (it needs a GPU and the hub)."""
+    with initialize_config_dir(config_dir=conf_dir(), version_base=None):
+        cfg = compose(config_name=commands_for(name)[0], overrides=[f"+experiment={name}"])
+    return not str(cfg.target.model).startswith("embedded:")

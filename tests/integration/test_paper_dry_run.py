@@ -30,7 +30,7 @@ from omegaconf import OmegaConf, open_dict
 
 from specbench.configs import conf_dir
 from specbench.models.tiny import byte_tokenizer, write_tiny
-from tests.experiments import commands_for, experiments
+from tests.experiments import commands_for, experiments, paper_scale
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 GENERIC_CHAT = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
@@ -101,13 +101,6 @@ def _composed(command: str, overrides: tuple[str, ...]):
 def compose_for(command: str, overrides: list[str]):
     """The composed config (a fresh copy: runs change it)."""
     return copy.deepcopy(_composed(command, tuple(overrides)))
-
-
-@functools.cache
-def paper_scale(name: str) -> bool:
-    """An experiment is paper scale when its target is not an embedded model (it needs a GPU and the hub)."""
-    cfg = compose_for(commands_for(name)[0], [f"+experiment={name}"])
-    return not str(cfg.target.model).startswith("embedded:")
 
 
 PAPER = [name for name in experiments() if paper_scale(name)]
