@@ -132,3 +132,25 @@ def test_eval_refuses_a_policy_trained_on_its_queries(tmp_path):
     assert not (tmp_path / "overlap" / "examples.jsonl").exists()
     out = evaluate.run(cfg_of("eval", base + policy + ["dataset.offset=2", "dataset.limit=1"]), tmp_path / "held_out")
     assert "policy" in set(pd.read_csv(out / "summary.csv").method)
+
+
+def test_a_stopped_cascades_run_writes_the_curves_of_what_it_finished(tmp_path, monkeypatch):
+    from specbench.pipelines import cascades
+
+    cfg = cfg_of("cascades", ["target=tiny_llama", "pool=tiny_llama_hf", "drafter_arm=tiny_draft", "dataset.limit=1",
+                              "decoding.max_new_tokens=4", "warmup.max_new_tokens=0", "rules=[chow]",
+                              "alphas.chow=[0.5]"])
+    real = cascades.Session.decode
+    calls = {"n": 0}
+
+    def failing(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 6:
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(cascades.Session, "decode", failing)
+    with pytest.raises(KeyboardInterrupt):
+        cascades.run(cfg, tmp_path)
+    assert "stopped early" in (tmp_path / "curves.md").read_text()
+    assert len(pd.read_csv(tmp_path / "curves.csv")) >= 1
