@@ -126,7 +126,10 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         # A run that stops (an error, Ctrl-C) still leaves the curves of what it finished.
         if records.examples():
             log.error("cascades stopped early: writing the curves of the generations it finished in %s", s.out)
-            write_curves(records, s.out, str(cfg.target.model), name, stopped=True)
+            try:
+                write_curves(records, s.out, str(cfg.target.model), name, stopped=True)
+            except Exception:  # noqa: BLE001 - never hide the error that stopped the run
+                log.exception("could not write the curves of the finished generations")
         raise
     write_curves(records, s.out, str(cfg.target.model), name)
     return s.out

@@ -96,10 +96,13 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                     bar.update(1)
     except BaseException:
         # A run that stops (an error, Ctrl-C) still leaves the summary of what it finished.
-        if records.examples():
-            log.error("eval stopped early: writing the summary of the %d generations it finished in %s",
-                      len(records.examples()), s.out)
-            write_summary(s, cfg, records, partial=True)
+        finished = len(records.examples())
+        if finished:
+            log.error("eval stopped early: writing the summary of the %d generations it finished in %s", finished, s.out)
+            try:
+                write_summary(s, cfg, records, partial=True)
+            except Exception:  # noqa: BLE001 - never hide the error that stopped the run
+                log.exception("could not write the summary of the finished generations")
         raise
     write_summary(s, cfg, records)
     return s.out
