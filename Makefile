@@ -6,7 +6,8 @@ TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
 .PHONY: install demo test test-fast bench clean metasd-cpu metasd-cpu-full-info huang-cpu huang-cpu-math \
-	huang-cpu-early-exit cascades-cpu specialists specialists-eval paper-dry-run paper-drafters reproduce-paper
+	huang-cpu-early-exit cascades-cpu specialists specialists-eval reproduce-cpu report paper-dry-run paper-drafters \
+	reproduce-paper
 
 install:
 	$(PIP) install -q "$(TORCH_SPEC)"
@@ -97,14 +98,27 @@ specialists: install
 specialists-eval: install
 	specbench eval +experiment=specialists_cpu threads=$(THREADS) hydra.run.dir=$(SPECIALISTS_OUT)/eval
 
+# Every CPU-scale reproduction (Huang et al. Tables 1, 4, 6 and Figs. 2, 3; MetaSD's main table,
+# convergence, switching cost and a non-stationary stream; speculative cascades greedy and at
+# temperature 1) with the specialist pool, then the report: outputs/reproduce/report/REPORT.md.
+# Resumable: finished steps are skipped, an interrupted one resumes (specbench/reproduction/plan.py).
+REPRO ?= outputs/reproduce
+reproduce-cpu: specialists
+	specbench reproduce --root $(REPRO)
+
+# Rebuild the report from the runs (and copy it to docs/reproduction, which the README links).
+report: install
+	specbench report $(REPRO) --publish docs/reproduction
+
 # ---------------------------------------------------------------------------------------------------
 # Paper scale: every paper-scale experiment (conf/experiment/, README "Paper-scale experiments"). Needs a
 # GPU with CUDA torch (make install TORCH_SPEC="torch>=2.4"), hub access, and the gated models' licences
 # accepted on the hub (Gemma-2, LayerSkip) with `huggingface-cli login`. Fixed run directories under
 # $(PAPER): rerunning resumes eval / collect / cascades runs and train-drafter checkpoints. PAPER_ARGS adds
 # Hydra overrides to every run (e.g. PAPER_ARGS=dataset.limit=20 for a short smoke run on a GPU).
-# It ends in `specbench report $(PAPER)` (issue 12: the paper tables with the published numbers beside
-# ours); until that command exists, every run directory above already holds its summary tables.
+# It ends in `specbench report $(PAPER)`. That report reads the CPU-scale layout of `specbench reproduce`
+# (huang/eval, metasd/eval, cascades/greedy, ...) and has no paper-scale exhibits yet, so here it finds
+# none and stops naming the runs it expected; every run directory below holds its own summary tables.
 PAPER ?= outputs/reproduce-paper
 PAPER_ARGS ?=
 SPECBENCH ?= $(PYTHON) -m specbench.cli

@@ -107,6 +107,38 @@ def train_drafter(ctx: typer.Context) -> None:
     hydra_run("train_drafter", pipeline.run, ctx.args)
 
 
+@app.command("report")
+def report(root: str = typer.Argument("outputs/reproduce", help="the root that `specbench reproduce` wrote its runs to"),
+           out: str = typer.Option(None, "--out", help="report directory (default: ROOT/report)"),
+           publish: str = typer.Option(None, "--publish",
+                                       help="also copy the report here (docs/reproduction: the README links it)")) -> None:
+    """Each paper's tables and figures from the run directories under ROOT, published numbers beside ours,
+    and each claim checked (REPORT.md)."""
+    from specbench.reproduction import render
+
+    try:
+        path = render.write(root, out)
+        if publish:
+            typer.echo(f"published: {render.publish(path, publish)}")
+    except SpecbenchError as exc:
+        _fail(exc)
+
+
+@app.command("reproduce", context_settings=HYDRA_ARGS)
+def reproduce(ctx: typer.Context,
+              root: str = typer.Option("outputs/reproduce", "--root", help="where the runs and the report go"),
+              profile: str = typer.Option("cpu", "--profile", help="cpu: the CPU-scale plan; tiny: a dry run on tiny models"),
+              paper: list[str] = typer.Option(None, "--paper", help="only these papers (huang, metasd, cascades)")) -> None:
+    """Every CPU-scale reproduction end to end (resumable), then `specbench report`; extra Hydra
+    overrides apply to every step."""
+    from specbench.reproduction import plan
+
+    try:
+        plan.run(root, profile=profile, papers=paper or None, extra=list(ctx.args))
+    except SpecbenchError as exc:
+        _fail(exc)
+
+
 def main() -> None:
     app()
 

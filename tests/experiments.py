@@ -11,7 +11,8 @@ from hydra import compose, initialize_config_dir
 from specbench.configs import conf_dir
 
 COMMANDS = {"cascades": ["cascades"], "huang": ["collect", "eval"], "metasd": ["eval"], "specialists": ["eval"],
-            "spec_bench": ["eval"], "drafter": ["train_drafter"]}
+            "reproduce_huang": ["collect", "eval"], "reproduce_metasd": ["eval"], "spec_bench": ["eval"],
+            "drafter": ["train_drafter"]}
 
 
 def experiments() -> list[str]:

@@ -27,6 +27,13 @@ class Draft:
     raw: torch.Tensor | None = None  # [len(tokens), V]: the drafter's untempered softmax (cascade rules)
 
 
+def draft_ends(tok: int, prob: float, i: int, k: int, eos_ids, confidence_threshold: float) -> bool:
+    """Whether a draft stops after its ``i``-th token: at EOS, at ``k`` tokens, or when the drafter
+    doubts its own token (probability below ``confidence_threshold``: it would likely be rejected,
+    and each further draft forward costs time). Verification is unchanged, so decoding stays lossless."""
+    return tok in eos_ids or i == k - 1 or prob < confidence_threshold
+
+
 @dataclass
 class Query:
     """One decode call's per-query context, handed to ``sync``.

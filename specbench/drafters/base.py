@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specbench.decoding.drafter import AUTOREGRESSIVE, AutoregressiveArm, Draft, Drafter, Query
+from specbench.decoding.drafter import AUTOREGRESSIVE, AutoregressiveArm, Draft, Drafter, Query, draft_ends
 from specbench.decoding.sampling import logits_to_probs, pick
 from specbench.models.cache import CachedLM
 
@@ -56,9 +56,7 @@ class ModelDrafter(Drafter):
             out.append(tok)
             rows.append(probs)
             raw.append(probs if sampling.greedy else torch.softmax(logits.float(), dim=-1))
-            # Stop early at EOS, at k tokens, or when the drafter doubts its own token (it would
-            # likely be rejected, and each further draft forward costs time).
-            if tok in eos_ids or i == k - 1 or float(probs[tok]) < self.confidence_threshold:
+            if draft_ends(tok, float(probs[tok]), i, k, eos_ids, self.confidence_threshold):
                 break
             logits = self.lm.forward([tok], last_only=True)[-1]
         return Draft(tokens=out, probs=torch.stack(rows) if rows else None, raw=torch.stack(raw) if raw else None)

@@ -31,11 +31,11 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from specbench.decoding.drafter import Draft, Drafter, Query
+from specbench.decoding.drafter import Draft, Drafter, Query, draft_ends
 from specbench.decoding.sampling import logits_to_probs, pick
 from specbench.errors import SpecbenchError
 from specbench.models.cache import cache_argument, common_prefix, crop_cache
-from specbench.models.loading import cache_path
+from specbench.models.loading import resolve_cached
 from specbench.models.target import Target
 
 CONFIG_FILE = "config.json"
@@ -109,10 +109,10 @@ def load_state(path: Path) -> dict[str, torch.Tensor]:
 def resolve_checkpoint(checkpoint: str, make_target: str | None = None) -> Path:
     """A local directory, ``cache:<path>`` (under ``$SPECBENCH_CACHE``, where ``train-drafter`` writes),
     or a hub id downloaded once (users with hub access)."""
-    checkpoint = str(cache_path(str(checkpoint)) or checkpoint)
+    local = resolve_cached(checkpoint, make_target)
+    if local is not None:
+        return local
     path = Path(str(checkpoint)).expanduser()
-    if path.is_dir():
-        return path
     if "/" in str(checkpoint) and not path.exists() and not str(checkpoint).startswith((".", "/", "~")):
         try:
             from huggingface_hub import snapshot_download
@@ -196,9 +196,11 @@ class HeadLogits:
 
 
 class EagleDrafter(Drafter):
-    def __init__(self, name: str, head: EagleHead, target: Target, d2t: torch.Tensor | None, cost: float):
+    def __init__(self, name: str, head: EagleHead, target: Target, d2t: torch.Tensor | None, cost: float,
+                 confidence_threshold: float = 0.0):
         self.name = name
         self.cost = float(cost)
+        self.confidence_threshold = float(confidence_threshold)
         self.head = head
         self.embed = target.model.get_input_embeddings()
         self.logits = HeadLogits(target, d2t)
@@ -251,7 +253,7 @@ class EagleDrafter(Drafter):
             out.append(tok)
             rows.append(probs)
             raw.append(probs if sampling.greedy else torch.softmax(full, dim=-1))
-            if tok in eos_ids or i == k - 1:
+            if draft_ends(tok, float(probs[tok]), i, k, eos_ids, self.confidence_threshold):
                 break
             h = self._feed(h[None], [tok])[-1]
         return Draft(tokens=out, probs=torch.stack(rows), raw=torch.stack(raw))
@@ -265,9 +267,10 @@ def head_cost(head: EagleHead, logits: HeadLogits, target: Target) -> float:
 
 
 def build(target: Target, name: str, checkpoint: str | None = None, cost: float | None = None,
-          make_target: str | None = None, sub_vocabulary: bool = True) -> EagleDrafter:
+          make_target: str | None = None, sub_vocabulary: bool = True,
+          confidence_threshold: float = 0.0) -> EagleDrafter:
     """``sub_vocabulary=false`` scores the whole vocabulary even when the head has a ``d2t`` (to measure
-    what the sub-vocabulary saves)."""
+    what the sub-vocabulary saves); ``confidence_threshold``: a dynamic draft length (``draft_ends``)."""
     if target.is_encoder_decoder:
         raise SpecbenchError(f"drafter '{name}' (eagle) needs a decoder-only target",
                              "use early_exit, quantized or an hf drafter with encoder-decoder targets")
@@ -277,6 +280,6 @@ def build(target: Target, name: str, checkpoint: str | None = None, cost: float 
     head, d2t, _ = load_head(checkpoint, target, make_target)
     if not sub_vocabulary:
         d2t = None
-    drafter = EagleDrafter(name, head, target, d2t, cost=0.0)
+    drafter = EagleDrafter(name, head, target, d2t, cost=0.0, confidence_threshold=confidence_threshold)
     drafter.cost = head_cost(head, drafter.logits, target) if cost is None else float(cost)
     return drafter

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from specbench.drafters.base import ModelDrafter, param_count
 from specbench.errors import SpecbenchError
-from specbench.models.loading import load_model
+from specbench.models.loading import LoadedModel, load_model, resolve_cached
 from specbench.models.target import Target
+
+MODEL_META = "specbench.json"  # written beside a fine-tuned drafter by `specbench train-drafter`
 
 
 def check_same_vocabulary(target_tok, drafter_tok, drafter_name: str) -> None:
@@ -21,16 +26,38 @@ def check_same_vocabulary(target_tok, drafter_tok, drafter_name: str) -> None:
         )
 
 
-def build(target: Target, name: str, model: str, dtype: str | None = None, device: str | None = None,
-          cost: float | None = None,
-          confidence_threshold: float = 0.0) -> ModelDrafter:
-    loaded = load_model(model, dtype=dtype or str(target.model.dtype).removeprefix("torch."),
-                        device=device or str(target.device))
+def check_compatible(target: Target, loaded: LoadedModel, name: str) -> None:
+    """A drafter must share the target's vocabulary and be of its kind (decoder-only or encoder-decoder)."""
     check_same_vocabulary(target.tokenizer, loaded.tokenizer, name)
     if loaded.is_encoder_decoder != target.is_encoder_decoder:
         kind = "encoder-decoder" if target.is_encoder_decoder else "decoder-only"
-        raise SpecbenchError(f"drafter '{name}' ({model}) is not {kind} like the target",
+        raise SpecbenchError(f"drafter '{name}' ({loaded.name}) is not {kind} like the target",
                              f"use a {kind} drafter for this target")
+
+
+def check_trained_for(path: Path, target: Target, name: str) -> None:
+    """A drafter fine-tuned by ``train-drafter`` for another target (another vocabulary) is refused."""
+    from specbench.drafters.eagle import vocab_fingerprint
+
+    meta = json.loads((path / MODEL_META).read_text())
+    if meta.get("vocab") and meta["vocab"] != vocab_fingerprint(target.tokenizer):
+        raise SpecbenchError(
+            f"drafter '{name}' ({path}) was fine-tuned for target '{meta.get('target')}', whose vocabulary differs "
+            f"from this target's ('{target.loaded.name}')",
+            f"use a drafter trained for {target.loaded.name} (specbench train-drafter target=...), or that target")
+
+
+def build(target: Target, name: str, model: str, dtype: str | None = None, device: str | None = None,
+          cost: float | None = None, confidence_threshold: float = 0.0,
+          make_target: str | None = None) -> ModelDrafter:
+    """``model``: a hub id, a local directory, ``embedded:<entry>``, or ``cache:<path>`` (under
+    ``$SPECBENCH_CACHE``, where ``train-drafter`` writes; ``make_target`` names what builds it)."""
+    local = resolve_cached(model, make_target)
+    if local is not None and (local / MODEL_META).exists():
+        check_trained_for(local, target, name)
+    loaded = load_model(str(local or model), dtype=dtype or str(target.model.dtype).removeprefix("torch."),
+                        device=device or str(target.device))
+    check_compatible(target, loaded, name)
     if cost is None:
         cost = param_count(loaded.model) / param_count(target.model)
     return ModelDrafter(name, loaded.model, target.vocab_size, cost, confidence_threshold)

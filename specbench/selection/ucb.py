@@ -12,20 +12,35 @@ from specbench.selection.bandits import BanditSelector
 class UCB(BanditSelector):
     """UCB1 (Auer, Cesa-Bianchi & Fischer 2002) as in MetaSD: play each arm once, then
     ``argmax_i mean_i + beta * sqrt(2 ln t / n_i)`` with ``t = sum_i n_i`` (ties: first listed arm).
-    ``beta`` scales exploration (1: UCB1)."""
+    ``beta`` scales exploration (1: UCB1). ``switch_cost``: the switching-cost variant, subtracted
+    from the index of every arm but the one played last round (a switch costs the new drafter a
+    KV-cache catch-up), so the selector switches only for a clear gain (0: plain UCB)."""
 
-    def __init__(self, arms: list[str], beta: float = 1.0, **kwargs):
+    def __init__(self, arms: list[str], beta: float = 1.0, switch_cost: float = 0.0, **kwargs):
         super().__init__(arms, **kwargs)
         if beta < 0:
             raise SpecbenchError(f"ucb: beta {beta} is negative", "set beta >= 0 (1.0 is UCB1)")
+        if switch_cost < 0:
+            raise SpecbenchError(f"ucb: switch_cost {switch_cost} is negative", "set switch_cost >= 0 (0: plain UCB)")
         self.beta = float(beta)
+        self.switch_cost = float(switch_cost)
+        self.last: int | None = None
 
     def index(self, i: int) -> float:
         """The UCB index of arm ``i`` (``inf`` before its first pull)."""
         if self.counts[i] <= 0:
             return math.inf
         log_t = math.log(max(sum(self.counts), 1.0))
-        return self.mean(i) + self.beta * math.sqrt(2.0 * log_t / self.counts[i])
+        penalty = self.switch_cost if self.last is not None and i != self.last else 0.0
+        return self.mean(i) + self.beta * math.sqrt(2.0 * log_t / self.counts[i]) - penalty
+
+    def reset(self, query=None) -> None:
+        super().reset(query)
+        self.last = None
+
+    def update(self, arm: str, feedback) -> None:
+        super().update(arm, feedback)
+        self.last = self._index[arm]
 
     def _choose(self) -> int:
         unplayed = self._unplayed()

@@ -67,13 +67,15 @@ def eagle_pool(tiny_llama_target, tmp_path_factory):
     pool = build_pool(target, {
         "eagle": {"_target_": "specbench.drafters.eagle.build", "checkpoint": str(full)},
         "eagle_sub": {"_target_": "specbench.drafters.eagle.build", "checkpoint": str(sub)},
+        "eagle_dynamic": {"_target_": "specbench.drafters.eagle.build", "checkpoint": str(full),
+                          "confidence_threshold": 0.3},
         "prompt_lookup": {"_target_": "specbench.drafters.prompt_lookup.build"},
     })
     return target, pool
 
 
 @pytest.mark.parametrize("draft_length", [1, 3, 5])
-@pytest.mark.parametrize("arm", ["eagle", "eagle_sub"])
+@pytest.mark.parametrize("arm", ["eagle", "eagle_sub", "eagle_dynamic"])
 def test_greedy_equals_autoregressive(eagle_pool, tiny_decode, arm, draft_length):
     target, pool = eagle_pool
     for text in PROMPTS:
@@ -83,6 +85,17 @@ def test_greedy_equals_autoregressive(eagle_pool, tiny_decode, arm, draft_length
         assert gen.tokens == ref.tokens
         assert gen.drafted > 0
     assert gen.accepted > 0  # the pass-through head is a real drafter, not noise
+
+
+def test_confidence_threshold_shortens_drafts(eagle_pool, tiny_decode):
+    """A dynamic draft length: the head stops after a token it doubts, so it drafts fewer tokens per
+    round than with the threshold off (same head)."""
+    target, pool = eagle_pool
+    prompt = target.tokenizer(PROMPTS[0])["input_ids"]
+    fixed = tiny_decode(target, pool, "eagle", prompt, max_new_tokens=30, draft_length=5)
+    dynamic = tiny_decode(target, pool, "eagle_dynamic", prompt, max_new_tokens=30, draft_length=5)
+    per_round = lambda g: g.drafted / sum(1 for r in g.rounds if r.drafted)  # noqa: E731
+    assert per_round(dynamic) < per_round(fixed)
 
 
 def test_sub_vocabulary_drafts_only_its_tokens(eagle_pool, tiny_decode):

@@ -219,9 +219,34 @@ def test_arms_and_reward_choice():
         UCB(ARMS).update("autoregressive", feedback())
 
 
+def test_random_per_query_keeps_one_arm_per_query_and_varies_across_queries():
+    sel = RandomSelector(ARMS, per_query=True, seed=3)
+    firsts = set()
+    for q in range(30):
+        picks = play(sel, bernoulli(), 12, seed=q)
+        assert len(set(picks)) == 1
+        firsts.add(picks[0])
+    assert firsts == set(sel.candidates)  # every arm is drawn for some query
+    mixture = play(RandomSelector(ARMS, seed=3), bernoulli(), 60)
+    assert set(mixture) == set(sel.candidates)  # the per-round mixture switches inside a query
+
+
+def test_switch_cost_cuts_switches_between_close_arms():
+    """Two arms 0.02 apart with noisy rewards: plain UCB keeps switching, the switching-cost variant
+    stays on one arm far longer (same seeded environment)."""
+    means = {"a": 0.50, "b": 0.52, "c": 0.51}
+    env = bd_like(means, sd=0.15)
+    switches = lambda picks: sum(x != y for x, y in zip(picks, picks[1:]))  # noqa: E731
+    plain = switches(play(UCB(ARMS, beta=0.5), env, 300))
+    sticky = switches(play(UCB(ARMS, beta=0.5, switch_cost=0.1), env, 300))
+    assert sticky < plain / 3, (sticky, plain)
+    with pytest.raises(SpecbenchError):
+        UCB(ARMS, switch_cost=-1)
+
+
 # -- configs -----------------------------------------------------------------------------------------
 BANDIT_CONFS = ["ucb", "ucb_be", "exp3", "sequential_halving", "etc", "discounted_ucb", "sliding_window_ucb",
-                "epsilon_greedy", "random", "ucb_full_info"]
+                "epsilon_greedy", "random", "ucb_full_info", "random_per_query", "ucb_switch"]
 
 
 def test_every_bandit_config_is_tested():
@@ -242,7 +267,7 @@ def test_selector_configs_instantiate(stem):
     assert sel.full_information == (stem == "ucb_full_info")
     picks = play(sel, bd_like(), 60)
     assert set(picks) <= {"a", "b", "c"} and sel.t == 60
-    if stem != "random":
+    if stem not in ("random", "random_per_query"):
         assert share(picks[-20:]) >= 0.5
 
 

@@ -1,0 +1,56 @@
+"""``specbench reproduce --profile tiny``: the whole CPU reproduction plan as a dry run on the tiny
+Llama (the real experiment configs, the local real data, a few tokens per query), then the report.
+Every exhibit is built, and a rerun skips every finished step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from specbench.drafters.eagle import EagleHead, save_head, vocab_fingerprint
+from specbench.reproduction import plan
+from specbench.reproduction.exhibits import BUILDERS
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not present (a user's fresh clone)")
+def test_dry_run_builds_every_exhibit_and_resumes(tmp_path, monkeypatch, tiny_llama_target, capsys):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("SPECBENCH_CACHE", str(cache))
+    target = tiny_llama_target
+    for i, task in enumerate(["math", "summarization", "translation", "chat", "general"]):  # the pool's heads
+        torch.manual_seed(i)
+        save_head(EagleHead(target.model, layers=1), None, cache / "drafters" / f"eagle_{task}",
+                  {"kind": "eagle", "target": "embedded:tiny_llama", "vocab": vocab_fingerprint(target.tokenizer)})
+    root = tmp_path / "reproduce"
+    report = plan.run(root, profile="tiny")
+
+    text = (report / "REPORT.md").read_text()
+    assert "Not run yet" not in text
+    assert text.count("### [") == len(BUILDERS)
+    for step in plan.CPU:
+        assert (root / step.run / plan.DONE).exists(), step.run
+    for name in ("huang/table1", "huang/fig2", "huang/fig3", "metasd/main", "metasd/convergence", "cascades/sampling"):
+        assert (report / f"{name}.md").exists() and (report / f"{name}.csv").exists(), name
+    for fig in ("huang/fig2", "huang/fig3", "metasd/convergence", "cascades/greedy"):
+        assert (report / f"{fig}.png").exists(), fig
+    assert text.count("**held**") + text.count("**not held**") + text.count("**not judged**") >= 15
+
+    # a rerun decodes nothing: every step is skipped and the records are untouched
+    before = (root / "metasd" / "eval" / "examples.jsonl").read_text()
+    capsys.readouterr()
+    plan.run(root, profile="tiny")
+    assert "specbench eval" not in capsys.readouterr().out
+    assert (root / "metasd" / "eval" / "examples.jsonl").read_text() == before
+
+
+def test_unknown_profile_or_paper_is_refused(tmp_path):
+    from specbench.errors import SpecbenchError
+
+    with pytest.raises(SpecbenchError, match="profile"):
+        plan.run(tmp_path, profile="gpu")
+    with pytest.raises(SpecbenchError, match="unknown paper"):
+        plan.run(tmp_path, papers=["leviathan"])

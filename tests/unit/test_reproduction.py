@@ -1,0 +1,106 @@
+"""The reproduction report: published values, pattern verdicts, and rendering from fixture run dirs."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from specbench.errors import SpecbenchError
+from specbench.reproduction import published, render
+from specbench.reproduction import verdicts as V
+
+
+def test_every_published_value_has_a_source():
+    entries = published.load()
+    assert len(entries) >= 15
+    for e in entries:
+        assert e.source.strip() and e.setting.strip() and e.row and e.column
+        assert isinstance(e.value, float) and not math.isnan(e.value)
+    # the issue's known figures are there
+    assert published.lookup(entries, "huang", "table1", "T5-small-XSum", "summarization") == 1.21
+    assert published.lookup(entries, "metasd", "main", "MetaSpS-UCB", "code") == 2.300
+    assert math.isnan(published.lookup(entries, "huang", "table1", "nobody", "translation"))
+
+
+def test_a_published_value_without_source_is_refused(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("- {paper: x, exhibit: t, setting: s, row: r, column: c, value: 1.0}\n")
+    with pytest.raises(SpecbenchError, match="source"):
+        published.load(path)
+    path.write_text("- {paper: x, exhibit: t, setting: s, row: r, column: c, value: fast, source: here}\n")
+    with pytest.raises(SpecbenchError, match="non-numeric"):
+        published.load(path)
+
+
+OWN = {"eagle_math": "math", "eagle_chat": "chat"}
+
+
+def test_verdicts_flip_when_the_numbers_do():
+    good = {"math": {"eagle_math": 1.3, "eagle_chat": 1.0, "eagle_general": 1.1},
+            "chat": {"eagle_math": 0.9, "eagle_chat": 1.2, "eagle_general": 1.0}}
+    bad = {**good, "chat": {"eagle_math": 1.3, "eagle_chat": 1.2, "eagle_general": 1.0}}
+    assert V.each_fastest_on_own_task(good, OWN).held is True
+    assert V.each_fastest_on_own_task(bad, OWN).held is False
+    assert V.specialist_margin(good, OWN, "eagle_general").held is True  # +30%/+18% and +33%/+20%
+    assert V.specialist_margin(good, OWN, "eagle_general", margin=0.25).held is False
+    assert V.at_least_fraction(0.96, 1.0, 0.95, "c").held is True
+    assert V.at_least_fraction(0.94, 1.0, 0.95, "c").held is False
+    assert V.above(1.01, 1.0, "c").held is True and V.above(1.0, 1.0, "c").held is False
+    assert V.above(1.0, 1.0, "c", tolerance=1e-9).held is True
+    assert V.within_of_best_everywhere({"a": 1.0, "b": 0.96}, {"a": 1.0, "b": 1.0}, 0.95, "c").held is True
+    assert V.within_of_best_everywhere({"a": 1.0, "b": 0.90}, {"a": 1.0, "b": 1.0}, 0.95, "c").held is False
+    assert V.choice_moves({"x": 0.8}, {"y": 0.7}, "x", "y", "c").held is True
+    assert V.choice_moves({"x": 0.2}, {"y": 0.7}, "x", "y", "c").held is False
+    pts = [{"rule": "lossy_sd", "alpha": 0.5, "speedup": 1.2, "quality": 0.8},
+           {"rule": "chow", "alpha": 0.3, "speedup": 1.3, "quality": 0.85}]
+    assert V.faster_at_equal_quality(pts).held is True
+    pts[1]["quality"] = 0.7
+    assert V.faster_at_equal_quality(pts).held is False
+    assert V.above(math.nan, 1.0, "c").held is None  # a missing number is not judged, not failed
+
+
+def write_eval_summary(path, rows):
+    path.mkdir(parents=True)
+    pd.DataFrame(rows).to_csv(path / "summary.csv", index=False)
+
+
+def test_report_renders_from_fixture_runs_and_lists_what_is_missing(tmp_path):
+    root = tmp_path / "reproduce"
+    rows = []
+    for task, speeds in {"translation": {"fixed:eagle_translation": 0.9, "fixed:eagle_summarization": 0.6, "policy": 0.88},
+                         "summarization": {"fixed:eagle_translation": 0.5, "fixed:eagle_summarization": 0.8, "policy": 0.5}}.items():
+        rows += [{"task": task, "method": m, "speedup": v, "mat": 1.5, "acceptance_rate": 0.3} for m, v in speeds.items()]
+    write_eval_summary(root / "huang" / "eval", rows)
+    sweep = root / "huang" / "depth" / "alpha"
+    sweep.mkdir(parents=True)
+    pd.DataFrame({"alpha": [0.0, 0.5, 1.0], "val_reward": [0.5, 0.6, 0.7], "speedup_replayed": [0.6, 0.7, 0.8],
+                  "share_early_exit_8": [1.0, 0.5, 0.0], "share_early_exit_24": [0.0, 0.5, 1.0]}).to_csv(
+        sweep / "alpha_sweep.csv", index=False)
+
+    out = render.write(root)
+    report = (out / "REPORT.md").read_text()
+    table1 = (out / "huang" / "table1.md").read_text()
+    # the paper's layout with the published numbers beside ours
+    assert "translation (paper)" in table1 and "summarization (paper)" in table1
+    assert "| eagle_summarization" in table1 and "1.210" in table1 and "0.830" in table1
+    # the policy loses 37.5% on summarization: that verdict fails; the specialists' pattern holds
+    assert "**held**: each specialist speeds up its own task" in report
+    assert "**not held**: the policy is within 5% of the best drafter" in report
+    assert "**held**: the alpha sweep moves the choice" in report
+    assert (out / "huang" / "fig2.png").exists() and (out / "huang" / "fig2.csv").exists()
+    assert "## Not run yet" in report and "metasd/eval/summary.csv" in report
+
+    # the same fixture with the policy fixed: the verdict flips
+    rows = [dict(r, speedup=0.79) if r["task"] == "summarization" and r["method"] == "policy" else r for r in rows]
+    pd.DataFrame(rows).to_csv(root / "huang" / "eval" / "summary.csv", index=False)
+    assert "**held**: the policy is within 5% of the best drafter" in (render.write(root) / "REPORT.md").read_text()
+
+
+def test_report_of_nothing_is_a_clear_error(tmp_path):
+    with pytest.raises(SpecbenchError, match="no run directory"):
+        render.write(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SpecbenchError, match="make reproduce-cpu"):
+        render.write(tmp_path / "empty")
