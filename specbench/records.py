@@ -8,9 +8,14 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
+
+from specbench.errors import SpecbenchError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -66,6 +71,10 @@ class ExampleRecord:
     agreement: dict = field(default_factory=dict)  # vs the autoregressive output of the same query, when known
 
 
+# the fields every examples.jsonl line must have (the others have defaults)
+EXAMPLE_KEYS = tuple(f.name for f in fields(ExampleRecord) if f.default is MISSING and f.default_factory is MISSING)
+
+
 class JsonlWriter:
     """Appends one JSON object per line and flushes it, so an interrupted run keeps every line."""
 
@@ -107,14 +116,31 @@ def _drop_torn_tail(path: Path) -> None:
 
 
 def read_jsonl(path: Path) -> Iterator[dict]:
-    """Read records; a torn last line (a run killed mid-write) is skipped."""
+    """Read records, one JSON object per line.
+
+    A torn last line (no newline at its end: a run killed mid-write) is skipped with a warning;
+    ``JsonlWriter`` cuts it before appending. Any other line that is not a JSON object (valid UTF-8)
+    is corruption, not an interruption: SpecbenchError naming the file and the line number.
+    """
     path = Path(path)
     if not path.exists():
         return
-    with path.open(encoding="utf-8") as fh:
-        for line in fh:
-            if line.strip():
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError:
-                    continue
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                if not raw.endswith(b"\n"):  # only the last line can lack its newline
+                    log.warning("%s:%d: skipping a torn last line (a run stopped while writing it)", path, lineno)
+                    return
+                what = (f"not UTF-8 text ({exc.reason} at byte {exc.start} of the line)"
+                        if isinstance(exc, UnicodeDecodeError) else f"line {lineno} is not a JSON record ({exc})")
+                raise SpecbenchError(f"{path}:{lineno}: {what}: the file is corrupted (an interrupted run leaves at "
+                                     "most a torn last line)",
+                                     f"repair or delete line {lineno} of {path}, or rerun into a new directory") from exc
+            if not isinstance(record, dict):
+                raise SpecbenchError(f"{path}:{lineno}: line {lineno} is not a JSON object: the file is corrupted",
+                                     f"repair or delete line {lineno} of {path}, or rerun into a new directory")
+            yield record

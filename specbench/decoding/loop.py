@@ -27,6 +27,11 @@ class Limits:
     draft_length: int = 4
 
     def __post_init__(self):
+        for name, value, key in (("draft length", self.draft_length, "decoding.draft_length"),
+                                 ("max_new_tokens", self.max_new_tokens, "decoding.max_new_tokens")):
+            if isinstance(value, bool) or not isinstance(value, int):  # 2.9 must not run as 2
+                raise SpecbenchError(f"{name} must be a whole number of tokens, got {value!r}",
+                                     f"set {key} to a positive integer")
         if self.draft_length < 1:
             raise SpecbenchError(f"draft length must be at least 1, got {self.draft_length}",
                                  "set decoding.draft_length to 1 or more (use the autoregressive arm for no draft)")

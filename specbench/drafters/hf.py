@@ -26,9 +26,24 @@ def check_same_vocabulary(target_tok, drafter_tok, drafter_name: str) -> None:
         )
 
 
+def check_embedding_rows(model, target: Target, drafter_name: str) -> None:
+    """The drafter reads every token the target commits: its embedding needs a row for each id the
+    target's tokenizer has (else decoding dies at the first id past its table)."""
+    rows = model.get_input_embeddings().num_embeddings
+    needed = len(target.tokenizer)
+    if rows < needed:
+        raise SpecbenchError(
+            f"drafter '{drafter_name}' has {rows} embedding rows, fewer than the {needed} tokens of the target's "
+            f"tokenizer (token ids {rows}..{needed - 1} would index past its embedding)",
+            "pick a drafter whose embedding covers the target's vocabulary (resize_token_embeddings to at least "
+            f"{needed} and fine-tune), or use a self-drafter: quantized, early_exit or prompt_lookup")
+
+
 def check_compatible(target: Target, loaded: LoadedModel, name: str) -> None:
-    """A drafter must share the target's vocabulary and be of its kind (decoder-only or encoder-decoder)."""
+    """A drafter must share the target's vocabulary, cover it with its embedding, and be of the target's
+    kind (decoder-only or encoder-decoder)."""
     check_same_vocabulary(target.tokenizer, loaded.tokenizer, name)
+    check_embedding_rows(loaded.model, target, name)
     if loaded.is_encoder_decoder != target.is_encoder_decoder:
         kind = "encoder-decoder" if target.is_encoder_decoder else "decoder-only"
         raise SpecbenchError(f"drafter '{name}' ({loaded.name}) is not {kind} like the target",

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import transformers
 from packaging.version import Version
+from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
 from specbench.errors import SpecbenchError
@@ -132,19 +133,22 @@ def _is_local(name: str) -> bool:
     return name.startswith(("/", ".", "~")) or os.path.exists(name)
 
 
-def _load_pretrained(path: str, dtype: torch.dtype, local: bool):
+MODEL_FIX = ("pass a directory written by save_pretrained, a reachable hub id, or an embedded model: "
+             + ", ".join(f"embedded:{m}" for m in EMBEDDED_MODELS))
+
+
+def _load_pretrained(path: str, dtype: torch.dtype, local: bool, what: str | None = None, fix: str = MODEL_FIX):
+    """Model and tokenizer from a directory or a hub id; any failure to read them is one error
+    (``what`` names the source in it, ``fix`` says what to do)."""
     try:
         config = AutoConfig.from_pretrained(path, local_files_only=local)
         auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
         model = auto.from_pretrained(path, local_files_only=local, **{DTYPE_KW: dtype})
         tok = AutoTokenizer.from_pretrained(path, local_files_only=local)
-    except OSError as exc:
-        where = "local directory" if local else "Hugging Face hub id"
-        raise SpecbenchError(
-            f"could not load the model '{path}' ({where}): {exc}",
-            "pass a directory written by save_pretrained, a reachable hub id, or an embedded model: "
-            + ", ".join(f"embedded:{m}" for m in EMBEDDED_MODELS),
-        ) from exc
+    except (OSError, ValueError, SafetensorError) as exc:  # missing / unreadable / truncated files, bad config
+        what = what or f"the model '{path}' ({'local directory' if local else 'Hugging Face hub id'})"
+        reason = str(exc).splitlines()[0] if str(exc) else ""
+        raise SpecbenchError(f"could not load {what}: {type(exc).__name__}: {reason}", fix) from exc
     return model, tok
 
 
@@ -162,12 +166,21 @@ def load_model(name: str, dtype: str | None = "float32", device: str | None = "a
         if entry in TINY_SPECS:
             model, tok = build_tiny(entry)
         else:
-            model, tok = _load_pretrained(str(_smollm2_dir()), torch.float32, local=True)
+            cached = _smollm2_dir()
+            model, tok = _load_pretrained(str(cached), torch.float32, local=True,
+                                          what=f"the converted embedded model in {cached} (damaged or incomplete)",
+                                          fix=f"delete that directory (rm -r {cached}); the next run converts the "
+                                              "GGUF file again (~20 s)")
     elif _is_local(name):
         path = Path(name).expanduser()
         if not path.is_dir():
             raise SpecbenchError(f"model directory '{name}' does not exist",
                                  "check the path, or name a hub id or an embedded model (embedded:smollm2_135m)")
+        if not (path / "config.json").is_file():
+            held = sorted(p.name for p in path.iterdir())
+            raise SpecbenchError(f"'{name}' is not a model directory: it has no config.json ("
+                                 + (f"it holds: {', '.join(held[:5])}{', ...' if len(held) > 5 else ''}" if held
+                                    else "it is empty") + ")", MODEL_FIX)
         model, tok = _load_pretrained(str(path), torch_dtype, local=True)
     else:
         model, tok = _load_pretrained(name, torch_dtype, local=False)

@@ -17,9 +17,11 @@ What is timed: one call (``decode(...)`` or ``generate(...)``, input tensor incl
 readings of ``specbench.timing.Clock``; loading, prompt building and the first, untimed, short
 warm-up generation of each variant are not. New tokens are counted the same way for both: the ids
 after the prompt (after the decoder start token for encoder-decoder models), cut after the first
-EOS (kept). A drafter Hugging Face cannot run as an assistant gets NaN in the ``hf`` columns and a
-logged warning. One JSONL line per generation is appended to ``bench.jsonl`` as it finishes
-(rerunning into the same directory skips finished generations); the table is a pure function of it.
+EOS (kept). A drafter Hugging Face has no counterpart for, or refuses as unsupported
+(``hf_unsupported``), gets NaN in the ``hf`` columns, a logged warning and its reason in the notes;
+any other Hugging Face failure (out of memory included) stops the run with an error. One JSONL line
+per generation is appended to ``bench.jsonl`` as it finishes (rerunning into the same directory
+skips finished generations); the table is a pure function of it.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from specbench.drafters.prompt_lookup import PromptLookup
 from specbench.errors import SpecbenchError
 from specbench.pipelines import report, speed
 from specbench.pipelines.methods import parse_methods
-from specbench.pipelines.session import Session, rotation
+from specbench.pipelines.session import RunFiles, Session, rotation
 from specbench.records import JsonlWriter, read_jsonl
 
 log = logging.getLogger(__name__)
@@ -115,12 +117,20 @@ def hf_assistance(drafter, draft_length: int) -> tuple[dict, dict] | None:
     return None
 
 
+def hf_unsupported(exc: BaseException) -> bool:
+    """Whether a failure of HF ``generate`` is HF refusing a combination it does not support: its
+    argument checks raise ``ValueError`` / ``NotImplementedError`` (e.g. "assisted generation is not
+    supported with stateful models"). Anything else (out of memory, a runtime error in a kernel) is a
+    failure of the run, not a property of the drafter."""
+    return isinstance(exc, (ValueError, NotImplementedError))
+
+
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     dec = cfg.decoding
     if float(dec.temperature) != 0:
         raise SpecbenchError(f"bench compares greedy outputs token for token; got decoding.temperature={dec.temperature}",
                              "use decoding=greedy (the default)")
-    s = Session.open(cfg, output_dir)
+    s = Session.open(cfg, output_dir, RunFiles(results=("bench.jsonl",)))
     out, target, clock, eos_ids = s.out, s.target, s.clock, s.eos_ids
     k, max_new, warm_n = int(dec.draft_length), int(dec.max_new_tokens), int(cfg.warmup.max_new_tokens)
     names = [AUTOREGRESSIVE, *(m.name.split(":", 1)[1] for m in parse_methods(
@@ -171,22 +181,33 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         else:
             variants.append(hf(name, *assist))
 
-    unsupported: set[str] = set()
+    unsupported: dict[str, str] = {}  # method -> HF's reason
+    ran: set[tuple[str, str]] = set()  # (method, impl) of the variants that generated at least once
 
     def attempt(v: Variant, prompt, n, query):
-        """Run ``v`` timed; an HF failure marks the drafter unsupported (NaN hf columns) instead of crashing."""
+        """Run ``v`` timed. HF refusing a drafter it does not support marks it unsupported (NaN hf
+        columns, the reason in the notes); any other failure stops the bench (see ``hf_unsupported``)."""
         go = v.setup(prompt, n, query)
         try:
             t0 = clock.boundary()
             ids, calls = go()
-            return cut_at_eos(ids, eos_ids), calls, clock.boundary() - t0
-        except Exception as exc:  # noqa: BLE001 - any HF failure means "HF cannot run this drafter"
+            seconds = clock.boundary() - t0
+        except Exception as exc:  # noqa: BLE001 - sorted below: unsupported, or an error
             if v.impl == OURS:
                 raise
-            log.warning("Hugging Face generate failed with drafter '%s' (%s: %s): hf columns are NaN",
-                        v.method, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
-            unsupported.add(v.method)
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            if v.method == AUTOREGRESSIVE or not hf_unsupported(exc) or (v.method, v.impl) in ran:
+                raise SpecbenchError(
+                    f"Hugging Face generate ({v.method}) failed on query {query.id}: {reason}",
+                    "this is not HF refusing an unsupported drafter, so it is not marked unsupported: fix the cause "
+                    "(out of memory: a smaller model, a lower decoding.max_new_tokens, or another device) and rerun "
+                    "into the same directory (finished generations are kept)") from exc
+            log.warning("Hugging Face assisted generation does not support drafter '%s' (%s): hf columns are NaN",
+                        v.method, reason)
+            unsupported[v.method] = reason
             return None
+        ran.add((v.method, v.impl))
+        return cut_at_eos(ids, eos_ids), calls, seconds
 
     path = out / "bench.jsonl"
     done = {(r["query_id"], r["method"], r["impl"]) for r in read_jsonl(path)}
@@ -212,7 +233,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
 
     table = summarize(read_jsonl(path), order=names)
     title = f"specbench bench: {cfg.target.model} (draft length {k}, max_new_tokens {max_new})"
-    md = report.write_tables(table, out, stem="bench", title=title, notes=NOTES)
+    why = "".join(f" HF does not support {m} here ({r})." for m, r in unsupported.items())
+    md = report.write_tables(table, out, stem="bench", title=title, notes=NOTES + why)
     report.print_table(md, title=f"bench ({out})")
     return out
 

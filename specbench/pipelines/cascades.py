@@ -27,7 +27,7 @@ from specbench.decoding.drafter import AUTOREGRESSIVE
 from specbench.decoding.loop import Generation, Limits
 from specbench.errors import SpecbenchError
 from specbench.pipelines import report, speed
-from specbench.pipelines.session import Records, Session, rotation
+from specbench.pipelines.session import RECORDS, Records, Session, rotation
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def agreement(output: list[int], reference: list[int]) -> dict:
 
 
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
-    s = Session.open(cfg, output_dir)
+    s = Session.open(cfg, output_dir, RECORDS)
     queries = s.queries
     tasks = cfg.get("tasks")
     if tasks:

@@ -14,14 +14,17 @@ Per query (one row, appended as soon as it is finished):
   calls, MAT, speedup over the autoregressive run of the same query, exact match).
 
 Raw scores are kept (not a combined reward), so ``train-policy`` can change alpha, the cost kind
-and the arm set without collecting again. A rerun into the same directory skips finished queries;
-``collect.shard=i collect.num_shards=n`` takes every n-th query into ``rows-<i>-of-<n>.jsonl``, and
-``specbench merge`` joins shard files (``read_rows`` reads every ``rows*.jsonl`` of a directory).
+and the arm set without collecting again. A rerun into the same directory skips finished queries
+(its settings must match the directory's ``collect_config.yaml``, else it is refused unless
+``collect.overwrite``); ``collect.shard=i collect.num_shards=n`` takes every n-th query into
+``rows-<i>-of-<n>.jsonl``, and ``specbench merge`` joins shard files (``read_rows`` reads every
+``rows*.jsonl`` of a directory; a query id in two directories is refused, not dropped).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -32,7 +35,7 @@ from specbench.decoding.drafter import AUTOREGRESSIVE
 from specbench.decoding.loop import Generation, Limits
 from specbench.errors import SpecbenchError
 from specbench.pipelines import speed
-from specbench.pipelines.session import Session, rotation
+from specbench.pipelines.session import RunFiles, Session, differences, rotation, settings
 from specbench.records import JsonlWriter, read_jsonl
 from specbench.tasks import metrics
 
@@ -40,6 +43,7 @@ log = logging.getLogger(__name__)
 
 ALIGNMENTS = ("rougeL", "rouge1", "rouge2", "bleu")
 SIGNATURE_FILE = "collect_config.yaml"
+SHARD_FILE = re.compile(r"rows-(\d+)-of-(\d+)\.jsonl")
 
 
 def alignment(metric: str, drafter_text: str, target_text: str) -> float:
@@ -57,8 +61,12 @@ def rows_file(shard: int, num_shards: int) -> str:
 
 def read_rows(paths: Iterable[str | Path]) -> list[dict]:
     """Every row of the given collect directories (all ``rows*.jsonl``), one per query id, in
-    dataset order (``index``). Raises when a directory has no rows."""
+    dataset order (``index``). Raises when a directory has no rows, and when two directories hold
+    the same query id (a query collected twice, or two datasets whose ids collide): dropping one
+    of them would lose data without a word. Within one directory (its shard files, one collection)
+    a query collected twice is kept once."""
     rows: dict[str, dict] = {}
+    origin: dict[str, Path] = {}
     for path in paths:
         path = Path(path)
         files = sorted(path.glob("rows*.jsonl")) if path.is_dir() else [path]
@@ -67,35 +75,42 @@ def read_rows(paths: Iterable[str | Path]) -> list[dict]:
                                  "run `specbench collect` first and pass its output directory (data=<dir>)")
         for f in files:
             for row in read_jsonl(f):
-                rows.setdefault(row["query_id"], row)
+                qid = row["query_id"]
+                if origin.setdefault(qid, path) != path:
+                    raise SpecbenchError(
+                        f"query id '{qid}' is in both {origin[qid]} and {path}: the directories overlap (the same "
+                        "query collected twice) or hold different datasets whose ids collide",
+                        "pass each collection once (the shards of one collection do not overlap), and combine "
+                        "only collections of different queries")
+                rows.setdefault(qid, row)
     return sorted(rows.values(), key=lambda r: (r["index"], r["query_id"]))
 
 
-def signature(cfg: DictConfig) -> dict:
-    """What makes two collections comparable (everything but sharding and run settings)."""
-    def plain(node):
-        return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
-
-    return {"target": cfg.target.model, "dtype": cfg.target.dtype, "pool": plain(cfg.pool.get("drafters")),
-            "dataset": plain(cfg.dataset), "decoding": plain(cfg.decoding), "prompt": plain(cfg.target.prompt),
-            "collect": {k: v for k, v in plain(cfg.collect).items() if k not in ("shard", "num_shards", "overwrite")},
-            "embedding": plain(cfg.embedding)}
+# A collection's settings (``collect_config.yaml``): every setting but those that do not change the
+# rows (session.NOT_COMPARED: threads, warm-up, overwrite, the shard a process takes).
+RUN_FILES = RunFiles(results=("rows*.jsonl",), settings=SIGNATURE_FILE, overwrite="collect.overwrite")
 
 
-def check_directory(out: Path, cfg: DictConfig) -> None:
-    """Refuse to mix rows of different configs in one directory (unless ``collect.overwrite``)."""
-    sig_path = out / SIGNATURE_FILE
-    mine = signature(cfg)
-    if sig_path.exists():
-        theirs = OmegaConf.to_container(OmegaConf.load(sig_path), resolve=True)
-        if theirs != mine:
-            if not cfg.collect.overwrite:
-                diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
-                raise SpecbenchError(f"{out} holds rows collected with a different config (differs in: {', '.join(diff)})",
-                                     "collect into a new directory, or pass collect.overwrite=true to discard those rows")
-            for f in out.glob("rows*.jsonl"):
-                f.unlink()
-    OmegaConf.save(OmegaConf.create(mine), sig_path)
+def collection_settings(path: str | Path) -> dict:
+    """The settings a collect directory's rows were made with (its ``collect_config.yaml``; for a
+    rows file, the one beside it)."""
+    path = Path(path)
+    sig = (path if path.is_dir() else path.parent) / SIGNATURE_FILE
+    if not sig.exists():
+        raise SpecbenchError(f"{path} is not a collect directory (no {SIGNATURE_FILE})",
+                             "pass the output directories of `specbench collect` runs")
+    return settings(OmegaConf.load(sig))
+
+
+def missing_shards(paths: Iterable[str | Path]) -> list[str]:
+    """The shard files (``rows-<i>-of-<n>.jsonl``) that the given directories together lack."""
+    have: dict[int, set[int]] = {}
+    for path in paths:
+        for f in Path(path).glob("rows-*-of-*.jsonl"):
+            m = SHARD_FILE.fullmatch(f.name)
+            if m:
+                have.setdefault(int(m.group(2)), set()).add(int(m.group(1)))
+    return [rows_file(i, n) for n, shards in sorted(have.items()) for i in range(n) if i not in shards]
 
 
 def spec_summary(gen: Generation, ar: Generation) -> dict:
@@ -113,8 +128,10 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     if col.alignment not in ALIGNMENTS:
         raise SpecbenchError(f"unknown alignment metric '{col.alignment}'",
                              f"set collect.alignment to one of: {', '.join(ALIGNMENTS)}")
-    s = Session.open(cfg, output_dir, before_load=lambda out: check_directory(out, cfg))
-    limits = Limits(max_new_tokens=int(col.max_new_tokens or s.limits.max_new_tokens), draft_length=s.limits.draft_length)
+    s = Session.open(cfg, output_dir, RUN_FILES)
+    limits = Limits(max_new_tokens=col.max_new_tokens or s.limits.max_new_tokens, draft_length=s.limits.draft_length)
+    if limits.max_new_tokens > s.limits.max_new_tokens:
+        s.check_prompts(limits)
     pooling = str(cfg.embedding.pooling)
     arms = list(s.pool)
     drafters = [a for a in arms if a != AUTOREGRESSIVE]
@@ -200,27 +217,34 @@ def print_collect_summary(rows: list[dict], arms: list[str]) -> None:
     print_table(to_markdown(pd.DataFrame(table)), title=f"collect: {len(rows)} queries (means over queries)")
 
 
-def merge(sources: list[str], out: str | Path) -> Path:
+def merge(sources: list[str], out: str | Path, overwrite: bool = False) -> Path:
     """Join the rows of several collect directories (shards) into ``out/rows.jsonl``.
 
-    The directories must hold the same collect config (``collect_config.yaml``, shard settings
-    aside); a query collected twice is kept once.
+    The directories must hold the same collect settings (``collect_config.yaml``, shard settings
+    aside) and no query twice. ``out`` must not hold a collection already unless ``overwrite`` (its
+    rows are then replaced). Shard files missing from a sharded collection are logged as a warning.
     """
     out = Path(out)
-    sigs = []
-    for src in sources:
-        sig = Path(src) / SIGNATURE_FILE
-        if not sig.exists():
-            raise SpecbenchError(f"{src} is not a collect directory (no {SIGNATURE_FILE})",
-                                 "pass the output directories of `specbench collect` runs")
-        sigs.append(OmegaConf.to_container(OmegaConf.load(sig)))
-    if any(s != sigs[0] for s in sigs[1:]):
-        raise SpecbenchError("the directories hold rows of different collect configs", "merge shards of one collection only")
+    sigs = [collection_settings(src) for src in sources]
+    for src, sig in zip(sources[1:], sigs[1:]):
+        diff = differences(sigs[0], sig)
+        if diff:
+            raise SpecbenchError(f"{sources[0]} and {src} hold rows of different collect configs; differs in: "
+                                 + "; ".join(diff), "merge the shards of one collection only")
+    existing = sorted(out.glob("rows*.jsonl")) + ([out / SIGNATURE_FILE] if (out / SIGNATURE_FILE).exists() else [])
+    if existing and not overwrite:
+        raise SpecbenchError(f"{out} already holds a collection ({', '.join(p.name for p in existing)}): merging "
+                             "into it would replace its rows",
+                             "merge into a new directory (--out <new dir>), or pass --overwrite to replace them")
+    missing = missing_shards(sources)
+    if missing:
+        log.warning("merging an incomplete collection: shard file(s) %s are missing (collect them with "
+                    "collect.shard=<i> collect.num_shards=<n> and merge again)", ", ".join(missing))
     rows = read_rows(sources)
     out.mkdir(parents=True, exist_ok=True)
+    for f in existing:
+        f.unlink()
     target_file = out / "rows.jsonl"
-    if target_file.exists():
-        target_file.unlink()
     OmegaConf.save(OmegaConf.create(sigs[0]), out / SIGNATURE_FILE)
     with JsonlWriter(target_file) as writer:
         writer.write_many(rows)

@@ -18,8 +18,8 @@ from specbench.decoding.drafter import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
 from specbench.pipelines import report, spec_bench
 from specbench.pipelines.methods import Method, parse_methods
-from specbench.pipelines.session import Records, Session, example_id, rotation, turns_of
-from specbench.policy import check_held_out
+from specbench.pipelines.session import RECORDS, Records, Session, example_id, rotation, turns_of
+from specbench.policy import check_not_trained_on
 from specbench.records import read_jsonl
 from specbench.selection import PolicySelector, Selector
 
@@ -55,7 +55,7 @@ def check_resumable(selectors: dict[str, Selector], methods: list[Method], todo:
 
 
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
-    s = Session.open(cfg, output_dir)
+    s = Session.open(cfg, output_dir, RECORDS)
     methods = parse_methods(cfg.methods, s.pool, cfg.get("selector"), cfg)
     max_turns = int(cfg.dataset.get("max_turns") or 1)
     records = Records(s.out)
@@ -66,7 +66,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     selectors = {m.name: m.make_selector() for m in methods}
     for name, selector in selectors.items():  # a trained policy must not be evaluated on its training queries
         if isinstance(selector, PolicySelector):
-            check_held_out(selector.policy, s.queries, where=f"the policy of method '{name}'")
+            check_not_trained_on(selector.policy, s.queries, where=f"the policy of method '{name}'")
     check_resumable(selectors, methods, todo, {m for _, m in records.done})
     if todo:
         s.warm_up(lambda prompt, lim, rng, m=m: s.decode(m.make_selector(), prompt, rng, limits=lim,

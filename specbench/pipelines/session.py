@@ -1,16 +1,19 @@
 """The core every command shares: one ``Session`` per run.
 
-``Session.open(cfg, output_dir)`` makes the run directory (saving the composed config), loads the
-queries, the target, the pool and the prompt builder once, and validates the decoding settings;
-then the session decodes (``decode``: the one loop, with the run's sampling, limits, EOS ids and
-clock), seeds each (query, method) (``rng``), warms up before any timing (``warm_up``), orders the
-methods of each query (``rotation``: A B C, B C A, ... so no method always runs first) and writes
-records as each generation finishes (``Records``: ``examples.jsonl`` + ``rounds.jsonl``, resumable).
+``Session.open(cfg, output_dir, files)`` makes the run directory (refusing one whose records were
+made with other settings: ``claim_run_dir``; then saving the composed config), loads the queries,
+the target, the pool and the prompt builder once, and validates the decoding settings and that every
+prompt fits in the target's context; then the session decodes (``decode``: the one loop, with the
+run's sampling, limits, EOS ids and clock), seeds each (query, method) (``rng``), warms up before
+any timing (``warm_up``), orders the methods of each query (``rotation``: A B C, B C A, ... so no
+method always runs first) and writes records as each generation finishes (``Records``:
+``examples.jsonl`` + ``rounds.jsonl``, resumable).
 Pipelines hold only what is their own: which generations to run and which table to write.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -26,7 +29,7 @@ from specbench.decoding.sampling import SamplingParams
 from specbench.errors import SpecbenchError
 from specbench.models import Target, load_model
 from specbench.models.loading import LoadedModel
-from specbench.records import ExampleRecord, JsonlWriter, read_jsonl, round_row
+from specbench.records import EXAMPLE_KEYS, ExampleRecord, JsonlWriter, read_jsonl, round_row
 from specbench.selection import Fixed, Selector
 from specbench.tasks import (build_prompt, check_templates, load_dataset_config, load_shots, metrics, render,
                              truncate_fields)
@@ -35,24 +38,168 @@ from specbench.timing import Clock
 log = logging.getLogger(__name__)
 
 
-def start_run(cfg: DictConfig, output_dir: str | Path) -> Path:
-    """Create the run directory, save the composed config there, apply ``threads``."""
+# Settings a rerun into a run directory may change, because they change neither the records the run
+# writes nor what the records mean: the torch thread count (speed only, and every query's methods
+# run back to back under one setting, so per-query comparisons stay fair), the untimed warm-up, the
+# run name (where outputs go), the overwrite flags themselves, and which shard a collect process
+# takes (each shard writes its own rows file). Hydra's own settings (hydra.*) are not in the config
+# a pipeline gets. Every other key is compared: a rerun with any other change is a different run.
+NOT_COMPARED = ("threads", "warmup", "run_name", "overwrite", "collect.overwrite", "collect.shard",
+                "collect.num_shards")
+
+
+def settings(cfg) -> dict:
+    """The resolved settings of a config (a DictConfig or a plain dict) that a rerun must match:
+    everything but :data:`NOT_COMPARED`."""
+    tree = OmegaConf.to_container(cfg if OmegaConf.is_config(cfg) else OmegaConf.create(cfg), resolve=True)
+    for key in NOT_COMPARED:
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return tree
+
+
+UNSET = object()
+
+
+def changes(old, new, prefix: str = "") -> list[tuple[str, object, object]]:
+    """``(dotted key, old value, new value)`` for every setting that differs between two settings
+    trees, in the new tree's order; a key whose value is a mapping on both sides is compared key by
+    key, anything else (a list, a mapping on one side only) as a whole."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = list(new) + [k for k in old if k not in new]
+        return [c for k in keys for c in changes(old.get(k, UNSET), new.get(k, UNSET), f"{prefix}{k}.")]
+    return [] if old == new else [(prefix[:-1], old, new)]
+
+
+def differences(old: dict, new: dict, limit: int = 10) -> list[str]:
+    """``key: old -> new`` for each setting that differs (:func:`changes`): the first ``limit`` with
+    their values, then the names of the rest."""
+    diff = changes(old, new)
+    lines = [f"{k}: {_show(a)} -> {_show(b)}" for k, a, b in diff[:limit]]
+    rest = [k for k, _, _ in diff[limit:]]
+    return lines + ([f"and {len(rest)} more: {', '.join(rest)}"] if rest else [])
+
+
+def _show(value, width: int = 48) -> str:
+    text = "(unset)" if value is UNSET else json.dumps(value, default=str)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """What a resumable pipeline keeps in its run directory: ``results``, globs of the records a
+    rerun resumes; ``settings``, the file holding the settings those records were made with; and
+    ``overwrite``, the config key that lets a rerun with other settings delete those records."""
+
+    results: tuple[str, ...]
+    settings: str = "config.yaml"
+    overwrite: str = "overwrite"
+
+
+def claim_run_dir(out: Path, cfg: DictConfig, files: RunFiles) -> None:
+    """Refuse to resume records made with other settings (naming every setting that differs), unless
+    the config's ``files.overwrite`` key is true: then delete them. A directory without records
+    (new, or a run that stopped before its first one) is always taken."""
+    found = [p for pattern in files.results for p in sorted(out.glob(pattern)) if p.is_file()]
+    if not any(p.stat().st_size for p in found):
+        return
+    saved = out / files.settings
+    diff = (differences(settings(OmegaConf.load(saved)), settings(cfg)) if saved.exists()
+            else [f"(no {files.settings} to compare with)"])
+    if not diff:
+        return
+    if not OmegaConf.select(cfg, files.overwrite, default=False):
+        raise SpecbenchError(
+            f"{out} holds results of a different config than this run's, so it cannot resume them; differs in: "
+            + "; ".join(diff),
+            f"rerun with the directory's own settings to resume it, pick a new directory (hydra.run.dir=...), "
+            f"or pass {files.overwrite}=true to delete its results ({', '.join(p.name for p in found)})")
+    log.warning("%s=true: deleting the results of another config in %s (%s)", files.overwrite, out,
+                ", ".join(p.name for p in found))
+    for p in found:
+        p.unlink()
+
+
+# eval and cascades: examples.jsonl and rounds.jsonl, resumed by (query id, method) (``Records``).
+RECORDS = RunFiles(results=("examples.jsonl", "rounds.jsonl"))
+
+
+def start_run(cfg: DictConfig, output_dir: str | Path, files: RunFiles | None = None) -> Path:
+    """Create the run directory (with ``files``: after :func:`claim_run_dir`), save the composed
+    config there (and the settings file of ``files``), apply ``threads``."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if files is not None:
+        claim_run_dir(out, cfg, files)
     OmegaConf.save(cfg, out / "config.yaml")
+    if files is not None and files.settings != "config.yaml":
+        OmegaConf.save(OmegaConf.create(settings(cfg)), out / files.settings)
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
     return out
 
 
-def eos_ids_of(loaded: LoadedModel, extra=()) -> frozenset[int]:
+def eos_ids_of(loaded: LoadedModel, extra=(), vocab_size: int | None = None) -> frozenset[int]:
+    """The model's EOS ids plus ``extra`` (``decoding.extra_eos_ids``), each checked to be a token id
+    of a vocabulary of ``vocab_size`` when given."""
     ids = set()
     for source in (loaded.tokenizer.eos_token_id, getattr(loaded.model.generation_config, "eos_token_id", None)):
         if source is None:
             continue
         ids.update(source if isinstance(source, (list, tuple)) else [source])
-    ids.update(int(x) for x in extra or ())
+    for x in extra or ():
+        if isinstance(x, bool) or not isinstance(x, int) or x < 0 or (vocab_size is not None and x >= vocab_size):
+            vocab = f"the target's vocabulary has {vocab_size} tokens (ids 0..{vocab_size - 1})" \
+                if vocab_size is not None else "token ids are whole numbers >= 0"
+            raise SpecbenchError(f"decoding.extra_eos_ids: {x!r} is not a token id: {vocab}",
+                                 "list token ids of the target's tokenizer in decoding.extra_eos_ids")
+        ids.add(x)
     return frozenset(int(i) for i in ids)
+
+
+# The model-config fields read for a target's context length when its config (conf/target/) sets no
+# ``context_keys``; a target with relative positions and no hard limit (T5) sets ``context_keys: []``.
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions")
+
+
+@dataclass(frozen=True)
+class Context:
+    """How many positions a model can attend to: ``limit`` from the model-config field ``key``
+    (None: no hard limit). ``check`` refuses a prompt that does not fit with its new tokens."""
+
+    limit: int | None = None
+    key: str | None = None
+    model: str = "the model"
+
+    @classmethod
+    def of(cls, model_config, keys, model: str = "the model") -> "Context":
+        """The first of ``keys`` that ``model_config`` sets to a positive whole number."""
+        for key in keys:
+            value = getattr(model_config, str(key), None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return cls(value, str(key), model)
+        return cls(model=model)
+
+    def check(self, query_id: str, prompt_len: int, max_new_tokens: int, encoder_decoder: bool = False) -> None:
+        """SpecbenchError unless the prompt (the encoder input of an encoder-decoder model) and the
+        ``max_new_tokens`` it may generate fit in ``limit`` positions."""
+        if self.limit is None:
+            return
+        needed = max(prompt_len, 1 + max_new_tokens) if encoder_decoder else prompt_len + max_new_tokens
+        if needed <= self.limit:
+            return
+        room = self.limit if encoder_decoder else self.limit - max_new_tokens
+        raise SpecbenchError(
+            f"query {query_id}: its prompt has {prompt_len:,} tokens, and with max_new_tokens={max_new_tokens} "
+            f"it needs {needed:,} positions: more than the {self.limit:,} of {self.model} "
+            f"({self.key} in its model config)",
+            f"cut long inputs with dataset.max_input_tokens=<n> (each document / source / question / turn is "
+            f"truncated to n tokens; the prompt template adds its own, and {max(room, 0):,} positions are left for "
+            f"the whole prompt), lower max_new_tokens, or leave that record out of the data file")
 
 
 def cascade_of(cfg: DictConfig) -> Cascade | None:
@@ -116,21 +263,23 @@ class Session:
     eos_ids: frozenset[int]
     clock: Clock
     cascade: Cascade | None
+    context: Context = Context()
 
     @classmethod
-    def open(cls, cfg: DictConfig, output_dir: str | Path, before_load: Callable[[Path], None] | None = None):
+    def open(cls, cfg: DictConfig, output_dir: str | Path, files: RunFiles | None = None):
         """Make the run directory and load everything a timed run needs, before any timing.
 
-        ``before_load(out)``: a pipeline's own checks of the directory, run before the (slow) load.
+        ``files``: the records the pipeline resumes; a directory holding records of other settings
+        is refused (or, with the overwrite key, emptied) before anything is loaded
+        (:func:`claim_run_dir`). Every query's first prompt is checked against the target's context.
         """
         from specbench.drafters import build_pool
 
-        out = start_run(cfg, output_dir)
-        if before_load is not None:
-            before_load(out)
+        out = start_run(cfg, output_dir, files)
         dec = cfg.decoding
         sampling = SamplingParams(temperature=float(dec.temperature), top_k=int(dec.top_k), top_p=float(dec.top_p))
-        limits = Limits(max_new_tokens=int(dec.max_new_tokens), draft_length=int(dec.draft_length))
+        limits = Limits(max_new_tokens=dec.max_new_tokens, draft_length=dec.draft_length)
+        cascade = cascade_of(cfg)
         queries = load_dataset_config(cfg.dataset)
         if cfg.target.prompt.templates not in cfg.templates:
             raise SpecbenchError(f"unknown template set '{cfg.target.prompt.templates}'",
@@ -142,14 +291,24 @@ class Session:
         log.info("loading target %s", cfg.target.model)
         loaded = load_model(cfg.target.model, dtype=cfg.target.dtype, device=cfg.target.device)
         target = Target(loaded)
+        eos_ids = eos_ids_of(loaded, dec.get("extra_eos_ids"), target.vocab_size)
         pool = build_pool(target, cfg.pool.get("drafters"))
         queries = [truncate_fields(q, loaded.tokenizer, cfg.dataset.get("max_input_tokens")) for q in queries]
         prompter = Prompter(loaded.tokenizer, cfg.target.prompt.style, templates, cfg.target.prompt.get("system"),
                             shots, cfg.target.prompt.get("chat_template"))
+        context = Context.of(target.config, cfg.target.get("context_keys", CONTEXT_KEYS), str(cfg.target.model))
         clock = Clock(target.device, phases=bool(OmegaConf.select(cfg, "timing.phases", default=False)))
-        return cls(cfg=cfg, out=out, queries=queries, loaded=loaded, target=target, pool=pool, prompter=prompter,
-                   sampling=sampling, limits=limits, eos_ids=eos_ids_of(loaded, dec.get("extra_eos_ids")),
-                   clock=clock, cascade=cascade_of(cfg))
+        session = cls(cfg=cfg, out=out, queries=queries, loaded=loaded, target=target, pool=pool, prompter=prompter,
+                      sampling=sampling, limits=limits, eos_ids=eos_ids, clock=clock, cascade=cascade,
+                      context=context)
+        session.check_prompts()
+        return session
+
+    def check_prompts(self, limits: Limits | None = None) -> None:
+        """Refuse, before any decoding, a query whose first prompt and new tokens overrun the context."""
+        n = (limits or self.limits).max_new_tokens
+        for query in self.queries:
+            self.context.check(query.id, len(self.prompter(query)), n, self.target.is_encoder_decoder)
 
     # -- decoding ----------------------------------------------------------------------------
     def rng(self, query_index: int = 0, method_index: int = 0, seed: int | None = None) -> torch.Generator:
@@ -160,8 +319,11 @@ class Session:
                query=None, cascade: Cascade | None = None, target: Target | None = None,
                pool: Mapping[str, Drafter] | None = None, sampling: SamplingParams | None = None) -> Generation:
         """The one decode loop with this run's settings (each may be replaced for one call)."""
+        limits = limits or self.limits
+        self.context.check(getattr(query, "id", "(unnamed)"), len(prompt_ids), limits.max_new_tokens,
+                           self.target.is_encoder_decoder)
         return decode(target or self.target, self.pool if pool is None else pool, selector, prompt_ids,
-                      sampling=sampling or self.sampling, limits=limits or self.limits, eos_ids=self.eos_ids,
+                      sampling=sampling or self.sampling, limits=limits, eos_ids=self.eos_ids,
                       rng=rng, clock=self.clock, query=query, cascade=cascade)
 
     def fixed(self, arm: str, pool: Mapping[str, Drafter] | None = None) -> Fixed:
@@ -215,7 +377,15 @@ class Records:
 
     def __init__(self, out: Path):
         self.out = Path(out)
-        self.done = {(r["query_id"], r["method"]) for r in read_jsonl(self.out / "examples.jsonl")}
+        path = self.out / "examples.jsonl"
+        self.done = set()
+        for i, rec in enumerate(read_jsonl(path), 1):
+            missing = [k for k in EXAMPLE_KEYS if not isinstance(rec, dict) or k not in rec]
+            if missing:
+                have = ", ".join(rec) if isinstance(rec, dict) else f"a JSON {type(rec).__name__}"
+                raise SpecbenchError(f"{path}: record {i} has no {', '.join(missing)} (it has: {have})",
+                                     f"repair or delete line {i} of {path} (or rerun into a new directory)")
+            self.done.add((rec["query_id"], rec["method"]))
         if self.done:
             log.info("resuming: %d finished generations found in %s", len(self.done), self.out)
         self._rounds = self._examples = None

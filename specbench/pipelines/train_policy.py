@@ -16,6 +16,7 @@ chosen arms); ``specbench eval selector=policy`` measures them live.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -28,14 +29,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from specbench.drafters import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
-from specbench.pipelines.collect import SIGNATURE_FILE, read_rows
+from specbench.pipelines.collect import collection_settings, read_rows
+from specbench.pipelines.session import differences
 from specbench.pipelines.report import print_table, pyplot, write_tables
 from specbench.policy import TrainConfig, check_alpha, reward_matrix, save_checkpoint, train_policy
-from specbench.policy.train import TrainResult
+from specbench.policy.train import TrainResult, held_out
 
 log = logging.getLogger(__name__)
 
 COSTS = ("params", "measured")
+MIN_VALIDATION = 2  # held-out rows a policy's validation numbers need at least
 SOURCES = ("proxy", "measured")
 
 
@@ -158,12 +161,56 @@ def _train_config(cfg: DictConfig, **overrides) -> TrainConfig:
     return replace(TrainConfig(**t), **overrides)
 
 
+def check_held_out(n: int, val_fraction: float, minimum: int = MIN_VALIDATION) -> None:
+    """Refuse a split that holds out fewer than ``minimum`` of the ``n`` rows: the validation reward,
+    the best epoch and the replayed speedups would come from too few rows, or the training rows."""
+    n_val = held_out(n, val_fraction)
+    if n_val >= minimum:
+        return
+    if val_fraction > 0:
+        start = max(2, int((minimum - 0.5) / val_fraction) - 2)  # held_out rounds n * val_fraction
+        needed = next(m for m in itertools.count(start) if held_out(m, val_fraction) >= minimum)
+        more = f"collect at least {needed} queries (specbench collect dataset.limit=...)"
+    else:
+        more = "set train.val_fraction > 0"
+    raise SpecbenchError(f"train-policy: {n} collected row(s) with train.val_fraction={val_fraction} leave {n_val} "
+                         f"for validation; at least {minimum} held-out rows are needed (validation numbers must not "
+                         "come from the rows the policy was trained on)",
+                         f"{more}, or raise train.val_fraction (every split keeps at least one training row)")
+
+
+def collection(sources: list[str]) -> dict:
+    """The collect settings of ``sources``, which must match: a policy is trained on the embeddings
+    of one target (model, dtype, prompt), one pooling and one pool, scored under one set of decoding
+    and collect settings. Rows of different datasets may be combined (``dataset`` is not compared;
+    their query ids must not collide, see ``read_rows``)."""
+    sigs = [collection_settings(src) for src in sources]
+    mine = {k: v for k, v in sigs[0].items() if k != "dataset"}
+    for src, sig in zip(sources[1:], sigs[1:]):
+        diff = differences(mine, {k: v for k, v in sig.items() if k != "dataset"})
+        if diff:
+            raise SpecbenchError(f"{sources[0]} and {src} were collected with different settings, so their rows "
+                                 "cannot train one policy; differs in: " + "; ".join(diff),
+                                 "train on collections of one target, pool, embedding pooling, decoding and collect "
+                                 "settings (collections of different datasets may be combined)")
+    return sigs[0]
+
+
+def embedding_spec(sig: dict, dim: int) -> dict:
+    """How a collection's queries were embedded (from its settings), kept in the policy checkpoint:
+    ``eval selector=policy`` refuses a policy trained for another target. (Collections made before
+    the settings held the whole config stored the target as a string, with dtype and prompt beside.)"""
+    target = sig.get("target")
+    t = target if isinstance(target, dict) else {"model": target, "dtype": sig.get("dtype"), "prompt": sig.get("prompt")}
+    return {"target": t.get("model"), "dtype": t.get("dtype"), "prompt": t.get("prompt"),
+            "pooling": (sig.get("embedding") or {}).get("pooling", "mean"), "dim": dim}
+
+
 def fit(rows, X, arms, cfg, alpha: float, **overrides) -> tuple[TrainResult, list[str]]:
     R = rewards(rows, arms, alpha, str(cfg.reward.cost), str(cfg.reward.source))
     result = train_policy(X, R, _train_config(cfg, **overrides), arms)
-    idx = result.val_idx if len(result.val_idx) else result.train_idx
     policy = result.policy()
-    chosen = [policy.choose(X[int(i)]) for i in idx]
+    chosen = [policy.choose(X[int(i)]) for i in result.val_idx]
     return result, chosen
 
 
@@ -175,23 +222,21 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     if data is None:
         raise SpecbenchError("no collected data given", "pass data=<directory of specbench collect> (or a list)")
     sources = [str(d) for d in (data if OmegaConf.is_list(data) else [data])]
+    sig = collection(sources)
     rows = read_rows(sources)
     if not rows:
         raise SpecbenchError(f"no rows in {', '.join(sources)}", "run specbench collect into that directory first")
-    sig_path = Path(sources[0]) / SIGNATURE_FILE
-    sig = OmegaConf.to_container(OmegaConf.load(sig_path)) if sig_path.exists() else {}
+    check_held_out(len(rows), float(cfg.train.val_fraction))
     arms = pick_arms(rows, cfg.train.get("arms"), cfg.reward)
     X = torch.tensor([r["embedding"] for r in rows], dtype=torch.float64)
     alpha = float(cfg.reward.alpha)
 
     result, chosen = fit(rows, X, arms, cfg, alpha)
-    idx = result.val_idx if len(result.val_idx) else result.train_idx
     metrics = dict(result.metrics)
-    metrics["speedup_replayed"] = replay(rows, idx, arms, chosen)
+    metrics["speedup_replayed"] = replay(rows, result.val_idx, arms, chosen)
     metrics["proxy_vs_measured"] = proxy_check(rows, [a for a in rows[0]["arms"]], alpha, str(cfg.reward.cost))
     metrics["arms"] = arms
-    embedding = {"target": sig.get("target"), "pooling": (sig.get("embedding") or {}).get("pooling", "mean"),
-                 "dim": int(X.shape[1])}
+    embedding = embedding_spec(sig, int(X.shape[1]))
     save_checkpoint(out / "policy.pt", result, arms=arms, embedding=embedding, alpha=alpha,
                     config=OmegaConf.to_container(cfg, resolve=True),
                     training_queries=[r["fingerprint"] for r in rows if r.get("fingerprint")])
@@ -233,8 +278,7 @@ def alpha_sweep(rows, X, arms, cfg, alphas: list[float], out: Path) -> list[dict
     table = []
     for a in alphas:
         result, chosen = fit(rows, X, arms, cfg, a)
-        idx = result.val_idx if len(result.val_idx) else result.train_idx
-        sp = replay(rows, idx, arms, chosen)
+        sp = replay(rows, result.val_idx, arms, chosen)
         table.append({"alpha": a, "val_reward": result.metrics["policy"], "speedup_replayed": sp.get("policy"),
                       **{f"share_{arm}": s for arm, s in result.metrics["share"].items()}})
     df = pd.DataFrame(table)
@@ -249,8 +293,7 @@ def data_efficiency(rows, X, arms, cfg, alpha: float, sizes: list[int], out: Pat
     table = []
     for n in sizes:
         result, chosen = fit(rows, X, arms, cfg, alpha, n_examples=n)
-        idx = result.val_idx if len(result.val_idx) else result.train_idx
-        sp = replay(rows, idx, arms, chosen)
+        sp = replay(rows, result.val_idx, arms, chosen)
         table.append({"n_examples": result.metrics["n_train"], "val_reward": result.metrics["policy"],
                       "oracle_reward": result.metrics["oracle"], "speedup_replayed": sp.get("policy"),
                       "oracle_speedup": sp.get("oracle")})

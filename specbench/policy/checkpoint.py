@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Sequence
@@ -17,6 +18,7 @@ from specbench.policy.train import Policy, TrainResult
 log = logging.getLogger(__name__)
 FORMAT = "specbench-policy"
 VERSION = 1
+log = logging.getLogger(__name__)
 
 
 def _plain(value: Any, where: str) -> Any:
@@ -45,7 +47,7 @@ def save_checkpoint(path: str | Path, result_or_policy: TrainResult | Policy, *,
     ``embedding`` describes how queries were embedded, e.g. ``{"pooling": "mean", "source":
     "decoder_last_hidden", "dim": 576, "target": "embedded:smollm2_135m"}``. ``training_queries``: the
     content fingerprints of every query the policy saw (training and validation), which
-    ``check_held_out`` compares with an evaluation slice. Returns the path."""
+    ``check_not_trained_on`` compares with an evaluation slice. Returns the path."""
     src = result_or_policy
     if not isinstance(src, (TrainResult, Policy)):
         raise SpecbenchError(f"policy checkpoint: cannot save a {type(src).__name__}",
@@ -103,9 +105,19 @@ def load_checkpoint(path: str | Path) -> Policy:
                              "retrain with `specbench train-policy`") from e
 
 
-def check_compatible(policy: Policy, pool_arms: Sequence[str], embedding_dim: int) -> None:
-    """SpecbenchError unless every policy arm is in ``pool_arms`` and the policy reads ``embedding_dim``."""
-    target = policy.meta.get("embedding", {}).get("target", "unknown")
+def check_compatible(policy: Policy, pool_arms: Sequence[str], embedding_dim: int, target: str | None = None) -> None:
+    """SpecbenchError unless every policy arm is in ``pool_arms``, the policy reads ``embedding_dim``
+    and, when ``target`` (the run's target model) is given, the policy was trained on that target's
+    embeddings (a checkpoint that records no target is accepted with a warning)."""
+    trained_for = (policy.meta.get("embedding") or {}).get("target")
+    if target is not None and trained_for is not None and str(trained_for) != str(target):
+        raise SpecbenchError(f"the policy checkpoint was trained on the embeddings of target {trained_for}, but this "
+                             f"run's target is {target}: its choices would be read off another model's embeddings",
+                             f"run it with target.model={trained_for}, or collect and train a policy for {target} "
+                             "(specbench collect + specbench train-policy)")
+    if target is not None and trained_for is None:
+        log.warning("the policy checkpoint records no target: cannot check it was trained for %s", target)
+    target = trained_for or "unknown"
     missing = [a for a in policy.arms if a not in pool_arms]
     if missing:
         raise SpecbenchError(f"policy checkpoint chooses arms {missing} that are not in the drafter pool "
@@ -119,7 +131,7 @@ def check_compatible(policy: Policy, pool_arms: Sequence[str], embedding_dim: in
                              "`specbench train-policy` on this target")
 
 
-def check_held_out(policy: Policy, queries: Sequence, where: str = "the policy checkpoint") -> None:
+def check_not_trained_on(policy: Policy, queries: Sequence, where: str = "the policy checkpoint") -> None:
     """SpecbenchError when an evaluation query was among the policy's training queries (same content
     fingerprint: the same input, whatever file, split or position it was read from). Checkpoints written
     before fingerprints were recorded cannot be checked (logged)."""

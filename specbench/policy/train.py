@@ -83,12 +83,15 @@ def _split_order(n: int, val_fraction: float, seed: int) -> tuple[torch.Tensor, 
     if not 0.0 <= float(val_fraction) < 1.0:
         raise SpecbenchError(f"val_fraction {val_fraction} is outside [0, 1)", "set 0 <= val_fraction < 1")
     perm = torch.randperm(int(n), generator=torch.Generator().manual_seed(int(seed)))
-    n_val = round(n * val_fraction)
-    if n >= 2 and val_fraction > 0:
-        n_val = min(max(n_val, 1), n - 1)
-    else:
-        n_val = 0
+    n_val = held_out(n, val_fraction)
     return perm[n_val:], perm[:n_val]
+
+
+def held_out(n: int, val_fraction: float) -> int:
+    """How many of ``n`` queries the split holds out for validation (see ``split_indices``)."""
+    if n >= 2 and val_fraction > 0:
+        return min(max(round(n * val_fraction), 1), n - 1)
+    return 0
 
 
 def _nanmax(R: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

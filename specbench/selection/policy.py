@@ -13,15 +13,18 @@ from specbench.selection.base import Selector
 
 class PolicySelector(Selector):
     """One arm per query from ``checkpoint``: the most probable one, or one sampled (``sample``)
-    with its own generator (``seed``)."""
+    with its own generator (``seed``). ``target``: the run's target model, checked against the one
+    the policy was trained for (``conf/selector/policy.yaml`` passes ``target.model``)."""
 
-    def __init__(self, arms: list[str], checkpoint: str | None = None, sample: bool = False, seed: int = 0):
+    def __init__(self, arms: list[str], checkpoint: str | None = None, sample: bool = False, seed: int = 0,
+                 target: str | None = None):
         super().__init__(arms)
         if not checkpoint:
             raise SpecbenchError("selector=policy needs a checkpoint",
                                  "pass policy.checkpoint=<dir>/policy.pt (written by specbench train-policy)")
         self.policy = load_checkpoint(checkpoint)
-        check_compatible(self.policy, self.arms, self.policy.dim)  # the arms now; the size at the first embedding
+        # the arms and the target now; the embedding size at the first embedding
+        check_compatible(self.policy, self.arms, self.policy.dim, target)
         self.embedding_pooling = str((self.policy.meta.get("embedding") or {}).get("pooling") or "mean")
         self.sample = bool(sample)
         self.generator = torch.Generator().manual_seed(int(seed))

@@ -147,12 +147,10 @@ def resolve_path(path: str) -> Path:
 def read_records(path: Path) -> Iterable[tuple[dict, str]]:
     """Yield ``(record, where)`` from a JSON array, JSONL or Parquet file (``where`` = file:line)."""
     if path.suffix == ".parquet":
-        import pandas as pd
-
-        for i, row in enumerate(pd.read_parquet(path).to_dict("records")):
+        for i, row in enumerate(_read_parquet(path).to_dict("records")):
             yield _plain(row), f"{path}: row {i + 1}"
         return
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path)
     if text.lstrip().startswith("["):
         try:
             rows = json.loads(text)
@@ -168,6 +166,28 @@ def read_records(path: Path) -> Iterable[tuple[dict, str]]:
             yield json.loads(line), f"{path}:{lineno}"
         except json.JSONDecodeError as exc:
             raise SpecbenchError(f"{path}:{lineno}: not valid JSON ({exc.msg})", "fix that line") from exc
+
+
+def read_text(path: Path) -> str:
+    """A UTF-8 text file; one that is not UTF-8 is an error naming the line and the byte."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise SpecbenchError(f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})",
+                             "save the file as UTF-8, e.g. iconv -f latin1 -t utf-8 <file> > <file.utf8>") from exc
+
+
+def _read_parquet(path: Path):
+    import pandas as pd
+    import pyarrow
+
+    try:
+        return pd.read_parquet(path)
+    except (OSError, ValueError, pyarrow.ArrowException) as exc:
+        raise SpecbenchError(f"{path}: not a readable Parquet file ({type(exc).__name__}: {str(exc).splitlines()[0]})",
+                             "replace it with an intact copy (or export it again), or pass a .json / .jsonl file") from exc
 
 
 def _plain(value):
@@ -203,10 +223,22 @@ def hub_records(hub: Mapping, split: str) -> Iterable[tuple[dict, str]]:
         yield row, f"{hub['path']}[{split}] row {i + 1}"
 
 
-def load_source(name: str, source: Mapping, limit: int | None = None, seed: int = 0, shuffle: bool = False,
-                categories: list[str] | None = None, offset: int = 0) -> list[Query]:
-    """Read one source, keep ``categories`` (if given), then skip ``offset`` records and keep
-    ``limit`` (a seeded random choice with ``shuffle``; disjoint offsets give disjoint slices)."""
+def check_unique_ids(queries: Iterable[tuple[Query, str]], what: str) -> None:
+    """Refuse queries that share an id (``(query, where)`` pairs; ``where`` names file and line): an id
+    names a query's records, so two queries under one id would be merged by a resume and the summary."""
+    seen: dict[str, list[str]] = {}
+    for q, where in queries:
+        seen.setdefault(q.id, []).append(where)
+    dups = {qid: wheres for qid, wheres in seen.items() if len(wheres) > 1}
+    if dups:
+        shown = "; ".join(f"id '{qid}' at {', '.join(wheres)}" for qid, wheres in list(dups.items())[:5])
+        more = f" (and {len(dups) - 5} more ids)" if len(dups) > 5 else ""
+        raise SpecbenchError(f"{what}: {len(dups)} query id(s) used by more than one record: {shown}{more}",
+                             "give every record its own id (or remove the repeated records)")
+
+
+def read_source(name: str, source: Mapping) -> list[Query]:
+    """Every record of one source (a local file, an embedded file or the hub) as queries."""
     source = dict(source)
     fmt = source.pop("format", None)
     if fmt not in FORMATS:
@@ -219,25 +251,50 @@ def load_source(name: str, source: Mapping, limit: int | None = None, seed: int 
     else:
         raise SpecbenchError(f"dataset source '{name}' has neither a path nor a hub id", "set dataset.path=<file>")
     parse = FORMATS[fmt]
-    queries = [parse(row, i, where, **source) for i, (row, where) in enumerate(records)]
+    parsed = [(parse(row, i, where, **source), where) for i, (row, where) in enumerate(records)]
+    check_unique_ids(parsed, f"dataset source '{name}'")
+    queries = [q for q, _ in parsed]
     if task:
         for q in queries:
             q.task = task
+    return queries
+
+
+def check_categories(sources: Mapping[str, list[Query]], categories: list[str]) -> None:
+    """Every requested category must occur in some source."""
+    known = sorted({q.category for queries in sources.values() for q in queries if q.category})
+    unknown = [c for c in categories if c not in known]
+    if unknown:
+        where = f"dataset source '{next(iter(sources))}'" if len(sources) == 1 else "dataset.categories"
+        raise SpecbenchError(f"{where}: unknown categories {unknown}",
+                             f"known categories: {', '.join(known) or '(none: no source has categories)'}")
+
+
+def select_queries(queries: list[Query], limit: int | None = None, seed: int = 0, shuffle: bool = False,
+           categories: list[str] | None = None, offset: int = 0) -> list[Query]:
+    """Keep ``categories`` (if given), then skip ``offset`` queries and keep ``limit`` (a seeded
+    random choice with ``shuffle``; disjoint offsets give disjoint slices)."""
     if categories:
-        known = sorted({q.category for q in queries if q.category})
-        unknown = [c for c in categories if c not in known]
-        if unknown:
-            raise SpecbenchError(f"dataset source '{name}': unknown categories {unknown}",
-                                 f"known categories: {', '.join(known) or '(none: this source has no categories)'}")
         queries = [q for q in queries if q.category in categories]
     if shuffle:
+        queries = list(queries)
         random.Random(seed).shuffle(queries)
     return queries[offset: offset + limit] if limit is not None else queries[offset:]
 
 
+def load_source(name: str, source: Mapping, limit: int | None = None, seed: int = 0, shuffle: bool = False,
+                categories: list[str] | None = None, offset: int = 0) -> list[Query]:
+    """Read one source, then ``select_queries`` (an unknown category is an error)."""
+    queries = read_source(name, source)
+    if categories:
+        check_categories({name: queries}, categories)
+    return select_queries(queries, limit, seed, shuffle, categories, offset)
+
+
 def load_dataset_config(cfg: Mapping) -> list[Query]:
     """All queries of a ``dataset`` config: every source, ``limit`` per source, and, with
-    ``interleave``, one seeded shuffled stream across sources (the ``mixed`` dataset)."""
+    ``interleave``, one seeded shuffled stream across sources (the ``mixed`` dataset).
+    ``categories`` filters the sources that have categories and leaves the others whole."""
     sources = cfg.get("sources") or {}
     if not sources:
         raise SpecbenchError("the dataset config lists no sources", "pick dataset=embedded (or add dataset.sources)")
@@ -248,12 +305,21 @@ def load_dataset_config(cfg: Mapping) -> list[Query]:
     if offset < 0:
         raise SpecbenchError(f"dataset.offset must be >= 0, got {offset}", "use dataset.offset=0 to start at the first record")
     seed = int(cfg.get("seed") or 0)
+    categories = list(cfg.get("categories") or [])
+    # a source switched off by an override (dataset.sources.NAME=null) is skipped
+    read = {name: read_source(name, src) for name, src in sources.items() if src is not None}
+    if categories:
+        check_categories(read, categories)
     queries: list[Query] = []
-    for name, src in sources.items():
-        if src is None:  # a source switched off by an override (dataset.sources.NAME=null)
-            continue
-        queries += load_source(name, src, limit=limit, seed=seed, shuffle=bool(cfg.get("shuffle")),
-                               categories=list(cfg.get("categories") or []), offset=offset)
+    origin: list[str] = []
+    for name, source_queries in read.items():
+        has_categories = any(q.category for q in source_queries)
+        if categories and not has_categories:
+            log.info("dataset.categories: source '%s' has no categories, so all its records are kept", name)
+        got = select_queries(source_queries, limit=limit, seed=seed, shuffle=bool(cfg.get("shuffle")),
+                             categories=categories if has_categories else None, offset=offset)
+        queries += got
+        origin += [f"source '{name}'"] * len(got)
     if not queries:
         raise SpecbenchError("the dataset is empty: no records were read (or none matched dataset.categories)",
                              "check that dataset.path / dataset.sources point at non-empty files")
@@ -261,6 +327,7 @@ def load_dataset_config(cfg: Mapping) -> list[Query]:
     if len(set(ids)) != len(ids):  # the same file twice, or colliding ids across sources
         for name_q in queries:
             name_q.id = f"{name_q.task}/{name_q.id}"
+        check_unique_ids(zip(queries, origin), "the dataset's sources")
     if cfg.get("interleave"):
         random.Random(seed).shuffle(queries)
     return queries

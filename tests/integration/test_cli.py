@@ -101,12 +101,12 @@ def test_multirun_sweep(tmp_path):
 
 @pytest.mark.parametrize("override, message", [
     ("pool=nope", "smollm2_default"),  # Hydra lists the available pools
-    ("decoding.draft_length=0", "draft length must be at least 1"),
+    ("decoding.draft_length=0", "decoding.draft_length=0: expected an integer >= 1"),
     ("methods=[fixed:nope]", "no arm named 'nope'"),
     ("target.model=embedded:nope", "unknown embedded model"),
     ("target.model=./no/such/model", "does not exist"),
     ("dataset=gsm8k dataset.path=./missing.jsonl", "does not exist"),
-    ("decoding.temperature=-1", "temperature must be >= 0"),
+    ("decoding.temperature=-1", "decoding.temperature=-1: expected a finite number >= 0"),
 ])
 def test_bad_input_is_named(tmp_path, override, message):
     res = specbench("eval", *TINY, *override.split(), f"hydra.run.dir={tmp_path}")

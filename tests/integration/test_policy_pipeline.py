@@ -98,7 +98,7 @@ def test_bad_collect_settings(tmp_path):
 
 def test_train_policy_writes_a_checkpoint_the_selector_accepts(full_run, tmp_path):
     out = tmp_path / "policy"
-    train_policy.run(cfg_of("train_policy", [f"data={full_run}", "train.epochs=5", "train.val_fraction=0.25"]), out)
+    train_policy.run(cfg_of("train_policy", [f"data={full_run}", "train.epochs=5", "train.val_fraction=0.5"]), out)
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["arms"] == ["autoregressive", "quantized", "early_exit_1"]  # prompt lookup has no proxy score
     policy = load_checkpoint(out / "policy.pt")
@@ -144,7 +144,8 @@ def test_collect_train_eval_through_the_cli(tmp_path):
         return res
 
     run("collect", *TINY, "collect.measure_speculative=true", f"hydra.run.dir={tmp_path / 'c'}")
-    res = run("train-policy", f"data={tmp_path / 'c'}", "train.epochs=5", "reward.source=measured",
+    res = run("train-policy", f"data={tmp_path / 'c'}", "train.epochs=5", "train.val_fraction=0.5",
+              "reward.source=measured",
               "sweep.alpha=[0,1]", "sweep.n_examples=[1,2]", f"hydra.run.dir={tmp_path / 'p'}")
     assert "speedup_replayed" in res.stdout
     for name in ("policy.pt", "summary.md", "alpha_sweep.csv", "data_efficiency.csv", "history.csv"):
