@@ -92,6 +92,7 @@ SCHEMA: dict[str, Rule] = {
     "methods": list_of(text()),
     "policy.checkpoint": PATH,
     "overwrite": boolean(),
+    "spec_bench_answers": boolean(),
     "name": text(null=True),
     "out": PATH,
     "data": one_or_list(text(), null=True),
@@ -109,6 +110,7 @@ SCHEMA: dict[str, Rule] = {
     "target.prompt.style": text(),
     "target.prompt.templates": text(),
     "target.prompt.system": text(null=True),
+    "target.prompt.chat_template": text(null=True),
     # decoding
     "decoding.temperature": number(0, note=" (0: greedy)"),
     "decoding.top_k": integer(0, note=" (0: off)"),

@@ -111,34 +111,48 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     if todo:
         s.warm_up(lambda prompt, lim, rng, v=v: generate(v, prompt, lim, rng) for v in runs)
 
-    with records, tqdm(total=len(todo), desc="cascades", unit="query x method") as bar:
-        for qi, query in enumerate(queries):
-            prompt = s.prompter(query)
-            for mi in rotation(len(runs), qi):
-                v = runs[mi]
-                if (query.id, v.name) not in todo:
-                    continue
-                gen = generate(v, prompt, s.limits, s.rng(qi, mi), query)
-                records.write(query, query.id, v.name, gen, s.text(gen.tokens), query.reference)
-                bar.update(1)
+    try:
+        with records, tqdm(total=len(todo), desc="cascades", unit="query x method") as bar:
+            for qi, query in enumerate(queries):
+                prompt = s.prompter(query)
+                for mi in rotation(len(runs), qi):
+                    v = runs[mi]
+                    if (query.id, v.name) not in todo:
+                        continue
+                    gen = generate(v, prompt, s.limits, s.rng(qi, mi), query)
+                    records.write(query, query.id, v.name, gen, s.text(gen.tokens), query.reference)
+                    bar.update(1)
+    except BaseException:
+        # A run that stops (an error, Ctrl-C) still leaves the curves of what it finished.
+        if records.examples():
+            log.error("cascades stopped early: writing the curves of the generations it finished in %s", s.out)
+            try:
+                write_curves(records, s.out, str(cfg.target.model), name, stopped=True)
+            except Exception:  # noqa: BLE001 - never hide the error that stopped the run
+                log.exception("could not write the curves of the finished generations")
+        raise
+    write_curves(records, s.out, str(cfg.target.model), name)
+    return s.out
 
+
+def write_curves(records: Records, out: Path, model: str, name: str, stopped: bool = False) -> None:
+    """curves.csv/md, best.csv and the per-task plots from the run's records (``stopped``: a partial run)."""
     table = curves(records.examples(), records.rounds())
     best = best_at_loss(table)
-    out = s.out
-    title = f"specbench cascades: {cfg.target.model}, drafter {name}"
+    title = f"specbench cascades: {model}, drafter {name}" + (" (stopped early: the finished generations only)"
+                                                             if stopped else "")
     report.write_tables(table, out, stem="curves", title=title, notes=NOTES + "\n\n" + closing_note(best))
     best.to_csv(out / "best.csv", index=False)
     try:
         for task in table.task.unique():
             if task not in QUALITY:
                 continue
-            plot(table[table.task == task], out / f"curves_{task}.png", title=f"{task}: {cfg.target.model}, {name}")
+            plot(table[table.task == task], out / f"curves_{task}.png", title=f"{task}: {model}, {name}")
     except ImportError:
         log.warning("matplotlib is not installed: curves_<task>.png skipped (pip install matplotlib)")
     shown = ["task", "method", "quality", "speedup", "rejection_rate", "mat", "agreement_exact"]
     report.print_table(report.to_markdown(table[shown]), title=f"curves ({out}; every column in curves.csv)")
     report.print_table(closing_note(best), title="best rule per task")
-    return out
 
 
 # ------------------------------------------------------------------ tables and figures (pure functions)

@@ -1,7 +1,8 @@
 """``specbench collect``: offline rewards for the context-aware drafter policy.
 
 Per query (one row, appended as soon as it is finished):
-- the query's embedding from the target (``Target.embed``: mean/last pooling);
+- the query's embedding from the target (``Target.embed``: mean/last pooling) and its content
+  ``fingerprint`` (a policy trained on these rows refuses to be evaluated on the same queries);
 - the target's greedy output (the autoregressive run of the one decode loop, timed);
 - each drafter's own greedy output, generated alone, timed, and its ``alignment`` with the
   target's output (ROUGE-L F by default; ``collect.alignment``); a drafter that cannot generate
@@ -186,7 +187,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                 if col.measure_speculative:
                     rec["spec"] = spec_summary(spec[arm], ar)
                 row_arms[arm] = rec
-            writer.write({"query_id": query.id, "task": query.task, "index": index, "shard": shard,
+            writer.write({"query_id": query.id, "fingerprint": query.fingerprint(), "task": query.task,
+                          "index": index, "shard": shard,
                           "prompt_tokens": len(prompt_ids), "reference": query.reference,
                           "target": {"text": target_text, "tokens": ar.tokens, "seconds": ar.seconds},
                           "embedding_dim": int(embedding.numel()), "embedding": embedding.tolist(),

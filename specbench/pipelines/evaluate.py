@@ -16,11 +16,12 @@ from tqdm.auto import tqdm
 
 from specbench.decoding.drafter import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
-from specbench.pipelines import report
+from specbench.pipelines import report, spec_bench
 from specbench.pipelines.methods import Method, parse_methods
 from specbench.pipelines.session import RECORDS, Records, Session, example_id, rotation, turns_of
+from specbench.policy import check_not_trained_on
 from specbench.records import read_jsonl
-from specbench.selection import Selector
+from specbench.selection import PolicySelector, Selector
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,9 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     # One selector per method for the whole run: ``reset`` starts each query, and selectors that
     # carry statistics across queries (warm start) keep them.
     selectors = {m.name: m.make_selector() for m in methods}
+    for name, selector in selectors.items():  # a trained policy must not be evaluated on its training queries
+        if isinstance(selector, PolicySelector):
+            check_not_trained_on(selector.policy, s.queries, where=f"the policy of method '{name}'")
     check_resumable(selectors, methods, todo, {m for _, m in records.done})
     if todo:
         s.warm_up(lambda prompt, lim, rng, m=m: s.decode(m.make_selector(), prompt, rng, limits=lim,
@@ -70,32 +74,50 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                   for m in methods)
 
     todo_set = set(todo)
-    with records, tqdm(total=len(todo), desc="eval", unit="query x method") as bar:
-        for qi, query in enumerate(s.queries):
-            for mi in rotation(len(methods), qi):
-                if (qi, mi) not in todo_set:
-                    continue
-                m = methods[mi]
-                rng = s.rng(qi, mi)
-                history: list[tuple[str, str]] = []
-                for turn in range(turns_of(query, max_turns)):
-                    gen = s.decode(selectors[m.name], s.prompter(query, turn, history), rng, query=query,
-                                   cascade=s.cascade)
-                    text = s.text(gen.tokens)
-                    history.append((s.prompter.user_text(query, turn), text))
-                    ex_id = example_id(query, turn)
-                    if (ex_id, m.name) in records.done:  # redone only to rebuild the chat history
+    try:
+        with records, tqdm(total=len(todo), desc="eval", unit="query x method") as bar:
+            for qi, query in enumerate(s.queries):
+                for mi in rotation(len(methods), qi):
+                    if (qi, mi) not in todo_set:
                         continue
-                    records.write(query, ex_id, m.name, gen, text, query.reference if turn == 0 else None,
-                                  turn=turn + 1)
-                bar.update(1)
+                    m = methods[mi]
+                    rng = s.rng(qi, mi)
+                    history: list[tuple[str, str]] = []
+                    for turn in range(turns_of(query, max_turns)):
+                        gen = s.decode(selectors[m.name], s.prompter(query, turn, history), rng, query=query,
+                                       cascade=s.cascade)
+                        text = s.text(gen.tokens)
+                        history.append((s.prompter.user_text(query, turn), text))
+                        ex_id = example_id(query, turn)
+                        if (ex_id, m.name) in records.done:  # redone only to rebuild the chat history
+                            continue
+                        records.write(query, ex_id, m.name, gen, text, query.reference if turn == 0 else None,
+                                      turn=turn + 1)
+                    bar.update(1)
+    except BaseException:
+        # A run that stops (an error, Ctrl-C) still leaves the summary of what it finished.
+        finished = len(records.examples())
+        if finished:
+            log.error("eval stopped early: writing the summary of the %d generations it finished in %s", finished, s.out)
+            try:
+                write_summary(s, cfg, records, partial=True)
+            except Exception:  # noqa: BLE001 - never hide the error that stopped the run
+                log.exception("could not write the summary of the finished generations")
+        raise
+    write_summary(s, cfg, records)
+    return s.out
 
+
+def write_summary(s: Session, cfg: DictConfig, records: Records, partial: bool = False) -> None:
+    """summary.csv / summary.md (+ matrices, convergence, Spec-Bench answer files) from the run's records."""
     examples = records.examples()
     table = report.summarize(examples)
     lossy = f" (cascade rule {s.cascade.label}: lossy)" if s.cascade is not None and not s.cascade.lossless else ""
-    report.write_tables(table, s.out, title=f"specbench eval: {cfg.target.model}{lossy}")
+    stopped = " (stopped early: the finished generations only)" if partial else ""
+    report.write_tables(table, s.out, title=f"specbench eval: {cfg.target.model}{lossy}{stopped}")
     if not table.empty:
         report.write_matrices(table, s.out)
     write_convergence(examples, s.out)
+    if cfg.get("spec_bench_answers"):
+        spec_bench.write_answers(examples, records.rounds(), s.out / "spec_bench", model_id=spec_bench.model_id(cfg))
     report.print_table(report.compact(table), title=f"summary ({s.out}; every column in summary.csv / summary.md)")
-    return s.out

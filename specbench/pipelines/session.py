@@ -31,7 +31,8 @@ from specbench.models import Target, load_model
 from specbench.models.loading import LoadedModel
 from specbench.records import EXAMPLE_KEYS, ExampleRecord, JsonlWriter, read_jsonl, round_row
 from specbench.selection import Fixed, Selector
-from specbench.tasks import build_prompt, load_dataset_config, load_shots, metrics, render, truncate_fields
+from specbench.tasks import (build_prompt, check_templates, load_dataset_config, load_shots, metrics, render,
+                             truncate_fields)
 from specbench.timing import Clock
 
 log = logging.getLogger(__name__)
@@ -232,10 +233,11 @@ class Prompter:
     templates: dict
     system: str | None
     shots: list
+    chat_template: str | None = None
 
     def __call__(self, query, turn: int = 0, history=()) -> list[int]:
         return build_prompt(query, self.tokenizer, self.style, self.templates, self.system, turn=turn,
-                            history=history, shots=self.shots)
+                            history=history, shots=self.shots, chat_template=self.chat_template)
 
     def user_text(self, query, turn: int) -> str:
         return render(query, self.templates, turn=turn, shots=self.shots if turn == 0 else ())
@@ -279,18 +281,21 @@ class Session:
         limits = Limits(max_new_tokens=dec.max_new_tokens, draft_length=dec.draft_length)
         cascade = cascade_of(cfg)
         queries = load_dataset_config(cfg.dataset)
+        if cfg.target.prompt.templates not in cfg.templates:
+            raise SpecbenchError(f"unknown template set '{cfg.target.prompt.templates}'",
+                                 f"set target.prompt.templates to one of: {', '.join(cfg.templates)}")
+        templates = cfg.templates[cfg.target.prompt.templates]
+        shots = load_shots(cfg.dataset, int(cfg.dataset.get("n_shot") or 0))
+        # Every record against its template before the (slow) model load and any decoding.
+        check_templates(queries, templates, int(cfg.dataset.get("max_turns") or 1), shots)
         log.info("loading target %s", cfg.target.model)
         loaded = load_model(cfg.target.model, dtype=cfg.target.dtype, device=cfg.target.device)
         target = Target(loaded)
         eos_ids = eos_ids_of(loaded, dec.get("extra_eos_ids"), target.vocab_size)
         pool = build_pool(target, cfg.pool.get("drafters"))
-        if cfg.target.prompt.templates not in cfg.templates:
-            raise SpecbenchError(f"unknown template set '{cfg.target.prompt.templates}'",
-                                 f"set target.prompt.templates to one of: {', '.join(cfg.templates)}")
-        shots = load_shots(cfg.dataset, int(cfg.dataset.get("n_shot") or 0))
         queries = [truncate_fields(q, loaded.tokenizer, cfg.dataset.get("max_input_tokens")) for q in queries]
-        prompter = Prompter(loaded.tokenizer, cfg.target.prompt.style, cfg.templates[cfg.target.prompt.templates],
-                            cfg.target.prompt.get("system"), shots)
+        prompter = Prompter(loaded.tokenizer, cfg.target.prompt.style, templates, cfg.target.prompt.get("system"),
+                            shots, cfg.target.prompt.get("chat_template"))
         context = Context.of(target.config, cfg.target.get("context_keys", CONTEXT_KEYS), str(cfg.target.model))
         clock = Clock(target.device, phases=bool(OmegaConf.select(cfg, "timing.phases", default=False)))
         session = cls(cfg=cfg, out=out, queries=queries, loaded=loaded, target=target, pool=pool, prompter=prompter,
@@ -361,7 +366,7 @@ def example_record(query, ex_id: str, method: str, gen: Generation, text: str, r
         drafted=gen.drafted, accepted=gen.accepted, switches=gen.switches,
         t_switch=sum(r.t_switch for r in gen.rounds), t_select=sum(r.t_select for r in gen.rounds),
         stop=gen.stop, category=query.category, reference=reference,
-        quality=metrics.score(query.task, text, reference), deferred=gen.deferred, **extra)
+        quality=metrics.score(query.kind, text, reference), deferred=gen.deferred, **extra)
 
 
 class Records:

@@ -243,7 +243,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     target = Target(loaded)
     tok = loaded.tokenizer
     prompter = Prompter(tok, cfg.target.prompt.style, cfg.templates[cfg.target.prompt.templates],
-                        cfg.target.prompt.get("system"), [])
+                        cfg.target.prompt.get("system"), [], cfg.target.prompt.get("chat_template"))
     max_input = tr.get("max_input_tokens") or cfg.dataset.get("max_input_tokens")
     queries = [truncate_fields(q, tok, max_input) for q in load_dataset_config(cfg.dataset)]
     eos = eos_ids_of(loaded)

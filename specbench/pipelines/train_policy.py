@@ -238,7 +238,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     metrics["arms"] = arms
     embedding = embedding_spec(sig, int(X.shape[1]))
     save_checkpoint(out / "policy.pt", result, arms=arms, embedding=embedding, alpha=alpha,
-                    config=OmegaConf.to_container(cfg, resolve=True))
+                    config=OmegaConf.to_container(cfg, resolve=True),
+                    training_queries=[r["fingerprint"] for r in rows if r.get("fingerprint")])
     pd.DataFrame(result.history).to_csv(out / "history.csv", index=False)
 
     table = pd.DataFrame([{"choice": name, "val_reward": metrics[key]} for name, key in

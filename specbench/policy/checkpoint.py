@@ -7,12 +7,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Sequence
 
+import logging
+
 import torch
 
 from specbench.errors import SpecbenchError
 from specbench.policy.net import PolicyNet
 from specbench.policy.train import Policy, TrainResult
 
+log = logging.getLogger(__name__)
 FORMAT = "specbench-policy"
 VERSION = 1
 log = logging.getLogger(__name__)
@@ -37,11 +40,14 @@ def _plain(value: Any, where: str) -> Any:
 
 
 def save_checkpoint(path: str | Path, result_or_policy: TrainResult | Policy, *, arms: Sequence[str],
-                    embedding: Mapping[str, Any], alpha: float, config: Mapping[str, Any]) -> Path:
+                    embedding: Mapping[str, Any], alpha: float, config: Mapping[str, Any],
+                    training_queries: Sequence[str] = ()) -> Path:
     """Write the policy (weights, standardization, arms, embedding spec, alpha, config, metrics) to ``path``.
 
     ``embedding`` describes how queries were embedded, e.g. ``{"pooling": "mean", "source":
-    "decoder_last_hidden", "dim": 576, "target": "embedded:smollm2_135m"}``. Returns the path."""
+    "decoder_last_hidden", "dim": 576, "target": "embedded:smollm2_135m"}``. ``training_queries``: the
+    content fingerprints of every query the policy saw (training and validation), which
+    ``check_not_trained_on`` compares with an evaluation slice. Returns the path."""
     src = result_or_policy
     if not isinstance(src, (TrainResult, Policy)):
         raise SpecbenchError(f"policy checkpoint: cannot save a {type(src).__name__}",
@@ -62,6 +68,7 @@ def save_checkpoint(path: str | Path, result_or_policy: TrainResult | Policy, *,
         "arms": arms, "mean": src.mean.detach().cpu().clone(), "std": src.std.detach().cpu().clone(),
         "embedding": _plain(dict(embedding), "embedding"), "alpha": float(alpha),
         "config": _plain(dict(config), "config"), "metrics": _plain(dict(metrics), "metrics"),
+        "training_queries": sorted({str(f) for f in training_queries}),
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -122,3 +129,21 @@ def check_compatible(policy: Policy, pool_arms: Sequence[str], embedding_dim: in
                              f"but this target's embeddings have {embedding_dim} dims",
                              "use the target the checkpoint was trained for, or retrain with "
                              "`specbench train-policy` on this target")
+
+
+def check_not_trained_on(policy: Policy, queries: Sequence, where: str = "the policy checkpoint") -> None:
+    """SpecbenchError when an evaluation query was among the policy's training queries (same content
+    fingerprint: the same input, whatever file, split or position it was read from). Checkpoints written
+    before fingerprints were recorded cannot be checked (logged)."""
+    seen = set(policy.meta.get("training_queries") or ())
+    if not seen:
+        log.warning("%s records no training queries (written by an older specbench): cannot check that the "
+                    "evaluation queries are held out", where)
+        return
+    overlap = [q.id for q in queries if q.fingerprint() in seen]
+    if overlap:
+        raise SpecbenchError(
+            f"{len(overlap)} of the {len(queries)} evaluation queries were collected to train {where} "
+            f"(e.g. {', '.join(overlap[:3])}): the evaluation would leak training queries",
+            "evaluate on held-out queries: the split the policy was not collected on (dataset.split=test; the "
+            "paper-scale experiments pick it by command), or dataset.offset past the collected rows")

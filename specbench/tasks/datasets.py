@@ -1,17 +1,27 @@
 """Dataset loading: native record formats -> ``Query`` objects.
 
 Formats (the shapes of the public files; see shared/data/README.md):
-- ``iwslt``: ``{"translation": {"de": ..., "en": ...}}`` rows (a JSON array, JSONL or Parquet);
+- ``iwslt`` / ``translation``: ``{"translation": {"<src>": ..., "<tgt>": ...}}`` rows (a JSON array,
+  JSONL or Parquet; IWSLT2017, WMT, OPUS-100), any direction (``source_lang`` / ``target_lang``);
 - ``xsum``: ``{document, summary, id}``;
+- ``cnn_dm``: ``{article, highlights, id}`` (CNN/DailyMail 3.0.0, the hub's or a local JSONL);
 - ``gsm8k``: ``{question, answer}`` (the answer ends in ``#### n``);
+- ``qa``: ``{question, answer}`` with ``answer`` a string or a list (Natural Questions open);
 - ``mt_bench``: ``{question_id, category, turns[], reference?}``: MT-Bench and Spec-Bench files;
-- ``alpaca``: ``{instruction, output, dataset?}``: AlpacaEval instructions with an answer (chat).
+- ``alpaca``: ``{instruction, output, dataset?}``: AlpacaEval / Code Alpaca instructions with an answer (chat).
 Each source reads a local file (``path``: .json, .jsonl or .parquet), a file of the embedded suite
-(``embedded:<file>``), or, with ``path: null``, the Hugging Face hub (``hub: {path, name}``).
+(``embedded:<file>``), or, with ``path: null``, the Hugging Face hub (``hub: {path, name, revision}``;
+``revision: refs/convert/parquet`` reads the hub's Parquet export of a script dataset, which
+``datasets`` 4+ refuses to run).
+
+A query's ``task`` labels it in every table (a Spec-Bench category, or a source's ``task:``); its
+``kind`` is the task its record format defines, which picks its prompt template and its quality
+metric (turn-based records are ``chat`` whatever their category).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
@@ -25,14 +35,29 @@ log = logging.getLogger(__name__)
 EMBEDDED_DIR = Path(__file__).parent / "embedded"
 
 
+# Language codes -> the names prompts use ("translate German to English: ..."); other codes stay as written.
+LANGUAGES = {"de": "German", "en": "English", "fr": "French", "ro": "Romanian", "ja": "Japanese", "ru": "Russian",
+             "zh": "Chinese", "es": "Spanish", "it": "Italian", "cs": "Czech"}
+
+
 @dataclass
 class Query:
     id: str
-    task: str
+    task: str  # the label in every table (a Spec-Bench category, a source's ``task:``)
     fields: dict  # template fields: source / document / question / turn
     reference: str | None = None
     turns: list[str] = field(default_factory=list)  # chat: every user turn, in order
     category: str | None = None
+    kind: str = ""  # the task of the record format: picks the template and the quality metric ("": task)
+
+    def __post_init__(self):
+        self.kind = self.kind or self.task
+
+    def fingerprint(self) -> str:
+        """A hash of the query's content (kind, fields, turns; not its id, which is positional for some
+        formats): the same input read from two files or splits has the same fingerprint."""
+        blob = json.dumps([self.kind, self.fields, self.turns], sort_keys=True, ensure_ascii=False, default=str)
+        return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
 
 def _need(row: Mapping, key: str, where: str):
@@ -43,15 +68,34 @@ def _need(row: Mapping, key: str, where: str):
     return row[key]
 
 
-def _iwslt(row, i, where, source_lang="de", target_lang="en"):
+def _translation(row, i, where, source_lang="de", target_lang="en", id_prefix="translation"):
     pair = _need(row, "translation", where)
-    return Query(id=f"iwslt-{i}", task="translation", fields={"source": _need(pair, source_lang, f"{where} (translation)")},
+    fields = {"source": _need(pair, source_lang, f"{where} (translation)"),
+              "source_language": LANGUAGES.get(source_lang, source_lang),
+              "target_language": LANGUAGES.get(target_lang, target_lang)}
+    return Query(id=f"{id_prefix}-{i}", task="translation", fields=fields,
                  reference=_need(pair, target_lang, f"{where} (translation)"))
+
+
+def _iwslt(row, i, where, source_lang="de", target_lang="en"):
+    return _translation(row, i, where, source_lang, target_lang, id_prefix="iwslt")
 
 
 def _xsum(row, i, where):
     return Query(id=str(row.get("id") or f"xsum-{i}"), task="summarization",
                  fields={"document": _need(row, "document", where)}, reference=_need(row, "summary", where))
+
+
+def _cnn_dm(row, i, where):
+    """CNN/DailyMail (3.0.0): the article is the document to summarize, the highlights the reference."""
+    return Query(id=str(row.get("id") or f"cnn_dm-{i}"), task="summarization",
+                 fields={"document": _need(row, "article", where)}, reference=_need(row, "highlights", where))
+
+
+def _qa(row, i, where):
+    answer = _need(row, "answer", where)
+    return Query(id=f"qa-{i}", task="qa", fields={"question": _need(row, "question", where)},
+                 reference=answer[0] if isinstance(answer, list) and answer else (answer or None))
 
 
 def _gsm8k(row, i, where):
@@ -65,20 +109,25 @@ def _mt_bench(row, i, where, task_from_category=False):
         raise SpecbenchError(f"{where}: field 'turns' must be a non-empty list of strings", "fix the record")
     ref = row.get("reference")
     category = row.get("category")
+    # A turn-based record is a chat query whatever its category (Spec-Bench's "translation" or "math"
+    # records hold only `turns`): its category is its label in the tables, never its template.
     return Query(id=f"q{_need(row, 'question_id', where)}", task=category if task_from_category and category else "chat",
                  fields={"turn": turns[0]}, reference=ref[0] if isinstance(ref, list) and ref else None,
-                 turns=turns, category=category)
+                 turns=turns, category=category, kind="chat")
 
 
 def _alpaca(row, i, where):
-    """AlpacaEval-style chat records: ``{instruction, output}`` (one user turn and a reference answer)."""
+    """Alpaca-style chat records: ``{instruction, input?, output}`` (one user turn, the instruction and its
+    non-empty ``input`` as in Code Alpaca, and a reference answer)."""
     instruction = _need(row, "instruction", where)
+    if row.get("input"):
+        instruction = f"{instruction}\n\n{row['input']}"
     return Query(id=f"alpaca-{i}", task="chat", fields={"turn": instruction}, reference=row.get("output"),
                  turns=[instruction], category=row.get("dataset"))
 
 
-FORMATS: dict[str, Callable] = {"iwslt": _iwslt, "xsum": _xsum, "gsm8k": _gsm8k, "mt_bench": _mt_bench,
-                                "alpaca": _alpaca}
+FORMATS: dict[str, Callable] = {"iwslt": _iwslt, "translation": _translation, "xsum": _xsum, "cnn_dm": _cnn_dm,
+                                "gsm8k": _gsm8k, "qa": _qa, "mt_bench": _mt_bench, "alpaca": _alpaca}
 
 
 def resolve_path(path: str) -> Path:
@@ -153,17 +202,23 @@ def _plain(value):
 
 
 def hub_records(hub: Mapping, split: str) -> Iterable[tuple[dict, str]]:
-    """Rows of a Hugging Face hub dataset (needs network access)."""
+    """Rows of a Hugging Face hub dataset (needs network access). ``hub.revision`` picks a branch:
+    ``refs/convert/parquet`` is the hub's Parquet export, the loadable form of a script dataset."""
+    revision = hub.get("revision")
     try:
         import datasets
 
-        ds = datasets.load_dataset(hub["path"], hub.get("name"), split=split)
+        kwargs = {"revision": revision} if revision else {}
+        ds = datasets.load_dataset(hub["path"], hub.get("name"), split=split, **kwargs)
     except Exception as exc:  # noqa: BLE001 - offline, unknown id, refused scripts: all mean "use a file"
+        at = f", revision {revision}" if revision else ""
         raise SpecbenchError(
-            f"could not load the dataset '{hub['path']}' ({hub.get('name') or 'default'}, split {split}) from the "
+            f"could not load the dataset '{hub['path']}' ({hub.get('name') or 'default'}, split {split}{at}) from the "
             f"Hugging Face hub: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
             "pass a local copy instead: dataset.path=<file.jsonl|file.json|file.parquet> "
-            "(for a multi-source dataset: dataset.sources.<name>.path=...)") from exc
+            "(for a multi-source dataset: dataset.sources.<name>.path=...)"
+            + ("" if revision else "; a script dataset (refused by datasets 4+) may load from its Parquet export: "
+               "dataset.sources.<name>.hub.revision=refs/convert/parquet")) from exc
     for i, row in enumerate(ds):
         yield row, f"{hub['path']}[{split}] row {i + 1}"
 

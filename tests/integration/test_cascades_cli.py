@@ -72,9 +72,11 @@ def test_bad_cascade_input_is_named(tmp_path, override, message):
 @pytest.mark.parametrize("experiment, target, drafter", [
     ("cascades_cpu", "embedded:smollm2_135m", "quantized"),
     ("cascades_cpu_local", "embedded:smollm2_135m", "quantized"),
-    ("cascades_t5_iwslt", "google-t5/t5-large", "t5_small"),
-    ("cascades_t5_xsum", "google-t5/t5-large", "t5_small"),
+    ("cascades_t5_wmt", "google-t5/t5-large", "t5_small"),
+    ("cascades_t5_cnndm", "google-t5/t5-large", "t5_small"),
+    ("cascades_t5_xsum", "sysresearch101/t5-large-finetuned-xsum", "t5_small"),
     ("cascades_gemma_gsm8k", "google/gemma-2-9b-it", "gemma_2b"),
+    ("cascades_gemma27b_gsm8k", "google/gemma-2-27b-it", "gemma_2b"),
 ])
 def test_experiment_configs_compose(experiment, target, drafter):
     """Paper-scale configs cannot run here (GPU, hub); they must compose into valid rule grids."""
@@ -89,5 +91,6 @@ def test_experiment_configs_compose(experiment, target, drafter):
     assert drafter in cfg.pool.drafters and "_target_" in cfg.pool.drafters[drafter]
     runs = variants(cfg.rules, cfg.alphas)
     assert len(runs) > 3 + len(cfg.rules)
-    if target.startswith("google-t5"):
+    if "t5" in target:  # T5's own layer paths (no model.norm) and prefixes
         assert cfg.target.layers_key == "num_decoder_layers" and cfg.target.prompt.templates == "t5"
+        assert cfg.target.final_norm == "decoder.final_layer_norm"

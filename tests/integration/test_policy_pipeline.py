@@ -152,8 +152,8 @@ def test_collect_train_eval_through_the_cli(tmp_path):
         assert (tmp_path / "p" / name).exists(), name
     assert load_checkpoint(tmp_path / "p" / "policy.pt").arms == ["autoregressive", "quantized", "prompt_lookup",
                                                                   "early_exit_1"]
-    run("eval", *TINY[:-1], "selector=policy", f"policy.checkpoint={tmp_path / 'p' / 'policy.pt'}",
-        f"hydra.run.dir={tmp_path / 'e'}")
+    run("eval", *TINY[:-1], "dataset.offset=1", "selector=policy",  # held-out rows: the collected ones are refused
+        f"policy.checkpoint={tmp_path / 'p' / 'policy.pt'}", f"hydra.run.dir={tmp_path / 'e'}")
     summary = pd.read_csv(tmp_path / "e" / "summary.csv")
     pol = summary[(summary.method == "policy") & (summary.task == "all")].iloc[0]
     assert pol.exact_match == 1.0 and pol.n_examples == 4

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
+from specbench.configs import load_option
 from specbench.errors import SpecbenchError
 from specbench.tasks import load_dataset_config, render
 from specbench.tasks.datasets import load_source
@@ -17,7 +18,7 @@ needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is
 
 
 def dataset_cfg(name: str, **overrides):
-    cfg = OmegaConf.create({"dataset": OmegaConf.load(CONF / "dataset" / f"{name}.yaml")})
+    cfg = OmegaConf.create({"dataset": load_option("dataset", name)})  # with its defaults list applied
     for key, value in overrides.items():
         OmegaConf.update(cfg, f"dataset.{key}", value, force_add=True)
     return cfg.dataset
@@ -170,3 +171,134 @@ def test_real_mt_bench_categories_and_mixed_local():
         "mt_bench": {"path": str(SHARED / "mt_bench/question.jsonl")}})
     qs = load_dataset_config(cfg)
     assert sorted(q.task for q in qs) == sorted(["translation", "summarization", "math", "chat"] * 3)
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def test_cnn_dailymail_local_jsonl_fixture():
+    """A local JSONL in CNN/DailyMail 3.0.0's shape ({article, highlights, id}) loads as summarization."""
+    qs = load_dataset_config(dataset_cfg("cnn_dailymail", path=str(FIXTURES / "cnn_dailymail-3.0.0.jsonl")))
+    assert [q.id for q in qs] == ["fixture-cnn-0001", "fixture-cnn-0002"]
+    assert {q.task for q in qs} == {"summarization"} and qs[0].fields["document"].startswith("A small town library")
+    assert qs[1].reference == "Record number of migrating birds counted at coastal marsh."
+
+
+def test_cnn_dailymail_from_the_hub_format(monkeypatch):
+    """The hub's cnn_dailymail 3.0.0 rows (the same fields) load through hub_records with the config's id."""
+    import datasets
+
+    seen = {}
+
+    def fake(path, name=None, split=None, **kwargs):
+        seen.update(path=path, name=name, split=split, **kwargs)
+        return [json.loads(line) for line in (FIXTURES / "cnn_dailymail-3.0.0.jsonl").read_text().splitlines()]
+
+    monkeypatch.setattr(datasets, "load_dataset", fake)
+    qs = load_dataset_config(dataset_cfg("cnn_dailymail", split="validation"))
+    assert seen == {"path": "abisee/cnn_dailymail", "name": "3.0.0", "split": "validation"}
+    assert len(qs) == 2 and qs[0].reference.startswith("Town library reopens")
+
+
+def test_script_datasets_load_their_parquet_export(monkeypatch):
+    """IWSLT2017 and XSum are script datasets (refused by datasets 4+): their configs ask for the hub's
+    Parquet export; without a revision, the error names that option and the local-file alternative."""
+    import datasets
+
+    calls = []
+
+    def fake(path, name=None, split=None, **kwargs):
+        calls.append((path, kwargs.get("revision")))
+        if path == "EdinburghNLP/xsum":
+            return [{"document": "d", "summary": "s", "id": "x1"}]
+        return [{"translation": {"de": "Hallo", "en": "Hello"}}]
+
+    monkeypatch.setattr(datasets, "load_dataset", fake)
+    load_dataset_config(dataset_cfg("iwslt2017"))
+    load_dataset_config(dataset_cfg("xsum"))
+    assert calls == [("IWSLT/iwslt2017", "refs/convert/parquet"), ("EdinburghNLP/xsum", "refs/convert/parquet")]
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("Dataset scripts are no longer supported, but found xsum.py")
+
+    monkeypatch.setattr(datasets, "load_dataset", refused)
+    cfg = dataset_cfg("xsum")
+    cfg.sources.xsum.hub = {"path": "EdinburghNLP/xsum"}
+    with pytest.raises(SpecbenchError, match="scripts are no longer supported") as info:
+        load_dataset_config(cfg)
+    assert "revision=refs/convert/parquet" in info.value.fix and "dataset.path=" in info.value.fix
+
+
+@pytest.mark.parametrize("name, src, tgt, hub", [
+    ("wmt14_en_de", "en", "de", ("wmt/wmt14", "de-en", "validation")),
+    ("wmt16_de_en", "de", "en", ("wmt/wmt16", "de-en", "test")),
+    ("wmt16_ru_en", "ru", "en", ("wmt/wmt16", "ru-en", "test")),
+    ("wmt14_fr_en", "fr", "en", ("wmt/wmt14", "fr-en", "test")),
+    ("wmt19_zh_en", "zh", "en", ("wmt/wmt19", "zh-en", "validation")),
+    ("opus100_ja_en", "ja", "en", ("Helsinki-NLP/opus-100", "en-ja", "test")),
+])
+def test_translation_pairs_any_direction(monkeypatch, name, src, tgt, hub):
+    """One config per translation source: its hub pair, its direction, and the language names prompts use."""
+    import datasets
+
+    seen = []
+
+    def fake(path, name=None, split=None, **kwargs):
+        seen.append((path, name, split, kwargs.get("revision")))
+        return [{"translation": {src: "source text", tgt: "target text"}}]
+
+    monkeypatch.setattr(datasets, "load_dataset", fake)
+    (q,) = load_dataset_config(dataset_cfg(name))
+    assert seen == [(*hub, "refs/convert/parquet")]
+    assert (q.fields["source"], q.reference, q.task) == ("source text", "target text", "translation")
+    templates = OmegaConf.to_container(OmegaConf.load(CONF / "templates" / "default.yaml"))
+    from specbench.tasks.datasets import LANGUAGES
+
+    assert render(q, templates["t5"]) == f"translate {LANGUAGES[src]} to {LANGUAGES[tgt]}: source text"
+
+
+def test_iwslt_de_en_prompt_is_unchanged():
+    """The language-name fields render German->English prompts exactly as the fixed templates did."""
+    templates = OmegaConf.to_container(OmegaConf.load(CONF / "templates" / "default.yaml"))
+    q = load_source("i", {"format": "iwslt", "path": "embedded:iwslt2017_de_en.json"})[0]
+    src = q.fields["source"]
+    assert render(q, templates["t5"]) == f"translate German to English: {src}"
+    assert render(q, templates["instruct"]) == (
+        f"Translate the following German text into English.\n\nGerman: {src}\nEnglish:")
+
+
+def test_spec_bench_records_are_chat_on_their_turns():
+    """Spec-Bench's translation / summarization / math records hold only `turns`: each renders its turn
+    with the chat template (never its category's task template), labelled by its category."""
+    templates = OmegaConf.to_container(OmegaConf.load(CONF / "templates" / "default.yaml"))["instruct"]
+    qs = load_dataset_config(dataset_cfg("spec_bench", path=str(FIXTURES / "spec_bench_question.jsonl")))
+    assert [q.task for q in qs] == ["writing", "math", "translation", "summarization", "qa", "math_reasoning", "rag"]
+    assert {q.kind for q in qs} == {"chat"}
+    for q in qs:
+        assert render(q, templates) == q.turns[0]
+    assert render(qs[0], templates, turn=1) == "Now make it rhyme."
+    from specbench.tasks import metrics
+
+    assert set(metrics.score(qs[1].kind, "84", qs[1].reference)) == {"output_words"}  # no GSM8K parse of a chat answer
+
+
+def test_fingerprint_is_content_not_position(tmp_path):
+    """The same input from two files (other positions, other positional ids) has the same fingerprint."""
+    a = tmp_path / "a.json"
+    b = tmp_path / "b.json"
+    a.write_text(json.dumps([{"translation": {"de": "eins", "en": "one"}}, {"translation": {"de": "zwei", "en": "two"}}]))
+    b.write_text(json.dumps([{"translation": {"de": "zwei", "en": "two"}}]))
+    qa_, qb = load_source("a", {"format": "iwslt", "path": str(a)}), load_source("b", {"format": "iwslt", "path": str(b)})
+    assert qa_[1].fingerprint() == qb[0].fingerprint() and qa_[0].fingerprint() != qb[0].fingerprint()
+    assert qa_[0].id == qb[0].id == "iwslt-0"  # positional ids collide; fingerprints do not
+
+
+def test_qa_and_code_alpaca_formats(tmp_path):
+    nq = write_jsonl(tmp_path / "nq.jsonl", [{"question": "who wrote hamlet", "answer": ["Shakespeare"]}])
+    code = write_jsonl(tmp_path / "code.jsonl", [{"instruction": "Reverse a list.", "input": "[1, 2]", "output": "[2, 1]"},
+                                                 {"instruction": "Say hi.", "input": "", "output": "print('hi')"}])
+    (q,) = load_dataset_config(dataset_cfg("nq_open", path=str(nq)))
+    assert (q.task, q.fields["question"], q.reference) == ("qa", "who wrote hamlet", "Shakespeare")
+    c = load_dataset_config(dataset_cfg("code_alpaca", path=str(code)))
+    assert [x.task for x in c] == ["code", "code"] and {x.kind for x in c} == {"chat"}
+    assert c[0].turns == ["Reverse a list.\n\n[1, 2]"] and c[1].turns == ["Say hi."]

@@ -13,22 +13,14 @@ from omegaconf import OmegaConf
 
 from specbench.configs import conf_dir, group_options, load_option
 from specbench.errors import SpecbenchError
+from tests.experiments import commands_for, experiments
 
-EXPERIMENTS = sorted(p.stem for p in (Path(conf_dir()) / "experiment").glob("*.yaml"))
-# experiment name prefix -> the commands (root configs) it is written for
-COMMANDS = {"cascades": ["cascades"], "huang": ["collect", "eval"], "metasd": ["eval"], "specialists": ["eval"],
-            "reproduce_huang": ["collect", "eval"], "reproduce_metasd": ["eval"]}
+EXPERIMENTS = experiments()
 # root config -> its run directories: outputs/<name>/<time>, outputs/multirun/<name>/<time>/<job>
 RUN_NAMES = {"eval": "eval", "bench": "bench", "cascades": "cascades", "collect": "collect",
              "train_policy": "policy"}
 # every group whose options are plain configs (experiments are _global_ and hydra/ is Hydra's)
 GROUPS = sorted(p.name for p in Path(conf_dir()).iterdir() if p.is_dir() and p.name not in ("experiment", "hydra"))
-
-
-def commands_for(name: str) -> list[str]:
-    cmds = next((cmds for prefix, cmds in COMMANDS.items() if name.startswith(prefix)), None)
-    assert cmds, f"experiment {name}: add its name prefix and commands to COMMANDS in this test"
-    return cmds
 
 
 def compose_config(config_name: str | None, overrides: list[str], hydra: bool = False):
@@ -43,6 +35,9 @@ def test_experiment_composes(name):
         # resolve everything but the values a user must supply (???)
         container = OmegaConf.to_container(cfg, resolve=False)
         assert container["target"]["model"]
+        if command == "train_drafter":
+            assert cfg.name and cfg.drafter.kind, f"{name}: a drafter recipe names its checkpoint and kind"
+            continue
         assert cfg.pool.drafters is not None or name.endswith("none")
         for key, drafter in (cfg.pool.drafters or {}).items():
             assert "_target_" in drafter, f"{name}: drafter {key} has no _target_"
@@ -106,3 +101,24 @@ def test_selector_options_share_the_bandit_base():
 def test_load_option_unknown_name():
     with pytest.raises(SpecbenchError, match="no selector config named 'nope'"):
         load_option("selector", "nope")
+
+
+def _splits(dataset) -> set[str]:
+    return {str(src.split) for src in (dataset.sources or {}).values() if src is not None}
+
+
+@pytest.mark.parametrize("name", [n for n in EXPERIMENTS if n.startswith("huang") and not n.startswith("huang_cpu")])
+def test_context_aware_experiments_collect_and_evaluate_disjoint_splits_at_one_length(name):
+    """huang_*: collect reads the train splits and eval the test splits (disjoint queries), and both decode
+    the same number of new tokens."""
+    collected, evaluated = (compose_config(c, [f"+experiment={name}"]) for c in ("collect", "eval"))
+    assert _splits(collected.dataset) == {"train"} and _splits(evaluated.dataset) == {"test"}
+    assert (collected.collect.max_new_tokens or collected.decoding.max_new_tokens) == evaluated.decoding.max_new_tokens
+
+
+def test_gemma_cascades_use_few_shot_prompts_and_a_27b_target():
+    nine, big = (compose_config("cascades", [f"+experiment={n}"]) for n in ("cascades_gemma_gsm8k",
+                                                                              "cascades_gemma27b_gsm8k"))
+    assert nine.dataset.n_shot == big.dataset.n_shot == 8
+    assert (nine.target.model, big.target.model) == ("google/gemma-2-9b-it", "google/gemma-2-27b-it")
+    assert big.pool.drafters.gemma_2b.model == "google/gemma-2-2b-it"

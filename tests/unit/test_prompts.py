@@ -64,3 +64,48 @@ def test_truncation_is_logged(caplog):
     assert short.fields["document"] == "abcd" and short.reference == "r"
     assert "truncated" in caplog.text
     assert truncate_fields(q, tok, None) is q
+
+
+def vicuna_prompt():
+    from omegaconf import OmegaConf
+
+    from specbench.configs import conf_dir
+
+    return OmegaConf.load(f"{conf_dir()}/target/vicuna_7b_v1_3.yaml").prompt
+
+
+def test_vicuna_prompt_is_fastchats_vicuna_v1_1():
+    """Vicuna v1.3's tokenizer has no chat template: the target config's own reproduces FastChat's
+    `vicuna_v1.1` conversation (system prompt, USER:/ASSISTANT:, " " and "</s>" separators), every turn."""
+    prompt = vicuna_prompt()
+    tok = byte_tokenizer(bos_token="<s>")
+    assert not getattr(tok, "chat_template", None)
+    q = Query(id="q1", task="writing", fields={"turn": "Hi"}, turns=["Hi", "More?"], kind="chat")
+    first = tok.decode(build_prompt(q, tok, prompt.style, TEMPLATES, prompt.system, chat_template=prompt.chat_template))
+    system = ("A chat between a curious user and an artificial intelligence assistant. The assistant gives helpful, "
+              "detailed, and polite answers to the user's questions.")
+    assert first == f"<s>{system} USER: Hi ASSISTANT:"
+    second = tok.decode(build_prompt(q, tok, prompt.style, TEMPLATES, prompt.system, turn=1,
+                                     history=[("Hi", "Hello there.")], chat_template=prompt.chat_template))
+    assert second == f"<s>{system} USER: Hi ASSISTANT: Hello there.</s>USER: More? ASSISTANT:"
+
+
+def test_config_chat_template_wins_over_the_tokenizers(chat_tokenizer):
+    q = Query(id="q1", task="chat", fields={"turn": "Hi"}, turns=["Hi"])
+    text = chat_tokenizer.decode(build_prompt(q, chat_tokenizer, "chat", TEMPLATES,
+                                              chat_template="{% for m in messages %}[{{ m['content'] }}]{% endfor %}"))
+    assert text == "[Hi]"
+
+
+def test_templates_are_checked_against_every_record_before_decoding():
+    """The first record a template does not fit is named, with how many more fail, before any decoding."""
+    from specbench.tasks import check_templates
+
+    ok = Query(id="a", task="summarization", fields={"document": "d"})
+    bad = [Query(id=f"b{i}", task="math", fields={"question": "q"}) for i in range(3)]
+    check_templates([ok], {"summarization": "{document}"})
+    with pytest.raises(SpecbenchError, match=r"query b0 \(task 'math'\): the template for task 'math' uses field "
+                                             r"'answer'.*2 more of the 3 failing queries"):
+        check_templates([ok, *bad], {"summarization": "{document}", "math": "{question} {answer}"})
+    two_turns = Query(id="c", task="chat", fields={"turn": "x"}, turns=["x", "y"])
+    check_templates([two_turns], {"chat": "{turn}"}, max_turns=2)
