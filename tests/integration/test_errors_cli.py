@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 import specbench.pipelines.session as session
 from specbench.cli import app
+from specbench.configs import group_options
 
 TINY = ["target=tiny_llama", "pool=tiny", "dataset.limit=1", "decoding.max_new_tokens=4", "warmup.max_new_tokens=0"]
 
@@ -74,7 +75,7 @@ def test_wrong_types_fail_before_anything_loads(tmp_path, no_model_loads, comman
 # -- Hydra's composition errors: exit 2 with error/fix lines ------------------------------------
 
 @pytest.mark.parametrize("args, problem, fix", [
-    (["target=nope"], "error: no target config named 'nope'", "fix:   use one of: hf, smollm2_135m, tiny_llama, tiny_t5"),
+    (["target=nope"], "error: no target config named 'nope'", "fix:   use one of: " + ", ".join(group_options("target"))),
     (["decoding.nope=1"], "error: unknown config key 'decoding.nope' (decoding has: temperature", "prefix it with +"),
     (["selector.beta=2"], "error: unknown config key 'selector.beta'", "--help` lists the config groups"),
     (["experiment=metasd_cpu"], "error: could not override 'experiment'", "+experiment=metasd_cpu"),
@@ -195,7 +196,8 @@ def test_eval_help_lists_config_groups_and_options():
     assert code == 0
     text = " ".join(out.split())
     assert "Config groups" in text
-    for line in ("target: hf, smollm2_135m*, tiny_llama, tiny_t5", "decoding: greedy*, sampling",
+    targets = ", ".join(f"{t}*" if t == "smollm2_135m" else t for t in group_options("target"))
+    for line in (f"target: {targets}", "decoding: greedy*, sampling",
                  "cascade: chow", "selector: discounted_ucb", "+experiment: cascades_cpu"):
         assert line in text, line
     code, _, out = run("train-policy", "--help")
