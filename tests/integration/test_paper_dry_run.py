@@ -275,11 +275,12 @@ def test_paper_experiment_dry_run(name, stand_ins, tmp_path):
         from specbench.pipelines import collect, train_policy
 
         cfg = compose_for("collect", [f"+experiment={name}", "collect.measure_speculative=true"])
-        tiny_run(cfg, stand_ins, tmp_path / "collect", limit=3)
+        tiny_run(cfg, stand_ins, tmp_path / "collect", limit=4)
         collect.run(cfg, tmp_path / "c")
         rows = collect.read_rows([tmp_path / "c"])
         assert rows and all(set(r["arms"]) == set(rows[0]["arms"]) for r in rows)
-        train_policy.run(compose_for("train_policy", [f"data={tmp_path / 'c'}", "train.epochs=2"]), tmp_path / "p")
+        train_policy.run(compose_for("train_policy", [f"data={tmp_path / 'c'}", "train.epochs=2",
+                                                      "train.val_fraction=0.5"]), tmp_path / "p")  # >= 2 held-out rows
         cfg = compose_for("eval", [f"+experiment={name}", "selector=policy",
                                    f"policy.checkpoint={tmp_path / 'p' / 'policy.pt'}"])
         tiny_run(cfg, stand_ins, tmp_path / "eval")  # the test split: held out from the collected train split
