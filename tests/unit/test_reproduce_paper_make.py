@@ -17,7 +17,8 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is no
 
 
 def dry(target: str) -> list[str]:
-    res = subprocess.run(["make", "-n", target, "SPECBENCH=specbench", "PYTHON=python"], capture_output=True,
+    res = subprocess.run(["make", "-n", "--no-print-directory", target, "SPECBENCH=specbench", "PYTHON=python"],
+                         capture_output=True,
                          text=True, cwd=ROOT, timeout=60)
     assert res.returncode == 0, res.stderr
     return [line for line in res.stdout.splitlines() if line.strip()]
