@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from specbench.drafters.base import ModelDrafter, param_count
+from specbench.drafters.eagle import vocab_fingerprint
 from specbench.errors import SpecbenchError
 from specbench.models.loading import LoadedModel, load_model, resolve_cached
 from specbench.models.target import Target
@@ -52,8 +53,6 @@ def check_compatible(target: Target, loaded: LoadedModel, name: str) -> None:
 
 def check_trained_for(path: Path, target: Target, name: str) -> None:
     """A drafter fine-tuned by ``train-drafter`` for another target (another vocabulary) is refused."""
-    from specbench.drafters.eagle import vocab_fingerprint
-
     meta = json.loads((path / MODEL_META).read_text())
     if meta.get("vocab") and meta["vocab"] != vocab_fingerprint(target.tokenizer):
         raise SpecbenchError(

@@ -48,6 +48,13 @@ def _csv(root: Path, rel: str) -> pd.DataFrame:
     return pd.read_csv(path)
 
 
+def _optional(root: Path, rel: str) -> pd.DataFrame:
+    try:
+        return _csv(root, rel)
+    except NotRun:
+        return pd.DataFrame()
+
+
 def speeds(summary: pd.DataFrame, value: str = "speedup") -> dict[str, dict[str, float]]:
     """``{task: {method: value}}`` from an eval summary (``all`` included)."""
     out: dict[str, dict[str, float]] = {}
@@ -118,13 +125,6 @@ def huang_table1(root: Path, published: list[Published]) -> Exhibit:
         V.each_fastest_on_own_task(own, pair, "each specialist speeds up its own task more than the other specialist does"),
         V.within_of_best_everywhere(policy, best, 0.95, "the policy is within 5% of the best drafter on every task"),
     ], notes, ["huang/eval", "huang/policy"])
-
-
-def _optional(root: Path, rel: str) -> pd.DataFrame:
-    try:
-        return _csv(root, rel)
-    except NotRun:
-        return pd.DataFrame()
 
 
 def huang_fig2(root: Path, published: list[Published]) -> Exhibit:
