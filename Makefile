@@ -125,25 +125,25 @@ REPRO ?= outputs/reproduce
 reproduce-cpu: specialists
 	$(SPECBENCH) reproduce --root $(REPRO)
 
-# Rebuild the report from the runs (and copy it to docs/reproduction, which the README links).
+# Rebuild the report from the runs, copy it to docs/reproduction and write its index into the README
+# (between the generated-report markers of "Measured results").
 report: install
-	$(SPECBENCH) report $(REPRO) --publish docs/reproduction
+	$(SPECBENCH) report $(REPRO) --publish docs/reproduction --readme README.md
 
 # ---------------------------------------------------------------------------------------------------
 # Paper scale: every paper-scale experiment (conf/experiment/, README "Paper-scale experiments"). Needs a
 # GPU with CUDA torch (make install TORCH_SPEC="torch>=2.4"), hub access, and the gated models' licences
-# accepted on the hub (Gemma-2, LayerSkip) with `huggingface-cli login`. Fixed run directories under
-# $(PAPER): rerunning resumes eval / collect / cascades runs and train-drafter checkpoints. PAPER_ARGS adds
-# Hydra overrides to every run (e.g. PAPER_ARGS=dataset.limit=20 for a short smoke run on a GPU).
-# It ends in `specbench report $(PAPER)`. That report reads the CPU-scale layout of `specbench reproduce`
-# (huang/eval, metasd/eval, cascades/greedy, ...) and has no paper-scale exhibits yet, so here it finds
-# none and stops naming the runs it expected; every run directory below holds its own summary tables.
+# accepted on the hub (Gemma-2, LayerSkip) with `huggingface-cli login`. `specbench reproduce --profile
+# paper` (specbench/reproduction/plan.py) runs each experiment into a fixed directory under $(PAPER), in the
+# CPU reproduction's layout where the papers overlap (huang/..., metasd/eval, metasd/stream, cascades/<name>),
+# and ends in the same `specbench report` with the published numbers beside ours. Rerunning skips finished
+# steps and resumes the interrupted one. PAPER_ARGS adds Hydra overrides to every decoding run (e.g.
+# PAPER_ARGS=dataset.limit=20 for a short smoke run on a GPU).
 PAPER ?= outputs/reproduce-paper
 PAPER_ARGS ?=
 SPEC_BENCH_QUESTIONS ?= data/spec_bench/question.jsonl
 SPEC_BENCH_URL ?= https://raw.githubusercontent.com/hemingkx/Spec-Bench/main/data/spec_bench/question.jsonl
 PAPER_DRAFTERS := $(sort $(basename $(notdir $(wildcard conf/experiment/drafter_*.yaml))))
-MULTILINGUAL ?= opus100_ja_en,wmt16_ru_en,wmt16_de_en,wmt14_fr_en,wmt19_zh_en
 
 # Every paper-scale experiment on CPU with tiny random stand-ins of its models (no GPU, no download).
 paper-dry-run: install
@@ -159,29 +159,5 @@ paper-drafters: install
 		$(SPECBENCH) train-drafter +experiment=$$recipe hydra.run.dir=$(PAPER)/drafters/$$recipe $(PAPER_ARGS) || exit 1; \
 	done
 
-# Context-aware selection (Huang et al.): collect on the train split -> policy -> eval on the test split.
-define huang
-	$(SPECBENCH) collect +experiment=$(1) collect.measure_speculative=true hydra.run.dir=$(PAPER)/$(1)/collect $(PAPER_ARGS)
-	$(SPECBENCH) train-policy data=$(PAPER)/$(1)/collect reward.source=measured $(2) hydra.run.dir=$(PAPER)/$(1)/policy
-	$(SPECBENCH) eval +experiment=$(1) selector=policy policy.checkpoint=$(PAPER)/$(1)/policy/policy.pt \
-		hydra.run.dir=$(PAPER)/$(1)/eval $(PAPER_ARGS)
-endef
-
 reproduce-paper: install paper-drafters $(SPEC_BENCH_QUESTIONS)
-	$(SPECBENCH) eval +experiment=spec_bench_vicuna dataset.path=$(SPEC_BENCH_QUESTIONS) \
-		hydra.run.dir=$(PAPER)/spec_bench_vicuna $(PAPER_ARGS)
-	$(SPECBENCH) eval +experiment=metasd_vicuna dataset.path=$(SPEC_BENCH_QUESTIONS) \
-		hydra.run.dir=$(PAPER)/metasd_vicuna $(PAPER_ARGS)
-	$(SPECBENCH) eval +experiment=metasd_vicuna_eagle dataset.path=$(SPEC_BENCH_QUESTIONS) \
-		hydra.run.dir=$(PAPER)/metasd_vicuna_eagle $(PAPER_ARGS)
-	$(SPECBENCH) eval -m +experiment=metasd_vicuna_multilingual dataset=$(MULTILINGUAL) \
-		hydra.sweep.dir=$(PAPER)/metasd_vicuna_multilingual 'hydra.sweep.subdir=$${dataset.name}' $(PAPER_ARGS)
-	$(call huang,huang_t5)
-	$(call huang,huang_gsm8k)
-	$(call huang,huang_early_exit)
-	$(SPECBENCH) train-policy data=$(PAPER)/huang_early_exit/collect reward.source=measured \
-		"train.arms=[early_exit_4,early_exit_8,early_exit_12]" hydra.run.dir=$(PAPER)/huang_early_exit/policy_without_ar
-	for exp in cascades_t5_wmt cascades_t5_xsum cascades_t5_cnndm cascades_gemma_gsm8k cascades_gemma27b_gsm8k; do \
-		$(SPECBENCH) cascades +experiment=$$exp hydra.run.dir=$(PAPER)/$$exp $(PAPER_ARGS) || exit 1; \
-	done
-	$(SPECBENCH) report $(PAPER)
+	$(SPECBENCH) reproduce --profile paper --root $(PAPER) --questions $(SPEC_BENCH_QUESTIONS) $(PAPER_ARGS)

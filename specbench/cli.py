@@ -218,15 +218,25 @@ def train_drafter(ctx: typer.Context) -> None:
 def report(root: str = typer.Argument("outputs/reproduce", help="the root that `specbench reproduce` wrote its runs to"),
            out: str = typer.Option(None, "--out", help="report directory (default: ROOT/report)"),
            publish: str = typer.Option(None, "--publish",
-                                       help="also copy the report here (docs/reproduction: the README links it)")) -> None:
+                                       help="also copy the report here (docs/reproduction: the README links it)"),
+           layout: str = typer.Option(None, "--layout",
+                                      help="cpu | paper (default: the one `specbench reproduce` recorded in ROOT)"),
+           readme: str = typer.Option(None, "--readme", help="with --publish: also write the report's index into this "
+                                                             "file, between its generated-report markers")) -> None:
     """Each paper's tables and figures from the run directories under ROOT, published numbers beside ours,
     and each claim checked (REPORT.md)."""
     from specbench.reproduction import render
 
     try:
-        path = render.write(root, out)
+        path = render.write(root, out, layout)
+        if readme and not publish:
+            raise SpecbenchError("--readme needs --publish (the README links the published copy)",
+                                 "add --publish docs/reproduction")
         if publish:
             typer.echo(f"published: {render.publish(path, publish)}")
+        if readme:
+            links = os.path.relpath(Path(publish).resolve(), Path(readme).resolve().parent)
+            typer.echo(f"included in: {render.include_in_readme(path, Path(readme), links)}")
     except SpecbenchError as exc:
         _fail(exc)
 
@@ -234,14 +244,19 @@ def report(root: str = typer.Argument("outputs/reproduce", help="the root that `
 @app.command("reproduce", context_settings=HYDRA_ARGS)
 def reproduce(ctx: typer.Context,
               root: str = typer.Option("outputs/reproduce", "--root", help="where the runs and the report go"),
-              profile: str = typer.Option("cpu", "--profile", help="cpu: the CPU-scale plan; tiny: a dry run on tiny models"),
-              paper: list[str] = typer.Option(None, "--paper", help="only these papers (huang, metasd, cascades)")) -> None:
-    """Every CPU-scale reproduction end to end (resumable), then `specbench report`; extra Hydra
-    overrides apply to every step."""
+              profile: str = typer.Option("cpu", "--profile", help="cpu: the CPU-scale plan; tiny: a dry run of it on "
+                                                                   "tiny models; paper: the paper-scale experiments (GPU)"),
+              paper: list[str] = typer.Option(None, "--paper", help="only these papers (huang, metasd, cascades; "
+                                                                    "paper profile: also spec_bench)"),
+              questions: str = typer.Option(None, "--questions", help="Spec-Bench's question.jsonl (paper profile; "
+                                                                      "default data/spec_bench/question.jsonl)")) -> None:
+    """Every reproduction of a profile end to end (resumable), then `specbench report`; extra Hydra
+    overrides apply to every decoding step (eval, collect, cascades)."""
     from specbench.reproduction import plan
 
     try:
-        plan.run(root, profile=profile, papers=paper or None, extra=list(ctx.args))
+        plan.run(root, profile=profile, papers=paper or None, extra=list(ctx.args),
+                 questions=questions or plan.QUESTIONS)
     except SpecbenchError as exc:
         _fail(exc)
 

@@ -5,7 +5,9 @@ Every builder reads the files our commands write (``summary.csv`` of eval, ``sum
 cascades), lays them out as the paper does (rows and columns named as in the paper, where it has
 them), sets the published numbers beside ours and checks the paper's claim (``verdicts``). A
 builder whose runs are missing is skipped and listed as not run. The run directories are the ones
-``specbench reproduce`` writes (``plan.py``).
+``specbench reproduce`` writes (``plan.py``), the same for every profile; what differs between the
+CPU-scale and the paper-scale runs (which drafter plays which part, which cascades runs exist, the
+notes) is a ``Layout``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,51 @@ from specbench.reproduction.published import Published, lookup
 TASKS = ("translation", "summarization", "math", "chat")
 SPECIALISTS = {f"eagle_{t}": t for t in TASKS}
 GENERALIST = "eagle_general"
+
+
+@dataclass(frozen=True)
+class MetaRun:
+    """One MetaSD eval run: its directory, the pool's specialists (drafter -> its task) and generalist,
+    and the paper's name for UCB-BD in the published table."""
+
+    run: str
+    key: str
+    title: str
+    specialists: dict[str, str]
+    generalist: str | None
+    ucb_row: str = ""
+    setting: str = ""
+
+
+@dataclass(frozen=True)
+class CascadeRun:
+    """One cascades run (``cascades/<name>``) and the quality axis its exhibit plots."""
+
+    name: str
+    title: str
+    quality: str  # a column of cascade_points: agreement | rouge2_summarization | quality
+    quality_label: str
+    greedy: bool = False
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What one profile's runs hold: the parts each drafter plays and the notes that name the models."""
+
+    name: str
+    scale: str  # figure titles: "CPU scale" | "paper scale"
+    exhibits: tuple[str, ...]  # BUILDERS keys, in report order
+    huang_pair: dict[str, tuple[str, str]]  # Table 1: drafter -> (its task, the paper's row)
+    huang_models: str
+    alpha_arms: tuple[str, str]  # Fig. 2: (cheap, better aligned)
+    alpha_note: str
+    depth_note: str
+    training_note: str
+    metasd: tuple[MetaRun, ...]
+    cascades: tuple[CascadeRun, ...]
+    tasks: tuple[str, ...] | None = TASKS  # MetaSD columns (None: the run's own tasks, in its order)
+    task_columns: dict[str, str] = field(default_factory=dict)  # our task -> the paper's column name
+    languages: tuple[str, ...] = ()  # MetaSD multilingual runs: metasd/multilingual/<language>
 
 
 @dataclass
@@ -77,11 +124,13 @@ def replayed(summary: pd.DataFrame) -> dict[str, float]:
 
 
 def with_published(table: pd.DataFrame, published: list[Published], paper: str, exhibit: str,
-                   rows: dict[str, str], columns: list[str]) -> pd.DataFrame:
-    """Add ``<column> (paper)`` beside each of ``columns``: ``rows`` maps our row label -> the paper's row."""
+                   rows: dict[str, str], columns: list[str], aliases: dict[str, str] | None = None) -> pd.DataFrame:
+    """Add ``<column> (paper)`` beside each of ``columns``: ``rows`` maps our row label -> the paper's row,
+    ``aliases`` our column -> the paper's (default: the same name)."""
     out = table.copy()
     for col in columns:
-        vals = [lookup(published, paper, exhibit, rows.get(label, ""), col) for label in out.iloc[:, 0]]
+        theirs = (aliases or {}).get(col, col)
+        vals = [lookup(published, paper, exhibit, rows.get(label, ""), theirs) for label in out.iloc[:, 0]]
         out.insert(list(out.columns).index(col) + 1, f"{col} (paper)", vals)
     return out
 
@@ -100,23 +149,21 @@ def _figure(path: Path, draw: Callable, title: str, xlabel: str, ylabel: str, si
 
 
 # ---------------------------------------------------------------- Huang et al.
-def huang_table1(root: Path, published: list[Published]) -> Exhibit:
+def huang_table1(root: Path, published: list[Published], lay: Layout) -> Exhibit:
     summary = _csv(root, "huang/eval/summary.csv")
     sp = speeds(summary)
-    rows = [("fixed:eagle_translation", "eagle_translation", "T5-small"),
-            ("fixed:eagle_summarization", "eagle_summarization", "T5-small-XSum"),
-            ("policy", "policy", "policy")]
+    rows = [(f"fixed:{d}", d, paper_row) for d, (_, paper_row) in lay.huang_pair.items()] + [("policy", "policy", "policy")]
     table = pd.DataFrame([{"drafter": label, **{t: sp.get(t, {}).get(m, math.nan) for t in ("translation", "summarization")}}
                           for m, label, _ in rows])
     table = with_published(table, published, "huang", "table1", {label: p for _, label, p in rows},
                            ["translation", "summarization"])
-    pair = {d: t for d, t in SPECIALISTS.items() if t in ("translation", "summarization")}
+    pair = {d: task for d, (task, _) in lay.huang_pair.items()}
     own = {t: {d: v for d, v in drafter_speeds(summary).get(t, {}).items() if d in pair} for t in pair.values()}
     best = {t: max(v.values()) for t, v in own.items() if v}
     policy = {t: sp.get(t, {}).get("policy", math.nan) for t in best}
     notes = ("Speedup over autoregressive decoding on held-out rows (the policy's eval slice, disjoint from the "
              "collected queries). Paper: T5-large target with T5-small (a generalist that translates well) and "
-             "T5-small-XSum; ours: SmolLM2-135M with its translation and summarization draft heads.")
+             f"T5-small-XSum; ours: {lay.huang_models}.")
     val = replayed(_optional(root, "huang/policy/summary.csv"))
     if val:
         notes += " Replayed on the validation queries of the collection: " + ", ".join(
@@ -127,11 +174,11 @@ def huang_table1(root: Path, published: list[Published]) -> Exhibit:
     ], notes, ["huang/eval", "huang/policy"])
 
 
-def huang_fig2(root: Path, published: list[Published]) -> Exhibit:
+def huang_fig2(root: Path, published: list[Published], lay: Layout) -> Exhibit:
     df = _csv(root, "huang/depth/alpha/alpha_sweep.csv")
     shares = [c for c in df.columns if c.startswith("share_")]
     arms = [c.removeprefix("share_") for c in shares]
-    cheap, aligned = "early_exit_8", "early_exit_24"
+    cheap, aligned = lay.alpha_arms
     lo, hi = df.loc[df.alpha.idxmin()], df.loc[df.alpha.idxmax()]
     verdict = V.choice_moves({a: lo[f"share_{a}"] for a in arms}, {a: hi[f"share_{a}"] for a in arms}, cheap, aligned,
                              "the alpha sweep moves the choice from the cheap drafter (alpha 0) to the better-aligned one (alpha 1)")
@@ -140,17 +187,16 @@ def huang_fig2(root: Path, published: list[Published]) -> Exhibit:
         def draw(ax):
             for a in arms:
                 ax.plot(df.alpha, df[f"share_{a}"], marker="o", label=a)
-        _figure(path, draw, "Huang et al. Fig. 2 (CPU scale): choice vs alpha", "alpha (weight of alignment vs cost)",
+        _figure(path, draw, f"Huang et al. Fig. 2 ({lay.scale}): choice vs alpha", "alpha (weight of alignment vs cost)",
                 "share of validation queries")
 
     notes = ("Proxy reward r = alpha * alignment (ROUGE-L of the drafter's own output to the target's) + (1 - alpha) * "
-             "(1 - cost) (parameters relative to the largest arm); one policy per alpha. Arms: early exits after 8 "
-             "(cheap, poorly aligned) and 24 (dearer, better aligned) of SmolLM2's 30 layers, on XSum.")
+             f"(1 - cost) (parameters relative to the largest arm); one policy per alpha. Arms: {lay.alpha_note}.")
     return Exhibit("huang/fig2", "Huang et al., Fig. 2: the alpha trade-off between a cheap and a better-aligned drafter",
                    df, [verdict], notes, ["huang/depth/collect", "huang/depth/alpha"], plot)
 
 
-def huang_fig3(root: Path, published: list[Published]) -> Exhibit:
+def huang_fig3(root: Path, published: list[Published], lay: Layout) -> Exhibit:
     df = _csv(root, "huang/policy/data_efficiency.csv").sort_values("n_examples")
     first, last = df.iloc[0], df.iloc[-1]
     verdict = V.above(last.speedup_replayed, first.speedup_replayed,
@@ -162,16 +208,16 @@ def huang_fig3(root: Path, published: list[Published]) -> Exhibit:
             ax.plot(df.n_examples, df.speedup_replayed, marker="o", label="policy")
             if "oracle_speedup" in df:
                 ax.plot(df.n_examples, df.oracle_speedup, ls="--", color="gray", label="per-query oracle")
-        _figure(path, draw, "Huang et al. Fig. 3 (CPU scale): speed vs training queries", "training queries (log scale)",
+        _figure(path, draw, f"Huang et al. Fig. 3 ({lay.scale}): speed vs training queries", "training queries (log scale)",
                 "speedup (replayed, validation)", xscale="log")
 
-    notes = ("Replayed speedup of the chosen arms' measured speculative runs on the same validation queries; the paper "
-             "trains on 1k-10k queries, this CPU run on at most the collected ones.")
+    notes = ("Replayed speedup of the chosen arms' measured speculative runs on the same validation queries; "
+             f"{lay.training_note}")
     return Exhibit("huang/fig3", "Huang et al., Fig. 3: speed against the number of training queries", df, [verdict],
                    notes, ["huang/policy"], plot)
 
 
-def huang_table4(root: Path, published: list[Published]) -> Exhibit:
+def huang_table4(root: Path, published: list[Published], lay: Layout) -> Exhibit:
     sp = replayed(_csv(root, "huang/math/policy/summary.csv"))
     alone = {k.removeprefix("always "): v for k, v in sp.items() if k.startswith("always ") and k != "always autoregressive"}
     best_alone = max(alone.values()) if alone else math.nan
@@ -187,11 +233,11 @@ def huang_table4(root: Path, published: list[Published]) -> Exhibit:
                 ("policy", "best drafter alone"), tolerance=1e-9),
         V.at_least_fraction(policy, 1.0, 0.95, "the policy holds at least 0.95x of autoregressive speed",
                             ("policy", "autoregressive")),
-    ], "GSM8K test rows; speedups replayed from the measured speculative runs on the policy's validation queries.",
+    ], "GSM8K rows; speedups replayed from the measured speculative runs on the policy's validation queries.",
         ["huang/math/collect", "huang/math/policy"])
 
 
-def huang_table6(root: Path, published: list[Published]) -> Exhibit:
+def huang_table6(root: Path, published: list[Published], lay: Layout) -> Exhibit:
     without = replayed(_csv(root, "huang/depth/without_ar/summary.csv"))
     with_ar = replayed(_csv(root, "huang/depth/with_ar/summary.csv"))
     alone = {k: v for k, v in with_ar.items() if k.startswith("always ")}
@@ -202,8 +248,7 @@ def huang_table6(root: Path, published: list[Published]) -> Exhibit:
                    table, [V.above(with_ar.get("policy", math.nan), without.get("policy", math.nan),
                                    "adding the autoregressive arm does not slow the policy down",
                                    ("with", "without"), tolerance=1e-9)],
-                   "Early exits of SmolLM2 after 8, 16 and 24 of 30 layers (untrained exits: Table 6 of the paper uses "
-                   "the same kind of drafter); speedups replayed on the validation queries.",
+                   f"{lay.depth_note}; speedups replayed on the validation queries.",
                    ["huang/depth/collect", "huang/depth/without_ar", "huang/depth/with_ar"])
 
 
@@ -213,47 +258,69 @@ METASD_ROWS = {"random-query": "random drafter per query", "random": "uniform mi
                "ucb-switch-bd": "UCB-BD with a switching cost", ORACLE: "oracle (best single drafter per task)"}
 
 
-def metasd_main(root: Path, published: list[Published]) -> Exhibit:
-    summary = _csv(root, "metasd/eval/summary.csv")
+def _tasks(sp: dict, lay: Layout) -> list[str]:
+    order = lay.tasks if lay.tasks is not None else [t for t in sp if t != ALL_TASKS]
+    return [t for t in order if t in sp]
+
+
+def metasd_table(root: Path, published: list[Published], lay: Layout, meta: MetaRun) -> Exhibit:
+    summary = _csv(root, f"{meta.run}/summary.csv")
     sp = speeds(summary)
-    tasks = [t for t in TASKS if t in sp] + [ALL_TASKS]
+    tasks = _tasks(sp, lay) + [ALL_TASKS]
     methods = [m for m in dict.fromkeys(summary.method) if m != "autoregressive"]
     label = lambda m: m.split(":", 1)[1] if m.startswith("fixed:") else METASD_ROWS.get(m, m)  # noqa: E731
     table = pd.DataFrame([{"method": label(m), **{t: sp[t].get(m, math.nan) for t in tasks}} for m in methods])
+    pub = [p for p in published if p.paper == "metasd" and p.exhibit == "main" and p.row == meta.ucb_row]
+    if pub:  # paper scale: the paper's UCB row beside ours, on the columns it publishes
+        cols = [t for t in tasks if any(p.column == lay.task_columns.get(t, t) for p in pub)]
+        table = with_published(table, published, "metasd", "main", {"UCB-BD": meta.ucb_row}, cols, lay.task_columns)
     ds = drafter_speeds(summary)
-    own = {d: t for d, t in SPECIALISTS.items() if any(d in ds.get(task, {}) for task in TASKS)}
+    own = {d: t for d, t in meta.specialists.items() if any(d in ds.get(task, {}) for task in sp)}
     best_single = max(ds.get(ALL_TASKS, {}).values(), default=math.nan)
     ucb = sp.get(ALL_TASKS, {}).get("ucb-bd", math.nan)
     oracle = sp.get(ALL_TASKS, {}).get(ORACLE, math.nan)
-    pub = [p for p in published if p.paper == "metasd" and p.exhibit == "main"]
-    notes = ("Speedup over autoregressive decoding on one mixed, interleaved stream (oracle: the best single drafter per "
-             "task, measured in the same run). Published (Vicuna-7B on an A100; other tasks and drafters, so set beside, "
-             "not compared): " + "; ".join(f"{p.row} on {p.column} {p.value:.3f} ({p.setting.split(':')[0]})" for p in pub) + ".")
-    return Exhibit("metasd/main", "MetaSD, main table: single drafters, baselines and bandits on a mixed stream", table, [
+    shown = [p for p in published if p.paper == "metasd" and p.exhibit == "main"]
+    notes = (f"Speedup over autoregressive decoding, {meta.setting} (oracle: the best single drafter per task, measured "
+             "in the same run). Published (Vicuna-7B on an A100): " +
+             "; ".join(f"{p.row} on {p.column} {p.value:.3f} ({p.setting.split(':')[0]})" for p in shown) + ".")
+    verdicts = [
         V.at_least_fraction(ucb, oracle, 0.95, "UCB-BD reaches at least 0.95 of the per-task oracle on the mixed stream",
                             ("UCB-BD", "oracle")),
         V.above(ucb, best_single, "UCB-BD is above the best single drafter on the mixed stream",
                 ("UCB-BD", "best single drafter")),
         V.each_fastest_on_own_task(ds, own),
-        V.specialist_margin(ds, own, GENERALIST),
-    ], notes, ["metasd/eval"])
+    ]
+    if meta.generalist:
+        verdicts.append(V.specialist_margin(ds, own, meta.generalist))
+    return Exhibit(meta.key, meta.title, table, verdicts, notes, [meta.run])
 
 
-def metasd_heads(root: Path, published: list[Published]) -> Exhibit:
-    """The specialists' own table: acceptance and MAT of every head on every task."""
-    summary = _csv(root, "metasd/eval/summary.csv")
+def metasd_main(root: Path, published: list[Published], lay: Layout) -> Exhibit:
+    return metasd_table(root, published, lay, lay.metasd[0])
+
+
+def metasd_whitebox(root: Path, published: list[Published], lay: Layout) -> Exhibit:
+    return metasd_table(root, published, lay, lay.metasd[1])
+
+
+def metasd_heads(root: Path, published: list[Published], lay: Layout) -> Exhibit:
+    """The specialists' own table: acceptance and MAT of every specialist on every task."""
+    meta = lay.metasd[0]
+    summary = _csv(root, f"{meta.run}/summary.csv")
     mat, acc = drafter_speeds(summary, "mat"), drafter_speeds(summary, "acceptance_rate")
-    heads = [d for d in [*SPECIALISTS, GENERALIST] if any(d in mat.get(t, {}) for t in TASKS)]
+    tasks = _tasks(mat, lay)
+    pool = [*meta.specialists, *([meta.generalist] if meta.generalist else [])]
+    heads = [d for d in pool if any(d in mat.get(t, {}) for t in tasks)]
     table = pd.DataFrame([{"task": t, **{h: f"{acc[t].get(h, math.nan):.2f} / {mat[t].get(h, math.nan):.2f}" for h in heads}}
-                          for t in TASKS if t in mat])
-    own = {d: t for d, t in SPECIALISTS.items() if d in heads}
-    return Exhibit("metasd/heads", "Specialist heads: acceptance rate / MAT of every head on every task", table,
+                          for t in tasks])
+    own = {d: t for d, t in meta.specialists.items() if d in heads}
+    return Exhibit("metasd/heads", "Specialist drafters: acceptance rate / MAT of every specialist on every task", table,
                    [V.each_fastest_on_own_task({t: {h: mat[t].get(h, math.nan) for h in heads} for t in mat}, own,
-                                               "each specialist has the highest MAT among the heads on its own task")],
-                   "From the MetaSD run's single-drafter rows (greedy, draft length 4).", ["metasd/eval"])
+                                               "each specialist has the highest MAT among the specialists on its own task")],
+                   "From the MetaSD run's single-drafter rows (greedy).", [meta.run])
 
 
-def metasd_convergence(root: Path, published: list[Published], first_rounds: int = 20) -> Exhibit:
+def metasd_convergence(root: Path, published: list[Published], lay: Layout, first_rounds: int = 20) -> Exhibit:
     conv = _csv(root, "metasd/eval/convergence.csv")
     early = conv[conv["round"] < first_rounds].groupby("method").share.mean()
     bd, be = early.get("ucb-bd", math.nan), early.get("ucb-be", math.nan)
@@ -264,7 +331,7 @@ def metasd_convergence(root: Path, published: list[Published], first_rounds: int
             for m in ("ucb-bd", "ucb-be"):
                 sub = conv[(conv.method == m) & (conv["round"] < 40)]
                 ax.plot(sub["round"], sub.share, label=METASD_ROWS.get(m, m))
-        _figure(path, draw, "MetaSD convergence (CPU scale): BD vs BE", "round within a query",
+        _figure(path, draw, f"MetaSD convergence ({lay.scale}): BD vs BE", "round within a query",
                 "share playing the oracle's arm", ylim=(0, 1.02))
 
     return Exhibit("metasd/convergence", "MetaSD, convergence: Block Divergence against Block Efficiency", table,
@@ -274,7 +341,7 @@ def metasd_convergence(root: Path, published: list[Published], first_rounds: int
                    ["metasd/eval"], plot)
 
 
-def metasd_switching(root: Path, published: list[Published]) -> Exhibit:
+def metasd_switching(root: Path, published: list[Published], lay: Layout) -> Exhibit:
     summary = _csv(root, "metasd/eval/summary.csv")
     rows = summary[(summary.task == ALL_TASKS) & summary.method.isin(["ucb-bd", "ucb-switch-bd"])]
     table = rows[["method", "speedup", "switches", "mat"]].reset_index(drop=True)
@@ -288,10 +355,10 @@ def metasd_switching(root: Path, published: list[Published]) -> Exhibit:
                    ["metasd/eval"])
 
 
-def metasd_stream(root: Path, published: list[Published]) -> Exhibit:
+def metasd_stream(root: Path, published: list[Published], lay: Layout) -> Exhibit:
     summary = _csv(root, "metasd/stream/summary.csv")
     sp = speeds(summary)
-    tasks = [t for t in TASKS if t in sp] + [ALL_TASKS]
+    tasks = _tasks(sp, lay) + [ALL_TASKS]
     methods = [m for m in ("ucb-bd", "ducb-bd", "swucb-bd") if m in sp.get(ALL_TASKS, {})]
     names = {"ucb-bd": "UCB", "ducb-bd": "D-UCB", "swucb-bd": "SW-UCB"}
     table = pd.DataFrame([{"method": names[m], **{t: sp[t].get(m, math.nan) for t in tasks}} for m in methods])
@@ -300,34 +367,79 @@ def metasd_stream(root: Path, published: list[Published]) -> Exhibit:
     return Exhibit("metasd/stream", "MetaSD, non-stationary stream: discounted and sliding-window UCB against UCB", table,
                    [V.above(adaptive, alls.get("ucb-bd", math.nan),
                             "D-UCB or SW-UCB is above UCB when the task changes under the selector", ("best of D-UCB/SW-UCB", "UCB"))],
-                   "One stream of the local data in task blocks (no interleaving); the selectors' statistics carry over "
+                   "One stream of the data in task blocks (no interleaving); the selectors' statistics carry over "
                    "from query to query (carry_over), so the best drafter changes at each block boundary. The task changes "
                    "between queries of the stream, not inside one conversation.", ["metasd/stream"])
 
 
+def metasd_multilingual(root: Path, published: list[Published], lay: Layout) -> Exhibit:
+    """One row per source language: its own drafter, the best single drafter, UCB-BD and the oracle."""
+    if not lay.languages:
+        raise NotRun("metasd/multilingual/<language>/summary.csv")
+    rows, ucb, oracle = [], {}, {}
+    for lang in lay.languages:
+        summary = _csv(root, f"metasd/multilingual/{lang}/summary.csv")
+        alls = speeds(summary).get(ALL_TASKS, {})
+        single = drafter_speeds(summary).get(ALL_TASKS, {})
+        best = max(single, key=single.get) if single else ""
+        ucb[lang], oracle[lang] = alls.get("ucb-bd", math.nan), alls.get(ORACLE, math.nan)
+        rows.append({"source language": lang, "own drafter": single.get(lang, math.nan),
+                     "best single drafter": f"{best} {single.get(best, math.nan):.3f}",
+                     "UCB-BD": ucb[lang], "oracle": oracle[lang]})
+    return Exhibit("metasd/multilingual", "MetaSD, multilingual: one drafter per source language, translating into English",
+                   pd.DataFrame(rows),
+                   [V.within_of_best_everywhere(ucb, oracle, 0.95, "UCB-BD is within 5% of the oracle for every source language")],
+                   "One run per source language (its test split); the pool holds one 68M drafter per source language.",
+                   [f"metasd/multilingual/{lang}" for lang in lay.languages])
+
+
+# ---------------------------------------------------------------- Spec-Bench
+SPEC_BENCH_ROWS = {"vicuna_68m": "SpS (vicuna-68m)", "prompt_lookup": "prompt lookup", "eagle": "EAGLE"}
+
+
+def spec_bench_leaderboard(root: Path, published: list[Published], lay: Layout) -> Exhibit:
+    summary = _csv(root, "spec_bench/eval/summary.csv")
+    ds = drafter_speeds(summary)
+    tasks = [t for t in ds if t != ALL_TASKS]
+    table = pd.DataFrame([{"method": SPEC_BENCH_ROWS.get(d, d), "speedup": v,
+                           **{t: ds[t].get(d, math.nan) for t in tasks}} for d, v in ds.get(ALL_TASKS, {}).items()])
+    table = with_published(table, published, "spec_bench", "leaderboard", {r: r for r in SPEC_BENCH_ROWS.values()},
+                           ["speedup"])
+    alls = ds.get(ALL_TASKS, {})
+    others = max((v for d, v in alls.items() if d != "eagle"), default=math.nan)
+    return Exhibit("spec_bench/leaderboard", "Spec-Bench reference rows: each drafter alone on question.jsonl", table,
+                   [V.above(alls.get("eagle", math.nan), others, "EAGLE is the fastest of the reference drafters, as on "
+                            "the leaderboard", ("EAGLE", "the next fastest"))],
+                   "Speedup over autoregressive decoding on every question and turn of Spec-Bench's question.jsonl "
+                   "(greedy, 1024 new tokens). Our drafters draft a chain of draft_length tokens; Spec-Bench's SpS uses "
+                   "Hugging Face's adaptive assistant length and EAGLE a tree, so equal numbers are not expected.",
+                   ["spec_bench/eval"])
+
+
 # ---------------------------------------------------------------- speculative cascades
 def cascade_points(curves: pd.DataFrame) -> pd.DataFrame:
-    """One point per method over every task: mean speedup and mean agreement with the target (tokens)."""
+    """One point per method over every task: mean speedup, mean agreement with the target (tokens), the
+    task metric, and ROUGE-2 on summarization."""
     g = curves.groupby(["method", "rule", "alpha"], dropna=False)
-    out = g.agg(speedup=("speedup", "mean"), agreement=("agreement_tokens", "mean")).reset_index()
+    out = g.agg(speedup=("speedup", "mean"), agreement=("agreement_tokens", "mean"), quality=("quality", "mean")).reset_index()
     summ = curves[curves.task == "summarization"].set_index("method")
     out["rouge2_summarization"] = out.method.map(summ["quality"]) if len(summ) else math.nan
     return out
 
 
-def cascades(root: Path, published: list[Published], mode: str) -> Exhibit:
-    curves = _csv(root, f"cascades/{mode}/curves.csv")
+def cascades(root: Path, published: list[Published], lay: Layout, run: CascadeRun) -> Exhibit:
+    curves = _csv(root, f"cascades/{run.name}/curves.csv")
     pts = cascade_points(curves)
+    quality = run.quality
     # Under greedy decoding lossy SD is plain SD for alpha < 1 and the drafter alone at alpha = 1: its
     # two points are those rows.
-    greedy_lossy = {"sd": 0.0, "drafter_alone": 1.0} if mode == "greedy" else {}
-    # Quality: agreement with the target's output under greedy decoding; under sampling two samples
-    # disagree whatever the rule, so ROUGE-2 on summarization (the task metric that moves at 135M).
-    quality, quality_label = (("agreement", "agreement with the target's output (tokens)") if mode == "greedy" else
-                              ("rouge2_summarization", "ROUGE-2 on summarization"))
+    greedy_lossy = {"sd": 0.0, "drafter_alone": 1.0} if run.greedy else {}
+    # The verdict's points: every rule at every alpha (lossy SD among them); plain SD and the drafter
+    # alone are not rule points, except as greedy lossy SD's.
+    plain = {"autoregressive", "sd", "drafter_alone"}
     points = [{"rule": "lossy_sd" if r.method in greedy_lossy else r.rule, "speedup": r.speedup,
                "quality": getattr(r, quality), "alpha": greedy_lossy.get(r.method, r.alpha)}
-              for r in pts.itertuples() if r.method != "autoregressive"]
+              for r in pts.itertuples() if r.method in greedy_lossy or r.method not in plain]
 
     def plot(path: Path) -> None:
         def draw(ax):
@@ -339,22 +451,82 @@ def cascades(root: Path, published: list[Published], mode: str) -> Exhibit:
                 sub = pts[pts.method == m]
                 if len(sub):
                     ax.plot(sub.speedup, sub[quality], style, markersize=10, label=m)
-        _figure(path, draw, f"Speculative cascades (CPU scale, {mode}): quality vs speed",
-                "speedup over autoregressive (mean over tasks)", quality_label, size=(6.5, 4))
+        _figure(path, draw, f"Speculative cascades ({lay.scale}, {run.name}): quality vs speed",
+                "speedup over autoregressive (mean over tasks)", run.quality_label, size=(6.5, 4))
 
-    title = "greedy" if mode == "greedy" else "temperature 1"
-    return Exhibit(f"cascades/{mode}", f"Speculative cascades, quality against speedup ({title})", pts,
-                   [V.faster_at_equal_quality(points)],
-                   "Quality axis (the verdict and the figure): greedy, agreement with the target's own output (mean "
-                   "share of token positions equal to the autoregressive output); at temperature 1, ROUGE-2 on "
-                   "summarization, since two samples disagree whatever the rule. The 135M target scores near zero on BLEU "
-                   "and GSM8K, so those cannot separate rules. Plain SD is lossless. Under greedy decoding lossy SD is "
-                   "plain SD for alpha < 1 and the drafter alone at alpha 1, so those two rows are its points.",
-                   [f"cascades/{mode}"], plot)
+    notes = f"Quality axis (the verdict and the figure): {run.quality_label}. Plain SD is lossless."
+    if run.greedy:
+        notes += (" Under greedy decoding lossy SD is plain SD for alpha < 1 and the drafter alone at alpha 1, so those "
+                  "two rows are its points.")
+    return Exhibit(f"cascades/{run.name}", f"Speculative cascades, quality against speedup ({run.title})", pts,
+                   [V.faster_at_equal_quality(points)], notes, [f"cascades/{run.name}"], plot)
 
 
-BUILDERS: list[Callable[[Path, list[Published]], Exhibit]] = [
-    huang_table1, huang_fig2, huang_fig3, huang_table4, huang_table6,
-    metasd_main, metasd_heads, metasd_convergence, metasd_switching, metasd_stream,
-    lambda root, pub: cascades(root, pub, "greedy"), lambda root, pub: cascades(root, pub, "sampling"),
-]
+BUILDERS: dict[str, Callable[[Path, list[Published], Layout], Exhibit]] = {
+    "huang/table1": huang_table1, "huang/fig2": huang_fig2, "huang/fig3": huang_fig3, "huang/table4": huang_table4,
+    "huang/table6": huang_table6,
+    "metasd/main": metasd_main, "metasd/whitebox": metasd_whitebox, "metasd/heads": metasd_heads,
+    "metasd/convergence": metasd_convergence, "metasd/switching": metasd_switching, "metasd/stream": metasd_stream,
+    "metasd/multilingual": metasd_multilingual, "spec_bench/leaderboard": spec_bench_leaderboard,
+}
+
+
+def builders(lay: Layout) -> list[Callable[[Path, list[Published]], Exhibit]]:
+    """The layout's exhibits in report order, then one per cascades run: each ``(root, published) -> Exhibit``."""
+    out: list[Callable[[Path, list[Published]], Exhibit]] = [
+        lambda root, pub, build=BUILDERS[key]: build(root, pub, lay) for key in lay.exhibits]
+    return out + [lambda root, pub, run=run: cascades(root, pub, lay, run) for run in lay.cascades]
+
+
+# ---------------------------------------------------------------- layouts
+HUANG_EXHIBITS = ("huang/table1", "huang/fig2", "huang/fig3", "huang/table4", "huang/table6")
+
+CPU = Layout(
+    name="cpu", scale="CPU scale",
+    exhibits=(*HUANG_EXHIBITS, "metasd/main", "metasd/heads", "metasd/convergence", "metasd/switching", "metasd/stream"),
+    huang_pair={"eagle_translation": ("translation", "T5-small"), "eagle_summarization": ("summarization", "T5-small-XSum")},
+    huang_models="SmolLM2-135M with its translation and summarization draft heads",
+    alpha_arms=("early_exit_8", "early_exit_24"),
+    alpha_note="early exits after 8 (cheap, poorly aligned) and 24 (dearer, better aligned) of SmolLM2's 30 layers, on XSum",
+    depth_note=("Early exits of SmolLM2 after 8, 16 and 24 of 30 layers (untrained exits, which accept few tokens; the "
+                "paper-scale run uses LayerSkip's trained exits)"),
+    training_note="the paper trains on 1k-10k queries, this CPU run on at most the collected ones.",
+    metasd=(MetaRun("metasd/eval", "metasd/main",
+                    "MetaSD, main table: single drafters, baselines and bandits on a mixed stream", SPECIALISTS, GENERALIST,
+                    setting="one mixed, interleaved stream of the local real data (published values: other tasks and "
+                            "drafters, so set beside, not compared)"),),
+    cascades=(CascadeRun("greedy", "greedy", "agreement",
+                         "agreement with the target's output (mean share of token positions equal to the autoregressive "
+                         "output)", greedy=True),
+              CascadeRun("sampling", "temperature 1", "rouge2_summarization",
+                         "ROUGE-2 on summarization (at temperature 1 two samples disagree whatever the rule, and the 135M "
+                         "target scores near zero on BLEU and GSM8K, so those cannot separate rules)")),
+)
+
+PAPER = Layout(
+    name="paper", scale="paper scale",
+    exhibits=("spec_bench/leaderboard", *HUANG_EXHIBITS, "metasd/main", "metasd/whitebox", "metasd/heads",
+              "metasd/convergence", "metasd/switching", "metasd/stream", "metasd/multilingual"),
+    huang_pair={"t5_small": ("translation", "T5-small"), "t5_small_xsum": ("summarization", "T5-small-XSum")},
+    huang_models="T5-large with t5-small and Muennighoff/t5-small-finetuned-xsum-512 (translation English->German)",
+    alpha_arms=("early_exit_4", "early_exit_12"),
+    alpha_note="LayerSkip Llama-3.2-1B's trained exits after 4 (cheap) and 12 (dearer, better aligned) of 16 layers, on XSum",
+    depth_note="LayerSkip Llama-3.2-1B's trained exits after 4, 8 and 12 of 16 layers, on XSum",
+    training_note="the policy trains on the collected train-split queries, up to all of them.",
+    metasd=(MetaRun("metasd/eval", "metasd/main",
+                    "MetaSD, black-box: task-specialised 68M drafters, baselines and bandits on Spec-Bench",
+                    {"code": "coding", "qa": "qa", "summarization": "summarization", "math": "math_reasoning",
+                     "translation": "translation"}, None, "MetaSpS-UCB",
+                    "Vicuna-7B v1.3 on Spec-Bench's question.jsonl, every turn"),
+            MetaRun("metasd/eagle", "metasd/whitebox",
+                    "MetaSD, white-box: EAGLE-1 heads (the published one and one per task), baselines and bandits",
+                    {"eagle_code": "coding", "eagle_qa": "qa", "eagle_summarization": "summarization",
+                     "eagle_math": "math_reasoning", "eagle_translation": "translation"}, "eagle", "MetaEagle-UCB",
+                    "Vicuna-7B v1.3 on Spec-Bench's question.jsonl, every turn")),
+    tasks=None, task_columns={"coding": "code"}, languages=("ja", "ru", "de", "fr", "zh"),
+    cascades=tuple(CascadeRun(name, title, "quality", f"{metric} (the task's metric)") for name, title, metric in (
+        ("t5_wmt", "T5, WMT en->de", "corpus BLEU"), ("t5_xsum", "T5, XSum", "ROUGE-2 F x 100"),
+        ("t5_cnndm", "T5, CNN/DM", "ROUGE-2 F x 100"), ("gemma_gsm8k", "Gemma-2 9B, GSM8K", "accuracy"),
+        ("gemma27b_gsm8k", "Gemma-2 27B, GSM8K", "accuracy"))),
+)
+LAYOUTS = {lay.name: lay for lay in (CPU, PAPER)}

@@ -305,3 +305,48 @@ def test_every_paper_model_has_a_stand_in_of_its_family():
                                               if d.get("checkpoint") or d.get("model")]
             refs += [str(cfg.drafter.model)] if (cfg.get("drafter") or {}).get("model") else []
             assert len({stand_in_of(r).family for r in refs}) == 1, (name, refs)
+
+
+def test_reproduce_paper_runs_every_step_and_ends_in_the_paper_report(stand_ins, tmp_path):
+    """`make reproduce-paper`'s plan (`specbench reproduce --profile paper`) on the stand-ins: every step
+    runs in its fixed directory, and `specbench report` on that root builds every paper-scale exhibit
+    (Spec-Bench, Huang et al., MetaSD black-box / white-box / stream / multilingual, each cascades run)."""
+    from specbench.reproduction import plan, render
+    from specbench.reproduction.exhibits import PAPER as LAYOUT
+    from specbench.reproduction.exhibits import builders
+
+    def adapt(step, cfg):
+        with open_dict(cfg):
+            if step.command == "train_policy":  # a few collected rows: >= 2 held out, a short sweep
+                cfg.train.epochs, cfg.train.val_fraction = 2, 0.5
+                if cfg.sweep.n_examples:
+                    cfg.sweep.n_examples = [2, 4]
+                return
+            tiny_run(cfg, stand_ins, tmp_path / "runs" / step.run, limit=4 if step.command == "collect" else 1)
+            if step.command == "cascades":  # every rule runs in the per-experiment dry run above
+                cfg.rules = ["token_v1", "lossy_sd"]
+            if cfg.dataset.name == "spec_bench":  # two of the categories the published MetaSD columns name
+                cfg.dataset.sources.spec_bench.path, cfg.dataset.limit = str(questions), 2
+
+    questions = tmp_path / "question.jsonl"
+    questions.write_text(json.dumps({"question_id": 1, "category": "coding", "turns": ["Write a loop in Python."]}) + "\n" +
+                         json.dumps({"question_id": 2, "category": "translation",
+                                     "turns": ["Translate German to English: Guten Morgen."]}) + "\n")
+    root = tmp_path / "paper"
+    report = plan.run(root, profile="paper", questions=str(questions), adapt=adapt)
+    for step in plan.PAPER:
+        assert (root / step.run / plan.DONE).exists(), step.run
+    text = (report / "REPORT.md").read_text()
+    assert "Not run yet" not in text, text
+    assert text.count("### [") == len(builders(LAYOUT)) == len(LAYOUT.exhibits) + len(plan.CASCADES)
+    for name in ("spec_bench/leaderboard", "huang/table1", "metasd/whitebox", "metasd/multilingual", "cascades/t5_wmt"):
+        assert (report / f"{name}.md").exists(), name
+    assert "SpS (vicuna-68m)" in (report / "spec_bench" / "leaderboard.md").read_text()
+    whitebox = (report / "metasd" / "whitebox.md").read_text()
+    assert "coding (paper)" in whitebox and "3.724" in whitebox and "2.318" in whitebox  # MetaEagle-UCB beside UCB-BD
+    # the root remembers its layout: a plain `specbench report ROOT` rebuilds the same paper report
+    assert render.layout_of(root).name == "paper"
+    # and a CPU-profile run into the paper root is refused before anything runs
+    from specbench.errors import SpecbenchError
+    with pytest.raises(SpecbenchError, match="another profile"):
+        plan.run(root, profile="tiny")

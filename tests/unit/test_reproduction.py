@@ -104,3 +104,76 @@ def test_report_of_nothing_is_a_clear_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(SpecbenchError, match="make reproduce-cpu"):
         render.write(tmp_path / "empty")
+
+
+def _huang_fixture(root):
+    rows = [{"task": t, "method": m, "speedup": v, "mat": 1.5, "acceptance_rate": 0.3}
+            for t, ms in {"translation": {"fixed:eagle_translation": 0.9, "fixed:eagle_summarization": 0.6, "policy": 0.9},
+                          "summarization": {"fixed:eagle_translation": 0.5, "fixed:eagle_summarization": 0.8,
+                                            "policy": 0.8}}.items() for m, v in ms.items()]
+    write_eval_summary(root / "huang" / "eval", rows)
+
+
+def test_the_report_index_is_written_into_the_readme_between_its_markers(tmp_path):
+    root = tmp_path / "reproduce"
+    _huang_fixture(root)
+    out = render.write(root)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Tool\n\n## Measured results\n\n{render.README_BEGIN}\nold numbers 9.99x\n{render.README_END}\n\n## Errors\n")
+    for _ in range(2):  # idempotent: a second publish replaces the block, it does not append
+        render.include_in_readme(out, readme, "docs/reproduction")
+        text = readme.read_text()
+        assert "9.99x" not in text and text.count(render.README_BEGIN) == 1
+        assert "(docs/reproduction/huang/table1.md)" in text and "**held**: each specialist speeds up" in text
+        assert text.startswith("# Tool\n") and text.endswith("## Errors\n")
+        assert "### Not run yet" in text
+    readme.write_text("# no markers\n")
+    with pytest.raises(SpecbenchError, match="generated-report block"):
+        render.include_in_readme(out, readme, "docs/reproduction")
+
+
+def test_the_paper_layout_sets_the_published_rows_beside_ours(tmp_path):
+    root = tmp_path / "paper"
+    rows = []
+    for task, sp in {"coding": {"fixed:eagle": 2.9, "fixed:eagle_code": 3.5, "fixed:eagle_translation": 2.0, "ucb-bd": 3.4,
+                                "oracle": 3.5},
+                     "translation": {"fixed:eagle": 1.9, "fixed:eagle_code": 1.5, "fixed:eagle_translation": 2.4,
+                                     "ucb-bd": 2.3, "oracle": 2.4},
+                     "all": {"fixed:eagle": 2.4, "fixed:eagle_code": 2.5, "fixed:eagle_translation": 2.2, "ucb-bd": 2.85,
+                             "oracle": 2.95}}.items():
+        rows += [{"task": task, "method": m, "speedup": v, "mat": 3.0, "acceptance_rate": 0.6} for m, v in sp.items()]
+    write_eval_summary(root / "metasd" / "eagle", rows)
+    with pytest.raises(SpecbenchError, match="unknown report layout"):
+        render.write(root, layout="gpu")
+    out = render.write(root, layout="paper")
+    table = pd.read_csv(out / "metasd" / "whitebox.csv")
+    ucb = table[table.method == "UCB-BD"].iloc[0]
+    # the paper's columns are "code" and "translation": ours "coding" maps onto "code"
+    assert ucb["coding (paper)"] == pytest.approx(3.724) and ucb["translation (paper)"] == pytest.approx(2.318)
+    report = (out / "REPORT.md").read_text()
+    assert report.startswith("# Reproduction report (paper scale)")
+    assert "**held**: UCB-BD reaches at least 0.95 of the per-task oracle" in report
+    assert "**held**: UCB-BD is above the best single drafter" in report
+    assert "**held**: each specialist is the fastest single drafter on its own task" in report
+    assert "needs `spec_bench/eval/summary.csv`" in report  # the paper layout's own exhibits, not run here
+
+
+def test_cascades_verdict_counts_rule_points_only(tmp_path):
+    """At temperature 1 the drafter alone is fast and (here) as good as anything, but it is not a
+    deferral rule: only a rule point that dominates lossy SD makes the verdict hold."""
+    from specbench.reproduction.exhibits import CPU, cascades
+    from specbench.reproduction.published import load
+
+    rows = [("autoregressive", None, None, 1.0, 5.0), ("sd", None, None, 0.9, 5.0), ("drafter_alone", None, None, 2.0, 5.0),
+            ("lossy_sd@0.5", "lossy_sd", 0.5, 1.2, 5.0), ("chow@0.5", "chow", 0.5, 1.1, 5.0)]
+    run = tmp_path / "cascades" / "sampling"
+    run.mkdir(parents=True)
+
+    def verdict():
+        pd.DataFrame([{"task": "summarization", "method": m, "rule": r, "alpha": a, "speedup": sp, "quality": q,
+                       "agreement_tokens": 0.5} for m, r, a, sp, q in rows]).to_csv(run / "curves.csv", index=False)
+        return cascades(tmp_path, load(), CPU, CPU.cascades[1]).verdicts[0].held
+
+    assert verdict() is False
+    rows[-1] = ("chow@0.5", "chow", 0.5, 1.3, 5.0)  # now a rule is faster than lossy SD at equal quality
+    assert verdict() is True
