@@ -118,6 +118,7 @@ SCHEMA: dict[str, Rule] = {
     "decoding.max_new_tokens": COUNT,
     "decoding.draft_length": integer(1, note=" (tokens drafted per round)"),
     "decoding.extra_eos_ids": list_of(integer(0), null=True),
+    "decoding.fit_context": boolean(),
     # dataset
     "dataset.path": PATH,
     "dataset.split": text(null=True),

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -184,6 +184,17 @@ class Context:
                 return cls(value, str(key), model)
         return cls(model=model)
 
+    def fit(self, query_id: str, prompt_len: int, limits: Limits, encoder_decoder: bool = False,
+            shorten: bool = False) -> Limits:
+        """``limits`` when the prompt and its new tokens fit; with ``shorten`` (``decoding.fit_context``), a
+        decoder-only generation that would overrun the context gets the positions left (at least one) as
+        its ``max_new_tokens``; otherwise ``check`` refuses it."""
+        room = None if self.limit is None else self.limit - prompt_len
+        if shorten and not encoder_decoder and room is not None and 1 <= room < limits.max_new_tokens:
+            return replace(limits, max_new_tokens=room)
+        self.check(query_id, prompt_len, limits.max_new_tokens, encoder_decoder)
+        return limits
+
     def check(self, query_id: str, prompt_len: int, max_new_tokens: int, encoder_decoder: bool = False) -> None:
         """SpecbenchError unless the prompt (the encoder input of an encoder-decoder model) and the
         ``max_new_tokens`` it may generate fit in ``limit`` positions."""
@@ -199,7 +210,8 @@ class Context:
             f"({self.key} in its model config)",
             f"cut long inputs with dataset.max_input_tokens=<n> (each document / source / question / turn is "
             f"truncated to n tokens; the prompt template adds its own, and {max(room, 0):,} positions are left for "
-            f"the whole prompt), lower max_new_tokens, or leave that record out of the data file")
+            f"the whole prompt), lower max_new_tokens, let each generation stop at the context's end with "
+            f"decoding.fit_context=true, or leave that record out of the data file")
 
 
 def cascade_of(cfg: DictConfig) -> Cascade | None:
@@ -264,6 +276,7 @@ class Session:
     clock: Clock
     cascade: Cascade | None
     context: Context = Context()
+    fit_context: bool = False  # decoding.fit_context: stop at the context's end instead of refusing
 
     @classmethod
     def open(cls, cfg: DictConfig, output_dir: str | Path, files: RunFiles | None = None):
@@ -300,15 +313,16 @@ class Session:
         clock = Clock(target.device, phases=bool(OmegaConf.select(cfg, "timing.phases", default=False)))
         session = cls(cfg=cfg, out=out, queries=queries, loaded=loaded, target=target, pool=pool, prompter=prompter,
                       sampling=sampling, limits=limits, eos_ids=eos_ids, clock=clock, cascade=cascade,
-                      context=context)
+                      context=context, fit_context=bool(dec.get("fit_context", False)))
         session.check_prompts()
         return session
 
     def check_prompts(self, limits: Limits | None = None) -> None:
         """Refuse, before any decoding, a query whose first prompt and new tokens overrun the context."""
-        n = (limits or self.limits).max_new_tokens
+        limits = limits or self.limits
         for query in self.queries:
-            self.context.check(query.id, len(self.prompter(query)), n, self.target.is_encoder_decoder)
+            self.context.fit(query.id, len(self.prompter(query)), limits, self.target.is_encoder_decoder,
+                             self.fit_context)
 
     # -- decoding ----------------------------------------------------------------------------
     def rng(self, query_index: int = 0, method_index: int = 0, seed: int | None = None) -> torch.Generator:
@@ -319,12 +333,15 @@ class Session:
                query=None, cascade: Cascade | None = None, target: Target | None = None,
                pool: Mapping[str, Drafter] | None = None, sampling: SamplingParams | None = None) -> Generation:
         """The one decode loop with this run's settings (each may be replaced for one call)."""
-        limits = limits or self.limits
-        self.context.check(getattr(query, "id", "(unnamed)"), len(prompt_ids), limits.max_new_tokens,
-                           self.target.is_encoder_decoder)
-        return decode(target or self.target, self.pool if pool is None else pool, selector, prompt_ids,
-                      sampling=sampling or self.sampling, limits=limits, eos_ids=self.eos_ids,
-                      rng=rng, clock=self.clock, query=query, cascade=cascade)
+        asked = limits or self.limits
+        limits = self.context.fit(getattr(query, "id", "(unnamed)"), len(prompt_ids), asked,
+                                  self.target.is_encoder_decoder, self.fit_context)
+        gen = decode(target or self.target, self.pool if pool is None else pool, selector, prompt_ids,
+                     sampling=sampling or self.sampling, limits=limits, eos_ids=self.eos_ids,
+                     rng=rng, clock=self.clock, query=query, cascade=cascade)
+        if limits is not asked and gen.stop == "length":
+            gen.stop = "context"  # cut at the context's end, before max_new_tokens
+        return gen
 
     def fixed(self, arm: str, pool: Mapping[str, Drafter] | None = None) -> Fixed:
         return Fixed(list(self.pool if pool is None else pool), arm)

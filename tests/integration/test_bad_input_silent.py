@@ -329,3 +329,23 @@ def test_a_malformed_line_in_the_middle_of_the_records_stops_a_resume(tmp_path):
     path.write_text("\n".join([rows[0], rows[1][:30], *rows[2:]]) + "\n")
     with pytest.raises(SpecbenchError, match=r"examples.jsonl:2: line 2 is not a JSON record.*corrupted"):
         evaluate.run(cfg_of("eval", QUICK), tmp_path)
+
+
+def test_fit_context_stops_a_long_generation_at_the_end_of_the_context(tmp_path):
+    """A prompt that fits but leaves less room than max_new_tokens (a Spec-Bench article under Vicuna's
+    2,048 positions): refused by default, naming decoding.fit_context; with it, the generation stops at
+    the context's end and its record says so."""
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"question": "Tom has " + "many apples and " * 126 + "how many?",
+                                "answer": "#### 1"}) + "\n")
+    base = ["target=tiny_llama", "pool=tiny", "dataset=gsm8k", f"dataset.path={long}", "decoding.max_new_tokens=64",
+            "warmup.max_new_tokens=0", "methods=[autoregressive,fixed:early_exit_1]"]
+    with pytest.raises(SpecbenchError, match="decoding.fit_context=true"):
+        evaluate.run(cfg_of("eval", base), tmp_path / "a")
+    evaluate.run(cfg_of("eval", base + ["decoding.fit_context=true"]), tmp_path / "b")
+    examples = [json.loads(x) for x in lines(tmp_path / "b" / "examples.jsonl")]
+    assert {e["method"] for e in examples} == {"autoregressive", "fixed:early_exit_1"}
+    for e in examples:
+        assert e["stop"] == "context" and 1 <= e["new_tokens"] < 64, e
+    # both stop at the same position, and it stays lossless: the drafter's output is the target's
+    assert len({tuple(e["output_ids"]) for e in examples}) == 1
