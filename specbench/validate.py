@@ -90,6 +90,7 @@ SCHEMA: dict[str, Rule] = {
     "warmup.max_new_tokens": integer(0, note=" (0: no warm-up)"),
     "timing.phases": boolean(),
     "methods": list_of(text()),
+    "conversation_length": integer(1, note=" (queries per conversation)"),
     "policy.checkpoint": PATH,
     "overwrite": boolean(),
     "spec_bench_answers": boolean(),

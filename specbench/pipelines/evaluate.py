@@ -74,26 +74,32 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                   for m in methods)
 
     todo_set = set(todo)
+    # Conversations: each ``conversation_length`` consecutive queries are the turns of one chat, so the
+    # task may change inside it; each method runs a whole conversation (methods rotate per conversation).
+    size = int(cfg.get("conversation_length") or 1)
+    conversations = [range(i, min(i + size, len(s.queries))) for i in range(0, len(s.queries), size)]
     try:
         with records, tqdm(total=len(todo), desc="eval", unit="query x method") as bar:
-            for qi, query in enumerate(s.queries):
-                for mi in rotation(len(methods), qi):
-                    if (qi, mi) not in todo_set:
+            for ci, conversation in enumerate(conversations):
+                for mi in rotation(len(methods), ci):
+                    if not any((qi, mi) in todo_set for qi in conversation):
                         continue
                     m = methods[mi]
-                    rng = s.rng(qi, mi)
                     history: list[tuple[str, str]] = []
-                    for turn in range(turns_of(query, max_turns)):
-                        gen = s.decode(selectors[m.name], s.prompter(query, turn, history), rng, query=query,
-                                       cascade=s.cascade)
-                        text = s.text(gen.tokens)
-                        history.append((s.prompter.user_text(query, turn), text))
-                        ex_id = example_id(query, turn)
-                        if (ex_id, m.name) in records.done:  # redone only to rebuild the chat history
-                            continue
-                        records.write(query, ex_id, m.name, gen, text, query.reference if turn == 0 else None,
-                                      turn=turn + 1)
-                    bar.update(1)
+                    for qi in conversation:
+                        query, rng = s.queries[qi], s.rng(qi, mi)
+                        for turn in range(turns_of(query, max_turns)):
+                            gen = s.decode(selectors[m.name], s.prompter(query, turn, history), rng, query=query,
+                                           cascade=s.cascade)
+                            text = s.text(gen.tokens)
+                            history.append((s.prompter.user_text(query, turn), text))
+                            ex_id = example_id(query, turn)
+                            if (ex_id, m.name) in records.done:  # redone only to rebuild the chat history
+                                continue
+                            records.write(query, ex_id, m.name, gen, text, query.reference if turn == 0 else None,
+                                          turn=turn + 1)
+                        if (qi, mi) in todo_set:
+                            bar.update(1)
     except BaseException:
         # A run that stops (an error, Ctrl-C) still leaves the summary of what it finished.
         finished = len(records.examples())

@@ -71,6 +71,7 @@ class Layout:
     tasks: tuple[str, ...] | None = TASKS  # MetaSD columns (None: the run's own tasks, in its order)
     task_columns: dict[str, str] = field(default_factory=dict)  # our task -> the paper's column name
     languages: tuple[str, ...] = ()  # MetaSD multilingual runs: metasd/multilingual/<language>
+    stream_note: str = ""  # how the task changes in the non-stationary run
 
 
 @dataclass
@@ -367,9 +368,8 @@ def metasd_stream(root: Path, published: list[Published], lay: Layout) -> Exhibi
     return Exhibit("metasd/stream", "MetaSD, non-stationary stream: discounted and sliding-window UCB against UCB", table,
                    [V.above(adaptive, alls.get("ucb-bd", math.nan),
                             "D-UCB or SW-UCB is above UCB when the task changes under the selector", ("best of D-UCB/SW-UCB", "UCB"))],
-                   "One stream of the data in task blocks (no interleaving); the selectors' statistics carry over "
-                   "from query to query (carry_over), so the best drafter changes at each block boundary. The task changes "
-                   "between queries of the stream, not inside one conversation.", ["metasd/stream"])
+                   f"{lay.stream_note} The selectors' statistics carry over from turn to turn (carry_over), so the "
+                   "best drafter changes under them at each task boundary.", ["metasd/stream"])
 
 
 def metasd_multilingual(root: Path, published: list[Published], lay: Layout) -> Exhibit:
@@ -495,6 +495,9 @@ CPU = Layout(
                     "MetaSD, main table: single drafters, baselines and bandits on a mixed stream", SPECIALISTS, GENERALIST,
                     setting="one mixed, interleaved stream of the local real data (published values: other tasks and "
                             "drafters, so set beside, not compared)"),),
+    stream_note=("The task changes inside one conversation: the stream's queries (local data, in task blocks) are the "
+                 "turns of one chat, each prompted after the earlier turns and the model's own answers "
+                 "(conversation_length)."),
     cascades=(CascadeRun("greedy", "greedy", "agreement",
                          "agreement with the target's output (mean share of token positions equal to the autoregressive "
                          "output)", greedy=True),
@@ -524,6 +527,8 @@ PAPER = Layout(
                      "eagle_math": "math_reasoning", "eagle_translation": "translation"}, "eagle", "MetaEagle-UCB",
                     "Vicuna-7B v1.3 on Spec-Bench's question.jsonl, every turn")),
     tasks=None, task_columns={"coding": "code"}, languages=("ja", "ru", "de", "fr", "zh"),
+    stream_note=("Spec-Bench's questions in file order (category blocks); the task changes between the questions of "
+                 "the stream, not inside one conversation."),
     cascades=tuple(CascadeRun(name, title, "quality", f"{metric} (the task's metric)") for name, title, metric in (
         ("t5_wmt", "T5, WMT en->de", "corpus BLEU"), ("t5_xsum", "T5, XSum", "ROUGE-2 F x 100"),
         ("t5_cnndm", "T5, CNN/DM", "ROUGE-2 F x 100"), ("gemma_gsm8k", "Gemma-2 9B, GSM8K", "accuracy"),
