@@ -336,12 +336,13 @@ def test_fit_context_stops_a_long_generation_at_the_end_of_the_context(tmp_path)
     2,048 positions): refused by default, naming decoding.fit_context; with it, the generation stops at
     the context's end and its record says so."""
     long = tmp_path / "long.jsonl"
-    long.write_text(json.dumps({"question": "Tom has " + "many apples and " * 126 + "how many?",
-                                "answer": "#### 1"}) + "\n")
+    long.write_text(json.dumps({"question": "Tom has " + "many apples and " * 120 + "how many?",
+                                "answer": "#### 1"}) + "\n")  # about 2,010 tokens: it fits, 64 more do not
     base = ["target=tiny_llama", "pool=tiny", "dataset=gsm8k", f"dataset.path={long}", "decoding.max_new_tokens=64",
             "warmup.max_new_tokens=0", "methods=[autoregressive,fixed:early_exit_1]"]
-    with pytest.raises(SpecbenchError, match="decoding.fit_context=true"):
+    with pytest.raises(SpecbenchError, match="2,048") as refused:
         evaluate.run(cfg_of("eval", base), tmp_path / "a")
+    assert "decoding.fit_context=true" in refused.value.fix
     evaluate.run(cfg_of("eval", base + ["decoding.fit_context=true"]), tmp_path / "b")
     examples = [json.loads(x) for x in lines(tmp_path / "b" / "examples.jsonl")]
     assert {e["method"] for e in examples} == {"autoregressive", "fixed:early_exit_1"}

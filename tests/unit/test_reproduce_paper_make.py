@@ -21,7 +21,7 @@ def dry(target: str) -> list[str]:
                          capture_output=True,
                          text=True, cwd=ROOT, timeout=60)
     assert res.returncode == 0, res.stderr
-    return [line for line in res.stdout.splitlines() if line.strip()]
+    return [line.rstrip() for line in res.stdout.splitlines() if line.strip()]
 
 
 def test_reproduce_paper_runs_every_paper_experiment_and_ends_in_the_report():
