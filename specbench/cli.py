@@ -228,10 +228,10 @@ def report(root: str = typer.Argument("outputs/reproduce", help="the root that `
     from specbench.reproduction import render
 
     try:
-        path = render.write(root, out, layout)
         if readme and not publish:
             raise SpecbenchError("--readme needs --publish (the README links the published copy)",
                                  "add --publish docs/reproduction")
+        path = render.write(root, out, layout)
         if publish:
             typer.echo(f"published: {render.publish(path, publish)}")
         if readme:

@@ -59,7 +59,7 @@ class Layout:
 
     name: str
     scale: str  # figure titles: "CPU scale" | "paper scale"
-    exhibits: tuple[str, ...]  # BUILDERS keys, in report order
+    exhibits: tuple[str, ...]  # BUILDERS keys or a MetaRun's key, in report order
     huang_pair: dict[str, tuple[str, str]]  # Table 1: drafter -> (its task, the paper's row)
     huang_models: str
     alpha_arms: tuple[str, str]  # Fig. 2: (cheap, better aligned)
@@ -296,14 +296,6 @@ def metasd_table(root: Path, published: list[Published], lay: Layout, meta: Meta
     return Exhibit(meta.key, meta.title, table, verdicts, notes, [meta.run])
 
 
-def metasd_main(root: Path, published: list[Published], lay: Layout) -> Exhibit:
-    return metasd_table(root, published, lay, lay.metasd[0])
-
-
-def metasd_whitebox(root: Path, published: list[Published], lay: Layout) -> Exhibit:
-    return metasd_table(root, published, lay, lay.metasd[1])
-
-
 def metasd_heads(root: Path, published: list[Published], lay: Layout) -> Exhibit:
     """The specialists' own table: acceptance and MAT of every specialist on every task."""
     meta = lay.metasd[0]
@@ -465,17 +457,24 @@ def cascades(root: Path, published: list[Published], lay: Layout, run: CascadeRu
 BUILDERS: dict[str, Callable[[Path, list[Published], Layout], Exhibit]] = {
     "huang/table1": huang_table1, "huang/fig2": huang_fig2, "huang/fig3": huang_fig3, "huang/table4": huang_table4,
     "huang/table6": huang_table6,
-    "metasd/main": metasd_main, "metasd/whitebox": metasd_whitebox, "metasd/heads": metasd_heads,
+    "metasd/heads": metasd_heads,
     "metasd/convergence": metasd_convergence, "metasd/switching": metasd_switching, "metasd/stream": metasd_stream,
     "metasd/multilingual": metasd_multilingual, "spec_bench/leaderboard": spec_bench_leaderboard,
 }
 
 
 def builders(lay: Layout) -> list[Callable[[Path, list[Published]], Exhibit]]:
-    """The layout's exhibits in report order, then one per cascades run: each ``(root, published) -> Exhibit``."""
-    out: list[Callable[[Path, list[Published]], Exhibit]] = [
-        lambda root, pub, build=BUILDERS[key]: build(root, pub, lay) for key in lay.exhibits]
-    return out + [lambda root, pub, run=run: cascades(root, pub, lay, run) for run in lay.cascades]
+    """The layout's exhibits in report order (a MetaSD run's table under its key), then one per cascades
+    run: each ``(root, published) -> Exhibit``."""
+    tables = {meta.key: meta for meta in lay.metasd}
+
+    def one(key: str) -> Callable[[Path, list[Published]], Exhibit]:
+        if key in tables:
+            return lambda root, pub: metasd_table(root, pub, lay, tables[key])
+        return lambda root, pub: BUILDERS[key](root, pub, lay)
+
+    return [one(key) for key in lay.exhibits] + [lambda root, pub, run=run: cascades(root, pub, lay, run)
+                                                 for run in lay.cascades]
 
 
 # ---------------------------------------------------------------- layouts

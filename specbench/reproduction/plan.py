@@ -29,6 +29,7 @@ from hydra import compose, initialize_config_dir
 
 from specbench.configs import conf_dir
 from specbench.errors import SpecbenchError
+from specbench.reproduction.exhibits import PAPER as PAPER_LAYOUT
 
 log = logging.getLogger(__name__)
 DONE = ".done"
@@ -90,7 +91,7 @@ TINY: dict[str, tuple[str, ...]] = {
 SPEC_BENCH = "dataset.path={questions}"
 MEASURED = "collect.measure_speculative=true"
 LANGUAGES = {"ja": "opus100_ja_en", "ru": "wmt16_ru_en", "de": "wmt16_de_en", "fr": "wmt14_fr_en", "zh": "wmt19_zh_en"}
-CASCADES = ("t5_wmt", "t5_xsum", "t5_cnndm", "gemma_gsm8k", "gemma27b_gsm8k")
+CASCADES = tuple(run.name for run in PAPER_LAYOUT.cascades)  # conf/experiment/cascades_<name>.yaml
 PAPER: tuple[Step, ...] = (
     Step("spec_bench", "eval", "spec_bench/eval", ("+experiment=spec_bench_vicuna", SPEC_BENCH)),
     # Huang et al.: Table 1 (+ Fig. 3), Table 4 (the paper's model family), Table 6 (+ Fig. 2)
@@ -165,7 +166,7 @@ def run(root: str | Path, profile: str = "cpu", papers: list[str] | None = None,
                              "download it (`make data/spec_bench/question.jsonl`, from github.com/hemingkx/Spec-Bench) "
                              "or pass --questions <question.jsonl>")
     record = root / render.LAYOUT_FILE
-    if record.exists() and json.loads(record.read_text(encoding="utf-8")).get("profile") not in (profile, None):
+    if render.recorded(root).get("profile") not in (profile, None):
         raise SpecbenchError(f"{root} holds the runs of another profile ({record})",
                              "use another --root for this profile, or delete that root to start over")
     root.mkdir(parents=True, exist_ok=True)

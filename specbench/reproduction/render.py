@@ -22,12 +22,15 @@ log = logging.getLogger(__name__)
 LAYOUT_FILE = "reproduce.json"
 
 
+def recorded(root: Path) -> dict:
+    """What ``specbench reproduce`` recorded under ``root`` (profile, layout); empty when nothing."""
+    record = Path(root) / LAYOUT_FILE
+    return json.loads(record.read_text(encoding="utf-8")) if record.exists() else {}
+
+
 def layout_of(root: Path, name: str | None = None) -> Layout:
     """``name``, else the layout ``specbench reproduce`` recorded under ``root``, else the CPU one."""
-    record = Path(root) / LAYOUT_FILE
-    if name is None and record.exists():
-        name = json.loads(record.read_text(encoding="utf-8")).get("layout")
-    name = name or "cpu"
+    name = name or recorded(root).get("layout") or "cpu"
     if name not in LAYOUTS:
         raise SpecbenchError(f"unknown report layout '{name}'", f"use one of: {', '.join(LAYOUTS)}")
     return LAYOUTS[name]
