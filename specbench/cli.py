@@ -167,6 +167,14 @@ def bench_(ctx: typer.Context) -> None:
     hydra_run("bench", bench.run, ctx.args)
 
 
+@app.command("profile", context_settings=HYDRA_ARGS, epilog=config_help("profile"))
+def profile_(ctx: typer.Context) -> None:
+    """Cost profile of the target and its pool: verification cost vs new tokens, drafter cost per token."""
+    from specbench.pipelines import profile as pipeline
+
+    hydra_run("profile", pipeline.run, ctx.args)
+
+
 @app.command("cascades", context_settings=HYDRA_ARGS, epilog=config_help("cascades", experiments=True))
 def cascades_(ctx: typer.Context) -> None:
     """Speculative cascades: quality vs speedup per (rule, alpha), curves.csv/md and a PNG per task."""

@@ -69,6 +69,11 @@ class ExampleRecord:
     quality: dict = field(default_factory=dict)
     deferred: int = 0  # sum of the rounds' deferred positions (cascade rules)
     agreement: dict = field(default_factory=dict)  # vs the autoregressive output of the same query, when known
+    # Greedy lossless decoding: per output position [id1, id2, logit1, logit2] of the row that chose it, and
+    # the run's tie tolerance (decoding/certify.py): what a fork from the autoregressive output is judged by.
+    deciders: list | None = None
+    tie_tolerance: float | None = None
+    prompt_sha: str | None = None  # fingerprint of the prompt ids: a fork after a differing prompt is inherited
 
 
 # the fields every examples.jsonl line must have (the others have defaults)

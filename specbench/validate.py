@@ -102,6 +102,17 @@ SCHEMA: dict[str, Rule] = {
     "tasks": list_of(text(), null=True),
     "rules": list_of(text()),
     "alphas.*": list_of(number()),
+    "profile_path": PATH,
+    # profile
+    "profile.q": Rule(lambda v: list_of(integer(1)).ok(v) and len(v) > 0, "a non-empty list, each an integer >= 1",
+                      note=" (new tokens per target forward)"),
+    "profile.contexts": Rule(lambda v: list_of(integer(1)).ok(v) and len(v) > 0,
+                             "a non-empty list, each an integer >= 1", note=" (context lengths in tokens)"),
+    "profile.repeats": COUNT,
+    "profile.warmup": integer(0),
+    "profile.draft_tokens": COUNT,
+    "profile.tokens": text(),
+    "profile.run": PATH,
     # target
     "target.model": text(),
     "target.dtype": text(null=True),

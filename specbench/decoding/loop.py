@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specbench.decoding.cascade import Cascade
+from specbench.decoding.certify import deciders
 from specbench.decoding.drafter import Draft, Drafter, Query, Verification
 from specbench.decoding.sampling import SamplingParams, logits_to_probs
 from specbench.decoding.verify import block_divergence, block_efficiency, verify_greedy, verify_sampling
@@ -47,6 +48,10 @@ class Generation:
     target_calls: int = 0
     seconds: float = 0.0
     stop: str = "length"  # "eos" or "length"
+    # Greedy lossless decoding: per output position, the top-2 ids and logits of the row that chose it
+    # (``certify.deciders``), so a fork from the autoregressive output can be judged a tie or a defect.
+    deciders: list[list[float]] | None = None
+    prompt_sha: str | None = None  # a fingerprint of the prompt ids (set by the session that decoded it)
 
     @property
     def drafted(self) -> int:
@@ -65,10 +70,17 @@ class Generation:
         return sum(r.switched for r in self.rounds)
 
 
-def listeners(pool: Mapping[str, Drafter], side_observations: bool) -> tuple[dict[str, Drafter], tuple[int, ...]]:
-    """The drafters that watch every verification forward, and the union of the target layers they want."""
-    watching = {name: d for name, d in pool.items() if d.state_layers(side_observations)}
-    layers = sorted({layer for d in watching.values() for layer in d.state_layers(side_observations)})
+def listeners(pool: Mapping[str, Drafter], selector: Selector) -> tuple[dict[str, Drafter], tuple[int, ...]]:
+    """The drafters that watch every verification forward, and the union of the target layers they want.
+
+    Only drafters the selector can play (``selector.playable``), or observe under full information,
+    listen: a drafter that will never draft in this generation must not make the target return hidden
+    states (that would be drafter work inside another method's timed region, the baseline's included).
+    """
+    side = selector.full_information
+    reachable = set(pool) if side else set(selector.playable())
+    watching = {name: d for name, d in pool.items() if name in reachable and d.state_layers(side)}
+    layers = sorted({layer for d in watching.values() for layer in d.state_layers(side)})
     return watching, tuple(layers)
 
 
@@ -92,7 +104,7 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
     ``cascade``: a deferral rule verifying against its mixture instead of the target (lossy); ``None``
     or rule ``none`` is lossless verification (then every drafted position counts as deferred).
     """
-    watching, layers = listeners(pool, selector.full_information)
+    watching, layers = listeners(pool, selector)
     t_start = clock.boundary()
     # A context-aware selector reads the query's embedding, taken from the prefill (timed).
     if layers:
@@ -109,7 +121,8 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
     if layers:  # the target's states at the committed positions it has seen (all but the last token)
         ctx.record_states(prefill_states, rows=len(target.tokens) - 1, start=0)
     out: list[int] = []
-    gen = Generation(tokens=out)
+    certify = sampling.greedy and (cascade is None or cascade.lossless)
+    gen = Generation(tokens=out, deciders=[] if certify else None)
     prev_arm = None
     while len(out) < limits.max_new_tokens:
         t0 = clock.now()
@@ -151,6 +164,8 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
                 gen.stop = "eos"
                 break
         accepted = min(verdict.accepted, len(new))
+        if certify:  # row i of the forward chose output token i of the round
+            gen.deciders.extend(deciders(logits, len(new)))
         n_max = n_draft if drafter.drafts else 0
         bd = block_divergence(draft.tokens, draft.probs, p, n_max) if draft.tokens else 0.0
         last = len(target.tokens) - 1  # position of the last committed token: the first scored row

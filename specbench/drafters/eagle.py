@@ -18,6 +18,9 @@ it into the next-token distribution. Drafting continues on its own predicted fea
   does nothing in rounds it does not play.
 - **Cache**: the head's own KV cache holds one position per pair ``(f_t, x_{t+1})``; draft pairs
   (predicted features) are cropped away at the next sync, like any drafter's rollback.
+- **Dtype**: the head is loaded in the target's dtype (a checkpoint's tensors are cast; heads are
+  trained and saved in float32) unless the drafter config sets ``dtype``; features and embeddings
+  are cast to the head's dtype on the way in, its predicted features to the LM head's on the way out.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from specbench.decoding.drafter import Draft, Drafter, Query, draft_ends
 from specbench.decoding.sampling import logits_to_probs, pick
 from specbench.errors import SpecbenchError
 from specbench.models.cache import cache_argument, common_prefix, crop_cache
-from specbench.models.loading import resolve_cached
+from specbench.models.loading import resolve_cached, resolve_dtype
 from specbench.models.target import Target
 
 CONFIG_FILE = "config.json"
@@ -86,8 +89,10 @@ class EagleHead(nn.Module):
         stack.to(device=next(target_model.parameters()).device)
 
     def forward(self, features: torch.Tensor, embeddings: torch.Tensor, cache=None) -> torch.Tensor:
-        """``features`` ``[B, T, H]`` (``f_t``), ``embeddings`` ``[B, T, H]`` (of ``x_{t+1}``) -> ``[B, T, H]``."""
-        x = self.fc(torch.cat([embeddings, features], dim=-1))
+        """``features`` ``[B, T, H]`` (``f_t``), ``embeddings`` ``[B, T, H]`` (of ``x_{t+1}``) -> ``[B, T, H]``,
+        in the head's dtype (inputs of another dtype, e.g. a bf16 target's, are cast)."""
+        dtype = self.fc.weight.dtype
+        x = self.fc(torch.cat([embeddings.to(dtype), features.to(dtype)], dim=-1))
         kwargs = {} if cache is None else {self._cache_kw: cache, "use_cache": True}
         out = self._stack[0](inputs_embeds=x, **kwargs)
         return out.last_hidden_state
@@ -125,8 +130,9 @@ def resolve_checkpoint(checkpoint: str, make_target: str | None = None) -> Path:
     raise SpecbenchError(f"draft head checkpoint {checkpoint} not found", fix)
 
 
-def load_head(checkpoint: str, target: Target, make_target: str | None = None):
-    """``(EagleHead, d2t | None, meta)`` from a checkpoint directory or hub id, checked against ``target``."""
+def load_head(checkpoint: str, target: Target, make_target: str | None = None, dtype: torch.dtype | None = None):
+    """``(EagleHead, d2t | None, meta)`` from a checkpoint directory or hub id, checked against ``target``;
+    the head in ``dtype`` (None: the target's)."""
     path = resolve_checkpoint(checkpoint, make_target)
     meta = json.loads((path / CONFIG_FILE).read_text()) if (path / CONFIG_FILE).exists() else {}
     mine = meta.get("specbench") or {}
@@ -144,7 +150,7 @@ def load_head(checkpoint: str, target: Target, make_target: str | None = None):
     if tuple(state["fc.weight"].shape) != (hidden, 2 * hidden):
         raise SpecbenchError(f"draft head {path} has fc {tuple(state['fc.weight'].shape)}, the target needs "
                              f"({hidden}, {2 * hidden})", "use a head trained for this target")
-    head = EagleHead(target.model, layers=max(layer_ids) + 1)
+    head = EagleHead(target.model, layers=max(layer_ids) + 1, dtype=dtype)
     d2t = state.pop("d2t", None)
     state = {k: v for k, v in state.items() if k.startswith(("fc.", "layers."))}
     own = head.state_dict()
@@ -171,20 +177,33 @@ def save_head(head: EagleHead, d2t: torch.Tensor | None, path: Path, meta: dict)
 
 
 class HeadLogits:
-    """The target's LM head restricted to a sub-vocabulary (``d2t``), or the whole head."""
+    """The target's LM head restricted to a sub-vocabulary (``d2t``), or the whole head.
 
-    def __init__(self, target: Target, d2t: torch.Tensor | None):
+    ``dtype``: the dtype the logits are computed in (None: the LM head's own). Another dtype (float32
+    to train a head on a bf16 target) takes a copy of the rows in that dtype; the input is cast to it.
+    """
+
+    def __init__(self, target: Target, d2t: torch.Tensor | None, dtype: torch.dtype | None = None):
         self.lm_head = target.model.get_output_embeddings()
         self.vocab_size = target.vocab_size
         self.d2t = d2t
         weight = self.lm_head.weight
-        self.weight = None if d2t is None else weight[d2t].detach().clone()
+        self.dtype = dtype or weight.dtype
+        bias = getattr(self.lm_head, "bias", None)
+        if d2t is None and self.dtype == weight.dtype:
+            self.weight = self.bias = None  # the LM head itself
+        else:
+            rows = weight if d2t is None else weight[d2t]
+            self.weight = rows.detach().to(self.dtype).clone()
+            self.bias = None if bias is None else (bias if d2t is None else bias[d2t]).detach().to(self.dtype).clone()
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         """``[..., H]`` -> float32 logits over the draft vocabulary (``[..., N]``, or ``[..., V]``)."""
+        h = h.to(self.dtype)
         if self.weight is None:
             return self.lm_head(h)[..., : self.vocab_size].float()
-        return torch.nn.functional.linear(h, self.weight).float()
+        logits = torch.nn.functional.linear(h, self.weight, self.bias)
+        return (logits if self.d2t is not None else logits[..., : self.vocab_size]).float()
 
     def to_full(self, rows: torch.Tensor, fill: float) -> torch.Tensor:
         """Place ``[..., N]`` values in the full vocabulary (``fill`` elsewhere)."""
@@ -268,16 +287,18 @@ def head_cost(head: EagleHead, logits: HeadLogits, target: Target) -> float:
 
 def build(target: Target, name: str, checkpoint: str | None = None, cost: float | None = None,
           make_target: str | None = None, sub_vocabulary: bool = True,
-          confidence_threshold: float = 0.0) -> EagleDrafter:
+          confidence_threshold: float = 0.0, dtype: str | None = None) -> EagleDrafter:
     """``sub_vocabulary=false`` scores the whole vocabulary even when the head has a ``d2t`` (to measure
-    what the sub-vocabulary saves); ``confidence_threshold``: a dynamic draft length (``draft_ends``)."""
+    what the sub-vocabulary saves); ``confidence_threshold``: a dynamic draft length (``draft_ends``);
+    ``dtype``: the head's (None: the target's; the LM head it scores through stays the target's)."""
     if target.is_encoder_decoder:
         raise SpecbenchError(f"drafter '{name}' (eagle) needs a decoder-only target",
                              "use early_exit, quantized or an hf drafter with encoder-decoder targets")
     if not checkpoint:
         raise SpecbenchError(f"drafter '{name}' (eagle) has no checkpoint",
                              f"set its checkpoint, or build one with `{make_target or 'specbench train-drafter'}`")
-    head, d2t, _ = load_head(checkpoint, target, make_target)
+    head_dtype = resolve_dtype(dtype, target.device) if dtype else None
+    head, d2t, _ = load_head(checkpoint, target, make_target, dtype=head_dtype)
     if not sub_vocabulary:
         d2t = None
     drafter = EagleDrafter(name, head, target, d2t, cost=0.0, confidence_threshold=confidence_threshold)

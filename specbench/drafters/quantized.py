@@ -6,6 +6,13 @@ Schemes:
   CPUs.
 - ``weight_int8`` (CPU or CUDA): weight-only int8 with per-output-channel scales; activations
   stay in the model's dtype (the weight is dequantized inside the matmul).
+
+Any target dtype: ``weight_int8`` computes in the target's dtype (bf16 / fp16 scales); ``dynamic_int8``
+quantizes from a float32 copy of the weights (its int8 kernels take float32 activations), so under a
+bf16 or fp16 target the drafter runs in float32 + int8 with its own KV cache (and, encoder-decoder, its
+own encoder pass). A plain embedding table is not copied: it stays the target's own tensor, in the
+target's dtype, and its rows are cast to float32 when read (exact). Its logits reach the loop as
+float32 like every drafter's.
 """
 
 from __future__ import annotations
@@ -38,7 +45,21 @@ class WeightInt8Linear(torch.nn.Module):
 
     def forward(self, x):
         y = F.linear(x, self.weight.to(x.dtype)) * self.scale.to(x.dtype)
-        return y if self.bias is None else y + self.bias
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+
+class FloatEmbedding(torch.nn.Embedding):
+    """An embedding bound to another table's tensor (no copy, its dtype kept) whose rows come out as
+    float32: the input layer of a float32 drafter built from a bf16 / fp16 target."""
+
+    def __init__(self, source: torch.nn.Embedding):
+        super().__init__(source.num_embeddings, source.embedding_dim, padding_idx=source.padding_idx,
+                         max_norm=source.max_norm, norm_type=source.norm_type,
+                         scale_grad_by_freq=source.scale_grad_by_freq, sparse=source.sparse,
+                         _weight=source.weight.detach(), _freeze=True)
+
+    def forward(self, ids):
+        return super().forward(ids).float()
 
 
 def _replace_linears(model: torch.nn.Module, skip: list[str]) -> None:
@@ -62,9 +83,6 @@ def quantize(model: torch.nn.Module, scheme: str, skip: list[str] | None = None)
     if scheme == "dynamic_int8":
         if device.type != "cpu":
             raise SpecbenchError("scheme dynamic_int8 runs on CPU only", "use scheme=weight_int8 on CUDA")
-        if model.dtype != torch.float32:
-            raise SpecbenchError(f"scheme dynamic_int8 needs a float32 target, got {model.dtype}",
-                                 "use target.dtype=float32, or scheme=weight_int8")
         try:
             from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
         except ImportError as exc:  # removed from a future torch
@@ -73,12 +91,26 @@ def quantize(model: torch.nn.Module, scheme: str, skip: list[str] | None = None)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             # Per-output-channel weight scales: the default per-tensor scale costs acceptance.
-            clone = copy.deepcopy(model)
+            # Its int8 GEMMs take float32 activations: quantize from a float32 copy (a no-op copy for a
+            # float32 target; for bf16 / fp16 the weights' values are kept exactly, then rounded to int8).
+            clone = copy.deepcopy(model).float()
             spec = {name: per_channel_dynamic_qconfig for name in _linear_names(clone, skip or [])}
-            return quantize_dynamic(clone, spec, dtype=torch.qint8).eval()
+            qmodel = quantize_dynamic(clone, spec, dtype=torch.qint8).eval()
+        if model.dtype != torch.float32:
+            _share_embedding(qmodel, model)
+        return qmodel
     clone = copy.deepcopy(model)
     _replace_linears(clone, skip or [])
     return clone.eval()
+
+
+def _share_embedding(qmodel: torch.nn.Module, model: torch.nn.Module) -> None:
+    """Swap the float32 copy of a plain input embedding for the target's own table (read in its dtype,
+    rows cast to float32: the same values), so the drafter neither holds nor is charged a second,
+    float32 table. A subclass with its own forward (a scaled embedding) keeps its copy."""
+    source = model.get_input_embeddings()
+    if type(source) is torch.nn.Embedding and type(qmodel.get_input_embeddings()) is torch.nn.Embedding:
+        qmodel.set_input_embeddings(FloatEmbedding(source))
 
 
 def weight_bytes(model: torch.nn.Module) -> float:
@@ -100,6 +132,6 @@ def weight_bytes(model: torch.nn.Module) -> float:
 def build(target: Target, name: str, scheme: str = "dynamic_int8", skip: list[str] | None = None,
           cost: float | None = None, confidence_threshold: float = 0.0) -> ModelDrafter:
     qmodel = quantize(target.model, scheme, skip)
-    if cost is None:
+    if cost is None:  # against the target's own bytes (its dtype: 2 per weight in bf16 / fp16)
         cost = weight_bytes(qmodel) / weight_bytes(target.model)
     return ModelDrafter(name, qmodel, target.vocab_size, cost, confidence_threshold)

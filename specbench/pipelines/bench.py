@@ -56,8 +56,8 @@ GREEDY = SamplingParams(temperature=0.0)
 COLUMNS = ["method", "n_examples", "ours_tokens", "hf_tokens", "ours_s", "hf_s", "ours_speedup", "hf_speedup",
            "ours_vs_hf", "ours_mat", "match_rate", "ours_speedup_mean", "hf_speedup_mean"]
 NOTES = ("ours_s / hf_s: total seconds of our decode loop / of Hugging Face generate. ours_speedup = ours "
-         "autoregressive s / ours method s; hf_speedup = HF greedy s / HF assisted s; ours_vs_hf = HF s / ours s "
-         "for the same method (>1: ours is faster); ratios are of totals over the examples both sides ran "
+         "autoregressive s per new token / ours method s per new token; hf_speedup = the same for HF greedy over HF "
+         "assisted; ours_vs_hf = HF s per token / ours s per token for the same method (>1: ours is faster); ratios are of totals over the examples both sides ran "
          "(*_mean: mean of per-example ratios). ours_mat = new tokens per target forward (bonus token included). "
          "match_rate = share of examples whose output ids equal HF's. Greedy, batch size 1, same prompts, "
          "max_new_tokens, EOS ids and draft length; HF assistant settings pinned (num_assistant_tokens = draft "
@@ -232,7 +232,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                 bar.update(1)
 
     table = summarize(read_jsonl(path), order=names)
-    title = f"specbench bench: {cfg.target.model} (draft length {k}, max_new_tokens {max_new})"
+    title = f"specbench bench: {cfg.target.model} in {cfg.target.dtype} (draft length {k}, max_new_tokens {max_new})"
     why = "".join(f" HF does not support {m} here ({r})." for m, r in unsupported.items())
     md = report.write_tables(table, out, stem="bench", title=title, notes=NOTES + why)
     report.print_table(md, title=f"bench ({out})")
@@ -252,9 +252,10 @@ def summarize(records: Iterable[dict], order: list[str] | None = None) -> pd.Dat
         return [(gens[(*a, q)], gens[(*b, q)]) for q in queries if (*a, q) in gens and (*b, q) in gens]
 
     def speedup(base, method) -> tuple[float, float]:
-        """(total base s / total method s, mean of per-example ratios) over the examples both ran."""
+        """(total, mean of per-example) ratios of seconds per new token over the examples both ran."""
         p = pairs(base, method)
-        return speed.speedup([b["seconds"] for b, _ in p], [m["seconds"] for _, m in p])
+        return speed.speedup([b["seconds"] for b, _ in p], [m["seconds"] for _, m in p],
+                             [b["new_tokens"] for b, _ in p], [m["new_tokens"] for _, m in p])
 
     def total(method, impl, key) -> float:
         vals = [g[key] for (m, i, _), g in gens.items() if m == method and i == impl]

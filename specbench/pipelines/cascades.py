@@ -106,7 +106,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         return s.decode(s.fixed(arm, spec_pool), prompt, rng, limits=lim, query=query, pool=spec_pool,
                         cascade=v.cascade)
 
-    records = Records(s.out)
+    records = Records(s.out, s.tie_tolerance)
     todo = {(q.id, v.name) for q in queries for v in runs} - records.done
     if todo:
         s.warm_up(lambda prompt, lim, rng, v=v: generate(v, prompt, lim, rng) for v in runs)
@@ -127,11 +127,11 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         if records.examples():
             log.error("cascades stopped early: writing the curves of the generations it finished in %s", s.out)
             try:
-                write_curves(records, s.out, str(cfg.target.model), name, stopped=True)
+                write_curves(records, s.out, f"{cfg.target.model} in {cfg.target.dtype}", name, stopped=True)
             except Exception:  # noqa: BLE001 - never hide the error that stopped the run
                 log.exception("could not write the curves of the finished generations")
         raise
-    write_curves(records, s.out, str(cfg.target.model), name)
+    write_curves(records, s.out, f"{cfg.target.model} in {cfg.target.dtype}", name)
     return s.out
 
 

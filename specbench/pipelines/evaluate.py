@@ -14,6 +14,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
+from specbench.decoding import certify
 from specbench.decoding.drafter import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
 from specbench.pipelines import report, spec_bench
@@ -41,6 +42,21 @@ def write_convergence(examples: list[dict], out: Path) -> None:
         log.warning("matplotlib is not installed: convergence.png skipped (pip install matplotlib)")
 
 
+def write_forks(examples: list[dict], out: Path) -> None:
+    """forks.csv: each output of a method that departs from the autoregressive output of its query, with
+    the two tokens, both runs' logit margins and the verdict; a warning names every query with a defect."""
+    table = report.forks(examples)
+    if table.empty:
+        (out / "forks.csv").unlink(missing_ok=True)
+        return
+    table.to_csv(out / "forks.csv", index=False)
+    bad = table[table.verdict == certify.DEFECT]
+    if len(bad):
+        log.warning("%d output(s) fork from autoregressive decoding where rounding does not explain it (defect): %s; "
+                    "see %s", len(bad), ", ".join(f"{q} ({m})" for q, m in zip(bad.query_id, bad.method)),
+                    out / "forks.csv")
+
+
 def check_resumable(selectors: dict[str, Selector], methods: list[Method], todo: list[tuple[int, int]],
                     done_methods: set[str]) -> None:
     """A selector that carries statistics across queries (``carry_over``) cannot pick up half way: its
@@ -58,7 +74,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     s = Session.open(cfg, output_dir, RECORDS)
     methods = parse_methods(cfg.methods, s.pool, cfg.get("selector"), cfg)
     max_turns = int(cfg.dataset.get("max_turns") or 1)
-    records = Records(s.out)
+    records = Records(s.out, s.tie_tolerance)
     todo = [(qi, mi) for qi, q in enumerate(s.queries) for mi in range(len(methods))
             if any((example_id(q, t), methods[mi].name) not in records.done for t in range(turns_of(q, max_turns)))]
     # One selector per method for the whole run: ``reset`` starts each query, and selectors that
@@ -120,9 +136,10 @@ def write_summary(s: Session, cfg: DictConfig, records: Records, partial: bool =
     table = report.summarize(examples)
     lossy = f" (cascade rule {s.cascade.label}: lossy)" if s.cascade is not None and not s.cascade.lossless else ""
     stopped = " (stopped early: the finished generations only)" if partial else ""
-    report.write_tables(table, s.out, title=f"specbench eval: {cfg.target.model}{lossy}{stopped}")
+    report.write_tables(table, s.out, title=f"specbench eval: {cfg.target.model} in {cfg.target.dtype}{lossy}{stopped}")
     if not table.empty:
         report.write_matrices(table, s.out)
+    write_forks(examples, s.out)
     write_convergence(examples, s.out)
     if cfg.get("spec_bench_answers"):
         spec_bench.write_answers(examples, records.rounds(), s.out / "spec_bench", model_id=spec_bench.model_id(cfg))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from specbench.decoding import certify
 from specbench.decoding.drafter import AUTOREGRESSIVE
 from specbench.pipelines import speed
 from specbench.tasks import metrics
@@ -18,7 +19,38 @@ BASELINE = AUTOREGRESSIVE
 ORACLE = "oracle"
 ALL_TASKS = "all"
 COLUMNS = ["task", "method", "n_examples", "new_tokens", "seconds", "tokens_per_s", "tokens_per_s_mean",
-           "speedup", "speedup_mean", "mat", "acceptance_rate", "exact_match", "switches", "selector_share"]
+           "speedup", "speedup_mean", "mat", "acceptance_rate", "exact_match", "ties", "defects", "switches",
+           "selector_share"]
+INHERITED = "inherited"  # a fork after an earlier turn's fork: the prompts differ, the earlier fork carries the verdict
+
+
+def fork_of(example: dict, base: dict | None) -> dict | None:
+    """How ``example``'s output first departs from the autoregressive output ``base`` of the same query:
+    None when identical or not judgeable (no baseline, or either run kept no deciders: sampling, lossy
+    cascade rules, records of older versions); else the fork (``certify.classify``) with its verdict,
+    ``inherited`` when the two prompts differ (an earlier turn of the conversation forked)."""
+    if base is None or list(example["output_ids"]) == list(base["output_ids"]):
+        return None
+    mine, theirs = example.get("deciders"), base.get("deciders")
+    if mine is None or theirs is None:
+        return None
+    tolerance = example.get("tie_tolerance")
+    fork = certify.classify(base["output_ids"], theirs, example["output_ids"], mine,
+                            float(tolerance) if tolerance is not None else 0.0).as_dict()
+    if example.get("prompt_sha") and base.get("prompt_sha") and example["prompt_sha"] != base["prompt_sha"]:
+        fork["verdict"] = INHERITED
+    fork.update(query_id=example["query_id"], task=example["task"], method=example["method"], tolerance=tolerance)
+    return fork
+
+
+def forks(examples: Iterable[dict], baseline: str = BASELINE) -> pd.DataFrame:
+    """Every fork of a method's output from the baseline's output of the same query (:func:`fork_of`)."""
+    examples = list(examples)
+    base = {e["query_id"]: e for e in examples if e["method"] == baseline}
+    rows = [f for e in examples if e["method"] != baseline
+            for f in [fork_of(e, base.get(e["query_id"]))] if f is not None]
+    return pd.DataFrame(rows, columns=["task", "query_id", "method", "position", "base_token", "token",
+                                       "base_margin", "margin", "tolerance", "verdict"])
 
 
 def oracle_arms(df: pd.DataFrame) -> dict[str, str]:
@@ -132,9 +164,10 @@ def _row(m: pd.DataFrame, base: pd.DataFrame) -> dict:
     tokens, seconds = int(m.new_tokens.sum()), float(m.seconds.sum())
     paired = m[m.query_id.isin(base.index)]
     b = base.loc[paired.query_id]
-    total, mean = speed.speedup(list(b.seconds), list(paired.seconds))
+    total, mean = speed.speedup(list(b.seconds), list(paired.seconds), list(b.new_tokens), list(paired.new_tokens))
     exact = (float(sum(list(o) == list(r) for o, r in zip(paired.output_ids, b.output_ids)) / len(paired))
              if len(paired) else float("nan"))
+    ties, defects = _verdicts(paired, b)
     return {
         "n_examples": len(m), "new_tokens": tokens, "seconds": seconds,
         "tokens_per_s": speed.ratio(tokens, seconds),
@@ -142,9 +175,22 @@ def _row(m: pd.DataFrame, base: pd.DataFrame) -> dict:
         "speedup": total, "speedup_mean": mean,
         "mat": speed.mat(tokens, int(m.target_calls.sum())),
         "acceptance_rate": speed.acceptance_rate(int(m.accepted.sum()), int(m.drafted.sum())),
-        "exact_match": exact, "switches": int(m.switches.sum()),
+        "exact_match": exact, "ties": ties, "defects": defects, "switches": int(m.switches.sum()),
         "selector_share": speed.ratio(float(m.t_select.sum()), seconds) if "t_select" in m else float("nan"),
     }
+
+
+def _verdicts(paired: pd.DataFrame, base: pd.DataFrame) -> tuple[float, float]:
+    """(ties, defects) among the paired examples' forks from the baseline; NaN when no example of the
+    method can be judged (it keeps no deciders: sampling, a lossy cascade rule)."""
+    if "deciders" not in paired or not paired.deciders.map(lambda d: d is not None).any():
+        return NAN, NAN
+    verdicts = [f["verdict"] for e, b in zip(paired.to_dict("records"), base.to_dict("records"))
+                for f in [fork_of(e, b)] if f is not None]
+    return float(verdicts.count(certify.TIE)), float(verdicts.count(certify.DEFECT))
+
+
+NAN = float("nan")
 
 
 def pivot(table: pd.DataFrame, value: str) -> pd.DataFrame:
@@ -166,9 +212,13 @@ def to_markdown(df: pd.DataFrame, floatfmt: str = ".3f") -> str:
     return df.to_markdown(index=False, floatfmt=floatfmt)
 
 
-EVAL_NOTES = ("speedup = total autoregressive seconds / total method seconds on the same examples; "
-              "mat = new tokens per target forward (bonus token included); acceptance_rate = accepted / "
-              "drafted tokens; exact_match = share of outputs identical to autoregressive.")
+EVAL_NOTES = ("speedup = autoregressive seconds per new token / method seconds per new token, totals over the "
+              "same examples (equal to the ratio of total seconds when outputs have equal lengths; speedup_mean: "
+              "the mean of the per-example ratios); mat = new tokens per target forward (bonus token included); "
+              "acceptance_rate = accepted / drafted tokens; exact_match = share of outputs identical to "
+              "autoregressive; ties / defects = outputs that fork from autoregressive where rounding explains it "
+              "(the two runs' logit margins sum to at most twice the dtype's tie tolerance) / where it does not "
+              "(forks.csv lists each).")
 
 
 def write_tables(df: pd.DataFrame, out_dir: Path, stem: str = "summary", title: str | None = None,
@@ -182,7 +232,7 @@ def write_tables(df: pd.DataFrame, out_dir: Path, stem: str = "summary", title: 
 
 
 SHOWN = ["task", "method", "n_examples", "new_tokens", "seconds", "tokens_per_s", "speedup", "mat",
-         "acceptance_rate", "exact_match", "accuracy", "bleu", "rouge2", "rougeL", "output_words"]
+         "acceptance_rate", "exact_match", "ties", "defects", "accuracy", "bleu", "rouge2", "rougeL", "output_words"]
 
 
 def compact(df: pd.DataFrame) -> str:

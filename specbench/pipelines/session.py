@@ -13,6 +13,7 @@ Pipelines hold only what is their own: which generations to run and which table 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
@@ -20,15 +21,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from specbench.decoding.cascade import Cascade
+from specbench.decoding.certify import DEFAULT_TOLERANCE, tolerance_for
 from specbench.decoding.drafter import AUTOREGRESSIVE, Drafter
 from specbench.decoding.loop import Generation, Limits, decode
 from specbench.decoding.sampling import SamplingParams
 from specbench.errors import SpecbenchError
 from specbench.models import Target, load_model
-from specbench.models.loading import LoadedModel
+from specbench.models.loading import AUTO, LoadedModel, auto_dtype, dtype_name, resolve_device
 from specbench.records import EXAMPLE_KEYS, ExampleRecord, JsonlWriter, read_jsonl, round_row
 from specbench.selection import Fixed, Selector
 from specbench.tasks import (build_prompt, check_templates, load_dataset_config, load_shots, metrics, render,
@@ -128,9 +130,27 @@ def claim_run_dir(out: Path, cfg: DictConfig, files: RunFiles) -> None:
 RECORDS = RunFiles(results=("examples.jsonl", "rounds.jsonl"))
 
 
+def resolve_target_dtype(cfg: DictConfig) -> None:
+    """Replace ``target.dtype`` (``auto``, null or an alias such as ``bf16``) by the dtype it resolves to on
+    this machine (:func:`specbench.models.loading.auto_dtype`), so ``config.yaml``, the summaries and the
+    checkpoints written from this config name the dtype the run computed in."""
+    target = cfg.get("target")
+    if not isinstance(target, DictConfig) or "dtype" not in target:
+        return
+    asked = target.get("dtype")
+    name = dtype_name(asked, target.get("device"))
+    if asked == AUTO:
+        why = auto_dtype(resolve_device(target.get("device")))[1]
+        log.info("target.dtype=auto resolves to %s: %s", name, why)
+    with open_dict(cfg):
+        target.dtype = name
+
+
 def start_run(cfg: DictConfig, output_dir: str | Path, files: RunFiles | None = None) -> Path:
     """Create the run directory (with ``files``: after :func:`claim_run_dir`), save the composed
-    config there (and the settings file of ``files``), apply ``threads``."""
+    config there (``target.dtype`` resolved: :func:`resolve_target_dtype`; and the settings file of
+    ``files``), apply ``threads``."""
+    resolve_target_dtype(cfg)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if files is not None:
@@ -214,6 +234,18 @@ class Context:
             f"decoding.fit_context=true, or leave that record out of the data file")
 
 
+def prompt_fingerprint(ids) -> str:
+    """A short hash of a prompt's token ids."""
+    return hashlib.sha256(json.dumps([int(i) for i in ids]).encode()).hexdigest()[:16]
+
+
+def tie_tolerance_of(cfg: DictConfig) -> float:
+    """The tie tolerance of the run's target in its (resolved) dtype: ``target.tie_tolerance.<dtype>``,
+    else the generic default of that dtype (``certify.DEFAULT_TOLERANCE``)."""
+    dtype = dtype_name(cfg.target.get("dtype"), cfg.target.get("device"))
+    return tolerance_for(cfg.target.get("tie_tolerance"), dtype, DEFAULT_TOLERANCE.get(dtype, 1.0))
+
+
 def cascade_of(cfg: DictConfig) -> Cascade | None:
     """The run's cascade rule (``cascade=<rule> cascade.alpha=<a>``); None when the config has none."""
     c = cfg.get("cascade")
@@ -277,6 +309,7 @@ class Session:
     cascade: Cascade | None
     context: Context = Context()
     fit_context: bool = False  # decoding.fit_context: stop at the context's end instead of refusing
+    tie_tolerance: float | None = None  # the target's tie tolerance in the run's dtype (decoding/certify.py)
 
     @classmethod
     def open(cls, cfg: DictConfig, output_dir: str | Path, files: RunFiles | None = None):
@@ -305,7 +338,7 @@ class Session:
         loaded = load_model(cfg.target.model, dtype=cfg.target.dtype, device=cfg.target.device)
         target = Target(loaded)
         eos_ids = eos_ids_of(loaded, dec.get("extra_eos_ids"), target.vocab_size)
-        pool = build_pool(target, cfg.pool.get("drafters"))
+        pool = build_pool(target, cfg.pool.get("drafters"), profile=cfg.get("profile_path"))
         queries = [truncate_fields(q, loaded.tokenizer, cfg.dataset.get("max_input_tokens")) for q in queries]
         prompter = Prompter(loaded.tokenizer, cfg.target.prompt.style, templates, cfg.target.prompt.get("system"),
                             shots, cfg.target.prompt.get("chat_template"))
@@ -313,7 +346,8 @@ class Session:
         clock = Clock(target.device, phases=bool(OmegaConf.select(cfg, "timing.phases", default=False)))
         session = cls(cfg=cfg, out=out, queries=queries, loaded=loaded, target=target, pool=pool, prompter=prompter,
                       sampling=sampling, limits=limits, eos_ids=eos_ids, clock=clock, cascade=cascade,
-                      context=context, fit_context=bool(dec.get("fit_context", False)))
+                      context=context, fit_context=bool(dec.get("fit_context", False)),
+                      tie_tolerance=tie_tolerance_of(cfg))
         session.check_prompts()
         return session
 
@@ -341,6 +375,7 @@ class Session:
                      rng=rng, clock=self.clock, query=query, cascade=cascade)
         if limits is not asked and gen.stop == "length":
             gen.stop = "context"  # cut at the context's end, before max_new_tokens
+        gen.prompt_sha = prompt_fingerprint(prompt_ids)
         return gen
 
     def fixed(self, arm: str, pool: Mapping[str, Drafter] | None = None) -> Fixed:
@@ -375,9 +410,12 @@ class Session:
 
 
 def example_record(query, ex_id: str, method: str, gen: Generation, text: str, reference: str | None,
-                   **extra) -> ExampleRecord:
-    """The ``examples.jsonl`` record of one finished generation (quality scored against ``reference``)."""
+                   tie_tolerance: float | None = None, **extra) -> ExampleRecord:
+    """The ``examples.jsonl`` record of one finished generation (quality scored against ``reference``;
+    ``tie_tolerance``: the run's, kept beside the generation's deciders)."""
     return ExampleRecord(
+        deciders=gen.deciders, tie_tolerance=tie_tolerance if gen.deciders is not None else None,
+        prompt_sha=gen.prompt_sha,
         query_id=ex_id, task=query.task, method=method, output_ids=gen.tokens, text=text,
         new_tokens=len(gen.tokens), seconds=gen.seconds, target_calls=gen.target_calls, rounds=len(gen.rounds),
         drafted=gen.drafted, accepted=gen.accepted, switches=gen.switches,
@@ -392,8 +430,9 @@ class Records:
     ``done``: the (query id, method) pairs already written (a rerun into the directory skips them).
     """
 
-    def __init__(self, out: Path):
+    def __init__(self, out: Path, tie_tolerance: float | None = None):
         self.out = Path(out)
+        self.tie_tolerance = tie_tolerance
         path = self.out / "examples.jsonl"
         self.done = set()
         for i, rec in enumerate(read_jsonl(path), 1):
@@ -418,7 +457,7 @@ class Records:
 
     def write(self, query, ex_id: str, method: str, gen: Generation, text: str, reference: str | None, **extra):
         self._rounds.write_many(round_row(ex_id, query.task, method, r) for r in gen.rounds)
-        self._examples.write(example_record(query, ex_id, method, gen, text, reference, **extra))
+        self._examples.write(example_record(query, ex_id, method, gen, text, reference, self.tie_tolerance, **extra))
         self.done.add((ex_id, method))
 
     def examples(self) -> list[dict]:

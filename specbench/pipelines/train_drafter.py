@@ -21,6 +21,12 @@ vocabulary fingerprint, the data, the steps (and the sub-vocabulary); ``history.
 ``metrics.json`` (held-out agreement with the target and expected accepted tokens at draft length 4
 on every task of ``eval_sets``), and ``state.pt`` after every epoch, so an interrupted run resumes to
 the same weights as an uninterrupted one.
+
+Any target dtype: the teacher (the target) runs in its own dtype (``target.dtype``, e.g. bfloat16);
+the drafter trains in float32 on the teacher's outputs cast to float32 (features, top-k
+probabilities; an eagle head scores through a float32 copy of the LM-head rows it uses). The
+checkpoint is saved in float32 and its metadata records the teacher's dtype (``dtype``); at decode
+time a drafter follows the target's dtype unless its config sets one.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from specbench.drafters.eagle import EagleHead, HeadLogits, save_head, vocab_fin
 from specbench.drafters.hf import MODEL_META, check_compatible
 from specbench.errors import SpecbenchError
 from specbench.models import Target, load_model
-from specbench.models.loading import cache_dir
+from specbench.models.loading import cache_dir, resolve_dtype
 from specbench.pipelines import report
 from specbench.pipelines.session import Prompter, eos_ids_of, start_run
 from specbench.records import JsonlWriter, read_jsonl
@@ -59,10 +65,24 @@ def checkpoint_dir(cfg: DictConfig) -> Path:
 
 
 def signature(cfg: DictConfig) -> dict:
-    """What must match for a rerun to resume a checkpoint directory."""
+    """What must match for a rerun to resume a checkpoint directory (the teacher's dtype included)."""
     plain = lambda node: OmegaConf.to_container(node, resolve=True)  # noqa: E731
-    return {"target": str(cfg.target.model), "dataset": plain(cfg.dataset), "drafter": plain(cfg.drafter),
+    return {"target": str(cfg.target.model), "dtype": target_dtype_name(cfg), "dataset": plain(cfg.dataset),
+            "drafter": plain(cfg.drafter),
             "train": {k: v for k, v in plain(cfg.train).items() if k not in ("epochs", "time_budget_s")}}
+
+
+def target_dtype_name(cfg: DictConfig) -> str:
+    """The teacher's dtype as a canonical name (``float32``, ``bfloat16``, ...; ``auto`` resolved)."""
+    return str(resolve_dtype(cfg.target.get("dtype"), cfg.target.get("device"))).removeprefix("torch.")
+
+
+def same_signature(stored: dict, sig: dict) -> bool:
+    """``stored`` (a checkpoint's signature.json) matches ``sig``; a signature written before the teacher's
+    dtype was part of it (no ``dtype`` key) matches on the rest."""
+    if "dtype" not in stored:
+        sig = {k: v for k, v in sig.items() if k != "dtype"}
+    return stored == sig
 
 
 def examples_of(queries, prompter: Prompter, tokenizer, responses: dict[str, list[int]] | None,
@@ -141,7 +161,9 @@ class HeadTrainee:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(tr.seed))
             self.module = EagleHead(target.model, layers=int(cfg.drafter.layers), dtype=torch.float32)
-        self.logits = HeadLogits(target, self.d2t)
+        # Trained in float32 whatever the target's dtype: the LM-head rows as a float32 copy (the
+        # teacher's features and probabilities are float32 already, its embeddings are cast).
+        self.logits = HeadLogits(target, self.d2t, dtype=torch.float32)
         self.embed = target.model.get_input_embeddings()
         self.meta = {"layers": int(cfg.drafter.layers),
                      "sub_vocabulary": None if self.d2t is None else int(len(self.d2t))}
@@ -182,6 +204,7 @@ class ModelTrainee:
                                  "kl: to the target's top-k distribution; ce: to the text's next tokens")
         self.tr = cfg.train
         self.target = target
+        # Trained in float32 whatever the target's dtype (the teacher's probabilities are float32).
         loaded = load_model(str(cfg.drafter.model), dtype="float32", device=str(target.device))
         check_compatible(target, loaded, str(cfg.drafter.model))
         self.loaded = loaded
@@ -232,7 +255,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     ckpt.mkdir(parents=True, exist_ok=True)
     sig = signature(cfg)
     state_path = ckpt / "state.pt"
-    if (ckpt / "signature.json").exists() and json.loads((ckpt / "signature.json").read_text()) != sig:
+    stored = json.loads((ckpt / "signature.json").read_text()) if (ckpt / "signature.json").exists() else None
+    if stored is not None and not same_signature(stored, sig):
         if not cfg.get("overwrite"):
             raise SpecbenchError(f"{ckpt} holds a drafter trained with another config",
                                  "pass out=<another directory> or name=<another name>, or overwrite=true")
@@ -301,7 +325,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
             log.warning("train.time_budget_s=%s reached after epoch %d of %d: stopping", budget, epoch + 1, epochs)
             break
     trainee.module.eval()
-    meta = {"kind": kind, "target": str(cfg.target.model), "vocab": vocab_fingerprint(tok), **trainee.meta,
+    meta = {"kind": kind, "target": str(cfg.target.model), "dtype": str(target.model.dtype).removeprefix("torch."),
+            "vocab": vocab_fingerprint(tok), **trainee.meta,
             "data": OmegaConf.to_container(cfg.dataset, resolve=True), "responses": str(tr.responses),
             "train_sequences": len(train_ex), "train_tokens": int(sum(len(e.ids) - e.start for e in train_ex)),
             "epochs": len(history), "lr": lr, "seed": seed}

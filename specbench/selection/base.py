@@ -38,6 +38,10 @@ class Selector:
     def __init__(self, arms: list[str]):
         self.arms = list(arms)
 
+    def playable(self) -> list[str]:
+        """The arms this selector may play in a generation (all of its arms unless it is pinned to one)."""
+        return list(self.arms)
+
     def set_embedding(self, embedding) -> None:
         """The query's embedding from the target (``Target.embed``), given before ``reset``."""
 

@@ -16,3 +16,6 @@ class Fixed(Selector):
 
     def select(self) -> str:
         return self.arm
+
+    def playable(self) -> list[str]:
+        return [self.arm]

@@ -18,7 +18,7 @@ def specbench(*args, cwd=None):
 def test_help_lists_commands():
     res = specbench("--help")
     assert res.returncode == 0
-    for cmd in ("eval", "collect", "train-policy"):
+    for cmd in ("eval", "collect", "train-policy", "profile"):
         assert cmd in res.stdout
 
 

@@ -20,7 +20,7 @@ from specbench.records import read_jsonl
 from specbench.tasks.datasets import load_dataset_config, read_records
 from specbench.validate import validate
 
-ROOTS = ["eval", "bench", "cascades", "collect", "train_policy", "train_drafter"]
+ROOTS = ["eval", "bench", "cascades", "collect", "profile", "train_policy", "train_drafter"]
 EXPERIMENTS = sorted(p.stem for p in (Path(conf_dir()) / "experiment").glob("*.yaml"))
 
 
