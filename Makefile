@@ -18,7 +18,7 @@ PIP ?= $(PYTHON) -m pip
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench clean metasd-cpu metasd-cpu-full-info huang-cpu huang-cpu-math \
+.PHONY: install demo readme-demo test test-fast bench clean metasd-cpu metasd-cpu-full-info huang-cpu huang-cpu-math \
 	huang-cpu-early-exit cascades-cpu specialists specialists-eval reproduce-cpu report paper-dry-run paper-drafters \
 	reproduce-paper
 
@@ -33,8 +33,14 @@ $(VENV)/bin/python:
 		rm -rf $(VENV); exit 2; }
 	@echo "made the virtual environment $(VENV): specbench is installed there ($(VENV)/bin/specbench)"
 
+# The main job on the embedded default; `make readme-demo` then writes its table into the README.
+DEMO_OUT ?= outputs/demo
 demo: install
-	$(SPECBENCH) eval
+	rm -rf $(DEMO_OUT)
+	$(SPECBENCH) eval hydra.run.dir=$(DEMO_OUT)
+
+readme-demo: install
+	$(PYTHON) -m specbench.reproduction.render demo $(DEMO_OUT) README.md
 
 bench: install
 	$(SPECBENCH) bench

@@ -113,6 +113,9 @@ SCHEMA: dict[str, Rule] = {
     "profile.draft_tokens": COUNT,
     "profile.tokens": text(),
     "profile.run": PATH,
+    "profile.rounding.prompts": integer(0),
+    "profile.rounding.new_tokens": COUNT,
+    "profile.rounding.chunk": integer(2),
     # target
     "target.model": text(),
     "target.dtype": text(null=True),

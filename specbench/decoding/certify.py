@@ -4,8 +4,8 @@ In float32 a lossless greedy method reproduces the autoregressive output token f
 bfloat16 / float16 a k-token verification forward rounds differently from k one-token steps, so at
 a near-tie the two argmaxes can differ and the outputs fork. To tell such a fork from a defect,
 every greedy generation records, for each output position, its **decider**: the top token ids of
-the forward row that chose the token and their logits, ``[[id1, .., id4], [logit1, .., logit4]]`` (the
-top 2 is what a fork between two tokens needs; four, because bf16 logits can tie three ways exactly).
+the forward row that chose the token and their logits, ``[[id1, .., id8], [logit1, .., logit8]]`` (the
+top 2 is what a fork between two tokens needs; eight, because bf16 logits can lie five ways within one rounding step).
 
 At the first position ``j`` where a method's output differs from the autoregressive output of the
 same query, both runs saw the same prefix, so both rows are the same logits up to rounding: if
@@ -36,9 +36,9 @@ DEFECT = "defect"
 
 
 # Top entries kept per decider row. Two would do for a fork between two tokens, but in bfloat16 the logits
-# themselves are rounded (steps of 1/16 near 10), so three or more tokens can tie exactly, and the two a
+# themselves are rounded (steps of 1/16 near 10, 1/4 near 36), so five or more tokens can lie within one step, and the two a
 # fork is between need not be the two that topk lists first.
-TOP = 4
+TOP = 8
 
 
 def deciders(logits: torch.Tensor, n: int, top: int = TOP) -> list[list[list]]:

@@ -118,6 +118,7 @@ class Drafter:
 
     name: str = "drafter"
     cost: float = 0.0
+    draft_length: int | None = None  # tokens drafted per round; None: the run's decoding.draft_length
     deterministic: bool = False
     drafts: bool = True
 

@@ -130,7 +130,7 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
         t1 = clock.now()
         drafter = pool[arm]
         # Leave room for the bonus token so a round never overshoots max_new_tokens.
-        k = min(limits.draft_length, limits.max_new_tokens - len(out) - 1)
+        k = min(drafter.draft_length or limits.draft_length, limits.max_new_tokens - len(out) - 1)
         switched = prev_arm is not None and arm != prev_arm
         first_use = drafter.sync(ctx, target.tokens) and drafter.drafts
         t2 = clock.now()

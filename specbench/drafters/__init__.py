@@ -19,6 +19,8 @@ def build_pool(target, drafters: Mapping, profile=None, measuring: bool = False)
     A drafter whose ``cost`` is ``measured`` gets its ``c_draft`` from ``profile`` (a ``profile.json`` of
     ``specbench profile`` or its run directory: config key ``profile_path``), checked against the target;
     with ``measuring`` (the profile command itself) it gets its kind's default cost instead.
+    A drafter's ``draft_length`` (null: ``decoding.draft_length``) is its own number of tokens per round,
+    e.g. the best k that ``specbench profile profile.run=<eval dir>`` predicts for it.
     """
     pool: dict[str, Drafter] = {AUTOREGRESSIVE: AutoregressiveArm()}
     loaded_profile = None
@@ -29,6 +31,14 @@ def build_pool(target, drafters: Mapping, profile=None, measuring: bool = False)
         if not isinstance(cfg, Mapping) or "_target_" not in cfg:
             raise SpecbenchError(f"drafter '{name}' in the pool has no _target_ (got {cfg!r})",
                                  "compose it from conf/drafter/ (e.g. /drafter@drafters.NAME: quantized)")
+        draft_length = cfg.get("draft_length")
+        if "draft_length" in cfg:  # the loop's setting, not the builder's: set on the built drafter
+            cfg = {k: cfg[k] for k in cfg if k != "draft_length"}
+        if draft_length is not None and (isinstance(draft_length, bool) or not isinstance(draft_length, int)
+                                         or draft_length < 1):
+            raise SpecbenchError(f"drafter '{name}': draft_length must be a whole number >= 1, got {draft_length!r}",
+                                 f"set pool.drafters.{name}.draft_length to a positive integer, or null for "
+                                 "decoding.draft_length")
         extra = {}
         if cfg.get("cost") == MEASURED:  # read before instantiating: the builders take a number (or null)
             if not measuring and profile is not None and loaded_profile is None:
@@ -42,6 +52,7 @@ def build_pool(target, drafters: Mapping, profile=None, measuring: bool = False)
                 raise cause from None
             raise SpecbenchError(f"could not build drafter '{name}': {exc}",
                                  "check its keys against conf/drafter/ and the builder's arguments") from exc
+        pool[name].draft_length = draft_length
     return pool
 
 

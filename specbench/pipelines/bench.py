@@ -149,8 +149,11 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
             return go
         return Variant(arm, OURS, setup)
 
+    def k_of(name: str) -> int:  # a drafter's own draft length (pool.drafters.<name>.draft_length), else the run's
+        return int(s.pool[name].draft_length or k)
+
     def hf(method: str, fields: dict, kwargs: dict) -> Variant:
-        config = base_config if method == AUTOREGRESSIVE else pinned_assistant_settings(base_config, k)
+        config = base_config if method == AUTOREGRESSIVE else pinned_assistant_settings(base_config, k_of(method))
         for key, value in fields.items():
             setattr(config, key, value)
         configs = {}  # one per max_new_tokens (warm-up and timed), built before any timing
@@ -174,7 +177,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     variants = [ours(AUTOREGRESSIVE), hf(AUTOREGRESSIVE, {}, {})]
     for name in names[1:]:
         variants.append(ours(name))
-        assist = hf_assistance(s.pool[name], k)
+        assist = hf_assistance(s.pool[name], k_of(name))
         if assist is None:
             log.warning("drafter '%s' (%s) has no Hugging Face assisted-generation counterpart: hf columns are NaN",
                         name, type(s.pool[name]).__name__)

@@ -42,6 +42,7 @@ import torch
 from omegaconf import DictConfig
 
 from specbench import profiling
+from specbench.decoding import certify
 from specbench.decoding.drafter import Drafter, Query
 from specbench.decoding.sampling import SamplingParams
 from specbench.errors import SpecbenchError
@@ -103,6 +104,9 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         builder = str(cfg.pool.drafters[name].get("_target_") or d["kind"])
         d["kind"] = builder.removeprefix("specbench.drafters.").removesuffix(".build")
     prof = profile_dict(target, qs, contexts, verify, drafted, k, repeats, tokens_from)
+    rounding = measure_rounding(cfg, target, loaded)
+    if rounding is not None:
+        prof["rounding"] = rounding
     write_profile(out, prof)
     if eval_rounds is not None:
         write_best_k(out, prof, eval_rounds, Path(p.run))
@@ -127,6 +131,11 @@ def context_source(cfg: DictConfig, target: Target, loaded, tokens_from: str, le
     if tokens_from == "random":
         gen = torch.Generator().manual_seed(int(cfg.seed))
         return torch.randint(0, target.vocab_size, (length,), generator=gen).tolist()
+    return repeat_to(dataset_prompts(cfg, loaded, 1)[0], length)
+
+
+def dataset_prompts(cfg: DictConfig, loaded, n: int) -> list[list[int]]:
+    """The prompt ids of the dataset's first ``n`` queries, built as eval builds them."""
     queries = load_dataset_config(cfg.dataset)
     if not queries:
         raise SpecbenchError("the dataset has no queries to build a context from", "use profile.tokens=random")
@@ -136,8 +145,20 @@ def context_source(cfg: DictConfig, target: Target, loaded, tokens_from: str, le
     shots = load_shots(cfg.dataset, int(cfg.dataset.get("n_shot") or 0))
     prompter = Prompter(loaded.tokenizer, cfg.target.prompt.style, cfg.templates[cfg.target.prompt.templates],
                         cfg.target.prompt.get("system"), shots, cfg.target.prompt.get("chat_template"))
-    prompt = prompter(truncate_fields(queries[0], loaded.tokenizer, cfg.dataset.get("max_input_tokens")))
-    return repeat_to(prompt, length)
+    return [prompter(truncate_fields(q, loaded.tokenizer, cfg.dataset.get("max_input_tokens"))) for q in queries[:n]]
+
+
+def measure_rounding(cfg: DictConfig, target: Target, loaded) -> dict | None:
+    """The tie tolerance's calibration (``certify.calibrate``) on the dataset's first prompts:
+    ``profile.rounding.prompts`` prompts (0: skipped), ``new_tokens`` greedy steps each, compared with
+    ``chunk``-token forwards over the same tokens."""
+    r = cfg.profile.get("rounding") or {}
+    n = int(r.get("prompts", 0) or 0)
+    if n <= 0:
+        return None
+    cal = certify.calibrate(target, dataset_prompts(cfg, loaded, n), new_tokens=int(r.get("new_tokens", 48)),
+                            chunk=int(r.get("chunk", 5)))
+    return cal
 
 
 def repeat_to(ids: Sequence[int], length: int) -> list[int]:
@@ -291,6 +312,16 @@ def write_profile(out: Path, prof: dict) -> None:
     report.print_table(verify_md, title=f"Verification cost relative to the one-token step ({prof['dtype']}, "
                                         f"{prof['device']}, {prof['threads']} threads)")
     report.print_table(drafter_md, title=drafters_title)
+    if prof.get("rounding"):
+        r = prof["rounding"]
+        text = (f"Largest |logit difference| between one-token steps and {r['chunk']}-token forwards over the same "
+                f"tokens: {r['max_abs']:.3g} (mean per-row maximum {r['mean_abs']:.3g}; {r['prompts']} prompts x "
+                f"{r['new_tokens']} tokens; argmax agreed at {r['argmax_agree']} of {r['positions']} positions; largest "
+                f"|logit| {r['max_logit']:.3g}). The tie tolerance of {prof['dtype']} for this target: set "
+                f"target.tie_tolerance.{prof['dtype']} to at least {r['max_abs']:.3g} (decoding/certify.py).")
+        with (out / "profile.md").open("a", encoding="utf-8") as fh:
+            fh.write(f"\n## Rounding (the tie tolerance)\n\n{text}\n")
+        report.print_table(text, title="Rounding (the tie tolerance)")
     plot_verify(prof, out / "verify_cost.png")
 
 

@@ -83,8 +83,13 @@ def test_profile_writes_its_files_with_one_row_per_measurement(profiled):
     assert prof["drafters"]["quantized"]["kind"] == "quantized"
     assert prof["drafters"]["quantized"]["drafted"] == 8  # draft_tokens, EOS does not end a profiled draft
 
+    # the tie tolerance's calibration: fp32 chunked forwards agree with one-token steps to rounding
+    r = prof["rounding"]
+    assert r["positions"] > 0 and r["argmax_agree"] == r["positions"] and 0 <= r["max_abs"] < 1e-3
+
     md = (run_dir / "profile.md").read_text()
     assert "context |" in md and "step_ms" in md and "q=4" in md and "early_exit_1" in md
+    assert "Rounding (the tie tolerance)" in md
     assert "step_ms" in out and "c_draft" in out  # printed too
 
 

@@ -19,7 +19,8 @@ def row(*pairs):
 def test_deciders_are_the_top_rows_of_the_emitted_positions():
     logits = torch.tensor([[0.0, 3.0, 1.0, 2.0, -1.0], [5.0, 0.5, 0.25, 0.0, 4.0], [9.0, 9, 9, 9, 9]])
     got = certify.deciders(logits, 2)
-    assert got == [[[1, 3, 2, 0], [3.0, 2.0, 1.0, 0.0]], [[0, 4, 1, 2], [5.0, 4.0, 0.5, 0.25]]]
+    assert got == [[[1, 3, 2, 0, 4], [3.0, 2.0, 1.0, 0.0, -1.0]], [[0, 4, 1, 2, 3], [5.0, 4.0, 0.5, 0.25, 0.0]]]
+    assert certify.deciders(logits, 1, top=2) == [[[1, 3], [3.0, 2.0]]]
 
 
 @pytest.mark.parametrize("a, b, expected", [([1, 2, 3], [1, 2, 3], None), ([1, 2, 3], [1, 5, 3], 1),
