@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -149,3 +152,32 @@ def read_jsonl(path: Path) -> Iterator[dict]:
                 raise SpecbenchError(f"{path}:{lineno}: line {lineno} is not a JSON object: the file is corrupted",
                                      f"repair or delete line {lineno} of {path}, or rerun into a new directory")
             yield record
+
+
+# -- files replaced whole ------------------------------------------------------------------------------
+
+@contextmanager
+def atomic_path(path: Path):
+    """A temporary path beside ``path`` to write to; on success it replaces ``path`` in one ``os.replace``,
+    so an interruption (Ctrl-C, kill -9) leaves either the old file or the new one, never a torn one.
+
+        with atomic_path(out / "state.pt") as tmp:
+            torch.save(blob, tmp)
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def atomic_write_text(path: Path, text: str, encoding: str = "utf-8") -> None:
+    """Write ``text`` to ``path`` through :func:`atomic_path`."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding=encoding)
