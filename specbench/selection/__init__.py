@@ -5,9 +5,10 @@ from specbench.selection.base import Feedback, Selector
 from specbench.selection.etc import ExploreThenCommit
 from specbench.selection.exp3 import EXP3
 from specbench.selection.fixed import Fixed
+from specbench.selection.hedge import Hedge
 from specbench.selection.halving import SequentialHalving
 from specbench.selection.policy import PolicySelector
 from specbench.selection.ucb import UCB, DiscountedUCB, SlidingWindowUCB
 
-__all__ = ["BanditSelector", "DiscountedUCB", "EXP3", "EpsilonGreedy", "ExploreThenCommit", "Feedback", "Fixed",
+__all__ = ["BanditSelector", "DiscountedUCB", "EXP3", "EpsilonGreedy", "ExploreThenCommit", "Feedback", "Fixed", "Hedge",
            "PolicySelector", "RandomSelector", "Selector", "SequentialHalving", "SlidingWindowUCB", "UCB"]

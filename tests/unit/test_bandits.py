@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from pathlib import Path
@@ -12,12 +13,13 @@ from omegaconf import OmegaConf
 
 from specbench.errors import SpecbenchError
 from specbench.selection import (EXP3, UCB, BanditSelector, DiscountedUCB, EpsilonGreedy, ExploreThenCommit, Feedback,
-                                 RandomSelector, SequentialHalving, SlidingWindowUCB)
+                                 Hedge, RandomSelector, SequentialHalving, SlidingWindowUCB)
 
 ARMS = ["autoregressive", "a", "b", "c"]
 MEANS = {"a": 0.3, "b": 0.5, "c": 0.8}  # "c" is the best drafter
 CONF = Path(__file__).resolve().parents[2] / "conf" / "selector"
-ALL = [UCB, EXP3, SequentialHalving, ExploreThenCommit, DiscountedUCB, SlidingWindowUCB, EpsilonGreedy, RandomSelector]
+ALL = [UCB, EXP3, SequentialHalving, ExploreThenCommit, DiscountedUCB, SlidingWindowUCB, EpsilonGreedy, RandomSelector,
+       Hedge]
 
 
 def feedback(bd: float = 0.0, be: float = 0.0) -> Feedback:
@@ -246,7 +248,7 @@ def test_switch_cost_cuts_switches_between_close_arms():
 
 # -- configs -----------------------------------------------------------------------------------------
 BANDIT_CONFS = ["ucb", "ucb_be", "exp3", "sequential_halving", "etc", "discounted_ucb", "sliding_window_ucb",
-                "epsilon_greedy", "random", "ucb_full_info", "random_per_query", "ucb_switch"]
+                "epsilon_greedy", "random", "ucb_full_info", "random_per_query", "ucb_switch", "hedge"]
 
 
 def test_every_bandit_config_is_tested():
@@ -264,7 +266,7 @@ def test_selector_configs_instantiate(stem):
     scfg = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "name"}
     sel = instantiate(scfg, arms=ARMS)
     assert isinstance(sel, BanditSelector) and sel.candidates == ["a", "b", "c"]
-    assert sel.full_information == (stem == "ucb_full_info")
+    assert sel.full_information == (stem in ("ucb_full_info", "hedge"))
     picks = play(sel, bd_like(), 60)
     assert set(picks) <= {"a", "b", "c"} and sel.t == 60
     if stem not in ("random", "random_per_query"):
@@ -332,3 +334,50 @@ def test_full_information_needs_bd_and_a_selector_that_can_use_it():
         UCB(ARMS, reward="be", full_information=True)
     with pytest.raises(SpecbenchError, match="exp3 does not take full_information"):
         EXP3(ARMS, full_information=True)
+
+
+# -- Hedge -------------------------------------------------------------------------------------------
+def full_information_play(sel, env, rounds, seed):
+    """A query in which every arm's reward is observed every round (played or as a side observation)."""
+    rng = random.Random(30_000 + seed)
+    sel.reset()
+    picks = []
+    for t in range(rounds):
+        arm = sel.select()
+        picks.append(arm)
+        rewards = {a: env(a, t, rng) for a in sel.candidates}
+        sel.update(arm, feedback(bd=rewards[arm]))
+        for a, r in rewards.items():
+            if a != arm:
+                sel.observe(a, r)
+    return picks
+
+
+def test_hedge_finds_the_best_arm_with_full_information():
+    for seed in range(5):
+        picks = full_information_play(Hedge(ARMS, eta=0.5, full_information=True, seed=seed), bernoulli(), 200, seed)
+        assert share(picks[-100:]) > 0.9, seed
+
+
+def test_hedge_weights_follow_the_cumulative_losses():
+    sel = Hedge(ARMS, eta=1.0, full_information=True)
+    sel.reset()
+    sel.select()
+    sel.update("a", feedback(bd=0.0))  # losses this round: a 1, b 1 - 0.5 (imputed prior), c 0.0
+    sel.observe("c", 1.0)
+    sel.select()  # folds the round in
+    assert sel.losses == [1.0, 0.5, 0.0]
+    p = sel.probabilities()
+    assert p[2] > p[1] > p[0] and sum(p) == pytest.approx(1.0)
+    assert p[2] / p[0] == pytest.approx(math.exp(1.0))
+    with pytest.raises(SpecbenchError, match="eta"):
+        Hedge(ARMS, eta=0)
+
+
+def test_hedge_settles_on_the_best_arm_sooner_with_full_information():
+    seeds = range(12)
+    with_fi = statistics.mean(identification_round(full_information_play(
+        Hedge(ARMS, eta=0.5, full_information=True, seed=s), bernoulli(), 200, s)) for s in seeds)
+    without = statistics.mean(identification_round(play(Hedge(ARMS, eta=0.5, seed=s), bernoulli(), 200, s))
+                              for s in seeds)
+    assert with_fi < without
