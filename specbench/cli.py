@@ -17,7 +17,7 @@ from pathlib import Path
 
 import typer
 
-from specbench.configs import conf_dir, config_help
+from specbench.configs import check_experiment_command, conf_dir, config_help
 from specbench.errors import SpecbenchError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -40,7 +40,8 @@ def hydra_run(config_name: str, pipeline, args: list[str]) -> None:
 
     The composed config is validated (``specbench.validate``) before the pipeline loads anything.
     Bad input of any kind (Hydra's composition errors included) stops with ``error:``/``fix:``
-    lines and exit code 2; a run that fails before writing any result removes its directory.
+    lines and exit code 2; a run that fails before writing any result removes its directory. An
+    ``+experiment`` written for another command (its ``# @commands`` header) is refused.
     """
     import hydra
     from hydra.core.hydra_config import HydraConfig
@@ -57,6 +58,7 @@ def hydra_run(config_name: str, pipeline, args: list[str]) -> None:
         out = HydraConfig.get().runtime.output_dir
         with discard_if_unused(Path(out)):
             try:
+                check_experiment_command(HydraConfig.get().runtime.choices.get("experiment"), config_name)
                 validate(cfg)
                 return pipeline(cfg, out)
             except Exception as exc:  # noqa: BLE001 - bad input is reported, anything else re-raised
@@ -81,6 +83,11 @@ def _fail_or_raise(exc: Exception, config_name: str) -> None:
         _fail(exc)
     if isinstance(exc, (ConfigCompositionException, OverrideParseException)):
         _fail(hydra_error(exc, config_name))
+    if isinstance(exc, OSError) and exc.errno == errno.EEXIST and exc.filename and Path(exc.filename).exists() \
+            and not Path(exc.filename).is_dir():  # mkdir(exist_ok=True) on a file: hydra.run.dir=<a file>
+        _fail(SpecbenchError(f"{exc.filename} is a file, not a directory",
+                             "write the run elsewhere: hydra.run.dir=<a directory> (a new one, or one of "
+                             "this command's run directories)"))
     if isinstance(exc, OSError) and exc.errno in PATH_ERRORS and exc.filename:
         _fail(SpecbenchError(f"{exc.strerror}: {exc.filename}",
                              "check that path (permissions, free space, a file where a directory should be), or "
@@ -145,8 +152,12 @@ def discard_if_unused(out: Path) -> Iterator[None]:
     fresh = _unused(out)
     try:
         yield
-    except BaseException:
-        if fresh and _unused(out):
+    except BaseException as exc:
+        from specbench.pipelines.session import RunDirTaken
+
+        # a directory another process holds (RunDirTaken) is that process's, however empty it looks
+        taken = isinstance(exc, RunDirTaken) or isinstance(exc.__context__, RunDirTaken)  # reported as exit 2
+        if fresh and _unused(out) and not taken:
             shutil.rmtree(out, ignore_errors=True)
         raise
 
@@ -200,10 +211,33 @@ def merge(sources: list[str] = typer.Argument(..., help="collect output director
     from specbench.pipelines import collect as pipeline
 
     try:
+        check_output_directory(Path(out), "--out")
         path = pipeline.merge(sources, out, overwrite=overwrite)
     except SpecbenchError as exc:
         _fail(exc)
+    except OSError as exc:  # a write that fails late: full disk, a read-only mount seen only by writes
+        if exc.errno not in PATH_ERRORS + (errno.EEXIST,):
+            raise
+        _fail(SpecbenchError(f"cannot write the merged rows into {out}: {exc.strerror}"
+                             + (f": {exc.filename}" if exc.filename else ""),
+                             "pass a writable directory: --out <a new or writable directory>"))
     typer.echo(f"merged rows: {path}")
+
+
+def check_output_directory(path: Path, option: str) -> None:
+    """Refuse an output directory that is a file, lies under a file, or cannot be written, before
+    anything is read or written (``option`` names the flag in the fix)."""
+    fix = f"pass a directory you can write to: {option} <a new or writable directory>"
+    if path.exists() and not path.is_dir():
+        raise SpecbenchError(f"{option} {path} is a file, not a directory", fix)
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise SpecbenchError(f"{option} {path}: {existing} is a file, so no directory can be made under it", fix)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = "is not writable" if existing == path else f"cannot be made: {existing} is not writable"
+        raise SpecbenchError(f"{option} {path} {what}", fix)
 
 
 @app.command("train-policy", context_settings=HYDRA_ARGS, epilog=config_help("train_policy"))
@@ -257,16 +291,26 @@ def reproduce(ctx: typer.Context,
               paper: list[str] = typer.Option(None, "--paper", help="only these papers (huang, metasd, cascades; "
                                                                     "paper profile: also spec_bench)"),
               questions: str = typer.Option(None, "--questions", help="Spec-Bench's question.jsonl (paper profile; "
-                                                                      "default data/spec_bench/question.jsonl)")) -> None:
+                                                                      "default data/spec_bench/question.jsonl)"),
+              redo: bool = typer.Option(False, "--redo", help="run again the finished steps whose settings (or upstream "
+                                                              "steps) differ from this call's, deleting their old "
+                                                              "records (without it such a call is refused)")) -> None:
     """Every reproduction of a profile end to end (resumable), then `specbench report`; extra Hydra
-    overrides apply to every decoding step (eval, collect, cascades)."""
+    overrides apply to every decoding step (eval, collect, cascades). Every step's config is validated
+    before anything runs; a finished step whose settings differ is refused unless --redo."""
     from specbench.reproduction import plan
 
     try:
         plan.run(root, profile=profile, papers=paper or None, extra=list(ctx.args),
-                 questions=questions or plan.QUESTIONS)
+                 questions=questions or plan.QUESTIONS, redo=redo)
     except SpecbenchError as exc:
         _fail(exc)
+    except OSError as exc:
+        if exc.errno in PATH_ERRORS and exc.filename:
+            _fail(SpecbenchError(f"{exc.strerror}: {exc.filename}",
+                                 "check that path (permissions, free space, a file where a directory should be), or "
+                                 "write the runs elsewhere: --root <a writable directory>"))
+        raise
 
 
 def main() -> None:

@@ -53,6 +53,37 @@ def config_help(config_name: str, experiments: bool = False) -> str:
 
 
 _PACKAGE_HEADER = re.compile(r"#\s*@package\s+(\S+)")
+_COMMANDS_HEADER = re.compile(r"#\s*@commands\s+(\S+)")
+
+
+def experiment_commands(name: str) -> list[str] | None:
+    """The commands an experiment is written for: the ``# @commands a,b`` line of the header of
+    ``conf/experiment/<name>.yaml`` (a Hydra config header, as ``# @package`` is: it declares
+    without adding a key to the composed config). None: the file declares none, or there is no such file."""
+    path = Path(conf_dir()) / "experiment" / f"{name}.yaml"
+    if not path.is_file():
+        return None
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            return None
+        match = _COMMANDS_HEADER.match(line)
+        if match:
+            return [c for c in match.group(1).split(",") if c]
+    return None
+
+
+def check_experiment_command(name: str | None, config_name: str) -> None:
+    """Refuse an experiment under a command it is not written for (``specbench eval
+    +experiment=cascades_cpu`` would otherwise run a plain eval with the cascade keys ignored)."""
+    if not name:
+        return
+    commands = experiment_commands(name)
+    command = config_name.replace("_", "-")
+    if commands and command not in commands:
+        runs = " or ".join(f"`specbench {c} +experiment={name} ...`" for c in commands)
+        raise SpecbenchError(f"experiment '{name}' is written for {', '.join(commands)}, not {command} "
+                             f"(conf/experiment/{name}.yaml, its '# @commands' line)", f"run {runs}")
 
 
 def load_option(group: str, name: str) -> DictConfig:

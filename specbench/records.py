@@ -77,6 +77,11 @@ class ExampleRecord:
     deciders: list | None = None
     tie_tolerance: float | None = None
     prompt_sha: str | None = None  # fingerprint of the prompt ids: a fork after a differing prompt is inherited
+    # What a resume checks and what the summary pairs by (pipelines/session.py Records): the query's content
+    # fingerprint, the fingerprints of the pool's drafter checkpoints, and the id of the process that timed it.
+    query_sha: str | None = None
+    drafters: dict | None = None
+    process: str | None = None
 
 
 # the fields every examples.jsonl line must have (the others have defaults)
@@ -181,3 +186,35 @@ def atomic_write_text(path: Path, text: str, encoding: str = "utf-8") -> None:
     """Write ``text`` to ``path`` through :func:`atomic_path`."""
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding=encoding)
+
+
+# -- checkpoint fingerprints ---------------------------------------------------------------------------
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
+HASHED_BYTES = 1 << 30  # files up to 1 GiB are hashed by content; larger ones by size and mtime
+
+
+def files_fingerprint(path: str | Path | None) -> str | None:
+    """A short hash of a checkpoint directory's weights and configs (``*.safetensors``, ``*.bin``, ...,
+    ``config.json``, ``specbench.json``; train-drafter's ``state.pt`` left out): what a drafter loaded from
+    it computes with, so a retrained checkpoint behind an unchanged config is noticed. None for None (a hub
+    id or an embedded model: fixed by name)."""
+    if path is None:
+        return None
+    import hashlib
+
+    path = Path(path)
+    files = [path] if path.is_file() else sorted(
+        p for p in path.rglob("*") if p.is_file() and p.name != "state.pt"
+        and (p.suffix in WEIGHT_SUFFIXES or p.name in ("config.json", "specbench.json")))
+    h = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.relative_to(path) if f != path else f.name}\0{st.st_size}\0".encode())
+        if st.st_size > HASHED_BYTES:
+            h.update(str(st.st_mtime_ns).encode())
+            continue
+        with f.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()[:16]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationToMissingValueError, OmegaConfBaseException
 
+from specbench.decoding.sampling import MIN_TEMPERATURE
 from specbench.errors import SpecbenchError
 
 
@@ -127,7 +128,9 @@ SCHEMA: dict[str, Rule] = {
     "target.prompt.system": text(null=True),
     "target.prompt.chat_template": text(null=True),
     # decoding
-    "decoding.temperature": number(0, note=" (0: greedy)"),
+    "decoding.temperature": Rule(lambda v: number(0).ok(v) and (v == 0 or v >= MIN_TEMPERATURE),
+                                 f"a finite number >= 0: 0 (greedy) or at least {MIN_TEMPERATURE:g}",
+                                 note=f" (below {MIN_TEMPERATURE:g} the scaled logits overflow float32)"),
     "decoding.top_k": integer(0, note=" (0: off)"),
     "decoding.top_p": number(0, 1, low_open=True),
     "decoding.max_new_tokens": COUNT,
@@ -149,6 +152,8 @@ SCHEMA: dict[str, Rule] = {
     "dataset.source_lang": text(),
     "dataset.target_lang": text(),
     "dataset.sources.*.path": PATH,
+    # pool: every drafter of the pool
+    "pool.drafters.*.confidence_threshold": number(0, 1, note=" (a drafter probability: 0 drafts every token)"),
     # cascade and selector knobs
     "cascade.rule": text(),
     "cascade.alpha": number(),
@@ -194,6 +199,7 @@ SCHEMA: dict[str, Rule] = {
     "train.val_fraction": number(0, 1),
     "train.n_examples": integer(1, null=True),
     "train.standardize": boolean(),
+    "train.allow_incomplete": boolean(),
     "sweep.alpha": list_of(number(0, 1), null=True),
     "sweep.n_examples": list_of(integer(1), null=True),
     # train-drafter

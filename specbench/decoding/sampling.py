@@ -8,10 +8,19 @@ import torch
 
 from specbench.errors import SpecbenchError
 
+# The smallest positive temperature: logits are divided by it in float32, and below about 1e-38 a
+# logit of order 1 divided by it overflows to inf (softmax then gives nan). Temperatures between 0
+# and this are refused rather than silently treated as greedy: 0 is the way to ask for greedy.
+MIN_TEMPERATURE = 1e-6
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """``temperature == 0`` means greedy decoding; top-k/top-p apply to sampling only."""
+    """``temperature == 0`` means greedy decoding; top-k/top-p apply to sampling only.
+
+    A positive temperature must be at least :data:`MIN_TEMPERATURE` (1e-6): a smaller one overflows
+    float32 when the logits are divided by it, so it is refused (``SpecbenchError``).
+    """
 
     temperature: float = 0.0
     top_k: int = 0
@@ -21,6 +30,10 @@ class SamplingParams:
         if self.temperature < 0:
             raise SpecbenchError(f"temperature must be >= 0, got {self.temperature}",
                                  "set decoding.temperature to 0 (greedy) or a positive value")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise SpecbenchError(f"temperature {self.temperature:g} is below the smallest positive temperature, "
+                                 f"{MIN_TEMPERATURE:g} (logits divided by it overflow float32)",
+                                 f"set decoding.temperature=0 for greedy decoding, or a value >= {MIN_TEMPERATURE:g}")
         if self.top_k < 0:
             raise SpecbenchError(f"top_k must be >= 0 (0 = off), got {self.top_k}", "set decoding.top_k")
         if not 0.0 < self.top_p <= 1.0:
@@ -35,7 +48,9 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     """The distribution a token is drawn from: temperature, then top-k, then top-p (nucleus).
 
     Under greedy decoding nothing is sampled; the plain softmax (temperature 1) is returned so that
-    alignment rewards such as Block Divergence stay defined.
+    alignment rewards such as Block Divergence stay defined. ``params`` holds a temperature of 0 or
+    at least :data:`MIN_TEMPERATURE` (``SamplingParams`` refuses the rest), so dividing in float32
+    stays finite.
     """
     logits = logits.float()
     if params.greedy:

@@ -6,14 +6,29 @@ import torch
 
 from specbench.decoding.drafter import AUTOREGRESSIVE, AutoregressiveArm, Draft, Drafter, Query, draft_ends
 from specbench.decoding.sampling import logits_to_probs, pick
+from specbench.errors import SpecbenchError
 from specbench.models.cache import CachedLM
+
+
+def check_confidence_threshold(value, name: str) -> float:
+    """A drafter's ``confidence_threshold`` as a float in [0, 1] (a probability; above 1 every draft
+    would stop after its first token), else a ``SpecbenchError`` naming the drafter."""
+    try:
+        threshold = float(value)
+    except (TypeError, ValueError):
+        threshold = float("nan")
+    if not 0.0 <= threshold <= 1.0:  # nan fails too
+        raise SpecbenchError(f"drafter '{name}': confidence_threshold={value} is not a probability in [0, 1]",
+                             f"set pool.drafters.{name}.confidence_threshold=<a number in [0, 1]> "
+                             "(0 drafts every token of the draft length)")
+    return threshold
 
 
 class ModelDrafter(Drafter):
     """Drafts token by token from any causal or seq2seq HF module with its own KV cache.
 
     ``confidence_threshold``: stop the draft after a token whose drafter probability is below it
-    (0 = always draft ``k``). Verification is unchanged, so decoding stays lossless.
+    (0 = always draft ``k``; a probability in [0, 1], else a ``SpecbenchError``). Verification is unchanged, so decoding stays lossless.
     ``shares_encoder``: the module's encoder is the target's own (an early exit of an
     encoder-decoder target), so a query reuses the target's encoder output instead of encoding again.
     """
@@ -24,7 +39,7 @@ class ModelDrafter(Drafter):
                  confidence_threshold: float = 0.0):
         self.name = name
         self.cost = cost
-        self.confidence_threshold = float(confidence_threshold)
+        self.confidence_threshold = check_confidence_threshold(confidence_threshold, name)
         self.lm = CachedLM(model, vocab_size=vocab_size)
         self._next_logits: torch.Tensor | None = None
 
@@ -66,4 +81,5 @@ def param_count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-__all__ = ["AUTOREGRESSIVE", "AutoregressiveArm", "Draft", "Drafter", "ModelDrafter", "param_count"]
+__all__ = ["AUTOREGRESSIVE", "AutoregressiveArm", "Draft", "Drafter", "ModelDrafter", "check_confidence_threshold",
+           "param_count"]

@@ -35,11 +35,13 @@ from torch import nn
 from transformers import DynamicCache
 
 from specbench.decoding.drafter import Draft, Drafter, Query, draft_ends
+from specbench.drafters.base import check_confidence_threshold
 from specbench.decoding.sampling import logits_to_probs, pick
 from specbench.errors import SpecbenchError
 from specbench.models.cache import cache_argument, common_prefix, crop_cache
 from specbench.models.loading import resolve_cached, resolve_dtype
 from specbench.models.target import Target
+from specbench.records import files_fingerprint
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -98,17 +100,38 @@ class EagleHead(nn.Module):
         return out.last_hidden_state
 
 
+DAMAGED_FIX = ("replace the checkpoint with an intact copy: train it again (`specbench train-drafter`, into a "
+               "new directory or after deleting this one) or download the head again")
+
+
 def load_state(path: Path) -> dict[str, torch.Tensor]:
-    """The head's tensors from a checkpoint directory (safetensors, or the original ``pytorch_model.bin``)."""
+    """The head's tensors from a checkpoint directory (safetensors, or the original ``pytorch_model.bin``);
+    a file that cannot be read (truncated, damaged, not a checkpoint) is an error naming it."""
     if (path / WEIGHTS_FILE).exists():
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        return load_file(str(path / WEIGHTS_FILE))
+        try:
+            return load_file(str(path / WEIGHTS_FILE))
+        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+            raise _damaged(path / WEIGHTS_FILE, exc) from exc
     if (path / "pytorch_model.bin").exists():
-        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        import pickle
+        import zipfile
+
+        try:
+            return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, OSError, ValueError, RuntimeError) as exc:
+            raise _damaged(path / "pytorch_model.bin", exc) from exc
     raise SpecbenchError(f"{path} holds no head weights ({WEIGHTS_FILE} or pytorch_model.bin)",
                          "point the drafter's checkpoint at a directory written by `specbench train-drafter` "
                          "or an EAGLE-1 head")
+
+
+def _damaged(file: Path, exc: Exception) -> SpecbenchError:
+    reason = str(exc).splitlines()[0] if str(exc) else ""
+    reason = reason.split(". ")[0]  # torch's messages run on with advice that does not apply here
+    return SpecbenchError(f"draft head file {file} cannot be read ({type(exc).__name__}: {reason[:200]})", DAMAGED_FIX)
 
 
 def resolve_checkpoint(checkpoint: str, make_target: str | None = None) -> Path:
@@ -134,7 +157,14 @@ def load_head(checkpoint: str, target: Target, make_target: str | None = None, d
     """``(EagleHead, d2t | None, meta)`` from a checkpoint directory or hub id, checked against ``target``;
     the head in ``dtype`` (None: the target's)."""
     path = resolve_checkpoint(checkpoint, make_target)
-    meta = json.loads((path / CONFIG_FILE).read_text()) if (path / CONFIG_FILE).exists() else {}
+    meta = {}
+    if (path / CONFIG_FILE).exists():
+        try:
+            meta = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise _damaged(path / CONFIG_FILE, exc) from exc
+        if not isinstance(meta, dict):
+            raise _damaged(path / CONFIG_FILE, ValueError(f"a JSON {type(meta).__name__}, not an object"))
     mine = meta.get("specbench") or {}
     if mine.get("vocab") and mine["vocab"] != vocab_fingerprint(target.tokenizer):
         raise SpecbenchError(
@@ -219,7 +249,7 @@ class EagleDrafter(Drafter):
                  confidence_threshold: float = 0.0):
         self.name = name
         self.cost = float(cost)
-        self.confidence_threshold = float(confidence_threshold)
+        self.confidence_threshold = check_confidence_threshold(confidence_threshold, name)
         self.head = head
         self.embed = target.model.get_input_embeddings()
         self.logits = HeadLogits(target, d2t)
@@ -303,4 +333,5 @@ def build(target: Target, name: str, checkpoint: str | None = None, cost: float 
         d2t = None
     drafter = EagleDrafter(name, head, target, d2t, cost=0.0, confidence_threshold=confidence_threshold)
     drafter.cost = head_cost(head, drafter.logits, target) if cost is None else float(cost)
+    drafter.fingerprint = files_fingerprint(resolve_cached(checkpoint, make_target))  # resumes check it (session.Records)
     return drafter

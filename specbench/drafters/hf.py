@@ -10,6 +10,7 @@ from specbench.drafters.eagle import vocab_fingerprint
 from specbench.errors import SpecbenchError
 from specbench.models.loading import LoadedModel, load_model, resolve_cached
 from specbench.models.target import Target
+from specbench.records import files_fingerprint
 
 MODEL_META = "specbench.json"  # written beside a fine-tuned drafter by `specbench train-drafter`
 
@@ -74,4 +75,6 @@ def build(target: Target, name: str, model: str, dtype: str | None = None, devic
     check_compatible(target, loaded, name)
     if cost is None:
         cost = param_count(loaded.model) / param_count(target.model)
-    return ModelDrafter(name, loaded.model, target.vocab_size, cost, confidence_threshold)
+    drafter = ModelDrafter(name, loaded.model, target.vocab_size, cost, confidence_threshold)
+    drafter.fingerprint = files_fingerprint(local)  # a local / cache: checkpoint; resumes check it (session.Records)
+    return drafter

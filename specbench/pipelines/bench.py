@@ -130,7 +130,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     if float(dec.temperature) != 0:
         raise SpecbenchError(f"bench compares greedy outputs token for token; got decoding.temperature={dec.temperature}",
                              "use decoding=greedy (the default)")
-    s = Session.open(cfg, output_dir, RunFiles(results=("bench.jsonl",)))
+    s = Session.open(cfg, output_dir, RunFiles(results=("bench.jsonl",)), "bench")
     out, target, clock, eos_ids = s.out, s.target, s.clock, s.eos_ids
     k, max_new, warm_n = int(dec.draft_length), int(dec.max_new_tokens), int(cfg.warmup.max_new_tokens)
     names = [AUTOREGRESSIVE, *(m.name.split(":", 1)[1] for m in parse_methods(

@@ -36,11 +36,12 @@ ALONE = "drafter_alone"
 # quality column per task and the loss the closing note tolerates against lossless SD
 QUALITY = {"translation": ("bleu", 1.0), "summarization": ("rouge2", 1.0), "math": ("accuracy", 0.01)}
 COLUMNS = ["task", "method", "rule", "alpha", "n_examples", "metric", "quality", "speedup", "speedup_mean",
-           "rejection_rate", "mat", "acceptance_rate", "deferral_rate", "agreement_exact", "agreement_tokens",
+           "paired", "rejection_rate", "mat", "acceptance_rate", "deferral_rate", "agreement_exact", "agreement_tokens",
            "new_tokens", "seconds"]
 NOTES = ("One row per (task, method). quality: corpus BLEU (translation), mean ROUGE-2 F x 100 (summarization), "
          "GSM8K accuracy (math). speedup = total autoregressive seconds / total method seconds on the same "
-         "examples (speedup_mean: mean of per-example ratios). rejection_rate = draft tokens the verifier rejected "
+         "examples, each paired with the autoregressive run timed in the same process (speedup_mean: mean of "
+         "per-example ratios; paired: how many examples that pairs). rejection_rate = draft tokens the verifier rejected "
          "/ draft tokens it judged (accepted + rejected; tokens after a rejection are not judged): the paper's "
          "cost proxy. mat = new tokens per target forward (bonus token included). acceptance_rate = accepted / "
          "drafted. deferral_rate = deferred / drafted positions (sd: 1 by definition). agreement_exact = share of "
@@ -79,7 +80,7 @@ def agreement(output: list[int], reference: list[int]) -> dict:
 
 
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
-    s = Session.open(cfg, output_dir, RECORDS)
+    s = Session.open(cfg, output_dir, RECORDS, "cascades")
     queries = s.queries
     tasks = cfg.get("tasks")
     if tasks:
@@ -106,7 +107,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         return s.decode(s.fixed(arm, spec_pool), prompt, rng, limits=lim, query=query, pool=spec_pool,
                         cascade=v.cascade)
 
-    records = Records(s.out, s.tie_tolerance)
+    records = s.records(queries)
     todo = {(q.id, v.name) for q in queries for v in runs} - records.done
     if todo:
         s.warm_up(lambda prompt, lim, rng, v=v: generate(v, prompt, lim, rng) for v in runs)
@@ -141,8 +142,9 @@ def write_curves(records: Records, out: Path, model: str, name: str, stopped: bo
     best = best_at_loss(table)
     title = f"specbench cascades: {model}, drafter {name}" + (" (stopped early: the finished generations only)"
                                                              if stopped else "")
-    report.write_tables(table, out, stem="curves", title=title, notes=NOTES + "\n\n" + closing_note(best))
-    best.to_csv(out / "best.csv", index=False)
+    report.write_tables(table, out, stem="curves", title=title,
+                        notes=NOTES + "\n\n" + closing_note(best, table) + report.pairing_note(table))
+    report.write_csv(best, out / "best.csv")
     try:
         for task in table.task.unique():
             if task not in QUALITY:
@@ -152,7 +154,7 @@ def write_curves(records: Records, out: Path, model: str, name: str, stopped: bo
         log.warning("matplotlib is not installed: curves_<task>.png skipped (pip install matplotlib)")
     shown = ["task", "method", "quality", "speedup", "rejection_rate", "mat", "agreement_exact"]
     report.print_table(report.to_markdown(table[shown]), title=f"curves ({out}; every column in curves.csv)")
-    report.print_table(closing_note(best), title="best rule per task")
+    report.print_table(closing_note(best, table), title="best rule per task")
 
 
 # ------------------------------------------------------------------ tables and figures (pure functions)
@@ -182,7 +184,7 @@ def curves(examples: Iterable[dict], rounds: Iterable[dict]) -> pd.DataFrame:
     df["rejected"] = [rej.get((q, m), 0) for q, m in zip(df.query_id, df.method)]
     if "deferred" not in df:
         df["deferred"] = 0
-    base = df[df.method == AUTOREGRESSIVE].set_index("query_id")
+    base = df[df.method == AUTOREGRESSIVE].drop_duplicates("query_id", keep="last").set_index("query_id")
     rows = []
     for task, sub in df.groupby("task"):
         key = QUALITY.get(task, (None, 0.0))[0]
@@ -190,12 +192,13 @@ def curves(examples: Iterable[dict], rounds: Iterable[dict]) -> pd.DataFrame:
             rule, alpha = parse_method(method)
             paired = m[m.query_id.isin(base.index)]
             b = base.loc[paired.query_id]
-            total, mean = speed.speedup(list(b.seconds), list(paired.seconds))
+            timed, tb = report.timed_pairs(m, base)
+            total, mean = speed.speedup(list(tb.seconds), list(timed.seconds))
             agree = [agreement(o, r) for o, r in zip(paired.output_ids, b.output_ids)]
             rows.append({
                 "task": task, "method": method, "rule": rule, "alpha": alpha, "n_examples": len(m),
                 "metric": key or "", "quality": report.quality(m, key) if key else float("nan"),
-                "speedup": total, "speedup_mean": mean,
+                "speedup": total, "speedup_mean": mean, "paired": len(timed),
                 "rejection_rate": speed.rejection_rate(int(m.rejected.sum()), int(m.accepted.sum())),
                 "mat": speed.mat(int(m.new_tokens.sum()), int(m.target_calls.sum())) if method != ALONE
                 else float("nan"),
@@ -217,14 +220,17 @@ def best_at_loss(table: pd.DataFrame) -> pd.DataFrame:
     (1 BLEU / ROUGE-2 point, 0.01 accuracy); then the best rule per task first.
 
     Columns: task, rule, alpha, quality, sd_quality, speedup, sd_speedup, gain (speedup / sd_speedup).
+    A task without speedups (a run stopped before that task's autoregressive generations: NaN) is
+    skipped (:func:`unjudged_tasks`; the closing note names it), as is a rule with no speedup yet.
     """
     rows = []
+    skipped = set(unjudged_tasks(table))
     for task, sub in table.groupby("task"):
-        if task not in QUALITY or (sub.method == SD).sum() == 0:
+        if task not in QUALITY or (sub.method == SD).sum() == 0 or task in skipped:
             continue
         tol = QUALITY[task][1]
         sd = sub[sub.method == SD].iloc[0]
-        cands = sub[sub.method.str.contains("@") & (sub.quality >= sd.quality - tol - 1e-9)]
+        cands = sub[sub.method.str.contains("@") & (sub.quality >= sd.quality - tol - 1e-9) & sub.speedup.notna()]
         for rule, r in cands.groupby("rule"):
             top = r.loc[r.speedup.idxmax()]
             rows.append({"task": task, "rule": rule, "alpha": top.alpha, "quality": top.quality,
@@ -235,10 +241,24 @@ def best_at_loss(table: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(["task", "speedup"], ascending=[True, False]).reset_index(drop=True)
 
 
-def closing_note(best: pd.DataFrame) -> str:
-    """One line per task: the best rule's speedup at a quality loss within tolerance of lossless SD."""
+def unjudged_tasks(table: pd.DataFrame) -> list[str]:
+    """Tasks with a quality metric whose lossless SD row has no speedup (no autoregressive generation of
+    that task finished yet: a run stopped early), so no rule can be judged on them."""
+    if table.empty:
+        return []
+    sd = table[(table.method == SD) & table.task.isin(list(QUALITY))]
+    no_base = set(table.task) - set(table[table.method == AUTOREGRESSIVE].task)
+    return sorted({t for t in sd[sd.speedup.isna()].task} | (no_base & set(QUALITY) & set(table.task)))
+
+
+def closing_note(best: pd.DataFrame, table: pd.DataFrame | None = None) -> str:
+    """One line per task: the best rule's speedup at a quality loss within tolerance of lossless SD; with
+    ``table``, a line naming the tasks that could not be judged (no autoregressive baseline yet)."""
+    skipped = unjudged_tasks(table) if table is not None else []
+    tail = (f"\n- not judged (no autoregressive generation of the task finished, so no speedup): "
+            f"{', '.join(skipped)}." if skipped else "")
     if best.empty:
-        return "No rule stayed within the quality tolerance of lossless SD (or no task has a quality metric)."
+        return "No rule stayed within the quality tolerance of lossless SD (or no task has a quality metric)." + tail
     lines = []
     for task, sub in best.groupby("task", sort=False):
         b = sub.iloc[0]
@@ -247,7 +267,7 @@ def closing_note(best: pd.DataFrame) -> str:
         lines.append(f"- {task}: best rule {b.rule} (alpha {b.alpha:g}): speedup {b.speedup:.3f}x over "
                      f"autoregressive vs {b.sd_speedup:.3f}x for lossless SD ({b.gain:.3f}x SD's), {metric} "
                      f"{b.quality:.2f} vs SD {b.sd_quality:.2f} (tolerance: {loss}).")
-    return "\n".join(lines)
+    return "\n".join(lines) + tail
 
 
 def plot(table: pd.DataFrame, path: Path, title: str = "") -> None:

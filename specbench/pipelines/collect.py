@@ -23,6 +23,7 @@ and the arm set without collecting again. A rerun into the same directory skips 
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Iterable
@@ -35,14 +36,15 @@ from specbench.decoding.drafter import AUTOREGRESSIVE
 from specbench.decoding.loop import Generation, Limits
 from specbench.errors import SpecbenchError
 from specbench.pipelines import speed
-from specbench.pipelines.session import RunFiles, Session, differences, rotation, settings
-from specbench.records import JsonlWriter, read_jsonl
+from specbench.pipelines.session import RunFiles, Session, differences, rotation, save_config, settings
+from specbench.records import JsonlWriter, atomic_write_text, read_jsonl
 from specbench.tasks import metrics
 
 log = logging.getLogger(__name__)
 
 ALIGNMENTS = ("rougeL", "rouge1", "rouge2", "bleu")
 SIGNATURE_FILE = "collect_config.yaml"
+PLAN_FILE = "collect_plan.yaml"  # how many queries the whole collection has (all shards): train-policy checks it
 SHARD_FILE = re.compile(r"rows-(\d+)-of-(\d+)\.jsonl")
 
 
@@ -113,6 +115,53 @@ def missing_shards(paths: Iterable[str | Path]) -> list[str]:
     return [rows_file(i, n) for n, shards in sorted(have.items()) for i in range(n) if i not in shards]
 
 
+def write_plan(out: Path, queries: int) -> None:
+    """``collect_plan.yaml``: the number of queries of the whole collection (every shard together)."""
+    atomic_write_text(Path(out) / PLAN_FILE, f"queries: {int(queries)}\n")
+
+
+def read_plan(path: str | Path) -> int | None:
+    """The number of queries a collect directory's collection has (its ``collect_plan.yaml``); None when
+    unrecorded (a collection made before the plan was kept)."""
+    f = Path(path) / PLAN_FILE
+    if not f.is_file():
+        return None
+    try:
+        n = OmegaConf.load(f).get("queries")
+    except Exception:  # noqa: BLE001 - a damaged plan: nothing to check against
+        log.warning("%s is unreadable: the collection's size is not checked", f)
+        return None
+    return int(n) if isinstance(n, int) else None
+
+
+def shard_of(name: str) -> tuple[int, int] | None:
+    """``(shard, num_shards)`` of a rows file name (``rows.jsonl``: the one shard of one), None for others."""
+    if name == "rows.jsonl":
+        return 0, 1
+    m = SHARD_FILE.fullmatch(name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def incomplete(paths: Iterable[str | Path]) -> list[str]:
+    """What the collection in ``paths`` lacks: missing shard files, and rows files with fewer rows than
+    their shard takes of the collection (``collect_plan.yaml``: a collect that stopped early)."""
+    paths = [Path(p) for p in paths]
+    problems = [f"shard file(s) {', '.join(missing)} missing" for missing in [missing_shards(paths)] if missing]
+    for path in paths:
+        total = read_plan(path) if path.is_dir() else read_plan(path.parent)
+        files = sorted(path.glob("rows*.jsonl")) if path.is_dir() else [path]
+        for f in files:
+            shard = shard_of(f.name)
+            if total is None or shard is None or not f.exists():
+                continue
+            i, n = shard
+            want = len(range(i, total, n))
+            have = len({r.get("query_id") for r in read_jsonl(f)})
+            if have < want:
+                problems.append(f"{f} has {have} of its {want} rows")
+    return problems
+
+
 def spec_summary(gen: Generation, ar: Generation) -> dict:
     return {"seconds": gen.seconds, "target_calls": gen.target_calls, "new_tokens": len(gen.tokens),
             "mat": speed.mat(len(gen.tokens), max(gen.target_calls, 1)),
@@ -128,7 +177,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     if col.alignment not in ALIGNMENTS:
         raise SpecbenchError(f"unknown alignment metric '{col.alignment}'",
                              f"set collect.alignment to one of: {', '.join(ALIGNMENTS)}")
-    s = Session.open(cfg, output_dir, RUN_FILES)
+    s = Session.open(cfg, output_dir, RUN_FILES, "collect")
+    write_plan(s.out, len(s.queries))
     limits = Limits(max_new_tokens=col.max_new_tokens or s.limits.max_new_tokens, draft_length=s.limits.draft_length)
     if limits.max_new_tokens > s.limits.max_new_tokens:
         s.check_prompts(limits)
@@ -242,11 +292,13 @@ def merge(sources: list[str], out: str | Path, overwrite: bool = False) -> Path:
                     "collect.shard=<i> collect.num_shards=<n> and merge again)", ", ".join(missing))
     rows = read_rows(sources)
     out.mkdir(parents=True, exist_ok=True)
-    for f in existing:
+    for f in existing + ([out / PLAN_FILE] if (out / PLAN_FILE).exists() else []):
         f.unlink()
     target_file = out / "rows.jsonl"
-    OmegaConf.save(OmegaConf.create(sigs[0]), out / SIGNATURE_FILE)
-    with JsonlWriter(target_file) as writer:
-        writer.write_many(rows)
+    save_config(OmegaConf.create(sigs[0]), out / SIGNATURE_FILE)
+    plans = {read_plan(src) for src in sources}
+    if len(plans) == 1 and None not in plans:  # the merged collection's size: train-policy checks it
+        write_plan(out, plans.pop())
+    atomic_write_text(target_file, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     log.info("merged %d rows from %d directories into %s", len(rows), len(sources), target_file)
     return target_file

@@ -35,7 +35,7 @@ def write_convergence(examples: list[dict], out: Path) -> None:
     if not adaptive:
         return
     conv = report.convergence(read_jsonl(out / "rounds.jsonl"), report.oracle_arms(pd.DataFrame(examples)))
-    conv.to_csv(out / "convergence.csv", index=False)
+    report.write_csv(conv, out / "convergence.csv")
     try:
         report.plot_convergence(conv, out / "convergence.png")
     except ImportError:
@@ -49,7 +49,7 @@ def write_forks(examples: list[dict], out: Path) -> None:
     if table.empty:
         (out / "forks.csv").unlink(missing_ok=True)
         return
-    table.to_csv(out / "forks.csv", index=False)
+    report.write_csv(table, out / "forks.csv")
     bad = table[table.verdict == certify.DEFECT]
     if len(bad):
         log.warning("%d output(s) fork from autoregressive decoding where rounding does not explain it (defect): %s; "
@@ -58,7 +58,7 @@ def write_forks(examples: list[dict], out: Path) -> None:
 
 
 def check_resumable(selectors: dict[str, Selector], methods: list[Method], todo: list[tuple[int, int]],
-                    done_methods: set[str]) -> None:
+                    done_methods: set[str], out: Path | None = None) -> None:
     """A selector that carries statistics across queries (``carry_over``) cannot pick up half way: its
     state after the finished queries is not in the records. Refuse instead of silently differing."""
     for mi, m in enumerate(methods):
@@ -66,15 +66,15 @@ def check_resumable(selectors: dict[str, Selector], methods: list[Method], todo:
             raise SpecbenchError(
                 f"cannot resume method '{m.name}': its selector carries statistics across queries (carry_over), "
                 "and its state after the finished queries is not restored from the records",
-                "rerun into a new directory (hydra.run.dir=...), or delete this directory's examples.jsonl and "
-                "rounds.jsonl to start it again")
+                f"rerun into a new directory (hydra.run.dir=...), or delete {out or 'this directory'}/examples.jsonl "
+                f"and {out or 'this directory'}/rounds.jsonl to start it again")
 
 
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
-    s = Session.open(cfg, output_dir, RECORDS)
+    s = Session.open(cfg, output_dir, RECORDS, "eval")
     methods = parse_methods(cfg.methods, s.pool, cfg.get("selector"), cfg)
     max_turns = int(cfg.dataset.get("max_turns") or 1)
-    records = Records(s.out, s.tie_tolerance)
+    records = s.records()
     todo = [(qi, mi) for qi, q in enumerate(s.queries) for mi in range(len(methods))
             if any((example_id(q, t), methods[mi].name) not in records.done for t in range(turns_of(q, max_turns)))]
     # One selector per method for the whole run: ``reset`` starts each query, and selectors that
@@ -83,7 +83,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     for name, selector in selectors.items():  # a trained policy must not be evaluated on its training queries
         if isinstance(selector, PolicySelector):
             check_not_trained_on(selector.policy, s.queries, where=f"the policy of method '{name}'")
-    check_resumable(selectors, methods, todo, {m for _, m in records.done})
+    check_resumable(selectors, methods, todo, {m for _, m in records.done}, s.out)
     if todo:
         s.warm_up(lambda prompt, lim, rng, m=m: s.decode(m.make_selector(), prompt, rng, limits=lim,
                                                           query=s.queries[0], cascade=s.cascade)
@@ -136,7 +136,8 @@ def write_summary(s: Session, cfg: DictConfig, records: Records, partial: bool =
     table = report.summarize(examples)
     lossy = f" (cascade rule {s.cascade.label}: lossy)" if s.cascade is not None and not s.cascade.lossless else ""
     stopped = " (stopped early: the finished generations only)" if partial else ""
-    report.write_tables(table, s.out, title=f"specbench eval: {cfg.target.model} in {cfg.target.dtype}{lossy}{stopped}")
+    report.write_tables(table, s.out, title=f"specbench eval: {cfg.target.model} in {cfg.target.dtype}{lossy}{stopped}",
+                        notes=report.EVAL_NOTES + report.pairing_note(table))
     if not table.empty:
         report.write_matrices(table, s.out)
     write_forks(examples, s.out)

@@ -49,7 +49,7 @@ from specbench.errors import SpecbenchError
 from specbench.models import Target, load_model
 from specbench.pipelines import report
 from specbench.pipelines.session import CONTEXT_KEYS, Context, Prompter, RunFiles, rotation, start_run
-from specbench.records import read_jsonl
+from specbench.records import atomic_write_text, read_jsonl
 from specbench.tasks import load_dataset_config, load_shots, truncate_fields
 from specbench.timing import Clock
 
@@ -301,13 +301,13 @@ def profile_markdown(prof: Mapping) -> tuple[str, str]:
 
 
 def write_profile(out: Path, prof: dict) -> None:
-    (out / profiling.PROFILE_FILE).write_text(json.dumps(prof, indent=2) + "\n", encoding="utf-8")
-    profile_rows(prof).to_csv(out / "profile.csv", index=False)
+    atomic_write_text(out / profiling.PROFILE_FILE, json.dumps(prof, indent=2) + "\n")
+    report.write_csv(profile_rows(prof), out / "profile.csv")
     verify_md, drafter_md = profile_markdown(prof)
     head = (f"# Cost profile: {prof['target']} ({prof['dtype']}, {prof['device']} {prof['device_name']}, "
             f"{prof['threads']} threads, torch {prof['torch']})")
     drafters_title = f"Drafters (context {prof['draft_context']}, {prof['draft_tokens']} tokens per draft)"
-    (out / "profile.md").write_text(f"{head}\n\n## Verification cost relative to the one-token step\n\n{verify_md}\n\n"
+    atomic_write_text(out / "profile.md", f"{head}\n\n## Verification cost relative to the one-token step\n\n{verify_md}\n\n"
                                     f"## {drafters_title}\n\n{drafter_md}\n\n{NOTES}\n", encoding="utf-8")
     report.print_table(verify_md, title=f"Verification cost relative to the one-token step ({prof['dtype']}, "
                                         f"{prof['device']}, {prof['threads']} threads)")
@@ -386,9 +386,9 @@ def write_best_k(out: Path, prof: Mapping, rounds: list[dict], run_dir: Path) ->
     summary, curve = best_k_tables(prof, rounds)
     if not any(k + 1 in prof["q"] for k in profiling.DRAFT_LENGTHS):
         log.warning("profile.q has no q = k + 1 for a draft length k in 1..16: no best draft length")
-    curve.to_csv(out / "best_k.csv", index=False)
+    report.write_csv(curve, out / "best_k.csv")
     md = report.to_markdown(summary)
-    (out / "best_k.md").write_text(f"# Best draft length per drafter (eval run {run_dir})\n\n{md}\n\n"
+    atomic_write_text(out / "best_k.md", f"# Best draft length per drafter (eval run {run_dir})\n\n{md}\n\n"
                                    f"## Predicted speedup per draft length\n\n{report.to_markdown(curve)}\n\n"
                                    f"{BEST_NOTES}\n", encoding="utf-8")
     report.print_table(md, title=f"Best draft length per drafter (rounds of {run_dir})")

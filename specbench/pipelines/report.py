@@ -11,6 +11,7 @@ import pandas as pd
 from specbench.decoding import certify
 from specbench.decoding.drafter import AUTOREGRESSIVE
 from specbench.pipelines import speed
+from specbench.records import atomic_path, atomic_write_text
 from specbench.tasks import metrics
 
 log = logging.getLogger(__name__)
@@ -19,7 +20,7 @@ BASELINE = AUTOREGRESSIVE
 ORACLE = "oracle"
 ALL_TASKS = "all"
 COLUMNS = ["task", "method", "n_examples", "new_tokens", "seconds", "tokens_per_s", "tokens_per_s_mean",
-           "speedup", "speedup_mean", "mat", "acceptance_rate", "exact_match", "ties", "defects", "switches",
+           "speedup", "speedup_mean", "paired", "mat", "acceptance_rate", "exact_match", "ties", "defects", "switches",
            "selector_share"]
 INHERITED = "inherited"  # a fork after an earlier turn's fork: the prompts differ, the earlier fork carries the verdict
 
@@ -77,8 +78,10 @@ def summarize(examples: Iterable[dict], baseline: str = BASELINE) -> pd.DataFram
     """One row per (task, method) plus one per method over all tasks (task = ``all``).
 
     - tokens_per_s: total new tokens / total seconds; tokens_per_s_mean: mean of per-example rates.
-    - speedup: total baseline seconds / total method seconds over the examples both ran;
-      speedup_mean: mean of the per-example ratios.
+    - speedup: total baseline seconds / total method seconds over the examples both ran, each paired
+      only with the baseline generation timed in the same process (``process``: a resumed run's two
+      processes are never compared); speedup_mean: mean of the per-example ratios; paired: how many
+      examples the speedups pair (fewer than n_examples after a resume: :func:`pairing_note`).
     - mat: new tokens per target forward (bonus token included; autoregressive = 1.00).
     - acceptance_rate: accepted draft tokens / drafted tokens (NaN when nothing was drafted).
     - exact_match: share of examples whose output ids equal the baseline's for the same query.
@@ -91,7 +94,7 @@ def summarize(examples: Iterable[dict], baseline: str = BASELINE) -> pd.DataFram
     if df.empty:
         return pd.DataFrame(columns=COLUMNS)
     df = with_oracle(df)
-    base = df[df.method == baseline].set_index("query_id")
+    base = df[df.method == baseline].drop_duplicates("query_id", keep="last").set_index("query_id")
     quality_cols = sorted({k for q in df.get("quality", pd.Series(dtype=object)).dropna() for k in q})
     rows = []
     for task_key, sub in [*df.groupby("task"), (ALL_TASKS, df)]:
@@ -160,11 +163,31 @@ def quality(m: pd.DataFrame, key: str) -> float:
     return sum(vals) / len(vals) if vals else float("nan")
 
 
+def process_of(df: pd.DataFrame) -> pd.Series:
+    """Each record's timing process (``process``; records written before it was kept share one)."""
+    return df["process"].fillna("").astype(str) if "process" in df else pd.Series("", index=df.index)
+
+
+def timed_pairs(m: pd.DataFrame, base: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the examples of ``m``, their baseline examples) for the examples whose baseline (``base``, indexed by
+    query id) was timed in the same process: speedups never pair timings of two processes."""
+    if m.empty or base.empty:
+        return m.iloc[:0], base.iloc[:0]
+    have = base.assign(_p=process_of(base)).reset_index().drop_duplicates(["query_id", "_p"], keep="last")
+    keys = set(zip(have.query_id, have._p))
+    mine = m[[k in keys for k in zip(m.query_id, process_of(m))]]
+    if mine.empty:
+        return mine, base.iloc[:0]
+    b = have.set_index(["query_id", "_p"]).loc[list(zip(mine.query_id, process_of(mine)))]
+    return mine, b
+
+
 def _row(m: pd.DataFrame, base: pd.DataFrame) -> dict:
     tokens, seconds = int(m.new_tokens.sum()), float(m.seconds.sum())
+    timed, tb = timed_pairs(m, base)
+    total, mean = speed.speedup(list(tb.seconds), list(timed.seconds), list(tb.new_tokens), list(timed.new_tokens))
     paired = m[m.query_id.isin(base.index)]
     b = base.loc[paired.query_id]
-    total, mean = speed.speedup(list(b.seconds), list(paired.seconds), list(b.new_tokens), list(paired.new_tokens))
     exact = (float(sum(list(o) == list(r) for o, r in zip(paired.output_ids, b.output_ids)) / len(paired))
              if len(paired) else float("nan"))
     ties, defects = _verdicts(paired, b)
@@ -172,7 +195,7 @@ def _row(m: pd.DataFrame, base: pd.DataFrame) -> dict:
         "n_examples": len(m), "new_tokens": tokens, "seconds": seconds,
         "tokens_per_s": speed.ratio(tokens, seconds),
         "tokens_per_s_mean": float((m.new_tokens / m.seconds).mean()),
-        "speedup": total, "speedup_mean": mean,
+        "speedup": total, "speedup_mean": mean, "paired": len(timed),
         "mat": speed.mat(tokens, int(m.target_calls.sum())),
         "acceptance_rate": speed.acceptance_rate(int(m.accepted.sum()), int(m.drafted.sum())),
         "exact_match": exact, "ties": ties, "defects": defects, "switches": int(m.switches.sum()),
@@ -204,7 +227,7 @@ def write_matrices(table: pd.DataFrame, out_dir: Path, values=("speedup", "mat",
     """``by_task.md``: one task x method matrix per column in ``values`` (every drafter on every task)."""
     parts = [f"## {v}\n\n{to_markdown(pivot(table, v))}" for v in values if v in table.columns]
     md = "\n\n".join(parts)
-    (Path(out_dir) / "by_task.md").write_text(md + "\n\n" + EVAL_NOTES + "\n", encoding="utf-8")
+    atomic_write_text(Path(out_dir) / "by_task.md", md + "\n\n" + EVAL_NOTES + "\n")
     return md
 
 
@@ -214,7 +237,9 @@ def to_markdown(df: pd.DataFrame, floatfmt: str = ".3f") -> str:
 
 EVAL_NOTES = ("speedup = autoregressive seconds per new token / method seconds per new token, totals over the "
               "same examples (equal to the ratio of total seconds when outputs have equal lengths; speedup_mean: "
-              "the mean of the per-example ratios); mat = new tokens per target forward (bonus token included); "
+              "the mean of the per-example ratios; paired = how many examples the speedups pair: each with the "
+              "baseline timed in the same process, so fewer than n_examples only after a resume); mat = new "
+              "tokens per target forward (bonus token included); "
               "acceptance_rate = accepted / drafted tokens; exact_match = share of outputs identical to "
               "autoregressive; ties / defects = outputs that fork from autoregressive where rounding explains it "
               "(the two runs' logit margins sum to at most twice the dtype's tie tolerance) / where it does not "
@@ -225,10 +250,30 @@ def write_tables(df: pd.DataFrame, out_dir: Path, stem: str = "summary", title: 
                  notes: str = EVAL_NOTES) -> str:
     """Write ``<stem>.csv`` and ``<stem>.md`` (table + notes defining the columns); return the table."""
     out_dir = Path(out_dir)
-    df.to_csv(out_dir / f"{stem}.csv", index=False)
+    write_csv(df, out_dir / f"{stem}.csv")
     md = to_markdown(df)
-    (out_dir / f"{stem}.md").write_text((f"# {title}\n\n" if title else "") + md + "\n\n" + notes + "\n", encoding="utf-8")
+    atomic_write_text(out_dir / f"{stem}.md", (f"# {title}\n\n" if title else "") + md + "\n\n" + notes + "\n")
     return md
+
+
+def write_csv(df: pd.DataFrame, path: Path) -> None:
+    """``df.to_csv`` through a temporary file and ``os.replace`` (an interrupted write leaves the old file)."""
+    with atomic_path(path) as tmp:
+        df.to_csv(tmp, index=False)
+
+
+def pairing_note(table: pd.DataFrame) -> str:
+    """A note naming the rows whose speedups pair fewer examples than they hold (their baseline was timed in
+    another process: a resumed run), or "" when every example is paired."""
+    if table.empty or "paired" not in table:
+        return ""
+    short = table[(table.method != BASELINE) & (table.paired < table.n_examples)]
+    if short.empty:
+        return ""
+    rows = ", ".join(f"{t}/{m} {int(p)} of {int(n)}" for t, m, p, n in
+                     zip(short.task, short.method, short.paired, short.n_examples))
+    return ("\n\nResumed run: speedups pair each example only with the baseline timed in the same process, so "
+            f"some rows pair fewer examples than they hold (paired of n_examples): {rows}.")
 
 
 SHOWN = ["task", "method", "n_examples", "new_tokens", "seconds", "tokens_per_s", "speedup", "mat",

@@ -13,9 +13,15 @@ Pipelines hold only what is their own: which generations to run and which table 
 
 from __future__ import annotations
 
+import datetime
+import fcntl
 import hashlib
 import json
 import logging
+import os
+import socket
+import sys
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,7 +37,8 @@ from specbench.decoding.sampling import SamplingParams
 from specbench.errors import SpecbenchError
 from specbench.models import Target, load_model
 from specbench.models.loading import AUTO, LoadedModel, auto_dtype, dtype_name, resolve_device
-from specbench.records import EXAMPLE_KEYS, ExampleRecord, JsonlWriter, read_jsonl, round_row
+from specbench.records import (EXAMPLE_KEYS, ExampleRecord, JsonlWriter, atomic_path, atomic_write_text, read_jsonl,
+                               round_row)
 from specbench.selection import Fixed, Selector
 from specbench.tasks import (build_prompt, check_templates, load_dataset_config, load_shots, metrics, render,
                              truncate_fields)
@@ -146,21 +153,139 @@ def resolve_target_dtype(cfg: DictConfig) -> None:
         target.dtype = name
 
 
-def start_run(cfg: DictConfig, output_dir: str | Path, files: RunFiles | None = None) -> Path:
-    """Create the run directory (with ``files``: after :func:`claim_run_dir`), save the composed
-    config there (``target.dtype`` resolved: :func:`resolve_target_dtype`; and the settings file of
-    ``files``), apply ``threads``."""
+def save_config(cfg, path: Path) -> None:
+    """``OmegaConf.save`` through a temporary file and ``os.replace`` (never a torn config)."""
+    with atomic_path(path) as tmp:
+        OmegaConf.save(cfg, tmp)
+
+
+def start_run(cfg: DictConfig, output_dir: str | Path, files: RunFiles | None = None,
+              command: str | None = None) -> Path:
+    """Create the run directory and take it (:func:`lock_run_dir`: one process at a time, one command
+    per directory; ``command`` defaults to Hydra's config name), then (with ``files``: after
+    :func:`claim_run_dir`) save the composed config there (``target.dtype`` resolved:
+    :func:`resolve_target_dtype`; and the settings file of ``files``), apply ``threads``."""
     resolve_target_dtype(cfg)
     out = Path(output_dir)
+    if out.exists() and not out.is_dir():
+        raise SpecbenchError(f"the run directory {out} is a file", "write the run elsewhere: hydra.run.dir=<a directory>")
     out.mkdir(parents=True, exist_ok=True)
+    lock_run_dir(out, command or hydra_command())
     if files is not None:
         claim_run_dir(out, cfg, files)
-    OmegaConf.save(cfg, out / "config.yaml")
+    save_config(cfg, out / "config.yaml")
     if files is not None and files.settings != "config.yaml":
-        OmegaConf.save(OmegaConf.create(settings(cfg)), out / files.settings)
+        save_config(OmegaConf.create(settings(cfg)), out / files.settings)
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
     return out
+
+
+# -- who writes a run directory ----------------------------------------------------------------------
+
+class RunDirTaken(SpecbenchError):
+    """A run directory held by another process, or owned by another command (:func:`lock_run_dir`): the
+    refused run must leave that directory as it is (not remove it as a run that wrote nothing)."""
+
+
+CLAIM_FILE = ".specbench.yaml"  # the directory's owner (command) and the process holding it (flock)
+_HELD: dict[str, tuple[int, str]] = {}  # real path of a claim file -> (open fd holding its lock, command)
+
+
+def hydra_command() -> str | None:
+    """The command of the Hydra app running now (``eval``, ``train-policy``, ...), None outside one."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return str(HydraConfig.get().job.config_name).replace("_", "-")
+    except Exception:  # noqa: BLE001 - not under @hydra.main (a pipeline called directly, compose)
+        return None
+
+
+def _read_claim(path: Path) -> dict:
+    try:
+        claim = OmegaConf.to_container(OmegaConf.load(path)) if path.stat().st_size else {}
+    except Exception:  # noqa: BLE001 - a claim torn by a kill: no owner known
+        log.warning("%s is unreadable: taking the directory as unclaimed", path)
+        return {}
+    return claim if isinstance(claim, dict) else {}
+
+
+def _holder(claim: dict) -> str:
+    h = claim.get("holder") or {}
+    if not h:
+        return "another process"
+    return (f"pid {h.get('pid')} on {h.get('host')} (`{h.get('argv')}`), started {h.get('started')}")
+
+
+def lock_run_dir(path: str | Path, command: str | None, fix: str | None = None) -> Path:
+    """Take the run directory ``path`` for this process and ``command`` (e.g. ``"eval"``, ``"reproduce"``),
+    for the rest of the process's life; returns ``path``.
+
+    - One writer at a time: an exclusive ``fcntl.flock`` on ``<path>/.specbench.yaml``, held open until the
+      process exits (the kernel releases it then, so a killed run leaves no stale lock). A second process
+      is refused with a SpecbenchError naming the holder (pid, host, command line, start time: written
+      into that file); ``fix`` replaces the default fix line (another hydra.run.dir).
+    - One command per directory: the file records the command that first wrote the directory, and a run
+      of another command into it is refused (it would replace that command's files). ``command`` None
+      (a pipeline called outside the CLI without naming itself) locks without checking the owner.
+    Reentrant: the process that holds the directory may take it again (a resume in the same process).
+    """
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    command = None if command is None else str(command).replace("_", "-")
+    file = out / CLAIM_FILE
+    key = os.path.realpath(file)
+    held = _HELD.get(key)
+    if held is not None:
+        try:
+            same = os.fstat(held[0]).st_ino == os.stat(file).st_ino
+        except OSError:
+            same = False
+        if not same:  # the directory was removed (a failed run's) and made again
+            os.close(held[0])
+            del _HELD[key]
+            held = None
+    owner = _read_claim(file).get("command") if file.is_file() else None
+    if command is not None and owner and owner != command:
+        raise RunDirTaken(
+            f"{out} belongs to `specbench {owner}` (recorded in {file}), so `specbench {command}` cannot run into it: "
+            f"it would replace {owner}'s files (config.yaml, summaries) and {owner} would refuse its own records",
+            fix or f"write the {command} run elsewhere: hydra.run.dir=<another directory>")
+    fd = held[0] if held is not None else os.open(file, os.O_RDWR | os.O_CREAT, 0o644)
+    if held is None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            claim = _read_claim(file)
+            os.close(fd)
+            raise RunDirTaken(
+                f"{out} is being written by another specbench run: {_holder(claim)} "
+                f"(specbench {claim.get('command') or '?'}); two runs in one directory would both append every "
+                "record and build their summaries on the doubled records",
+                fix or "wait for that run to finish (or stop it), or write this run elsewhere: "
+                       "hydra.run.dir=<another directory>") from None
+        owner = _read_claim(file).get("command")  # as it is now that this process holds it
+        if command is not None and owner and owner != command:
+            os.close(fd)
+            raise RunDirTaken(f"{out} belongs to `specbench {owner}` (recorded in {file}), so `specbench {command}` "
+                              "cannot run into it", fix or f"write the {command} run elsewhere: "
+                                                           "hydra.run.dir=<another directory>")
+    text = OmegaConf.to_yaml(OmegaConf.create({
+        "command": owner or command,
+        "holder": {"pid": os.getpid(), "host": socket.gethostname(), "argv": " ".join(sys.argv),
+                   "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}}))
+    data = text.encode()
+    os.pwrite(fd, data, 0)  # in place (the lock is on this file), then cut: never an empty claim
+    os.ftruncate(fd, len(data))
+    _HELD[key] = (fd, owner or command)
+    return out
+
+
+def run_command(path: str | Path) -> str | None:
+    """The command that owns a run directory (its ``.specbench.yaml``), None when unrecorded."""
+    file = Path(path) / CLAIM_FILE
+    return _read_claim(file).get("command") if file.is_file() else None
 
 
 def eos_ids_of(loaded: LoadedModel, extra=(), vocab_size: int | None = None) -> frozenset[int]:
@@ -239,6 +364,14 @@ def prompt_fingerprint(ids) -> str:
     return hashlib.sha256(json.dumps([int(i) for i in ids]).encode()).hexdigest()[:16]
 
 
+def query_fingerprint(query) -> str:
+    """A short hash of everything of a query that a record is made from: its kind, fields and turns (the
+    prompt) and its reference (the quality scores)."""
+    blob = json.dumps([query.kind, query.fields, query.turns, query.reference, query.task], sort_keys=True,
+                      ensure_ascii=False, default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
 def tie_tolerance_of(cfg: DictConfig) -> float:
     """The tie tolerance of the run's target in its (resolved) dtype: ``target.tie_tolerance.<dtype>``,
     else the generic default of that dtype (``certify.DEFAULT_TOLERANCE``)."""
@@ -312,16 +445,17 @@ class Session:
     tie_tolerance: float | None = None  # the target's tie tolerance in the run's dtype (decoding/certify.py)
 
     @classmethod
-    def open(cls, cfg: DictConfig, output_dir: str | Path, files: RunFiles | None = None):
+    def open(cls, cfg: DictConfig, output_dir: str | Path, files: RunFiles | None = None, command: str | None = None):
         """Make the run directory and load everything a timed run needs, before any timing.
 
         ``files``: the records the pipeline resumes; a directory holding records of other settings
         is refused (or, with the overwrite key, emptied) before anything is loaded
-        (:func:`claim_run_dir`). Every query's first prompt is checked against the target's context.
+        (:func:`claim_run_dir`); ``command`` (``eval``, ``cascades``, ...) takes the directory for this process
+        and command (:func:`lock_run_dir`). Every query's first prompt is checked against the target's context.
         """
         from specbench.drafters import build_pool
 
-        out = start_run(cfg, output_dir, files)
+        out = start_run(cfg, output_dir, files, command)
         dec = cfg.decoding
         sampling = SamplingParams(temperature=float(dec.temperature), top_k=int(dec.top_k), top_p=float(dec.top_p))
         limits = Limits(max_new_tokens=dec.max_new_tokens, draft_length=dec.draft_length)
@@ -350,6 +484,17 @@ class Session:
                       tie_tolerance=tie_tolerance_of(cfg))
         session.check_prompts()
         return session
+
+    def drafter_fingerprints(self) -> dict[str, str]:
+        """``{arm: fingerprint}`` of the pool's drafters loaded from checkpoint files (eagle heads, hf
+        drafters: ``drafter.fingerprint``), so a record made with a retrained checkpoint is not resumed."""
+        return {a: str(d.fingerprint) for a, d in self.pool.items() if getattr(d, "fingerprint", None)}
+
+    def records(self, queries=None) -> "Records":
+        """The run's :class:`Records`, checked against this run's queries (``queries``: a subset of
+        them) and drafters; ``overwrite=true`` redoes records whose inputs changed instead of refusing."""
+        return Records(self.out, self.tie_tolerance, queries=self.queries if queries is None else queries,
+                       drafters=self.drafter_fingerprints(), overwrite=bool(self.cfg.get("overwrite", False)))
 
     def check_prompts(self, limits: Limits | None = None) -> None:
         """Refuse, before any decoding, a query whose first prompt and new tokens overrun the context."""
@@ -424,27 +569,130 @@ def example_record(query, ex_id: str, method: str, gen: Generation, text: str, r
         quality=metrics.score(query.kind, text, reference), deferred=gen.deferred, **extra)
 
 
+DUPLICATES_SHOWN = 5
+
+
 class Records:
     """``examples.jsonl`` and ``rounds.jsonl`` of a run directory, appended as generations finish.
 
     ``done``: the (query id, method) pairs already written (a rerun into the directory skips them).
+    On opening (a resume):
+
+    - duplicated (query id, method) records (two processes that wrote one directory) are refused;
+    - ``rounds.jsonl`` lines whose generation has no example record (a run stopped between the two
+      appends, or a damaged example line deleted) are dropped, so a redone generation's rounds are not
+      counted twice (the file is rewritten atomically);
+    - with ``queries`` (and ``drafters``: ``{arm: checkpoint fingerprint}``), a finished record made from
+      another content of its query (the data file changed: :func:`query_fingerprint`) or other drafter
+      checkpoints (retrained) is refused, naming the query ids; with ``overwrite`` it is dropped and redone.
+
+    Every record written carries ``process`` (one id per ``Records``, i.e. per run process), so speedups
+    pair only generations timed in one process (``report.summarize``), and the fingerprints.
     """
 
-    def __init__(self, out: Path, tie_tolerance: float | None = None):
+    def __init__(self, out: Path, tie_tolerance: float | None = None, *, queries=None,
+                 drafters: Mapping[str, str] | None = None, overwrite: bool = False):
         self.out = Path(out)
         self.tie_tolerance = tie_tolerance
+        self.process = uuid.uuid4().hex[:12]
+        self.fingerprints = None if queries is None else {q.id: query_fingerprint(q) for q in queries}
+        self.drafters = dict(drafters or {})
         path = self.out / "examples.jsonl"
-        self.done = set()
+        examples = []
         for i, rec in enumerate(read_jsonl(path), 1):
             missing = [k for k in EXAMPLE_KEYS if not isinstance(rec, dict) or k not in rec]
             if missing:
                 have = ", ".join(rec) if isinstance(rec, dict) else f"a JSON {type(rec).__name__}"
                 raise SpecbenchError(f"{path}: record {i} has no {', '.join(missing)} (it has: {have})",
                                      f"repair or delete line {i} of {path} (or rerun into a new directory)")
-            self.done.add((rec["query_id"], rec["method"]))
+            examples.append((i, rec))
+        self._check_duplicates(path, examples)
+        stale = self._stale([rec for _, rec in examples])
+        if stale:
+            examples = self._drop_stale(path, examples, stale, overwrite)
+        self.done = {(rec["query_id"], rec["method"]) for _, rec in examples}
+        self._drop_orphan_rounds({(rec["query_id"], rec["method"]): rec for _, rec in examples})
         if self.done:
             log.info("resuming: %d finished generations found in %s", len(self.done), self.out)
         self._rounds = self._examples = None
+
+    @staticmethod
+    def _check_duplicates(path: Path, examples) -> None:
+        seen: dict[tuple[str, str], list[int]] = {}
+        for i, rec in examples:
+            seen.setdefault((rec["query_id"], rec["method"]), []).append(i)
+        dup = {k: v for k, v in seen.items() if len(v) > 1}
+        if not dup:
+            return
+        shown = "; ".join(f"{q} / {m} (lines {', '.join(map(str, v))})" for (q, m), v in list(dup.items())[:DUPLICATES_SHOWN])
+        more = f" and {len(dup) - DUPLICATES_SHOWN} more" if len(dup) > DUPLICATES_SHOWN else ""
+        raise SpecbenchError(
+            f"{path} holds {len(dup)} (query id, method) pair(s) more than once: {shown}{more}; two runs wrote "
+            "this directory at once, so its records (and any summary of them) are doubled",
+            f"rerun into a new directory (hydra.run.dir=...), or delete {path} and rounds.jsonl beside it to start "
+            "it again")
+
+    def _stale(self, examples: list[dict]) -> dict[tuple[str, str], str]:
+        """``{(query id, method): why}`` for finished records made from other inputs than this run's."""
+        out: dict[tuple[str, str], str] = {}
+        for rec in examples:
+            key = (rec["query_id"], rec["method"])
+            base = str(rec["query_id"]).split("/turn")[0]
+            if self.fingerprints is not None and rec.get("query_sha") is not None:
+                now = self.fingerprints.get(rec["query_id"], self.fingerprints.get(base))
+                if now is None:
+                    out[key] = "its query is no longer in the dataset"
+                elif now != rec["query_sha"]:
+                    out[key] = "its query's content changed in the data"
+            if key not in out and rec["method"] != AUTOREGRESSIVE and rec.get("drafters") is not None:
+                changed = sorted(a for a in set(rec["drafters"]) | set(self.drafters)
+                                 if rec["drafters"].get(a) != self.drafters.get(a))
+                if changed:
+                    out[key] = f"drafter checkpoint(s) changed: {', '.join(changed)}"
+        return out
+
+    def _drop_stale(self, path: Path, examples, stale: dict, overwrite: bool):
+        ids = list(dict.fromkeys(q for q, _ in stale))
+        whys = sorted(set(stale.values()))
+        what = f"{len(stale)} finished generation(s) of {len(ids)} query id(s) ({', '.join(ids[:10])}" + \
+               (f" and {len(ids) - 10} more" if len(ids) > 10 else "") + ")"
+        if not overwrite:
+            raise SpecbenchError(
+                f"{path}: {what} were made from other inputs than this run's ({'; '.join(whys)}), so they cannot "
+                "be resumed",
+                "rerun into a new directory (hydra.run.dir=...), or pass overwrite=true to redo them")
+        log.warning("overwrite=true: redoing %s in %s (%s)", what, self.out, "; ".join(whys))
+        kept = [(i, rec) for i, rec in examples if (rec["query_id"], rec["method"]) not in stale]
+        rewrite_jsonl(path, [rec for _, rec in kept])
+        return kept
+
+    def _drop_orphan_rounds(self, finished: dict[tuple[str, str], dict]) -> None:
+        path = self.out / "rounds.jsonl"
+        if not path.exists():
+            return
+        by_pair: dict[tuple[str, str], list[dict]] = {}
+        rows = list(read_jsonl(path))
+        for row in rows:
+            by_pair.setdefault((row.get("query_id"), row.get("method")), []).append(row)
+        kept: list[dict] = []
+        orphans = extra = 0
+        for key, group in by_pair.items():
+            rec = finished.get(key)
+            if rec is None:
+                orphans += len(group)
+                continue
+            n = rec.get("rounds")
+            if isinstance(n, int) and len(group) > n:  # rounds of an earlier, unfinished try of the pair: keep the last
+                extra += len(group) - n
+                group = group[len(group) - n:]
+            kept.extend(group)
+        if not orphans and not extra:
+            return
+        log.warning("%s: dropping %d round line(s) without their example record and %d of an earlier unfinished "
+                    "try (a run stopped between appending a generation's rounds and its example, or an example "
+                    "line was deleted): the resume redoes those generations", path, orphans, extra)
+        order = {id(r): i for i, r in enumerate(rows)}
+        rewrite_jsonl(path, sorted(kept, key=lambda r: order[id(r)]))
 
     def __enter__(self):
         self._rounds = JsonlWriter(self.out / "rounds.jsonl")
@@ -456,6 +704,11 @@ class Records:
         self._examples.close()
 
     def write(self, query, ex_id: str, method: str, gen: Generation, text: str, reference: str | None, **extra):
+        extra.setdefault("process", self.process)
+        if self.fingerprints is not None:
+            extra.setdefault("query_sha", self.fingerprints.get(query.id) or query_fingerprint(query))
+        if method != AUTOREGRESSIVE:
+            extra.setdefault("drafters", dict(self.drafters))
         self._rounds.write_many(round_row(ex_id, query.task, method, r) for r in gen.rounds)
         self._examples.write(example_record(query, ex_id, method, gen, text, reference, self.tie_tolerance, **extra))
         self.done.add((ex_id, method))
@@ -465,3 +718,8 @@ class Records:
 
     def rounds(self) -> list[dict]:
         return list(read_jsonl(self.out / "rounds.jsonl"))
+
+
+def rewrite_jsonl(path: Path, rows: Iterable[dict]) -> None:
+    """Replace a JSONL file whole with ``rows`` (atomically: :func:`specbench.records.atomic_write_text`)."""
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))

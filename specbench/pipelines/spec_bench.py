@@ -27,6 +27,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from specbench.records import atomic_write_text
+
 _QUESTION = re.compile(r"(?:^|/)q(\d+)$")
 
 
@@ -56,7 +58,7 @@ def answers(examples: Iterable[dict], rounds: Iterable[dict], model: str) -> dic
         lines = []
         for base, exs in questions.items():
             exs = sorted(exs, key=lambda e: int(e.get("turn") or 1))
-            lengths = [n for e in exs for n in steps.get((e["query_id"], method), [])]
+            lengths = [n for e in exs for n in _own_steps(steps.get((e["query_id"], method), []), e)]
             lines.append({
                 "question_id": question_of(base)[1], "category": exs[0].get("category") or exs[0]["task"],
                 "answer_id": f"{model}-{method}-{base}", "model_id": f"{model}-{method}",
@@ -67,6 +69,13 @@ def answers(examples: Iterable[dict], rounds: Iterable[dict], model: str) -> dic
                 "tstamp": None})
         out[method] = lines
     return out
+
+
+def _own_steps(steps: list[int], example: dict) -> list[int]:
+    """The rounds of one generation: the last ``rounds`` lines of its (query, method) (a directory written
+    before resumes dropped orphan rounds may hold an unfinished earlier try's rounds before them)."""
+    n = example.get("rounds")
+    return steps[len(steps) - n:] if isinstance(n, int) and 0 <= n < len(steps) else steps
 
 
 def file_name(model: str, method: str) -> str:
@@ -80,6 +89,6 @@ def write_answers(examples: list[dict], rounds: list[dict], out_dir: Path, model
     paths = []
     for method, lines in answers(examples, rounds, model_id).items():
         path = out_dir / file_name(model_id, method)
-        path.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")
+        atomic_write_text(path, "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
         paths.append(path)
     return paths

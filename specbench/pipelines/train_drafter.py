@@ -47,10 +47,10 @@ from specbench.drafters.eagle import EagleHead, HeadLogits, save_head, vocab_fin
 from specbench.drafters.hf import MODEL_META, check_compatible
 from specbench.errors import SpecbenchError
 from specbench.models import Target, load_model
-from specbench.models.loading import cache_dir, resolve_dtype
+from specbench.models.loading import cache_dir, make_cache_dir, resolve_dtype
 from specbench.pipelines import report
-from specbench.pipelines.session import Prompter, eos_ids_of, start_run
-from specbench.records import JsonlWriter, read_jsonl
+from specbench.pipelines.session import Prompter, eos_ids_of, lock_run_dir, start_run
+from specbench.records import JsonlWriter, atomic_path, atomic_write_text, read_jsonl
 from specbench.tasks import load_dataset_config, truncate_fields
 from specbench.tasks.datasets import load_source
 
@@ -235,14 +235,14 @@ class ModelTrainee:
         path.mkdir(parents=True, exist_ok=True)
         self.module.save_pretrained(path)
         self.loaded.tokenizer.save_pretrained(path)
-        (path / MODEL_META).write_text(json.dumps(meta, indent=1, default=str))
+        atomic_write_text(path / MODEL_META, json.dumps(meta, indent=1, default=str))
 
 
 TRAINEES = {t.kind: t for t in (HeadTrainee, ModelTrainee)}
 
 
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
-    out = start_run(cfg, output_dir)
+    out = start_run(cfg, output_dir, command="train-drafter")
     kind = str(cfg.drafter.kind)
     if kind not in TRAINEES:
         raise SpecbenchError(f"train-drafter: drafter.kind '{kind}' is not supported",
@@ -252,7 +252,10 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         raise SpecbenchError(f"train.responses must be reference or target, got '{tr.responses}'",
                              "set train.responses=reference (teacher-forced references) or target")
     ckpt = checkpoint_dir(cfg)
-    ckpt.mkdir(parents=True, exist_ok=True)
+    if not cfg.get("out"):
+        make_cache_dir(ckpt)  # an unwritable cache is named as such (SPECBENCH_CACHE), not as the run directory
+    lock_run_dir(ckpt, "train-drafter", fix=f"wait for that run to finish (or stop it), or train into another "
+                                             f"checkpoint directory: out=<dir> or name=<name> (now {ckpt})")
     sig = signature(cfg)
     state_path = ckpt / "state.pt"
     stored = json.loads((ckpt / "signature.json").read_text()) if (ckpt / "signature.json").exists() else None
@@ -261,7 +264,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
             raise SpecbenchError(f"{ckpt} holds a drafter trained with another config",
                                  "pass out=<another directory> or name=<another name>, or overwrite=true")
         state_path.unlink(missing_ok=True)
-    (ckpt / "signature.json").write_text(json.dumps(sig, indent=1))
+    atomic_write_text(ckpt / "signature.json", json.dumps(sig, indent=1))
 
     loaded = load_model(cfg.target.model, dtype=cfg.target.dtype, device=cfg.target.device)
     target = Target(loaded)
@@ -319,8 +322,9 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
             row.update({f"val_{k}": v for k, v in vs.items()})
         history.append(row)
         bar.set_postfix(loss=f"{row['loss']:.3f}", top1=f"{row.get('val_top1', row['top1']):.3f}")
-        torch.save({"weights": trainee.module.state_dict(), "opt": opt.state_dict(), "history": history,
-                    "epoch": epoch + 1}, state_path)
+        with atomic_path(state_path) as tmp:  # never a torn state.pt: the last finished epoch survives Ctrl-C
+            torch.save({"weights": trainee.module.state_dict(), "opt": opt.state_dict(), "history": history,
+                        "epoch": epoch + 1}, tmp)
         if budget is not None and time.perf_counter() - started > budget and epoch + 1 < epochs:
             log.warning("train.time_budget_s=%s reached after epoch %d of %d: stopping", budget, epoch + 1, epochs)
             break
@@ -332,21 +336,21 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
             "epochs": len(history), "lr": lr, "seed": seed}
     trainee.save(ckpt, meta)
     hist = pd.DataFrame(history)
-    hist.to_csv(ckpt / "history.csv", index=False)
+    report.write_csv(hist, ckpt / "history.csv")
     try:
         if len(hist):
             plot_history(hist, ckpt / "loss.png", title=f"{ckpt.name}: {cfg.target.model}")
     except ImportError:
         log.warning("matplotlib is not installed: loss.png skipped")
     metrics = held_out_metrics(cfg, trainee, target, prompter, tok, ckpt, eos)
-    (ckpt / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    atomic_write_text(ckpt / "metrics.json", json.dumps(metrics, indent=1))
     table = pd.DataFrame([{"task": t, **m} for t, m in metrics["tasks"].items()])
     report.write_tables(table, out, stem="metrics", title=f"train-drafter {ckpt.name}",
                         notes="top1: held-out agreement of the drafter's argmax with the target's (teacher-forced); "
                               "expected_accepted: accepted draft tokens per round at draft length 4 drafting on "
                               "its own (exact for the target's own text, an estimate on reference text).")
     report.print_table(report.to_markdown(table), title=f"drafter {ckpt} (held-out)")
-    (out / "checkpoint.txt").write_text(str(ckpt) + "\n")
+    atomic_write_text(out / "checkpoint.txt", str(ckpt) + "\n")
     return out
 
 

@@ -29,9 +29,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from specbench.drafters import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
-from specbench.pipelines.collect import collection_settings, read_rows
-from specbench.pipelines.session import differences
-from specbench.pipelines.report import print_table, pyplot, write_tables
+from specbench.pipelines.collect import collection_settings, incomplete, read_rows
+from specbench.pipelines.report import print_table, pyplot, write_csv, write_tables
+from specbench.pipelines.session import differences, start_run
+from specbench.records import atomic_write_text
 from specbench.policy import TrainConfig, check_alpha, reward_matrix, save_checkpoint, train_policy
 from specbench.policy.train import TrainResult, held_out
 
@@ -153,6 +154,7 @@ def _ranks(x: torch.Tensor) -> torch.Tensor:
 def _train_config(cfg: DictConfig, **overrides) -> TrainConfig:
     t = OmegaConf.to_container(cfg.train, resolve=True)
     t.pop("arms", None)
+    t.pop("allow_incomplete", None)
     t["hidden"] = tuple(t.get("hidden") or ())
     known = set(TrainConfig.__dataclass_fields__)
     unknown = sorted(set(t) - known)
@@ -214,15 +216,31 @@ def fit(rows, X, arms, cfg, alpha: float, **overrides) -> tuple[TrainResult, lis
     return result, chosen
 
 
+def check_complete(sources: list[str], allow: bool) -> None:
+    """Refuse to train on an incomplete collection (missing shard files, a collect that stopped before all
+    its rows: ``collect.incomplete``) unless ``train.allow_incomplete``: then warn."""
+    problems = incomplete(sources)
+    if not problems:
+        return
+    what = f"the collection in {', '.join(sources)} is incomplete: " + "; ".join(problems)
+    if allow:
+        log.warning("train.allow_incomplete=true: training on an incomplete collection (%s)", what)
+        return
+    raise SpecbenchError(
+        f"train-policy: {what}; a policy trained on it would silently see only part of the queries",
+        "finish the collection: rerun its `specbench collect` command into the same directory (it resumes; a "
+        "missing shard: collect.shard=<i> collect.num_shards=<n>) and pass every shard's directory, or train on "
+        "the rows there are with train.allow_incomplete=true")
+
+
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, out / "config.yaml")
     data = cfg.get("data")
     if data is None:
         raise SpecbenchError("no collected data given", "pass data=<directory of specbench collect> (or a list)")
+    out = start_run(cfg, output_dir, command="train-policy")
     sources = [str(d) for d in (data if OmegaConf.is_list(data) else [data])]
     sig = collection(sources)
+    check_complete(sources, bool(OmegaConf.select(cfg, "train.allow_incomplete", default=False)))
     rows = read_rows(sources)
     if not rows:
         raise SpecbenchError(f"no rows in {', '.join(sources)}", "run specbench collect into that directory first")
@@ -240,7 +258,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     save_checkpoint(out / "policy.pt", result, arms=arms, embedding=embedding, alpha=alpha,
                     config=OmegaConf.to_container(cfg, resolve=True),
                     training_queries=[r["fingerprint"] for r in rows if r.get("fingerprint")])
-    pd.DataFrame(result.history).to_csv(out / "history.csv", index=False)
+    write_csv(pd.DataFrame(result.history), out / "history.csv")
 
     table = pd.DataFrame([{"choice": name, "val_reward": metrics[key]} for name, key in
                           [("policy", "policy"), ("oracle (best arm per query)", "oracle"),
@@ -267,7 +285,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         sweeps["alpha"] = alpha_sweep(rows, X, arms, cfg, [float(a) for a in cfg.sweep.alpha], out)
     if cfg.sweep.get("n_examples"):
         sweeps["n_examples"] = data_efficiency(rows, X, arms, cfg, alpha, [int(n) for n in cfg.sweep.n_examples], out)
-    (out / "metrics.json").write_text(json.dumps({**metrics, "sweeps": sweeps}, indent=2, default=float), encoding="utf-8")
+    atomic_write_text(out / "metrics.json", json.dumps({**metrics, "sweeps": sweeps}, indent=2, default=float))
     print_table(md, title=f"train-policy ({out}; policy.pt, metrics.json, history.csv)")
     print(notes)
     return out

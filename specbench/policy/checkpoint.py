@@ -12,6 +12,7 @@ import logging
 import torch
 
 from specbench.errors import SpecbenchError
+from specbench.records import atomic_path
 from specbench.policy.net import PolicyNet
 from specbench.policy.train import Policy, TrainResult
 
@@ -71,8 +72,8 @@ def save_checkpoint(path: str | Path, result_or_policy: TrainResult | Policy, *,
         "training_queries": sorted({str(f) for f in training_queries}),
     }
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(blob, path)
+    with atomic_path(path) as tmp:  # a temporary file, then os.replace: an interruption never tears it
+        torch.save(blob, tmp)
     return path
 
 

@@ -12,6 +12,7 @@ notes) is a ``Layout``.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from specbench.errors import SpecbenchError
 from specbench.pipelines.report import ALL_TASKS, ORACLE, pyplot
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.published import Published, lookup
@@ -93,7 +95,128 @@ def _csv(root: Path, rel: str) -> pd.DataFrame:
     path = root / rel
     if not path.exists():
         raise NotRun(rel)
-    return pd.read_csv(path)
+    return read_table(path)
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """A CSV our commands wrote; an empty (0-byte) or torn one (cut mid-line by a stopped run) is refused,
+    naming the file and the step that writes it."""
+    step = path.parent
+    fix = (f"run its step again: delete {step / DONE} if it is there, then rerun `specbench reproduce` with the same "
+           "options (the step resumes from its records and writes the file again; add --redo if it then names the "
+           "steps that read it), or rerun the command that wrote the file into that directory")
+    data = path.read_bytes()
+    if not data.strip():
+        raise SpecbenchError(f"{path} is empty ({len(data)} bytes): the run that writes it stopped before it finished",
+                             fix)
+    if not data.endswith(b"\n"):
+        raise SpecbenchError(f"{path} is torn (its last line is cut off): the run that writes it stopped while "
+                             "writing it", fix)
+    try:
+        return pd.read_csv(path)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise SpecbenchError(f"{path} cannot be read as a table ({str(exc).strip().splitlines()[0]})", fix) from None
+
+
+# ---------------------------------------------------------------- unfinished runs
+DONE = ".done"  # what `specbench reproduce` leaves in a step's directory when the step finished (plan.DONE)
+RECORDS = {"eval": ("examples.jsonl", "generations"), "cascades": ("examples.jsonl", "generations"),
+           "collect": ("rows.jsonl", "collected queries")}
+
+
+def _lines(path: Path) -> int:
+    if not path.is_file():
+        return 0
+    with path.open("rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def _command_of(out: Path) -> str | None:
+    """Which command wrote the run directory ``out``: from the records it holds."""
+    for name, command in (("examples.jsonl", "eval"), ("rows.jsonl", "collect")):
+        if (out / name).exists():
+            if command == "eval" and (out / "config.yaml").exists():
+                from omegaconf import OmegaConf
+
+                try:
+                    return "cascades" if "rules" in OmegaConf.load(out / "config.yaml") else "eval"
+                except Exception:  # noqa: BLE001 - an unreadable config: counted as eval
+                    return "eval"
+            return command
+    return None
+
+
+def planned(out: Path, command: str | None) -> int | None:
+    """How many generations (eval, cascades) or queries (collect) the run in ``out`` plans, from its
+    ``config.yaml`` and its data files (None when that cannot be worked out without loading models)."""
+    from omegaconf import OmegaConf
+
+    from specbench.decoding.drafter import AUTOREGRESSIVE
+    from specbench.tasks import load_dataset_config
+
+    try:
+        cfg = OmegaConf.load(out / "config.yaml")
+        queries = load_dataset_config(cfg.dataset)
+        if command == "collect":
+            shard, shards = int(cfg.collect.shard), int(cfg.collect.num_shards)
+            return sum(1 for i, _ in enumerate(queries) if i % shards == shard)
+        if command == "cascades":
+            from specbench.pipelines.cascades import variants
+
+            tasks = set(cfg.get("tasks") or [])
+            return sum(1 for q in queries if not tasks or q.task in tasks) * len(variants(cfg.rules, cfg.alphas))
+        if command == "eval":
+            from specbench.pipelines.methods import parse_methods
+            from specbench.pipelines.session import turns_of
+
+            max_turns = int(cfg.dataset.get("max_turns") or 1)
+            pool = dict.fromkeys([AUTOREGRESSIVE, *(k for k, v in (cfg.pool.get("drafters") or {}).items() if v)])
+            methods = parse_methods(cfg.methods, pool, cfg.get("selector"), cfg)
+            return sum(turns_of(q, max_turns) for q in queries) * len(methods)
+    except Exception:  # noqa: BLE001 - best effort: the count is left out
+        return None
+    return None
+
+
+def unfinished(root: Path, run: str) -> str | None:
+    """``unfinished: N of M generations`` when the run ``root/run`` stopped before it finished: a step of a
+    ``specbench reproduce`` root without its ``.done``, a step whose records are fewer than its ``.done``
+    counted, or an eval that wrote its summary of a run stopped early; else None."""
+    out = Path(root) / run
+    if not out.is_dir():
+        return None
+    command = _command_of(out)
+    file, what = RECORDS.get(command, ("", "generations"))
+    have = _lines(out / file) if file else 0
+    if (out / DONE).exists():
+        try:
+            want = json.loads((out / DONE).read_text(encoding="utf-8")).get("records")
+        except (ValueError, AttributeError, UnicodeDecodeError):
+            want = None
+        if isinstance(want, int) and file and have < want:
+            return f"unfinished: {have} of {want} {what} ({file} holds fewer than the step finished with)"
+        return None
+    summary = out / "summary.md"
+    stopped = summary.is_file() and "stopped early" in summary.read_text(encoding="utf-8", errors="replace")
+    if not stopped and not (Path(root) / "reproduce.json").exists():
+        return None  # not a reproduce root: run directories without .done are complete runs
+    if not file:
+        return f"unfinished: {run} has no {DONE} (its step stopped before it finished)"
+    want = planned(out, command)
+    return f"unfinished: {have} of {want} {what}" if want else f"unfinished: {have} {what}, the step did not finish"
+
+
+def mark_unfinished(ex: Exhibit, root: Path) -> Exhibit:
+    """An exhibit built on an unfinished run says so in its title and notes, and judges none of its claims."""
+    found = [f"{run}: {why}" if run not in why else why for run in ex.runs if (why := unfinished(root, run))]
+    if not found:
+        return ex
+    why = "; ".join(found)
+    ex.title = f"{ex.title} ({why})"
+    ex.verdicts = [V.unfinished(v, why) for v in ex.verdicts]
+    ex.notes = (f"**Unfinished run** ({why}): the numbers are those of the finished part only, so no claim is judged "
+                f"on them; rerun `specbench reproduce` to finish it. {ex.notes}")
+    return ex
 
 
 def _optional(root: Path, rel: str) -> pd.DataFrame:

@@ -1,9 +1,14 @@
 """``specbench reproduce``: every reproduction of a profile, end to end, into one root, then the report.
 
 Each step is one of our commands with an experiment config and a fixed run directory under the
-root (``<paper>/...``). A finished step leaves ``.done`` in its directory and is skipped on a
-rerun; an interrupted one resumes through its command's own resume (eval, collect and cascades
-skip finished generations). Profiles:
+root (``<paper>/...``). Every step's config is composed and validated before anything is written. A
+step records its resolved settings when it starts (``.step.json``) and, when it finishes, in ``.done``
+(with its seconds, its record count and the fingerprints of the upstream steps it read). A rerun
+skips a finished step whose settings and upstream runs are unchanged (logged as a warning); one
+whose settings differ, or whose upstream step ran again, is refused naming what differs, or with
+``redo`` deleted and run again. An interrupted step resumes through its command's own resume (eval,
+collect and cascades skip finished generations), except an eval whose selectors carry statistics
+across queries (``carry_over``): its records are deleted and the step starts again. Profiles:
 
 - ``cpu``: the CPU-scale plan on the embedded SmolLM2 with the specialist pool (``make reproduce-cpu``);
 - ``tiny``: the same plan on the tiny random Llama with a few tokens per query (a dry run: everything
@@ -18,21 +23,26 @@ builds that layout's exhibits.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
+import re
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
 from specbench.configs import conf_dir
 from specbench.errors import SpecbenchError
+from specbench.reproduction.exhibits import DONE
 from specbench.reproduction.exhibits import PAPER as PAPER_LAYOUT
 
 log = logging.getLogger(__name__)
-DONE = ".done"
 
 
 @dataclass(frozen=True)
@@ -144,11 +154,130 @@ def pipeline(command: str):
     return {"eval": evaluate.run, "collect": collect.run, "train_policy": train_policy.run, "cascades": cascades.run}[command]
 
 
+# The files of a step's records (one line per generation or collected query): counted into its `.done`,
+# so the report can tell a step whose records were cut afterwards.
+RECORD_FILES = {"eval": "examples.jsonl", "cascades": "examples.jsonl", "collect": "rows.jsonl"}
+STARTED = ".step.json"  # a step's settings, written when it starts (a step stopped early keeps them)
+
+
+def upstream_of(step: Step, steps: tuple[Step, ...]) -> list[Step]:
+    """The earlier steps of the plan whose run directory ``step`` reads (``{root}/<run>`` in its overrides)."""
+    before = steps[: steps.index(step)] if step in steps else steps
+    return [s for s in before if any(re.search(rf"\{{root\}}/{re.escape(s.run)}(/|$)", o) for o in step.overrides)]
+
+
+def read_marker(path: Path) -> dict | None:
+    """A step's ``.done`` (or ``.step.json``) record; ``{}`` for an older ``.done`` that holds only its seconds."""
+    if not path.exists():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def fingerprint(out: Path) -> str | None:
+    """The fingerprint of a finished step: a hash of its ``.done`` (its settings, upstream steps and finish time)."""
+    path = out / DONE
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.exists() else None
+
+
+def count_records(out: Path, command: str) -> int:
+    path = out / RECORD_FILES.get(command, "")
+    if command not in RECORD_FILES or not path.is_file():
+        return 0
+    with path.open("rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def carry_over_methods(cfg) -> set[str]:
+    """The eval methods of ``cfg`` whose selector carries statistics across queries (``carry_over``): such a
+    method cannot resume half way (``evaluate.check_resumable``)."""
+    from omegaconf import OmegaConf
+
+    from specbench.pipelines.methods import load_selector_config
+
+    names = set()
+    extra = cfg.get("selector_overrides") or {}
+    for spec in cfg.get("methods") or []:
+        spec = str(spec)
+        if spec.startswith("selector:"):
+            scfg = load_selector_config(spec.split(":", 1)[1], cfg)
+            scfg = OmegaConf.merge(scfg, extra) if extra else scfg
+        elif spec == "selector" and cfg.get("selector") is not None:
+            scfg = cfg.selector
+        else:
+            continue
+        if scfg.get("carry_over", False):
+            names.add(str(scfg.get("name") or str(scfg.get("_target_", "")).rsplit(".", 1)[-1].lower()))
+    return names
+
+
+def restart_if_unresumable(step: Step, cfg, out: Path) -> None:
+    """An eval step stopped half way whose carry-over selectors have records cannot resume (their state
+    after the finished queries is not in the records): delete the step's records so it starts again."""
+    from specbench.records import read_jsonl
+
+    examples = out / "examples.jsonl"
+    if step.command != "eval" or (out / DONE).exists() or not examples.is_file() or not examples.stat().st_size:
+        return
+    carry = carry_over_methods(cfg)
+    if not carry:
+        return
+    try:
+        methods = {r.get("method") for r in read_jsonl(examples) if isinstance(r, dict)}
+    except SpecbenchError:  # a damaged record: the restart drops it too
+        methods = carry
+    if not methods & carry:
+        return
+    from specbench.reproduction.exhibits import planned
+
+    want = planned(out, "eval")
+    if want is not None and count_records(out, "eval") >= want:  # every generation is there: nothing to resume
+        return
+    log.warning("%s stopped half way, and its selectors %s carry statistics across queries (carry_over), so it "
+                "cannot resume: deleting its records (examples.jsonl, rounds.jsonl) in %s and running the step again",
+                step.run, ", ".join(sorted(methods & carry)), out)
+    for name in ("examples.jsonl", "rounds.jsonl"):
+        (out / name).unlink(missing_ok=True)
+
+
+def compose_step(step: Step, overrides: list[str], adapt: Callable[[Step, object], None] | None):
+    """The step's composed config (Hydra's errors as error/fix lines), adapted, then validated."""
+    from hydra.errors import ConfigCompositionException, OverrideParseException
+
+    from specbench.cli import hydra_error
+    from specbench.validate import validate
+
+    try:
+        with initialize_config_dir(config_dir=conf_dir(), version_base=None):
+            cfg = compose(config_name=step.command, overrides=overrides)
+    except (ConfigCompositionException, OverrideParseException) as exc:
+        err = hydra_error(exc, step.command)
+        raise SpecbenchError(f"step {step.run} (specbench {step.command.replace('_', '-')}): {err.problem}",
+                             err.fix) from None
+    if adapt is not None:
+        adapt(step, cfg)
+    try:
+        validate(cfg)
+    except SpecbenchError as exc:
+        raise SpecbenchError(f"step {step.run} (specbench {step.command.replace('_', '-')}): {exc.problem}",
+                             exc.fix) from None
+    return cfg
+
+
 def run(root: str | Path, profile: str = "cpu", papers: list[str] | None = None, extra: list[str] | None = None,
-        questions: str = QUESTIONS, adapt: Callable[[Step, object], None] | None = None) -> Path:
+        questions: str = QUESTIONS, adapt: Callable[[Step, object], None] | None = None, redo: bool = False) -> Path:
     """Run every step of ``profile`` not done yet (in order), then write the report; return the report
     directory. ``adapt(step, cfg)``, when given, may change each composed config before it runs (the
-    paper-scale dry run swaps in tiny stand-in models)."""
+    paper-scale dry run swaps in tiny stand-in models).
+
+    Every step's config is composed and validated before anything is written. A finished step is
+    skipped only when its settings and its upstream steps' runs are the ones its ``.done`` records;
+    otherwise the call is refused, naming what differs, or with ``redo`` that step (and the steps
+    that read it) is deleted and run again."""
+    from specbench.pipelines.session import differences, lock_run_dir, settings
     from specbench.reproduction import render
 
     if profile not in PROFILES:
@@ -169,23 +298,80 @@ def run(root: str | Path, profile: str = "cpu", papers: list[str] | None = None,
     if render.recorded(root).get("profile") not in (profile, None):
         raise SpecbenchError(f"{root} holds the runs of another profile ({record})",
                              "use another --root for this profile, or delete that root to start over")
-    root.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps({"profile": profile, "layout": prof.layout}) + "\n", encoding="utf-8")
-    started = time.perf_counter()
-    for i, step in enumerate(chosen, 1):
-        out = root / step.run
-        if (out / DONE).exists():
-            log.info("[%d/%d] %s: done before, skipped", i, len(chosen), step.run)
-            continue
+    # Every step composed and validated before anything is written or loaded.
+    planned = []
+    for step in chosen:
         overrides = overrides_of(step, root, prof, list(extra or []), questions)
-        print(f"\n[{i}/{len(chosen)}] specbench {step.command.replace('_', '-')} {' '.join(overrides)}  -> {out}",
+        cfg = compose_step(step, overrides, adapt)
+        planned.append((step, overrides, cfg, settings(cfg)))
+
+    # One reproduce per root: a second one is refused, naming the holder (the lock lasts the process).
+    lock_run_dir(root, "reproduce", fix="wait for that reproduce to finish (or stop it), or write these runs "
+                                        "elsewhere: --root <another directory>")
+    # Which finished steps are still those of this call's settings (and of their upstream steps' runs).
+    current: dict[str, str | None] = {}  # run -> fingerprint of its .done, None when it runs in this call
+    stale: dict[str, list[str]] = {}
+    for step, _, _, now in planned:
+        out = root / step.run
+        done, started = read_marker(out / DONE), read_marker(out / STARTED)
+        if not (started and "settings" in started and count_records(out, step.command)):
+            started = None  # a step stopped before its first record: nothing of it to keep, it reruns
+        why: list[str] = []
+        if done is not None and "settings" not in done:
+            why = [f"its {DONE} records no settings (an older specbench wrote it)"]
+        elif done is not None or started is not None:
+            mark = done if done is not None else started
+            why = differences(mark["settings"], now)
+            for up in upstream_of(step, steps):
+                have = current[up.run] if up.run in current else fingerprint(root / up.run)
+                if done is not None and have is None:
+                    why.append(f"its upstream step {up.run} runs again")
+                elif done is not None and (mark.get("upstream") or {}).get(up.run) != have:
+                    why.append(f"its upstream step {up.run} was run again since")
+        if why:
+            stale[step.run] = why
+        current[step.run] = fingerprint(out) if done is not None and not why else None
+    if stale and not redo:
+        raise SpecbenchError(
+            f"{len(stale)} step(s) under {root} were run with other settings than this call's, so their records "
+            "(and the report built on them) would not be this call's: " +
+            "; ".join(f"{run} ({', '.join(why)})" for run, why in stale.items()),
+            "pass --redo to delete those steps' records and run them again (the steps that read them follow), "
+            "rerun with the settings they were run with, or use another --root")
+    record.write_text(json.dumps({"profile": profile, "layout": prof.layout}) + "\n", encoding="utf-8")
+    started_at = time.perf_counter()
+    for i, (step, overrides, cfg, now) in enumerate(planned, 1):
+        out = root / step.run
+        if step.run in stale:
+            log.warning("[%d/%d] %s: --redo: deleting its records in %s and running it again (%s)", i,
+                        len(planned), step.run, out, "; ".join(stale[step.run]))
+            shutil.rmtree(out, ignore_errors=True)
+        elif (out / DONE).exists():
+            log.warning("[%d/%d] %s: done before with the same settings, skipped (%s)", i, len(planned), step.run,
+                        out)
+            continue
+        print(f"\n[{i}/{len(planned)}] specbench {step.command.replace('_', '-')} {' '.join(overrides)}  -> {out}",
               flush=True)
-        with initialize_config_dir(config_dir=conf_dir(), version_base=None):
-            cfg = compose(config_name=step.command, overrides=overrides)
-        if adapt is not None:
-            adapt(step, cfg)
+        restart_if_unresumable(step, cfg, out)
+        upstream = {up.run: fingerprint(root / up.run) for up in upstream_of(step, steps)}
+        marker = {"command": step.command, "overrides": overrides, "settings": now, "upstream": upstream}
+        out.mkdir(parents=True, exist_ok=True)
+        _write_json(out / STARTED, {**marker, "started": _now()})
         t0 = time.perf_counter()
         pipeline(step.command)(cfg, out)
-        (out / DONE).write_text(f"{time.perf_counter() - t0:.1f} s\n")
-    print(f"\nreproduce: {len(chosen)} steps, {time.perf_counter() - started:.0f} s in this call", flush=True)
+        done = {**marker, "seconds": round(time.perf_counter() - t0, 1), "finished": _now(),
+                "records": count_records(out, step.command)}
+        _write_json(out / DONE, done)
+    print(f"\nreproduce: {len(planned)} steps, {time.perf_counter() - started_at:.0f} s in this call", flush=True)
     return render.write(root)
+
+
+def _write_json(path: Path, record: dict) -> None:
+    """Through a temporary file and ``os.replace``: a marker is never torn."""
+    tmp = path.with_name(f"{path.name}.tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")

@@ -14,7 +14,7 @@ from pathlib import Path
 from specbench.errors import SpecbenchError
 from specbench.pipelines.report import print_table, to_markdown
 from specbench.reproduction import published as published_values
-from specbench.reproduction.exhibits import LAYOUTS, Exhibit, Layout, NotRun, builders
+from specbench.reproduction.exhibits import LAYOUTS, Exhibit, Layout, NotRun, builders, mark_unfinished
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,17 @@ LAYOUT_FILE = "reproduce.json"
 def recorded(root: Path) -> dict:
     """What ``specbench reproduce`` recorded under ``root`` (profile, layout); empty when nothing."""
     record = Path(root) / LAYOUT_FILE
-    return json.loads(record.read_text(encoding="utf-8")) if record.exists() else {}
+    if not record.exists():
+        return {}
+    try:
+        found = json.loads(record.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        found = None
+    if not isinstance(found, dict):
+        raise SpecbenchError(f"{record} is damaged (not the JSON object `specbench reproduce` writes)",
+                             'write it again: {"profile": "cpu", "layout": "cpu"} (or "paper" for both), or pass '
+                             "--layout to `specbench report`")
+    return found
 
 
 def layout_of(root: Path, name: str | None = None) -> Layout:
@@ -42,7 +52,7 @@ def build(root: Path, published=None, layout: Layout | None = None) -> tuple[lis
     done, missing = [], []
     for builder in builders(layout or layout_of(root)):
         try:
-            done.append(builder(root, published))
+            done.append(mark_unfinished(builder(root, published), root))
         except NotRun as exc:
             missing.append(str(exc))
     return done, missing
@@ -92,8 +102,10 @@ def write(root: Path, out: Path | None = None, layout: str | None = None) -> Pat
     (out / "REPORT.md").write_text("\n".join(index), encoding="utf-8")
     held = sum(v.held is True for ex in exhibits for v in ex.verdicts)
     total = sum(len(ex.verdicts) for ex in exhibits)
+    partial = sum(any(v.unfinished for v in ex.verdicts) for ex in exhibits)
+    note = f", {partial} exhibits on unfinished runs (not judged)" if partial else ""
     print_table("\n".join(f"- {ex.key}: " + "; ".join(v.mark for v in ex.verdicts) for ex in exhibits),
-                title=f"report: {len(exhibits)} exhibits, {held} of {total} verdicts held ({out / 'REPORT.md'})")
+                title=f"report: {len(exhibits)} exhibits, {held} of {total} verdicts held{note} ({out / 'REPORT.md'})")
     return out
 
 

@@ -1,6 +1,7 @@
 """Pattern verdicts: each checks one claim of a paper on our numbers (pure functions of tables).
 
-A verdict holds (True), fails (False) or cannot be judged (None: a number it needs is missing);
+A verdict holds (True), fails (False) or cannot be judged (None: a number it needs is missing, or
+the run it reads did not finish: ``unfinished``);
 ``detail`` gives the numbers it used, so a reader can check it by hand.
 """
 
@@ -16,6 +17,7 @@ class Verdict:
     claim: str
     held: bool | None
     detail: str
+    unfinished: str = ""  # why a verdict on an unfinished run is not judged (empty: the run finished)
 
     def __post_init__(self):  # numpy booleans from table arithmetic become plain ones
         if self.held is not None:
@@ -35,6 +37,11 @@ def _ok(*values) -> bool:
 
 def _fmt(x) -> str:
     return "nan" if not _ok(x) else f"{x:.3f}"
+
+
+def unfinished(verdict: Verdict, why: str) -> Verdict:
+    """``verdict`` not judged: the run it reads stopped before it finished (``why``), so its numbers are partial."""
+    return Verdict(verdict.claim, None, f"{why}; on the finished part: {verdict.detail}", unfinished=why)
 
 
 def missing(claim: str, what: str) -> Verdict:

@@ -237,6 +237,29 @@ def check_unique_ids(queries: Iterable[tuple[Query, str]], what: str) -> None:
                              "give every record its own id (or remove the repeated records)")
 
 
+INPUT_FIELDS = ("source", "document", "question", "turn")  # what a prompt template asks the model about
+
+
+def empty_inputs(query: Query) -> list[str]:
+    """The input fields of ``query`` (and its chat turns) that are empty or only whitespace."""
+    empty = [key for key in INPUT_FIELDS if isinstance(query.fields.get(key), str) and not query.fields[key].strip()]
+    empty += [f"turn {i + 1}" for i, t in enumerate(query.turns) if isinstance(t, str) and not t.strip()
+              and not (i == 0 and "turn" in empty)]
+    return empty
+
+
+def check_nonempty_inputs(queries: Iterable[tuple[Query, str]], what: str) -> None:
+    """Refuse records whose question, document, source text or a chat turn is empty (or whitespace):
+    under a template that adds nothing (T5's ``{question}``) the prompt would be empty, and under
+    the others the model would be asked about nothing. Named by id and file:line, before any model loads."""
+    bad = [(q, where, fields) for q, where in queries if (fields := empty_inputs(q))]
+    if bad:
+        q, where, fields = bad[0]
+        more = f" (and {len(bad) - 1} more such records)" if len(bad) > 1 else ""
+        raise SpecbenchError(f"{where}: {what}: query {q.id} has an empty {' and '.join(fields)}{more}",
+                             "fill in that field, or remove the record from the file")
+
+
 def read_source(name: str, source: Mapping) -> list[Query]:
     """Every record of one source (a local file, an embedded file or the hub) as queries."""
     source = dict(source)
@@ -253,6 +276,7 @@ def read_source(name: str, source: Mapping) -> list[Query]:
     parse = FORMATS[fmt]
     parsed = [(parse(row, i, where, **source), where) for i, (row, where) in enumerate(records)]
     check_unique_ids(parsed, f"dataset source '{name}'")
+    check_nonempty_inputs(parsed, f"dataset source '{name}'")
     queries = [q for q, _ in parsed]
     if task:
         for q in queries:
@@ -294,7 +318,9 @@ def load_source(name: str, source: Mapping, limit: int | None = None, seed: int 
 def load_dataset_config(cfg: Mapping) -> list[Query]:
     """All queries of a ``dataset`` config: every source, ``limit`` per source, and, with
     ``interleave``, one seeded shuffled stream across sources (the ``mixed`` dataset).
-    ``categories`` filters the sources that have categories and leaves the others whole."""
+    ``categories`` filters the sources that have categories and leaves the others whole. A source
+    that has records but yields none after ``categories`` and ``offset`` is an error (its task would
+    drop out of every table without a word); switch it off with ``sources.<name>=null``."""
     sources = cfg.get("sources") or {}
     if not sources:
         raise SpecbenchError("the dataset config lists no sources", "pick dataset=embedded (or add dataset.sources)")
@@ -318,6 +344,8 @@ def load_dataset_config(cfg: Mapping) -> list[Query]:
             log.info("dataset.categories: source '%s' has no categories, so all its records are kept", name)
         got = select_queries(source_queries, limit=limit, seed=seed, shuffle=bool(cfg.get("shuffle")),
                              categories=categories if has_categories else None, offset=offset)
+        if not got and source_queries:
+            raise _emptied(name, source_queries, categories if has_categories else None, offset)
         queries += got
         origin += [f"source '{name}'"] * len(got)
     if not queries:
@@ -331,6 +359,23 @@ def load_dataset_config(cfg: Mapping) -> list[Query]:
     if cfg.get("interleave"):
         random.Random(seed).shuffle(queries)
     return queries
+
+
+def _emptied(name: str, queries: list[Query], categories: list[str] | None, offset: int) -> SpecbenchError:
+    """The error for a source whose records the filters leave none of (its task would vanish from
+    every table without a word)."""
+    kept = [q for q in queries if q.category in categories] if categories else queries
+    shown = f"dataset.categories={list(categories)}" if categories else ""
+    if not kept:  # the categories alone (they occur in another source) empty this one
+        problem = f"none of its {len(queries)} records is in {shown}"
+        fix = "add one of its categories to dataset.categories"
+    else:
+        within = f" in {shown}" if categories else ""
+        records = f"{len(kept)} record{'s' if len(kept) != 1 else ''}"
+        problem = f"it has {records}{within} and dataset.offset={offset} skips {'them all' if len(kept) > 1 else 'it'}"
+        fix = f"use a dataset.offset below {len(kept)}" + (" or other dataset.categories" if categories else "")
+    return SpecbenchError(f"dataset source '{name}' yields no queries: {problem}",
+                          f"{fix}, or leave the source out on purpose: dataset.sources.{name}=null")
 
 
 def load_shots(cfg: Mapping, n: int) -> list[Query]:

@@ -87,7 +87,7 @@ def test_selector_options_share_the_bandit_base():
     assert "base" not in group_options("selector") and "bandit" not in group_options("selector")
     base = OmegaConf.to_container(OmegaConf.load(Path(conf_dir()) / "selector" / "base" / "bandit.yaml"))
     bandits = [n for n in group_options("selector") if n not in ("fixed", "policy")]
-    assert len(bandits) == 12
+    assert len(bandits) == 13  # 12 bandits and hedge
     for name in bandits:
         cfg = load_option("selector", name)
         assert set(base) <= set(cfg), name

@@ -1,0 +1,264 @@
+"""Issue 22 ("Trust"), the `reproduce` / `report` cases: a finished step is not silently reused under other
+settings (#2), a report on an unfinished run judges nothing (#3), a stream step stopped half way restarts
+(#10), bad overrides are refused before anything is written (#12), and a damaged summary is a clear error
+(#13). Tiny profile (the tiny Llama, a few tokens), each test on a plan of one or two steps."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from typer.testing import CliRunner
+
+from specbench.cli import app
+from specbench.configs import conf_dir
+from specbench.drafters.eagle import EagleHead, save_head, vocab_fingerprint
+from specbench.errors import SpecbenchError
+from specbench.reproduction import plan, render
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+needs_data = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not present (a user's fresh clone)")
+TINY = plan.PROFILES["tiny"]
+
+
+@pytest.fixture
+def heads(tmp_path, monkeypatch, tiny_llama_target):
+    """The specialist pool's eagle heads for the tiny Llama, in a fresh $SPECBENCH_CACHE."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("SPECBENCH_CACHE", str(cache))
+    target = tiny_llama_target
+    for i, task in enumerate(["math", "summarization", "translation", "chat", "general"]):
+        torch.manual_seed(i)
+        save_head(EagleHead(target.model, layers=1), None, cache / "drafters" / f"eagle_{task}",
+                  {"kind": "eagle", "target": "embedded:tiny_llama", "vocab": vocab_fingerprint(target.tokenizer)})
+    return cache
+
+
+def mini(monkeypatch, steps, **overrides) -> str:
+    """A profile ``mini`` of ``steps`` with the tiny profile's overrides (plus ``overrides``, by run or command)."""
+    merged = {**TINY.overrides, **overrides}
+    monkeypatch.setitem(plan.PROFILES, "mini", plan.Profile(tuple(steps), "cpu", merged))
+    return "mini"
+
+
+COLLECT = plan.Step("huang", "collect", "huang/math/collect", ("+experiment=reproduce_huang_math",))
+POLICY = plan.Step("huang", "train_policy", "huang/math/policy", ("data={root}/huang/math/collect",
+                                                                   "reward.source=measured"))
+STREAM = next(s for s in plan.CPU if s.run == "metasd/stream")
+
+
+# ---------------------------------------------------------------- #2: settings recorded, compared, --redo
+@needs_data
+def test_a_finished_step_is_not_reused_under_other_settings(tmp_path, monkeypatch, heads, caplog):
+    profile = mini(monkeypatch, [COLLECT, POLICY], **{"huang/math/collect": ("dataset.limit=6",),
+                                                      "train_policy": ("train.epochs=2", "train.val_fraction=0.5")})
+    root = tmp_path / "rp"
+    plan.run(root, profile=profile)
+    done = json.loads((root / COLLECT.run / plan.DONE).read_text())
+    assert done["settings"]["decoding"]["max_new_tokens"] == 6 and done["records"] == 6
+    policy_done = json.loads((root / POLICY.run / plan.DONE).read_text())
+    assert policy_done["upstream"] == {COLLECT.run: plan.fingerprint(root / COLLECT.run)}
+
+    # the same settings: skipped, at WARNING, naming the directory
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="specbench.reproduction.plan"):
+        plan.run(root, profile=profile)
+    skipped = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(skipped) == 2 and str(root / COLLECT.run) in skipped[0]
+
+    # other overrides: refused, naming each setting that differs, and the step downstream of it
+    rows = (root / COLLECT.run / "rows.jsonl").read_text()
+    with pytest.raises(SpecbenchError) as err:
+        plan.run(root, profile=profile, extra=["decoding.max_new_tokens=3", "decoding.draft_length=1"])
+    text = f"{err.value.problem} {err.value.fix}"
+    assert "decoding.max_new_tokens: 6 -> 3" in text and "decoding.draft_length: 4 -> 1" in text, text
+    assert f"{POLICY.run} (its upstream step {COLLECT.run} runs again)" in text and "--redo" in text
+    assert (root / COLLECT.run / "rows.jsonl").read_text() == rows  # nothing touched
+
+    # --redo: both rerun, the records are the new settings'
+    plan.run(root, profile=profile, extra=["decoding.max_new_tokens=3", "decoding.draft_length=1"], redo=True)
+    done = json.loads((root / COLLECT.run / plan.DONE).read_text())
+    assert done["settings"]["decoding"]["max_new_tokens"] == 3
+    assert OmegaConf.load(root / COLLECT.run / "config.yaml").decoding.max_new_tokens == 3
+    new_policy = json.loads((root / POLICY.run / plan.DONE).read_text())
+    assert new_policy["upstream"][COLLECT.run] == plan.fingerprint(root / COLLECT.run) != policy_done["upstream"][COLLECT.run]
+    plan.run(root, profile=profile, extra=["decoding.max_new_tokens=3", "decoding.draft_length=1"])  # now skipped
+
+    # an upstream step run again (its .done deleted: it resumes and finishes anew): the step reading it is refused
+    (root / COLLECT.run / plan.DONE).unlink()
+    with pytest.raises(SpecbenchError, match=f"{POLICY.run} \\(its upstream step {COLLECT.run} runs again\\)"):
+        plan.run(root, profile=profile, extra=["decoding.max_new_tokens=3", "decoding.draft_length=1"])
+
+
+def test_an_old_done_marker_without_settings_is_not_trusted(tmp_path, monkeypatch):
+    profile = mini(monkeypatch, [COLLECT])
+    (tmp_path / COLLECT.run).mkdir(parents=True)
+    (tmp_path / COLLECT.run / plan.DONE).write_text("12.0 s\n")
+    with pytest.raises(SpecbenchError, match="records no settings") as err:
+        plan.run(tmp_path, profile=profile)
+    assert "--redo" in err.value.fix
+
+
+def test_upstream_steps_are_the_runs_a_step_reads():
+    runs = {s.run: [u.run for u in plan.upstream_of(s, plan.CPU)] for s in plan.CPU}
+    assert runs["huang/policy"] == ["huang/collect"]
+    assert runs["huang/eval"] == ["huang/policy"]
+    assert runs["huang/depth/alpha"] == ["huang/depth/collect"]
+    assert runs["metasd/eval"] == [] and runs["huang/collect"] == []
+    # --redo deletes a step's directory: no step's directory holds another's
+    for profile in (plan.CPU, plan.PAPER):
+        dirs = [s.run for s in profile]
+        assert not [(a, b) for a in dirs for b in dirs if a != b and b.startswith(a + "/")]
+
+
+# ---------------------------------------------------------------- #12: validated and mapped before anything is written
+@pytest.mark.parametrize("override, message", [
+    ("decoding.nope=1", "unknown config key 'decoding.nope'"),
+    ("decoding.draft_length=[1", "cannot read the override"),
+    ("seed=abc", "seed=abc: expected an integer"),
+])
+def test_bad_overrides_are_refused_before_anything_is_written(tmp_path, override, message):
+    root = tmp_path / "bad"
+    with pytest.raises(SpecbenchError, match=message.replace("[", "\\[")):
+        plan.run(root, profile="tiny", papers=["cascades"], extra=[override])
+    assert not root.exists()  # no reproduce.json, no step directory, no model loaded
+
+    result = CliRunner().invoke(app, ["reproduce", "--profile", "tiny", "--root", str(root), "--paper", "cascades",
+                                      override])
+    assert result.exit_code == 2, result.output
+    assert "error:" in result.output and "fix:" in result.output and "Traceback" not in result.output
+    assert not root.exists()
+
+
+# ---------------------------------------------------------------- #3: a report on an unfinished run judges nothing
+def _metasd_summary(path: Path) -> None:
+    rows = []
+    for task, own in (("translation", "eagle_translation"), ("summarization", "eagle_summarization"),
+                      ("math", "eagle_math"), ("chat", "eagle_chat"), ("all", None)):
+        for m in ("autoregressive", "fixed:eagle_translation", "fixed:eagle_summarization", "fixed:eagle_math",
+                  "fixed:eagle_chat", "fixed:eagle_general", "ucb-bd", "ucb-switch-bd", "oracle"):
+            fast = m == f"fixed:{own}" or m in ("ucb-bd", "ucb-switch-bd", "oracle")
+            rows.append({"task": task, "method": m, "speedup": 2.0 if fast else 1.0, "mat": 3.0 if fast else 1.0,
+                         "acceptance_rate": 0.5, "switches": 1 if m == "ucb-switch-bd" else 4})
+    path.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(path / "summary.csv", index=False)
+
+
+def _stopped_eval(root: Path, lines: int) -> Path:
+    """metasd/eval of a reproduce root, stopped early: its config, ``lines`` records, the partial summary."""
+    out = root / "metasd" / "eval"
+    _metasd_summary(out)
+    step = next(s for s in plan.CPU if s.run == "metasd/eval")
+    with initialize_config_dir(config_dir=conf_dir(), version_base=None):
+        cfg = compose(config_name="eval", overrides=plan.overrides_of(step, root, TINY, []))
+    OmegaConf.save(cfg, out / "config.yaml")
+    (out / "examples.jsonl").write_text("".join(json.dumps({"query_id": f"q{i}", "method": "autoregressive"}) + "\n"
+                                                for i in range(lines)))
+    (root / render.LAYOUT_FILE).write_text(json.dumps({"profile": "tiny", "layout": "cpu"}) + "\n")
+    return out
+
+
+@needs_data
+def test_the_report_on_an_unfinished_step_says_so_and_judges_nothing(tmp_path):
+    root = tmp_path / "rh"
+    out = _stopped_eval(root, 3)
+    report = render.write(root)
+    main = (report / "metasd" / "main.md").read_text()
+    index = (report / "REPORT.md").read_text()
+    assert "unfinished: 3 of " in main and " generations" in main
+    title = main.splitlines()[0]
+    assert title.startswith("## MetaSD, main table") and "unfinished: 3 of" in title
+    for name in ("main", "heads", "switching"):
+        md = (report / "metasd" / f"{name}.md").read_text()
+        verdicts = [line for line in md.splitlines() if line.startswith("- **")]
+        assert verdicts and all(line.startswith("- **not judged**") for line in verdicts), (name, verdicts)
+    section = index.split("### [MetaSD, main table")[1].split("### [")[0]
+    assert "**held**" not in section and "**not judged**" in section
+
+    # finished (its .done): judged again; then records cut below what the .done counted: unfinished again
+    (out / plan.DONE).write_text(json.dumps({"records": 3}) + "\n")
+    assert "**held**: UCB-BD reaches" in (render.write(root) / "metasd" / "main.md").read_text()
+    (out / plan.DONE).write_text(json.dumps({"records": 10}) + "\n")
+    main = (render.write(root) / "metasd" / "main.md").read_text()
+    assert "unfinished: 3 of 10 generations" in main and "**held**" not in main
+
+
+def test_the_planned_count_of_an_unfinished_eval(tmp_path):
+    if not SHARED.is_dir():
+        pytest.skip("../shared/data is not present")
+    out = _stopped_eval(tmp_path, 2)
+    cfg = OmegaConf.load(out / "config.yaml")
+    n_methods = 1 + len(cfg.pool.drafters) + 7  # autoregressive, fixed:* and the 7 selectors of the experiment
+    from specbench.reproduction.exhibits import planned
+
+    assert planned(out, "eval") == 4 * n_methods
+
+
+# ---------------------------------------------------------------- #13: a damaged summary.csv
+@pytest.mark.parametrize("damage", ["empty", "torn"])
+def test_report_on_an_empty_or_torn_summary_is_a_clear_error(tmp_path, damage):
+    root = tmp_path / "rt"
+    out = root / "metasd" / "eval"
+    _metasd_summary(out)
+    (out / plan.DONE).write_text("{}\n")
+    csv = out / "summary.csv"
+    csv.write_bytes(b"" if damage == "empty" else csv.read_bytes()[:-10])
+    with pytest.raises(SpecbenchError, match="empty|torn") as err:
+        render.write(root)
+    assert str(csv) in err.value.problem and "specbench reproduce" in err.value.fix
+    result = CliRunner().invoke(app, ["report", str(root)])
+    assert result.exit_code == 2 and "error:" in result.output and str(csv) in result.output.replace("\n", "")
+
+
+# ---------------------------------------------------------------- #10: a carry-over stream step stopped half way
+@needs_data
+def test_a_stream_step_stopped_half_way_restarts_its_records(tmp_path, monkeypatch, heads, caplog):
+    profile = mini(monkeypatch, [STREAM])
+    root = tmp_path / "rs"
+    plan.run(root, profile=profile)
+    out = root / STREAM.run
+    full = (out / "examples.jsonl").read_text().splitlines()
+    methods = [json.loads(x)["method"] for x in full]
+    assert "ucb-bd" in methods
+    # Ctrl-C after a few generations: no .done, the first records only (a carry-over method among them)
+    keep = methods.index("ucb-bd") + 1
+    (out / plan.DONE).unlink()
+    (out / "examples.jsonl").write_text("\n".join(full[:keep]) + "\n")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="specbench.reproduction.plan"):
+        plan.run(root, profile=profile)  # before the fix: "cannot resume method 'ucb-bd'", on every rerun
+    assert (out / plan.DONE).exists()
+    assert any("cannot resume" in r.getMessage() and str(out) in r.getMessage() for r in caplog.records)
+    again = (out / "examples.jsonl").read_text().splitlines()
+    assert len(again) == len(full)
+    key = lambda line: (json.loads(line)["query_id"], json.loads(line)["method"], json.loads(line)["text"])  # noqa: E731
+    assert sorted(map(key, again)) == sorted(map(key, full))  # greedy: the restarted step decodes the same
+
+
+# ---------------------------------------------------------------- #1: two reproduce processes in one root
+def test_a_second_reproduce_into_a_held_root_is_refused(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    root = tmp_path / "rc"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                               "from specbench.pipelines.session import lock_run_dir\n"
+                               f"lock_run_dir({str(root)!r}, 'reproduce'); print('held', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        started = time.perf_counter()
+        with pytest.raises(SpecbenchError, match="being written by another specbench run") as err:
+            plan.run(root, profile="tiny", papers=["cascades"])
+        assert f"pid {holder.pid}" in err.value.problem and "--root" in err.value.fix
+        assert time.perf_counter() - started < 30 and not (root / render.LAYOUT_FILE).exists()
+    finally:
+        holder.kill()
+        holder.wait()

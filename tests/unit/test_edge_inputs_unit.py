@@ -1,0 +1,277 @@
+"""Edge inputs below the command line (issue 22, defects 13 and 14): a temperature too small for float32,
+empty query fields, a source that the filters empty, a confidence threshold that is no probability, an
+experiment under a command it is not written for, an unwritable model cache, a damaged head checkpoint,
+and the temporary directories of killed conversions. No model is loaded and nothing is converted."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from specbench.configs import check_experiment_command, conf_dir, experiment_commands
+from specbench.decoding.sampling import MIN_TEMPERATURE, SamplingParams, logits_to_probs
+from specbench.drafters.base import ModelDrafter, check_confidence_threshold
+from specbench.drafters.eagle import EagleDrafter, load_head, load_state
+from specbench.errors import SpecbenchError
+from specbench.models import loading
+from specbench.tasks.datasets import load_dataset_config, read_source
+from specbench.validate import validate
+from tests.experiments import commands_for, experiments
+
+
+def composed(name: str, *overrides: str):
+    with initialize_config_dir(config_dir=conf_dir(), version_base=None):
+        return compose(config_name=name, overrides=list(overrides))
+
+
+# -- temperature: 0 or at least MIN_TEMPERATURE ------------------------------------------------
+
+@pytest.mark.parametrize("t", [1e-40, 1e-39, 1e-30, 1e-7])
+def test_a_tiny_positive_temperature_is_refused(t):
+    with pytest.raises(SpecbenchError, match="below the smallest positive temperature") as info:
+        SamplingParams(temperature=t)
+    assert "decoding.temperature=0" in info.value.fix and f"{MIN_TEMPERATURE:g}" in info.value.fix
+    with pytest.raises(SpecbenchError, match=rf"decoding.temperature={t:g}: expected a finite number >= 0: 0 \(greedy\)"):
+        validate(composed("eval", f"decoding.temperature={t}"))
+
+
+def test_the_smallest_temperature_allowed_gives_finite_probabilities():
+    logits = torch.tensor([30.0, 29.99, -50.0, 0.0])
+    probs = logits_to_probs(logits, SamplingParams(temperature=MIN_TEMPERATURE))
+    assert torch.isfinite(probs).all() and torch.allclose(probs.sum(), torch.tensor(1.0))
+    assert probs.argmax() == 0 and probs[0] > 0.999
+    for t in (0, MIN_TEMPERATURE, 0.7):  # 0 and the minimum itself validate
+        validate(composed("eval", f"decoding.temperature={t}"))
+
+
+# -- empty query fields, named before any model loads ------------------------------------------
+
+@pytest.mark.parametrize("fmt, record, field", [
+    ("gsm8k", {"question": "", "answer": "#### 1"}, "question"),
+    ("gsm8k", {"question": " \n\t", "answer": "#### 1"}, "question"),
+    ("qa", {"question": "  ", "answer": ["x"]}, "question"),
+    ("xsum", {"document": "", "summary": "s", "id": "d7"}, "document"),
+    ("iwslt", {"translation": {"de": " ", "en": "hi"}}, "source"),
+    ("mt_bench", {"question_id": 5, "category": "writing", "turns": ["", "more"]}, "turn"),
+    ("mt_bench", {"question_id": 5, "category": "writing", "turns": ["first", " "]}, "turn 2"),
+    ("alpaca", {"instruction": " ", "output": "o"}, "turn"),
+])
+def test_an_empty_query_field_is_refused_naming_the_record(tmp_path, fmt, record, field):
+    good = {"gsm8k": {"question": "1+1?", "answer": "#### 2"}, "qa": {"question": "who?", "answer": ["x"]},
+            "xsum": {"document": "text", "summary": "s", "id": "d1"},
+            "iwslt": {"translation": {"de": "hallo", "en": "hello"}},
+            "mt_bench": {"question_id": 1, "category": "writing", "turns": ["hi", "again"]},
+            "alpaca": {"instruction": "say hi", "output": "hi"}}[fmt]
+    path = tmp_path / "data.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps(record) + "\n")
+    with pytest.raises(SpecbenchError) as info:
+        read_source("src", {"format": fmt, "path": str(path)})
+    assert info.value.problem.startswith(f"{path}:2: dataset source 'src': query ")
+    assert info.value.problem.endswith(f"has an empty {field}")
+    assert "remove the record" in info.value.fix
+    ids = {"gsm8k": "gsm8k-1", "qa": "qa-1", "xsum": "d7", "iwslt": "iwslt-1", "mt_bench": "q5", "alpaca": "alpaca-1"}
+    assert f"query {ids[fmt]} " in info.value.problem
+
+
+def test_many_empty_records_are_counted(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text("".join(json.dumps({"question": "", "answer": "#### 1"}) + "\n" for _ in range(3)))
+    with pytest.raises(SpecbenchError, match=r"q.jsonl:1: .* gsm8k-0 has an empty question \(and 2 more such records\)"):
+        read_source("gsm8k", {"format": "gsm8k", "path": str(path)})
+
+
+# -- a source that the filters empty -----------------------------------------------------------
+
+def test_categories_and_offset_that_empty_a_source_are_refused():
+    cfg = composed("eval", "dataset.categories=[writing]", "dataset.offset=3").dataset
+    with pytest.raises(SpecbenchError) as info:
+        load_dataset_config(cfg)
+    assert info.value.problem == ("dataset source 'chat' yields no queries: it has 1 record in "
+                                  "dataset.categories=['writing'] and dataset.offset=3 skips it")
+    assert "dataset.offset below 1" in info.value.fix and "dataset.sources.chat=null" in info.value.fix
+    # the same offset without the filter, and the filter without the offset: every source yields queries
+    assert {q.task for q in load_dataset_config(composed("eval", "dataset.offset=3").dataset)} == {
+        "translation", "summarization", "math", "chat"}
+    assert {q.task for q in load_dataset_config(composed("eval", "dataset.categories=[writing]").dataset)} == {
+        "translation", "summarization", "math", "chat"}
+
+
+def test_an_offset_past_one_source_is_refused(tmp_path):
+    short = tmp_path / "short.jsonl"
+    short.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n")
+    cfg = composed("eval", "dataset.offset=2", f"dataset.sources.math.path={short}").dataset
+    with pytest.raises(SpecbenchError, match=r"dataset source 'math' yields no queries: it has 1 record and "
+                                             r"dataset.offset=2 skips it"):
+        load_dataset_config(cfg)
+
+
+def test_categories_that_only_another_source_has_are_refused(tmp_path):
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"question_id": 9, "category": "coding", "turns": ["write code"]}) + "\n")
+    cfg = composed("eval", "dataset.categories=[writing]", f"+dataset.sources.more={{format: mt_bench, path: '{other}'}}")
+    with pytest.raises(SpecbenchError, match=r"dataset source 'more' yields no queries: none of its 1 records? is in "
+                                             r"dataset.categories=\['writing'\]"):
+        load_dataset_config(cfg.dataset)
+
+
+# -- confidence_threshold: a probability -------------------------------------------------------
+
+@pytest.mark.parametrize("value", [2, -0.1, 1.5])
+def test_a_confidence_threshold_outside_0_1_is_refused(value):
+    with pytest.raises(SpecbenchError, match=rf"pool.drafters.quantized.confidence_threshold={value}: "
+                                             r"expected a finite number in \[0, 1\]"):
+        validate(composed("eval", "pool=tiny", f"pool.drafters.quantized.confidence_threshold={value}"))
+    for build in (lambda: ModelDrafter("q", None, 10, 0.1, confidence_threshold=value),
+                  lambda: EagleDrafter("q", None, None, None, 0.0, confidence_threshold=value)):
+        with pytest.raises(SpecbenchError, match=r"drafter 'q': confidence_threshold=.* is not a probability in \[0, 1\]"):
+            build()
+
+
+def test_confidence_thresholds_in_0_1_pass():
+    for value in (0, 0.0, 0.5, 1):
+        assert check_confidence_threshold(value, "q") == float(value)
+    validate(composed("eval", "pool=tiny", "pool.drafters.quantized.confidence_threshold=0.3"))
+    with pytest.raises(SpecbenchError):
+        check_confidence_threshold(float("nan"), "q")
+
+
+# -- an experiment under the command it is written for -----------------------------------------
+
+@pytest.mark.parametrize("name", experiments())
+def test_every_experiment_declares_its_commands(name):
+    """Each experiment's ``# @commands`` header matches the commands the config tests compose it for."""
+    declared = experiment_commands(name)
+    assert declared, f"conf/experiment/{name}.yaml has no '# @commands' line"
+    assert [c.replace("-", "_") for c in declared] == commands_for(name)
+    for command in declared:
+        check_experiment_command(name, command.replace("-", "_"))
+
+
+@pytest.mark.parametrize("name, command, right", [
+    ("cascades_cpu", "eval", "cascades"), ("cascades_cpu", "collect", "cascades"),
+    ("metasd_cpu", "cascades", "eval"), ("huang_cpu", "cascades", "collect"),
+    ("drafter_vicuna68m_qa", "eval", "train-drafter"), ("metasd_cpu", "train_policy", "eval")])
+def test_an_experiment_under_another_command_is_refused(name, command, right):
+    with pytest.raises(SpecbenchError, match=f"experiment '{name}' is written for .*, not {command.replace('_', '-')}") as info:
+        check_experiment_command(name, command)
+    assert f"`specbench {right} +experiment={name} ...`" in info.value.fix
+
+
+def test_no_experiment_or_an_unknown_one_is_not_checked_here():
+    check_experiment_command(None, "eval")
+    check_experiment_command("no_such_experiment", "eval")  # Hydra names a missing experiment itself
+
+
+# -- the model cache ---------------------------------------------------------------------------
+
+@pytest.fixture
+def no_conversion(monkeypatch):
+    def convert(pkg_dir, tmp):
+        raise AssertionError("the embedded model was converted")
+    monkeypatch.setattr(loading, "_convert_smollm2", convert)
+
+
+@pytest.mark.parametrize("where", ["file/cache", "file"])
+def test_an_unwritable_cache_is_named_with_its_own_fix(tmp_path, monkeypatch, no_conversion, where):
+    (tmp_path / "file").write_text("not a directory")
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / where))
+    with pytest.raises(SpecbenchError) as info:
+        loading._smollm2_dir()
+    assert info.value.problem.startswith(f"cannot write the model cache {tmp_path / where}")
+    assert "SPECBENCH_CACHE=<a writable directory>" in info.value.fix and "hydra.run.dir" not in info.value.fix
+
+
+def test_a_write_that_fails_during_the_conversion_names_the_cache(tmp_path, monkeypatch):
+    import errno
+
+    def convert(pkg_dir, tmp):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp / "model.safetensors"))
+    monkeypatch.setattr(loading, "_convert_smollm2", convert)
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(SpecbenchError, match="cannot write the model cache .*No space left on device") as info:
+        loading._smollm2_dir()
+    assert "SPECBENCH_CACHE=" in info.value.fix
+    assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".smollm2-")]  # its temp dir went
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_conversion_removes_the_temporary_directories_of_killed_ones(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    host = socket.gethostname()
+    dead = cache / f".smollm2-{host}-{dead_pid()}-k1ll3d__"
+    old = cache / ".smollm2-ab3_x9yz"  # an older version's name (no pid), two hours old
+    live = cache / f".smollm2-{host}-{os.getpid()}-running_"  # a conversion running now: kept
+    young = cache / ".smollm2-q7w8e9r0"  # no pid, a minute old: may be running, kept
+    other = cache / "drafters"  # the rest of the cache is never touched
+    for d in (dead, old, live, young, other):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"x" * 1000)
+    two_hours_ago = time.time() - 2 * 3600
+    os.utime(old, (two_hours_ago, two_hours_ago))
+    made = []
+
+    def convert(pkg_dir, tmp):  # the tiny stand-in for the ~20 s conversion
+        made.append(tmp)
+        assert not dead.exists() and not old.exists(), "stale directories are removed before converting"
+        (tmp / "config.json").write_text("{}")
+        (tmp / "model.safetensors").write_bytes(b"weights")
+    monkeypatch.setattr(loading, "_convert_smollm2", convert)
+    monkeypatch.setenv("SPECBENCH_CACHE", str(cache))
+    out = loading._smollm2_dir()
+    assert out == cache / "smollm2-135m-instruct" and (out / "model.safetensors").read_bytes() == b"weights"
+    assert sorted(p.name for p in cache.iterdir()) == sorted([live.name, young.name, other.name, out.name])
+    # the conversion's own temporary directory carries this host and pid, so a kill -9 of it is recognized later
+    assert made[0].name.startswith(f".smollm2-{host}-{os.getpid()}-")
+    assert loading._smollm2_dir() == out and len(made) == 1  # converted once
+
+
+def test_remove_stale_conversions_by_age_and_owner(tmp_path):
+    host = socket.gethostname()
+    elsewhere = tmp_path / f".smollm2-another-host-{dead_pid()}-abcdefgh"  # another host's pid means nothing here
+    elsewhere.mkdir()
+    assert loading.remove_stale_conversions(tmp_path) == []
+    assert loading.remove_stale_conversions(tmp_path, now=time.time() + 2 * 3600) == [elsewhere]
+    mine = tmp_path / f".smollm2-{host}-{os.getpid()}-abcdefgh"
+    mine.mkdir()
+    assert loading.remove_stale_conversions(tmp_path) == [] and mine.exists()
+    assert loading.remove_stale_conversions(tmp_path / "missing") == []
+
+
+# -- a damaged head checkpoint -----------------------------------------------------------------
+
+@pytest.mark.parametrize("name, content", [
+    ("model.safetensors", os.urandom(600)),
+    ("model.safetensors", b""),
+    ("model.safetensors", b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\": "),  # a torn header
+    ("pytorch_model.bin", os.urandom(600)),
+    ("pytorch_model.bin", b"PK\x03\x04" + os.urandom(100)),  # a torn zip
+])
+def test_a_damaged_head_file_is_named(tmp_path, name, content):
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(SpecbenchError) as info:
+        load_state(tmp_path)
+    assert info.value.problem.startswith(f"draft head file {tmp_path / name} cannot be read (")
+    assert "train-drafter" in info.value.fix
+
+
+@pytest.mark.parametrize("config", ['{"specbench": ', "[1, 2]", b"\xff\xfe"])
+def test_a_damaged_head_config_is_named(tmp_path, config):
+    path = tmp_path / "config.json"
+    path.write_bytes(config if isinstance(config, bytes) else config.encode())
+    with pytest.raises(SpecbenchError, match=f"draft head file {path} cannot be read"):
+        load_head(str(tmp_path), target=None)
