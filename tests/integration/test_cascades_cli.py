@@ -25,9 +25,13 @@ def test_cascades_writes_curves_and_resumes(tmp_path):
     assert set(curves.method) == methods
     for col in ("quality", "speedup", "rejection_rate", "mat", "agreement_exact", "deferral_rate"):
         assert col in curves.columns
+    timed = {(e["task"], e["method"]): e for e in map(json.loads, (tmp_path / "examples.jsonl").read_text().splitlines())}
     for task in tasks:
         rows = curves[curves.task == task].set_index("method")
-        assert rows.loc["autoregressive", "speedup"] == 1.0
+        # the speedup is the baseline's seconds per token over the method's, from the records (one query a task)
+        base, sd = timed[task, "autoregressive"], timed[task, "sd"]
+        expected = (base["seconds"] / base["new_tokens"]) / (sd["seconds"] / sd["new_tokens"])
+        assert rows.loc["sd", "speedup"] == pytest.approx(expected, rel=1e-3, abs=1e-3)
         # lossless points agree with autoregressive; the never-deferring one is the drafter alone
         assert rows.loc["sd", "agreement_exact"] == 1.0 and rows.loc["token_v3@-1", "agreement_exact"] == 1.0
         assert rows.loc["chow@1", "rejection_rate"] == 0.0 and rows.loc["chow@1", "deferral_rate"] == 0.0

@@ -138,7 +138,14 @@ def test_two_turn_chat_and_quality_columns(tmp_path):
     summary = pd.read_csv(tmp_path / "emb" / "summary.csv")
     for col in ("bleu", "rouge2", "accuracy", "output_words"):
         assert col in summary.columns
-    assert summary.set_index("task").loc["translation", "bleu"] >= 0
+    # the table's BLEU is corpus BLEU of the records' texts against their references (one translation query)
+    from specbench.tasks.metrics import corpus_bleu
+
+    emb = [json.loads(x) for x in (tmp_path / "emb" / "examples.jsonl").read_text().splitlines()]
+    trans = [e for e in emb if e["task"] == "translation"]
+    assert len(trans) == 1 and trans[0]["reference"] and 0.0 <= trans[0]["quality"]["bleu"] <= 100.0
+    expected = corpus_bleu([trans[0]["text"]], [trans[0]["reference"]])
+    assert summary.set_index("task").loc["translation", "bleu"] == pytest.approx(expected, abs=1e-3)
 
 
 def test_metasd_experiment_writes_table_and_convergence(tmp_path):

@@ -127,10 +127,12 @@ def test_t5_autoregressive_cost_does_not_grow_with_the_pool(tiny_t5_target, tiny
     assert all(v == (0, 0) for v in counts["one"][2].values())
 
     # the early exit shares the target's encoder: playing it runs no second encoder pass
+    autoregressive_tokens = gen.tokens  # the last autoregressive generation of the loop above
     target_enc, h = count_encoder_calls(target.model)
     gen = tiny_decode(target, big, "exit", prompt, max_new_tokens=10)
     h.remove()
-    assert gen.accepted >= 0 and target_enc[0] == 1
+    assert gen.drafted > 0 and all(r.arm == "exit" for r in gen.rounds)  # the early exit really drafted
+    assert gen.tokens == autoregressive_tokens and target_enc[0] == 1
     assert big["exit"].lm.encoder_outputs is target.encoder_outputs
 
 

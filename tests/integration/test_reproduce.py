@@ -4,6 +4,7 @@ Every exhibit is built, and a rerun skips every finished step."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,15 @@ def test_dry_run_builds_every_exhibit_and_resumes(tmp_path, monkeypatch, tiny_ll
         assert (report / f"{name}.md").exists() and (report / f"{name}.csv").exists(), name
     for fig in ("huang/fig2", "huang/fig3", "metasd/convergence", "cascades/greedy"):
         assert (report / f"{fig}.png").exists(), fig
-    assert text.count("**held**") + text.count("**not held**") + text.count("**not judged**") >= 15
+    marks = re.findall(r"^- \*\*(held|not held|not judged)\*\*: ", text, re.M)
+    assert len(marks) >= 15 and "held" in marks
+    # every step finished, so no verdict is set aside as read off a partial run
+    assert "on the finished part" not in text
+    # the index lists exactly the verdicts of the exhibit pages
+    pages = [report / link for link in re.findall(r"^### \[[^\]]*\]\(([^)]+\.md)\)", text, re.M)]
+    assert len(pages) == len(builders(CPU_LAYOUT))
+    assert sum(len(re.findall(r"^- \*\*(?:held|not held|not judged)\*\*: ", p.read_text(), re.M))
+               for p in pages) == len(marks)
 
     # a rerun decodes nothing: every step is skipped and the records are untouched
     before = (root / "metasd" / "eval" / "examples.jsonl").read_text()
