@@ -7,7 +7,9 @@ per task with a few new tokens. What must not change when the code is reshaped i
 output ids and the counts of every generation (rounds, drafted, accepted, target calls, switches,
 the arm of every round). Timing is not recorded.
 
-    python -m tests.regression.capture      # rewrites tests/regression/fixture.json (only on purpose)
+    python -m tests.regression.capture --scenario KEY   # recaptures one scenario, printing what changed
+    python -m tests.regression.capture --new            # captures the scenarios the fixture does not have yet
+    python -m tests.regression.capture --all            # rewrites every scenario (only on purpose)
 
 The fixture was captured before the pipeline refactor of issue 10; experiments added since
 (``specialists_cost``) were captured when they were added.
@@ -74,9 +76,32 @@ def tiny_config(name: str, command: str):
 GEN_KEYS = ("query_id", "method", "output_ids", "rounds", "drafted", "accepted", "target_calls", "switches", "stop")
 
 
+# Scenarios of their own (not experiments): long enough for the bandits to leave exploration (96 tokens at
+# draft length 2: 30-50 rounds a query), and different from each other (family, decoding, selectors).
+LONG_SELECTORS = ["autoregressive", "selector:ucb", "selector:exp3", "selector:hedge", "selector:discounted_ucb",
+                  "selector:sequential_halving", "selector:etc"]
+LONG = {
+    "long_bandits_llama/eval": ("tiny_llama", "tiny_llama_hf", "greedy"),
+    "long_bandits_llama_sampling/eval": ("tiny_llama", "tiny_llama_hf", "sampling"),
+    "long_bandits_t5/eval": ("tiny_t5", "tiny_t5_hf", "greedy"),
+}
+
+
+def long_config(key: str):
+    target, pool, decoding = LONG[key]
+    with initialize_config_dir(config_dir=conf_dir(), version_base=None):
+        cfg = compose(config_name="eval", overrides=[
+            f"target={target}", f"pool={pool}", "dataset=embedded", f"decoding={decoding}", "dataset.limit=1",
+            "decoding.max_new_tokens=96", "decoding.draft_length=2", "warmup.max_new_tokens=2",
+            f"methods=[{','.join(LONG_SELECTORS)}]"])
+    with open_dict(cfg):
+        cfg.threads = None
+    return cfg
+
+
 def unique_scenarios(names: list[str] | None = None) -> dict[str, object]:
     """``{"<experiment>/<command>": tiny config}``, one per distinct tiny config (many experiments
-    differ only in what the tiny swap replaces)."""
+    differ only in what the tiny swap replaces), then the long bandit scenarios (:data:`LONG`)."""
     seen, out = set(), {}
     for name in names or experiments():
         for command in commands_for(name):
@@ -85,7 +110,19 @@ def unique_scenarios(names: list[str] | None = None) -> dict[str, object]:
             if key not in seen:
                 seen.add(key)
                 out[f"{name}/{command}"] = cfg
+    if names is None:
+        out.update((key, long_config(key)) for key in LONG)
     return out
+
+
+def versions() -> dict[str, str]:
+    """The library versions a capture ran with (recorded in the fixture as ``_meta``)."""
+    import platform
+
+    import torch
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
 
 
 def run_scenario(cfg, command: str, out: Path) -> dict:
@@ -116,12 +153,15 @@ def run_scenario(cfg, command: str, out: Path) -> dict:
             for e in examples}
 
 
-def capture(names: list[str] | None = None) -> dict:
+def capture(names: list[str] | None = None, keys: list[str] | None = None) -> dict:
+    """The records of every scenario (or of the scenario ``keys`` only)."""
     import torch
 
     torch.set_num_threads(1)
     result = {}
     for key, cfg in unique_scenarios(names).items():
+        if keys is not None and key not in keys:
+            continue
         with tempfile.TemporaryDirectory() as tmp:
             result[key] = run_scenario(cfg, key.split("/")[1], Path(tmp))
     return result

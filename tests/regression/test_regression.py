@@ -4,17 +4,40 @@ ids and counts recorded before the refactor (``fixture.json``, written by ``capt
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 
-from tests.regression.scenarios import FIXTURE, run_scenario, unique_scenarios
+from tests.regression.scenarios import FIXTURE, LONG, run_scenario, unique_scenarios, versions
 
 SCENARIOS = unique_scenarios()
-RECORDED = json.loads(FIXTURE.read_text())
+FILE = json.loads(FIXTURE.read_text())
+META = FILE.get("_meta", {})
+RECORDED = {k: v for k, v in FILE.items() if not k.startswith("_")}
 
 
 def test_fixture_covers_every_scenario():
-    assert set(SCENARIOS) == set(RECORDED), "rerun `python -m tests.regression.capture` only for an intended change"
+    assert set(SCENARIOS) == set(RECORDED), ("capture a new scenario with `python -m tests.regression.capture --new`; "
+                                             "recapture one only for an intended change (--scenario KEY shows the diff)")
+
+
+def test_fixture_records_its_library_versions():
+    assert set(META) >= {"torch", "transformers"}
+    now = versions()
+    changed = {k: (META[k], now[k]) for k in ("torch", "transformers") if META.get(k) != now[k]}
+    if changed:  # a different library may change rounding, not results: say so, do not fail
+        warnings.warn(f"the fixture was captured with other library versions: {changed}")
+
+
+def test_long_scenarios_differ_from_each_other_and_leave_exploration():
+    long = {k: RECORDED[k] for k in LONG}
+    outputs = [json.dumps(sorted((g["method"], g["output_ids"], g["arms"]) for g in v.values())) for v in long.values()]
+    assert len(set(outputs)) == len(outputs)
+    for key, gens in long.items():
+        bandits = [g for g in gens.values() if g["method"] != "autoregressive"]
+        rounds = sorted(g["rounds"] for g in bandits)
+        assert bandits and rounds[len(rounds) // 2] >= 40, key  # well past the K + a few rounds of exploration
+        assert len({a for g in bandits for a in g["arms"]}) >= 2, key
 
 
 @pytest.mark.parametrize("key", sorted(SCENARIOS))
