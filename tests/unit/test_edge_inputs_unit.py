@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -255,11 +256,12 @@ def test_remove_stale_conversions_by_age_and_owner(tmp_path):
 # -- a damaged head checkpoint -----------------------------------------------------------------
 
 @pytest.mark.parametrize("name, content", [
-    ("model.safetensors", os.urandom(600)),
+    ("model.safetensors", random.Random(0).randbytes(600)),
     ("model.safetensors", b""),
     ("model.safetensors", b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\": "),  # a torn header
-    ("pytorch_model.bin", os.urandom(600)),
-    ("pytorch_model.bin", b"PK\x03\x04" + os.urandom(100)),  # a torn zip
+    ("pytorch_model.bin", random.Random(1).randbytes(600)),
+    ("pytorch_model.bin", random.Random(2).randbytes(600)),
+    ("pytorch_model.bin", b"PK\x03\x04" + random.Random(3).randbytes(100)),  # a torn zip
 ])
 def test_a_damaged_head_file_is_named(tmp_path, name, content):
     (tmp_path / name).write_bytes(content)
