@@ -18,7 +18,7 @@ PIP ?= $(PYTHON) -m pip
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install demo readme-demo test test-fast bench clean metasd-cpu metasd-cpu-full-info huang-cpu huang-cpu-math \
+.PHONY: install demo readme-demo test test-slow test-all bench clean metasd-cpu metasd-cpu-full-info huang-cpu huang-cpu-math \
 	huang-cpu-early-exit cascades-cpu specialists specialists-eval reproduce-cpu report paper-dry-run paper-drafters \
 	reproduce-paper
 
@@ -46,11 +46,15 @@ readme-demo: install
 bench: install
 	$(SPECBENCH) bench
 
+# make test: every test but the slow set (the real SmolLM2 model, the widest sampling laws), within ~15 minutes
+# on 2 CPUs; make test-slow: the slow set; CI (.ci/run) runs both.
 test: install
-	$(PYTHON) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests
-
-test-fast: install
 	$(PYTHON) -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS) tests
+
+test-slow: install
+	$(PYTHON) -m pytest -q -p no:cacheprovider -m slow $(PYTEST_ARGS) tests
+
+test-all: test test-slow
 
 clean:
 	rm -rf outputs/eval outputs/bench outputs/multirun outputs/cascades_cpu
