@@ -83,6 +83,15 @@ class BanditSelector(Selector):
         self.counts[i] += 1.0
         self.sums[i] += r
 
+    def _draw(self, probs: list[float]) -> int:
+        """An index drawn from ``probs`` (a distribution over the arms) with the selector's own rng."""
+        u, acc = self.rng.random(), 0.0
+        for i, p in enumerate(probs):
+            acc += p
+            if u < acc:
+                return i
+        return self.k - 1  # u landed in the rounding slack of the last arm
+
     def _unplayed(self) -> list[int]:
         return [i for i in range(self.k) if self.counts[i] <= 0]
 

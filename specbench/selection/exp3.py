@@ -36,13 +36,7 @@ class EXP3(BanditSelector):
         return [(1.0 - self.gamma) * wi / total + self.gamma / self.k for wi in w]
 
     def _choose(self) -> int:
-        u, acc = self.rng.random(), 0.0
-        probs = self.probabilities()
-        for i, p in enumerate(probs):
-            acc += p
-            if u < acc:
-                return i
-        return self.k - 1  # u landed in the rounding slack of the last arm
+        return self._draw(self.probabilities())
 
     def _record(self, i: int, r: float) -> None:
         p = self.probabilities()[i]  # weights have not moved since select(): the p the arm was drawn with

@@ -46,13 +46,7 @@ class Hedge(BanditSelector):
 
     def _choose(self) -> int:
         self._fold()
-        u, acc = self.rng.random(), 0.0
-        probs = self.probabilities()
-        for i, p in enumerate(probs):
-            acc += p
-            if u < acc:
-                return i
-        return self.k - 1
+        return self._draw(self.probabilities())
 
     def _record(self, i: int, r: float) -> None:
         super()._record(i, r)
