@@ -88,6 +88,12 @@ class Verification:
     ``layer`` layers at the scored positions, for the layers some drafter asked for; ``played``:
     the arm that drafted; ``peers``: every drafter observing this forward (so drafters that share
     work, such as early exits sharing an LM head, can do it once for all of them, through ``cache``).
+
+    For drafters that must replay the round on their own state (draft heads): ``context``, the
+    committed tokens before the round (the last of them is the first scored position); ``query``,
+    the decode's ``Query`` (its recorded target states); ``draft_length``, the run's draft length;
+    ``room``, the most tokens any draft could have had this round (``max_new_tokens`` left, less the
+    bonus token); ``eos_ids``, the tokens that end a draft. None where the caller did not fill them.
     """
 
     draft: list[int]
@@ -98,6 +104,11 @@ class Verification:
     states: dict[int, torch.Tensor] = field(default_factory=dict)
     peers: Mapping[str, "Drafter"] = field(default_factory=dict)
     cache: dict = field(default_factory=dict)  # scratch shared by the drafters observing this forward
+    context: list[int] | None = None
+    query: Query | None = None
+    draft_length: int | None = None
+    room: int | None = None
+    eos_ids: frozenset[int] = frozenset()
 
 
 class Drafter:

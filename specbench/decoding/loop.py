@@ -130,7 +130,8 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
         t1 = clock.now()
         drafter = pool[arm]
         # Leave room for the bonus token so a round never overshoots max_new_tokens.
-        k = min(drafter.draft_length or limits.draft_length, limits.max_new_tokens - len(out) - 1)
+        room = limits.max_new_tokens - len(out) - 1
+        k = min(drafter.draft_length or limits.draft_length, room)
         switched = prev_arm is not None and arm != prev_arm
         first_use = drafter.sync(ctx, target.tokens) and drafter.drafts
         t2 = clock.now()
@@ -179,7 +180,8 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
         side = {}
         if watching and selector.full_information:
             seen = Verification(draft=scored, p=p, accepted=accepted, played=arm, sampling=sampling, states=states,
-                                peers=watching)
+                                peers=watching, context=target.tokens[: last + 1], query=ctx,
+                                draft_length=limits.draft_length, room=room, eos_ids=eos_ids)
             for name, d in watching.items():
                 obs = d.observe(seen)
                 if obs is not None and name != arm:

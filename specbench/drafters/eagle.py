@@ -34,9 +34,10 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from specbench.decoding.drafter import Draft, Drafter, Query, draft_ends
+from specbench.decoding.drafter import Draft, Drafter, Query, Verification, draft_ends
 from specbench.drafters.base import check_confidence_threshold
 from specbench.decoding.sampling import logits_to_probs, pick
+from specbench.decoding.verify import block_divergence
 from specbench.errors import SpecbenchError
 from specbench.models.cache import cache_argument, common_prefix, crop_cache
 from specbench.models.loading import resolve_cached, resolve_dtype
@@ -303,6 +304,87 @@ class EagleDrafter(Drafter):
                 break
             h = self._feed(h[None], [tok])[-1]
         return Draft(tokens=out, probs=torch.stack(rows), raw=torch.stack(raw))
+
+    @torch.inference_mode()
+    def replay(self, query: Query, context: list[int], draft: list[int], sampling):
+        """The head's distributions along a played ``draft`` from the committed ``context``:
+        ``(probs [n, V], logits [n, V])`` in the full vocabulary (zero / -inf outside a sub-vocabulary),
+        or None when there is no committed feature yet. ``q_0`` is what ``propose`` would start from;
+        ``q_j`` follows ``draft[:j]`` (``n - 1`` head steps, no target call). The chain's cache positions
+        are draft pairs: the next ``sync`` crops them (``real`` is not extended)."""
+        self.sync(query, context)
+        h = self._hat
+        self._hat = None
+        if h is None or not draft:
+            return None
+        subs = []
+        for j in range(len(draft)):
+            subs.append(self.logits(h))
+            if j + 1 < len(draft):
+                h = self._feed(h[None], [draft[j]])[-1]
+        sub = torch.stack(subs)
+        return self.logits.to_full(logits_to_probs(sub, sampling), 0.0), self.logits.to_full(sub, float("-inf"))
+
+    def observe(self, v: Verification) -> float | None:
+        """Under full information, on a round this head did not play: its Block Divergence at the
+        ``len(draft)`` positions the target scored (the played draft's context, as early exits do),
+        carrying the greedy acceptance it would have had (``HeadObservation``)."""
+        if v.played == self.name or not v.draft or v.p is None or v.query is None or v.context is None:
+            return None
+        if not v.query.side_observations:
+            return None
+        replayed = self.replay(v.query, v.context, v.draft, v.sampling)
+        if replayed is None:
+            return None
+        probs, full = replayed
+        n = len(v.draft)
+        bd = block_divergence(v.draft, probs, v.p, n)
+        accepted, exact = None, False
+        if v.sampling.greedy:
+            accepted, exact = self._greedy_acceptance(v, probs, full)
+        return HeadObservation(bd, accepted, exact, len(v.context))
+
+    def _greedy_acceptance(self, v: Verification, probs: torch.Tensor, full: torch.Tensor) -> tuple[int, bool]:
+        """What greedy verification would have kept of this head's own draft, walked along the played
+        draft while the two agree; censored (not exact) where the head's path leaves the played one."""
+        n = len(v.draft)
+        k = n
+        if v.draft_length is not None and v.room is not None:
+            k = min(self.draft_length or v.draft_length, v.room)
+        mine = full.argmax(-1).tolist()
+        theirs = v.p.argmax(-1).tolist()
+        for j in range(min(n, k)):
+            d = mine[j]
+            if d != theirs[j]:
+                return j, True
+            if draft_ends(d, float(probs[j, d]), j, k, v.eos_ids, self.confidence_threshold):
+                return j + 1, True  # the head's draft ends here (EOS, k tokens, or doubt): all of it kept
+            if d != v.draft[j]:
+                return j + 1, False  # the played draft was rejected here; the head's goes on unscored
+        return min(n, k), False  # the played draft ended before the head's would have
+
+
+class HeadObservation(float):
+    """A head's side observation: its Block Divergence on a round it did not play (the float value),
+    with the greedy acceptance it would have had had it been played.
+
+    ``accepted``: draft tokens greedy verification would have kept (None under sampling); ``exact``:
+    False when that is a lower bound (censored: the head's own draft would have left the played one,
+    whose target distributions are all that was scored, before its acceptance was settled);
+    ``start``: the committed length the round started from.
+    """
+
+    accepted: int | None
+    exact: bool
+    start: int
+
+    def __new__(cls, bd: float, accepted: int | None, exact: bool, start: int):
+        obs = super().__new__(cls, bd)
+        obs.accepted, obs.exact, obs.start = accepted, exact, start
+        return obs
+
+    def __repr__(self) -> str:
+        return f"HeadObservation(bd={float(self):.4f}, accepted={self.accepted}, exact={self.exact}, start={self.start})"
 
 
 def head_cost(head: EagleHead, logits: HeadLogits, target: Target) -> float:
