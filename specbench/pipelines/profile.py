@@ -300,6 +300,18 @@ def profile_markdown(prof: Mapping) -> tuple[str, str]:
     return report.to_markdown(verify_table(prof)), report.to_markdown(drafter_table(prof), floatfmt=".4f")
 
 
+def rounding_text(prof: Mapping) -> str | None:
+    """The rounding section of profile.md (the tie tolerance's calibration), or None without one."""
+    r = prof.get("rounding")
+    if not r:
+        return None
+    return (f"Largest |logit difference| between one-token steps and {r['chunk']}-token forwards over the same "
+            f"tokens: {r['max_abs']:.3g} (mean per-row maximum {r['mean_abs']:.3g}; {r['prompts']} prompts x "
+            f"{r['new_tokens']} tokens; argmax agreed at {r['argmax_agree']} of {r['positions']} positions; largest "
+            f"|logit| {r['max_logit']:.3g}). The tie tolerance of {prof['dtype']} for this target: set "
+            f"target.tie_tolerance.{prof['dtype']} to at least {r['max_abs']:.3g} (decoding/certify.py).")
+
+
 def write_profile(out: Path, prof: dict) -> None:
     atomic_write_text(out / profiling.PROFILE_FILE, json.dumps(prof, indent=2) + "\n")
     report.write_csv(profile_rows(prof), out / "profile.csv")
@@ -307,21 +319,15 @@ def write_profile(out: Path, prof: dict) -> None:
     head = (f"# Cost profile: {prof['target']} ({prof['dtype']}, {prof['device']} {prof['device_name']}, "
             f"{prof['threads']} threads, torch {prof['torch']})")
     drafters_title = f"Drafters (context {prof['draft_context']}, {prof['draft_tokens']} tokens per draft)"
+    rounding = rounding_text(prof)
     atomic_write_text(out / "profile.md", f"{head}\n\n## Verification cost relative to the one-token step\n\n{verify_md}\n\n"
-                                    f"## {drafters_title}\n\n{drafter_md}\n\n{NOTES}\n", encoding="utf-8")
+                                          f"## {drafters_title}\n\n{drafter_md}\n\n{NOTES}\n"
+                                          + (f"\n## Rounding (the tie tolerance)\n\n{rounding}\n" if rounding else ""))
     report.print_table(verify_md, title=f"Verification cost relative to the one-token step ({prof['dtype']}, "
                                         f"{prof['device']}, {prof['threads']} threads)")
     report.print_table(drafter_md, title=drafters_title)
-    if prof.get("rounding"):
-        r = prof["rounding"]
-        text = (f"Largest |logit difference| between one-token steps and {r['chunk']}-token forwards over the same "
-                f"tokens: {r['max_abs']:.3g} (mean per-row maximum {r['mean_abs']:.3g}; {r['prompts']} prompts x "
-                f"{r['new_tokens']} tokens; argmax agreed at {r['argmax_agree']} of {r['positions']} positions; largest "
-                f"|logit| {r['max_logit']:.3g}). The tie tolerance of {prof['dtype']} for this target: set "
-                f"target.tie_tolerance.{prof['dtype']} to at least {r['max_abs']:.3g} (decoding/certify.py).")
-        with (out / "profile.md").open("a", encoding="utf-8") as fh:
-            fh.write(f"\n## Rounding (the tie tolerance)\n\n{text}\n")
-        report.print_table(text, title="Rounding (the tie tolerance)")
+    if rounding:
+        report.print_table(rounding, title="Rounding (the tie tolerance)")
     plot_verify(prof, out / "verify_cost.png")
 
 
