@@ -1,0 +1,417 @@
+"""``eagle3``: a feature-level draft head in the EAGLE-3 layout (published EAGLE-3 and vLLM ``speculators`` heads).
+
+The EAGLE-1 head (``eagle``) reads the target's last feature; an EAGLE-3 head reads three target
+layers (low, middle, high), fuses them with ``fc`` and drafts with ONE special decoder layer:
+
+- **Fusion**: ``g_t = fc(cat(s_a(t), s_b(t), s_c(t)))`` (``3 * H_target -> H``; no bias in SafeAILab /
+  SpecForge / current ``speculators``, a bias in early ``speculators`` files: loaded when present),
+  where ``s_l`` is the residual stream after ``l`` target layers (Hugging Face's
+  ``output_hidden_states[l]``, index 0 the embeddings) at the aux layer ids. That is the convention of
+  the published code: SafeAILab's target records the *input* of decoder layer ``idx`` for
+  ``idx in (2, L // 2, L - 3)``, and vLLM's ``eagle_aux_hidden_state_layer_ids`` (default the same) are
+  captured before those layers; specbench's ``state_layers`` / ``Query.states(l)`` use the same index.
+- **Layer** (the head's first decoder layer): its input is ``cat(embed(x_{t+1}), h)``; the embedding goes
+  through ``input_layernorm``, ``h`` through ``hidden_norm``; q/k/v project the ``2H`` concatenation;
+  the attention residual is ``h`` (or ``hidden_norm(h)`` with ``norm_before_residual``); then the usual
+  Llama MLP block. ``speculators`` heads with more layers add plain Llama decoder layers after it.
+- **Drafting**: the first step's ``h`` is ``g_t``; every later step's ``h`` is the layer stack's previous
+  output *before* the final norm (fc applies only to the target's features); the draft distribution is
+  ``lm_head(norm(h))`` over the head's own draft vocabulary (``lm_head`` ``[draft_vocab, H]``).
+- **Vocabulary**: ``d2t`` (int64 offsets: ``target_id = draft_id + d2t[draft_id]``) is converted to
+  absolute target ids at load; ``t2d`` (a bool mask over the target vocabulary), when present, must agree.
+  Verification stays against the target's full vocabulary; in sampling mode ``q`` is the head's
+  distribution placed in the full vocabulary (zero outside the draft vocabulary), so decoding stays lossless.
+- **Layouts** (both load without conversion):
+  SafeAILab/EAGLE and SpecForge: a Llama ``config.json`` with ``draft_vocab_size`` (architecture
+  ``LlamaForCausalLMEagle3``), aux ids optional in ``eagle_config.eagle_aux_hidden_state_layer_ids``
+  (or top-level), tensors ``fc.*``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d``
+  and possibly ``embed_tokens.weight``.
+  ``speculators``: ``speculators_model_type: eagle3`` with the layer's Llama config under
+  ``transformer_layer_config``, top-level ``draft_vocab_size``, ``norm_before_residual``,
+  ``target_hidden_size``, ``eagle_aux_hidden_state_layer_ids``, ``norm_before_fc``; tensors ``fc.*``,
+  ``layers.<i>.*``, ``norm.weight``, ``lm_head.weight``, ``embed_tokens.weight``, ``d2t``, ``t2d``
+  (``verifier_*`` tensors are ignored), ``input_norm.weight`` with ``norm_before_fc``.
+- **Embeddings**: the file's ``embed_tokens`` when it has one (frozen copies of the target's, unless
+  trained), else the target's own table.
+- **Cache, features, rollback, dtype**: as ``eagle`` (``EagleDrafter``, which this drafter extends): one
+  cache position per pair ``(g_t, x_{t+1})``; features come from the decode loop (prefill and every
+  verification forward), so there is no second target pass.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specbench.drafters.eagle import (CONFIG_FILE, EagleDrafter, _damaged, load_state, resolve_checkpoint)
+from specbench.errors import SpecbenchError
+from specbench.models.cache import cache_argument, common_prefix, crop_cache
+from specbench.models.loading import resolve_cached, resolve_dtype
+from specbench.models.target import Target
+from specbench.records import files_fingerprint
+
+AUX_KEY = "eagle_aux_hidden_state_layer_ids"
+# the head's architecture: taken from the checkpoint's config, the target's where the checkpoint is silent
+ARCH_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
+             "rms_norm_eps", "hidden_act", "attention_bias", "mlp_bias", "max_position_embeddings",
+             "rope_theta", "rope_scaling", "rope_parameters", "pretraining_tp")
+LAYOUT_FIX = ("point the checkpoint at an EAGLE-3 head (SafeAILab/EAGLE or SpecForge: config.json with "
+              "draft_vocab_size and midlayer.* tensors) or a vLLM speculators eagle3 head "
+              "(speculators_model_type: eagle3); EAGLE-1 heads are the `eagle` drafter kind")
+
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """The aux layer ids EAGLE-3 uses when a head does not name them (SafeAILab, vLLM, speculators)."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def _first_layer_class():
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaModel, LlamaRMSNorm
+
+    try:  # transformers 4.x decoder layers return a tuple (LlamaModel reads ``layer_outputs[0]``), 5.x a tensor
+        tuple_out = "layer_outputs[0]" in inspect.getsource(LlamaModel.forward)
+    except (OSError, TypeError):
+        tuple_out = False
+
+    class Eagle3FirstLayer(LlamaDecoderLayer):
+        """A Llama decoder layer whose input is ``cat(embeddings, hidden)`` (``2H``): q/k/v take ``2H``,
+        ``hidden_norm`` normalises the hidden half, the residual is the hidden half."""
+
+        def __init__(self, config, layer_idx: int = 0, norm_before_residual: bool = False):
+            super().__init__(config, layer_idx)
+            hidden, head_dim = int(config.hidden_size), int(config.head_dim)
+            bias = bool(getattr(config, "attention_bias", False))
+            self.hidden_size = hidden
+            self.norm_before_residual = bool(norm_before_residual)
+            self.hidden_norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
+            attn = self.self_attn
+            attn.q_proj = nn.Linear(2 * hidden, config.num_attention_heads * head_dim, bias=bias)
+            attn.k_proj = nn.Linear(2 * hidden, config.num_key_value_heads * head_dim, bias=bias)
+            attn.v_proj = nn.Linear(2 * hidden, config.num_key_value_heads * head_dim, bias=bias)
+
+        def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
+            embeds, hidden = hidden_states.split(self.hidden_size, dim=-1)
+            normed = self.hidden_norm(hidden)
+            residual = normed if self.norm_before_residual else hidden
+            x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
+            out = self.self_attn(hidden_states=x, **kwargs)
+            h = residual + (out[0] if isinstance(out, tuple) else out)
+            h = h + self.mlp(self.post_attention_layernorm(h))
+            return (h,) if tuple_out else h
+
+    return Eagle3FirstLayer
+
+
+def layer_config(layer: dict, target_config, layers: int):
+    """A ``LlamaConfig`` for the head's layer stack: the checkpoint's architecture keys over the target's,
+    no vocabulary of its own (its inputs are embeddings)."""
+    from transformers import LlamaConfig
+
+    base = target_config.to_dict()
+    merged = {k: base[k] for k in ARCH_KEYS if base.get(k) is not None}
+    if any(k in layer for k in ("rope_theta", "rope_scaling", "rope_parameters")):
+        for k in ("rope_theta", "rope_scaling", "rope_parameters"):
+            merged.pop(k, None)  # the head's own rope settings, not a mix with the target's
+    if "hidden_size" in layer and "head_dim" not in layer:
+        merged.pop("head_dim", None)
+    merged.update({k: v for k, v in layer.items() if k in ARCH_KEYS and v is not None})
+    config = LlamaConfig(**merged)
+    config.num_hidden_layers = int(layers)
+    config.vocab_size = 1
+    config.pad_token_id = None
+    config.tie_word_embeddings = False
+    return config
+
+
+class Eagle3Head(nn.Module):
+    """``fc`` + the EAGLE-3 layer stack + ``norm`` + ``lm_head`` (+ ``embed_tokens`` / ``input_norm``).
+
+    ``fuse(aux features [.., k * H_target]) -> [.., H]``; ``forward(hidden, embeddings, cache) -> [B, T, H]``,
+    the stack's output before the final norm (the next step's ``hidden``); ``draft_logits(h)`` over the
+    draft vocabulary. State dict keys follow ``speculators`` (``layers.0.*``); SafeAILab's ``midlayer.*``
+    is mapped onto ``layers.0.*`` at load.
+    """
+
+    def __init__(self, config, fc_in: int, draft_vocab: int, *, fc_bias: bool = False,
+                 norm_before_residual: bool = False, norm_before_fc: bool = False, embed_rows: int = 0,
+                 device=None, dtype: torch.dtype | None = None):
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaModel, LlamaRMSNorm
+
+        hidden = int(config.hidden_size)
+        stack = LlamaModel(config)
+        stack.embed_tokens = None
+        stack.norm = nn.Identity()
+        stack.layers[0] = _first_layer_class()(config, 0, norm_before_residual)
+        self.hidden_size = hidden
+        self.input_norm = LlamaRMSNorm(fc_in, eps=config.rms_norm_eps) if norm_before_fc else None
+        self.fc = nn.Linear(fc_in, hidden, bias=fc_bias)
+        self.layers = stack.layers
+        self.norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
+        self.lm_head = nn.Linear(hidden, int(draft_vocab), bias=False)
+        self.embed_tokens = nn.Embedding(int(embed_rows), hidden) if embed_rows else None
+        self._stack = [stack]  # not a submodule: its parameters are ``layers``
+        self._cache_kw = cache_argument(stack)
+        self.to(dtype=dtype, device=device)
+        stack.to(device=device)  # the rotary buffers (float32)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """The concatenated aux features of the target ``[.., k * H_target]`` -> the first step's hidden ``[.., H]``."""
+        x = features.to(self.dtype)
+        if self.input_norm is not None:
+            x = self.input_norm(x)
+        return self.fc(x)
+
+    def forward(self, hidden: torch.Tensor, embeddings: torch.Tensor, cache=None) -> torch.Tensor:
+        """``hidden`` ``[B, T, H]`` (``g_t``, or the previous step's output), ``embeddings`` ``[B, T, H]``
+        (of ``x_{t+1}``) -> ``[B, T, H]`` in the head's dtype, before the final norm."""
+        x = torch.cat([embeddings.to(self.dtype), hidden.to(self.dtype)], dim=-1)
+        kwargs = {} if cache is None else {self._cache_kw: cache, "use_cache": True}
+        return self._stack[0](inputs_embeds=x, **kwargs).last_hidden_state
+
+    def draft_logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(h.to(self.dtype)))
+
+
+class DraftVocabLogits:
+    """The head's own LM head over its draft vocabulary (``d2t``: the target ids of its rows), with
+    ``HeadLogits``'s interface (``__call__``, ``to_full``, ``d2t``, ``vocab_size``, ``weight``)."""
+
+    def __init__(self, head: Eagle3Head, d2t: torch.Tensor | None, vocab_size: int):
+        self.head = head
+        self.d2t = d2t
+        self.vocab_size = int(vocab_size)
+        self.weight = head.lm_head.weight
+        self.bias = None
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        """``[..., H]`` -> float32 logits ``[..., N]`` (draft vocabulary) or ``[..., V]`` (no ``d2t``)."""
+        logits = self.head.draft_logits(h).float()
+        return logits if self.d2t is not None else logits[..., : self.vocab_size]
+
+    def to_full(self, rows: torch.Tensor, fill: float) -> torch.Tensor:
+        if self.d2t is None:
+            return rows
+        out = rows.new_full((*rows.shape[:-1], self.vocab_size), fill)
+        out[..., self.d2t] = rows
+        return out
+
+
+class Eagle3Drafter(EagleDrafter):
+    """``EagleDrafter`` with EAGLE-3's inputs and outputs: ``state_layers`` are the aux layers, the first
+    step's hidden is ``fc`` of their concatenation, and the head scores its own draft vocabulary.
+    Drafting (``propose``), replay and side observations are ``EagleDrafter``'s."""
+
+    def __init__(self, name: str, head: Eagle3Head, target: Target, d2t: torch.Tensor | None,
+                 aux_layers: list[int], cost: float, confidence_threshold: float = 0.0):
+        super().__init__(name, head, target, None, cost, confidence_threshold)  # d2t=None: no row copy
+        self.logits = DraftVocabLogits(head, d2t, target.vocab_size)
+        if head.embed_tokens is not None:
+            self.embed = head.embed_tokens
+        self.aux = [int(a) for a in aux_layers]
+
+    def state_layers(self, side_observations: bool) -> tuple[int, ...]:
+        return tuple(dict.fromkeys(self.aux))
+
+    @torch.inference_mode()
+    def catch_up(self, tokens: list[int]) -> None:
+        n = len(tokens)
+        if n < 2:  # no committed feature yet: nothing to draft from
+            self._hat = None
+            return
+        keep = min(common_prefix(self.real, tokens[1:n]), n - 2)  # refeed at least the last pair
+        crop_cache(self.cache, keep)
+        del self.real[keep:]
+        features = torch.cat([self._query.states(layer)[keep: n - 1] for layer in self.aux], dim=-1)
+        out = self._feed(self.head.fuse(features), tokens[keep + 1:n])
+        self.real.extend(tokens[keep + 1:n])
+        self._hat = out[-1]
+
+
+def _read_config(path: Path) -> dict:
+    file = path / CONFIG_FILE
+    if not file.exists():
+        raise SpecbenchError(f"draft head {path} has no {CONFIG_FILE}", LAYOUT_FIX)
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _damaged(file, exc) from exc
+    if not isinstance(config, dict):
+        raise _damaged(file, ValueError(f"a JSON {type(config).__name__}, not an object"))
+    return config
+
+
+def _layout(path: Path, config: dict, state: dict) -> tuple[str, dict]:
+    """``("speculators" | "eagle3", the layer stack's config dict)``, or a clear error."""
+    kind = config.get("speculators_model_type")
+    if kind is not None:
+        if kind != "eagle3":
+            raise SpecbenchError(f"{path} is a speculators '{kind}' checkpoint, not eagle3", LAYOUT_FIX)
+        layer = config.get("transformer_layer_config")
+        if not isinstance(layer, dict):
+            raise SpecbenchError(f"speculators checkpoint {path} has no transformer_layer_config", LAYOUT_FIX)
+        return "speculators", layer
+    architectures = " ".join(str(a) for a in config.get("architectures") or [])
+    if "draft_vocab_size" in config or "eagle3" in architectures.lower() or any(k.startswith("midlayer.")
+                                                                                 for k in state):
+        return "eagle3", config
+    raise SpecbenchError(f"{path} is neither an EAGLE-3 head (no draft_vocab_size / midlayer.* tensors) nor a "
+                         "speculators eagle3 head (no speculators_model_type)", LAYOUT_FIX)
+
+
+def _aux_ids(config: dict, layer: dict) -> list[int] | None:
+    for source in (config, config.get("eagle_config"), layer, layer.get("eagle_config")):
+        if isinstance(source, dict) and source.get(AUX_KEY):
+            return [int(i) for i in source[AUX_KEY]]
+    return None
+
+
+def _draft_vocabulary(path: Path, state: dict, draft_vocab: int, vocab: int) -> torch.Tensor | None:
+    """Absolute target ids of the draft rows (None: the draft vocabulary is the target's)."""
+    offsets = state.get("d2t")
+    if offsets is None:
+        if draft_vocab < vocab:
+            raise SpecbenchError(f"draft head {path} scores {draft_vocab} tokens but has no d2t mapping to the "
+                                 f"target's {vocab}", "use a complete checkpoint (with its d2t tensor)")
+        return None
+    offsets = offsets.long().flatten()
+    if offsets.numel() != draft_vocab:
+        raise SpecbenchError(f"draft head {path}: d2t has {offsets.numel()} entries for {draft_vocab} lm_head rows",
+                             "use a complete, consistent checkpoint")
+    ids = torch.arange(draft_vocab) + offsets
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab or ids.unique().numel() != draft_vocab:
+        raise SpecbenchError(f"draft head {path}: d2t maps draft ids outside this target's vocabulary of {vocab} "
+                             "(or twice onto one id)", "use a head trained for this target's tokenizer")
+    t2d = state.get("t2d")
+    if t2d is not None and t2d.numel() >= vocab:
+        mask = t2d.bool().flatten()
+        if int(mask.sum()) != draft_vocab or not bool(mask[ids].all()):
+            raise SpecbenchError(f"draft head {path}: its d2t and t2d disagree", "use an intact checkpoint")
+    if draft_vocab == vocab and bool((offsets == 0).all()):
+        return None
+    return ids
+
+
+def load_eagle3(checkpoint: str, target: Target, make_target: str | None = None,
+                dtype: torch.dtype | None = None, aux_layers: list[int] | None = None):
+    """``(Eagle3Head, d2t (absolute target ids) | None, aux_layer_ids)`` from an EAGLE-3 or speculators
+    eagle3 checkpoint (directory or hub id), checked against ``target``; the head in ``dtype`` (None: the
+    target's). ``aux_layers`` overrides the checkpoint's aux layer ids."""
+    path = resolve_checkpoint(checkpoint, make_target)
+    config = _read_config(path)
+    state = load_state(path)
+    layout, layer = _layout(path, config, state)
+    if layout == "eagle3":
+        state = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in state.items()}
+    state = {k: v for k, v in state.items() if not k.startswith("verifier")}
+    layer_ids = {int(k.split(".")[1]) for k in state if k.startswith("layers.") and k.split(".")[1].isdigit()}
+    if "fc.weight" not in state or "lm_head.weight" not in state or 0 not in layer_ids:
+        raise SpecbenchError(f"{path} lacks EAGLE-3 tensors (fc.weight, lm_head.weight, midlayer.* or layers.0.*)",
+                             LAYOUT_FIX)
+
+    t_hidden = int(target.config.hidden_size)
+    n_layers = int(target.config.num_hidden_layers)
+    aux = [int(a) for a in aux_layers] if aux_layers else (_aux_ids(config, layer) or default_aux_layers(n_layers))
+    bad = [a for a in aux if not 0 <= a <= n_layers]
+    if bad:
+        raise SpecbenchError(f"draft head {path}: aux layer ids {aux} are out of range for this target's "
+                             f"{n_layers} layers (0 .. {n_layers}: the residual stream after that many layers)",
+                             "use a head trained for this target, or set the drafter's aux_layers")
+    fc = state["fc.weight"]
+    target_hidden = config.get("target_hidden_size") or layer.get("target_hidden_size")
+    if (target_hidden is not None and int(target_hidden) != t_hidden) or fc.shape[1] != len(aux) * t_hidden:
+        raise SpecbenchError(f"draft head {path} has fc {tuple(fc.shape)} for {len(aux)} aux layers: it needs "
+                             f"target features of width {fc.shape[1] // max(len(aux), 1)}, this target's hidden "
+                             f"size is {t_hidden}", "use a head trained for this target")
+    hidden = int(fc.shape[0])
+    layer = dict(layer)
+    if int(layer.get("hidden_size", hidden)) != hidden:
+        raise SpecbenchError(f"draft head {path}: config hidden_size {layer.get('hidden_size')} but fc gives {hidden}",
+                             "use an intact checkpoint")
+    layer["hidden_size"] = hidden
+    embed = state.get("embed_tokens.weight")
+    target_embed = target.model.get_input_embeddings().weight
+    if embed is not None and (embed.shape[1] != hidden or embed.shape[0] < target.vocab_size):
+        raise SpecbenchError(f"draft head {path} has embed_tokens {tuple(embed.shape)}, this target needs "
+                             f"({target_embed.shape[0]}, {hidden})", "use a head trained for this target")
+    if embed is None and hidden != target_embed.shape[1]:
+        raise SpecbenchError(f"draft head {path} has hidden size {hidden}, the target's embeddings "
+                             f"{target_embed.shape[1]}, and the head has no embed_tokens of its own",
+                             "use a head trained for this target")
+    draft_vocab = int(state["lm_head.weight"].shape[0])
+    if int(config.get("draft_vocab_size", draft_vocab)) != draft_vocab:
+        raise SpecbenchError(f"draft head {path}: draft_vocab_size {config.get('draft_vocab_size')} but lm_head "
+                             f"has {draft_vocab} rows", "use an intact checkpoint")
+    head_vocab = layer.get("vocab_size") or config.get("vocab_size")
+    if head_vocab is not None and int(head_vocab) != int(target.config.vocab_size) and embed is None:
+        raise SpecbenchError(f"draft head {path} was trained for a vocabulary of {head_vocab} ids, this target "
+                             f"has {target.config.vocab_size}", "use a head trained for this target's tokenizer")
+    d2t = _draft_vocabulary(path, state, draft_vocab, target.vocab_size)
+
+    device = next(target.model.parameters()).device
+    try:
+        cfg = layer_config(layer, target.config, max(layer_ids) + 1)
+        head = Eagle3Head(cfg, int(fc.shape[1]), draft_vocab, fc_bias="fc.bias" in state,
+                          norm_before_residual=bool(config.get("norm_before_residual", False)),
+                          norm_before_fc=bool(config.get("norm_before_fc", False)) or "input_norm.weight" in state,
+                          embed_rows=0 if embed is None else int(embed.shape[0]), device=device,
+                          dtype=dtype or next(target.model.parameters()).dtype)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise SpecbenchError(f"draft head {path}: its config does not describe a Llama-style EAGLE-3 layer "
+                             f"({type(exc).__name__}: {str(exc)[:200]})", LAYOUT_FIX) from exc
+    own = head.state_dict()
+    state = {k: v for k, v in state.items() if k not in ("d2t", "t2d")}
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    wrong = [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+    if missing or unexpected or wrong:
+        raise SpecbenchError(f"draft head {path} does not fit its config's EAGLE-3 layer (missing {missing[:3]}, "
+                             f"unexpected {unexpected[:3]}, wrong shape {wrong[:3]})",
+                             "use an intact EAGLE-3 checkpoint for a Llama-style head")
+    head.load_state_dict(state)
+    return head.eval(), (None if d2t is None else d2t.to(device)), aux
+
+
+def head_cost(head: Eagle3Head, target: Target) -> float:
+    """Parameters touched per draft token (fc, layers, norms, lm_head; not the embedding lookup) / the target's."""
+    own = sum(p.numel() for n, p in head.named_parameters() if not n.startswith("embed_tokens."))
+    return own / sum(p.numel() for p in target.model.parameters())
+
+
+def build(target: Target, name: str, checkpoint: str | None = None, cost: float | None = None,
+          make_target: str | None = None, sub_vocabulary: bool = True, confidence_threshold: float = 0.0,
+          dtype: str | None = None, aux_layers: list[int] | None = None) -> Eagle3Drafter:
+    """An EAGLE-3 head as a drafter. ``aux_layers``: the target layers it reads (null: the checkpoint's, else
+    EAGLE-3's default ``[2, L // 2, L - 3]``); ``dtype``: the head's (null: the target's);
+    ``sub_vocabulary`` is accepted for config compatibility with ``eagle`` but must stay true (the head's
+    LM head only has rows for its draft vocabulary); ``confidence_threshold``: a dynamic draft length."""
+    if target.is_encoder_decoder:
+        raise SpecbenchError(f"drafter '{name}' (eagle3) needs a decoder-only, Llama-style target",
+                             "use early_exit, quantized or an hf drafter with encoder-decoder targets")
+    if not all(hasattr(target.config, k) for k in ("hidden_size", "num_hidden_layers")):
+        raise SpecbenchError(f"drafter '{name}' (eagle3) needs a Llama-style target (hidden_size, "
+                             f"num_hidden_layers); {target.loaded.name} has neither",
+                             "use another drafter kind with this target")
+    if not checkpoint:
+        raise SpecbenchError(f"drafter '{name}' (eagle3) has no checkpoint",
+                             "set its checkpoint to an EAGLE-3 or speculators eagle3 head (directory or hub id)")
+    if not sub_vocabulary:
+        raise SpecbenchError(f"drafter '{name}' (eagle3): sub_vocabulary=false is not possible, an EAGLE-3 head "
+                             "only scores its own draft vocabulary", "leave sub_vocabulary at true")
+    head_dtype = resolve_dtype(dtype, target.device) if dtype else None
+    head, d2t, aux = load_eagle3(checkpoint, target, make_target, dtype=head_dtype, aux_layers=aux_layers)
+    drafter = Eagle3Drafter(name, head, target, d2t, aux, cost=0.0, confidence_threshold=confidence_threshold)
+    drafter.cost = head_cost(head, target) if cost is None else float(cost)
+    drafter.fingerprint = files_fingerprint(resolve_cached(checkpoint, make_target))  # resumes check it
+    return drafter
+
+
+__all__ = ["Eagle3Drafter", "Eagle3Head", "build", "default_aux_layers", "load_eagle3"]
