@@ -152,6 +152,9 @@ SCHEMA: dict[str, Rule] = {
     "dataset.source_lang": text(),
     "dataset.target_lang": text(),
     "dataset.sources.*.path": PATH,
+    "dataset.sources.*.limit": integer(1, null=True, note=" (per source; null: all)"),
+    "dataset.sources.*.offset": integer(0),
+    "dataset.sources.*.shuffle": boolean(),
     "dataset.sources.*.max_chars": integer(1, note=" (python_functions: the longest function source kept)"),
     "dataset.sources.*.exclude_entry_points": PATH,
     # pool: every drafter of the pool
@@ -223,6 +226,10 @@ SCHEMA: dict[str, Rule] = {
     "train.unroll_weights": list_of(number(0), null=True),
     "train.feature_noise": number(0),
     "train.val_examples": integer(0),
+    "train.prompt_positions": boolean(),
+    "train.precision": text(),
+    "train.generate_batch": COUNT,
+    "train.generate_only": boolean(),
 }
 
 

@@ -15,6 +15,31 @@ import pytest
 import torch
 
 # ---------------------------------------------------------------------------------------------
+# the cache: tests never write into the user's $SPECBENCH_CACHE
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory):
+    """A per-session ``$SPECBENCH_CACHE`` (shared target answers, drafters named by cache:), holding a
+    link to the user's converted embedded model so the slow tests need not convert it again."""
+    from specbench.models.loading import cache_dir
+
+    real = cache_dir()
+    private = tmp_path_factory.mktemp("specbench_cache")
+    for name in ("smollm2-135m-instruct",):
+        if (real / name).is_dir():
+            (private / name).symlink_to(real / name, target_is_directory=True)
+    old = os.environ.get("SPECBENCH_CACHE")
+    os.environ["SPECBENCH_CACHE"] = str(private)
+    yield private
+    if old is None:
+        os.environ.pop("SPECBENCH_CACHE", None)
+    else:
+        os.environ["SPECBENCH_CACHE"] = old
+
+
+# ---------------------------------------------------------------------------------------------
 # tiny models
 # ---------------------------------------------------------------------------------------------
 

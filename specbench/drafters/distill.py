@@ -26,6 +26,7 @@ from specbench.drafters.eagle import EagleHead, HeadLogits
 class Example:
     ids: list[int]  # prompt + response token ids
     start: int  # index of the first response token
+    learn: int | None = None  # index of the first token the head learns to predict (None: ``start``)
 
 
 @dataclass
@@ -59,13 +60,27 @@ def sub_vocabulary(examples: Sequence[Example], size: int | None, vocab_size: in
     return torch.tensor(sorted(keep), dtype=torch.long)
 
 
-def pairs(ex: Example, t: Teacher) -> dict[str, torch.Tensor]:
+def pairs(ex: Example, t: Teacher, response_only: bool = False) -> dict[str, torch.Tensor]:
     """Training pairs of one sequence: inputs ``(F[i], x[i+1])``, targets ``F[i+1]`` and the teacher at
-    ``i+1``, for ``i = 0 .. T-2``; ``mask`` marks pairs that predict a response token (``x[i+2]``)."""
+    ``i+1``, for ``i = 0 .. T-2``; ``mask`` marks pairs that predict a learned token ``x[i+2]``: from
+    ``ex.learn`` on (a response token, or a prompt token past the prompts' shared template when
+    prompt positions are learned), or from ``ex.start`` with ``response_only`` (held-out scores)."""
     n = len(ex.ids)
     i = torch.arange(n - 1)
+    first = ex.start if response_only or ex.learn is None else ex.learn
     return {"feat": t.features[:-1], "tok": torch.tensor(ex.ids[1:]), "next": t.features[1:],
-            "top_ids": t.top_ids[1:], "top_p": t.top_p[1:], "mask": (i + 2 >= ex.start) & (i + 2 < n + 1)}
+            "top_ids": t.top_ids[1:], "top_p": t.top_p[1:], "mask": (i + 2 >= first) & (i + 2 < n + 1)}
+
+
+def shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
+    """Length of the longest common prefix of the prompts (the chat template's fixed opening)."""
+    if not prompts:
+        return 0
+    first, n = prompts[0], min(len(p) for p in prompts)
+    for j in range(n):
+        if any(p[j] != first[j] for p in prompts):
+            return j
+    return n
 
 
 def loss_of(head: EagleHead, embed: nn.Module, logits: HeadLogits, batch: dict, feature_weight: float,
@@ -110,8 +125,8 @@ def loss_of(head: EagleHead, embed: nn.Module, logits: HeadLogits, batch: dict, 
 
 
 def _step_loss(hat, m, logits, batch, feature_weight, ce_weight, t2d):
-    reg = nn.functional.smooth_l1_loss(hat[m], batch["next"][m])
-    logq = torch.log_softmax(logits(hat[m]), dim=-1)  # [M, N]
+    reg = nn.functional.smooth_l1_loss(hat[m].float(), batch["next"][m])
+    logq = torch.log_softmax(logits(hat[m]).float(), dim=-1)  # [M, N] (float32 under bf16 autocast too)
     ids, p = batch["top_ids"][m], batch["top_p"][m]
     if t2d is not None:  # target id -> draft index (-1 outside the sub-vocabulary)
         idx = t2d[ids]

