@@ -22,6 +22,7 @@ SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 def test_dry_run_builds_every_exhibit_and_resumes(tmp_path, monkeypatch, tiny_llama_target, capsys):
     cache = tmp_path / "cache"
     monkeypatch.setenv("SPECBENCH_CACHE", str(cache))
+    monkeypatch.setenv("SPECBENCH_HEADS", str(cache / "drafters"))  # the pools' package: heads
     target = tiny_llama_target
     for i, task in enumerate(["math", "summarization", "translation", "chat", "general"]):  # the pool's heads
         torch.manual_seed(i)

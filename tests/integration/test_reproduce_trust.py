@@ -32,6 +32,7 @@ def heads(tmp_path, monkeypatch, tiny_llama_target):
     """The specialist pool's eagle heads for the tiny Llama, in a fresh $SPECBENCH_CACHE."""
     cache = tmp_path / "cache"
     monkeypatch.setenv("SPECBENCH_CACHE", str(cache))
+    monkeypatch.setenv("SPECBENCH_HEADS", str(cache / "drafters"))  # the pools' package: heads
     target = tiny_llama_target
     for i, task in enumerate(["math", "summarization", "translation", "chat", "general"]):
         torch.manual_seed(i)

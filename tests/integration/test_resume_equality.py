@@ -181,7 +181,7 @@ def test_train_drafter_resume_equals_a_whole_run(tmp_path, monkeypatch):
                 "train.responses=target", "train.max_new_tokens=8", "train.epochs=4", "train.lr=0.003",
                 "train.val_examples=3", "drafter.vocab=120", f"out={out}",
                 f"+eval_sets.toy={{format: gsm8k, task: math, path: {toy}, offset: 16, limit: 4}}",
-                "~eval_sets.math", "~eval_sets.summarization", "~eval_sets.translation", "~eval_sets.chat"]
+                "~eval_sets.math", "~eval_sets.summarization", "~eval_sets.translation", "~eval_sets.chat", "~eval_sets.code"]
 
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     train_drafter.run(cfg_of("train_drafter", overrides(whole)), tmp_path / "r1")

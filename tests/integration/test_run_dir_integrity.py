@@ -131,7 +131,7 @@ def test_train_drafter_interrupted_inside_the_state_write_resumes_from_the_last_
         return cfg_of("train_drafter", [
             "target=tiny_llama", "dataset=gsm8k", f"dataset.path={toy}", "dataset.limit=12", "train.epochs=" + str(epochs),
             "train.val_examples=2", "drafter.vocab=120", f"out={out}", "~eval_sets.math", "~eval_sets.summarization",
-            "~eval_sets.translation", "~eval_sets.chat"])
+            "~eval_sets.translation", "~eval_sets.chat", "~eval_sets.code"])
 
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     train_drafter.run(config(whole, 3), tmp_path / "r1")

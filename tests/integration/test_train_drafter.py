@@ -39,7 +39,7 @@ def config(toy_file, out, *overrides):
             "train.responses=target", "train.max_new_tokens=12", "train.epochs=12", "train.lr=0.003",
             "train.val_examples=4", "drafter.vocab=120", f"out={out}",
             f"+eval_sets.toy={{format: gsm8k, task: math, path: {toy_file}, offset: 30, limit: 8}}",
-            "~eval_sets.math", "~eval_sets.summarization", "~eval_sets.translation", "~eval_sets.chat",
+            "~eval_sets.math", "~eval_sets.summarization", "~eval_sets.translation", "~eval_sets.chat", "~eval_sets.code",
             *overrides])
 
 

@@ -81,3 +81,29 @@ def test_early_exit_read_off_and_embedding(smollm2):
     torch.testing.assert_close(ee.logits_from_hidden(states[8]), own, atol=2e-3, rtol=1e-3)
     emb = target.embed(prompts[0])
     assert emb.shape == (loaded.model.config.hidden_size,) and torch.isfinite(emb).all()
+
+
+def test_shipped_heads_load_without_a_cache_and_decode_losslessly(smollm2, private_cache):
+    """Every head shipped in the package loads with an empty drafter cache ($SPECBENCH_CACHE holds only the
+    converted target: tests/conftest.py private_cache), cast from its bf16 file to the fp32 target, and
+    its greedy output equals autoregressive decoding exactly."""
+    from specbench.drafters import shipped
+
+    loaded, target, _, prompts = smollm2
+    assert not (private_cache / "drafters").exists()
+    names = shipped.shipped_names()
+    assert names, "no head is shipped (make specialists)"
+    pool = build_pool(target, {n: {"_target_": "specbench.drafters.eagle.build", "checkpoint": f"package:{n}"}
+                               for n in names})
+    eos = frozenset({loaded.tokenizer.eos_token_id})
+
+    def run(a, ids):
+        return decode(target, pool, Fixed(list(pool), a), ids, sampling=SamplingParams(), limits=Limits(32, 4),
+                      eos_ids=eos, rng=torch.Generator().manual_seed(0), clock=Clock())
+
+    for ids in prompts:
+        base = run("autoregressive", ids)
+        for name in names:
+            spec = run(name, ids)
+            assert spec.tokens == base.tokens, name
+            assert spec.drafted > 0
