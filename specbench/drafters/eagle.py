@@ -35,6 +35,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from specbench.decoding.drafter import Draft, Drafter, Query, Verification, draft_ends
+from specbench.drafters import shipped
 from specbench.drafters.base import check_confidence_threshold
 from specbench.decoding.sampling import logits_to_probs, pick
 from specbench.decoding.verify import block_divergence
@@ -133,8 +134,11 @@ def _damaged(file: Path, exc: Exception) -> SpecbenchError:
 
 
 def resolve_checkpoint(checkpoint: str, make_target: str | None = None) -> Path:
-    """A local directory, ``cache:<path>`` (under ``$SPECBENCH_CACHE``, where ``train-drafter`` writes),
-    or a hub id downloaded once (users with hub access)."""
+    """A local directory, ``package:<name>`` (a head shipped with specbench: ``drafters/shipped.py``),
+    ``cache:<path>`` (under ``$SPECBENCH_CACHE``, where ``train-drafter`` writes), or a hub id downloaded
+    once (users with hub access)."""
+    if str(checkpoint).startswith(shipped.PREFIX):
+        return shipped.resolve_package(str(checkpoint), make_target)
     local = resolve_cached(checkpoint, make_target)
     if local is not None:
         return local
@@ -275,13 +279,16 @@ class EagleDrafter(Drafter):
         if n < 2:  # no committed feature yet: nothing to draft from
             self._hat = None
             return
-        features = self._query.states(self.layer)[: n - 1]
         keep = min(common_prefix(self.real, tokens[1:n]), n - 2)  # refeed at least the last pair
         crop_cache(self.cache, keep)
         del self.real[keep:]
-        out = self._feed(features[keep:], tokens[keep + 1:n])
+        out = self._feed(self._features(keep, n - 1), tokens[keep + 1:n])
         self.real.extend(tokens[keep + 1:n])
         self._hat = out[-1]
+
+    def _features(self, start: int, stop: int) -> torch.Tensor:
+        """The head's input features at committed positions ``start .. stop-1`` (the target's last layer)."""
+        return self._query.states(self.layer)[start:stop]
 
     @torch.inference_mode()
     def propose(self, tokens, k, sampling, rng, eos_ids=frozenset()) -> Draft:

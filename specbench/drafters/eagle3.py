@@ -47,9 +47,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbench.drafters.eagle import (CONFIG_FILE, EagleDrafter, _damaged, load_state, resolve_checkpoint)
+from specbench.drafters.eagle import (CONFIG_FILE, EagleDrafter, HeadLogits, _damaged, family_config, load_state,
+                                      resolve_checkpoint)
 from specbench.errors import SpecbenchError
-from specbench.models.cache import cache_argument, common_prefix, crop_cache
+from specbench.models.cache import cache_argument
 from specbench.models.loading import resolve_cached, resolve_dtype
 from specbench.models.target import Target
 from specbench.records import files_fingerprint
@@ -119,12 +120,7 @@ def layer_config(layer: dict, target_config, layers: int):
     if "hidden_size" in layer and "head_dim" not in layer:
         merged.pop("head_dim", None)
     merged.update({k: v for k, v in layer.items() if k in ARCH_KEYS and v is not None})
-    config = LlamaConfig(**merged)
-    config.num_hidden_layers = int(layers)
-    config.vocab_size = 1
-    config.pad_token_id = None
-    config.tie_word_embeddings = False
-    return config
+    return family_config(LlamaConfig(**merged), layers)
 
 
 class Eagle3Head(nn.Module):
@@ -181,7 +177,7 @@ class Eagle3Head(nn.Module):
         return self.lm_head(self.norm(h.to(self.dtype)))
 
 
-class DraftVocabLogits:
+class DraftVocabLogits(HeadLogits):
     """The head's own LM head over its draft vocabulary (``d2t``: the target ids of its rows), with
     ``HeadLogits``'s interface (``__call__``, ``to_full``, ``d2t``, ``vocab_size``, ``weight``)."""
 
@@ -196,13 +192,6 @@ class DraftVocabLogits:
         """``[..., H]`` -> float32 logits ``[..., N]`` (draft vocabulary) or ``[..., V]`` (no ``d2t``)."""
         logits = self.head.draft_logits(h).float()
         return logits if self.d2t is not None else logits[..., : self.vocab_size]
-
-    def to_full(self, rows: torch.Tensor, fill: float) -> torch.Tensor:
-        if self.d2t is None:
-            return rows
-        out = rows.new_full((*rows.shape[:-1], self.vocab_size), fill)
-        out[..., self.d2t] = rows
-        return out
 
 
 class Eagle3Drafter(EagleDrafter):
@@ -221,19 +210,9 @@ class Eagle3Drafter(EagleDrafter):
     def state_layers(self, side_observations: bool) -> tuple[int, ...]:
         return tuple(dict.fromkeys(self.aux))
 
-    @torch.inference_mode()
-    def catch_up(self, tokens: list[int]) -> None:
-        n = len(tokens)
-        if n < 2:  # no committed feature yet: nothing to draft from
-            self._hat = None
-            return
-        keep = min(common_prefix(self.real, tokens[1:n]), n - 2)  # refeed at least the last pair
-        crop_cache(self.cache, keep)
-        del self.real[keep:]
-        features = torch.cat([self._query.states(layer)[keep: n - 1] for layer in self.aux], dim=-1)
-        out = self._feed(self.head.fuse(features), tokens[keep + 1:n])
-        self.real.extend(tokens[keep + 1:n])
-        self._hat = out[-1]
+    def _features(self, start: int, stop: int) -> torch.Tensor:
+        """``fc`` of the aux layers' features, concatenated (low, mid, high), at positions ``start .. stop-1``."""
+        return self.head.fuse(torch.cat([self._query.states(layer)[start:stop] for layer in self.aux], dim=-1))
 
 
 def _read_config(path: Path) -> dict:

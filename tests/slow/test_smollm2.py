@@ -38,18 +38,19 @@ def smollm2():
     return loaded, target, pool, prompts
 
 
+def greedy(target, pool, arm, ids, eos, max_new):
+    return decode(target, pool, Fixed(list(pool), arm), ids, sampling=SamplingParams(), limits=Limits(max_new, 4),
+                  eos_ids=eos, rng=torch.Generator().manual_seed(0), clock=Clock())
+
+
 @pytest.mark.parametrize("arm", ["quantized", "prompt_lookup"])
 def test_greedy_equals_autoregressive(smollm2, arm):
     loaded, target, pool, prompts = smollm2
     eos = frozenset({loaded.tokenizer.eos_token_id})
 
-    def run(a, ids):
-        return decode(target, pool, Fixed(list(pool), a), ids, sampling=SamplingParams(), limits=Limits(40, 4),
-                      eos_ids=eos, rng=torch.Generator().manual_seed(0), clock=Clock())
-
     for ids in prompts:
-        base = run("autoregressive", ids)
-        spec = run(arm, ids)
+        base = greedy(target, pool, "autoregressive", ids, eos, 40)
+        spec = greedy(target, pool, arm, ids, eos, 40)
         assert spec.tokens == base.tokens
         assert spec.drafted > 0
         assert spec.target_calls <= base.target_calls
@@ -96,14 +97,9 @@ def test_shipped_heads_load_without_a_cache_and_decode_losslessly(smollm2, priva
     pool = build_pool(target, {n: {"_target_": "specbench.drafters.eagle.build", "checkpoint": f"package:{n}"}
                                for n in names})
     eos = frozenset({loaded.tokenizer.eos_token_id})
-
-    def run(a, ids):
-        return decode(target, pool, Fixed(list(pool), a), ids, sampling=SamplingParams(), limits=Limits(32, 4),
-                      eos_ids=eos, rng=torch.Generator().manual_seed(0), clock=Clock())
-
     for ids in prompts:
-        base = run("autoregressive", ids)
+        base = greedy(target, pool, "autoregressive", ids, eos, 32)
         for name in names:
-            spec = run(name, ids)
+            spec = greedy(target, pool, name, ids, eos, 32)
             assert spec.tokens == base.tokens, name
             assert spec.drafted > 0
