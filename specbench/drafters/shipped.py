@@ -1,0 +1,98 @@
+"""Draft heads shipped with the package (``package:<name>`` -> ``specbench/heads/<name>``).
+
+``make specialists`` trains the embedded target's heads into ``$SPECBENCH_CACHE/drafters`` (float32);
+``make ship-heads`` exports each with :func:`ship` into ``specbench/heads/<name>``: the head's own
+tensors only (``fc.*``, ``layers.*``; the target's embedding and LM head are never stored) cast to
+bfloat16 (``d2t`` stays int64), its ``config.json`` (the ``specbench`` entry gains ``shipped``: the stored
+dtype and the source checkpoint), ``metrics.json``, ``history.csv``, ``loss.png`` and ``recipe.json`` (the
+train-drafter signature it was trained with: the target, the teacher's dtype, the data and every
+weight-changing train key). A test compares each shipped recipe with the one ``make specialists`` would
+use today, so a stale head is caught. A user's own heads stay in ``$SPECBENCH_CACHE`` (``cache:``).
+
+    python -m specbench.drafters.shipped SRC_CHECKPOINT_DIR DEST_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from specbench.errors import SpecbenchError
+from specbench.records import atomic_path, atomic_write_text
+
+PREFIX = "package:"
+COPIED = ("metrics.json", "history.csv", "loss.png")
+RECIPE = "recipe.json"
+SHIPPED_DTYPE = torch.bfloat16
+
+
+def heads_dir() -> Path:
+    """Where ``package:`` heads are read from: ``$SPECBENCH_HEADS`` when set (a directory of heads, e.g. a
+    set trained for another target), else ``specbench/heads`` of the installed package."""
+    if os.environ.get("SPECBENCH_HEADS"):
+        return Path(os.environ["SPECBENCH_HEADS"]).expanduser()
+    return Path(str(resources.files("specbench"))) / "heads"
+
+
+def shipped_names() -> list[str]:
+    root = heads_dir()
+    return sorted(p.name for p in root.iterdir() if (p / "config.json").exists()) if root.is_dir() else []
+
+
+def resolve_package(name: str, make_target: str | None = None) -> Path:
+    """``package:<name>`` -> the shipped head's directory, or a clear error listing the shipped heads."""
+    entry = name[len(PREFIX):]
+    path = heads_dir() / entry
+    if not (path / "config.json").exists():
+        have = ", ".join(PREFIX + n for n in shipped_names()) or "none"
+        fix = (f"rebuild it with `{make_target}` (it ships the heads it trains)" if make_target
+               else "train one with `specbench train-drafter` (checkpoint=cache:drafters/<name>)")
+        raise SpecbenchError(f"shipped draft head {name} not found in {heads_dir()} (shipped: {have})", fix)
+    return path
+
+
+def ship(src: Path, dst: Path) -> Path:
+    """Export the train-drafter checkpoint ``src`` (an eagle head) into ``dst`` as package data."""
+    from safetensors.torch import load_file, save_file
+
+    src, dst = Path(src), Path(dst)
+    for need in ("model.safetensors", "config.json", "signature.json"):
+        if not (src / need).exists():
+            raise SpecbenchError(f"{src} has no {need}: not a finished train-drafter checkpoint",
+                                 "run `make specialists` (or specbench train-drafter) to the end first")
+    state = load_file(str(src / "model.safetensors"))
+    kept = {k: (v if k == "d2t" or not v.is_floating_point() else v.to(SHIPPED_DTYPE)).contiguous()
+            for k, v in state.items() if k.startswith(("fc.", "layers.")) or k == "d2t"}
+    config = json.loads((src / "config.json").read_text())
+    config.setdefault("specbench", {})["shipped"] = {"dtype": str(SHIPPED_DTYPE).removeprefix("torch."),
+                                                     "from": src.name}
+    dst.mkdir(parents=True, exist_ok=True)
+    with atomic_path(dst / "model.safetensors") as tmp:
+        save_file(kept, str(tmp))
+    atomic_write_text(dst / "config.json", json.dumps(config, indent=1, default=str))
+    atomic_write_text(dst / RECIPE, (src / "signature.json").read_text())
+    for name in COPIED:
+        if (src / name).exists():
+            shutil.copyfile(src / name, dst / name)
+    return dst
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
+        return 2
+    out = ship(Path(args[0]), Path(args[1]))
+    size = (out / "model.safetensors").stat().st_size / 2**20
+    print(f"shipped {args[0]} -> {out} ({size:.1f} MiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
