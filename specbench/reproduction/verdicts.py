@@ -1,15 +1,37 @@
-"""Pattern verdicts: each checks one claim of a paper on our numbers (pure functions of tables).
+"""Pattern verdicts: each checks one claim of a paper on per-query PAIRED data, with a confidence interval.
 
-A verdict holds (True), fails (False) or cannot be judged (None: a number it needs is missing, or
-the run it reads did not finish: ``unfinished``);
-``detail`` gives the numbers it used, so a reader can check it by hand.
+Every comparison of speeds or qualities is judged on the queries both sides ran (paired by query id),
+with a seeded percentile bootstrap over queries (``RESAMPLES`` resamples, ``numpy.random.default_rng(SEED)``)
+at a stated level (``LEVEL``: 95%, two-sided). A claim "effect > x" (x: the null, e.g. a speedup ratio
+of 1, or a threshold such as 0.95 of the oracle) is
+
+- ``held`` only when the whole interval lies above x (strictly: a tie is never held; no tolerance turns
+  ``>`` into ``>=``);
+- ``not held`` when the interval excludes the claim (it lies at or below x; for an "at least x" claim,
+  entirely below x);
+- otherwise ``not judged (n too small)``; also ``not judged`` when fewer than ``MIN_N`` paired queries
+  exist, and when the data have no per-query form (``unpaired``) or are missing (``missing``).
+
+Each line shows n, the effect and its interval (e.g. ``**held**: ... (n=16, speedup ratio 1.210, 95% CI
+[1.080, 1.350]; ...)``, ``**not judged**: ... (n too small; n=3, ...)``); a claim made of several comparisons (``all_of``, ``any_of``) shows the deciding one
+and lists every part.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
+
+LEVEL = 0.95  # two-sided confidence level of every interval
+RESAMPLES = 2000  # bootstrap resamples of the queries
+SEED = 0  # numpy Generator seed: the same data give the same interval
+MIN_N = 4  # fewer paired queries than this: not judged
+
+N_SMALL = "n too small"
+NO_PAIRS = "no per-query data"
 
 
 @dataclass(frozen=True)
@@ -18,122 +40,231 @@ class Verdict:
     held: bool | None
     detail: str
     unfinished: str = ""  # why a verdict on an unfinished run is not judged (empty: the run finished)
+    n: int | None = None  # paired queries the interval rests on
+    effect: float | None = None  # the point estimate on every paired query
+    interval: tuple[float, float] | None = None  # its bootstrap interval at ``level``
+    label: str = ""  # what the effect is ("speedup ratio", "MAT ratio", ...)
+    level: float = LEVEL
+    reason: str = ""  # why it is not judged (n too small, no per-query data, missing, unfinished)
+    threshold: float | None = None  # the null the interval is set against (1 for "faster", 0.95 for "0.95 of")
 
-    def __post_init__(self):  # numpy booleans from table arithmetic become plain ones
+    def __post_init__(self):  # numpy booleans / numbers from table arithmetic become plain ones
         if self.held is not None:
             object.__setattr__(self, "held", bool(self.held))
+        if self.effect is not None:
+            object.__setattr__(self, "effect", float(self.effect))
+        if self.interval is not None:
+            object.__setattr__(self, "interval", (float(self.interval[0]), float(self.interval[1])))
 
     @property
     def mark(self) -> str:
         return {True: "held", False: "not held", None: "not judged"}[self.held]
 
+    @property
+    def stats(self) -> str:
+        """``n=16, speedup ratio 1.210, 95% CI [1.080, 1.350]`` (n=0 and no estimate when nothing pairs)."""
+        n = self.n or 0
+        if self.effect is None or not _ok(self.effect):
+            return f"n={n}, {self.label or 'effect'} not estimated"
+        out = f"n={n}, {self.label or 'effect'} {self.effect:.3f}"
+        if self.interval is not None:
+            out += f", {self.level * 100:.4g}% CI [{self.interval[0]:.3f}, {self.interval[1]:.3f}]"
+        return out
+
     def line(self) -> str:
-        return f"**{self.mark}**: {self.claim} ({self.detail})"
+        """``**mark**: claim (why not judged; n, effect, interval; detail)``: the mark is always followed by
+        ``: `` (the report's index and tests find verdict lines by ``- **held|not held|not judged**: ``)."""
+        why = f"{self.reason}; " if self.held is None and self.reason else ""
+        detail = f"; {self.detail}" if self.detail else ""
+        return f"**{self.mark}**: {self.claim} ({why}{self.stats}{detail})"
 
 
 def _ok(*values) -> bool:
     return all(v is not None and not (isinstance(v, float) and math.isnan(v)) for v in values)
 
 
-def _fmt(x) -> str:
-    return "nan" if not _ok(x) else f"{x:.3f}"
-
-
 def unfinished(verdict: Verdict, why: str) -> Verdict:
     """``verdict`` not judged: the run it reads stopped before it finished (``why``), so its numbers are partial."""
-    return Verdict(verdict.claim, None, f"{why}; on the finished part: {verdict.detail}", unfinished=why)
+    return Verdict(verdict.claim, None, f"{why}; on the finished part: {verdict.mark}"
+                   + (f"; {verdict.detail}" if verdict.detail else ""), unfinished=why, n=verdict.n,
+                   effect=verdict.effect, interval=verdict.interval, label=verdict.label, level=verdict.level,
+                   reason="unfinished run", threshold=verdict.threshold)
 
 
-def missing(claim: str, what: str) -> Verdict:
-    return Verdict(claim, None, f"missing: {what}")
+def missing(claim: str, what: str, label: str = "") -> Verdict:
+    return Verdict(claim, None, f"missing: {what}", label=label, n=0, reason="missing data")
 
 
-def each_fastest_on_own_task(speed: Mapping[str, Mapping[str, float]], own: Mapping[str, str],
-                             claim: str = "each specialist is the fastest single drafter on its own task") -> Verdict:
-    """``speed[task][drafter]``; ``own[drafter] = task``. Holds when, on every task that has a
-    specialist, that specialist's speed is the highest among all drafters listed for the task."""
-    parts, held = [], True
-    for drafter, task in own.items():
-        row = {d: v for d, v in (speed.get(task) or {}).items() if _ok(v)}
-        if drafter not in row:
-            return missing(claim, f"{drafter} on {task}")
-        best = max(row, key=row.get)
-        held &= best == drafter
-        parts.append(f"{task}: {drafter} {row[drafter]:.3f}, best {best} {row[best]:.3f}")
-    return Verdict(claim, held, "; ".join(parts))
+def unpaired(claim: str, why: str, label: str = "") -> Verdict:
+    """A claim whose data have no per-query form (an aggregate table): kept, never judged; ``why`` says why."""
+    return Verdict(claim, None, why, label=label, n=0, reason=NO_PAIRS)
 
 
-def specialist_margin(speed: Mapping[str, Mapping[str, float]], own: Mapping[str, str], generalist: str,
-                      margin: float = 0.15) -> Verdict:
-    """On each task, its specialist is at least ``margin`` faster than the mean of the other specialists
-    and than the generalist."""
-    claim = f"each specialist is at least {margin:.0%} faster on its task than the other specialists' mean and the generalist"
-    parts, held = [], True
-    for drafter, task in own.items():
-        row = speed.get(task) or {}
-        others = [row.get(d) for d in own if d != drafter]
-        if not _ok(row.get(drafter), row.get(generalist), *others):
-            return missing(claim, f"speeds on {task}")
-        mean_others = sum(others) / len(others)
-        gain_o, gain_g = row[drafter] / mean_others - 1, row[drafter] / row[generalist] - 1
-        held &= gain_o >= margin and gain_g >= margin
-        parts.append(f"{task}: {gain_o:+.0%} vs others, {gain_g:+.0%} vs {generalist}")
-    return Verdict(claim, held, "; ".join(parts))
+# ---------------------------------------------------------------- the bootstrap core
+Stat = Callable[[Mapping[str, np.ndarray]], np.ndarray]
 
 
-def at_least_fraction(value: float, reference: float, fraction: float, claim: str, names=("ours", "reference")) -> Verdict:
-    if not _ok(value, reference):
-        return missing(claim, f"{names[0]} or {names[1]}")
-    return Verdict(claim, value >= fraction * reference,
-                   f"{names[0]} {_fmt(value)} = {value / reference:.3f} of {names[1]} {_fmt(reference)}")
+def bootstrap(columns: Mapping[str, Sequence[float]], stat: Stat, level: float = LEVEL, resamples: int = RESAMPLES,
+              seed: int = SEED) -> tuple[float, float, float]:
+    """(point, lo, hi): ``stat`` on every query, and the percentile interval of ``stat`` over ``resamples``
+    resamples of the queries (rows) with replacement. ``columns``: equal-length per-query arrays, paired
+    by position; ``stat`` maps ``{name: array of shape (R, n)}`` to R values (sums along the last axis)."""
+    cols = {k: np.asarray(v, dtype=float) for k, v in columns.items()}
+    n = len(next(iter(cols.values())))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        point = float(np.asarray(stat({k: v[None, :] for k, v in cols.items()}))[0])
+        rng = np.random.default_rng(seed)
+        idx = rng.integers(0, n, size=(resamples, n))
+        vals = np.asarray(stat({k: v[idx] for k, v in cols.items()}), dtype=float)
+    vals = vals[np.isfinite(vals)]
+    if not len(vals):
+        return point, math.nan, math.nan
+    a = (1 - level) / 2
+    lo, hi = np.quantile(vals, [a, 1 - a])
+    return point, float(lo), float(hi)
 
 
-def above(value: float, reference: float, claim: str, names=("ours", "reference"), tolerance: float = 0.0) -> Verdict:
-    """``value > reference`` (or ``>= reference * (1 - tolerance)`` when a tolerance is given)."""
-    if not _ok(value, reference):
-        return missing(claim, f"{names[0]} or {names[1]}")
-    held = value > reference if tolerance == 0 else value >= reference * (1 - tolerance)
-    return Verdict(claim, held, f"{names[0]} {_fmt(value)} vs {names[1]} {_fmt(reference)}")
+def judge(claim: str, columns: Mapping[str, Sequence[float]], stat: Stat, threshold: float, label: str, *,
+          at_least: bool = False, detail: str = "", min_n: int = MIN_N, level: float = LEVEL,
+          resamples: int = RESAMPLES, seed: int = SEED) -> Verdict:
+    """The claim "``stat`` > ``threshold``" (``at_least``: "``stat`` >= ``threshold``", e.g. 0.95 of the
+    oracle) on paired per-query ``columns``. held: the interval lies strictly above the threshold; not held:
+    it lies at or below it (``at_least``: strictly below it); else not judged (n too small)."""
+    n = len(next(iter(columns.values()))) if columns else 0
+    point, lo, hi = bootstrap(columns, stat, level, resamples, seed) if n else (math.nan, math.nan, math.nan)
+    if n < min_n:  # shown, never judged
+        return Verdict(claim, None, f"fewer than {min_n} paired queries" + (f"; {detail}" if detail else ""),
+                       n=n, label=label, level=level, reason=N_SMALL, effect=point if n else None,
+                       interval=(lo, hi) if _ok(lo, hi) else None, threshold=threshold)
+    if not _ok(point, lo, hi):
+        return Verdict(claim, None, "the effect cannot be estimated on these queries" + (f"; {detail}" if detail else ""),
+                       n=n, label=label, level=level, reason=N_SMALL)
+    if lo > threshold:
+        held = True
+    elif hi < threshold or (hi <= threshold and not at_least):
+        held = False
+    else:
+        held = None
+    side = ">=" if at_least else ">"
+    note = f"claim: {label} {side} {threshold:g}" + (f"; {detail}" if detail else "")
+    return Verdict(claim, held, note, n=n, effect=point, interval=(lo, hi), label=label, level=level,
+                   reason="" if held is not None else N_SMALL, threshold=threshold)
 
 
-def within_of_best_everywhere(policy: Mapping[str, float], best: Mapping[str, float], fraction: float,
-                              claim: str) -> Verdict:
-    """On every task, ``policy[task] >= fraction * best[task]``."""
-    if not best:
-        return missing(claim, "tasks")
-    parts, held = [], True
-    for task, b in best.items():
-        p = policy.get(task)
-        if not _ok(p, b):
-            return missing(claim, f"speeds on {task}")
-        held &= p >= fraction * b
-        parts.append(f"{task}: {p:.3f} / {b:.3f} = {p / b:.2f}")
-    return Verdict(claim, held, "; ".join(parts))
+# ---------------------------------------------------------------- statistics of paired per-query columns
+def seconds_per_token(seconds: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    return seconds.sum(axis=-1) / tokens.sum(axis=-1)
 
 
-def choice_moves(shares_low: Mapping[str, float], shares_high: Mapping[str, float], cheap: str, aligned: str,
-                 claim: str) -> Verdict:
-    """The cheap arm has the majority at the lowest alpha and the aligned arm at the highest."""
-    lo, hi = shares_low.get(cheap), shares_high.get(aligned)
-    if not _ok(lo, hi):
-        return missing(claim, "shares")
-    return Verdict(claim, lo >= 0.5 and hi >= 0.5,
-                   f"share of {cheap} at the lowest alpha {lo:.2f}; share of {aligned} at the highest {hi:.2f}")
+def speed_ratio(a: str = "a", b: str = "b") -> Stat:
+    """How much faster ``a`` is than ``b``: (b's total seconds per token) / (a's), over the same queries (the
+    ratio of their speedups over any shared baseline). Columns ``<name>_s`` (seconds) and ``<name>_t`` (tokens)."""
+    return lambda c: seconds_per_token(c[f"{b}_s"], c[f"{b}_t"]) / seconds_per_token(c[f"{a}_s"], c[f"{a}_t"])
 
 
-def faster_at_equal_quality(points: list[dict], rule_key: str = "rule", baseline: str = "lossy_sd",
-                            claim: str = "a deferral rule is faster than lossy SD at equal or better quality") -> Verdict:
-    """``points``: ``{rule, alpha, speedup, quality}``. Holds when some point of a rule other than the
-    baseline dominates a baseline point: speedup above it at quality at least its quality."""
-    base = [p for p in points if p[rule_key] == baseline and _ok(p["speedup"], p["quality"])]
-    rules = [p for p in points if p[rule_key] not in (baseline, None) and _ok(p["speedup"], p["quality"])]
-    if not base or not rules:
-        return missing(claim, "points of lossy SD or of a deferral rule")
-    wins = [(r, b) for r in rules for b in base if r["speedup"] > b["speedup"] and r["quality"] >= b["quality"]]
-    if not wins:
-        best_b = max(base, key=lambda p: p["speedup"])
-        return Verdict(claim, False, f"no rule point dominates a lossy SD point (fastest lossy SD: speedup "
-                                     f"{best_b['speedup']:.3f} at quality {best_b['quality']:.3f})")
-    r, b = max(wins, key=lambda w: w[0]["speedup"] - w[1]["speedup"])
-    return Verdict(claim, True, f"{r[rule_key]} alpha {r['alpha']}: speedup {r['speedup']:.3f} at quality "
-                                f"{r['quality']:.3f} vs lossy SD alpha {b['alpha']}: {b['speedup']:.3f} at {b['quality']:.3f}")
+def ratio_of_sums(num: str, den: str) -> Stat:
+    return lambda c: c[num].sum(axis=-1) / c[den].sum(axis=-1)
+
+
+def mean_difference(a: str, b: str) -> Stat:
+    return lambda c: (c[a] - c[b]).mean(axis=-1)
+
+
+def mean_of(a: str) -> Stat:
+    return lambda c: c[a].mean(axis=-1)
+
+
+Timed = tuple[Sequence[float], Sequence[float]]  # (seconds, new tokens) per paired query
+
+
+def faster(claim: str, a: Timed, b: Timed, names: tuple[str, str] = ("a", "b"), threshold: float = 1.0,
+           at_least: bool = False, **kw) -> Verdict:
+    """``a`` faster than ``b`` (``threshold`` 1), or at least ``threshold`` of ``b``'s speed (``at_least``),
+    judged on the per-query seconds and tokens of the same queries."""
+    cols = {"a_s": a[0], "a_t": a[1], "b_s": b[0], "b_t": b[1]}
+    label = f"speedup ratio {names[0]} / {names[1]}"
+    return judge(claim, cols, speed_ratio(), threshold, label, at_least=at_least, **kw)
+
+
+def non_inferior(claim: str, a: Timed, b: Timed, margin: float, names: tuple[str, str] = ("a", "b"), **kw) -> Verdict:
+    """``a`` keeps ``b``'s speed up to a stated non-inferiority ``margin`` (e.g. 0.03: at least 0.97 of it);
+    the margin is part of the claim and of the line."""
+    v = faster(claim, a, b, names, threshold=1 - margin, at_least=True, **kw)
+    return Verdict(v.claim, v.held, f"non-inferiority margin {margin:.0%} (stated); {v.detail}", n=v.n,
+                   effect=v.effect, interval=v.interval, label=v.label, level=v.level, reason=v.reason,
+                   threshold=v.threshold)
+
+
+def greater_mean(claim: str, a: Sequence[float], b: Sequence[float], label: str, threshold: float = 0.0,
+                 **kw) -> Verdict:
+    """The mean per-query difference ``a - b`` is above ``threshold`` (0: ``a`` is larger)."""
+    return judge(claim, {"a": a, "b": b}, mean_difference("a", "b"), threshold, label, **kw)
+
+
+def majority(claim: str, hits: Sequence[float], label: str = "share", **kw) -> Verdict:
+    """More than half of the queries are hits (1/0 per query): the interval of the share lies above 0.5."""
+    return judge(claim, {"hit": hits}, mean_of("hit"), 0.5, label, **kw)
+
+
+# ---------------------------------------------------------------- claims made of several comparisons
+def _above(p: Verdict) -> float:
+    """How far a part's interval lies above its threshold (its lower bound minus the threshold)."""
+    return p.interval[0] - (p.threshold or 0.0) if p.interval else -math.inf
+
+
+def _below(p: Verdict) -> float:
+    """How far a part's interval lies below its threshold (the threshold minus its upper bound)."""
+    return (p.threshold or 0.0) - p.interval[1] if p.interval else -math.inf
+
+
+def _pick(parts: Sequence[Verdict], mark) -> Verdict:
+    chosen = [p for p in parts if p.held is mark]
+    # the deciding part: a held claim's weakest part (nearest its threshold); a failed one's clearest failure
+    return min(chosen, key=_above) if mark is True else max(chosen, key=_below)
+
+
+def _combine(claim: str, parts: Sequence[tuple[str, Verdict]], held: bool | None, deciding: Verdict,
+             detail: str = "", shown: int = 8) -> Verdict:
+    listed = [f"{name}: {p.mark}, {p.stats}" for name, p in parts]
+    if len(listed) > shown:
+        count = {m: sum(p.mark == m for _, p in parts) for m in ("held", "not held", "not judged")}
+        deciding_i = next(i for i, (_, p) in enumerate(parts) if p is deciding)
+        keep = sorted({deciding_i, *range(shown - 1)})
+        listed = [listed[i] for i in keep] + [f"... {len(parts) - len(keep)} more parts (of all {len(parts)}: "
+                                              + ", ".join(f"{v} {m}" for m, v in count.items()) + ")"]
+    text = "; ".join(([detail] if detail else []) + listed)
+    return Verdict(claim, held, text, n=deciding.n, effect=deciding.effect, interval=deciding.interval,
+                   label=deciding.label, level=deciding.level, threshold=deciding.threshold,
+                   reason="" if held is not None else (deciding.reason or N_SMALL))
+
+
+def all_of(claim: str, parts: Sequence[tuple[str, Verdict]], detail: str = "") -> Verdict:
+    """Held when every part holds, not held when one does not, else not judged; n, effect and interval
+    are the deciding part's (the first failure, or the weakest held or undecided part)."""
+    if not parts:
+        return missing(claim, "no comparison to make")
+    vs = [p for _, p in parts]
+    if any(v.held is False for v in vs):
+        return _combine(claim, parts, False, _pick(vs, False), detail)
+    if all(v.held is True for v in vs):
+        return _combine(claim, parts, True, _pick(vs, True), detail)
+    return _combine(claim, parts, None, next(v for v in vs if v.held is None), detail)
+
+
+def any_of(claim: str, parts: Sequence[tuple[str, Verdict]], detail: str = "") -> Verdict:
+    """Held when some part holds, not held when every part does not, else not judged. Give each part a
+    Bonferroni-corrected level (``bonferroni``) when the parts are alternatives picked from."""
+    if not parts:
+        return missing(claim, "no comparison to make")
+    vs = [p for _, p in parts]
+    if any(v.held is True for v in vs):
+        best = max((v for v in vs if v.held is True), key=_above)
+        return _combine(claim, parts, True, best, detail)
+    if all(v.held is False for v in vs):
+        return _combine(claim, parts, False, min(vs, key=_below), detail)  # the nearest miss
+    return _combine(claim, parts, None, next(v for v in vs if v.held is None), detail)
+
+
+def bonferroni(k: int, level: float = LEVEL) -> float:
+    """The per-comparison level that keeps ``k`` alternatives at ``level`` together."""
+    return 1 - (1 - level) / max(k, 1)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from specbench.errors import SpecbenchError
 from specbench.reproduction import published, render
-from specbench.reproduction import verdicts as V
 
 
 def test_every_published_value_has_a_source():
@@ -34,31 +36,21 @@ def test_a_published_value_without_source_is_refused(tmp_path):
         published.load(path)
 
 
-OWN = {"eagle_math": "math", "eagle_chat": "chat"}
-
-
-def test_verdicts_flip_when_the_numbers_do():
-    good = {"math": {"eagle_math": 1.3, "eagle_chat": 1.0, "eagle_general": 1.1},
-            "chat": {"eagle_math": 0.9, "eagle_chat": 1.2, "eagle_general": 1.0}}
-    bad = {**good, "chat": {"eagle_math": 1.3, "eagle_chat": 1.2, "eagle_general": 1.0}}
-    assert V.each_fastest_on_own_task(good, OWN).held is True
-    assert V.each_fastest_on_own_task(bad, OWN).held is False
-    assert V.specialist_margin(good, OWN, "eagle_general").held is True  # +30%/+18% and +33%/+20%
-    assert V.specialist_margin(good, OWN, "eagle_general", margin=0.25).held is False
-    assert V.at_least_fraction(0.96, 1.0, 0.95, "c").held is True
-    assert V.at_least_fraction(0.94, 1.0, 0.95, "c").held is False
-    assert V.above(1.01, 1.0, "c").held is True and V.above(1.0, 1.0, "c").held is False
-    assert V.above(1.0, 1.0, "c", tolerance=1e-9).held is True
-    assert V.within_of_best_everywhere({"a": 1.0, "b": 0.96}, {"a": 1.0, "b": 1.0}, 0.95, "c").held is True
-    assert V.within_of_best_everywhere({"a": 1.0, "b": 0.90}, {"a": 1.0, "b": 1.0}, 0.95, "c").held is False
-    assert V.choice_moves({"x": 0.8}, {"y": 0.7}, "x", "y", "c").held is True
-    assert V.choice_moves({"x": 0.2}, {"y": 0.7}, "x", "y", "c").held is False
-    pts = [{"rule": "lossy_sd", "alpha": 0.5, "speedup": 1.2, "quality": 0.8},
-           {"rule": "chow", "alpha": 0.3, "speedup": 1.3, "quality": 0.85}]
-    assert V.faster_at_equal_quality(pts).held is True
-    pts[1]["quality"] = 0.7
-    assert V.faster_at_equal_quality(pts).held is False
-    assert V.above(math.nan, 1.0, "c").held is None  # a missing number is not judged, not failed
+def write_examples(path, speedups, n=6, noise=0.003, seed=0, quality=None):
+    """A run's examples.jsonl: ``speedups[task][method]`` over autoregressive decoding on ``n`` queries per
+    task, each method's seconds per query = the autoregressive seconds / its speedup, times a small noise."""
+    rng = np.random.default_rng(seed)
+    path.mkdir(parents=True, exist_ok=True)
+    with (path / "examples.jsonl").open("w") as f:
+        for task, methods in speedups.items():
+            for i in range(n):
+                tokens = 20 + i
+                ar = 0.05 * tokens * (1 + 0.3 * rng.random())
+                for method, sp in {"autoregressive": 1.0, **methods}.items():
+                    secs = ar if method == "autoregressive" else ar / sp * (1 + noise * rng.standard_normal())
+                    f.write(json.dumps({"query_id": f"{task}-{i}", "task": task, "method": method, "seconds": secs,
+                                        "new_tokens": tokens, "target_calls": tokens, "switches": 0,
+                                        "quality": (quality or {}).get(method, {}), "output_ids": [1] * tokens}) + "\n")
 
 
 def write_eval_summary(path, rows):
@@ -73,11 +65,14 @@ def test_report_renders_from_fixture_runs_and_lists_what_is_missing(tmp_path):
                          "summarization": {"fixed:eagle_translation": 0.5, "fixed:eagle_summarization": 0.8, "policy": 0.5}}.items():
         rows += [{"task": task, "method": m, "speedup": v, "mat": 1.5, "acceptance_rate": 0.3} for m, v in speeds.items()]
     write_eval_summary(root / "huang" / "eval", rows)
+    per_query = {t: {r["method"]: r["speedup"] for r in rows if r["task"] == t} for t in ("translation", "summarization")}
+    write_examples(root / "huang" / "eval", per_query)
     sweep = root / "huang" / "depth" / "alpha"
     sweep.mkdir(parents=True)
     pd.DataFrame({"alpha": [0.0, 0.5, 1.0], "val_reward": [0.5, 0.6, 0.7], "speedup_replayed": [0.6, 0.7, 0.8],
                   "share_early_exit_8": [1.0, 0.5, 0.0], "share_early_exit_24": [0.0, 0.5, 1.0]}).to_csv(
         sweep / "alpha_sweep.csv", index=False)
+    (sweep / "metrics.json").write_text(json.dumps({"n_val": 8}))  # the shares' n: 8 of 8 validation queries
 
     out = render.write(root)
     report = (out / "REPORT.md").read_text()
@@ -91,10 +86,15 @@ def test_report_renders_from_fixture_runs_and_lists_what_is_missing(tmp_path):
     assert "**held**: the alpha sweep moves the choice" in report
     assert (out / "huang" / "fig2.png").exists() and (out / "huang" / "fig2.csv").exists()
     assert "## Not run yet" in report and "metasd/eval/summary.csv" in report
+    # every verdict line shows n (and, where it was estimated, the effect and its interval)
+    lines = [x for x in report.splitlines() if x.startswith("- **")]
+    assert lines and all(re.search(r"\(([a-z ]+; )?n=\d+, ", x) for x in lines), lines
 
     # the same fixture with the policy fixed: the verdict flips
     rows = [dict(r, speedup=0.79) if r["task"] == "summarization" and r["method"] == "policy" else r for r in rows]
     pd.DataFrame(rows).to_csv(root / "huang" / "eval" / "summary.csv", index=False)
+    write_examples(root / "huang" / "eval", {t: {r["method"]: r["speedup"] for r in rows if r["task"] == t}
+                                             for t in ("translation", "summarization")})
     assert "**held**: the policy is within 5% of the best drafter" in (render.write(root) / "REPORT.md").read_text()
 
 
@@ -112,6 +112,8 @@ def _huang_fixture(root):
                           "summarization": {"fixed:eagle_translation": 0.5, "fixed:eagle_summarization": 0.8,
                                             "policy": 0.8}}.items() for m, v in ms.items()]
     write_eval_summary(root / "huang" / "eval", rows)
+    write_examples(root / "huang" / "eval", {t: {r["method"]: r["speedup"] for r in rows if r["task"] == t}
+                                             for t in ("translation", "summarization")})
 
 
 def test_the_report_index_is_written_into_the_readme_between_its_markers(tmp_path):
@@ -143,6 +145,9 @@ def test_the_paper_layout_sets_the_published_rows_beside_ours(tmp_path):
                              "oracle": 2.95}}.items():
         rows += [{"task": task, "method": m, "speedup": v, "mat": 3.0, "acceptance_rate": 0.6} for m, v in sp.items()]
     write_eval_summary(root / "metasd" / "eagle", rows)
+    write_examples(root / "metasd" / "eagle", {t: {r["method"]: r["speedup"] for r in rows
+                                                   if r["task"] == t and r["method"] != "oracle"}
+                                               for t in ("coding", "translation")})
     with pytest.raises(SpecbenchError, match="unknown report layout"):
         render.write(root, layout="gpu")
     out = render.write(root, layout="paper")
@@ -160,7 +165,7 @@ def test_the_paper_layout_sets_the_published_rows_beside_ours(tmp_path):
 
 def test_cascades_verdict_counts_rule_points_only(tmp_path):
     """At temperature 1 the drafter alone is fast and (here) as good as anything, but it is not a
-    deferral rule: only a rule point that dominates lossy SD makes the verdict hold."""
+    deferral rule: only a rule point faster than lossy SD at equal quality, per query, makes the verdict hold."""
     from specbench.reproduction.exhibits import CPU, cascades
     from specbench.reproduction.published import load
 
@@ -172,8 +177,12 @@ def test_cascades_verdict_counts_rule_points_only(tmp_path):
     def verdict():
         pd.DataFrame([{"task": "summarization", "method": m, "rule": r, "alpha": a, "speedup": sp, "quality": q,
                        "agreement_tokens": 0.5} for m, r, a, sp, q in rows]).to_csv(run / "curves.csv", index=False)
+        write_examples(run, {"summarization": {m: sp for m, *_, sp, _ in rows if m != "autoregressive"}},
+                       quality={m: {"rouge2": q} for m, *_, q in rows})
         return cascades(tmp_path, load(), CPU, CPU.cascades[1]).verdicts[0].held
 
     assert verdict() is False
     rows[-1] = ("chow@0.5", "chow", 0.5, 1.3, 5.0)  # now a rule is faster than lossy SD at equal quality
     assert verdict() is True
+    rows[-1] = ("chow@0.5", "chow", 0.5, 1.3, 3.0)  # ... but two ROUGE-2 points worse: not at equal quality
+    assert verdict() is False

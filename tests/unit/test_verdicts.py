@@ -1,0 +1,276 @@
+"""Verdicts that can fail honestly: paired per-query data, a seeded bootstrap interval, held / not held /
+not judged, on small synthetic fixtures (pure numpy / pandas: no model is loaded)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from specbench.reproduction import exhibits as E
+from specbench.reproduction import verdicts as V
+
+STATS = re.compile(r"^\*\*(held|not held|not judged)\*\*: .+ \((n too small; )?n=\d+, .+ -?\d+\.\d{3}, "
+                   r"[\d.]+% CI \[-?\d+\.\d{3}, -?\d+\.\d{3}\]")
+
+
+def timed(speedup: float, n: int = 16, noise: float = 0.05, seed: int = 1):
+    """(base, method): per-query (seconds, tokens) of a baseline and of a method ``speedup`` times faster,
+    each query's ratio scattered by ``noise``."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(20, 60, n).astype(float)
+    base = tokens * 0.05 * (1 + 0.3 * rng.random(n))
+    method = base / speedup * (1 + noise * rng.standard_normal(n))
+    return (list(method), list(tokens)), (list(base), list(tokens))
+
+
+def test_a_verdict_flips_from_held_to_not_held_when_the_numbers_cross():
+    fast, base = timed(1.2)
+    v = V.faster("a is faster than b", fast, base, ("a", "b"))
+    assert v.held is True and v.interval[0] > 1 and v.n == 16
+    slow, base = timed(0.8)
+    v = V.faster("a is faster than b", slow, base, ("a", "b"))
+    assert v.held is False and v.interval[1] < 1
+    # an "at least x of y" claim: held above the threshold, not held entirely below it
+    near, base = timed(0.99, noise=0.01)
+    assert V.faster("c", near, base, threshold=0.95, at_least=True).held is True
+    far, base = timed(0.85, noise=0.01)
+    assert V.faster("c", far, base, threshold=0.95, at_least=True).held is False
+
+
+def test_it_becomes_not_judged_when_n_shrinks():
+    fast, base = timed(1.2, n=3)
+    v = V.faster("a is faster than b", fast, base)
+    assert v.held is None and v.reason == V.N_SMALL and v.n == 3 and f"fewer than {V.MIN_N}" in v.detail
+    assert v.line().startswith("**not judged**: a is faster than b (n too small; n=3, ")
+    # enough queries but too noisy for the effect: the interval straddles 1, so not judged either
+    noisy, base = timed(1.05, n=5, noise=0.3, seed=3)
+    v = V.faster("a is faster than b", noisy, base)
+    assert v.held is None and v.interval[0] < 1 < v.interval[1] and v.reason == V.N_SMALL
+    # the same claim on many queries of the same effect and noise is judged
+    many, base = timed(1.2, n=400, noise=0.3, seed=3)
+    assert V.faster("a is faster than b", many, base).held is True
+
+
+def test_a_tie_is_never_held():
+    fast, base = timed(1.0, noise=0.0)
+    v = V.faster("a is faster than b", fast, base)  # exactly equal on every query
+    assert v.effect == pytest.approx(1.0) and v.held is False
+    tie = V.greater_mean("more", [1.0] * 8, [1.0] * 8, "difference")
+    assert tie.held is False
+    # a noisy tie: faster on half the queries, slower by as much on the others (the totals are equal)
+    secs = [1.0 + d for d in (-0.2, 0.2, -0.1, 0.1, -0.3, 0.3, -0.05, 0.05)]
+    v = V.faster("a is faster than b", (secs, [10.0] * 8), ([1.0] * 8, [10.0] * 8))
+    assert v.effect == pytest.approx(1.0) and v.held is None and v.interval[0] < 1 < v.interval[1]
+    # an at-least claim exactly at its threshold is not held either (no tolerance turns > into >=)
+    at, base = timed(0.95, noise=0.0)
+    assert V.faster("c", at, base, threshold=0.95, at_least=True).held is not True
+    # a majority needs more than half: 1 of 2, or 4 of 8, is no majority
+    assert V.majority("m", [1.0, 0.0]).held is not True
+    assert V.majority("m", [1.0] * 4 + [0.0] * 4).held is not True
+    assert V.majority("m", [1.0] * 8).held is True
+
+
+def test_the_interval_is_reproducible():
+    fast, base = timed(1.1, noise=0.2, seed=7)
+    a, b = V.faster("c", fast, base), V.faster("c", fast, base)
+    assert a.interval == b.interval and a.line() == b.line()
+    other = V.faster("c", fast, base, seed=V.SEED + 1)
+    assert other.interval != a.interval  # the seed is what fixes it
+    point, lo, hi = V.bootstrap({"x": [1.0, 2.0, 3.0, 4.0]}, V.mean_of("x"))
+    assert (point, lo, hi) == V.bootstrap({"x": [1.0, 2.0, 3.0, 4.0]}, V.mean_of("x"))
+    assert point == 2.5 and lo < point < hi
+
+
+def test_every_verdict_line_shows_n_effect_and_interval():
+    fast, base = timed(1.2)
+    slow, _ = timed(0.8)
+    small, small_base = timed(1.2, n=3)
+    lines = [V.faster("held", fast, base), V.faster("not held", slow, base), V.faster("small", small, small_base),
+             V.non_inferior("kept", fast, base, 0.03), V.greater_mean("fewer", [3.0, 2, 4, 5], [1.0, 1, 2, 2], "switches"),
+             V.all_of("both", [("x", V.faster("", fast, base)), ("y", V.faster("", slow, base))]),
+             V.any_of("either", [("x", V.faster("", fast, base)), ("y", V.faster("", slow, base))])]
+    for v in lines:
+        assert STATS.search(v.line()), v.line()
+    assert "non-inferiority margin 3% (stated)" in lines[3].line()
+    # not pairable, missing: still n (0) and what would be estimated, and why
+    for v in (V.unpaired("c", "only aggregates", "speedup ratio"), V.missing("c", "examples.jsonl", "speedup ratio")):
+        assert v.held is None and "n=0, speedup ratio not estimated" in v.line()
+
+
+def test_claims_of_several_parts():
+    fast, base = timed(1.2)
+    slow, _ = timed(0.8)
+    small, small_base = timed(1.2, n=3)
+    held, failed, unjudged = V.faster("", fast, base), V.faster("", slow, base), V.faster("", small, small_base)
+    assert V.all_of("c", [("a", held), ("b", held)]).held is True
+    assert V.all_of("c", [("a", held), ("b", failed)]).held is False
+    assert V.all_of("c", [("a", held), ("b", unjudged)]).held is None
+    assert V.any_of("c", [("a", failed), ("b", held)]).held is True
+    assert V.any_of("c", [("a", failed), ("b", failed)]).held is False
+    assert V.any_of("c", [("a", failed), ("b", unjudged)]).held is None
+    assert V.bonferroni(1) == pytest.approx(0.95) and V.bonferroni(10) == pytest.approx(0.995)
+
+
+# ---------------------------------------------------------------- exhibits on per-query fixture runs
+def write_examples(path, speedups, n=8, noise=0.003, seed=0, extra=None):
+    rng = np.random.default_rng(seed)
+    path.mkdir(parents=True, exist_ok=True)
+    with (path / "examples.jsonl").open("w") as f:
+        for task, methods in speedups.items():
+            for i in range(n):
+                tokens = 20 + i
+                ar = 0.05 * tokens * (1 + 0.3 * rng.random())
+                for method, sp in {"autoregressive": 1.0, **methods}.items():
+                    secs = ar if method == "autoregressive" else ar / sp * (1 + noise * rng.standard_normal())
+                    rec = {"query_id": f"{task}-{i}", "task": task, "method": method, "seconds": secs,
+                           "new_tokens": tokens, "target_calls": tokens, "switches": 0, "quality": {}}
+                    rec.update((extra or {}).get(method, lambda i: {})(i))
+                    f.write(json.dumps(rec) + "\n")
+
+
+def test_the_loader_pairs_per_query_and_keeps_the_last_record(tmp_path):
+    write_examples(tmp_path / "run", {"math": {"fixed:a": 1.5}}, n=4)
+    with (tmp_path / "run" / "examples.jsonl").open("a") as f:  # a resumed query, a torn last line
+        f.write(json.dumps({"query_id": "math-0", "task": "math", "method": "fixed:a", "seconds": 99.0,
+                            "new_tokens": 20, "target_calls": 20}) + "\n" + '{"query_id": "math-1", "ta')
+    ex = E.load_examples(tmp_path, "run")
+    assert len(ex) == 8 and ex[(ex.query_id == "math-0") & (ex.method == "fixed:a")].seconds.item() == 99.0
+    p = E.paired(ex, ["autoregressive", "fixed:a"], "math")
+    assert list(p["fixed:a"].index) == list(p["autoregressive"].index) == ["math-0", "math-1", "math-2", "math-3"]
+    assert E.load_examples(tmp_path, "nothing").empty
+    v = E.faster_on(E.load_examples(tmp_path, "nothing"), "c", "fixed:a", "autoregressive", run="nothing")
+    assert v.held is None and "nothing/examples.jsonl" in v.line()
+
+
+def test_heads_judge_the_specialists_only_and_the_generalist_on_its_own_line(tmp_path):
+    from specbench.reproduction.exhibits import CPU, metasd_heads
+
+    run = tmp_path / "metasd" / "eval"
+    run.mkdir(parents=True)
+    mats = {"math": {"eagle_math": 2.0, "eagle_chat": 1.5, "eagle_general": 2.5},
+            "chat": {"eagle_math": 1.4, "eagle_chat": 1.9, "eagle_general": 1.6}}
+    pd.DataFrame([{"task": t, "method": f"fixed:{d}", "speedup": 1.0, "mat": m, "acceptance_rate": 0.5}
+                  for t, row in mats.items() for d, m in row.items()]).to_csv(run / "summary.csv", index=False)
+    extra = {f"fixed:{d}": (lambda i, d=d: {}) for d in mats["math"]}
+    write_examples(run, {t: {f"fixed:{d}": 1.0 for d in row} for t, row in mats.items()}, extra=extra)
+    # set each drafter's target calls from its MAT on the query's task
+    lines = [json.loads(x) for x in (run / "examples.jsonl").read_text().splitlines()]
+    for rec in lines:
+        if rec["method"].startswith("fixed:"):
+            rec["target_calls"] = round(rec["new_tokens"] / mats[rec["task"]][rec["method"][6:]])
+    (run / "examples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    ex = metasd_heads(tmp_path, [], CPU)
+    among, generalist = ex.verdicts
+    # the generalist has the highest MAT on math, but the claim is among the specialists: held
+    assert "among the specialists" in among.claim and among.held is True and "eagle_general" not in among.detail
+    assert "generalist" in generalist.claim and generalist.held is False  # math: 2.0 < 2.5
+
+
+def test_huang_verdicts_on_aggregates_are_not_judged_and_table6_has_no_self_comparison(tmp_path):
+    from specbench.reproduction.exhibits import CPU, huang_fig2, huang_fig3, huang_table6
+
+    pol = tmp_path / "huang" / "policy"
+    pol.mkdir(parents=True)
+    pd.DataFrame({"n_examples": [8, 64], "val_reward": [0.5, 0.5], "oracle_reward": [0.6, 0.6],
+                  "speedup_replayed": [0.589, 0.589], "oracle_speedup": [0.7, 0.7]}).to_csv(
+        pol / "data_efficiency.csv", index=False)
+    fig3 = huang_fig3(tmp_path, [], CPU).verdicts[0]
+    assert fig3.held is None and fig3.reason == V.NO_PAIRS  # was held on 0.589 against 0.589
+
+    for arm in ("without_ar", "with_ar"):
+        d = tmp_path / "huang" / "depth" / arm
+        d.mkdir(parents=True)
+        pd.DataFrame({"choice": ["policy", "always autoregressive"], "val_reward": [0.5, 0.4],
+                      "speedup_replayed": [1.0, 1.0]}).to_csv(d / "summary.csv", index=False)
+    assert huang_table6(tmp_path, [], CPU).verdicts == []
+
+    sweep = tmp_path / "huang" / "depth" / "alpha"
+    sweep.mkdir(parents=True)
+    pd.DataFrame({"alpha": [0.0, 1.0], "val_reward": [0.5, 0.7], "speedup_replayed": [0.6, 0.8],
+                  "share_early_exit_8": [0.5, 0.0], "share_early_exit_24": [0.5, 1.0]}).to_csv(
+        sweep / "alpha_sweep.csv", index=False)
+    (sweep / "metrics.json").write_text(json.dumps({"n_val": 2}))
+    assert huang_fig2(tmp_path, [], CPU).verdicts[0].held is None  # 1 of 2: a tie, and n too small
+    (sweep / "metrics.json").write_text(json.dumps({"n_val": 40}))
+    assert huang_fig2(tmp_path, [], CPU).verdicts[0].held is not True  # 20 of 40 is no majority
+    pd.DataFrame({"alpha": [0.0, 1.0], "val_reward": [0.5, 0.7], "speedup_replayed": [0.6, 0.8],
+                  "share_early_exit_8": [0.9, 0.0], "share_early_exit_24": [0.1, 1.0]}).to_csv(
+        sweep / "alpha_sweep.csv", index=False)
+    assert huang_fig2(tmp_path, [], CPU).verdicts[0].held is True
+
+
+def test_switching_is_judged_per_query_with_a_stated_margin(tmp_path):
+    from specbench.reproduction.exhibits import CPU, metasd_switching
+
+    run = tmp_path / "metasd" / "eval"
+    run.mkdir(parents=True)
+    pd.DataFrame([{"task": "all", "method": m, "speedup": 1.0, "switches": s, "mat": 1.5}
+                  for m, s in (("ucb-bd", 40), ("ucb-switch-bd", 39))]).to_csv(run / "summary.csv", index=False)
+    # one switch fewer in total, on one query: not evidence of fewer switches
+    sw = {"ucb-bd": lambda i: {"switches": 5 + (i == 0)}, "ucb-switch-bd": lambda i: {"switches": 5}}
+    write_examples(run, {"math": {"ucb-bd": 1.2, "ucb-switch-bd": 1.2}}, n=8, extra=sw)
+    fewer, speed = metasd_switching(tmp_path, [], CPU).verdicts
+    assert fewer.held is not True
+    assert speed.held is True and "non-inferiority margin 3% (stated)" in speed.line()
+    sw = {"ucb-bd": lambda i: {"switches": 6 + i % 3}, "ucb-switch-bd": lambda i: {"switches": 1 + i % 2}}
+    write_examples(run, {"math": {"ucb-bd": 1.2, "ucb-switch-bd": 1.0}}, n=8, extra=sw)
+    fewer, speed = metasd_switching(tmp_path, [], CPU).verdicts
+    assert fewer.held is True and speed.held is False  # 1.0 against 1.2: below 0.97 of it
+
+
+def test_greedy_cascades_set_rules_against_plain_sd_and_say_the_sequential_cascade_is_not_run(tmp_path):
+    from specbench.reproduction.exhibits import CPU, cascades
+
+    run = tmp_path / "cascades" / "greedy"
+    run.mkdir(parents=True)
+    methods = {"sd": 1.1, "drafter_alone": 3.0, "chow@0.3": 1.4, "lossy_sd@0.5": 2.0}
+    pd.DataFrame([{"task": "math", "method": m, "rule": m.split("@")[0], "alpha": 0.3, "speedup": sp, "quality": 0.0,
+                   "agreement_tokens": 1.0} for m, sp in methods.items()]).to_csv(run / "curves.csv", index=False)
+    same = {m: (lambda i: {"output_ids": [1] * (20 + i)}) for m in ["autoregressive", *methods]}
+    write_examples(run, {"math": methods}, extra=same)
+    rule, sequential = cascades(tmp_path, [], CPU, CPU.cascades[0]).verdicts
+    assert "plain SD" in rule.claim and rule.held is True and "drafter_alone" not in rule.detail
+    assert sequential.held is None and "sequential cascade" in sequential.line()
+    # the rule now disagrees with the target on half of each output: not at equal quality
+    same["chow@0.3"] = lambda i: {"output_ids": [1] * 10 + [2] * (10 + i)}
+    write_examples(run, {"math": methods}, extra=same)
+    assert cascades(tmp_path, [], CPU, CPU.cascades[0]).verdicts[0].held is False
+
+
+def test_convergence_and_the_stream_are_judged_per_query(tmp_path):
+    from specbench.reproduction.exhibits import CPU, metasd_convergence, metasd_stream
+
+    run = tmp_path / "metasd" / "eval"
+    run.mkdir(parents=True)
+    pd.DataFrame({"method": ["ucb-bd", "ucb-be"], "round": [0, 0], "share": [0.8, 0.4], "n": [8, 8]}).to_csv(
+        run / "convergence.csv", index=False)
+    write_examples(run, {"math": {"fixed:eagle_math": 1.5, "fixed:eagle_chat": 1.0, "ucb-bd": 1.4, "ucb-be": 1.3}})
+
+    def rounds(bd_hits: int, be_hits: int):
+        with (run / "rounds.jsonl").open("w") as f:
+            for i in range(8):
+                for method, hits in (("ucb-bd", bd_hits), ("ucb-be", be_hits)):
+                    for r in range(10):
+                        arm = "eagle_math" if r < hits + (i % 2) else "eagle_chat"
+                        f.write(json.dumps({"query_id": f"math-{i}", "task": "math", "method": method, "round": r,
+                                            "arm": arm}) + "\n")
+
+    rounds(8, 4)
+    v = metasd_convergence(tmp_path, [], CPU).verdicts[0]
+    assert v.held is True and v.n == 8 and v.effect == pytest.approx(0.4)
+    rounds(4, 8)
+    assert metasd_convergence(tmp_path, [], CPU).verdicts[0].held is False
+
+    stream = tmp_path / "metasd" / "stream"
+    stream.mkdir(parents=True)
+    pd.DataFrame([{"task": t, "method": m, "speedup": 1.0, "mat": 1.5} for t in ("math", "all")
+                  for m in ("ucb-bd", "ducb-bd", "swucb-bd")]).to_csv(stream / "summary.csv", index=False)
+    write_examples(stream, {"math": {"ucb-bd": 1.0, "ducb-bd": 1.2, "swucb-bd": 0.9}})
+    v = metasd_stream(tmp_path, [], CPU).verdicts[0]
+    assert v.held is True and "Bonferroni" in v.detail and "D-UCB" in v.line()
+    write_examples(stream, {"math": {"ucb-bd": 1.0, "ducb-bd": 0.8, "swucb-bd": 0.9}})
+    assert metasd_stream(tmp_path, [], CPU).verdicts[0].held is False
