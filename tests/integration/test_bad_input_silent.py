@@ -70,7 +70,7 @@ def test_eval_refuses_to_resume_a_directory_of_another_target(tmp_path):
     assert OmegaConf.load(d1 / "config.yaml").target.model == "embedded:tiny_t5"
     records = [json.loads(x) for x in lines(d1 / "examples.jsonl")]
     assert {r["method"] for r in records} == {"autoregressive", "fixed:quantized"}
-    assert all(r["new_tokens"] <= 16 for r in records) and len(records) == 8  # only the new run's records
+    assert all(r["new_tokens"] <= 16 for r in records) and len(records) == 10  # only the new run's records (5 tasks x 2 methods)
     assert "embedded:tiny_t5" in (d1 / "summary.md").read_text()
 
 
@@ -275,7 +275,7 @@ def test_train_policy_needs_held_out_rows(llama_rows, tmp_path):
                                    "dataset.limit=1", "collect.max_new_tokens=2", "warmup.max_new_tokens=0"]), one)
     with pytest.raises(SpecbenchError, match=r"1 collected row\(s\) .* leave 0 for validation; at least 2"):
         train_policy.run(cfg_of("train_policy", [f"data={one}", "train.epochs=2"]), tmp_path / "p1")
-    with pytest.raises(SpecbenchError, match="4 collected row.* leave 1 for validation") as info:
+    with pytest.raises(SpecbenchError, match="5 collected row.* leave 1 for validation") as info:
         train_policy.run(cfg_of("train_policy", [f"data={llama_rows}", "train.epochs=2"]), tmp_path / "p4")
     assert "collect at least 8 queries" in info.value.fix
     train_policy.run(cfg_of("train_policy", [f"data={llama_rows}", "train.epochs=2", "train.val_fraction=0.5"]),

@@ -35,10 +35,10 @@ def test_eval_writes_records_and_resumes(tmp_path):
     methods = set(summary.method)
     assert {"autoregressive", "fixed:quantized", "fixed:prompt_lookup", "fixed:early_exit_1"} <= methods
     assert (summary.exact_match == 1.0).all()  # greedy speculative decoding is lossless
-    assert set(summary.task) == {"translation", "summarization", "math", "chat", "all"}
+    assert set(summary.task) == {"translation", "summarization", "math", "chat", "code", "all"}
     assert "| method" in res.stdout  # the table is printed
     examples = [json.loads(x) for x in (run_dir / "examples.jsonl").read_text().splitlines()]
-    assert len(examples) == 4 * 4  # 4 tasks x 1 example x 4 methods
+    assert len(examples) == 5 * 4  # 5 tasks x 1 example x 4 methods
     rounds = (run_dir / "rounds.jsonl").read_text().splitlines()
     assert sum(e["rounds"] for e in examples) == len(rounds)
 

@@ -117,7 +117,7 @@ def test_directory_that_is_not_a_model(tmp_path, content):
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
-    """One finished tiny eval run (2 methods x 4 tasks), copied by the tests that damage it."""
+    """One finished tiny eval run (2 methods x 5 tasks), copied by the tests that damage it."""
     run_dir = tmp_path_factory.mktemp("finished") / "run"
     code, err, _ = run("eval", *TINY, "methods=[autoregressive,fixed:prompt_lookup]", f"hydra.run.dir={run_dir}")
     assert code == 0, err[-3000:]

@@ -19,7 +19,7 @@ from specbench.pipelines import collect, train_policy
 from specbench.policy import load_checkpoint
 from specbench.selection import PolicySelector
 
-TINY = ["target=tiny_llama", "pool=tiny", "dataset.limit=1", "decoding.max_new_tokens=6", "warmup.max_new_tokens=0",
+TINY = ["target=tiny_llama", "pool=tiny", "dataset.limit=1", "~dataset.sources.code", "decoding.max_new_tokens=6", "warmup.max_new_tokens=0",
         "collect.max_new_tokens=6"]
 
 

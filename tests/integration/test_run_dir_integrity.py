@@ -80,7 +80,7 @@ def test_a_dead_holders_lock_does_not_block(tmp_path):
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
     assert "pid" in (d / CLAIM_FILE).read_text()  # its holder record is left behind, its lock is not
     out = evaluate.run(cfg_of("eval", QUICK), d)
-    assert len(jsonl(out / "examples.jsonl")) == 4
+    assert len(jsonl(out / "examples.jsonl")) == 5
 
 
 def test_a_resume_refuses_duplicated_records(tmp_path):

@@ -192,7 +192,7 @@ def test_categories_filter_the_sources_that_have_them(tmp_path):
     by_task = {}
     for q in queries:
         by_task.setdefault(q.task, []).append(q)
-    assert set(by_task) == {"translation", "summarization", "math", "chat"}
+    assert set(by_task) == {"translation", "summarization", "math", "chat", "code"}
     assert by_task["chat"] and {q.category for q in by_task["chat"]} == {"writing"}
     assert len(by_task["math"]) == 8  # a source without categories is kept whole
     with pytest.raises(SpecbenchError, match=r"dataset.categories: unknown categories \['poetry'\]") as info:

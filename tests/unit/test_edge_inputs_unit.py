@@ -101,9 +101,9 @@ def test_categories_and_offset_that_empty_a_source_are_refused():
     assert "dataset.offset below 1" in info.value.fix and "dataset.sources.chat=null" in info.value.fix
     # the same offset without the filter, and the filter without the offset: every source yields queries
     assert {q.task for q in load_dataset_config(composed("eval", "dataset.offset=3").dataset)} == {
-        "translation", "summarization", "math", "chat"}
+        "translation", "summarization", "math", "chat", "code"}
     assert {q.task for q in load_dataset_config(composed("eval", "dataset.categories=[writing]").dataset)} == {
-        "translation", "summarization", "math", "chat"}
+        "translation", "summarization", "math", "chat", "code"}
 
 
 def test_an_offset_past_one_source_is_refused(tmp_path):
