@@ -28,7 +28,7 @@ def test_a_conversation_carries_each_answer_into_the_next_task(tmp_path):
     examples = [json.loads(x) for x in (tmp_path / "run" / "examples.jsonl").read_text().splitlines()]
     out = {(e["query_id"], e["method"]): e["output_ids"] for e in examples}
     s = Session.open(cfg, tmp_path / "probe")
-    assert len({q.task for q in s.queries}) == 5  # the task changes at every turn of the conversation
+    assert len({q.task for q in s.queries}) == 4  # the task changes at every turn of the conversation
     history, prompts = [], []
     for q in s.queries:
         assert out[(q.id, "autoregressive")] == out[(q.id, "fixed:early_exit_1")]  # lossless inside a conversation
