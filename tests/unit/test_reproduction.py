@@ -36,9 +36,10 @@ def test_a_published_value_without_source_is_refused(tmp_path):
         published.load(path)
 
 
-def write_examples(path, speedups, n=6, noise=0.003, seed=0, quality=None):
+def write_examples(path, speedups, n=6, noise=0.003, seed=0, quality=None, extra=None):
     """A run's examples.jsonl: ``speedups[task][method]`` over autoregressive decoding on ``n`` queries per
-    task, each method's seconds per query = the autoregressive seconds / its speedup, times a small noise."""
+    task, each method's seconds per query = the autoregressive seconds / its speedup, times a small noise;
+    ``extra[method](i)``: more fields for query ``i`` of that method."""
     rng = np.random.default_rng(seed)
     path.mkdir(parents=True, exist_ok=True)
     with (path / "examples.jsonl").open("w") as f:
@@ -48,9 +49,11 @@ def write_examples(path, speedups, n=6, noise=0.003, seed=0, quality=None):
                 ar = 0.05 * tokens * (1 + 0.3 * rng.random())
                 for method, sp in {"autoregressive": 1.0, **methods}.items():
                     secs = ar if method == "autoregressive" else ar / sp * (1 + noise * rng.standard_normal())
-                    f.write(json.dumps({"query_id": f"{task}-{i}", "task": task, "method": method, "seconds": secs,
-                                        "new_tokens": tokens, "target_calls": tokens, "switches": 0,
-                                        "quality": (quality or {}).get(method, {}), "output_ids": [1] * tokens}) + "\n")
+                    rec = {"query_id": f"{task}-{i}", "task": task, "method": method, "seconds": secs,
+                           "new_tokens": tokens, "target_calls": tokens, "switches": 0,
+                           "quality": (quality or {}).get(method, {}), "output_ids": [1] * tokens}
+                    rec.update((extra or {}).get(method, lambda i: {})(i))
+                    f.write(json.dumps(rec) + "\n")
 
 
 def write_eval_summary(path, rows):

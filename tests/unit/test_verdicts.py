@@ -12,6 +12,7 @@ import pytest
 
 from specbench.reproduction import exhibits as E
 from specbench.reproduction import verdicts as V
+from tests.unit.test_reproduction import write_examples as _write_examples
 
 STATS = re.compile(r"^\*\*(held|not held|not judged)\*\*: .+ \((n too small; )?n=\d+, .+ -?\d+\.\d{3}, "
                    r"[\d.]+% CI \[-?\d+\.\d{3}, -?\d+\.\d{3}\]")
@@ -116,20 +117,9 @@ def test_claims_of_several_parts():
 
 
 # ---------------------------------------------------------------- exhibits on per-query fixture runs
-def write_examples(path, speedups, n=8, noise=0.003, seed=0, extra=None):
-    rng = np.random.default_rng(seed)
-    path.mkdir(parents=True, exist_ok=True)
-    with (path / "examples.jsonl").open("w") as f:
-        for task, methods in speedups.items():
-            for i in range(n):
-                tokens = 20 + i
-                ar = 0.05 * tokens * (1 + 0.3 * rng.random())
-                for method, sp in {"autoregressive": 1.0, **methods}.items():
-                    secs = ar if method == "autoregressive" else ar / sp * (1 + noise * rng.standard_normal())
-                    rec = {"query_id": f"{task}-{i}", "task": task, "method": method, "seconds": secs,
-                           "new_tokens": tokens, "target_calls": tokens, "switches": 0, "quality": {}}
-                    rec.update((extra or {}).get(method, lambda i: {})(i))
-                    f.write(json.dumps(rec) + "\n")
+def write_examples(path, speedups, n=8, **kw):
+    """``tests/unit/test_reproduction.py``'s writer, 8 queries per task by default."""
+    return _write_examples(path, speedups, n=n, **kw)
 
 
 def test_the_loader_pairs_per_query_and_keeps_the_last_record(tmp_path):
