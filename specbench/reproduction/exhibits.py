@@ -28,7 +28,7 @@ from specbench.pipelines.report import ALL_TASKS, ORACLE, pyplot
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.published import Published, lookup
 
-TASKS = ("translation", "summarization", "math", "chat")
+TASKS = ("translation", "summarization", "math", "chat", "code")
 SPECIALISTS = {f"eagle_{t}": t for t in TASKS}
 GENERALIST = "eagle_general"
 
@@ -58,6 +58,13 @@ class CascadeRun:
     greedy: bool = False
 
 
+PAPER_REWARD = ("the paper's: alpha * alignment (ROUGE-L of the drafter's own output to the target's) + (1 - alpha) * "
+                "(1 - cost) (parameters relative to the largest arm), alpha 0.5.")
+MEASURED_REWARD = ("measured speed (each arm's speedup on the query over the query's best arm), a labelled substitute for "
+                   "the paper's alignment reward: the draft heads draft on the target's features and cannot generate "
+                   "alone, so they have no ROUGE-L alignment to score.")
+
+
 @dataclass(frozen=True)
 class Layout:
     """What one profile's runs hold: the parts each drafter plays and the notes that name the models."""
@@ -77,6 +84,10 @@ class Layout:
     task_columns: dict[str, str] = field(default_factory=dict)  # our task -> the paper's column name
     languages: tuple[str, ...] = ()  # MetaSD multilingual runs: metasd/multilingual/<language>
     stream_note: str = ""  # how the task changes in the non-stationary run
+    held_out: str = "the"  # how many held-out queries the live policy evals read ("16 per source", ...)
+    table1_reward: str = PAPER_REWARD  # what Huang et al.'s policies train on, per table
+    table4_reward: str = PAPER_REWARD
+    table6_reward: str = PAPER_REWARD
 
 
 @dataclass
@@ -289,21 +300,27 @@ def _n_val(root: Path, run: str) -> int | None:
     return int(n) if isinstance(n, (int, float)) and n > 0 else None
 
 
-def load_rounds(root: Path, run: str, methods: tuple[str, ...]) -> pd.DataFrame:
-    """The per-round records (``rounds.jsonl``) of ``methods`` in the run ``root/run``: query_id, task, method, round, arm."""
+def load_round_values(root: Path, run: str, methods: tuple[str, ...] | None = None,
+                      fields: tuple[str, ...] = ("query_id", "task", "method", "round", "arm")) -> pd.DataFrame:
+    """The per-round records (``rounds.jsonl``) of ``methods`` (None: every method) in ``root/run``, ``fields`` only."""
     path, rows = Path(root) / run / "rounds.jsonl", []
     if path.is_file():
         with path.open(encoding="utf-8", errors="replace") as f:
             for line in f:
-                if not any(f'"{m}"' in line for m in methods):
+                if methods is not None and not any(f'"{m}"' in line for m in methods):
                     continue
                 try:
                     rec = json.loads(line)
                 except ValueError:
                     continue
-                if rec.get("method") in methods:
-                    rows.append({k: rec.get(k) for k in ("query_id", "task", "method", "round", "arm")})
-    return pd.DataFrame(rows, columns=["query_id", "task", "method", "round", "arm"])
+                if methods is None or rec.get("method") in methods:
+                    rows.append({k: rec.get(k) for k in fields})
+    return pd.DataFrame(rows, columns=list(fields))
+
+
+def load_rounds(root: Path, run: str, methods: tuple[str, ...]) -> pd.DataFrame:
+    """The per-round records of ``methods`` in the run ``root/run``: query_id, task, method, round, arm."""
+    return load_round_values(root, run, methods)
 
 
 def with_oracle_examples(ex: pd.DataFrame) -> pd.DataFrame:
@@ -423,11 +440,24 @@ def _figure(path: Path, draw: Callable, title: str, xlabel: str, ylabel: str, si
 
 
 # ---------------------------------------------------------------- Huang et al.
+TABLE1_QUALITY = {"translation": "bleu", "summarization": "rougeL"}
+
+
 def huang_table1(root: Path, published: list[Published], lay: Layout) -> Exhibit:
     summary = _csv(root, "huang/eval/summary.csv")
     sp = speeds(summary)
     rows = [(f"fixed:{d}", d, paper_row) for d, (_, paper_row) in lay.huang_pair.items()] + [("policy", "policy", "policy")]
-    table = pd.DataFrame([{"drafter": label, **{t: sp.get(t, {}).get(m, math.nan) for t in ("translation", "summarization")}}
+    cells = {(r.task, r.method): r for r in summary.itertuples()}
+
+    def extra(task: str, method: str) -> dict:
+        """The acceptance and quality columns of one cell (quality: BLEU on translation, ROUGE-L on summarization)."""
+        r = cells.get((task, method))
+        metric = TABLE1_QUALITY.get(task, "")
+        return {f"{task} acceptance": getattr(r, "acceptance_rate", math.nan) if r else math.nan,
+                f"{task} {metric}": getattr(r, metric, math.nan) if r and metric else math.nan}
+
+    table = pd.DataFrame([{"drafter": label, **{t: sp.get(t, {}).get(m, math.nan) for t in ("translation", "summarization")},
+                           **{k: v for t in ("translation", "summarization") for k, v in extra(t, m).items()}}
                           for m, label, _ in rows])
     table = with_published(table, published, "huang", "table1", {label: p for _, label, p in rows},
                            ["translation", "summarization"])
@@ -447,8 +477,10 @@ def huang_table1(root: Path, published: list[Published], lay: Layout) -> Exhibit
         within = V.missing("the policy is within 5% of the best drafter on every task", "the specialists' rows",
                            "speedup ratio")
     notes = ("Speedup over autoregressive decoding on held-out rows (the policy's eval slice, disjoint from the "
-             "collected queries). Paper: T5-large target with T5-small (a generalist that translates well) and "
-             f"T5-small-XSum; ours: {lay.huang_models}.")
+             "collected queries), with each cell's acceptance rate and output quality (BLEU, ROUGE-L: greedy "
+             "decoding is lossless, so every row's quality is the target's own). Paper: T5-large target with T5-small "
+             f"(a generalist that translates well) and T5-small-XSum; ours: {lay.huang_models}. Reward: "
+             f"{lay.table1_reward}")
     val = replayed(_optional(root, "huang/policy/summary.csv"))
     if val:
         notes += " Replayed on the validation queries of the collection: " + ", ".join(
@@ -515,51 +547,111 @@ def huang_fig3(root: Path, published: list[Published], lay: Layout) -> Exhibit:
                    notes, ["huang/policy"], plot)
 
 
+def best_fixed(summary: pd.DataFrame, task: str = ALL_TASKS) -> str | None:
+    """The fixed drafter with the highest speedup of the eval ``summary`` on ``task`` (by its total), or None."""
+    single = drafter_speeds(summary).get(task, {})
+    return f"fixed:{max(single, key=single.get)}" if single else None
+
+
 def huang_table4(root: Path, published: list[Published], lay: Layout) -> Exhibit:
-    sp = replayed(_csv(root, "huang/math/policy/summary.csv"))
-    alone = {k.removeprefix("always "): v for k, v in sp.items() if k.startswith("always ") and k != "always autoregressive"}
-    best_alone = max(alone.values()) if alone else math.nan
-    table = pd.DataFrame([{"method": f"{a} alone", "speedup": v} for a, v in alone.items()] +
-                         [{"method": "drafting alone (best drafter)", "speedup": best_alone},
-                          {"method": "policy with the autoregressive arm", "speedup": sp.get("policy", math.nan)}])
+    run = "huang/math/eval"
+    summary = _csv(root, f"{run}/summary.csv")
+    live = speeds(summary).get(ALL_TASKS, {})
+    sp = replayed(_optional(root, "huang/math/policy/summary.csv"))
+    alone = {m.split(":", 1)[1]: v for m, v in live.items() if m.startswith("fixed:")}
+    best = best_fixed(summary)
+    table = pd.DataFrame([{"method": f"{a} alone", "speedup": v, "replayed": sp.get(f"always {a}", math.nan)}
+                          for a, v in alone.items()] +
+                         [{"method": "drafting alone (best drafter)", "speedup": live.get(best, math.nan) if best else math.nan,
+                           "replayed": max((v for k, v in sp.items() if k.startswith("always ")
+                                            and k != "always autoregressive"), default=math.nan)},
+                          {"method": "policy with the autoregressive arm", "speedup": live.get("policy", math.nan),
+                           "replayed": sp.get("policy", math.nan)}])
     table = with_published(table, published, "huang", "table4",
                            {"drafting alone (best drafter)": "drafting alone",
                             "policy with the autoregressive arm": "policy with the autoregressive arm"}, ["speedup"])
-    policy = sp.get("policy", math.nan)
-    return Exhibit("huang/table4", "Huang et al., Table 4: math, with the autoregressive arm", table, [
-        V.unpaired("with the autoregressive arm the policy is faster than drafting alone",
-                   f"{NOT_PAIRED}; aggregates: policy {policy:.3f} vs best drafter alone {best_alone:.3f}", "speedup ratio"),
-        V.unpaired("the policy holds at least 0.95x of autoregressive speed",
-                   f"{NOT_PAIRED}; aggregate: policy {policy:.3f}", "speedup"),
-    ], "GSM8K rows; speedups replayed from the measured speculative runs on the policy's validation queries.",
-        ["huang/math/collect", "huang/math/policy"])
+    ex = load_examples(root, run)
+    from specbench.decoding.drafter import AUTOREGRESSIVE
+
+    claim = "with the autoregressive arm the policy is faster than drafting alone (the best drafter)"
+    verdicts = [faster_on(ex, claim, "policy", best, names=("policy", _name(best)), run=run) if best else
+                V.missing(claim, f"the fixed drafters' rows ({run}/summary.csv)", "speedup ratio"),
+                faster_on(ex, "the policy holds at least 0.95x of autoregressive speed", "policy", AUTOREGRESSIVE,
+                          threshold=0.95, at_least=True, run=run)]
+    return Exhibit("huang/table4", "Huang et al., Table 4: math, with the autoregressive arm", table, verdicts,
+                   f"GSM8K test rows: speedup of the policy evaluated live on {lay.held_out} held-out rows (after the "
+                   "collected ones), beside each drafter alone in the same run; `replayed`: the collection's "
+                   f"validation queries replayed (train-policy). Reward: {lay.table4_reward}",
+                   ["huang/math/collect", "huang/math/policy", run])
 
 
 def huang_table6(root: Path, published: list[Published], lay: Layout) -> Exhibit:
-    without = replayed(_csv(root, "huang/depth/without_ar/summary.csv"))
-    with_ar = replayed(_csv(root, "huang/depth/with_ar/summary.csv"))
-    alone = {k: v for k, v in with_ar.items() if k.startswith("always ")}
-    table = pd.DataFrame([{"method": k, "speedup": v} for k, v in alone.items()] +
-                         [{"method": "policy without the autoregressive arm", "speedup": without.get("policy", math.nan)},
-                          {"method": "policy with the autoregressive arm", "speedup": with_ar.get("policy", math.nan)}])
+    without_run, with_run = "huang/depth/eval_without_ar", "huang/depth/eval_with_ar"
+    without_s, with_s = _csv(root, f"{without_run}/summary.csv"), _csv(root, f"{with_run}/summary.csv")
+    live = speeds(without_s).get(ALL_TASKS, {})
+    without = replayed(_optional(root, "huang/depth/without_ar/summary.csv"))
+    with_ar = replayed(_optional(root, "huang/depth/with_ar/summary.csv"))
+    table = pd.DataFrame([{"method": f"{m.split(':', 1)[1]} alone", "speedup": v,
+                           "replayed": with_ar.get(f"always {m.split(':', 1)[1]}", math.nan)}
+                          for m, v in live.items() if m.startswith("fixed:")] +
+                         [{"method": "policy without the autoregressive arm", "speedup": live.get("policy", math.nan),
+                           "replayed": without.get("policy", math.nan)},
+                          {"method": "policy with the autoregressive arm",
+                           "speedup": speeds(with_s).get(ALL_TASKS, {}).get("policy", math.nan),
+                           "replayed": with_ar.get("policy", math.nan)}])
+    claim = "adding the autoregressive arm makes the policy faster"
+    verdict = relative_faster(claim, load_examples(root, with_run), load_examples(root, without_run), "policy",
+                              ("with the AR arm", "without"), (with_run, without_run))
     return Exhibit("huang/table6", "Huang et al., Table 6: drafters at several depths, with and without the autoregressive arm",
-                   table, [],  # no verdict: the autoregressive arm replays at exactly 1.0 by construction
-                   f"{lay.depth_note}; speedups replayed on the validation queries. No verdict: the autoregressive "
-                   "arm's replayed speed is the autoregressive run itself (exactly 1.0), so comparing the policies "
-                   "with and without it would judge that arm against itself, and train-policy keeps no per-query "
-                   "choices to pair.",
-                   ["huang/depth/collect", "huang/depth/without_ar", "huang/depth/with_ar"])
+                   table, [verdict],
+                   f"{lay.depth_note}. Each policy evaluated live on {lay.held_out} held-out rows, each run with its own "
+                   "autoregressive baseline (the two runs are separate processes, so the verdict compares each policy's "
+                   "per-query speedup over its own run's autoregressive decoding of the same query); `replayed`: the "
+                   f"collection's validation queries replayed. Reward: {lay.table6_reward}",
+                   ["huang/depth/collect", "huang/depth/without_ar", "huang/depth/with_ar", without_run, with_run])
+
+
+def relative_faster(claim: str, ex_a: pd.DataFrame, ex_b: pd.DataFrame, method: str, names: tuple[str, str],
+                    runs: tuple[str, str]) -> V.Verdict:
+    """``method`` of run A faster than ``method`` of run B, where A and B are separate processes: each query's
+    speedup over its own run's autoregressive decoding of it (paired within its run), the ratio of the two
+    speedups over the queries both runs hold, with the bootstrap over those queries."""
+    from specbench.decoding.drafter import AUTOREGRESSIVE
+
+    label = f"speedup ratio {names[0]} / {names[1]} (each over its run's autoregressive)"
+    if ex_a.empty or ex_b.empty:
+        return V.missing(claim, f"per-query records ({runs[0] if ex_a.empty else runs[1]}/examples.jsonl)", label)
+    pa, pb = paired(ex_a, [method, AUTOREGRESSIVE]), paired(ex_b, [method, AUTOREGRESSIVE])
+    common = sorted(set(pa[method].index) & set(pb[method].index), key=str)
+    cols = {}
+    for tag, p in (("a", pa), ("b", pb)):
+        for m, short in ((method, "m"), (AUTOREGRESSIVE, "ar")):
+            cols[f"{tag}{short}_s"], cols[f"{tag}{short}_t"] = _timed(p[m].loc[common])
+
+    def stat(c):
+        sp = lambda t: (V.seconds_per_token(c[f"{t}ar_s"], c[f"{t}ar_t"])  # noqa: E731
+                        / V.seconds_per_token(c[f"{t}m_s"], c[f"{t}m_t"]))
+        return sp("a") / sp("b")
+
+    return V.judge(claim, cols, stat, 1.0, label)
 
 
 # ---------------------------------------------------------------- MetaSD
 METASD_ROWS = {"random-query": "random drafter per query", "random": "uniform mixture per round", "exp3-bd": "EXP3",
-               "halving-bd": "sequential halving", "ucb-be": "UCB-BE", "ucb-bd": "UCB-BD",
-               "ucb-switch-bd": "UCB-BD with a switching cost", ORACLE: "oracle (best single drafter per task)"}
+               "halving-bd": "sequential halving", "hedge-bd": "Hedge (full information)", "ucb-be": "UCB-BE",
+               "ucb-bd": "UCB-BD", "ucb-bd-fi": "UCB-BD, full information", "ucb-switch-bd": "UCB-BD with a switching cost",
+               "etc-bd": "explore-then-commit", ORACLE: "oracle (best single drafter per task)"}
+UCB, UCB_BE, UCB_FI, UCB_SWITCH, ETC, UNIFORM = "ucb-bd", "ucb-be", "ucb-bd-fi", "ucb-switch-bd", "etc-bd", "random"
+BANDITS = ("exp3-bd", "halving-bd")  # the bandit-feedback alternatives MetaSD sets UCB against
+FIRST_ROUNDS = 20  # convergence: the share of a query's first rounds on its task's oracle arm
 
 
 def _tasks(sp: dict, lay: Layout) -> list[str]:
     order = lay.tasks if lay.tasks is not None else [t for t in sp if t != ALL_TASKS]
     return [t for t in order if t in sp]
+
+
+BEST_ROW = "best single drafter"  # the paper's row name for it (published.yaml)
 
 
 def metasd_table(root: Path, published: list[Published], lay: Layout, meta: MetaRun) -> Exhibit:
@@ -569,11 +661,14 @@ def metasd_table(root: Path, published: list[Published], lay: Layout, meta: Meta
     methods = [m for m in dict.fromkeys(summary.method) if m != "autoregressive"]
     label = lambda m: m.split(":", 1)[1] if m.startswith("fixed:") else METASD_ROWS.get(m, m)  # noqa: E731
     table = pd.DataFrame([{"method": label(m), **{t: sp[t].get(m, math.nan) for t in tasks}} for m in methods])
-    pub = [p for p in published if p.paper == "metasd" and p.exhibit == "main" and p.row == meta.ucb_row]
-    if pub:  # paper scale: the paper's UCB row beside ours, on the columns it publishes
-        cols = [t for t in tasks if any(p.column == lay.task_columns.get(t, t) for p in pub)]
-        table = with_published(table, published, "metasd", "main", {"UCB-BD": meta.ucb_row}, cols, lay.task_columns)
     ds = drafter_speeds(summary)
+    best_row = {"method": "best single drafter", **{t: max(ds.get(t, {}).values(), default=math.nan) for t in tasks}}
+    table = pd.concat([table, pd.DataFrame([best_row])], ignore_index=True)
+    pub = [p for p in published if p.paper == "metasd" and p.exhibit == "main" and p.row in (meta.ucb_row, BEST_ROW)]
+    if meta.ucb_row and pub:  # the paper's UCB and best-single rows beside ours, on the columns it publishes
+        cols = [t for t in tasks if any(p.column == lay.task_columns.get(t, t) for p in pub)]
+        table = with_published(table, published, "metasd", "main",
+                               {"UCB-BD": meta.ucb_row, "best single drafter": BEST_ROW}, cols, lay.task_columns)
     own = {d: t for d, t in meta.specialists.items() if any(d in ds.get(task, {}) for task in sp)}
     shown = [p for p in published if p.paper == "metasd" and p.exhibit == "main"]
     notes = (f"Speedup over autoregressive decoding, {meta.setting} (oracle: the best single drafter per task, measured "
@@ -638,64 +733,172 @@ def metasd_heads(root: Path, published: list[Published], lay: Layout) -> Exhibit
                    "(new tokens / target calls) of the same queries.", [meta.run])
 
 
-def metasd_convergence(root: Path, published: list[Published], lay: Layout, first_rounds: int = 20) -> Exhibit:
+def early_shares(root: Path, run: str, methods: tuple[str, ...], first_rounds: int = FIRST_ROUNDS) -> pd.DataFrame:
+    """Per query (rows) and method (columns): the share of the query's first ``first_rounds`` rounds in which the
+    method played its task's oracle arm (the fastest fixed drafter of the task in the run); only the queries every
+    one of ``methods`` has rounds for."""
+    from specbench.pipelines.report import oracle_arms
+
+    ex = load_examples(root, run, ("query_id", "task", "method", "seconds", "new_tokens"))
+    arms = {t: m.split(":", 1)[1] for t, m in oracle_arms(ex).items()} if len(ex) else {}
+    rounds = load_rounds(root, run, methods) if arms else pd.DataFrame()
+    if rounds.empty:
+        return pd.DataFrame(columns=list(methods))
+    early = rounds[(rounds["round"] < first_rounds) & rounds.task.isin(arms)]
+    early = early.assign(hit=(early.arm == early.task.map(arms)).astype(float))
+    share = early.groupby(["method", "query_id"]).hit.mean().unstack(0)
+    return share.dropna(subset=[m for m in methods if m in share]) if len(share) else share
+
+
+def sooner(root: Path, run: str, claim: str, a: str, b: str, first_rounds: int = FIRST_ROUNDS, **kw) -> V.Verdict:
+    """``a`` plays its task's oracle arm in more of a query's first rounds than ``b``, paired per query."""
+    names = (METASD_ROWS.get(a, a), METASD_ROWS.get(b, b))
+    label = f"share difference {names[0]} - {names[1]}"
+    share = early_shares(root, run, (a, b), first_rounds)
+    if not {a, b} <= set(share.columns):
+        return V.missing(claim, f"per-query rounds of {names[0]} and {names[1]} ({run}/rounds.jsonl) or the oracle's "
+                                f"arms ({run}/examples.jsonl)", label)
+    return V.greater_mean(claim, list(share[a]), list(share[b]), label,
+                          detail=f"per query: share of its first {first_rounds} rounds on its task's oracle arm", **kw)
+
+
+def metasd_convergence(root: Path, published: list[Published], lay: Layout, first_rounds: int = FIRST_ROUNDS) -> Exhibit:
     conv = _csv(root, "metasd/eval/convergence.csv")
     early = conv[conv["round"] < first_rounds].groupby("method").share.mean()
     table = early.rename("share of the first rounds on the oracle's arm").reset_index()
 
     def plot(path: Path) -> None:
         def draw(ax):
-            for m in ("ucb-bd", "ucb-be"):
+            for m in (UCB, UCB_BE):
                 sub = conv[(conv.method == m) & (conv["round"] < 40)]
                 ax.plot(sub["round"], sub.share, label=METASD_ROWS.get(m, m))
         _figure(path, draw, f"MetaSD convergence ({lay.scale}): BD vs BE", "round within a query",
                 "share playing the oracle's arm", ylim=(0, 1.02))
 
     claim = f"BD reaches the best arm sooner than BE (share on it over the first {first_rounds} rounds)"
-    label = "share difference UCB-BD - UCB-BE"
-    ex = load_examples(root, "metasd/eval", ("query_id", "task", "method", "seconds"))
-    from specbench.pipelines.report import oracle_arms
-
-    arms = {t: m.split(":", 1)[1] for t, m in oracle_arms(ex).items()} if len(ex) else {}
-    rounds = load_rounds(root, "metasd/eval", ("ucb-bd", "ucb-be")) if arms else pd.DataFrame()
-    if rounds.empty:
-        verdict = V.missing(claim, "per-query rounds (metasd/eval/rounds.jsonl) or the oracle's arms "
-                                   "(metasd/eval/examples.jsonl)", label)
-    else:
-        early_q = rounds[(rounds["round"] < first_rounds) & rounds.task.isin(arms)]
-        early_q = early_q.assign(hit=(early_q.arm == early_q.task.map(arms)).astype(float))
-        share = early_q.groupby(["method", "query_id"]).hit.mean().unstack(0)
-        share = share.dropna(subset=[c for c in ("ucb-bd", "ucb-be") if c in share]) if len(share) else share
-        if not {"ucb-bd", "ucb-be"} <= set(share.columns):
-            verdict = V.missing(claim, "rounds of UCB-BD or UCB-BE", label)
-        else:
-            verdict = V.greater_mean(claim, list(share["ucb-bd"]), list(share["ucb-be"]), label,
-                                     detail="per query: share of its first rounds on its task's oracle arm")
     return Exhibit("metasd/convergence", "MetaSD, convergence: Block Divergence against Block Efficiency", table,
-                   [verdict],
+                   [sooner(root, "metasd/eval", claim, UCB, UCB_BE, first_rounds)],
                    "Share of rounds, by round index within a query, in which the selector played its task's oracle arm.",
                    ["metasd/eval"], plot)
 
 
+def metasd_bandits(root: Path, published: list[Published], lay: Layout, first_rounds: int = FIRST_ROUNDS) -> Exhibit:
+    """UCB-BD against EXP3, sequential halving and the static uniform mixture: speed and convergence."""
+    run = "metasd/eval"
+    summary = _csv(root, f"{run}/summary.csv")
+    alls = speeds(summary).get(ALL_TASKS, {})
+    shown = [m for m in (UCB, *BANDITS, UNIFORM) if m in alls]
+    share = early_shares(root, run, tuple(shown), first_rounds)
+    table = pd.DataFrame([{"method": METASD_ROWS.get(m, m), "speedup": alls[m],
+                           f"share of the first {first_rounds} rounds on the oracle arm":
+                               float(share[m].mean()) if m in share else math.nan} for m in shown])
+    ex = load_examples(root, run)
+    level = V.bonferroni(len(BANDITS))
+    name = lambda m: METASD_ROWS.get(m, m)  # noqa: E731
+    verdicts = [
+        V.all_of("UCB-BD is faster than EXP3 and sequential halving",
+                 [(name(b), faster_on(ex, "", UCB, b, names=(name(UCB), name(b)), level=level, run=run))
+                  for b in BANDITS if b in alls],
+                 f"each part: speedup ratio > 1, at level {level:.1%} (Bonferroni over the two)"),
+        V.all_of(f"UCB-BD reaches the best arm sooner than EXP3 and sequential halving (first {first_rounds} rounds)",
+                 [(name(b), sooner(root, run, "", UCB, b, first_rounds, level=level)) for b in BANDITS if b in alls],
+                 f"each part: share difference > 0, at level {level:.1%} (Bonferroni over the two)"),
+        faster_on(ex, "UCB-BD is faster than the static uniform mixture (a uniformly random drafter every round)", UCB,
+                  UNIFORM, names=(name(UCB), name(UNIFORM)), run=run),
+    ]
+    return Exhibit("metasd/bandits", "MetaSD, bandit algorithms: UCB against EXP3, sequential halving and the uniform "
+                   "mixture", table, verdicts,
+                   "The main table's mixed stream: every selector restarts on each query (bandit feedback: only the "
+                   "played drafter's reward is observed). Shares: per query, the share of its first rounds on its "
+                   "task's oracle arm (the fastest single drafter of the task in this run), averaged over queries.",
+                   [run])
+
+
+def metasd_variance(root: Path, published: list[Published], lay: Layout) -> Exhibit:
+    """The per-round variance of the two rewards on the same rounds: BD against BE (MetaSD: BD is denser, so lower)."""
+    run = "metasd/eval"
+    rounds = load_round_values(root, run, None, ("query_id", "task", "method", "round", "drafted", "be", "bd"))
+    if rounds.empty and not (Path(root) / run / "rounds.jsonl").exists():
+        raise NotRun(f"{run}/rounds.jsonl")
+    drafting = rounds[rounds.method.astype(str).str.startswith("fixed:") & (pd.to_numeric(rounds.drafted) > 0)]
+    drafting = drafting.assign(be=pd.to_numeric(drafting.be), bd=pd.to_numeric(drafting.bd))
+    var = drafting.groupby(["query_id", "method"])[["be", "bd"]].var(ddof=1).dropna()
+    per_query = var.groupby("query_id").mean()  # each query: the mean over the fixed drafters of their variances
+    by_drafter = var.groupby("method").mean().reset_index()
+    by_drafter["method"] = by_drafter.method.map(_name)
+    table = by_drafter.rename(columns={"method": "drafter", "be": "variance of BE per round",
+                                       "bd": "variance of BD per round"})
+    claim = "Block Divergence varies less from round to round than Block Efficiency (on the same rounds)"
+    label = "variance difference BE - BD"
+    verdict = (V.greater_mean(claim, list(per_query.be), list(per_query.bd), label,
+                              detail="per query: the mean over the single drafters of the variance of each reward over "
+                                     "the query's drafting rounds (both rewards in [0, 1])")
+               if len(per_query) else V.missing(claim, f"drafting rounds of single drafters ({run}/rounds.jsonl)", label))
+    return Exhibit("metasd/variance", "MetaSD, reward variance: Block Divergence against Block Efficiency", table,
+                   [verdict],
+                   "Every drafting round of every single drafter on the main table's stream carries both rewards "
+                   "(rounds.jsonl: be = accepted / N_max, bd = the mean of 1 - TV(p, q) over the drafted positions), so the "
+                   "two are compared on exactly the same rounds.", [run])
+
+
+def metasd_full_info(root: Path, published: list[Published], lay: Layout, first_rounds: int = FIRST_ROUNDS) -> Exhibit:
+    """Every head scored on every round (full information) against bandit feedback."""
+    run = "metasd/eval"
+    summary = _csv(root, f"{run}/summary.csv")
+    alls = speeds(summary).get(ALL_TASKS, {})
+    shown = [m for m in (UCB, UCB_FI, "hedge-bd") if m in alls]
+    share = early_shares(root, run, tuple(shown), first_rounds)
+    rows = summary[(summary.task == ALL_TASKS) & summary.method.isin(shown)].set_index("method")
+    table = pd.DataFrame([{"method": METASD_ROWS.get(m, m), "speedup": alls[m], "MAT": float(rows.at[m, "mat"]),
+                           f"share of the first {first_rounds} rounds on the oracle arm":
+                               float(share[m].mean()) if m in share else math.nan} for m in shown])
+    ex = load_examples(root, run)
+    names = (METASD_ROWS[UCB_FI], METASD_ROWS[UCB])
+    verdicts = [sooner(root, run, f"full information reaches the best arm sooner than bandit feedback (first "
+                                  f"{first_rounds} rounds)", UCB_FI, UCB, first_rounds),
+                faster_on(ex, "full information is faster than bandit feedback", UCB_FI, UCB, names=names, run=run)]
+    return Exhibit("metasd/full_info", "Full information for heads (every head scored on every round) against bandit "
+                   "feedback", table, verdicts,
+                   "UCB-BD with full information: after each verification every head that was not played replays the "
+                   "played draft from the target's features (no target call) and its Block Divergence is observed; "
+                   "Hedge needs those observations too. The replays cost head forwards on every round, which the "
+                   "speed verdict counts.", [run])
+
+
 def metasd_switching(root: Path, published: list[Published], lay: Layout) -> Exhibit:
     summary = _csv(root, "metasd/eval/summary.csv")
-    rows = summary[(summary.task == ALL_TASKS) & summary.method.isin(["ucb-bd", "ucb-switch-bd"])]
+    shown = [m for m in (UCB, UCB_SWITCH, ETC) if m in set(summary.method)]
+    rows = summary[(summary.task == ALL_TASKS) & summary.method.isin(shown)]
     table = rows[["method", "speedup", "switches", "mat"]].reset_index(drop=True)
+    table["method"] = table.method.map(lambda m: METASD_ROWS.get(m, m))
     ex = load_examples(root, "metasd/eval")
-    fewer_claim, speed_claim = "the switching cost cuts drafter switches", "the switching-cost variant keeps UCB-BD's speed"
-    if ex.empty:
-        fewer = V.missing(fewer_claim, "per-query records (metasd/eval/examples.jsonl)", "switches per query")
-        speed = V.missing(speed_claim, "per-query records (metasd/eval/examples.jsonl)", "speedup ratio")
-    else:
-        p = paired(ex, ["ucb-bd", "ucb-switch-bd"])
-        fewer = V.greater_mean(fewer_claim, list(p["ucb-bd"].switches.astype(float)),
-                               list(p["ucb-switch-bd"].switches.astype(float)),
-                               "switches per query, UCB-BD - with the cost")
-        speed = V.non_inferior(speed_claim, _timed(p["ucb-switch-bd"]), _timed(p["ucb-bd"]), 0.03,
-                               ("with the cost", "UCB-BD"))
-    return Exhibit("metasd/switching", "MetaSD, switching-cost variant", table, [fewer, speed],
-                   "Whole mixed stream. switches: drafter changes between consecutive rounds, summed over queries.",
-                   ["metasd/eval"])
+    name = lambda m: METASD_ROWS.get(m, m)  # noqa: E731
+
+    def fewer(claim: str, a: str, b: str) -> V.Verdict:
+        """``a`` switches drafters fewer times per query than ``b``."""
+        label = f"switches per query, {name(b)} - {name(a)}"
+        if ex.empty or not {a, b} <= set(ex.method):
+            return V.missing(claim, f"per-query records of {name(a)} and {name(b)} (metasd/eval/examples.jsonl)", label)
+        p = paired(ex, [a, b])
+        return V.greater_mean(claim, list(p[b].switches.astype(float)), list(p[a].switches.astype(float)), label)
+
+    def keeps(claim: str, a: str) -> V.Verdict:
+        if ex.empty or not {a, UCB} <= set(ex.method):
+            return V.missing(claim, f"per-query records of {name(a)} and UCB-BD (metasd/eval/examples.jsonl)",
+                             "speedup ratio")
+        p = paired(ex, [a, UCB])
+        return V.non_inferior(claim, _timed(p[a]), _timed(p[UCB]), 0.03, (name(a), name(UCB)))
+
+    verdicts = [fewer("the switching cost cuts drafter switches", UCB_SWITCH, UCB),
+                keeps("the switching-cost variant keeps UCB-BD's speed", UCB_SWITCH),
+                fewer("explore-then-commit switches less than UCB-BD with the switching penalty", ETC, UCB_SWITCH),
+                keeps("explore-then-commit keeps UCB-BD's speed", ETC)]
+    return Exhibit("metasd/switching", "MetaSD, switching costs: the UCB penalty and explore-then-commit", table,
+                   verdicts,
+                   "Whole mixed stream. switches: drafter changes between consecutive rounds, summed over queries. "
+                   "UCB-BD with a switching cost subtracts the cost from the index of every drafter but the current one; "
+                   "explore-then-commit (the paper's algorithm for switching costs) plays each drafter a few rounds, "
+                   "then commits to the best.", ["metasd/eval"])
 
 
 def metasd_stream(root: Path, published: list[Published], lay: Layout) -> Exhibit:
@@ -883,7 +1086,8 @@ def cascade_verdicts(ex: pd.DataFrame, run: CascadeRun) -> list[V.Verdict]:
 BUILDERS: dict[str, Callable[[Path, list[Published], Layout], Exhibit]] = {
     "huang/table1": huang_table1, "huang/fig2": huang_fig2, "huang/fig3": huang_fig3, "huang/table4": huang_table4,
     "huang/table6": huang_table6,
-    "metasd/heads": metasd_heads,
+    "metasd/heads": metasd_heads, "metasd/bandits": metasd_bandits, "metasd/variance": metasd_variance,
+    "metasd/full_info": metasd_full_info,
     "metasd/convergence": metasd_convergence, "metasd/switching": metasd_switching, "metasd/stream": metasd_stream,
     "metasd/multilingual": metasd_multilingual, "spec_bench/leaderboard": spec_bench_leaderboard,
 }
@@ -908,9 +1112,11 @@ HUANG_EXHIBITS = ("huang/table1", "huang/fig2", "huang/fig3", "huang/table4", "h
 
 CPU = Layout(
     name="cpu", scale="CPU scale",
-    exhibits=(*HUANG_EXHIBITS, "metasd/main", "metasd/heads", "metasd/convergence", "metasd/switching", "metasd/stream"),
+    exhibits=(*HUANG_EXHIBITS, "metasd/main", "metasd/heads", "metasd/bandits", "metasd/variance", "metasd/convergence",
+              "metasd/full_info", "metasd/switching", "metasd/stream"),
     huang_pair={"eagle_translation": ("translation", "T5-small"), "eagle_summarization": ("summarization", "T5-small-XSum")},
     huang_models="SmolLM2-135M with its translation and summarization draft heads",
+    held_out="16 (per source)", table1_reward=MEASURED_REWARD, table4_reward=MEASURED_REWARD,
     alpha_arms=("early_exit_8", "early_exit_24"),
     alpha_note="early exits after 8 (cheap, poorly aligned) and 24 (dearer, better aligned) of SmolLM2's 30 layers, on XSum",
     depth_note=("Early exits of SmolLM2 after 8, 16 and 24 of 30 layers (untrained exits, which accept few tokens; the "
@@ -918,7 +1124,7 @@ CPU = Layout(
     training_note="the paper trains on 1k-10k queries, this CPU run on at most the collected ones.",
     metasd=(MetaRun("metasd/eval", "metasd/main",
                     "MetaSD, main table: single drafters, baselines and bandits on a mixed stream", SPECIALISTS, GENERALIST,
-                    setting="one mixed, interleaved stream of the local real data (published values: other tasks and "
+                    ucb_row="MetaSpS-UCB", setting="one mixed, interleaved stream of the local real data (published values: other tasks and "
                             "drafters, so set beside, not compared)"),),
     stream_note=("The task changes inside one conversation: the stream's queries (local data, in task blocks) are the "
                  "turns of one chat, each prompted after the earlier turns and the model's own answers "
@@ -937,6 +1143,7 @@ PAPER = Layout(
               "metasd/convergence", "metasd/switching", "metasd/stream", "metasd/multilingual"),
     huang_pair={"t5_small": ("translation", "T5-small"), "t5_small_xsum": ("summarization", "T5-small-XSum")},
     huang_models="T5-large with t5-small and Muennighoff/t5-small-finetuned-xsum-512 (translation English->German)",
+    held_out="the test-split",
     alpha_arms=("early_exit_4", "early_exit_12"),
     alpha_note="LayerSkip Llama-3.2-1B's trained exits after 4 (cheap) and 12 (dearer, better aligned) of 16 layers, on XSum",
     depth_note="LayerSkip Llama-3.2-1B's trained exits after 4, 8 and 12 of 16 layers, on XSum",
