@@ -18,8 +18,8 @@ PIP ?= $(PYTHON) -m pip
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install demo readme-demo test test-slow test-all bench clean metasd-cpu metasd-cpu-full-info huang-cpu huang-cpu-math \
-	huang-cpu-early-exit cascades-cpu specialist-data specialist-levers specialists ship-heads specialists-eval reproduce-cpu report paper-dry-run paper-drafters \
+.PHONY: install demo readme-demo test test-slow test-all bench clean metasd-cpu huang-cpu \
+	cascades-cpu specialist-data specialist-levers specialists ship-heads specialists-eval reproduce-cpu report paper-dry-run paper-drafters \
 	reproduce-paper
 
 install: $(ENVIRONMENT)
@@ -59,104 +59,15 @@ test-all: test test-slow
 clean:
 	rm -rf outputs/eval outputs/bench outputs/multirun outputs/cascades_cpu
 
-# MetaSD (online drafter selection) at CPU scale on the embedded default: table + convergence plot
-metasd-cpu: install
-	$(SPECBENCH) eval +experiment=metasd_cpu
+# One paper's share of `make reproduce-cpu` (its steps only, into the same root, resumable; `make report`
+# then rebuilds the whole report): huang-cpu (Huang et al. Tables 1, 4, 6, Figs. 2, 3), metasd-cpu (MetaSD's
+# main table, heads, bandits, reward variance, convergence, full information, switching costs, stream),
+# cascades-cpu (speculative cascades, greedy and at temperature 1).
+huang-cpu metasd-cpu cascades-cpu: install
+	$(SPECBENCH) reproduce --root $(REPRO) --paper $(@:-cpu=)
 
-# Full-information feedback for early-exit arms: UCB-BD with and without it, three early exits in the pool
-metasd-cpu-full-info: install
-	$(SPECBENCH) eval +experiment=metasd_cpu_full_info
-
-# Context-aware selection (offline contextual bandit) at CPU scale. Fixed run directories, so an
-# interrupted target resumes where it stopped. THREADS=1 when other jobs share the CPU.
-HUANG ?= outputs/huang_cpu
+# THREADS=1 when other jobs share the CPU (the targets below pass threads=$(THREADS) on).
 THREADS ?= null
-huang-cpu: install
-	$(SPECBENCH) collect +experiment=huang_cpu dataset.limit=32 threads=$(THREADS) hydra.run.dir=$(HUANG)/collect
-	$(SPECBENCH) train-policy data=$(HUANG)/collect reward.source=measured "sweep.n_examples=[2,4,8,16,32,51]" \
-		hydra.run.dir=$(HUANG)/policy
-	$(SPECBENCH) train-policy data=$(HUANG)/collect reward.source=proxy "sweep.alpha=[0,0.2,0.3,0.35,0.4,0.45,0.5,0.75,1]" \
-		hydra.run.dir=$(HUANG)/policy_proxy
-	$(SPECBENCH) eval +experiment=huang_cpu dataset.offset=32 dataset.limit=6 selector=policy threads=$(THREADS) \
-		policy.checkpoint=$(HUANG)/policy/policy.pt hydra.run.dir=$(HUANG)/eval
-
-huang-cpu-math: install
-	$(SPECBENCH) collect +experiment=huang_cpu_math threads=$(THREADS) hydra.run.dir=$(HUANG)_math/collect
-	$(SPECBENCH) train-policy data=$(HUANG)_math/collect reward.source=measured hydra.run.dir=$(HUANG)_math/policy
-
-huang-cpu-early-exit: install
-	$(SPECBENCH) collect +experiment=huang_cpu_early_exit threads=$(THREADS) hydra.run.dir=$(HUANG)_early_exit/collect
-	$(SPECBENCH) train-policy data=$(HUANG)_early_exit/collect reward.source=measured \
-		"train.arms=[early_exit_8,early_exit_16,early_exit_24]" hydra.run.dir=$(HUANG)_early_exit/policy_without_ar
-	$(SPECBENCH) train-policy data=$(HUANG)_early_exit/collect reward.source=measured \
-		hydra.run.dir=$(HUANG)_early_exit/policy_with_ar
-
-# Speculative cascades at CPU scale: quality vs speedup per (rule, alpha) on the embedded suite and on
-# the local real datasets (../shared/data): curves.csv/md, best.csv and curves_<task>.png in each
-# directory below. Rerunning resumes (finished generations are skipped); `make clean` starts afresh.
-CASCADES_OUT ?= outputs/cascades_cpu
-cascades-cpu: install
-	$(PYTHON) -m specbench.cli cascades +experiment=cascades_cpu hydra.run.dir=$(CASCADES_OUT)/embedded
-	$(PYTHON) -m specbench.cli cascades +experiment=cascades_cpu_local hydra.run.dir=$(CASCADES_OUT)/local
-
-# Specialist draft heads for the embedded target (EAGLE-1 layout, one decoder layer, 8192-token draft
-# sub-vocabulary), one per task plus a generalist on a mix of the specialists' rows, written to
-# $$SPECBENCH_CACHE/drafters/eagle_<task> and shipped as package data (specbench/heads, bf16) by `make ship-heads`.
-# Training rows are disjoint from every evaluation slice: GSM8K train (first 1,200 rows); XSum rows 200+
-# of the seeded shuffle (all 800: evaluation takes the first rows of the same shuffle); the IWSLT2017
-# test file (first 3,000 rows; evaluation uses validation); AlpacaEval rows 0-759 (all of them but the
-# 45 kept for held-out scores; evaluation uses MT-Bench); 1,000 standard-library functions of the seeded
-# shuffle (HumanEval's entry points excluded; evaluation uses HumanEval). The heads learn the target's own
-# greedy answers (bf16 batched generation, cached in $$SPECBENCH_CACHE/responses and shared: the generalist
-# generates nothing new) and the prompt tokens past the chat template's fixed opening (train.prompt_positions:
-# free with the teacher pass, and what summaries and translations copy from). Reruns resume: answers are
-# cached as they are generated, each head resumes after its last finished epoch.
-SPECIALIST_ARGS ?= target.dtype=bfloat16 train.responses=target train.max_new_tokens=96 train.prompt_positions=true \
-	train.unroll=3 train.unroll_weights=[1.0,0.8,0.64] train.epochs=4 train.time_budget_s=360 threads=$(THREADS)
-SPECIALISTS_OUT ?= outputs/specialists
-SPECIALIST_HEADS := math summarization translation chat code general
-HEAD_math := name=eagle_math dataset=gsm8k dataset.path=../shared/data/gsm8k/train.jsonl dataset.limit=1200
-HEAD_summarization := name=eagle_summarization dataset=xsum dataset.path=../shared/data/xsum/xsum-1000.jsonl \
-	dataset.shuffle=true dataset.offset=200 dataset.limit=null
-HEAD_translation := name=eagle_translation dataset=iwslt2017 dataset.path=../shared/data/iwslt2017_de_en/test.json \
-	dataset.limit=3000
-HEAD_chat := name=eagle_chat dataset=alpaca dataset.limit=760
-HEAD_code := name=eagle_code dataset=stdlib_code dataset.shuffle=true dataset.limit=1000
-HEAD_general := name=eagle_general dataset=specialist_mix
-HEAD_ARGS_chat := train.max_new_tokens=192
-# The target's answers for every head's rows (the longest phase; cached, resumable).
-specialist-data: install
-	$(foreach h,$(SPECIALIST_HEADS),$(SPECBENCH) train-drafter $(HEAD_$(h)) $(SPECIALIST_ARGS) $(HEAD_ARGS_$(h)) \
-		train.generate_only=true hydra.run.dir=$(SPECIALISTS_OUT)/data/$(h) &&) true
-specialists: specialist-data
-	$(foreach h,$(SPECIALIST_HEADS),$(SPECBENCH) train-drafter $(HEAD_$(h)) $(SPECIALIST_ARGS) $(HEAD_ARGS_$(h)) \
-		hydra.run.dir=$(SPECIALISTS_OUT)/$(h) &&) true
-	$(MAKE) ship-heads
-# The training levers, measured on the math head's data at a small scale (300 GSM8K rows, 3 epochs): the recipe
-# above (unroll 3) against one-step training, feature noise, EAGLE's loss weights, two layers, a 4k
-# sub-vocabulary and response-only positions. `specialist-levers` prints the table (held-out top-1 by depth).
-LEVERS_OUT ?= $(SPECIALISTS_OUT)/levers
-LEVER_ARGS = $(HEAD_math) $(SPECIALIST_ARGS) dataset.limit=300 train.epochs=3 train.time_budget_s=null eval_sets=null
-LEVERS := recipe one_step noise eagle_weights layers2 vocab4k responses_only
-LEVER_recipe :=
-LEVER_one_step := train.unroll=1 train.unroll_weights=null
-LEVER_noise := train.feature_noise=0.1
-LEVER_eagle_weights := train.ce_weight=0.1
-LEVER_layers2 := drafter.layers=2
-LEVER_vocab4k := drafter.vocab=4096
-LEVER_responses_only := train.prompt_positions=false
-specialist-levers: specialist-data
-	$(foreach v,$(LEVERS),$(SPECBENCH) train-drafter $(LEVER_ARGS) $(LEVER_$(v)) out=$(LEVERS_OUT)/$(v) \
-		hydra.run.dir=$(LEVERS_OUT)/runs/$(v) &&) true
-	$(PYTHON) -m specbench.pipelines.train_drafter $(addprefix $(LEVERS_OUT)/,$(LEVERS)) | tee $(LEVERS_OUT)/levers.md
-
-# Export the trained heads into the package (specbench/heads/eagle_<task>: bf16 safetensors of the head's own
-# weights, config, metrics, history, loss plot and recipe); conf/drafter/eagle_<task>.yaml read package:eagle_<task>.
-SPECBENCH_CACHE_DIR = $$($(PYTHON) -c "from specbench.models.loading import cache_dir; print(cache_dir())")
-ship-heads: install
-	$(foreach h,$(SPECIALIST_HEADS),$(PYTHON) -m specbench.drafters.shipped $(SPECBENCH_CACHE_DIR)/drafters/eagle_$(h) \
-		specbench/heads/eagle_$(h) &&) true
-	$(PYTHON) -m specbench.drafters.shipped --summary specbench/heads
 
 # The specialist pool on the local real data (8 held-out queries per task, 48 new tokens, interleaved with the
 # autoregressive baseline): each head, the generalist and prompt lookup on every task, and UCB-BD with
@@ -164,9 +75,10 @@ ship-heads: install
 specialists-eval: install
 	$(SPECBENCH) eval +experiment=specialists_cpu threads=$(THREADS) hydra.run.dir=$(SPECIALISTS_OUT)/eval
 
-# Every CPU-scale reproduction (Huang et al. Tables 1, 4, 6 and Figs. 2, 3; MetaSD's main table,
-# convergence, switching cost and a non-stationary stream; speculative cascades greedy and at
-# temperature 1) with the specialist pool, then the report: outputs/reproduce/report/REPORT.md.
+# Every CPU-scale reproduction (Huang et al. Tables 1, 4, 6 and Figs. 2, 3; MetaSD's main table, heads,
+# bandits, reward variance, convergence, full information, switching costs and a non-stationary stream;
+# speculative cascades greedy and at temperature 1) with the shipped specialist heads, then the report:
+# outputs/reproduce/report/REPORT.md. The plan is derived from the exhibits (specbench/reproduction/exhibits.py).
 # Resumable: finished steps are skipped, an interrupted one resumes (specbench/reproduction/plan.py).
 REPRO ?= outputs/reproduce
 reproduce-cpu: install

@@ -39,69 +39,18 @@ from hydra import compose, initialize_config_dir
 
 from specbench.configs import conf_dir
 from specbench.errors import SpecbenchError
-from specbench.reproduction.exhibits import DONE
-from specbench.reproduction.exhibits import PAPER as PAPER_LAYOUT
+from specbench.reproduction.exhibits import plan_at
+from specbench.reproduction.records import DONE
+from specbench.reproduction.runs import (HUANG_DEPTH_COLLECT, HUANG_EVAL_WITH_AR, HUANG_EVAL_WITHOUT_AR,
+                                         HUANG_MATH_COLLECT, PAPER_CASCADES, SPEC_BENCH, Step)
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Step:
-    paper: str
-    command: str  # a root config: eval | collect | train_policy | cascades
-    run: str  # run directory, relative to the root
-    overrides: tuple[str, ...] = ()  # {root} and {questions} are filled in
-
-
-HUANG_ARMS = "train.arms=[eagle_translation,eagle_summarization]"
-EXITS = "[early_exit_8,early_exit_16,early_exit_24]"
-HELD_OUT = 16  # held-out queries per task cell of every CPU-scale speed claim (verdicts: at least 16)
-# The paper's reward (alignment, ROUGE-L of the drafter's own output to the target's, against parameter cost, alpha
-# 0.5) wherever every arm can generate alone (the early exits, Table 6 / Fig. 2); the draft heads cannot (they
-# draft on the target's features), so Tables 1 and 4 train on the measured speed of each arm (a labelled substitute).
-PAPER_REWARD = ("reward.source=proxy", "reward.alpha=0.5", "reward.cost=params")
-MEASURED_REWARD = ("reward.source=measured",)
-
-
-def _policy_eval(experiment: str, offset: int, checkpoint: str, *extra: str) -> tuple[str, ...]:
-    """A live eval of a trained policy on the ``HELD_OUT`` queries after the collected ones (per source)."""
-    return (f"+experiment={experiment}", f"dataset.offset={offset}", f"dataset.limit={HELD_OUT}", "selector=policy",
-            f"policy.checkpoint={{root}}/{checkpoint}/policy.pt", *extra)
-
-
-CPU: tuple[Step, ...] = (
-    # Huang et al.: Table 1 (+ Fig. 3 from the same collection), Table 4, Table 6 (+ Fig. 2), each policy evaluated
-    # live on held-out queries (the rows after the collected ones)
-    Step("huang", "collect", "huang/collect", ("+experiment=reproduce_huang",)),
-    Step("huang", "train_policy", "huang/policy", ("data={root}/huang/collect", *MEASURED_REWARD, HUANG_ARMS,
-                                                   "sweep.n_examples=[2,4,8,16,19]")),
-    Step("huang", "eval", "huang/eval", _policy_eval("reproduce_huang", 12, "huang/policy")),
-    Step("huang", "collect", "huang/math/collect", ("+experiment=reproduce_huang_math",)),
-    Step("huang", "train_policy", "huang/math/policy", ("data={root}/huang/math/collect", *MEASURED_REWARD)),
-    Step("huang", "eval", "huang/math/eval", _policy_eval("reproduce_huang_math", 16, "huang/math/policy")),
-    Step("huang", "collect", "huang/depth/collect", ("+experiment=reproduce_huang_depth",)),
-    Step("huang", "train_policy", "huang/depth/without_ar", ("data={root}/huang/depth/collect", *PAPER_REWARD,
-                                                             f"train.arms={EXITS}")),
-    Step("huang", "train_policy", "huang/depth/with_ar", ("data={root}/huang/depth/collect", *PAPER_REWARD)),
-    Step("huang", "eval", "huang/depth/eval_without_ar", _policy_eval("reproduce_huang_depth", 12, "huang/depth/without_ar")),
-    Step("huang", "eval", "huang/depth/eval_with_ar", _policy_eval("reproduce_huang_depth", 12, "huang/depth/with_ar",
-                                                                   "methods=[autoregressive,selector]")),
-    Step("huang", "train_policy", "huang/depth/alpha", ("data={root}/huang/depth/collect", "reward.source=proxy",
-                                                        "train.arms=[early_exit_8,early_exit_24]",
-                                                        "sweep.alpha=[0,0.2,0.4,0.5,0.6,0.8,1]")),
-    # MetaSD: main table (+ heads, bandits, variance, convergence, switching cost, full information), stream
-    Step("metasd", "eval", "metasd/eval", ("+experiment=reproduce_metasd",)),
-    Step("metasd", "eval", "metasd/stream", ("+experiment=reproduce_metasd_stream",)),
-    # Speculative cascades: quality vs speed, greedy and at temperature 1
-    Step("cascades", "cascades", "cascades/greedy", ("+experiment=cascades_cpu_local",)),
-    Step("cascades", "cascades", "cascades/sampling", ("+experiment=cascades_cpu_local", "decoding=sampling",
-                                                       "decoding.temperature=1.0", "tasks=[summarization]",
-                                                       "dataset.limit=8",
-                                                       "rules=[chow,diff,opt,token_v1,token_v2,token_v3,lossy_sd]")),
-)
-
 # The dry run: the same plan on the tiny Llama (its eagle heads must be in $SPECBENCH_CACHE under the
 # specialists' names), enough rows for a policy, a few tokens per generation.
+TINY_EXITS = ("pool.drafters.early_exit_8.layers=1", "pool.drafters.early_exit_16.layers=2",
+              "pool.drafters.early_exit_24.layers=3")  # the tiny Llama has 4 layers
 DECODE_TINY = ("target=tiny_llama", "decoding.max_new_tokens=6", "warmup.max_new_tokens=2", "threads=1")
 TINY: dict[str, tuple[str, ...]] = {
     "collect": (*DECODE_TINY, "collect.max_new_tokens=6", "dataset.limit=6"),
@@ -109,64 +58,29 @@ TINY: dict[str, tuple[str, ...]] = {
     "cascades": (*DECODE_TINY, "dataset.limit=1", "pool.drafters.early_exit_12.layers=1",
                  "pool.drafters.early_exit_16.layers=2", "pool.drafters.early_exit_20.layers=3"),
     "train_policy": ("train.epochs=5",),
-    "huang/depth/collect": ("pool.drafters.early_exit_8.layers=1", "pool.drafters.early_exit_16.layers=2",
-                            "pool.drafters.early_exit_24.layers=3", "dataset.limit=12"),
-    "huang/math/collect": ("dataset.limit=12",),
-    **dict.fromkeys(("huang/depth/eval_without_ar", "huang/depth/eval_with_ar"),
-                    ("pool.drafters.early_exit_8.layers=1", "pool.drafters.early_exit_16.layers=2",
-                     "pool.drafters.early_exit_24.layers=3")),
+    HUANG_DEPTH_COLLECT.dir: (*TINY_EXITS, "dataset.limit=12"),
+    HUANG_MATH_COLLECT.dir: ("dataset.limit=12",),
+    HUANG_EVAL_WITHOUT_AR.dir: TINY_EXITS,
+    HUANG_EVAL_WITH_AR.dir: TINY_EXITS,
 }
 
-# Paper scale: every experiment of `make reproduce-paper` (README "Paper-scale experiments"), the
-# drafters built first by `make paper-drafters`. Collect and eval read disjoint splits (`splits`).
-SPEC_BENCH = "dataset.path={questions}"
-MEASURED = "collect.measure_speculative=true"
-LANGUAGES = {"ja": "opus100_ja_en", "ru": "wmt16_ru_en", "de": "wmt16_de_en", "fr": "wmt14_fr_en", "zh": "wmt19_zh_en"}
-CASCADES = tuple(run.name for run in PAPER_LAYOUT.cascades)  # conf/experiment/cascades_<name>.yaml
-PAPER: tuple[Step, ...] = (
-    Step("spec_bench", "eval", "spec_bench/eval", ("+experiment=spec_bench_vicuna", SPEC_BENCH)),
-    # Huang et al.: Table 1 (+ Fig. 3), Table 4 (the paper's model family), Table 6 (+ Fig. 2)
-    Step("huang", "collect", "huang/collect", ("+experiment=huang_t5", MEASURED)),
-    Step("huang", "train_policy", "huang/policy", ("data={root}/huang/collect", *PAPER_REWARD,
-                                                   "train.arms=[t5_small,t5_small_xsum]",
-                                                   "sweep.n_examples=[30,100,300,1000,3000]")),
-    Step("huang", "eval", "huang/eval", ("+experiment=huang_t5", "selector=policy",
-                                         "policy.checkpoint={root}/huang/policy/policy.pt")),
-    Step("huang", "collect", "huang/math/collect", ("+experiment=huang_gsm8k", MEASURED)),
-    Step("huang", "train_policy", "huang/math/policy", ("data={root}/huang/math/collect", *PAPER_REWARD)),
-    Step("huang", "eval", "huang/math/eval", ("+experiment=huang_gsm8k", "selector=policy",
-                                              "policy.checkpoint={root}/huang/math/policy/policy.pt")),
-    Step("huang", "collect", "huang/depth/collect", ("+experiment=huang_early_exit", MEASURED)),
-    Step("huang", "train_policy", "huang/depth/without_ar", ("data={root}/huang/depth/collect", *PAPER_REWARD,
-                                                             "train.arms=[early_exit_4,early_exit_8,early_exit_12]")),
-    Step("huang", "train_policy", "huang/depth/with_ar", ("data={root}/huang/depth/collect", *PAPER_REWARD)),
-    Step("huang", "eval", "huang/depth/eval_without_ar", ("+experiment=huang_early_exit", "selector=policy",
-                                                          "policy.checkpoint={root}/huang/depth/without_ar/policy.pt")),
-    Step("huang", "eval", "huang/depth/eval_with_ar", ("+experiment=huang_early_exit", "selector=policy",
-                                                       "policy.checkpoint={root}/huang/depth/with_ar/policy.pt",
-                                                       "methods=[autoregressive,selector]")),
-    Step("huang", "train_policy", "huang/depth/alpha", ("data={root}/huang/depth/collect", "reward.source=proxy",
-                                                        "train.arms=[early_exit_4,early_exit_12]",
-                                                        "sweep.alpha=[0,0.2,0.4,0.5,0.6,0.8,1]")),
-    # MetaSD: black-box (main table, heads, convergence, switching cost), white-box, stream, multilingual
-    Step("metasd", "eval", "metasd/eval", ("+experiment=metasd_vicuna", SPEC_BENCH)),
-    Step("metasd", "eval", "metasd/eagle", ("+experiment=metasd_vicuna_eagle", SPEC_BENCH)),
-    Step("metasd", "eval", "metasd/stream", ("+experiment=metasd_vicuna_stream", SPEC_BENCH)),
-    *(Step("metasd", "eval", f"metasd/multilingual/{lang}", ("+experiment=metasd_vicuna_multilingual", f"dataset={name}"))
-      for lang, name in LANGUAGES.items()),
-    # Speculative cascades: each of the paper's task / model pairs, temperature sampling
-    *(Step("cascades", "cascades", f"cascades/{name}", (f"+experiment=cascades_{name}",)) for name in CASCADES),
-)
+# The plans, derived from the exhibits (each exhibit names the runs it reads; ``exhibits.plan_at``).
+CPU: tuple[Step, ...] = plan_at("cpu")
+PAPER: tuple[Step, ...] = plan_at("paper")  # `make reproduce-paper` (docs: paper scale), drafters by `make paper-drafters`
+CASCADES = PAPER_CASCADES  # conf/experiment/cascades_<name>.yaml
 
 
 @dataclass(frozen=True)
 class Profile:
-    steps: tuple[Step, ...]
-    layout: str  # the report layout (exhibits.LAYOUTS)
+    steps: tuple[Step, ...] | None  # None: derived from the exhibits of ``layout`` when the plan runs
+    layout: str  # the report layout and scale (exhibits.LAYOUTS, runs.SCALES)
     overrides: dict[str, tuple[str, ...]] = field(default_factory=dict)  # by command or run directory
 
+    def plan(self) -> tuple[Step, ...]:
+        return self.steps if self.steps is not None else plan_at(self.layout)
 
-PROFILES = {"cpu": Profile(CPU, "cpu"), "tiny": Profile(CPU, "cpu", TINY), "paper": Profile(PAPER, "paper")}
+
+PROFILES = {"cpu": Profile(None, "cpu"), "tiny": Profile(None, "cpu", TINY), "paper": Profile(None, "paper")}
 QUESTIONS = "data/spec_bench/question.jsonl"  # Spec-Bench's question.jsonl (`make reproduce-paper` downloads it)
 
 
@@ -260,7 +174,7 @@ def restart_if_unresumable(step: Step, cfg, out: Path) -> None:
         methods = carry
     if not methods & carry:
         return
-    from specbench.reproduction.exhibits import planned
+    from specbench.reproduction.records import planned
 
     want = planned(out, "eval")
     if want is not None and count_records(out, "eval") >= want:  # every generation is there: nothing to resume
@@ -312,7 +226,7 @@ def run(root: str | Path, profile: str = "cpu", papers: list[str] | None = None,
     if profile not in PROFILES:
         raise SpecbenchError(f"unknown reproduce profile '{profile}'", f"use one of: {', '.join(PROFILES)}")
     prof = PROFILES[profile]
-    steps = prof.steps
+    steps = prof.plan()
     known = {s.paper for s in steps}
     unknown = sorted(set(papers or []) - known)
     if unknown:

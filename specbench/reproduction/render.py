@@ -14,7 +14,10 @@ from pathlib import Path
 from specbench.errors import SpecbenchError
 from specbench.pipelines.report import print_table, to_markdown
 from specbench.reproduction import published as published_values
-from specbench.reproduction.exhibits import LAYOUTS, Exhibit, Layout, NotRun, builders, mark_unfinished
+from specbench.reproduction.exhibit import Exhibit, Layout, mark_unfinished
+from specbench.reproduction.exhibits import builders
+from specbench.reproduction.layouts import LAYOUTS
+from specbench.reproduction.records import NotRun
 
 log = logging.getLogger(__name__)
 

@@ -316,8 +316,8 @@ def test_reproduce_paper_runs_every_step_and_ends_in_the_paper_report(stand_ins,
     runs in its fixed directory, and `specbench report` on that root builds every paper-scale exhibit
     (Spec-Bench, Huang et al., MetaSD black-box / white-box / stream / multilingual, each cascades run)."""
     from specbench.reproduction import plan, render
-    from specbench.reproduction.exhibits import PAPER as LAYOUT
-    from specbench.reproduction.exhibits import builders
+    from specbench.reproduction.exhibits import builders, specs_at
+    from specbench.reproduction.layouts import PAPER as LAYOUT
 
     def adapt(step, cfg):
         with open_dict(cfg):
@@ -342,7 +342,8 @@ def test_reproduce_paper_runs_every_step_and_ends_in_the_paper_report(stand_ins,
         assert (root / step.run / plan.DONE).exists(), step.run
     text = (report / "REPORT.md").read_text()
     assert "Not run yet" not in text, text
-    assert text.count("### [") == len(builders(LAYOUT)) == len(LAYOUT.exhibits) + len(plan.CASCADES)
+    assert text.count("### [") == len(builders(LAYOUT)) == len(specs_at("paper"))
+    assert sum(key.startswith("cascades/") for key in (s.key for s in specs_at("paper"))) == len(plan.CASCADES)
     for name in ("spec_bench/leaderboard", "huang/table1", "metasd/whitebox", "metasd/multilingual", "cascades/t5_wmt"):
         assert (report / f"{name}.md").exists(), name
     assert "SpS (vicuna-68m)" in (report / "spec_bench" / "leaderboard.md").read_text()

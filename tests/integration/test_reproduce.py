@@ -12,8 +12,8 @@ import torch
 
 from specbench.drafters.eagle import EagleHead, save_head, vocab_fingerprint
 from specbench.reproduction import plan
-from specbench.reproduction.exhibits import CPU as CPU_LAYOUT
 from specbench.reproduction.exhibits import builders
+from specbench.reproduction.layouts import CPU as CPU_LAYOUT
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 

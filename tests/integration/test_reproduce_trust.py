@@ -197,7 +197,7 @@ def test_the_planned_count_of_an_unfinished_eval(tmp_path):
     out = _stopped_eval(tmp_path, 2)
     cfg = OmegaConf.load(out / "config.yaml")
     n_methods = 1 + len(cfg.pool.drafters) + 7  # autoregressive, fixed:* and the 7 selectors of the experiment
-    from specbench.reproduction.exhibits import planned
+    from specbench.reproduction.records import planned
 
     assert planned(out, "eval") == 5 * n_methods  # 5 tasks x 1 query (the tiny profile)
 

@@ -169,7 +169,8 @@ def test_the_paper_layout_sets_the_published_rows_beside_ours(tmp_path):
 def test_cascades_verdict_counts_rule_points_only(tmp_path):
     """At temperature 1 the drafter alone is fast and (here) as good as anything, but it is not a
     deferral rule: only a rule point faster than lossy SD at equal quality, per query, makes the verdict hold."""
-    from specbench.reproduction.exhibits import CPU, cascades
+    from specbench.reproduction.cascade_exhibits import CPU_CASCADES, cascades
+    from specbench.reproduction.layouts import CPU
     from specbench.reproduction.published import load
 
     rows = [("autoregressive", None, None, 1.0, 5.0), ("sd", None, None, 0.9, 5.0), ("drafter_alone", None, None, 2.0, 5.0),
@@ -182,7 +183,7 @@ def test_cascades_verdict_counts_rule_points_only(tmp_path):
                        "agreement_tokens": 0.5} for m, r, a, sp, q in rows]).to_csv(run / "curves.csv", index=False)
         write_examples(run, {"summarization": {m: sp for m, *_, sp, _ in rows if m != "autoregressive"}},
                        quality={m: {"rouge2": q} for m, *_, q in rows})
-        return cascades(tmp_path, load(), CPU, CPU.cascades[1]).verdicts[0].held
+        return cascades(tmp_path, load(), CPU, CPU_CASCADES[1]).verdicts[0].held
 
     assert verdict() is False
     rows[-1] = ("chow@0.5", "chow", 0.5, 1.3, 5.0)  # now a rule is faster than lossy SD at equal quality

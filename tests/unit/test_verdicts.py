@@ -10,8 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specbench.reproduction import exhibits as E
+from specbench.reproduction import compare as C
+from specbench.reproduction import records as R
 from specbench.reproduction import verdicts as V
+from specbench.reproduction.layouts import CPU
 from tests.unit.test_reproduction import write_examples as _write_examples
 
 STATS = re.compile(r"^\*\*(held|not held|not judged)\*\*: .+ \((n too small; )?n=\d+, .+ -?\d+\.\d{3}, "
@@ -127,17 +129,17 @@ def test_the_loader_pairs_per_query_and_keeps_the_last_record(tmp_path):
     with (tmp_path / "run" / "examples.jsonl").open("a") as f:  # a resumed query, a torn last line
         f.write(json.dumps({"query_id": "math-0", "task": "math", "method": "fixed:a", "seconds": 99.0,
                             "new_tokens": 20, "target_calls": 20}) + "\n" + '{"query_id": "math-1", "ta')
-    ex = E.load_examples(tmp_path, "run")
+    ex = R.load_examples(tmp_path, "run")
     assert len(ex) == 8 and ex[(ex.query_id == "math-0") & (ex.method == "fixed:a")].seconds.item() == 99.0
-    p = E.paired(ex, ["autoregressive", "fixed:a"], "math")
+    p = C.paired(ex, ["autoregressive", "fixed:a"], "math")
     assert list(p["fixed:a"].index) == list(p["autoregressive"].index) == ["math-0", "math-1", "math-2", "math-3"]
-    assert E.load_examples(tmp_path, "nothing").empty
-    v = E.faster_on(E.load_examples(tmp_path, "nothing"), "c", "fixed:a", "autoregressive", run="nothing")
+    assert R.load_examples(tmp_path, "nothing").empty
+    v = C.faster_on(R.load_examples(tmp_path, "nothing"), "c", "fixed:a", "autoregressive", run="nothing")
     assert v.held is None and "nothing/examples.jsonl" in v.line()
 
 
 def test_heads_judge_the_specialists_only_and_the_generalist_on_its_own_line(tmp_path):
-    from specbench.reproduction.exhibits import CPU, metasd_heads
+    from specbench.reproduction.metasd import metasd_heads
 
     run = tmp_path / "metasd" / "eval"
     run.mkdir(parents=True)
@@ -160,8 +162,8 @@ def test_heads_judge_the_specialists_only_and_the_generalist_on_its_own_line(tmp
     assert "generalist" in generalist.claim and generalist.held is False  # math: 2.0 < 2.5
 
 
-def test_huang_verdicts_on_aggregates_are_not_judged_and_table6_has_no_self_comparison(tmp_path):
-    from specbench.reproduction.exhibits import CPU, huang_fig2, huang_fig3, huang_table6
+def test_huang_aggregates_are_not_judged_and_table6_pairs_each_policy_with_its_own_run(tmp_path):
+    from specbench.reproduction.huang import huang_fig2, huang_fig3, huang_table6
 
     pol = tmp_path / "huang" / "policy"
     pol.mkdir(parents=True)
@@ -171,12 +173,21 @@ def test_huang_verdicts_on_aggregates_are_not_judged_and_table6_has_no_self_comp
     fig3 = huang_fig3(tmp_path, [], CPU).verdicts[0]
     assert fig3.held is None and fig3.reason == V.NO_PAIRS  # was held on 0.589 against 0.589
 
-    for arm in ("without_ar", "with_ar"):
-        d = tmp_path / "huang" / "depth" / arm
-        d.mkdir(parents=True)
-        pd.DataFrame({"choice": ["policy", "always autoregressive"], "val_reward": [0.5, 0.4],
-                      "speedup_replayed": [1.0, 1.0]}).to_csv(d / "summary.csv", index=False)
-    assert huang_table6(tmp_path, [], CPU).verdicts == []
+    def live(with_ar: float, without: float):
+        """The two live evals, each policy's speedup over its own run's autoregressive decoding."""
+        for arm, sp in (("eval_with_ar", with_ar), ("eval_without_ar", without)):
+            d = tmp_path / "huang" / "depth" / arm
+            d.mkdir(parents=True, exist_ok=True)
+            pd.DataFrame([{"task": t, "method": m, "speedup": v} for t in ("summarization", "all")
+                          for m, v in (("autoregressive", 1.0), ("policy", sp))]).to_csv(d / "summary.csv", index=False)
+            write_examples(d, {"summarization": {"policy": sp}}, seed=len(arm))
+
+    live(1.0, 0.6)  # with the AR arm the policy decodes at AR speed; without it, the exits slow it down
+    v = huang_table6(tmp_path, [], CPU).verdicts[0]
+    assert v.held is True and v.n == 8 and v.effect == pytest.approx(1 / 0.6, rel=0.02)
+    assert "each over its run's autoregressive" in v.line()  # two processes: never paired across them
+    live(0.6, 1.0)
+    assert huang_table6(tmp_path, [], CPU).verdicts[0].held is False
 
     sweep = tmp_path / "huang" / "depth" / "alpha"
     sweep.mkdir(parents=True)
@@ -194,7 +205,7 @@ def test_huang_verdicts_on_aggregates_are_not_judged_and_table6_has_no_self_comp
 
 
 def test_switching_is_judged_per_query_with_a_stated_margin(tmp_path):
-    from specbench.reproduction.exhibits import CPU, metasd_switching
+    from specbench.reproduction.metasd import metasd_switching
 
     run = tmp_path / "metasd" / "eval"
     run.mkdir(parents=True)
@@ -203,17 +214,20 @@ def test_switching_is_judged_per_query_with_a_stated_margin(tmp_path):
     # one switch fewer in total, on one query: not evidence of fewer switches
     sw = {"ucb-bd": lambda i: {"switches": 5 + (i == 0)}, "ucb-switch-bd": lambda i: {"switches": 5}}
     write_examples(run, {"math": {"ucb-bd": 1.2, "ucb-switch-bd": 1.2}}, n=8, extra=sw)
-    fewer, speed = metasd_switching(tmp_path, [], CPU).verdicts
+    fewer, speed, etc_fewer, etc_speed = metasd_switching(tmp_path, [], CPU).verdicts
     assert fewer.held is not True
     assert speed.held is True and "non-inferiority margin 3% (stated)" in speed.line()
-    sw = {"ucb-bd": lambda i: {"switches": 6 + i % 3}, "ucb-switch-bd": lambda i: {"switches": 1 + i % 2}}
-    write_examples(run, {"math": {"ucb-bd": 1.2, "ucb-switch-bd": 1.0}}, n=8, extra=sw)
-    fewer, speed = metasd_switching(tmp_path, [], CPU).verdicts
+    assert etc_fewer.held is None and "explore-then-commit" in etc_fewer.line()  # not run here: missing, not judged
+    sw = {"ucb-bd": lambda i: {"switches": 6 + i % 3}, "ucb-switch-bd": lambda i: {"switches": 1 + i % 2},
+          "etc-bd": lambda i: {"switches": 1 + i % 2}}
+    write_examples(run, {"math": {"ucb-bd": 1.2, "ucb-switch-bd": 1.0, "etc-bd": 1.19}}, n=8, extra=sw)
+    fewer, speed, etc_fewer, etc_speed = metasd_switching(tmp_path, [], CPU).verdicts
     assert fewer.held is True and speed.held is False  # 1.0 against 1.2: below 0.97 of it
+    assert etc_fewer.held is False and etc_speed.held is True  # as many switches as UCB with the penalty: a tie
 
 
 def test_greedy_cascades_set_rules_against_plain_sd_and_say_the_sequential_cascade_is_not_run(tmp_path):
-    from specbench.reproduction.exhibits import CPU, cascades
+    from specbench.reproduction.cascade_exhibits import CPU_CASCADES, cascades
 
     run = tmp_path / "cascades" / "greedy"
     run.mkdir(parents=True)
@@ -222,17 +236,18 @@ def test_greedy_cascades_set_rules_against_plain_sd_and_say_the_sequential_casca
                    "agreement_tokens": 1.0} for m, sp in methods.items()]).to_csv(run / "curves.csv", index=False)
     same = {m: (lambda i: {"output_ids": [1] * (20 + i)}) for m in ["autoregressive", *methods]}
     write_examples(run, {"math": methods}, extra=same)
-    rule, sequential = cascades(tmp_path, [], CPU, CPU.cascades[0]).verdicts
+    rule, sequential = cascades(tmp_path, [], CPU, CPU_CASCADES[0]).verdicts
     assert "plain SD" in rule.claim and rule.held is True and "drafter_alone" not in rule.detail
     assert sequential.held is None and "sequential cascade" in sequential.line()
     # the rule now disagrees with the target on half of each output: not at equal quality
     same["chow@0.3"] = lambda i: {"output_ids": [1] * 10 + [2] * (10 + i)}
     write_examples(run, {"math": methods}, extra=same)
-    assert cascades(tmp_path, [], CPU, CPU.cascades[0]).verdicts[0].held is False
+    assert cascades(tmp_path, [], CPU, CPU_CASCADES[0]).verdicts[0].held is False
 
 
 def test_convergence_and_the_stream_are_judged_per_query(tmp_path):
-    from specbench.reproduction.exhibits import CPU, metasd_convergence, metasd_stream
+    from specbench.reproduction.metasd import metasd_stream
+    from specbench.reproduction.metasd_rounds import metasd_convergence
 
     run = tmp_path / "metasd" / "eval"
     run.mkdir(parents=True)
@@ -264,3 +279,71 @@ def test_convergence_and_the_stream_are_judged_per_query(tmp_path):
     assert v.held is True and "Bonferroni" in v.detail and "D-UCB" in v.line()
     write_examples(stream, {"math": {"ucb-bd": 1.0, "ducb-bd": 0.8, "swucb-bd": 0.9}})
     assert metasd_stream(tmp_path, [], CPU).verdicts[0].held is False
+
+
+def _rounds(path, per_method, n=8, rounds=10, **fields):
+    """rounds.jsonl: for each method, ``per_method[method](i, r)`` -> the arm of round ``r`` of query ``i``
+    (plus ``fields[name](method, i, r)``)."""
+    with (path / "rounds.jsonl").open("w") as f:
+        for i in range(n):
+            for method, arm_of in per_method.items():
+                for r in range(rounds):
+                    rec = {"query_id": f"math-{i}", "task": "math", "method": method, "round": r, "arm": arm_of(i, r)}
+                    rec.update({k: fn(method, i, r) for k, fn in fields.items()})
+                    f.write(json.dumps(rec) + "\n")
+
+
+def test_bandits_and_full_information_are_judged_per_query(tmp_path):
+    from specbench.reproduction.metasd_rounds import metasd_bandits, metasd_full_info
+
+    run = tmp_path / "metasd" / "eval"
+    speedups = {"fixed:eagle_math": 1.5, "fixed:eagle_chat": 1.0, "ucb-bd": 1.4, "exp3-bd": 1.1, "halving-bd": 1.2,
+                "random": 1.15, "ucb-bd-fi": 1.3}
+    write_examples(run, {"math": speedups})
+    pd.DataFrame([{"task": t, "method": m, "speedup": v, "mat": 1.5} for t in ("math", "all")
+                  for m, v in speedups.items()]).to_csv(run / "summary.csv", index=False)
+    best = lambda hits: (lambda i, r: "eagle_math" if r < hits + i % 2 else "eagle_chat")  # noqa: E731
+    _rounds(run, {"ucb-bd": best(6), "exp3-bd": best(2), "halving-bd": best(3), "random": best(4), "ucb-bd-fi": best(9)})
+    faster, sooner, uniform = metasd_bandits(tmp_path, [], CPU).verdicts
+    assert faster.held is True and "Bonferroni" in faster.detail and "EXP3" in faster.detail
+    assert sooner.held is True and uniform.held is True
+    reaches, speed = metasd_full_info(tmp_path, [], CPU).verdicts
+    assert reaches.held is True  # 9 of 10 first rounds on the best arm against 6
+    assert speed.held is False and "full information" in speed.line()  # its replays cost more than they win
+    # EXP3 now converges sooner than UCB: the convergence claim flips
+    _rounds(run, {"ucb-bd": best(2), "exp3-bd": best(6), "halving-bd": best(3), "random": best(4), "ucb-bd-fi": best(1)})
+    assert metasd_bandits(tmp_path, [], CPU).verdicts[1].held is False
+    assert metasd_full_info(tmp_path, [], CPU).verdicts[0].held is False
+
+
+def test_reward_variance_is_compared_on_the_same_rounds(tmp_path):
+    from specbench.reproduction.metasd_rounds import metasd_variance
+
+    run = tmp_path / "metasd" / "eval"
+    run.mkdir(parents=True)
+    noisy = lambda method, i, r: float(r % 2)  # noqa: E731  BE jumps between 0 and 1 from round to round
+    smooth = lambda method, i, r: 0.5 + 0.01 * (r % 3) + 0.001 * i  # noqa: E731
+    drafters = {"fixed:eagle_math": lambda i, r: "eagle_math", "fixed:eagle_chat": lambda i, r: "eagle_chat"}
+    _rounds(run, drafters, drafted=lambda m, i, r: 4, be=noisy, bd=smooth)
+    v = metasd_variance(tmp_path, [], CPU).verdicts[0]
+    assert v.held is True and v.n == 8 and v.effect > 0.2
+    _rounds(run, drafters, drafted=lambda m, i, r: 4, be=smooth, bd=noisy)
+    assert metasd_variance(tmp_path, [], CPU).verdicts[0].held is False
+    # rounds that did not draft (autoregressive, an empty prompt-lookup draft) carry no reward to compare
+    _rounds(run, drafters, drafted=lambda m, i, r: 0, be=noisy, bd=smooth)
+    assert metasd_variance(tmp_path, [], CPU).verdicts[0].held is None
+
+
+def test_table4_judges_the_live_policy_against_the_best_drafter_and_autoregressive(tmp_path):
+    from specbench.reproduction.huang import huang_table4
+
+    run = tmp_path / "huang" / "math" / "eval"
+    speedups = {"fixed:eagle_math": 0.9, "fixed:quantized": 0.7, "policy": 0.99}
+    write_examples(run, {"math": speedups})
+    pd.DataFrame([{"task": t, "method": m, "speedup": v} for t in ("math", "all")
+                  for m, v in {"autoregressive": 1.0, **speedups}.items()]).to_csv(run / "summary.csv", index=False)
+    ex = huang_table4(tmp_path, [], CPU)
+    faster, holds = ex.verdicts
+    assert faster.held is True and "eagle_math" in faster.line()  # against the best drafter alone, not the int8 one
+    assert holds.held is True  # 0.99 of autoregressive speed: at least 0.95
+    assert "replayed" in ex.table.columns  # train-policy's replayed figures stay beside, labelled

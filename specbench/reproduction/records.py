@@ -1,0 +1,229 @@
+"""What an exhibit reads from a run directory: its tables (a missing run is ``NotRun``; an empty or torn table a
+clear error), its per-query records (``examples.jsonl``) and per-round records (``rounds.jsonl``), and whether
+the run finished (``unfinished``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from specbench.errors import SpecbenchError
+
+
+class NotRun(Exception):
+    """A run an exhibit needs is not there (yet)."""
+
+
+def run_table(root: Path, rel: str) -> pd.DataFrame:
+    path = root / rel
+    if not path.exists():
+        raise NotRun(rel)
+    return read_table(path)
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """A CSV our commands wrote; an empty (0-byte) or torn one (cut mid-line by a stopped run) is refused,
+    naming the file and the step that writes it."""
+    step = path.parent
+    fix = (f"run its step again: delete {step / DONE} if it is there, then rerun `specbench reproduce` with the same "
+           "options (the step resumes from its records and writes the file again; add --redo if it then names the "
+           "steps that read it), or rerun the command that wrote the file into that directory")
+    data = path.read_bytes()
+    if not data.strip():
+        raise SpecbenchError(f"{path} is empty ({len(data)} bytes): the run that writes it stopped before it finished",
+                             fix)
+    if not data.endswith(b"\n"):
+        raise SpecbenchError(f"{path} is torn (its last line is cut off): the run that writes it stopped while "
+                             "writing it", fix)
+    try:
+        return pd.read_csv(path)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise SpecbenchError(f"{path} cannot be read as a table ({str(exc).strip().splitlines()[0]})", fix) from None
+
+
+DONE = ".done"  # what `specbench reproduce` leaves in a step's directory when the step finished (plan.DONE)
+
+RECORDS = {"eval": ("examples.jsonl", "generations"), "cascades": ("examples.jsonl", "generations"),
+           "collect": ("rows.jsonl", "collected queries")}
+
+
+def _lines(path: Path) -> int:
+    if not path.is_file():
+        return 0
+    with path.open("rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def _command_of(out: Path) -> str | None:
+    """Which command wrote the run directory ``out``: from the records it holds."""
+    for name, command in (("examples.jsonl", "eval"), ("rows.jsonl", "collect")):
+        if (out / name).exists():
+            if command == "eval" and (out / "config.yaml").exists():
+                from omegaconf import OmegaConf
+
+                try:
+                    return "cascades" if "rules" in OmegaConf.load(out / "config.yaml") else "eval"
+                except Exception:  # noqa: BLE001 - an unreadable config: counted as eval
+                    return "eval"
+            return command
+    return None
+
+
+def planned(out: Path, command: str | None) -> int | None:
+    """How many generations (eval, cascades) or queries (collect) the run in ``out`` plans, from its
+    ``config.yaml`` and its data files (None when that cannot be worked out without loading models)."""
+    from omegaconf import OmegaConf
+
+    from specbench.decoding.drafter import AUTOREGRESSIVE
+    from specbench.tasks import load_dataset_config
+
+    try:
+        cfg = OmegaConf.load(out / "config.yaml")
+        queries = load_dataset_config(cfg.dataset)
+        if command == "collect":
+            shard, shards = int(cfg.collect.shard), int(cfg.collect.num_shards)
+            return sum(1 for i, _ in enumerate(queries) if i % shards == shard)
+        if command == "cascades":
+            from specbench.pipelines.cascades import variants
+
+            tasks = set(cfg.get("tasks") or [])
+            return sum(1 for q in queries if not tasks or q.task in tasks) * len(variants(cfg.rules, cfg.alphas))
+        if command == "eval":
+            from specbench.pipelines.methods import parse_methods
+            from specbench.pipelines.session import turns_of
+
+            max_turns = int(cfg.dataset.get("max_turns") or 1)
+            pool = dict.fromkeys([AUTOREGRESSIVE, *(k for k, v in (cfg.pool.get("drafters") or {}).items() if v)])
+            methods = parse_methods(cfg.methods, pool, cfg.get("selector"), cfg)
+            return sum(turns_of(q, max_turns) for q in queries) * len(methods)
+    except Exception:  # noqa: BLE001 - best effort: the count is left out
+        return None
+    return None
+
+
+def unfinished(root: Path, run: str) -> str | None:
+    """``unfinished: N of M generations`` when the run ``root/run`` stopped before it finished: a step of a
+    ``specbench reproduce`` root without its ``.done``, a step whose records are fewer than its ``.done``
+    counted, or an eval that wrote its summary of a run stopped early; else None."""
+    out = Path(root) / run
+    if not out.is_dir():
+        return None
+    command = _command_of(out)
+    file, what = RECORDS.get(command, ("", "generations"))
+    have = _lines(out / file) if file else 0
+    if (out / DONE).exists():
+        try:
+            want = json.loads((out / DONE).read_text(encoding="utf-8")).get("records")
+        except (ValueError, AttributeError, UnicodeDecodeError):
+            want = None
+        if isinstance(want, int) and file and have < want:
+            return f"unfinished: {have} of {want} {what} ({file} holds fewer than the step finished with)"
+        return None
+    summary = out / "summary.md"
+    stopped = summary.is_file() and "stopped early" in summary.read_text(encoding="utf-8", errors="replace")
+    if not stopped and not (Path(root) / "reproduce.json").exists():
+        return None  # not a reproduce root: run directories without .done are complete runs
+    if not file:
+        return f"unfinished: {run} has no {DONE} (its step stopped before it finished)"
+    want = planned(out, command)
+    return f"unfinished: {have} of {want} {what}" if want else f"unfinished: {have} {what}, the step did not finish"
+
+
+def optional_table(root: Path, rel: str) -> pd.DataFrame:
+    try:
+        return run_table(root, rel)
+    except NotRun:
+        return pd.DataFrame()
+
+
+def speeds(summary: pd.DataFrame, value: str = "speedup") -> dict[str, dict[str, float]]:
+    """``{task: {method: value}}`` from an eval summary (``all`` included)."""
+    out: dict[str, dict[str, float]] = {}
+    for row in summary.itertuples():
+        out.setdefault(row.task, {})[row.method] = float(getattr(row, value))
+    return out
+
+
+def drafter_speeds(summary: pd.DataFrame, value: str = "speedup") -> dict[str, dict[str, float]]:
+    """Only the fixed drafters, keyed by drafter name (``fixed:`` dropped)."""
+    return {t: {m.split(":", 1)[1]: v for m, v in row.items() if m.startswith("fixed:")}
+            for t, row in speeds(summary, value).items()}
+
+
+def replayed(summary: pd.DataFrame) -> dict[str, float]:
+    """train-policy's summary: ``{choice: speedup_replayed}`` (``policy``, ``always <arm>``, ...)."""
+    if "speedup_replayed" not in summary:
+        return {}
+    return {str(c): float(s) for c, s in zip(summary.choice, summary.speedup_replayed)}
+
+
+EXAMPLE_FIELDS = ("query_id", "task", "method", "seconds", "new_tokens", "target_calls", "switches", "quality",
+                  "process", "output_ids")
+
+NOT_PAIRED = ("train-policy writes only aggregate replayed speedups (no per-query choice of the policy), so this "
+              "cannot be paired per query")
+
+
+def load_examples(root: Path, run: str, fields: tuple[str, ...] = EXAMPLE_FIELDS) -> pd.DataFrame:
+    """The per-query records of the run ``root/run`` (its ``examples.jsonl``: one object per generation), one
+    row per (query_id, method), the last record kept (as ``summarize`` does); empty when the file is absent. A
+    torn last line (a stopped run) is skipped: ``mark_unfinished`` says the run is unfinished."""
+    path = Path(root) / run / "examples.jsonl"
+    rows = []
+    if path.is_file():
+        with path.open(encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                rows.append({k: rec.get(k) for k in fields})
+    df = pd.DataFrame(rows, columns=list(fields))
+    for col in ("seconds", "new_tokens", "target_calls", "switches"):
+        if col in df:
+            df[col] = pd.to_numeric(df[col], errors="coerce")
+    return df.drop_duplicates(["query_id", "method"], keep="last").reset_index(drop=True)
+
+
+def n_val_of(root: Path, run: str) -> int | None:
+    """How many validation queries the train-policy run ``root/run`` judged on (its metrics.json), or None."""
+    try:
+        n = json.loads((Path(root) / run / "metrics.json").read_text(encoding="utf-8")).get("n_val")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return int(n) if isinstance(n, (int, float)) and n > 0 else None
+
+
+def load_round_values(root: Path, run: str, methods: tuple[str, ...] | None = None,
+                      fields: tuple[str, ...] = ("query_id", "task", "method", "round", "arm")) -> pd.DataFrame:
+    """The per-round records (``rounds.jsonl``) of ``methods`` (None: every method) in ``root/run``, ``fields`` only."""
+    path, rows = Path(root) / run / "rounds.jsonl", []
+    if path.is_file():
+        with path.open(encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if methods is not None and not any(f'"{m}"' in line for m in methods):
+                    continue
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if methods is None or rec.get("method") in methods:
+                    rows.append({k: rec.get(k) for k in fields})
+    return pd.DataFrame(rows, columns=list(fields))
+
+
+def load_rounds(root: Path, run: str, methods: tuple[str, ...]) -> pd.DataFrame:
+    """The per-round records of ``methods`` in the run ``root/run``: query_id, task, method, round, arm."""
+    return load_round_values(root, run, methods)
+
+
+def with_oracle_examples(ex: pd.DataFrame) -> pd.DataFrame:
+    """``ex`` plus the oracle's records: per task, a copy of the records of its fastest fixed drafter (total
+    seconds on that task, as in the summary's oracle row; picked on the same queries, an upper bound)."""
+    from specbench.pipelines.report import with_oracle
+
+    return with_oracle(ex) if len(ex) else ex

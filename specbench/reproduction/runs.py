@@ -1,0 +1,165 @@
+"""Every run directory of ``specbench reproduce``, once: which command writes it and, per scale, with which
+overrides. Exhibits (``exhibits.py``) name the runs they read; the plans are derived from them (``steps_at``).
+
+A run is one of our commands with an experiment config and a fixed directory under the root
+(``<paper>/...``). The CPU and paper scales share a directory where the papers overlap (``huang/...``,
+``metasd/eval``, ``metasd/stream``); each also has runs of its own (``cascades/greedy`` at CPU scale,
+``spec_bench/eval``, ``metasd/eagle``, ``metasd/multilingual/<language>``, ``cascades/<experiment>`` at paper
+scale). Overrides may hold ``{root}`` (the reproduce root: how a run names an upstream run it reads, through
+:func:`under_root`) and ``{questions}`` (Spec-Bench's question file).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+SCALES = ("cpu", "paper")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a plan: a run at one scale."""
+
+    paper: str
+    command: str  # a root config: eval | collect | train_policy | cascades
+    run: str  # run directory, relative to the root
+    overrides: tuple[str, ...] = ()  # {root} and {questions} are filled in
+
+
+@dataclass(frozen=True, eq=False)
+class Run:
+    """A run directory, the command that writes it, and its overrides at each scale it runs at."""
+
+    dir: str
+    command: str
+    at: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # scale -> overrides
+
+    @property
+    def paper(self) -> str:
+        return self.dir.split("/", 1)[0]
+
+    def step(self, scale: str) -> Step:
+        return Step(self.paper, self.command, self.dir, tuple(self.at[scale]))
+
+    def reads(self, runs: Iterable[Run], scale: str) -> list[Run]:
+        """The runs among ``runs`` whose directory this run's overrides at ``scale`` name (``{root}/<dir>``)."""
+        own = self.at.get(scale, ())
+        return [r for r in runs if r is not self and any(re.search(rf"\{{root\}}/{re.escape(r.dir)}(/|$)", o)
+                                                          for o in own)]
+
+
+def under_root(run: Run, file: str = "") -> str:
+    """``{root}/<run dir>[/file]``: how an override names an upstream run (filled in by the plan)."""
+    return "{root}/" + run.dir + (f"/{file}" if file else "")
+
+
+# ---------------------------------------------------------------- shared override blocks
+HELD_OUT = 16  # held-out queries per task cell of every CPU-scale speed claim (verdicts: at least 16)
+# The paper's reward (alignment, ROUGE-L of the drafter's own output to the target's, against parameter cost, alpha
+# 0.5) wherever every arm can generate alone (the early exits; every paper-scale drafter); the CPU-scale draft heads
+# cannot (they draft on the target's features), so CPU Tables 1 and 4 train on each arm's measured speed instead.
+PAPER_REWARD = ("reward.source=proxy", "reward.alpha=0.5", "reward.cost=params")
+MEASURED_REWARD = ("reward.source=measured",)
+MEASURED = "collect.measure_speculative=true"
+SPEC_BENCH = "dataset.path={questions}"
+EXITS_CPU = "[early_exit_8,early_exit_16,early_exit_24]"
+EXITS_PAPER = "[early_exit_4,early_exit_8,early_exit_12]"
+
+
+def policy_eval(experiment: str, policy: Run, offset: int | None = None, *extra: str) -> tuple[str, ...]:
+    """A live eval of the policy trained in ``policy``: at CPU scale on the ``HELD_OUT`` queries after the
+    collected ones (``offset``, per source); at paper scale on the experiment's eval split (offset None)."""
+    rows = (f"dataset.offset={offset}", f"dataset.limit={HELD_OUT}") if offset is not None else ()
+    return (f"+experiment={experiment}", *rows, "selector=policy", f"policy.checkpoint={under_root(policy, 'policy.pt')}",
+            *extra)
+
+
+# ---------------------------------------------------------------- Spec-Bench (paper scale)
+SPEC_BENCH_EVAL = Run("spec_bench/eval", "eval", {"paper": ("+experiment=spec_bench_vicuna", SPEC_BENCH)})
+
+# ---------------------------------------------------------------- Huang et al.
+# Table 1 (+ Fig. 3 from the same collection), Table 4, Table 6 (+ Fig. 2); each policy evaluated live on
+# held-out queries (CPU: the rows after the collected ones; paper: the test split)
+HUANG_COLLECT = Run("huang/collect", "collect", {"cpu": ("+experiment=reproduce_huang",),
+                                                 "paper": ("+experiment=huang_t5", MEASURED)})
+HUANG_POLICY = Run("huang/policy", "train_policy", {
+    "cpu": (f"data={under_root(HUANG_COLLECT)}", *MEASURED_REWARD, "train.arms=[eagle_translation,eagle_summarization]",
+            "sweep.n_examples=[2,4,8,16,19]"),
+    "paper": (f"data={under_root(HUANG_COLLECT)}", *PAPER_REWARD, "train.arms=[t5_small,t5_small_xsum]",
+              "sweep.n_examples=[30,100,300,1000,3000]")})
+HUANG_EVAL = Run("huang/eval", "eval", {"cpu": policy_eval("reproduce_huang", HUANG_POLICY, 12),
+                                        "paper": policy_eval("huang_t5", HUANG_POLICY)})
+HUANG_MATH_COLLECT = Run("huang/math/collect", "collect", {"cpu": ("+experiment=reproduce_huang_math",),
+                                                           "paper": ("+experiment=huang_gsm8k", MEASURED)})
+HUANG_MATH_POLICY = Run("huang/math/policy", "train_policy", {
+    "cpu": (f"data={under_root(HUANG_MATH_COLLECT)}", *MEASURED_REWARD),
+    "paper": (f"data={under_root(HUANG_MATH_COLLECT)}", *PAPER_REWARD)})
+HUANG_MATH_EVAL = Run("huang/math/eval", "eval", {"cpu": policy_eval("reproduce_huang_math", HUANG_MATH_POLICY, 16),
+                                                  "paper": policy_eval("huang_gsm8k", HUANG_MATH_POLICY)})
+HUANG_DEPTH_COLLECT = Run("huang/depth/collect", "collect", {"cpu": ("+experiment=reproduce_huang_depth",),
+                                                             "paper": ("+experiment=huang_early_exit", MEASURED)})
+HUANG_WITHOUT_AR = Run("huang/depth/without_ar", "train_policy", {
+    scale: (f"data={under_root(HUANG_DEPTH_COLLECT)}", *PAPER_REWARD, f"train.arms={exits}")
+    for scale, exits in (("cpu", EXITS_CPU), ("paper", EXITS_PAPER))})
+HUANG_WITH_AR = Run("huang/depth/with_ar", "train_policy", {
+    scale: (f"data={under_root(HUANG_DEPTH_COLLECT)}", *PAPER_REWARD) for scale in SCALES})
+HUANG_EVAL_WITHOUT_AR = Run("huang/depth/eval_without_ar", "eval", {
+    "cpu": policy_eval("reproduce_huang_depth", HUANG_WITHOUT_AR, 12),
+    "paper": policy_eval("huang_early_exit", HUANG_WITHOUT_AR)})
+HUANG_EVAL_WITH_AR = Run("huang/depth/eval_with_ar", "eval", {
+    "cpu": policy_eval("reproduce_huang_depth", HUANG_WITH_AR, 12, "methods=[autoregressive,selector]"),
+    "paper": policy_eval("huang_early_exit", HUANG_WITH_AR, None, "methods=[autoregressive,selector]")})
+HUANG_ALPHA = Run("huang/depth/alpha", "train_policy", {
+    scale: (f"data={under_root(HUANG_DEPTH_COLLECT)}", "reward.source=proxy", f"train.arms={arms}",
+            "sweep.alpha=[0,0.2,0.4,0.5,0.6,0.8,1]")
+    for scale, arms in (("cpu", "[early_exit_8,early_exit_24]"), ("paper", "[early_exit_4,early_exit_12]"))})
+
+# ---------------------------------------------------------------- MetaSD
+# CPU: the main table's mixed stream (+ heads, bandits, variance, convergence, full information, switching
+# costs) and the non-stationary stream; paper: black-box, white-box, stream, multilingual
+METASD_EVAL = Run("metasd/eval", "eval", {"cpu": ("+experiment=reproduce_metasd",),
+                                          "paper": ("+experiment=metasd_vicuna", SPEC_BENCH)})
+METASD_EAGLE = Run("metasd/eagle", "eval", {"paper": ("+experiment=metasd_vicuna_eagle", SPEC_BENCH)})
+METASD_STREAM = Run("metasd/stream", "eval", {"cpu": ("+experiment=reproduce_metasd_stream",),
+                                              "paper": ("+experiment=metasd_vicuna_stream", SPEC_BENCH)})
+LANGUAGES = {"ja": "opus100_ja_en", "ru": "wmt16_ru_en", "de": "wmt16_de_en", "fr": "wmt14_fr_en", "zh": "wmt19_zh_en"}
+METASD_MULTILINGUAL = {lang: Run(f"metasd/multilingual/{lang}", "eval",
+                                 {"paper": ("+experiment=metasd_vicuna_multilingual", f"dataset={name}")})
+                       for lang, name in LANGUAGES.items()}
+
+# ---------------------------------------------------------------- speculative cascades
+# CPU: quality vs speed, greedy and at temperature 1; paper: each of the paper's task / model pairs
+CASCADES_GREEDY = Run("cascades/greedy", "cascades", {"cpu": ("+experiment=cascades_cpu_local",)})
+CASCADES_SAMPLING = Run("cascades/sampling", "cascades", {"cpu": (
+    "+experiment=cascades_cpu_local", "decoding=sampling", "decoding.temperature=1.0", "tasks=[summarization]",
+    "dataset.limit=8", "rules=[chow,diff,opt,token_v1,token_v2,token_v3,lossy_sd]")})
+PAPER_CASCADES = ("t5_wmt", "t5_xsum", "t5_cnndm", "gemma_gsm8k", "gemma27b_gsm8k")  # conf/experiment/cascades_<name>.yaml
+CASCADES_PAPER = {name: Run(f"cascades/{name}", "cascades", {"paper": (f"+experiment=cascades_{name}",)})
+                  for name in PAPER_CASCADES}
+
+# Every run in plan order (an upstream run before the runs that read it).
+RUNS: tuple[Run, ...] = (
+    SPEC_BENCH_EVAL,
+    HUANG_COLLECT, HUANG_POLICY, HUANG_EVAL, HUANG_MATH_COLLECT, HUANG_MATH_POLICY, HUANG_MATH_EVAL,
+    HUANG_DEPTH_COLLECT, HUANG_WITHOUT_AR, HUANG_WITH_AR, HUANG_EVAL_WITHOUT_AR, HUANG_EVAL_WITH_AR, HUANG_ALPHA,
+    METASD_EVAL, METASD_EAGLE, METASD_STREAM, *METASD_MULTILINGUAL.values(),
+    CASCADES_GREEDY, CASCADES_SAMPLING, *CASCADES_PAPER.values(),
+)
+
+
+def steps_at(needed: Iterable[Run], scale: str, known: Iterable[Run] = RUNS) -> tuple[Step, ...]:
+    """The plan at ``scale`` that writes every run of ``needed`` (and the upstream runs they read): the runs in
+    ``known`` order, then any others in the order given; a run without overrides at ``scale`` is left out."""
+    needed = [r for r in dict.fromkeys(needed) if scale in r.at]
+    pool = list(dict.fromkeys([*known, *needed]))
+    chosen: set[Run] = set()
+    todo = list(needed)
+    while todo:
+        run = todo.pop()
+        if run in chosen:
+            continue
+        chosen.add(run)
+        todo.extend(r for r in run.reads(pool, scale) if scale in r.at)
+    return tuple(r.step(scale) for r in pool if r in chosen)
