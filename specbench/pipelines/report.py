@@ -276,13 +276,16 @@ def pairing_note(table: pd.DataFrame) -> str:
             f"some rows pair fewer examples than they hold (paired of n_examples): {rows}.")
 
 
-SHOWN = ["task", "method", "n_examples", "new_tokens", "seconds", "tokens_per_s", "speedup", "mat",
-         "acceptance_rate", "exact_match", "ties", "defects", "accuracy", "bleu", "rouge2", "rougeL", "output_words"]
+# The printed view: the columns a reader compares (summary.md / summary.csv keep every column)
+SHOWN = ["task", "method", "speedup", "mat", "acceptance_rate", "exact_match", "ties", "defects", "tokens_per_s"]
+SHOWN_WHEN_NONZERO = {"defects"}  # a lossless run's printed table leaves them out (they are in summary.csv)
 
 
 def compact(df: pd.DataFrame) -> str:
-    """The printed view of a summary: the main columns, and quality columns only where defined."""
-    cols = [c for c in SHOWN if c in df.columns and not df[c].isna().all()]
+    """The printed view of a summary: task, method, speedup, MAT, acceptance, exactness (and ties, and defects
+    when there are any) and tokens/s; a column no row defines is left out."""
+    cols = [c for c in SHOWN if c in df.columns and not df[c].isna().all()
+            and not (c in SHOWN_WHEN_NONZERO and not df[c].fillna(0).astype(bool).any())]
     return to_markdown(df[cols])
 
 

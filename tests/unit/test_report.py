@@ -47,3 +47,14 @@ def test_task_by_method_matrix():
     assert list(m.columns) == ["autoregressive", "fixed:x", "fixed:y", "ucb"]  # no oracle, no "all" row
     assert list(m.index) == ["chat", "math"]
     assert m.loc["math", "fixed:x"] == 2.0 and m.loc["chat", "fixed:y"] == 2.0
+
+
+def test_the_printed_summary_shows_the_compared_columns_and_defects_only_when_there_are_any():
+    from specbench.pipelines.report import compact
+
+    table = summarize(RECORDS).assign(ties=0.0, defects=0.0)
+    header = compact(table).splitlines()[0]
+    cols = [c.strip() for c in header.strip("|").split("|")]
+    assert cols == ["task", "method", "speedup", "mat", "acceptance_rate", "exact_match", "ties", "tokens_per_s"]
+    table.loc[table.method == "fixed:x", "defects"] = 1
+    assert "defects" in compact(table).splitlines()[0]
