@@ -69,6 +69,65 @@ huang-cpu metasd-cpu cascades-cpu: install
 # THREADS=1 when other jobs share the CPU (the targets below pass threads=$(THREADS) on).
 THREADS ?= null
 
+# Specialist draft heads for the embedded target (EAGLE-1 layout, one decoder layer, 8192-token draft
+# sub-vocabulary), one per task plus a generalist on a mix of the specialists' rows, written to
+# $$SPECBENCH_CACHE/drafters/eagle_<task> and shipped as package data (specbench/heads, bf16) by `make ship-heads`.
+# Training rows are disjoint from every evaluation slice: GSM8K train (first 1,200 rows); XSum rows 200+
+# of the seeded shuffle (all 800: evaluation takes the first rows of the same shuffle); the IWSLT2017
+# test file (first 3,000 rows; evaluation uses validation); AlpacaEval rows 0-759 (all of them but the
+# 45 kept for held-out scores; evaluation uses MT-Bench); 1,000 standard-library functions of the seeded
+# shuffle (HumanEval's entry points excluded; evaluation uses HumanEval). The heads learn the target's own
+# greedy answers (bf16 batched generation, cached in $$SPECBENCH_CACHE/responses and shared: the generalist
+# generates nothing new) and the prompt tokens past the chat template's fixed opening (train.prompt_positions:
+# free with the teacher pass, and what summaries and translations copy from). Reruns resume: answers are
+# cached as they are generated, each head resumes after its last finished epoch.
+SPECIALIST_ARGS ?= target.dtype=bfloat16 train.responses=target train.max_new_tokens=96 train.prompt_positions=true \
+	train.unroll=3 train.unroll_weights=[1.0,0.8,0.64] train.epochs=4 train.time_budget_s=360 threads=$(THREADS)
+SPECIALISTS_OUT ?= outputs/specialists
+SPECIALIST_HEADS := math summarization translation chat code general
+HEAD_math := name=eagle_math dataset=gsm8k dataset.path=../shared/data/gsm8k/train.jsonl dataset.limit=1200
+HEAD_summarization := name=eagle_summarization dataset=xsum dataset.path=../shared/data/xsum/xsum-1000.jsonl \
+	dataset.shuffle=true dataset.offset=200 dataset.limit=null
+HEAD_translation := name=eagle_translation dataset=iwslt2017 dataset.path=../shared/data/iwslt2017_de_en/test.json \
+	dataset.limit=3000
+HEAD_chat := name=eagle_chat dataset=alpaca dataset.limit=760
+HEAD_code := name=eagle_code dataset=stdlib_code dataset.shuffle=true dataset.limit=1000
+HEAD_general := name=eagle_general dataset=specialist_mix
+HEAD_ARGS_chat := train.max_new_tokens=192
+# The target's answers for every head's rows (the longest phase; cached, resumable).
+specialist-data: install
+	$(foreach h,$(SPECIALIST_HEADS),$(SPECBENCH) train-drafter $(HEAD_$(h)) $(SPECIALIST_ARGS) $(HEAD_ARGS_$(h)) \
+		train.generate_only=true hydra.run.dir=$(SPECIALISTS_OUT)/data/$(h) &&) true
+specialists: specialist-data
+	$(foreach h,$(SPECIALIST_HEADS),$(SPECBENCH) train-drafter $(HEAD_$(h)) $(SPECIALIST_ARGS) $(HEAD_ARGS_$(h)) \
+		hydra.run.dir=$(SPECIALISTS_OUT)/$(h) &&) true
+	$(MAKE) ship-heads
+# The training levers, measured on the math head's data at a small scale (300 GSM8K rows, 3 epochs): the recipe
+# above (unroll 3) against one-step training, feature noise, EAGLE's loss weights, two layers, a 4k
+# sub-vocabulary and response-only positions. `specialist-levers` prints the table (held-out top-1 by depth).
+LEVERS_OUT ?= $(SPECIALISTS_OUT)/levers
+LEVER_ARGS = $(HEAD_math) $(SPECIALIST_ARGS) dataset.limit=300 train.epochs=3 train.time_budget_s=null eval_sets=null
+LEVERS := recipe one_step noise eagle_weights layers2 vocab4k responses_only
+LEVER_recipe :=
+LEVER_one_step := train.unroll=1 train.unroll_weights=null
+LEVER_noise := train.feature_noise=0.1
+LEVER_eagle_weights := train.ce_weight=0.1
+LEVER_layers2 := drafter.layers=2
+LEVER_vocab4k := drafter.vocab=4096
+LEVER_responses_only := train.prompt_positions=false
+specialist-levers: specialist-data
+	$(foreach v,$(LEVERS),$(SPECBENCH) train-drafter $(LEVER_ARGS) $(LEVER_$(v)) out=$(LEVERS_OUT)/$(v) \
+		hydra.run.dir=$(LEVERS_OUT)/runs/$(v) &&) true
+	$(PYTHON) -m specbench.pipelines.train_drafter $(addprefix $(LEVERS_OUT)/,$(LEVERS)) | tee $(LEVERS_OUT)/levers.md
+
+# Export the trained heads into the package (specbench/heads/eagle_<task>: bf16 safetensors of the head's own
+# weights, config, metrics, history, loss plot and recipe); conf/drafter/eagle_<task>.yaml read package:eagle_<task>.
+SPECBENCH_CACHE_DIR = $$($(PYTHON) -c "from specbench.models.loading import cache_dir; print(cache_dir())")
+ship-heads: install
+	$(foreach h,$(SPECIALIST_HEADS),$(PYTHON) -m specbench.drafters.shipped $(SPECBENCH_CACHE_DIR)/drafters/eagle_$(h) \
+		specbench/heads/eagle_$(h) &&) true
+	$(PYTHON) -m specbench.drafters.shipped --summary specbench/heads
+
 # The specialist pool on the local real data (8 held-out queries per task, 48 new tokens, interleaved with the
 # autoregressive baseline): each head, the generalist and prompt lookup on every task, and UCB-BD with
 # bandit feedback and with full information over the pool.

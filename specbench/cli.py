@@ -17,7 +17,7 @@ from pathlib import Path
 
 import typer
 
-from specbench.configs import check_experiment_command, conf_dir, config_help
+from specbench.configs import check_experiment_command, conf_dir, config_help, hydra_overrides
 from specbench.errors import SpecbenchError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -65,7 +65,7 @@ def hydra_run(config_name: str, pipeline, args: list[str]) -> None:
                 _fail_or_raise(exc, config_name)
 
     argv = sys.argv
-    sys.argv = [f"specbench {config_name}", *args]
+    sys.argv = [f"specbench {config_name}", *hydra_overrides(args)]
     try:
         with _hydra_raises():
             _main()

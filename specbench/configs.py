@@ -42,14 +42,21 @@ def config_help(config_name: str, experiments: bool = False) -> str:
                 chosen[str(group)] = None if option is None else str(option)
     lines = [f"{group}: " + ", ".join(o + ("*" if o == chosen[group] else "") for o in group_options(group))
              for group in chosen]
-    if experiments:
-        lines.append("+experiment: " + ", ".join(group_options("experiment")))
+    if experiments and "experiment" not in chosen:
+        lines.append("experiment: " + ", ".join(group_options("experiment")))
     keys = (f"Any key of conf/{config_name}.yaml or of a group can be set too (KEY=VALUE); add --cfg job to print "
             "the composed config instead of running it.")
     if not lines:
         return keys
-    return ("Config groups (GROUP=OPTION on the command line, * the default; +experiment=NAME adds a preset):\n"
+    return ("Config groups (GROUP=OPTION on the command line, * the default; experiment=NAME, or +experiment=NAME, "
+            "applies a preset):\n"
             + "\n".join(f"  {line}" for line in lines) + "\n\n" + keys)
+
+
+def hydra_overrides(overrides) -> list[str]:
+    """Command-line overrides as Hydra takes them: ``+experiment=NAME`` (the spelling of presets before the root
+    configs listed ``experiment: null`` in their defaults) becomes ``experiment=NAME``, so both select the preset."""
+    return [re.sub(r"^\+{1,2}experiment=", "experiment=", str(o)) for o in overrides]
 
 
 _PACKAGE_HEADER = re.compile(r"#\s*@package\s+(\S+)")
@@ -75,13 +82,13 @@ def experiment_commands(name: str) -> list[str] | None:
 
 def check_experiment_command(name: str | None, config_name: str) -> None:
     """Refuse an experiment under a command it is not written for (``specbench eval
-    +experiment=cascades_cpu`` would otherwise run a plain eval with the cascade keys ignored)."""
+    experiment=cascades_cpu`` would otherwise run a plain eval with the cascade keys ignored)."""
     if not name:
         return
     commands = experiment_commands(name)
     command = config_name.replace("_", "-")
     if commands and command not in commands:
-        runs = " or ".join(f"`specbench {c} +experiment={name} ...`" for c in commands)
+        runs = " or ".join(f"`specbench {c} experiment={name} ...`" for c in commands)
         raise SpecbenchError(f"experiment '{name}' is written for {', '.join(commands)}, not {command} "
                              f"(conf/experiment/{name}.yaml, its '# @commands' line)", f"run {runs}")
 

@@ -29,5 +29,5 @@ def commands_for(name: str) -> list[str]:
 def paper_scale(name: str) -> bool:
     """An experiment is paper scale when its target is not an embedded model (it needs a GPU and the hub)."""
     with initialize_config_dir(config_dir=conf_dir(), version_base=None):
-        cfg = compose(config_name=commands_for(name)[0], overrides=[f"+experiment={name}"])
+        cfg = compose(config_name=commands_for(name)[0], overrides=[f"experiment={name}"])
     return not str(cfg.target.model).startswith("embedded:")

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from specbench.configs import conf_dir
+from specbench.configs import conf_dir, hydra_overrides
 from specbench.errors import SpecbenchError
 from specbench.reproduction.exhibits import plan_at
 from specbench.reproduction.records import DONE
@@ -195,7 +195,7 @@ def compose_step(step: Step, overrides: list[str], adapt: Callable[[Step, object
 
     try:
         with initialize_config_dir(config_dir=conf_dir(), version_base=None):
-            cfg = compose(config_name=step.command, overrides=overrides)
+            cfg = compose(config_name=step.command, overrides=hydra_overrides(overrides))
     except (ConfigCompositionException, OverrideParseException) as exc:
         err = hydra_error(exc, step.command)
         raise SpecbenchError(f"step {step.run} (specbench {step.command.replace('_', '-')}): {err.problem}",

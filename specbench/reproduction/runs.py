@@ -72,18 +72,18 @@ def policy_eval(experiment: str, policy: Run, offset: int | None = None, *extra:
     """A live eval of the policy trained in ``policy``: at CPU scale on the ``HELD_OUT`` queries after the
     collected ones (``offset``, per source); at paper scale on the experiment's eval split (offset None)."""
     rows = (f"dataset.offset={offset}", f"dataset.limit={HELD_OUT}") if offset is not None else ()
-    return (f"+experiment={experiment}", *rows, "selector=policy", f"policy.checkpoint={under_root(policy, 'policy.pt')}",
+    return (f"experiment={experiment}", *rows, "selector=policy", f"policy.checkpoint={under_root(policy, 'policy.pt')}",
             *extra)
 
 
 # ---------------------------------------------------------------- Spec-Bench (paper scale)
-SPEC_BENCH_EVAL = Run("spec_bench/eval", "eval", {"paper": ("+experiment=spec_bench_vicuna", SPEC_BENCH)})
+SPEC_BENCH_EVAL = Run("spec_bench/eval", "eval", {"paper": ("experiment=spec_bench_vicuna", SPEC_BENCH)})
 
 # ---------------------------------------------------------------- Huang et al.
 # Table 1 (+ Fig. 3 from the same collection), Table 4, Table 6 (+ Fig. 2); each policy evaluated live on
 # held-out queries (CPU: the rows after the collected ones; paper: the test split)
-HUANG_COLLECT = Run("huang/collect", "collect", {"cpu": ("+experiment=reproduce_huang",),
-                                                 "paper": ("+experiment=huang_t5", MEASURED)})
+HUANG_COLLECT = Run("huang/collect", "collect", {"cpu": ("experiment=reproduce_huang",),
+                                                 "paper": ("experiment=huang_t5", MEASURED)})
 HUANG_POLICY = Run("huang/policy", "train_policy", {
     "cpu": (f"data={under_root(HUANG_COLLECT)}", *MEASURED_REWARD, "train.arms=[eagle_translation,eagle_summarization]",
             "sweep.n_examples=[2,4,8,16,19]"),
@@ -91,15 +91,15 @@ HUANG_POLICY = Run("huang/policy", "train_policy", {
               "sweep.n_examples=[30,100,300,1000,3000]")})
 HUANG_EVAL = Run("huang/eval", "eval", {"cpu": policy_eval("reproduce_huang", HUANG_POLICY, 12),
                                         "paper": policy_eval("huang_t5", HUANG_POLICY)})
-HUANG_MATH_COLLECT = Run("huang/math/collect", "collect", {"cpu": ("+experiment=reproduce_huang_math",),
-                                                           "paper": ("+experiment=huang_gsm8k", MEASURED)})
+HUANG_MATH_COLLECT = Run("huang/math/collect", "collect", {"cpu": ("experiment=reproduce_huang_math",),
+                                                           "paper": ("experiment=huang_gsm8k", MEASURED)})
 HUANG_MATH_POLICY = Run("huang/math/policy", "train_policy", {
     "cpu": (f"data={under_root(HUANG_MATH_COLLECT)}", *MEASURED_REWARD),
     "paper": (f"data={under_root(HUANG_MATH_COLLECT)}", *PAPER_REWARD)})
 HUANG_MATH_EVAL = Run("huang/math/eval", "eval", {"cpu": policy_eval("reproduce_huang_math", HUANG_MATH_POLICY, 16),
                                                   "paper": policy_eval("huang_gsm8k", HUANG_MATH_POLICY)})
-HUANG_DEPTH_COLLECT = Run("huang/depth/collect", "collect", {"cpu": ("+experiment=reproduce_huang_depth",),
-                                                             "paper": ("+experiment=huang_early_exit", MEASURED)})
+HUANG_DEPTH_COLLECT = Run("huang/depth/collect", "collect", {"cpu": ("experiment=reproduce_huang_depth",),
+                                                             "paper": ("experiment=huang_early_exit", MEASURED)})
 HUANG_WITHOUT_AR = Run("huang/depth/without_ar", "train_policy", {
     scale: (f"data={under_root(HUANG_DEPTH_COLLECT)}", *PAPER_REWARD, f"train.arms={exits}")
     for scale, exits in (("cpu", EXITS_CPU), ("paper", EXITS_PAPER))})
@@ -119,24 +119,24 @@ HUANG_ALPHA = Run("huang/depth/alpha", "train_policy", {
 # ---------------------------------------------------------------- MetaSD
 # CPU: the main table's mixed stream (+ heads, bandits, variance, convergence, full information, switching
 # costs) and the non-stationary stream; paper: black-box, white-box, stream, multilingual
-METASD_EVAL = Run("metasd/eval", "eval", {"cpu": ("+experiment=reproduce_metasd",),
-                                          "paper": ("+experiment=metasd_vicuna", SPEC_BENCH)})
-METASD_EAGLE = Run("metasd/eagle", "eval", {"paper": ("+experiment=metasd_vicuna_eagle", SPEC_BENCH)})
-METASD_STREAM = Run("metasd/stream", "eval", {"cpu": ("+experiment=reproduce_metasd_stream",),
-                                              "paper": ("+experiment=metasd_vicuna_stream", SPEC_BENCH)})
+METASD_EVAL = Run("metasd/eval", "eval", {"cpu": ("experiment=reproduce_metasd",),
+                                          "paper": ("experiment=metasd_vicuna", SPEC_BENCH)})
+METASD_EAGLE = Run("metasd/eagle", "eval", {"paper": ("experiment=metasd_vicuna_eagle", SPEC_BENCH)})
+METASD_STREAM = Run("metasd/stream", "eval", {"cpu": ("experiment=reproduce_metasd_stream",),
+                                              "paper": ("experiment=metasd_vicuna_stream", SPEC_BENCH)})
 LANGUAGES = {"ja": "opus100_ja_en", "ru": "wmt16_ru_en", "de": "wmt16_de_en", "fr": "wmt14_fr_en", "zh": "wmt19_zh_en"}
 METASD_MULTILINGUAL = {lang: Run(f"metasd/multilingual/{lang}", "eval",
-                                 {"paper": ("+experiment=metasd_vicuna_multilingual", f"dataset={name}")})
+                                 {"paper": ("experiment=metasd_vicuna_multilingual", f"dataset={name}")})
                        for lang, name in LANGUAGES.items()}
 
 # ---------------------------------------------------------------- speculative cascades
 # CPU: quality vs speed, greedy and at temperature 1; paper: each of the paper's task / model pairs
-CASCADES_GREEDY = Run("cascades/greedy", "cascades", {"cpu": ("+experiment=cascades_cpu_local",)})
+CASCADES_GREEDY = Run("cascades/greedy", "cascades", {"cpu": ("experiment=cascades_cpu_local",)})
 CASCADES_SAMPLING = Run("cascades/sampling", "cascades", {"cpu": (
-    "+experiment=cascades_cpu_local", "decoding=sampling", "decoding.temperature=1.0", "tasks=[summarization]",
+    "experiment=cascades_cpu_local", "decoding=sampling", "decoding.temperature=1.0", "tasks=[summarization]",
     "dataset.limit=8", "rules=[chow,diff,opt,token_v1,token_v2,token_v3,lossy_sd]")})
 PAPER_CASCADES = ("t5_wmt", "t5_xsum", "t5_cnndm", "gemma_gsm8k", "gemma27b_gsm8k")  # conf/experiment/cascades_<name>.yaml
-CASCADES_PAPER = {name: Run(f"cascades/{name}", "cascades", {"paper": (f"+experiment=cascades_{name}",)})
+CASCADES_PAPER = {name: Run(f"cascades/{name}", "cascades", {"paper": (f"experiment=cascades_{name}",)})
                   for name in PAPER_CASCADES}
 
 # Every run in plan order (an upstream run before the runs that read it).

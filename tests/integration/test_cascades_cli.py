@@ -90,7 +90,7 @@ def test_experiment_configs_compose(experiment, target, drafter):
     from specbench.pipelines.cascades import variants
 
     with initialize_config_dir(config_dir=conf_dir(), version_base=None):
-        cfg = compose(config_name="cascades", overrides=[f"+experiment={experiment}"])
+        cfg = compose(config_name="cascades", overrides=[f"experiment={experiment}"])
     assert cfg.target.model == target and cfg.drafter_arm == drafter
     assert drafter in cfg.pool.drafters and "_target_" in cfg.pool.drafters[drafter]
     runs = variants(cfg.rules, cfg.alphas)

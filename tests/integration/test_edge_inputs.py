@@ -99,9 +99,9 @@ def test_a_category_filter_and_offset_that_empty_a_source(tmp_path, no_model_loa
                                                         ("cascades", "metasd_cpu", "eval"),
                                                         ("collect", "cascades_cpu", "cascades")])
 def test_an_experiment_for_another_command(tmp_path, no_model_loads, command, experiment, right):
-    code, err, _ = run(command, *TINY, f"+experiment={experiment}", f"hydra.run.dir={tmp_path / 'r'}")
+    code, err, _ = run(command, *TINY, f"experiment={experiment}", f"hydra.run.dir={tmp_path / 'r'}")
     assert_clear_error(code, err, f"error: experiment '{experiment}' is written for {right}, not {command}",
-                       f"fix:   run `specbench {right} +experiment={experiment} ...`")
+                       f"fix:   run `specbench {right} experiment={experiment} ...`")
     assert not (tmp_path / "r").exists()
 
 

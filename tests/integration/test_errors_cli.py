@@ -78,7 +78,7 @@ def test_wrong_types_fail_before_anything_loads(tmp_path, no_model_loads, comman
     (["target=nope"], "error: no target config named 'nope'", "fix:   use one of: " + ", ".join(group_options("target"))),
     (["decoding.nope=1"], "error: unknown config key 'decoding.nope' (decoding has: temperature", "prefix it with +"),
     (["selector.beta=2"], "error: unknown config key 'selector.beta'", "--help` lists the config groups"),
-    (["experiment=metasd_cpu"], "error: could not override 'experiment'", "+experiment=metasd_cpu"),
+    (["experiment=nope"], "error: no experiment config named 'nope'", "fix:   use one of: cascades_cpu"),
     (["decoding.draft_length=[1"], "error: cannot read the override", "KEY=VALUE"),
     (["-m", "target=tiny_llama,nope"], "error: no target config named 'nope'", "fix:   use one of:"),
 ])
@@ -191,6 +191,18 @@ def test_a_failing_run_keeps_a_directory_that_held_something(tmp_path):
 
 # -- help ----------------------------------------------------------------------------------------
 
+def test_an_experiment_is_selected_with_or_without_the_plus(tmp_path):
+    """``experiment=NAME`` (the root configs list ``experiment: null``) and ``experiment=NAME`` compose the same."""
+    printed = []
+    for spelling in ("experiment=metasd_cpu", "+experiment=metasd_cpu"):
+        code, err, out = run("eval", spelling, "--cfg", "job", f"hydra.run.dir={tmp_path / 'run'}")
+        assert code == 0, err[-2000:]
+        printed.append(out)
+    assert printed[0] == printed[1] and "selector:sequential_halving" in printed[0]  # the preset's methods
+    code, _, plain = run("eval", "--cfg", "job", f"hydra.run.dir={tmp_path / 'run'}")
+    assert code == 0 and "selector:sequential_halving" not in plain
+
+
 def test_eval_help_lists_config_groups_and_options():
     code, _, out = run("eval", "--help")
     assert code == 0
@@ -198,7 +210,7 @@ def test_eval_help_lists_config_groups_and_options():
     assert "Config groups" in text
     targets = ", ".join(t + ("*" if t == "smollm2_135m" else "") for t in group_options("target"))
     for line in (f"target: {targets}", "decoding: greedy*, sampling",
-                 "cascade: chow", "selector: discounted_ucb", "+experiment: cascades_cpu"):
+                 "cascade: chow", "selector: discounted_ucb", "experiment: cascades_cpu"):
         assert line in text, line
     code, _, out = run("train-policy", "--help")
     assert code == 0 and "conf/train_policy.yaml" in " ".join(out.split())

@@ -252,7 +252,7 @@ def test_paper_experiment_dry_run(name, stand_ins, tmp_path):
     if commands == ["train_drafter"]:
         from specbench.pipelines import train_drafter
 
-        cfg = compose_for("train_drafter", [f"+experiment={name}", f"out={tmp_path / 'drafter'}", "train.epochs=1",
+        cfg = compose_for("train_drafter", [f"experiment={name}", f"out={tmp_path / 'drafter'}", "train.epochs=1",
                                             "train.max_new_tokens=4", "train.max_tokens=512", "train.seq_len=512",
                                             "train.batch_size=2", "train.val_examples=1"])
         assert str(cfg.drafter.kind) in train_drafter.TRAINEES, cfg.drafter.kind
@@ -263,7 +263,7 @@ def test_paper_experiment_dry_run(name, stand_ins, tmp_path):
     if commands == ["cascades"]:
         from specbench.pipelines import cascades
 
-        cfg = compose_for("cascades", [f"+experiment={name}"])
+        cfg = compose_for("cascades", [f"experiment={name}"])
         tiny_run(cfg, stand_ins, tmp_path)
         cascades.run(cfg, tmp_path / "run")
         import pandas as pd
@@ -278,21 +278,21 @@ def test_paper_experiment_dry_run(name, stand_ins, tmp_path):
     if commands == ["collect", "eval"]:  # context-aware selection: collect -> train-policy -> eval with the policy
         from specbench.pipelines import collect, train_policy
 
-        cfg = compose_for("collect", [f"+experiment={name}", "collect.measure_speculative=true"])
+        cfg = compose_for("collect", [f"experiment={name}", "collect.measure_speculative=true"])
         tiny_run(cfg, stand_ins, tmp_path / "collect", limit=4)
         collect.run(cfg, tmp_path / "c")
         rows = collect.read_rows([tmp_path / "c"])
         assert rows and all(set(r["arms"]) == set(rows[0]["arms"]) for r in rows)
         train_policy.run(compose_for("train_policy", [f"data={tmp_path / 'c'}", "train.epochs=2",
                                                       "train.val_fraction=0.5"]), tmp_path / "p")  # >= 2 held-out rows
-        cfg = compose_for("eval", [f"+experiment={name}", "selector=policy",
+        cfg = compose_for("eval", [f"experiment={name}", "selector=policy",
                                    f"policy.checkpoint={tmp_path / 'p' / 'policy.pt'}"])
         tiny_run(cfg, stand_ins, tmp_path / "eval")  # the test split: held out from the collected train split
         run_eval(cfg, tmp_path / "e")
         assert "policy" in (tmp_path / "e" / "summary.csv").read_text()
         return
     assert commands == ["eval"], commands
-    cfg = compose_for("eval", [f"+experiment={name}"])
+    cfg = compose_for("eval", [f"experiment={name}"])
     tiny_run(cfg, stand_ins, tmp_path)
     run_eval(cfg, tmp_path / "run")
 
@@ -303,7 +303,7 @@ def test_every_paper_model_has_a_stand_in_of_its_family():
     assert len(PAPER) >= 10
     for name in PAPER:
         for command in commands_for(name):
-            cfg = compose_for(command, [f"+experiment={name}"])
+            cfg = compose_for(command, [f"experiment={name}"])
             refs = [str(cfg.target.model)] + [str(d.get("checkpoint") or d.get("model"))
                                               for d in ((cfg.get("pool") or {}).get("drafters") or {}).values()
                                               if d.get("checkpoint") or d.get("model")]

@@ -48,7 +48,7 @@ def mini(monkeypatch, steps, **overrides) -> str:
     return "mini"
 
 
-COLLECT = plan.Step("huang", "collect", "huang/math/collect", ("+experiment=reproduce_huang_math",))
+COLLECT = plan.Step("huang", "collect", "huang/math/collect", ("experiment=reproduce_huang_math",))
 POLICY = plan.Step("huang", "train_policy", "huang/math/policy", ("data={root}/huang/math/collect",
                                                                    "reward.source=measured"))
 STREAM = next(s for s in plan.CPU if s.run == "metasd/stream")

@@ -43,7 +43,7 @@ def stand_ins(tmp_path_factory):
 
 
 def run_case(name: str, command: str, stand_ins: StandIns, tmp_path):
-    cfg = compose_for(command, [f"+experiment={name}"])
+    cfg = compose_for(command, [f"experiment={name}"])
     tiny_run(cfg, stand_ins, tmp_path)
     with open_dict(cfg):
         cfg.decoding.max_new_tokens = MAX_NEW

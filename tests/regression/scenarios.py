@@ -50,7 +50,7 @@ def tiny_config(name: str, command: str):
     """The experiment composed for ``command`` with tiny target, pool and dataset."""
     t5 = name.startswith(ENCODER_DECODER)
     with initialize_config_dir(config_dir=conf_dir(), version_base=None):
-        cfg = compose(config_name=command, overrides=[f"+experiment={name}"])
+        cfg = compose(config_name=command, overrides=[f"experiment={name}"])
         tiny = compose(config_name=command, overrides=[
             f"target={'tiny_t5' if t5 else 'tiny_llama'}", f"pool={'tiny_t5_hf' if t5 else 'tiny_llama_hf'}",
             "dataset=embedded", *FOUR_TASKS])

@@ -53,7 +53,7 @@ def test_every_group_option_passes_validation(group):
 def test_every_experiment_passes_validation(name):
     command = "cascades" if name.startswith("cascades") else "eval"
     try:
-        validate(composed(command, f"+experiment={name}"))
+        validate(composed(command, f"experiment={name}"))
     except SpecbenchError as exc:  # paper-scale experiments leave a model to the user
         assert "expected" not in exc.problem and "???" in exc.problem, (name, exc.problem)
 

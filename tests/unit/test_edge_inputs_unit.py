@@ -164,7 +164,7 @@ def test_every_experiment_declares_its_commands(name):
 def test_an_experiment_under_another_command_is_refused(name, command, right):
     with pytest.raises(SpecbenchError, match=f"experiment '{name}' is written for .*, not {command.replace('_', '-')}") as info:
         check_experiment_command(name, command)
-    assert f"`specbench {right} +experiment={name} ...`" in info.value.fix
+    assert f"`specbench {right} experiment={name} ...`" in info.value.fix
 
 
 def test_no_experiment_or_an_unknown_one_is_not_checked_here():

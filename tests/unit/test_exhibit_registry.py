@@ -16,7 +16,7 @@ from tests.unit.test_reproduction import write_examples
 def test_adding_an_exhibit_is_one_object(tmp_path, monkeypatch):
     """A new exhibit with a run of its own that reads an existing run: the CPU plan gains its step after that
     run, and the report its page with its verdict; nothing else is edited."""
-    mine = Run("extra/eval", "eval", {"cpu": ("+experiment=reproduce_metasd", f"+note={under_root(runs.METASD_EVAL)}")})
+    mine = Run("extra/eval", "eval", {"cpu": ("experiment=reproduce_metasd", f"+note={under_root(runs.METASD_EVAL)}")})
 
     def build(root, published, layout):
         ex = pd.read_json(root / mine.dir / "examples.jsonl", lines=True)

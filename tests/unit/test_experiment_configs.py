@@ -31,7 +31,7 @@ def compose_config(config_name: str | None, overrides: list[str], hydra: bool = 
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_experiment_composes(name):
     for command in commands_for(name):
-        cfg = compose_config(command, [f"+experiment={name}"])
+        cfg = compose_config(command, [f"experiment={name}"])
         # resolve everything but the values a user must supply (???)
         container = OmegaConf.to_container(cfg, resolve=False)
         assert container["target"]["model"]
@@ -68,7 +68,7 @@ def test_run_directories_per_command(root, run_name):
                                   if "hydra" in OmegaConf.load(Path(conf_dir()) / "experiment" / f"{n}.yaml")])
 def test_experiment_run_directory_overrides_the_shared_one(name):
     for command in commands_for(name):
-        cfg = compose_config(command, [f"+experiment={name}"], hydra=True)
+        cfg = compose_config(command, [f"experiment={name}"], hydra=True)
         assert cfg.hydra.run.dir.startswith(f"outputs/{name}/")
         assert cfg.hydra.sweep.dir.startswith(f"outputs/multirun/{RUN_NAMES[command]}/")
 
@@ -111,13 +111,13 @@ def _splits(dataset) -> set[str]:
 def test_context_aware_experiments_collect_and_evaluate_disjoint_splits_at_one_length(name):
     """huang_*: collect reads the train splits and eval the test splits (disjoint queries), and both decode
     the same number of new tokens."""
-    collected, evaluated = (compose_config(c, [f"+experiment={name}"]) for c in ("collect", "eval"))
+    collected, evaluated = (compose_config(c, [f"experiment={name}"]) for c in ("collect", "eval"))
     assert _splits(collected.dataset) == {"train"} and _splits(evaluated.dataset) == {"test"}
     assert (collected.collect.max_new_tokens or collected.decoding.max_new_tokens) == evaluated.decoding.max_new_tokens
 
 
 def test_gemma_cascades_use_few_shot_prompts_and_a_27b_target():
-    nine, big = (compose_config("cascades", [f"+experiment={n}"]) for n in ("cascades_gemma_gsm8k",
+    nine, big = (compose_config("cascades", [f"experiment={n}"]) for n in ("cascades_gemma_gsm8k",
                                                                               "cascades_gemma27b_gsm8k"))
     assert nine.dataset.n_shot == big.dataset.n_shot == 8
     assert (nine.target.model, big.target.model) == ("google/gemma-2-9b-it", "google/gemma-2-27b-it")

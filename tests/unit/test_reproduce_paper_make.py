@@ -30,7 +30,7 @@ def test_reproduce_paper_runs_every_paper_experiment_and_ends_in_the_report():
     lines = dry("reproduce-paper")
     assert lines[-1] == ("specbench reproduce --profile paper --root outputs/reproduce-paper "
                          "--questions data/spec_bench/question.jsonl")
-    planned = {o.removeprefix("+experiment=") for step in plan.PAPER for o in step.overrides if o.startswith("+experiment=")}
+    planned = {o.removeprefix("experiment=") for step in plan.PAPER for o in step.overrides if o.startswith("experiment=")}
     wanted = [n for n in experiments() if paper_scale(n) and not n.startswith("drafter_") and not n.endswith("_qwen")]
     missing = [n for n in wanted if n not in planned]
     assert not missing, f"reproduce-paper does not run: {missing}"
