@@ -85,10 +85,10 @@ SPECIALIST_ARGS ?= target.dtype=bfloat16 train.responses=target train.max_new_to
 	train.unroll=3 train.unroll_weights=[1.0,0.8,0.64] train.epochs=4 train.time_budget_s=360 threads=$(THREADS)
 SPECIALISTS_OUT ?= outputs/specialists
 SPECIALIST_HEADS := math summarization translation chat code general
-HEAD_math := name=eagle_math dataset=gsm8k dataset.path=../shared/data/gsm8k/train.jsonl dataset.limit=1200
-HEAD_summarization := name=eagle_summarization dataset=xsum dataset.path=../shared/data/xsum/xsum-1000.jsonl \
+HEAD_math := name=eagle_math dataset=gsm8k 'dataset.path=$${paths.data}/gsm8k/train.jsonl' dataset.limit=1200
+HEAD_summarization := name=eagle_summarization dataset=xsum 'dataset.path=$${paths.data}/xsum/xsum-1000.jsonl' \
 	dataset.shuffle=true dataset.offset=200 dataset.limit=null
-HEAD_translation := name=eagle_translation dataset=iwslt2017 dataset.path=../shared/data/iwslt2017_de_en/test.json \
+HEAD_translation := name=eagle_translation dataset=iwslt2017 'dataset.path=$${paths.data}/iwslt2017_de_en/test.json' \
 	dataset.limit=3000
 HEAD_chat := name=eagle_chat dataset=alpaca dataset.limit=760
 HEAD_code := name=eagle_code dataset=stdlib_code dataset.shuffle=true dataset.limit=1000

@@ -87,6 +87,7 @@ PATH = text(null=True)
 # Keys users type, for every command's root config (conf/<command>.yaml) and the groups it composes.
 SCHEMA: dict[str, Rule] = {
     "seed": SEED,
+    "paths.data": text(),
     "threads": integer(1, null=True, note=" (null: torch's default)"),
     "warmup.max_new_tokens": integer(0, note=" (0: no warm-up)"),
     "timing.phases": boolean(),
