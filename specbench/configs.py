@@ -236,3 +236,31 @@ def _place(node: DictConfig, package: str, root: str, where: str) -> DictConfig:
     for key in reversed(rel.split(".")):
         node = OmegaConf.create({key: node})
     return node
+
+
+def hydra_error(exc: Exception, config_name: str) -> SpecbenchError:
+    """One of Hydra's composition or override-parsing errors as error/fix lines."""
+    from hydra.errors import MissingConfigException, OverrideParseException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    command = config_name.replace("_", "-")
+    helps = f"`specbench {command} --help` lists the config groups and their options"
+    if isinstance(exc, MissingConfigException) and exc.options is not None:
+        group, _, name = exc.missing_cfg_file.rpartition("/")
+        return SpecbenchError(f"no {group} config named '{name}'", f"use one of: {', '.join(exc.options)}")
+    lines = [line.strip() for line in str(exc).split("Config search path:")[0].splitlines() if line.strip()]
+    if isinstance(exc, OverrideParseException):
+        return SpecbenchError(f"cannot read the override: {' '.join(x for x in lines if not x.startswith('See '))}",
+                              "write each override as KEY=VALUE (a list: KEY=[a,b]; quote values with spaces or "
+                              "brackets); see https://hydra.cc/docs/advanced/override_grammar/basic/")
+    cause = exc.__cause__
+    quoted = re.search(r"'([^']+)'", lines[0]) if lines else None
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and quoted:  # a key the config does not have
+        parent = getattr(cause, "parent_node", None)
+        keys = [str(k) for k in parent.keys() if k != "hydra"] if hasattr(parent, "keys") else []
+        where = f" ({cause.full_key.rpartition('.')[0] or 'the config'} has: {', '.join(keys)})" if keys else ""
+        return SpecbenchError(f"unknown config key '{quoted.group(1)}'{where}",
+                              f"check the spelling ({helps}); to add a new key on purpose, prefix it with +")
+    problem = lines[0].rstrip(".") if lines else type(exc).__name__
+    fix = " ".join(lines[1:]) or helps
+    return SpecbenchError(problem[:1].lower() + problem[1:], fix[:1].lower() + fix[1:])

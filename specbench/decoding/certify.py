@@ -143,7 +143,7 @@ def calibrate(target, prompts: Sequence[Sequence[int]], new_tokens: int = 32, ch
         target.prefill(list(prompt))
         steps, tokens = [], []
         for _ in range(new_tokens):
-            row = target.score([])[0].float()
+            row = target.score([]).logits[0].float()
             tok = int(torch.argmax(row))
             steps.append(row)
             tokens.append(tok)
@@ -153,7 +153,7 @@ def calibrate(target, prompts: Sequence[Sequence[int]], new_tokens: int = 32, ch
         fed = 0
         while fed < len(tokens):
             draft = tokens[fed: fed + chunk - 1]
-            rows = target.score(draft).float()
+            rows = target.score(draft).logits.float()
             for i in range(min(len(draft) + 1, len(tokens) - fed)):
                 diff = float((rows[i] - steps[fed + i]).abs().max())
                 row_max.append(diff)

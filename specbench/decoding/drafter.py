@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specbench.arms import AUTOREGRESSIVE  # the pool key of the no-draft arm (ground floor: selection uses it too)
 from specbench.decoding.sampling import SamplingParams
 
-# The pool key of the no-draft arm: a round that plays it is one ordinary target step.
-AUTOREGRESSIVE = "autoregressive"
 
 
 @dataclass
@@ -35,12 +34,12 @@ def draft_ends(tok: int, prob: float, i: int, k: int, eos_ids, confidence_thresh
 
 
 @dataclass
-class Query:
+class DecodeContext:
     """One decode call's per-query context, handed to ``sync``.
 
     ``encoder_ids``: the prompt as the target's encoder saw it (encoder-decoder targets; None for
     decoder-only ones). ``encoder_outputs``: the target's own encoder output for them, which a
-    drafter sharing the target's encoder reuses instead of encoding again. A new ``Query`` object
+    drafter sharing the target's encoder reuses instead of encoding again. A new ``DecodeContext`` object
     starts a new query: a drafter compares it by identity to the one it last saw.
 
     The loop also keeps here what the target computed at the committed positions for the layers
@@ -91,7 +90,7 @@ class Verification:
 
     For drafters that must replay the round on their own state (draft heads): ``context``, the
     committed tokens before the round (the last of them is the first scored position); ``query``,
-    the decode's ``Query`` (its recorded target states); ``draft_length``, the run's draft length;
+    the decode's ``DecodeContext`` (its recorded target states); ``draft_length``, the run's draft length;
     ``room``, the most tokens any draft could have had this round (``max_new_tokens`` left, less the
     bonus token); ``eos_ids``, the tokens that end a draft. None where the caller did not fill them.
     """
@@ -105,7 +104,7 @@ class Verification:
     peers: Mapping[str, "Drafter"] = field(default_factory=dict)
     cache: dict = field(default_factory=dict)  # scratch shared by the drafters observing this forward
     context: list[int] | None = None
-    query: Query | None = None
+    query: DecodeContext | None = None
     draft_length: int | None = None
     room: int | None = None
     eos_ids: frozenset[int] = frozenset()
@@ -133,16 +132,16 @@ class Drafter:
     deterministic: bool = False
     drafts: bool = True
 
-    _query: Query | None = None
+    _query: DecodeContext | None = None
 
-    def begin(self, query: Query) -> None:
+    def begin(self, query: DecodeContext) -> None:
         """Per-query setup (eager). The loop never calls it: ``sync`` does, the first time it meets a query."""
         self.reset(query.encoder_ids)
 
     def reset(self, encoder_ids: list[int] | None) -> None:
         """Start a query from its encoder ids (drafters with per-query state override this)."""
 
-    def sync(self, query: Query, tokens: list[int]) -> bool:
+    def sync(self, query: DecodeContext, tokens: list[int]) -> bool:
         """Catch up with ``tokens``; returns True when this call started the query (first use)."""
         first = query is not self._query
         if first:

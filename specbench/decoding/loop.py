@@ -12,7 +12,7 @@ import torch
 
 from specbench.decoding.cascade import Cascade
 from specbench.decoding.certify import deciders
-from specbench.decoding.drafter import Draft, Drafter, Query, Verification
+from specbench.decoding.drafter import Draft, Drafter, DecodeContext, Verification
 from specbench.decoding.sampling import SamplingParams, logits_to_probs
 from specbench.decoding.verify import block_divergence, block_efficiency, verify_greedy, verify_sampling
 from specbench.errors import SpecbenchError
@@ -107,19 +107,17 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
     watching, layers = listeners(pool, selector)
     t_start = clock.boundary()
     # A context-aware selector reads the query's embedding, taken from the prefill (timed).
-    if layers:
-        embedding, prefill_states = target.prefill(prompt_ids, embedding=selector.embedding_pooling, layers=layers)
-    else:
-        embedding = target.prefill(prompt_ids, embedding=selector.embedding_pooling)
+    prefilled = target.prefill(prompt_ids, embedding=selector.embedding_pooling, layers=layers)
+    embedding = prefilled.embedding
     t_reset = clock.now()
     if embedding is not None:
         selector.set_embedding(embedding)
     selector.reset(query)
     t_reset = clock.now() - t_reset  # the selector's per-query work, counted in the first round's t_select
-    ctx = Query(encoder_ids=target.encoder_ids, encoder_outputs=target.encoder_outputs,
+    ctx = DecodeContext(encoder_ids=target.encoder_ids, encoder_outputs=target.encoder_outputs,
                 side_observations=selector.full_information)
     if layers:  # the target's states at the committed positions it has seen (all but the last token)
-        ctx.record_states(prefill_states, rows=len(target.tokens) - 1, start=0)
+        ctx.record_states(prefilled.states, rows=len(target.tokens) - 1, start=0)
     out: list[int] = []
     certify = sampling.greedy and (cascade is None or cascade.lossless)
     gen = Generation(tokens=out, deciders=[] if certify else None)
@@ -143,11 +141,8 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
         draft = drafter.propose(target.tokens, n_draft, sampling, rng, eos_ids) if n_draft > 0 else Draft([], None)
         t3 = clock.now()
         scored = draft.tokens[:k]  # [k + 1, V] logits: a bonus row unless the draft has k + 1 tokens
-        states = {}
-        if layers:
-            logits, states = target.score(scored, layers=layers)
-        else:
-            logits = target.score(scored)
+        scores = target.score(scored, layers=layers)
+        logits, states = scores.logits, scores.states
         deferred = len(draft.tokens) if cascade is not None else 0
         if lossy and draft.tokens:
             verdict, deferred = cascade.verify(draft.tokens, draft.probs, draft.raw, logits, sampling, rng)

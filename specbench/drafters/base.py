@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specbench.decoding.drafter import AUTOREGRESSIVE, AutoregressiveArm, Draft, Drafter, Query, draft_ends
+from specbench.decoding.drafter import AUTOREGRESSIVE, AutoregressiveArm, Draft, Drafter, DecodeContext, draft_ends
 from specbench.decoding.sampling import logits_to_probs, pick
 from specbench.errors import SpecbenchError
 from specbench.models.cache import CachedLM
@@ -43,12 +43,12 @@ class ModelDrafter(Drafter):
         self.lm = CachedLM(model, vocab_size=vocab_size)
         self._next_logits: torch.Tensor | None = None
 
-    def begin(self, query: Query) -> None:
+    def begin(self, query: DecodeContext) -> None:
         self.lm.reset(query.encoder_ids, query.encoder_outputs if self.shares_encoder else None)
         self._next_logits = None
 
     def reset(self, encoder_ids):
-        self.begin(Query(encoder_ids=encoder_ids))
+        self.begin(DecodeContext(encoder_ids=encoder_ids))
         self._query = None
 
     def standalone_model(self) -> torch.nn.Module:

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from specbench.decoding.drafter import Draft, Drafter, Query, Verification, draft_ends
+from specbench.decoding.drafter import Draft, Drafter, DecodeContext, Verification, draft_ends
 from specbench.drafters import shipped
 from specbench.drafters.base import check_confidence_threshold
 from specbench.decoding.sampling import logits_to_probs, pick
@@ -263,7 +263,7 @@ class EagleDrafter(Drafter):
     def state_layers(self, side_observations: bool) -> tuple[int, ...]:
         return (self.layer,)
 
-    def begin(self, query: Query) -> None:
+    def begin(self, query: DecodeContext) -> None:
         self.cache = DynamicCache()
         self.real = []
         self._hat = None
@@ -313,7 +313,7 @@ class EagleDrafter(Drafter):
         return Draft(tokens=out, probs=torch.stack(rows), raw=torch.stack(raw))
 
     @torch.inference_mode()
-    def replay(self, query: Query, context: list[int], draft: list[int], sampling):
+    def replay(self, query: DecodeContext, context: list[int], draft: list[int], sampling):
         """The head's distributions along a played ``draft`` from the committed ``context``:
         ``(probs [n, V], logits [n, V])`` in the full vocabulary (zero / -inf outside a sub-vocabulary),
         or None when there is no committed feature yet. ``q_0`` is what ``propose`` would start from;

@@ -9,6 +9,8 @@ bonus position). An autoregressive step is ``score([])``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from specbench.errors import SpecbenchError
@@ -21,6 +23,19 @@ POOLINGS = ("mean", "last")
 def check_pooling(pooling: str | None) -> None:
     if pooling is not None and pooling not in POOLINGS:
         raise SpecbenchError(f"unknown embedding pooling '{pooling}'", f"use one of: {', '.join(POOLINGS)}")
+
+
+@dataclass(frozen=True)
+class Forward:
+    """What a target forward returns (``Target.prefill``, ``Target.score``): one type, whatever was asked for.
+
+    ``logits``: ``[positions, V]`` (None for a prefill, which scores nothing); ``states``: ``{layer: [positions,
+    H]}``, the residual stream after that many layers, for the layers asked for (empty otherwise);
+    ``embedding``: the query's pooled embedding, for a prefill asked for one (else None)."""
+
+    logits: torch.Tensor | None
+    states: dict[int, torch.Tensor] = field(default_factory=dict)
+    embedding: torch.Tensor | None = None
 
 
 def pool_states(states: torch.Tensor, pooling: str) -> torch.Tensor:
@@ -55,12 +70,12 @@ class Target:
     def prefill(self, prompt_ids: list[int], embedding: str | None = None, layers: tuple[int, ...] = ()):
         """Start a query: encode (encoder-decoder) and cache every prompt token but the last.
 
-        With ``embedding`` (a pooling), also return the query's embedding, equal to
-        ``embed(prompt_ids, embedding)`` but read off the prefill itself: the encoder output, or
-        the final hidden states of a forward over every prompt token (the last one is then cropped
-        from the cache, since ``score`` feeds it again), so a context-aware selector costs one
-        extra token position rather than a second pass over the prompt.
-        With ``layers``: ``(embedding, {layer: [len(tokens) - 1, H] states at the cached positions})``.
+        Returns a ``Forward`` without logits. With ``embedding`` (a pooling), its ``embedding`` is the
+        query's, equal to ``embed(prompt_ids, embedding)`` but read off the prefill itself: the encoder
+        output, or the final hidden states of a forward over every prompt token (the last one is then
+        cropped from the cache, since ``score`` feeds it again), so a context-aware selector costs one
+        extra token position rather than a second pass over the prompt. With ``layers``, its ``states``
+        are ``{layer: [len(tokens) - 1, H] states at the cached positions}``.
         """
         check_pooling(embedding)
         encoder_ids, tokens = self.decoder_start(prompt_ids)
@@ -81,11 +96,9 @@ class Target:
                 states = fed[1] if layers else None
             pooled = (None if embedding is None
                       else pool_states(self.lm.encoder_outputs.last_hidden_state[0], embedding))
-        if not layers:
-            return pooled
         n = len(tokens) - 1
-        return pooled, {int(layer): (states[layer][:n] if states is not None else self._no_states(layer))
-                        for layer in layers}
+        return Forward(None, {int(layer): (states[layer][:n] if states is not None else self._no_states(layer))
+                              for layer in layers}, pooled)
 
     def _no_states(self, layer: int) -> torch.Tensor:
         width = getattr(self.config, "d_model", None) or self.config.hidden_size
@@ -97,18 +110,19 @@ class Target:
         return self.lm.encoder_outputs
 
     def score(self, draft: list[int], hidden: bool = False, layers: tuple[int, ...] = ()):
-        """One forward over [last committed token, *draft]; logits ``[len(draft) + 1, V]``.
+        """One forward over [last committed token, *draft]: a ``Forward`` whose logits are ``[len(draft) + 1, V]``.
 
-        With ``hidden``: ``(logits, states)``, ``states[l]`` the residual stream after ``l`` layers
-        at the same positions. With ``layers``: ``(logits, {l: states[l] for l in layers})``. Without
-        either the forward does not return hidden states at all.
+        With ``layers``, its ``states`` are ``{l: the residual stream after l layers at the same positions}``
+        for those layers; with ``hidden``, for every layer. Without either the forward computes no hidden
+        states at all.
         """
         self.calls += 1
         ids = self.tokens[-1:] + list(draft)
-        if layers:
-            logits, states = self.lm.forward(ids, hidden=True)
-            return logits, {int(layer): states[layer] for layer in layers}
-        return self.lm.forward(ids, hidden=hidden)
+        if not (layers or hidden):
+            return Forward(self.lm.forward(ids))
+        logits, states = self.lm.forward(ids, hidden=True)
+        keep = range(len(states)) if hidden else layers
+        return Forward(logits, {int(layer): states[layer] for layer in keep})
 
     @torch.inference_mode()
     def embed(self, prompt_ids: list[int], pooling: str = "mean") -> torch.Tensor:

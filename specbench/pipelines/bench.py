@@ -38,7 +38,7 @@ import torch
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-from specbench.decoding.drafter import AUTOREGRESSIVE
+from specbench.arms import AUTOREGRESSIVE
 from specbench.decoding.loop import Limits
 from specbench.decoding.sampling import SamplingParams
 from specbench.drafters import ModelDrafter

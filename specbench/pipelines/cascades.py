@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from specbench.decoding.cascade import RULES, Cascade
-from specbench.decoding.drafter import AUTOREGRESSIVE
+from specbench.arms import AUTOREGRESSIVE
 from specbench.decoding.loop import Generation, Limits
 from specbench.errors import SpecbenchError
 from specbench.pipelines import report, speed

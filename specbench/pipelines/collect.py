@@ -32,7 +32,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from specbench.decoding.drafter import AUTOREGRESSIVE
+from specbench.arms import AUTOREGRESSIVE
 from specbench.decoding.loop import Generation, Limits
 from specbench.errors import SpecbenchError
 from specbench.pipelines import speed

@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from specbench.decoding import certify
-from specbench.decoding.drafter import AUTOREGRESSIVE
+from specbench.arms import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
 from specbench.pipelines import report, spec_bench
 from specbench.pipelines.methods import Method, parse_methods

@@ -11,7 +11,7 @@ In the run's dtype, device and thread count (``target.dtype``, ``target.device``
   ``c_verify(q) = t(q) / t(1)`` at that context. Encoder-decoder targets: the context is the encoder
   input (the decoder holds its start token).
 - each drafter of the pool (the autoregressive arm has nothing to draft), at the smallest context: it is
-  synced to the context through the loop's protocol (a ``Query``, holding the target's prefill states
+  synced to the context through the loop's protocol (a ``DecodeContext``, holding the target's prefill states
   for drafters that declare ``state_layers``, then ``sync``; that first, per-query sync is not timed),
   then a steady-state round is timed: ``sync`` (the catch-up of the last committed token) and
   ``propose`` of ``profile.draft_tokens`` tokens (EOS does not end the draft), divided by the tokens
@@ -43,7 +43,7 @@ from omegaconf import DictConfig
 
 from specbench import profiling
 from specbench.decoding import certify
-from specbench.decoding.drafter import Drafter, Query
+from specbench.decoding.drafter import Drafter, DecodeContext
 from specbench.decoding.sampling import SamplingParams
 from specbench.errors import SpecbenchError
 from specbench.models import Target, load_model
@@ -206,12 +206,10 @@ def measure_drafters(target: Target, drafters: Mapping[str, Drafter], context: l
     if not drafters:
         return {}
     layers = tuple(sorted({layer for d in drafters.values() for layer in d.state_layers(False)}))
-    query = Query(encoder_ids=None, side_observations=False)
+    query = DecodeContext(encoder_ids=None, side_observations=False)
+    states = target.prefill(context, layers=layers).states
     if layers:
-        _, states = target.prefill(context, layers=layers)
         query.record_states(states, rows=len(target.tokens) - 1, start=0)
-    else:
-        target.prefill(context)
     query.encoder_ids, query.encoder_outputs = target.encoder_ids, target.encoder_outputs
     committed = list(target.tokens)
     names = list(drafters)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from specbench.decoding import certify
-from specbench.decoding.drafter import AUTOREGRESSIVE
+from specbench.arms import AUTOREGRESSIVE
 from specbench.pipelines import speed
 from specbench.records import atomic_path, atomic_write_text
 from specbench.tasks import metrics

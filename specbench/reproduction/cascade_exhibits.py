@@ -92,7 +92,7 @@ SEQUENTIAL = ("the runs hold no sequential cascade (whole-query deferral from th
 
 def cascade_quality(ex: pd.DataFrame, run: CascadeRun) -> tuple[pd.Series | None, float, str]:
     """(per-record quality on ``run``'s axis, indexed like ``ex``; its equal-quality margin; why None)."""
-    from specbench.decoding.drafter import AUTOREGRESSIVE
+    from specbench.arms import AUTOREGRESSIVE
     from specbench.pipelines.cascades import QUALITY, agreement
 
     if run.quality == "agreement":

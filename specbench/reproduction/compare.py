@@ -73,7 +73,7 @@ def fastest_on_own_task(ex: pd.DataFrame, own: dict[str, str], claim: str, run: 
 def margin_over_mean(ex: pd.DataFrame, drafter: str, others: list[str], task: str, margin: float) -> V.Verdict:
     """``drafter``'s speedup over autoregressive decoding is at least ``1 + margin`` times the mean of ``others'``
     speedups, on the queries of ``task`` all of them ran."""
-    from specbench.decoding.drafter import AUTOREGRESSIVE
+    from specbench.arms import AUTOREGRESSIVE
 
     methods = [AUTOREGRESSIVE, drafter, *others]
     p = paired(ex, methods, task)
@@ -103,7 +103,7 @@ def relative_faster(claim: str, ex_a: pd.DataFrame, ex_b: pd.DataFrame, method: 
     """``method`` of run A faster than ``method`` of run B, where A and B are separate processes: each query's
     speedup over its own run's autoregressive decoding of it (paired within its run), the ratio of the two
     speedups over the queries both runs hold, with the bootstrap over those queries."""
-    from specbench.decoding.drafter import AUTOREGRESSIVE
+    from specbench.arms import AUTOREGRESSIVE
 
     label = f"speedup ratio {names[0]} / {names[1]} (each over its run's autoregressive)"
     if ex_a.empty or ex_b.empty:

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from specbench.configs import conf_dir, hydra_overrides
+from specbench.configs import conf_dir, hydra_error, hydra_overrides
 from specbench.errors import SpecbenchError
 from specbench.reproduction.exhibits import plan_at
 from specbench.reproduction.records import DONE
@@ -190,7 +190,6 @@ def compose_step(step: Step, overrides: list[str], adapt: Callable[[Step, object
     """The step's composed config (Hydra's errors as error/fix lines), adapted, then validated."""
     from hydra.errors import ConfigCompositionException, OverrideParseException
 
-    from specbench.cli import hydra_error
     from specbench.validate import validate
 
     try:

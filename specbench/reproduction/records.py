@@ -76,7 +76,7 @@ def planned(out: Path, command: str | None) -> int | None:
     ``config.yaml`` and its data files (None when that cannot be worked out without loading models)."""
     from omegaconf import OmegaConf
 
-    from specbench.decoding.drafter import AUTOREGRESSIVE
+    from specbench.arms import AUTOREGRESSIVE
     from specbench.tasks import load_dataset_config
 
     try:

@@ -212,20 +212,6 @@ def include_in_readme(report_dir: Path, readme: Path, links: str) -> Path:
     return replace_block(readme, README_BEGIN, README_END, "\n".join(body))
 
 
-if __name__ == "__main__":  # make readme-demo: python -m specbench.reproduction.render demo RUN_DIR README
-    import sys
-
-    from specbench.cli import _fail
-
-    try:
-        if len(sys.argv) != 4 or sys.argv[1] != "demo":
-            raise SpecbenchError("usage: python -m specbench.reproduction.render demo RUN_DIR README",
-                                 "make readme-demo runs it on outputs/demo")
-        print(f"demo table written into {include_demo(Path(sys.argv[2]), Path(sys.argv[3]))}")
-    except SpecbenchError as exc:
-        _fail(exc)
-
-
 def publish(report_dir: Path, dest: Path) -> Path:
     """Copy a report (Markdown, CSV, PNG) into ``dest`` (e.g. docs/reproduction, which the README links)."""
     dest = Path(dest)
@@ -233,3 +219,16 @@ def publish(report_dir: Path, dest: Path) -> Path:
         shutil.rmtree(dest)
     shutil.copytree(report_dir, dest)
     return dest
+
+
+if __name__ == "__main__":  # make readme-demo: python -m specbench.reproduction.render demo RUN_DIR README
+    import sys
+
+    try:
+        if len(sys.argv) != 4 or sys.argv[1] != "demo":
+            raise SpecbenchError("usage: python -m specbench.reproduction.render demo RUN_DIR README",
+                                 "make readme-demo runs it on outputs/demo")
+        print(f"demo table written into {include_demo(Path(sys.argv[2]), Path(sys.argv[3]))}")
+    except SpecbenchError as exc:
+        print(f"error: {exc.problem}\nfix:   {exc.fix}", file=sys.stderr)
+        sys.exit(2)

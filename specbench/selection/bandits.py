@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from specbench.decoding.drafter import AUTOREGRESSIVE
+from specbench.arms import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
 from specbench.selection.base import Feedback, Selector
 

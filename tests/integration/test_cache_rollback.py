@@ -50,7 +50,7 @@ def test_score_commit_cycles_match_fresh_forward(tiny_setup):
     # rounds of (draft, how many draft tokens the verifier accepts); rejected tokens are replaced
     rounds = [([5, 6, 7], 0), ([40, 41], 2), ([8, 9, 10, 11], 3), ([], 0), ([70], 1), ([90, 91, 92], 1)]
     for i, (draft, n_accept) in enumerate(rounds):
-        logits = target.score(draft)
+        logits = target.score(draft).logits
         assert target.calls == i + 1
         assert_close(logits, expected_score(target, draft))
         bonus = (draft[n_accept] + 1) % 200 + 3 if n_accept < len(draft) else 33
@@ -59,7 +59,7 @@ def test_score_commit_cycles_match_fresh_forward(tiny_setup):
         assert target.lm.cached == target.tokens[: len(target.lm.cached)]
     # the cache still holds the accepted prefix: the next score feeds only the new tokens
     for draft in ([], [12, 13, 14]):
-        assert_close(target.score(draft), expected_score(target, draft))
+        assert_close(target.score(draft).logits, expected_score(target, draft))
         target.commit([50])
 
 
@@ -73,7 +73,7 @@ def test_target_scores_like_a_fresh_target(tiny_setup):
         target.commit(draft[:keep] + [60 + keep])
     grown_tokens = list(target.tokens)
     probe = [30, 31, 32]
-    grown = target.score(probe)
+    grown = target.score(probe).logits
 
     fresh = Target(target.loaded)
     if fresh.is_encoder_decoder:
@@ -84,7 +84,7 @@ def test_target_scores_like_a_fresh_target(tiny_setup):
     else:
         fresh.prefill(grown_tokens)
     assert fresh.tokens == grown_tokens
-    assert_close(fresh.score(probe), grown)
+    assert_close(fresh.score(probe).logits, grown)
 
 
 def test_rollback_matches_fresh_forward(tiny_setup):
@@ -103,13 +103,13 @@ def test_rollback_matches_fresh_forward(tiny_setup):
         committed = list(target.tokens)
         assert len(target.lm.cached) <= len(target.tokens) - 1
         draft = [44, 45]
-        assert_close(target.score(draft), expected_score(target, draft))
+        assert_close(target.score(draft).logits, expected_score(target, draft))
         target.commit([46])  # drop the scored draft again, keep one new token
         committed = list(target.tokens)
     # roll back into the prompt region (decoder-only) / back to the start token (encoder-decoder)
     target.rollback(len(target.tokens) - 1)
     assert len(target.tokens) == 1
-    assert_close(target.score([3, 4]), expected_score(target, [3, 4]))
+    assert_close(target.score([3, 4]).logits, expected_score(target, [3, 4]))
 
 
 @pytest.fixture(scope="module")

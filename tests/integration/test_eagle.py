@@ -17,7 +17,7 @@ from collections import Counter
 import pytest
 import torch
 
-from specbench.decoding.drafter import AUTOREGRESSIVE, Query
+from specbench.decoding.drafter import AUTOREGRESSIVE, DecodeContext
 from specbench.decoding.sampling import SamplingParams
 from specbench.drafters import build_pool
 from specbench.drafters.eagle import EagleHead, build, save_head, vocab_fingerprint
@@ -146,7 +146,7 @@ def test_cache_rolls_back_after_partial_acceptance(eagle_pool, tiny_decode):
     ctx = d._query
     d.sync(ctx, committed)
     warm = d.propose(committed, 4, SamplingParams(), torch.Generator().manual_seed(0))
-    fresh_ctx = Query()
+    fresh_ctx = DecodeContext()
     fresh_ctx.record_states({d.layer: ctx.states(d.layer)}, rows=len(committed) - 1, start=0)
     d.sync(fresh_ctx, committed)
     cold = d.propose(committed, 4, SamplingParams(), torch.Generator().manual_seed(0))

@@ -25,7 +25,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specbench.decoding.drafter import AUTOREGRESSIVE, Query
+from specbench.decoding.drafter import AUTOREGRESSIVE, DecodeContext
 from specbench.decoding.sampling import SamplingParams
 from specbench.drafters import build_pool
 from specbench.drafters.eagle3 import Eagle3Drafter, build
@@ -170,7 +170,7 @@ def test_partial_acceptance_rolls_the_cache_back(heads, tiny_decode, arm):
     committed, ctx = list(target.tokens), d._query
     d.sync(ctx, committed)
     warm = d.propose(committed, 4, SamplingParams(), torch.Generator().manual_seed(0))
-    fresh = Query()
+    fresh = DecodeContext()
     fresh.record_states({a: ctx.states(a) for a in d.state_layers(False)}, rows=len(committed) - 1, start=0)
     d.sync(fresh, committed)
     cold = d.propose(committed, 4, SamplingParams(), torch.Generator().manual_seed(0))
@@ -210,8 +210,8 @@ def test_first_draft_matches_hand_computation(heads, arm, nbr):
     assert d.logits.d2t.tolist() == DRAFT_IDS
     prompt = target.tokenizer("hi")["input_ids"][:2]
     assert len(prompt) == 2
-    query = Query()
-    _, states = target.prefill(prompt, layers=d.state_layers(False))
+    query = DecodeContext()
+    states = target.prefill(prompt, layers=d.state_layers(False)).states
     query.record_states(states, rows=1, start=0)
     d.sync(query, list(target.tokens))
     got = d.logits(d._hat)

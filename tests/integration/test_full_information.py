@@ -19,7 +19,8 @@ def test_exit_head_on_target_states_equals_the_truncated_model(tiny_setup):
     prompt = tiny_setup.tokenizer(PROMPT)["input_ids"]
     draft = [5, 9, 12]
     target.prefill(prompt)
-    logits, states = target.score(draft, hidden=True)
+    scores = target.score(draft, hidden=True)
+    logits, states = scores.logits, scores.states
     layers = target.config.num_decoder_layers if target.is_encoder_decoder else target.config.num_hidden_layers
     assert len(states) == layers + 1
     read_off = drafter.logits_from_hidden(states[drafter.exit_layer])
@@ -87,7 +88,8 @@ def test_exits_sharing_a_head_are_batched_exactly(tiny_setup):
     pool = build_pool(target, {"a": exit_cfg, "b": exit_cfg})
     target.prefill(tiny_setup.tokenizer(PROMPT)["input_ids"])
     draft = [3, 4, 5]
-    logits, states = target.score(draft, hidden=True)
+    scores = target.score(draft, hidden=True)
+    logits, states = scores.logits, scores.states
     p = logits_to_probs(logits[:3], SamplingParams())
     layer = pool["a"].exit_layer
     seen = Verification(draft=draft, p=p, accepted=0, played="autoregressive", sampling=SamplingParams(),
@@ -105,9 +107,9 @@ def test_prefill_embedding_equals_embed_and_keeps_decoding_exact(tiny_setup, tin
     target = tiny_setup.target
     prompt = tiny_setup.tokenizer(PROMPT)["input_ids"]
     for pooling in ("mean", "last"):
-        emb = target.prefill(prompt, embedding=pooling)
+        emb = target.prefill(prompt, embedding=pooling).embedding
         torch.testing.assert_close(emb, target.embed(prompt, pooling), atol=1e-5, rtol=1e-5)
         assert len(target.lm.cached) == len(target.tokens) - 1
-        after = target.score([5, 6])
+        after = target.score([5, 6]).logits
         target.prefill(prompt)
-        torch.testing.assert_close(after, target.score([5, 6]), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(after, target.score([5, 6]).logits, atol=1e-5, rtol=1e-5)

@@ -39,7 +39,7 @@ def fitted_head(target, seed, steps, sequences):
     embed, lm_head = target.model.get_input_embeddings(), target.model.get_output_embeddings()
     data = []
     for ids in sequences:
-        _, states = target.prefill(ids, layers=(layer,))
+        states = target.prefill(ids, layers=(layer,)).states
         with torch.no_grad():
             x = embed(torch.tensor([ids[1:-1]]))[0].clone()
         data.append((states[layer].clone(), x, torch.tensor(ids[2:])))
@@ -158,9 +158,9 @@ def test_side_bd_equals_a_fresh_head_along_the_played_draft(heads, tiny_decode):
     lm_head = target.model.get_output_embeddings()
     for context, draft, p_loop, out in rounds[:: max(1, len(rounds) // 4)]:
         # the target, independently: features at the committed positions, p at the drafted ones
-        _, states = target.prefill(context, layers=(layer,))
+        states = target.prefill(context, layers=(layer,)).states
         f = states[layer]  # [n - 1, H]: f_0 .. f_{n-2}
-        p = torch.softmax(target.score(draft).float()[: len(draft)], -1)
+        p = torch.softmax(target.score(draft).logits.float()[: len(draft)], -1)
         torch.testing.assert_close(p, p_loop, atol=1e-5, rtol=1e-5)
         # the head, cacheless: h_0 from every committed pair, then h_j appended to the feature stream
         feats, ids, q = f, list(context[1:]), []

@@ -76,7 +76,7 @@ def test_early_exit_read_off_and_embedding(smollm2):
                head_scale=yaml.head_scale)
     target.prefill(prompts[0])
     draft = [1, 2, 3]
-    _, states = target.score(draft, hidden=True)
+    states = target.score(draft, hidden=True).states
     ee.reset(None)
     own = ee.lm.forward(list(target.tokens) + draft)[-4:]
     torch.testing.assert_close(ee.logits_from_hidden(states[8]), own, atol=2e-3, rtol=1e-3)
