@@ -124,7 +124,7 @@ def discard_if_unused(out: Path) -> Iterator[None]:
     try:
         yield
     except BaseException as exc:
-        from specbench.pipelines.session import RunDirTaken
+        from specbench.pipelines.run_dir import RunDirTaken
 
         # a directory another process holds (RunDirTaken) is that process's, however empty it looks
         taken = isinstance(exc, RunDirTaken) or isinstance(exc.__context__, RunDirTaken)  # reported as exit 2

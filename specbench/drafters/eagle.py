@@ -419,5 +419,5 @@ def build(target: Target, name: str, checkpoint: str | None = None, cost: float 
         d2t = None
     drafter = EagleDrafter(name, head, target, d2t, cost=0.0, confidence_threshold=confidence_threshold)
     drafter.cost = head_cost(head, drafter.logits, target) if cost is None else float(cost)
-    drafter.fingerprint = files_fingerprint(resolve_cached(checkpoint, make_target))  # resumes check it (session.Records)
+    drafter.fingerprint = files_fingerprint(resolve_cached(checkpoint, make_target))  # resumes check it (run_records.Records)
     return drafter

@@ -76,5 +76,5 @@ def build(target: Target, name: str, model: str, dtype: str | None = None, devic
     if cost is None:
         cost = param_count(loaded.model) / param_count(target.model)
     drafter = ModelDrafter(name, loaded.model, target.vocab_size, cost, confidence_threshold)
-    drafter.fingerprint = files_fingerprint(local)  # a local / cache: checkpoint; resumes check it (session.Records)
+    drafter.fingerprint = files_fingerprint(local)  # a local / cache: checkpoint; resumes check it (run_records.Records)
     return drafter

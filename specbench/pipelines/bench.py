@@ -46,7 +46,9 @@ from specbench.drafters.prompt_lookup import PromptLookup
 from specbench.errors import SpecbenchError
 from specbench.pipelines import report, speed
 from specbench.pipelines.methods import parse_methods
-from specbench.pipelines.session import RunFiles, Session, rotation
+from specbench.pipelines.run_dir import RunFiles
+from specbench.pipelines.session import Session
+from specbench.pipelines.schedule import rotation
 from specbench.records import JsonlWriter, read_jsonl
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,10 @@ from specbench.arms import AUTOREGRESSIVE
 from specbench.decoding.loop import Generation, Limits
 from specbench.errors import SpecbenchError
 from specbench.pipelines import report, speed
-from specbench.pipelines.session import RECORDS, Records, Session, rotation
+from specbench.pipelines.run_dir import RECORDS
+from specbench.pipelines.run_records import Records
+from specbench.pipelines.session import Session
+from specbench.pipelines.schedule import rotation
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,9 @@ from specbench.arms import AUTOREGRESSIVE
 from specbench.decoding.loop import Generation, Limits
 from specbench.errors import SpecbenchError
 from specbench.pipelines import speed
-from specbench.pipelines.session import RunFiles, Session, differences, rotation, save_config, settings
+from specbench.pipelines.run_dir import RunFiles, differences, save_config, settings
+from specbench.pipelines.session import Session
+from specbench.pipelines.schedule import rotation
 from specbench.records import JsonlWriter, atomic_write_text, read_jsonl
 from specbench.tasks import metrics
 

@@ -19,7 +19,11 @@ from specbench.arms import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
 from specbench.pipelines import report, spec_bench
 from specbench.pipelines.methods import Method, parse_methods
-from specbench.pipelines.session import RECORDS, Records, Session, example_id, rotation, turns_of
+from specbench.pipelines.run_dir import RECORDS
+from specbench.pipelines.run_records import Records
+from specbench.pipelines.session import Session
+from specbench.pipelines.prompting import example_id, turns_of
+from specbench.pipelines.schedule import rotation
 from specbench.policy import check_not_trained_on
 from specbench.records import read_jsonl
 from specbench.selection import PolicySelector, Selector

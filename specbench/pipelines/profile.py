@@ -48,7 +48,9 @@ from specbench.decoding.sampling import SamplingParams
 from specbench.errors import SpecbenchError
 from specbench.models import Target, load_model
 from specbench.pipelines import report
-from specbench.pipelines.session import CONTEXT_KEYS, Context, Prompter, RunFiles, rotation, start_run
+from specbench.pipelines.prompting import CONTEXT_KEYS, Context, Prompter
+from specbench.pipelines.run_dir import RunFiles, start_run
+from specbench.pipelines.schedule import rotation
 from specbench.records import atomic_write_text, read_jsonl
 from specbench.tasks import load_dataset_config, load_shots, truncate_fields
 from specbench.timing import Clock

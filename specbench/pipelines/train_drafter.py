@@ -55,7 +55,8 @@ from specbench.errors import SpecbenchError
 from specbench.models import Target, load_model
 from specbench.models.loading import cache_dir, make_cache_dir, resolve_dtype
 from specbench.pipelines import report
-from specbench.pipelines.session import Prompter, eos_ids_of, lock_run_dir, start_run
+from specbench.pipelines.prompting import Prompter, eos_ids_of
+from specbench.pipelines.run_dir import lock_run_dir, start_run
 from specbench.records import JsonlWriter, atomic_path, atomic_write_text, read_jsonl
 from specbench.tasks import load_dataset_config, truncate_fields
 from specbench.tasks.datasets import load_source

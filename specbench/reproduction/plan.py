@@ -219,7 +219,7 @@ def run(root: str | Path, profile: str = "cpu", papers: list[str] | None = None,
     skipped only when its settings and its upstream steps' runs are the ones its ``.done`` records;
     otherwise the call is refused, naming what differs, or with ``redo`` that step (and the steps
     that read it) is deleted and run again."""
-    from specbench.pipelines.session import differences, lock_run_dir, settings
+    from specbench.pipelines.run_dir import differences, lock_run_dir, settings
     from specbench.reproduction import render
 
     if profile not in PROFILES:

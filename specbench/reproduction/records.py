@@ -92,7 +92,7 @@ def planned(out: Path, command: str | None) -> int | None:
             return sum(1 for q in queries if not tasks or q.task in tasks) * len(variants(cfg.rules, cfg.alphas))
         if command == "eval":
             from specbench.pipelines.methods import parse_methods
-            from specbench.pipelines.session import turns_of
+            from specbench.pipelines.prompting import turns_of
 
             max_turns = int(cfg.dataset.get("max_turns") or 1)
             pool = dict.fromkeys([AUTOREGRESSIVE, *(k for k, v in (cfg.pool.get("drafters") or {}).items() if v)])

@@ -251,7 +251,7 @@ def test_a_second_reproduce_into_a_held_root_is_refused(tmp_path):
 
     root = tmp_path / "rc"
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
-                               "from specbench.pipelines.session import lock_run_dir\n"
+                               "from specbench.pipelines.run_dir import lock_run_dir\n"
                                f"lock_run_dir({str(root)!r}, 'reproduce'); print('held', flush=True); time.sleep(60)"],
                               stdout=subprocess.PIPE, text=True)
     try:

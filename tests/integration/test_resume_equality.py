@@ -30,7 +30,7 @@ from safetensors.torch import load_file
 
 from specbench.configs import conf_dir
 from specbench.pipelines import bench, cascades, evaluate, train_drafter
-from specbench.pipelines.session import Records
+from specbench.pipelines.run_records import Records
 from specbench.records import JsonlWriter
 
 # timings, the process that timed a record, and how many generations a speedup pairs with a baseline timed

@@ -20,7 +20,8 @@ from hydra import compose, initialize_config_dir
 from specbench.configs import conf_dir
 from specbench.errors import SpecbenchError
 from specbench.pipelines import cascades, collect, evaluate, report, spec_bench, train_policy
-from specbench.pipelines.session import CLAIM_FILE, Records, RunDirTaken, lock_run_dir, run_command
+from specbench.pipelines.run_dir import CLAIM_FILE, RunDirTaken, lock_run_dir, run_command
+from specbench.pipelines.run_records import Records
 from specbench.records import atomic_path, files_fingerprint, read_jsonl
 
 QUICK = ["target=tiny_llama", "pool=none", "dataset.limit=1", "decoding.max_new_tokens=4", "warmup.max_new_tokens=0",
@@ -76,7 +77,7 @@ def test_a_refused_run_leaves_the_holders_fresh_directory(tmp_path):
 
 def test_a_dead_holders_lock_does_not_block(tmp_path):
     d = tmp_path / "dead"
-    code = f"from specbench.pipelines.session import lock_run_dir; lock_run_dir({str(d)!r}, 'eval'); import os; os._exit(0)"
+    code = f"from specbench.pipelines.run_dir import lock_run_dir; lock_run_dir({str(d)!r}, 'eval'); import os; os._exit(0)"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
     assert "pid" in (d / CLAIM_FILE).read_text()  # its holder record is left behind, its lock is not
     out = evaluate.run(cfg_of("eval", QUICK), d)

@@ -13,7 +13,7 @@ from specbench.configs import conf_dir
 from specbench.drafters.distill import Example, Teacher, pairs, shared_prefix
 from specbench.errors import SpecbenchError
 from specbench.pipelines import train_drafter
-from specbench.pipelines.session import Prompter, eos_ids_of
+from specbench.pipelines.prompting import Prompter, eos_ids_of
 from specbench.records import read_jsonl
 from specbench.tasks import load_dataset_config
 

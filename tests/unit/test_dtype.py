@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from specbench.errors import SpecbenchError
 from specbench.models import loading
-from specbench.pipelines.session import resolve_target_dtype, start_run
+from specbench.pipelines.run_dir import resolve_target_dtype, start_run
 
 
 @pytest.mark.parametrize("flags, expected", [(frozenset({"avx512_bf16"}), "bfloat16"),

@@ -1,0 +1,123 @@
+"""From queries to prompt ids: the target's EOS ids, its context window (``Context``: fitting each prompt and
+its new tokens), the prompt builder (``Prompter``: templates, shots, truncation) and the fingerprints records
+carry of each prompt and query."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, replace
+
+from specbench.decoding.loop import Limits
+from specbench.errors import SpecbenchError
+from specbench.models.loading import LoadedModel
+from specbench.tasks import build_prompt, render
+
+
+def eos_ids_of(loaded: LoadedModel, extra=(), vocab_size: int | None = None) -> frozenset[int]:
+    """The model's EOS ids plus ``extra`` (``decoding.extra_eos_ids``), each checked to be a token id
+    of a vocabulary of ``vocab_size`` when given."""
+    ids = set()
+    for source in (loaded.tokenizer.eos_token_id, getattr(loaded.model.generation_config, "eos_token_id", None)):
+        if source is None:
+            continue
+        ids.update(source if isinstance(source, (list, tuple)) else [source])
+    for x in extra or ():
+        if isinstance(x, bool) or not isinstance(x, int) or x < 0 or (vocab_size is not None and x >= vocab_size):
+            vocab = f"the target's vocabulary has {vocab_size} tokens (ids 0..{vocab_size - 1})" \
+                if vocab_size is not None else "token ids are whole numbers >= 0"
+            raise SpecbenchError(f"decoding.extra_eos_ids: {x!r} is not a token id: {vocab}",
+                                 "list token ids of the target's tokenizer in decoding.extra_eos_ids")
+        ids.add(x)
+    return frozenset(int(i) for i in ids)
+
+
+# The model-config fields read for a target's context length when its config (conf/target/) sets no
+# ``context_keys``; a target with relative positions and no hard limit (T5) sets ``context_keys: []``.
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions")
+
+
+@dataclass(frozen=True)
+class Context:
+    """How many positions a model can attend to: ``limit`` from the model-config field ``key``
+    (None: no hard limit). ``check`` refuses a prompt that does not fit with its new tokens."""
+
+    limit: int | None = None
+    key: str | None = None
+    model: str = "the model"
+
+    @classmethod
+    def of(cls, model_config, keys, model: str = "the model") -> "Context":
+        """The first of ``keys`` that ``model_config`` sets to a positive whole number."""
+        for key in keys:
+            value = getattr(model_config, str(key), None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return cls(value, str(key), model)
+        return cls(model=model)
+
+    def fit(self, query_id: str, prompt_len: int, limits: Limits, encoder_decoder: bool = False,
+            shorten: bool = False) -> Limits:
+        """``limits`` when the prompt and its new tokens fit; with ``shorten`` (``decoding.fit_context``), a
+        decoder-only generation that would overrun the context gets the positions left (at least one) as
+        its ``max_new_tokens``; otherwise ``check`` refuses it."""
+        room = None if self.limit is None else self.limit - prompt_len
+        if shorten and not encoder_decoder and room is not None and 1 <= room < limits.max_new_tokens:
+            return replace(limits, max_new_tokens=room)
+        self.check(query_id, prompt_len, limits.max_new_tokens, encoder_decoder)
+        return limits
+
+    def check(self, query_id: str, prompt_len: int, max_new_tokens: int, encoder_decoder: bool = False) -> None:
+        """SpecbenchError unless the prompt (the encoder input of an encoder-decoder model) and the
+        ``max_new_tokens`` it may generate fit in ``limit`` positions."""
+        if self.limit is None:
+            return
+        needed = max(prompt_len, 1 + max_new_tokens) if encoder_decoder else prompt_len + max_new_tokens
+        if needed <= self.limit:
+            return
+        room = self.limit if encoder_decoder else self.limit - max_new_tokens
+        raise SpecbenchError(
+            f"query {query_id}: its prompt has {prompt_len:,} tokens, and with max_new_tokens={max_new_tokens} "
+            f"it needs {needed:,} positions: more than the {self.limit:,} of {self.model} "
+            f"({self.key} in its model config)",
+            f"cut long inputs with dataset.max_input_tokens=<n> (each document / source / question / turn is "
+            f"truncated to n tokens; the prompt template adds its own, and {max(room, 0):,} positions are left for "
+            f"the whole prompt), lower max_new_tokens, let each generation stop at the context's end with "
+            f"decoding.fit_context=true, or leave that record out of the data file")
+
+
+def prompt_fingerprint(ids) -> str:
+    """A short hash of a prompt's token ids."""
+    return hashlib.sha256(json.dumps([int(i) for i in ids]).encode()).hexdigest()[:16]
+
+
+def query_fingerprint(query) -> str:
+    """A short hash of everything of a query that a record is made from: its kind, fields and turns (the
+    prompt) and its reference (the quality scores)."""
+    blob = json.dumps([query.kind, query.fields, query.turns, query.reference, query.task], sort_keys=True,
+                      ensure_ascii=False, default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+def turns_of(query, max_turns: int) -> int:
+    return max(1, min(len(query.turns), max_turns)) if query.turns else 1
+
+
+def example_id(query, turn: int) -> str:
+    return query.id if turn == 0 else f"{query.id}/turn{turn + 1}"
+
+
+@dataclass
+class Prompter:
+    tokenizer: object
+    style: str
+    templates: dict
+    system: str | None
+    shots: list
+    chat_template: str | None = None
+
+    def __call__(self, query, turn: int = 0, history=()) -> list[int]:
+        return build_prompt(query, self.tokenizer, self.style, self.templates, self.system, turn=turn,
+                            history=history, shots=self.shots, chat_template=self.chat_template)
+
+    def user_text(self, query, turn: int) -> str:
+        return render(query, self.templates, turn=turn, shots=self.shots if turn == 0 else ())

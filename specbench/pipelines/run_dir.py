@@ -1,0 +1,264 @@
+"""A run directory: claimed by one command and one process at a time (``lock_run_dir``: an flock on its
+``.specbench.yaml``), refused when its records were made with other settings (``claim_run_dir``, compared by
+``settings`` / ``differences``), its composed config saved atomically (``start_run``)."""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import json
+import logging
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from specbench.errors import SpecbenchError
+from specbench.models.loading import AUTO, auto_dtype, dtype_name, resolve_device
+from specbench.records import atomic_path
+
+log = logging.getLogger(__name__)
+
+
+# Settings a rerun into a run directory may change, because they change neither the records the run
+# writes nor what the records mean: the torch thread count (speed only, and every query's methods
+# run back to back under one setting, so per-query comparisons stay fair), the untimed warm-up, the
+# run name (where outputs go), the overwrite flags themselves, and which shard a collect process
+# takes (each shard writes its own rows file). Hydra's own settings (hydra.*) are not in the config
+# a pipeline gets. Every other key is compared: a rerun with any other change is a different run.
+NOT_COMPARED = ("threads", "warmup", "run_name", "overwrite", "collect.overwrite", "collect.shard",
+                "collect.num_shards")
+
+
+def settings(cfg) -> dict:
+    """The resolved settings of a config (a DictConfig or a plain dict) that a rerun must match:
+    everything but :data:`NOT_COMPARED`."""
+    tree = OmegaConf.to_container(cfg if OmegaConf.is_config(cfg) else OmegaConf.create(cfg), resolve=True)
+    for key in NOT_COMPARED:
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return tree
+
+
+UNSET = object()
+
+
+def changes(old, new, prefix: str = "") -> list[tuple[str, object, object]]:
+    """``(dotted key, old value, new value)`` for every setting that differs between two settings
+    trees, in the new tree's order; a key whose value is a mapping on both sides is compared key by
+    key, anything else (a list, a mapping on one side only) as a whole."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = list(new) + [k for k in old if k not in new]
+        return [c for k in keys for c in changes(old.get(k, UNSET), new.get(k, UNSET), f"{prefix}{k}.")]
+    return [] if old == new else [(prefix[:-1], old, new)]
+
+
+def differences(old: dict, new: dict, limit: int = 10) -> list[str]:
+    """``key: old -> new`` for each setting that differs (:func:`changes`): the first ``limit`` with
+    their values, then the names of the rest."""
+    diff = changes(old, new)
+    lines = [f"{k}: {_show(a)} -> {_show(b)}" for k, a, b in diff[:limit]]
+    rest = [k for k, _, _ in diff[limit:]]
+    return lines + ([f"and {len(rest)} more: {', '.join(rest)}"] if rest else [])
+
+
+def _show(value, width: int = 48) -> str:
+    text = "(unset)" if value is UNSET else json.dumps(value, default=str)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """What a resumable pipeline keeps in its run directory: ``results``, globs of the records a
+    rerun resumes; ``settings``, the file holding the settings those records were made with; and
+    ``overwrite``, the config key that lets a rerun with other settings delete those records."""
+
+    results: tuple[str, ...]
+    settings: str = "config.yaml"
+    overwrite: str = "overwrite"
+
+
+def claim_run_dir(out: Path, cfg: DictConfig, files: RunFiles) -> None:
+    """Refuse to resume records made with other settings (naming every setting that differs), unless
+    the config's ``files.overwrite`` key is true: then delete them. A directory without records
+    (new, or a run that stopped before its first one) is always taken."""
+    found = [p for pattern in files.results for p in sorted(out.glob(pattern)) if p.is_file()]
+    if not any(p.stat().st_size for p in found):
+        return
+    saved = out / files.settings
+    diff = (differences(settings(OmegaConf.load(saved)), settings(cfg)) if saved.exists()
+            else [f"(no {files.settings} to compare with)"])
+    if not diff:
+        return
+    if not OmegaConf.select(cfg, files.overwrite, default=False):
+        raise SpecbenchError(
+            f"{out} holds results of a different config than this run's, so it cannot resume them; differs in: "
+            + "; ".join(diff),
+            f"rerun with the directory's own settings to resume it, pick a new directory (hydra.run.dir=...), "
+            f"or pass {files.overwrite}=true to delete its results ({', '.join(p.name for p in found)})")
+    log.warning("%s=true: deleting the results of another config in %s (%s)", files.overwrite, out,
+                ", ".join(p.name for p in found))
+    for p in found:
+        p.unlink()
+
+
+# eval and cascades: examples.jsonl and rounds.jsonl, resumed by (query id, method) (``Records``).
+RECORDS = RunFiles(results=("examples.jsonl", "rounds.jsonl"))
+
+
+def resolve_target_dtype(cfg: DictConfig) -> None:
+    """Replace ``target.dtype`` (``auto``, null or an alias such as ``bf16``) by the dtype it resolves to on
+    this machine (:func:`specbench.models.loading.auto_dtype`), so ``config.yaml``, the summaries and the
+    checkpoints written from this config name the dtype the run computed in."""
+    target = cfg.get("target")
+    if not isinstance(target, DictConfig) or "dtype" not in target:
+        return
+    asked = target.get("dtype")
+    name = dtype_name(asked, target.get("device"))
+    if asked == AUTO:
+        why = auto_dtype(resolve_device(target.get("device")))[1]
+        log.info("target.dtype=auto resolves to %s: %s", name, why)
+    with open_dict(cfg):
+        target.dtype = name
+
+
+def save_config(cfg, path: Path) -> None:
+    """``OmegaConf.save`` through a temporary file and ``os.replace`` (never a torn config)."""
+    with atomic_path(path) as tmp:
+        OmegaConf.save(cfg, tmp)
+
+
+def start_run(cfg: DictConfig, output_dir: str | Path, files: RunFiles | None = None,
+              command: str | None = None) -> Path:
+    """Create the run directory and take it (:func:`lock_run_dir`: one process at a time, one command
+    per directory; ``command`` defaults to Hydra's config name), then (with ``files``: after
+    :func:`claim_run_dir`) save the composed config there (``target.dtype`` resolved:
+    :func:`resolve_target_dtype`; and the settings file of ``files``), apply ``threads``."""
+    resolve_target_dtype(cfg)
+    out = Path(output_dir)
+    if out.exists() and not out.is_dir():
+        raise SpecbenchError(f"the run directory {out} is a file", "write the run elsewhere: hydra.run.dir=<a directory>")
+    out.mkdir(parents=True, exist_ok=True)
+    lock_run_dir(out, command or hydra_command())
+    if files is not None:
+        claim_run_dir(out, cfg, files)
+    save_config(cfg, out / "config.yaml")
+    if files is not None and files.settings != "config.yaml":
+        save_config(OmegaConf.create(settings(cfg)), out / files.settings)
+    if cfg.get("threads"):
+        torch.set_num_threads(int(cfg.threads))
+    return out
+
+
+class RunDirTaken(SpecbenchError):
+    """A run directory held by another process, or owned by another command (:func:`lock_run_dir`): the
+    refused run must leave that directory as it is (not remove it as a run that wrote nothing)."""
+
+
+CLAIM_FILE = ".specbench.yaml"  # the directory's owner (command) and the process holding it (flock)
+
+_HELD: dict[str, tuple[int, str]] = {}  # real path of a claim file -> (open fd holding its lock, command)
+
+
+def hydra_command() -> str | None:
+    """The command of the Hydra app running now (``eval``, ``train-policy``, ...), None outside one."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return str(HydraConfig.get().job.config_name).replace("_", "-")
+    except Exception:  # noqa: BLE001 - not under @hydra.main (a pipeline called directly, compose)
+        return None
+
+
+def _read_claim(path: Path) -> dict:
+    try:
+        claim = OmegaConf.to_container(OmegaConf.load(path)) if path.stat().st_size else {}
+    except Exception:  # noqa: BLE001 - a claim torn by a kill: no owner known
+        log.warning("%s is unreadable: taking the directory as unclaimed", path)
+        return {}
+    return claim if isinstance(claim, dict) else {}
+
+
+def _holder(claim: dict) -> str:
+    h = claim.get("holder") or {}
+    if not h:
+        return "another process"
+    return (f"pid {h.get('pid')} on {h.get('host')} (`{h.get('argv')}`), started {h.get('started')}")
+
+
+def lock_run_dir(path: str | Path, command: str | None, fix: str | None = None) -> Path:
+    """Take the run directory ``path`` for this process and ``command`` (e.g. ``"eval"``, ``"reproduce"``),
+    for the rest of the process's life; returns ``path``.
+
+    - One writer at a time: an exclusive ``fcntl.flock`` on ``<path>/.specbench.yaml``, held open until the
+      process exits (the kernel releases it then, so a killed run leaves no stale lock). A second process
+      is refused with a SpecbenchError naming the holder (pid, host, command line, start time: written
+      into that file); ``fix`` replaces the default fix line (another hydra.run.dir).
+    - One command per directory: the file records the command that first wrote the directory, and a run
+      of another command into it is refused (it would replace that command's files). ``command`` None
+      (a pipeline called outside the CLI without naming itself) locks without checking the owner.
+    Reentrant: the process that holds the directory may take it again (a resume in the same process).
+    """
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    command = None if command is None else str(command).replace("_", "-")
+    file = out / CLAIM_FILE
+    key = os.path.realpath(file)
+    held = _HELD.get(key)
+    if held is not None:
+        try:
+            same = os.fstat(held[0]).st_ino == os.stat(file).st_ino
+        except OSError:
+            same = False
+        if not same:  # the directory was removed (a failed run's) and made again
+            os.close(held[0])
+            del _HELD[key]
+            held = None
+    owner = _read_claim(file).get("command") if file.is_file() else None
+    if command is not None and owner and owner != command:
+        raise RunDirTaken(
+            f"{out} belongs to `specbench {owner}` (recorded in {file}), so `specbench {command}` cannot run into it: "
+            f"it would replace {owner}'s files (config.yaml, summaries) and {owner} would refuse its own records",
+            fix or f"write the {command} run elsewhere: hydra.run.dir=<another directory>")
+    fd = held[0] if held is not None else os.open(file, os.O_RDWR | os.O_CREAT, 0o644)
+    if held is None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            claim = _read_claim(file)
+            os.close(fd)
+            raise RunDirTaken(
+                f"{out} is being written by another specbench run: {_holder(claim)} "
+                f"(specbench {claim.get('command') or '?'}); two runs in one directory would both append every "
+                "record and build their summaries on the doubled records",
+                fix or "wait for that run to finish (or stop it), or write this run elsewhere: "
+                       "hydra.run.dir=<another directory>") from None
+        owner = _read_claim(file).get("command")  # as it is now that this process holds it
+        if command is not None and owner and owner != command:
+            os.close(fd)
+            raise RunDirTaken(f"{out} belongs to `specbench {owner}` (recorded in {file}), so `specbench {command}` "
+                              "cannot run into it", fix or f"write the {command} run elsewhere: "
+                                                           "hydra.run.dir=<another directory>")
+    text = OmegaConf.to_yaml(OmegaConf.create({
+        "command": owner or command,
+        "holder": {"pid": os.getpid(), "host": socket.gethostname(), "argv": " ".join(sys.argv),
+                   "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}}))
+    data = text.encode()
+    os.pwrite(fd, data, 0)  # in place (the lock is on this file), then cut: never an empty claim
+    os.ftruncate(fd, len(data))
+    _HELD[key] = (fd, owner or command)
+    return out
+
+
+def run_command(path: str | Path) -> str | None:
+    """The command that owns a run directory (its ``.specbench.yaml``), None when unrecorded."""
+    file = Path(path) / CLAIM_FILE
+    return _read_claim(file).get("command") if file.is_file() else None
