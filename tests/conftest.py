@@ -151,7 +151,7 @@ def run_tiny_decode(target, pool, arm_or_selector, prompt_ids, *, max_new_tokens
     ``arm_or_selector`` is a pool key (a ``Fixed`` selector is built) or a ``Selector``; ``cascade`` a
     speculative-cascade rule (``None``: lossless).
     """
-    from specbench.decoding.loop import Limits, decode
+    from specbench.decoding.loop import DecodeSpec, Limits, decode
     from specbench.decoding.sampling import SamplingParams
     from specbench.selection import Fixed
     from specbench.timing import Clock
@@ -159,11 +159,11 @@ def run_tiny_decode(target, pool, arm_or_selector, prompt_ids, *, max_new_tokens
     selector = Fixed(list(pool), arm_or_selector) if isinstance(arm_or_selector, str) else arm_or_selector
     if eos_ids is None:
         eos_ids = frozenset({int(target.tokenizer.eos_token_id)})
-    return decode(target, pool, selector, list(prompt_ids),
-                  sampling=sampling if sampling is not None else SamplingParams(),
-                  limits=Limits(max_new_tokens=max_new_tokens, draft_length=draft_length),
-                  eos_ids=frozenset(eos_ids), rng=rng if rng is not None else torch.Generator().manual_seed(0),
-                  clock=Clock(), cascade=cascade)
+    spec = DecodeSpec(sampling if sampling is not None else SamplingParams(),
+                      Limits(max_new_tokens=max_new_tokens, draft_length=draft_length), frozenset(eos_ids), Clock(),
+                      cascade)
+    return decode(target, pool, selector, list(prompt_ids), spec,
+                  rng if rng is not None else torch.Generator().manual_seed(0))
 
 
 @pytest.fixture(scope="session")

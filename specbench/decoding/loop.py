@@ -84,10 +84,23 @@ def listeners(pool: Mapping[str, Drafter], selector: Selector) -> tuple[dict[str
     return watching, tuple(layers)
 
 
-def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prompt_ids: list[int], *,
-           sampling: SamplingParams, limits: Limits, eos_ids: frozenset[int], rng: torch.Generator,
-           clock: Clock, query=None, cascade: Cascade | None = None) -> Generation:
-    """Generate up to ``limits.max_new_tokens`` tokens for one prompt (batch size 1).
+@dataclass(frozen=True)
+class DecodeSpec:
+    """How a decode call runs, apart from who plays and on what: the sampling law, the limits (new tokens,
+    draft length), the EOS ids, the clock that times it, and the verification rule (``cascade``: a deferral
+    rule verifying against its mixture instead of the target, lossy; ``None`` or rule ``none``: lossless)."""
+
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    limits: Limits = field(default_factory=Limits)
+    eos_ids: frozenset[int] = frozenset()
+    clock: Clock = field(default_factory=Clock)
+    cascade: Cascade | None = None
+
+
+def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prompt_ids: list[int], spec: DecodeSpec,
+           rng: torch.Generator, query=None) -> Generation:
+    """Generate up to ``spec.limits.max_new_tokens`` tokens for one prompt (batch size 1), drawing every random
+    choice from ``rng``.
 
     Each round: the selector picks an arm; its drafter catches up with the committed tokens
     (``sync``: on its first use in the query this includes its per-query setup, and when the
@@ -101,9 +114,9 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
     ``seconds`` covers everything from the prefill on: one synchronising clock reading at each end
     (``clock.boundary``); per-phase times come from ``clock.now`` (synchronising on CUDA only with
     ``timing.phases``).
-    ``cascade``: a deferral rule verifying against its mixture instead of the target (lossy); ``None``
-    or rule ``none`` is lossless verification (then every drafted position counts as deferred).
+    With ``spec.cascade`` set, every drafted position counts as deferred under lossless verification too.
     """
+    sampling, limits, eos_ids, clock, cascade = spec.sampling, spec.limits, spec.eos_ids, spec.clock, spec.cascade
     watching, layers = listeners(pool, selector)
     t_start = clock.boundary()
     # A context-aware selector reads the query's embedding, taken from the prefill (timed).

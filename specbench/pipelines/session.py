@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from specbench.decoding.cascade import Cascade
 from specbench.decoding.drafter import AUTOREGRESSIVE, Drafter
-from specbench.decoding.loop import Generation, Limits, decode
+from specbench.decoding.loop import DecodeSpec, Generation, Limits, decode
 from specbench.decoding.sampling import SamplingParams
 from specbench.errors import SpecbenchError
 from specbench.models import Target, load_model
@@ -134,9 +134,8 @@ class Session:
         asked = limits or self.limits
         limits = self.context.fit(getattr(query, "id", "(unnamed)"), len(prompt_ids), asked,
                                   self.target.is_encoder_decoder, self.fit_context)
-        gen = decode(target or self.target, self.pool if pool is None else pool, selector, prompt_ids,
-                     sampling=sampling or self.sampling, limits=limits, eos_ids=self.eos_ids,
-                     rng=rng, clock=self.clock, query=query, cascade=cascade)
+        spec = DecodeSpec(sampling or self.sampling, limits, self.eos_ids, self.clock, cascade)
+        gen = decode(target or self.target, self.pool if pool is None else pool, selector, prompt_ids, spec, rng, query)
         if limits is not asked and gen.stop == "length":
             gen.stop = "context"  # cut at the context's end, before max_new_tokens
         gen.prompt_sha = prompt_fingerprint(prompt_ids)

@@ -169,7 +169,7 @@ def test_hidden_states_only_when_a_drafter_asks(tiny_setup, tiny_decode):
 def test_generation_syncs_the_device_once_at_each_end(tiny_llama_target, tiny_llama_pool, monkeypatch):
     """A CUDA clock (its synchronize counted here on CPU) syncs twice per generation, and at every
     phase reading only with ``timing.phases``."""
-    from specbench.decoding.loop import Limits, decode
+    from specbench.decoding.loop import DecodeSpec, Limits, decode
     from specbench.decoding.sampling import SamplingParams
     from specbench.selection import Fixed
     from specbench.timing import Clock
@@ -182,8 +182,8 @@ def test_generation_syncs_the_device_once_at_each_end(tiny_llama_target, tiny_ll
         for arm in (AUTOREGRESSIVE, "quantized_weight"):
             before = clock.syncs
             gen = decode(tiny_llama_target, tiny_llama_pool, Fixed(list(tiny_llama_pool), arm), prompt,
-                         sampling=SamplingParams(), limits=Limits(max_new_tokens=12), eos_ids=frozenset(),
-                         rng=torch.Generator().manual_seed(0), clock=clock)
+                         DecodeSpec(SamplingParams(), Limits(max_new_tokens=12), frozenset(), clock),
+                         torch.Generator().manual_seed(0))
             syncs[(phases, arm)] = (clock.syncs - before, len(gen.rounds))
     assert syncs[(False, AUTOREGRESSIVE)][0] == syncs[(False, "quantized_weight")][0] == 2
     for arm in (AUTOREGRESSIVE, "quantized_weight"):

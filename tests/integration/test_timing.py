@@ -58,11 +58,11 @@ def timed_run(tmp_path, monkeypatch):
 
     original_decode = session_module.decode
 
-    def decode(*args, limits, clock, **kwargs):
-        warm = limits.max_new_tokens == WARM
+    def decode(target, pool, selector, prompt_ids, spec, *args, **kwargs):
+        warm, clock = spec.limits.max_new_tokens == WARM, spec.clock
         clock.cost = WARM_COST if warm else TIMED_COST
         start = clock.t
-        gen = original_decode(*args, limits=limits, clock=clock, **kwargs)
+        gen = original_decode(target, pool, selector, prompt_ids, spec, *args, **kwargs)
         log.append({"warm": warm, "span": clock.t - start, "tokens": list(gen.tokens), "seconds": gen.seconds})
         clock.cost = TIMED_COST
         return gen

@@ -5,7 +5,7 @@ import importlib.util
 import pytest
 import torch
 
-from specbench.decoding.loop import Limits, decode
+from specbench.decoding.loop import DecodeSpec, Limits, decode
 from specbench.decoding.sampling import SamplingParams
 from specbench.drafters import build_pool
 from specbench.models import Target, load_model
@@ -39,8 +39,8 @@ def smollm2():
 
 
 def greedy(target, pool, arm, ids, eos, max_new):
-    return decode(target, pool, Fixed(list(pool), arm), ids, sampling=SamplingParams(), limits=Limits(max_new, 4),
-                  eos_ids=eos, rng=torch.Generator().manual_seed(0), clock=Clock())
+    return decode(target, pool, Fixed(list(pool), arm), ids, DecodeSpec(SamplingParams(), Limits(max_new, 4), eos, Clock()),
+                  torch.Generator().manual_seed(0))
 
 
 @pytest.mark.parametrize("arm", ["quantized", "prompt_lookup"])
