@@ -2,7 +2,7 @@
 
 - round: one speculative round of one (query, method) (``Round`` plus the ids, ``round_row``);
 - example: one finished generation of one (query, method);
-- summary rows are derived from example records only (``pipelines/report.py``).
+- summary rows are derived from example records only (``pipelines/tables.py``).
 """
 
 from __future__ import annotations

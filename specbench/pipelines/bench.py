@@ -44,7 +44,7 @@ from specbench.decoding.sampling import SamplingParams
 from specbench.drafters import ModelDrafter
 from specbench.drafters.prompt_lookup import PromptLookup
 from specbench.errors import SpecbenchError
-from specbench.pipelines import report, speed
+from specbench.pipelines import tables, speed
 from specbench.pipelines.methods import parse_methods
 from specbench.pipelines.run_dir import RunFiles
 from specbench.pipelines.session import Session
@@ -239,8 +239,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     table = summarize(read_jsonl(path), order=names)
     title = f"specbench bench: {cfg.target.model} in {cfg.target.dtype} (draft length {k}, max_new_tokens {max_new})"
     why = "".join(f" HF does not support {m} here ({r})." for m, r in unsupported.items())
-    md = report.write_tables(table, out, stem="bench", title=title, notes=NOTES + why)
-    report.print_table(md, title=f"bench ({out})")
+    md = tables.write_tables(table, out, stem="bench", title=title, notes=NOTES + why)
+    tables.print_table(md, title=f"bench ({out})")
     return out
 
 

@@ -26,7 +26,7 @@ from specbench.decoding.cascade import RULES, Cascade
 from specbench.arms import AUTOREGRESSIVE
 from specbench.decoding.loop import Generation, Limits
 from specbench.errors import SpecbenchError
-from specbench.pipelines import report, speed
+from specbench.pipelines import tables, speed
 from specbench.pipelines.run_dir import RECORDS
 from specbench.pipelines.run_records import Records
 from specbench.pipelines.session import Session
@@ -145,9 +145,9 @@ def write_curves(records: Records, out: Path, model: str, name: str, stopped: bo
     best = best_at_loss(table)
     title = f"specbench cascades: {model}, drafter {name}" + (" (stopped early: the finished generations only)"
                                                              if stopped else "")
-    report.write_tables(table, out, stem="curves", title=title,
-                        notes=NOTES + "\n\n" + closing_note(best, table) + report.pairing_note(table))
-    report.write_csv(best, out / "best.csv")
+    tables.write_tables(table, out, stem="curves", title=title,
+                        notes=NOTES + "\n\n" + closing_note(best, table) + tables.pairing_note(table))
+    tables.write_csv(best, out / "best.csv")
     try:
         for task in table.task.unique():
             if task not in QUALITY:
@@ -156,8 +156,8 @@ def write_curves(records: Records, out: Path, model: str, name: str, stopped: bo
     except ImportError:
         log.warning("matplotlib is not installed: curves_<task>.png skipped (pip install matplotlib)")
     shown = ["task", "method", "quality", "speedup", "rejection_rate", "mat", "agreement_exact"]
-    report.print_table(report.to_markdown(table[shown]), title=f"curves ({out}; every column in curves.csv)")
-    report.print_table(closing_note(best, table), title="best rule per task")
+    tables.print_table(tables.to_markdown(table[shown]), title=f"curves ({out}; every column in curves.csv)")
+    tables.print_table(closing_note(best, table), title="best rule per task")
 
 
 # ------------------------------------------------------------------ tables and figures (pure functions)
@@ -195,12 +195,12 @@ def curves(examples: Iterable[dict], rounds: Iterable[dict]) -> pd.DataFrame:
             rule, alpha = parse_method(method)
             paired = m[m.query_id.isin(base.index)]
             b = base.loc[paired.query_id]
-            timed, tb = report.timed_pairs(m, base)
+            timed, tb = tables.timed_pairs(m, base)
             total, mean = speed.speedup(list(tb.seconds), list(timed.seconds))
             agree = [agreement(o, r) for o, r in zip(paired.output_ids, b.output_ids)]
             rows.append({
                 "task": task, "method": method, "rule": rule, "alpha": alpha, "n_examples": len(m),
-                "metric": key or "", "quality": report.quality(m, key) if key else float("nan"),
+                "metric": key or "", "quality": tables.quality(m, key) if key else float("nan"),
                 "speedup": total, "speedup_mean": mean, "paired": len(timed),
                 "rejection_rate": speed.rejection_rate(int(m.rejected.sum()), int(m.accepted.sum())),
                 "mat": speed.mat(int(m.new_tokens.sum()), int(m.target_calls.sum())) if method != ALONE
@@ -275,7 +275,7 @@ def closing_note(best: pd.DataFrame, table: pd.DataFrame | None = None) -> str:
 
 def plot(table: pd.DataFrame, path: Path, title: str = "") -> None:
     """Quality against speedup for one task: each rule a line over alpha, SD and the drafter alone marked."""
-    plt = report.pyplot()
+    plt = tables.pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     sd = table[table.method == SD]
     for rule, sub in table[table.method.str.contains("@")].groupby("rule", sort=False):

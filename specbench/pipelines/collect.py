@@ -254,7 +254,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
 def print_collect_summary(rows: list[dict], arms: list[str]) -> None:
     import pandas as pd
 
-    from specbench.pipelines.report import print_table, to_markdown
+    from specbench.pipelines.tables import print_table, to_markdown
 
     table = []
     for arm in arms:

@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from specbench.decoding import certify
 from specbench.arms import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
-from specbench.pipelines import report, spec_bench
+from specbench.pipelines import tables, spec_bench
 from specbench.pipelines.methods import Method, parse_methods
 from specbench.pipelines.run_dir import RECORDS
 from specbench.pipelines.run_records import Records
@@ -38,10 +38,10 @@ def write_convergence(examples: list[dict], out: Path) -> None:
     adaptive = {e["method"] for e in examples if e["method"] != AUTOREGRESSIVE and not e["method"].startswith("fixed:")}
     if not adaptive:
         return
-    conv = report.convergence(read_jsonl(out / "rounds.jsonl"), report.oracle_arms(pd.DataFrame(examples)))
-    report.write_csv(conv, out / "convergence.csv")
+    conv = tables.convergence(read_jsonl(out / "rounds.jsonl"), tables.oracle_arms(pd.DataFrame(examples)))
+    tables.write_csv(conv, out / "convergence.csv")
     try:
-        report.plot_convergence(conv, out / "convergence.png")
+        tables.plot_convergence(conv, out / "convergence.png")
     except ImportError:
         log.warning("matplotlib is not installed: convergence.png skipped (pip install matplotlib)")
 
@@ -49,11 +49,11 @@ def write_convergence(examples: list[dict], out: Path) -> None:
 def write_forks(examples: list[dict], out: Path) -> None:
     """forks.csv: each output of a method that departs from the autoregressive output of its query, with
     the two tokens, both runs' logit margins and the verdict; a warning names every query with a defect."""
-    table = report.forks(examples)
+    table = tables.forks(examples)
     if table.empty:
         (out / "forks.csv").unlink(missing_ok=True)
         return
-    report.write_csv(table, out / "forks.csv")
+    tables.write_csv(table, out / "forks.csv")
     bad = table[table.verdict == certify.DEFECT]
     if len(bad):
         log.warning("%d output(s) fork from autoregressive decoding where rounding does not explain it (defect): %s; "
@@ -137,15 +137,15 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
 def write_summary(s: Session, cfg: DictConfig, records: Records, partial: bool = False) -> None:
     """summary.csv / summary.md (+ matrices, convergence, Spec-Bench answer files) from the run's records."""
     examples = records.examples()
-    table = report.summarize(examples)
+    table = tables.summarize(examples)
     lossy = f" (cascade rule {s.cascade.label}: lossy)" if s.cascade is not None and not s.cascade.lossless else ""
     stopped = " (stopped early: the finished generations only)" if partial else ""
-    report.write_tables(table, s.out, title=f"specbench eval: {cfg.target.model} in {cfg.target.dtype}{lossy}{stopped}",
-                        notes=report.EVAL_NOTES + report.pairing_note(table))
+    tables.write_tables(table, s.out, title=f"specbench eval: {cfg.target.model} in {cfg.target.dtype}{lossy}{stopped}",
+                        notes=tables.EVAL_NOTES + tables.pairing_note(table))
     if not table.empty:
-        report.write_matrices(table, s.out)
+        tables.write_matrices(table, s.out)
     write_forks(examples, s.out)
     write_convergence(examples, s.out)
     if cfg.get("spec_bench_answers"):
         spec_bench.write_answers(examples, records.rounds(), s.out / "spec_bench", model_id=spec_bench.model_id(cfg))
-    report.print_table(report.compact(table), title=f"summary ({s.out}; every column in summary.csv / summary.md)")
+    tables.print_table(tables.compact(table), title=f"summary ({s.out}; every column in summary.csv / summary.md)")

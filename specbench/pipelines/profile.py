@@ -47,7 +47,7 @@ from specbench.decoding.drafter import Drafter, DecodeContext
 from specbench.decoding.sampling import SamplingParams
 from specbench.errors import SpecbenchError
 from specbench.models import Target, load_model
-from specbench.pipelines import report
+from specbench.pipelines import tables
 from specbench.pipelines.prompting import CONTEXT_KEYS, Context, Prompter
 from specbench.pipelines.run_dir import RunFiles, start_run
 from specbench.pipelines.schedule import rotation
@@ -297,7 +297,7 @@ def drafter_table(prof: Mapping) -> pd.DataFrame:
 
 def profile_markdown(prof: Mapping) -> tuple[str, str]:
     """The verification-cost table and the drafter table, as Markdown."""
-    return report.to_markdown(verify_table(prof)), report.to_markdown(drafter_table(prof), floatfmt=".4f")
+    return tables.to_markdown(verify_table(prof)), tables.to_markdown(drafter_table(prof), floatfmt=".4f")
 
 
 def rounding_text(prof: Mapping) -> str | None:
@@ -314,7 +314,7 @@ def rounding_text(prof: Mapping) -> str | None:
 
 def write_profile(out: Path, prof: dict) -> None:
     atomic_write_text(out / profiling.PROFILE_FILE, json.dumps(prof, indent=2) + "\n")
-    report.write_csv(profile_rows(prof), out / "profile.csv")
+    tables.write_csv(profile_rows(prof), out / "profile.csv")
     verify_md, drafter_md = profile_markdown(prof)
     head = (f"# Cost profile: {prof['target']} ({prof['dtype']}, {prof['device']} {prof['device_name']}, "
             f"{prof['threads']} threads, torch {prof['torch']})")
@@ -323,17 +323,17 @@ def write_profile(out: Path, prof: dict) -> None:
     atomic_write_text(out / "profile.md", f"{head}\n\n## Verification cost relative to the one-token step\n\n{verify_md}\n\n"
                                           f"## {drafters_title}\n\n{drafter_md}\n\n{NOTES}\n"
                                           + (f"\n## Rounding (the tie tolerance)\n\n{rounding}\n" if rounding else ""))
-    report.print_table(verify_md, title=f"Verification cost relative to the one-token step ({prof['dtype']}, "
+    tables.print_table(verify_md, title=f"Verification cost relative to the one-token step ({prof['dtype']}, "
                                         f"{prof['device']}, {prof['threads']} threads)")
-    report.print_table(drafter_md, title=drafters_title)
+    tables.print_table(drafter_md, title=drafters_title)
     if rounding:
-        report.print_table(rounding, title="Rounding (the tie tolerance)")
+        tables.print_table(rounding, title="Rounding (the tie tolerance)")
     plot_verify(prof, out / "verify_cost.png")
 
 
 def plot_verify(prof: Mapping, path: Path) -> None:
     try:
-        plt = report.pyplot()
+        plt = tables.pyplot()
     except ImportError:
         log.warning("matplotlib is not installed: %s not drawn", path.name)
         return
@@ -392,9 +392,9 @@ def write_best_k(out: Path, prof: Mapping, rounds: list[dict], run_dir: Path) ->
     summary, curve = best_k_tables(prof, rounds)
     if not any(k + 1 in prof["q"] for k in profiling.DRAFT_LENGTHS):
         log.warning("profile.q has no q = k + 1 for a draft length k in 1..16: no best draft length")
-    report.write_csv(curve, out / "best_k.csv")
-    md = report.to_markdown(summary)
+    tables.write_csv(curve, out / "best_k.csv")
+    md = tables.to_markdown(summary)
     atomic_write_text(out / "best_k.md", f"# Best draft length per drafter (eval run {run_dir})\n\n{md}\n\n"
-                                   f"## Predicted speedup per draft length\n\n{report.to_markdown(curve)}\n\n"
+                                   f"## Predicted speedup per draft length\n\n{tables.to_markdown(curve)}\n\n"
                                    f"{BEST_NOTES}\n", encoding="utf-8")
-    report.print_table(md, title=f"Best draft length per drafter (rounds of {run_dir})")
+    tables.print_table(md, title=f"Best draft length per drafter (rounds of {run_dir})")

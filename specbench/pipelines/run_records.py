@@ -53,7 +53,7 @@ class Records:
       checkpoints (retrained) is refused, naming the query ids; with ``overwrite`` it is dropped and redone.
 
     Every record written carries ``process`` (one id per ``Records``, i.e. per run process), so speedups
-    pair only generations timed in one process (``report.summarize``), and the fingerprints.
+    pair only generations timed in one process (``tables.summarize``), and the fingerprints.
     """
 
     def __init__(self, out: Path, tie_tolerance: float | None = None, *, queries=None,

@@ -54,7 +54,7 @@ from specbench.drafters.hf import MODEL_META, check_compatible
 from specbench.errors import SpecbenchError
 from specbench.models import Target, load_model
 from specbench.models.loading import cache_dir, make_cache_dir, resolve_dtype
-from specbench.pipelines import report
+from specbench.pipelines import tables
 from specbench.pipelines.prompting import Prompter, eos_ids_of
 from specbench.pipelines.run_dir import lock_run_dir, start_run
 from specbench.records import JsonlWriter, atomic_path, atomic_write_text, read_jsonl
@@ -468,7 +468,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
             "epochs": len(history), "lr": lr, "seed": seed}
     trainee.save(ckpt, meta)
     hist = pd.DataFrame(history)
-    report.write_csv(hist, ckpt / "history.csv")
+    tables.write_csv(hist, ckpt / "history.csv")
     try:
         if len(hist):
             plot_history(hist, ckpt / "loss.png", title=f"{ckpt.name}: {cfg.target.model}")
@@ -487,11 +487,11 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     table = pd.DataFrame([{"task": t, **{k: v for k, v in m.items() if not isinstance(v, list)},
                            **{f"accept_d{d + 1}": v for d, v in enumerate(m.get("accept_by_depth") or [])}}
                           for t, m in rows])
-    report.write_tables(table, out, stem="metrics", title=f"train-drafter {ckpt.name}",
+    tables.write_tables(table, out, stem="metrics", title=f"train-drafter {ckpt.name}",
                         notes="top1: held-out agreement of the drafter's argmax with the target's (teacher-forced); "
                               "expected_accepted: accepted draft tokens per round at draft length 4 drafting on "
                               "its own (exact for the target's own text, an estimate on reference text).")
-    report.print_table(report.to_markdown(table), title=f"drafter {ckpt} (held-out)")
+    tables.print_table(tables.to_markdown(table), title=f"drafter {ckpt} (held-out)")
     atomic_write_text(out / "checkpoint.txt", str(ckpt) + "\n")
     return out
 
@@ -534,7 +534,7 @@ def held_out_metrics(cfg, trainee, target, prompter, tok, ckpt: Path, eos, val_i
 
 
 def plot_history(hist: pd.DataFrame, path: Path, title: str = "") -> None:
-    plt = report.pyplot()
+    plt = tables.pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for col in ("loss", "val_loss"):
         if col in hist:
@@ -573,4 +573,4 @@ if __name__ == "__main__":  # python -m specbench.pipelines.train_drafter DIR...
     import sys
 
     table = compare([Path(a) for a in sys.argv[1:]])
-    print(report.to_markdown(table.round(3)))
+    print(tables.to_markdown(table.round(3)))

@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from specbench.drafters import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
 from specbench.pipelines.collect import collection_settings, incomplete, read_rows
-from specbench.pipelines.report import print_table, pyplot, write_csv, write_tables
+from specbench.pipelines.tables import print_table, pyplot, write_csv, write_tables
 from specbench.pipelines.run_dir import differences, start_run
 from specbench.records import atomic_write_text
 from specbench.policy import TrainConfig, check_alpha, reward_matrix, save_checkpoint, train_policy

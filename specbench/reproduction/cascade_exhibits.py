@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from specbench.pipelines.report import ALL_TASKS
+from specbench.pipelines.tables import ALL_TASKS
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.compare import faster_on, figure, fixed_methods, paired, short_name, timed, with_published
 from specbench.reproduction.exhibit import CascadeRun, Exhibit, ExhibitSpec, Layout

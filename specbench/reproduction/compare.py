@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from specbench.pipelines.report import ALL_TASKS, pyplot
+from specbench.pipelines.tables import ALL_TASKS, pyplot
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.published import Published, lookup
 from specbench.reproduction.records import drafter_speeds

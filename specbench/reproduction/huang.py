@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from specbench.arms import AUTOREGRESSIVE
-from specbench.pipelines.report import ALL_TASKS
+from specbench.pipelines.tables import ALL_TASKS
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.compare import best_fixed, faster_on, figure, relative_faster, short_name, with_published
 from specbench.reproduction.exhibit import Exhibit, ExhibitSpec, Layout

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from specbench.pipelines.report import ALL_TASKS, ORACLE
+from specbench.pipelines.tables import ALL_TASKS, ORACLE
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.compare import (fastest_on_own_task, faster_on, fixed_methods, margin_over_mean, mat_on,
                                            paired, short_name, timed, with_published)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from specbench.pipelines.report import ALL_TASKS
+from specbench.pipelines.tables import ALL_TASKS
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.compare import faster_on, figure, short_name
 from specbench.reproduction.exhibit import Exhibit, ExhibitSpec, Layout
@@ -23,7 +23,7 @@ def early_shares(root: Path, run: str, methods: tuple[str, ...], first_rounds: i
     """Per query (rows) and method (columns): the share of the query's first ``first_rounds`` rounds in which the
     method played its task's oracle arm (the fastest fixed drafter of the task in the run); only the queries every
     one of ``methods`` has rounds for."""
-    from specbench.pipelines.report import oracle_arms
+    from specbench.pipelines.tables import oracle_arms
 
     ex = load_examples(root, run, ("query_id", "task", "method", "seconds", "new_tokens"))
     arms = {t: m.split(":", 1)[1] for t, m in oracle_arms(ex).items()} if len(ex) else {}

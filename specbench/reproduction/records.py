@@ -224,6 +224,6 @@ def load_rounds(root: Path, run: str, methods: tuple[str, ...]) -> pd.DataFrame:
 def with_oracle_examples(ex: pd.DataFrame) -> pd.DataFrame:
     """``ex`` plus the oracle's records: per task, a copy of the records of its fastest fixed drafter (total
     seconds on that task, as in the summary's oracle row; picked on the same queries, an upper bound)."""
-    from specbench.pipelines.report import with_oracle
+    from specbench.pipelines.tables import with_oracle
 
     return with_oracle(ex) if len(ex) else ex

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 from specbench.errors import SpecbenchError
-from specbench.pipelines.report import print_table, to_markdown
+from specbench.pipelines.tables import print_table, to_markdown
 from specbench.reproduction import published as published_values
 from specbench.reproduction.exhibit import Exhibit, Layout, mark_unfinished
 from specbench.reproduction.exhibits import builders
@@ -188,9 +188,9 @@ def include_demo(run_dir: Path, readme: Path) -> Path:
 
 
 def report_table(df) -> str:
-    from specbench.pipelines import report
+    from specbench.pipelines import tables
 
-    return report.to_markdown(df)
+    return tables.to_markdown(df)
 
 
 def include_in_readme(report_dir: Path, readme: Path, links: str) -> Path:

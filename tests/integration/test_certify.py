@@ -18,7 +18,7 @@ from specbench.decoding import certify, loop
 from specbench.decoding.verify import Verdict, verify_greedy
 from specbench.drafters import build_pool
 from specbench.models import Target, load_model
-from specbench.pipelines import report
+from specbench.pipelines import tables
 
 # Prompts of the byte-level tiny tokenizer; repetitive text gives prompt lookup and early exits drafts to verify.
 PROMPTS = [f"Question {i}: the cat sat on the mat, the dog sat on the log, and the {w}" for i, w in
@@ -57,7 +57,7 @@ def test_calibrated_bf16_forks_are_all_ties(bf16_llama, tiny_decode):
     base = records(target, pool, prompts, "autoregressive", tiny_decode, tol)
     forks = []
     for arm in ("prompt_lookup", "early_exit"):
-        forks += [f for f in report.forks(base + records(target, pool, prompts, arm, tiny_decode, tol)).verdict]
+        forks += [f for f in tables.forks(base + records(target, pool, prompts, arm, tiny_decode, tol)).verdict]
     assert forks, "no fork at all: the test would not see a defect either (more prompts or tokens needed)"
     assert set(forks) == {certify.TIE}
 
@@ -77,7 +77,7 @@ def test_a_verifier_that_accepts_one_token_too_many_is_a_defect(bf16_llama, tiny
 
     monkeypatch.setattr(loop, "verify_greedy", too_generous)
     broken = records(target, pool, prompts, "early_exit", tiny_decode, tol)
-    verdicts = list(report.forks(base + broken).verdict)
+    verdicts = list(tables.forks(base + broken).verdict)
     assert verdicts and set(verdicts) == {certify.DEFECT}
 
 
@@ -89,7 +89,7 @@ def test_float32_outputs_do_not_fork(tiny_llama_target, tiny_llama_pool, tiny_de
     for arm in ("prompt_lookup", "early_exit", "quantized_weight"):
         mine = records(target, pool, prompts, arm, tiny_decode, tol)
         assert [r["output_ids"] for r in mine] == [r["output_ids"] for r in base]
-        assert report.forks(base + mine).empty
+        assert tables.forks(base + mine).empty
         # every output position has its decider row, whose top token is the token emitted
         for r in mine:
             assert len(r["deciders"]) == len(r["output_ids"])

@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_dir
 
 from specbench.configs import conf_dir
 from specbench.errors import SpecbenchError
-from specbench.pipelines import cascades, collect, evaluate, report, spec_bench, train_policy
+from specbench.pipelines import cascades, collect, evaluate, tables, spec_bench, train_policy
 from specbench.pipelines.run_dir import CLAIM_FILE, RunDirTaken, lock_run_dir, run_command
 from specbench.pipelines.run_records import Records
 from specbench.records import atomic_path, files_fingerprint, read_jsonl
@@ -343,14 +343,14 @@ def test_speedups_pair_only_timings_of_one_process():
     """Repro: a resumed run's summarization sd showed 0.006x (against 1.134x clean), with no note."""
     recs = [example("q1", "autoregressive", 1.0, "a"), example("q1", "fixed:x", 0.5, "a"),
             example("q2", "autoregressive", 1.0, "a"), example("q2", "fixed:x", 0.001, "b")]  # q2's method: resumed
-    table = report.summarize(recs)
+    table = tables.summarize(recs)
     row = table[(table.task == "all") & (table.method == "fixed:x")].iloc[0]
     assert row.speedup == pytest.approx(2.0) and row.paired == 1 and row.n_examples == 2
-    note = report.pairing_note(table)
+    note = tables.pairing_note(table)
     assert "fixed:x 1 of 2" in note and "same process" in note
-    assert report.pairing_note(report.summarize(recs[:2])) == ""
+    assert tables.pairing_note(tables.summarize(recs[:2])) == ""
     old = [{k: v for k, v in r.items() if k != "process"} for r in recs]  # records written before `process`
-    assert report.summarize(old).query("task == 'all' and method == 'fixed:x'").paired.iloc[0] == 2
+    assert tables.summarize(old).query("task == 'all' and method == 'fixed:x'").paired.iloc[0] == 2
 
 
 def test_eval_records_carry_their_process_and_fingerprints(tmp_path):

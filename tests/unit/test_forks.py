@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specbench.decoding import certify
-from specbench.pipelines import report, speed
+from specbench.pipelines import tables, speed
 
 
 def row(*pairs):
@@ -81,10 +81,10 @@ def test_summary_counts_ties_and_defects_and_forks_lists_them():
         # a later turn after a differing prompt: inherited, counted neither as a tie nor as a defect
         example("q3", "autoregressive", [1], tie_base, prompt="a"), example("q3", "fixed:x", [2], bad, prompt="b"),
     ]
-    table = report.summarize(examples)
+    table = tables.summarize(examples)
     got = table[(table.task == "all") & (table.method == "fixed:x")].iloc[0]
     assert (got.ties, got.defects, got.exact_match) == (1.0, 1.0, 0.25)
-    forks = report.forks(examples)
+    forks = tables.forks(examples)
     assert dict(zip(forks.query_id, forks.verdict)) == {"q0": "tie", "q1": "defect", "q3": "inherited"}
     base = table[(table.task == "all") & (table.method == "autoregressive")].iloc[0]
     assert (base.ties, base.defects) == (0.0, 0.0)
@@ -92,7 +92,7 @@ def test_summary_counts_ties_and_defects_and_forks_lists_them():
 
 def test_sampling_records_have_no_verdict_columns():
     examples = [example("q0", "autoregressive", [1], None), example("q0", "fixed:x", [2], None)]
-    got = report.summarize(examples)
+    got = tables.summarize(examples)
     assert math.isnan(got.iloc[-1].ties) and math.isnan(got.iloc[-1].defects)
 
 

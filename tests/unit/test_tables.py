@@ -2,7 +2,7 @@
 
 import math
 
-from specbench.pipelines.report import oracle_arms, summarize
+from specbench.pipelines.tables import oracle_arms, summarize
 
 
 def ex(qid, task, method, seconds, ids=(1, 2, 3), calls=3, drafted=0, accepted=0, t_select=0.0):
@@ -41,7 +41,7 @@ def test_oracle_is_best_fixed_drafter_per_task():
 
 
 def test_task_by_method_matrix():
-    from specbench.pipelines.report import pivot
+    from specbench.pipelines.tables import pivot
 
     m = pivot(summarize(RECORDS), "speedup").set_index("task")
     assert list(m.columns) == ["autoregressive", "fixed:x", "fixed:y", "ucb"]  # no oracle, no "all" row
@@ -50,7 +50,7 @@ def test_task_by_method_matrix():
 
 
 def test_the_printed_summary_shows_the_compared_columns_and_defects_only_when_there_are_any():
-    from specbench.pipelines.report import compact
+    from specbench.pipelines.tables import compact
 
     table = summarize(RECORDS).assign(ties=0.0, defects=0.0)
     header = compact(table).splitlines()[0]
