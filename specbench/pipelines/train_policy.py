@@ -33,8 +33,8 @@ from specbench.pipelines.collect import collection_settings, incomplete, read_ro
 from specbench.pipelines.tables import print_table, pyplot, write_csv, write_tables
 from specbench.pipelines.run_dir import differences, start_run
 from specbench.records import atomic_write_text
-from specbench.policy import TrainConfig, check_alpha, reward_matrix, save_checkpoint, train_policy
-from specbench.policy.train import TrainResult, held_out
+from specbench.policy import TrainConfig, TrainResult, check_alpha, reward_matrix, save_checkpoint
+from specbench.training.policy import held_out, train_policy
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import torch
 from specbench.errors import SpecbenchError
 from specbench.records import atomic_path
 from specbench.policy.net import PolicyNet
-from specbench.policy.train import Policy, TrainResult
+from specbench.policy.model import Policy, TrainResult
 
 log = logging.getLogger(__name__)
 FORMAT = "specbench-policy"

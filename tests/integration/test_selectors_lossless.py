@@ -33,7 +33,7 @@ def policy_root(setup, tmp_path):
 
     from specbench.policy.checkpoint import save_checkpoint
     from specbench.policy.net import PolicyNet
-    from specbench.policy.train import Policy
+    from specbench.policy.model import Policy
 
     cfg = setup.model.config
     dim = int(getattr(cfg, "hidden_size", None) or cfg.d_model)

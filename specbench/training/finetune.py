@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from specbench.drafters.distill import Example
+from specbench.training.distill import Example
 
 LOSSES = ("kl", "ce")
 

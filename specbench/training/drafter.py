@@ -1,0 +1,326 @@
+"""Drafter training, the parts ``specbench train-drafter`` runs: the training sequences (the prompt as ``eval``
+builds it, then the reference or the target's own greedy answer, generated in bf16 batches and cached in
+``$SPECBENCH_CACHE/responses/`` keyed by the prompt's ids: ``target_responses``), the trainees (``HeadTrainee``:
+a feature-level draft head, ``training/distill.py``; ``ModelTrainee``: an existing small model,
+``training/finetune.py``), each with its teacher pass, batches, loss and save, and the held-out metrics
+(agreement with the target by draft depth on every task of ``eval_sets``)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from specbench.training import distill, finetune
+from specbench.training.distill import Example, pairs, shared_prefix, sub_vocabulary, teach
+from specbench.drafters.eagle import EagleHead, HeadLogits, save_head, vocab_fingerprint
+from specbench.drafters.hf import MODEL_META, check_compatible
+from specbench.errors import SpecbenchError
+from specbench.models import Target, load_model
+from specbench.models.loading import cache_dir, resolve_dtype
+from specbench.pipelines.prompting import Prompter
+from specbench.records import JsonlWriter, atomic_write_text, read_jsonl
+from specbench.tasks import truncate_fields
+from specbench.tasks.datasets import load_source
+
+log = logging.getLogger(__name__)
+
+
+PRECISIONS = ("auto", "float32", "bfloat16")
+
+
+def training_precision(cfg: DictConfig) -> str:
+    """``train.precision``: float32, or bfloat16 (autocast: bf16 matrix products, float32 weights, optimiser
+    and losses); auto: bfloat16 when the teacher (the target) runs in bfloat16 (``target.dtype: auto`` picks
+    it where the hardware computes it natively), else float32 (an fp32 target trains its drafters in fp32)."""
+    value = str(cfg.train.get("precision") or "float32")
+    if value not in PRECISIONS:
+        raise SpecbenchError(f"train.precision must be one of {', '.join(PRECISIONS)}, got '{value}'",
+                             "auto: bf16 autocast where the hardware has native bf16; float32: full precision")
+    if value == "auto":
+        return "bfloat16" if target_dtype_name(cfg) == "bfloat16" else "float32"
+    return value
+
+
+def target_dtype_name(cfg: DictConfig) -> str:
+    """The teacher's dtype as a canonical name (``float32``, ``bfloat16``, ...; ``auto`` resolved)."""
+    return str(resolve_dtype(cfg.target.get("dtype"), cfg.target.get("device"))).removeprefix("torch.")
+
+
+def examples_of(queries, prompter: Prompter, tokenizer, responses: dict[str, list[int]] | None,
+                max_tokens: int, prompt_positions: bool = False) -> list[Example]:
+    """Prompt + response sequences; queries without a reference are skipped (logged) with reference responses.
+    ``prompt_positions``: the head also learns the prompt tokens after the prompts' shared opening (the chat
+    template's fixed system text is learned once per sequence at most, never counted as data)."""
+    out = []
+    if responses is None:
+        missing = [q.id for q in queries if not q.reference]
+        if missing and len(missing) == len(queries):
+            raise SpecbenchError(f"no query of the dataset has a reference response to train on (e.g. {missing[0]})",
+                                 "use a dataset with references, or train.responses=target")
+        if missing:
+            log.warning("%d of %d queries have no reference response and are skipped", len(missing), len(queries))
+        queries = [q for q in queries if q.reference]
+    for q in queries:
+        prompt = prompter(q)
+        if responses is not None:
+            response = responses[q.id]
+        else:
+            response = tokenizer(q.reference, add_special_tokens=False)["input_ids"]
+        ids = (prompt + response)[:max_tokens]
+        if len(ids) - len(prompt) >= 2:
+            out.append(Example(ids=ids, start=len(prompt)))
+    if prompt_positions and out:
+        fixed = shared_prefix([ex.ids[:ex.start] for ex in out]) if len(out) > 1 else 0
+        for ex in out:
+            ex.learn = min(fixed + 1, ex.start)
+    return out
+
+
+def learned_tokens(examples: list[Example]) -> int:
+    """Tokens the head learns to predict (response tokens, plus prompt tokens with train.prompt_positions)."""
+    return int(sum(len(e.ids) - (e.start if e.learn is None else e.learn) for e in examples))
+
+
+def response_cache(target: Target) -> Path:
+    """The target's greedy training answers, shared by every train-drafter run on this target and dtype
+    (``$SPECBENCH_CACHE/responses/``): a generalist trained on the specialists' rows generates nothing new."""
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(target.loaded.name))
+    dtype = str(target.model.dtype).removeprefix("torch.")
+    return cache_dir() / "responses" / f"{name}-{dtype}-{vocab_fingerprint(target.tokenizer)}.jsonl"
+
+
+def response_key(prompt: list[int]) -> str:
+    return hashlib.sha256(json.dumps(prompt).encode()).hexdigest()[:20]
+
+
+def cached_answer(record: dict, max_new: int) -> list[int] | None:
+    """A cached greedy answer cut to ``max_new`` tokens, when it answers that request: generated with at
+    least ``max_new`` new tokens, or finished (EOS) before its own limit; else None."""
+    ids, made = record["ids"], int(record["max_new"])
+    return ids[:max_new] if made >= max_new or len(ids) < made else None
+
+
+def target_responses(target: Target, prompter: Prompter, queries, path: Path, max_new: int, eos,
+                     batch_size: int = 32) -> dict:
+    """The target's greedy answer per query (``max_new`` tokens at most, cut after EOS), keyed by the
+    prompt's token ids in the shared cache ``path`` (:func:`response_cache`; a longer cached answer serves a
+    shorter request, its greedy prefix: :func:`cached_answer`), appended
+    as each batch finishes (resumable; rows another run generated are reused). Batched Hugging Face
+    ``generate`` with left padding, the prompts sorted by length (little padding): these are training
+    texts, not timed outputs (in bf16 a row's rounding may depend on its batch)."""
+    known: dict[str, dict] = {}
+    for r in read_jsonl(path):  # the longest answer per prompt
+        if "key" in r and int(r["max_new"]) >= int(known.get(r["key"], {}).get("max_new", -1)):
+            known[r["key"]] = r
+    prompts = {q.id: prompter(q) for q in queries}
+    keys = {q.id: response_key(prompts[q.id]) for q in queries}
+    done = {}
+    for q in queries:
+        hit = cached_answer(known[keys[q.id]], max_new) if keys[q.id] in known else None
+        if hit is not None:
+            done[q.id] = hit
+    todo = sorted((q for q in queries if q.id not in done), key=lambda q: len(prompts[q.id]))
+    tok = target.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
+    with JsonlWriter(path) as writer, tqdm(total=len(todo), desc="target responses", unit="query") as bar:
+        for s in range(0, len(todo), batch_size):
+            chunk = todo[s:s + batch_size]
+            batch = [prompts[q.id] for q in chunk]
+            width = max(len(p) for p in batch)
+            ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=target.device)
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=target.device)
+            with torch.inference_mode():
+                seq = target.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
+                                            eos_token_id=sorted(eos), pad_token_id=pad)
+            skip = 1 if target.is_encoder_decoder else width  # decoder start token / the prompt
+            for q, row in zip(chunk, seq[:, skip:].tolist()):
+                cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
+                writer.write({"key": keys[q.id], "max_new": int(max_new), "query_id": q.id, "ids": row[:cut]})
+                done[q.id] = row[:cut]
+            bar.update(len(chunk))
+    return done
+
+
+def autocast(precision: str, device: torch.device):
+    """bf16 autocast for ``precision`` bfloat16 (weights, optimiser state and losses stay float32)."""
+    if precision == "bfloat16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+class HeadTrainee:
+    """``drafter.kind=eagle``: a feature-level head from scratch (``training/distill.py``)."""
+
+    kind = "eagle"
+    default_lr = 1e-3
+
+    def __init__(self, cfg: DictConfig, target: Target, train_ex: list[Example], eos: frozenset[int]):
+        if target.is_encoder_decoder:
+            raise SpecbenchError("eagle heads need a decoder-only target",
+                                 "pick a decoder-only target, or drafter.kind=hf for an encoder-decoder one")
+        if str(cfg.train.loss) != "kl":
+            raise SpecbenchError(f"train.loss={cfg.train.loss} is for whole-model drafters (drafter.kind=hf)",
+                                 "use train.loss=kl with eagle heads (ce_weight / feature_weight weigh their terms)")
+        tr = cfg.train
+        self.tr = tr
+        self.target = target
+        self.d2t = sub_vocabulary(train_ex, cfg.drafter.get("vocab"), target.vocab_size, always=sorted(eos))
+        self.t2d = None
+        if self.d2t is not None:
+            self.t2d = torch.full((target.vocab_size,), -1, dtype=torch.long)
+            self.t2d[self.d2t] = torch.arange(len(self.d2t))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(tr.seed))
+            self.module = EagleHead(target.model, layers=int(cfg.drafter.layers), dtype=torch.float32)
+        # Trained in float32 whatever the target's dtype: the LM-head rows as a float32 copy (the
+        # teacher's features and probabilities are float32 already, its embeddings are cast).
+        self.logits = HeadLogits(target, self.d2t, dtype=torch.float32)
+        self.embed = target.model.get_input_embeddings()
+        self.unroll = int(tr.get("unroll") or 1)
+        weights = tr.get("unroll_weights")
+        self.unroll_weights = None if weights is None else [float(w) for w in weights]
+        if self.unroll_weights is not None and len(self.unroll_weights) != self.unroll:
+            raise SpecbenchError(f"train.unroll_weights has {len(self.unroll_weights)} entries, train.unroll is "
+                                 f"{self.unroll}", "give one weight per unroll step, or train.unroll_weights=null "
+                                                   "(equal weights)")
+        self.feature_noise = float(tr.get("feature_noise") or 0.0)
+        self.noise_gen: torch.Generator | None = None
+        self.precision = training_precision(cfg)
+        self.meta = {"layers": int(cfg.drafter.layers),
+                     "sub_vocabulary": None if self.d2t is None else int(len(self.d2t)),
+                     "unroll": self.unroll, "unroll_weights": self.unroll_weights,
+                     "feature_noise": self.feature_noise, "precision": self.precision}
+
+    def items(self, examples: list[Example], desc: str, response_only: bool = False) -> list[dict]:
+        return [pairs(ex, teach(self.target.model, ex, int(self.tr.top_k)), response_only)
+                for ex in tqdm(examples, desc=desc, unit="seq")]
+
+    def batches(self, items: list[dict], gen: torch.Generator):
+        return distill.batches(items, int(self.tr.batch_size), int(self.tr.seq_len), gen)
+
+    def whole(self, items: list[dict]):
+        return next(distill.batches(items, len(items), int(self.tr.seq_len), torch.Generator().manual_seed(0)))
+
+    def start_epoch(self, seed: int, epoch: int) -> None:
+        """The feature noise of an epoch is a function of (seed, epoch): a resumed run draws the same."""
+        self.noise_gen = torch.Generator().manual_seed(seed * 1_000 + epoch + 7_919) if self.feature_noise else None
+
+    def loss(self, batch, training: bool = True):
+        with autocast(self.precision, self.target.device):
+            return distill.loss_of(self.module, self.embed, self.logits, batch, float(self.tr.feature_weight),
+                                   float(self.tr.ce_weight), self.t2d, unroll=self.unroll,
+                                   unroll_weights=self.unroll_weights,
+                                   feature_noise=self.feature_noise if training else 0.0, noise_gen=self.noise_gen)
+
+    def agreement(self, items: list[dict]) -> dict:
+        return distill.agreement(self.module, self.embed, self.logits, items, depth=4, max_depth=5)
+
+    def save(self, path: Path, meta: dict) -> None:
+        save_head(self.module, self.d2t, path, meta)
+
+
+class ModelTrainee:
+    """``drafter.kind=hf``: an existing small causal or seq2seq model, fine-tuned (``training/finetune.py``)."""
+
+    kind = "hf"
+    default_lr = 5e-5
+
+    def __init__(self, cfg: DictConfig, target: Target, train_ex: list[Example], eos: frozenset[int]):
+        if not cfg.drafter.get("model"):
+            raise SpecbenchError("train-drafter drafter.kind=hf needs the model to fine-tune",
+                                 "set drafter.model=<hub id, local directory or embedded:...> "
+                                 "(e.g. double7/vicuna-68m for Vicuna, t5-small for T5)")
+        if str(cfg.train.loss) not in finetune.LOSSES:
+            raise SpecbenchError(f"train.loss must be one of {', '.join(finetune.LOSSES)}, got '{cfg.train.loss}'",
+                                 "kl: to the target's top-k distribution; ce: to the text's next tokens")
+        self.tr = cfg.train
+        self.target = target
+        # Trained in float32 whatever the target's dtype (the teacher's probabilities are float32).
+        loaded = load_model(str(cfg.drafter.model), dtype="float32", device=str(target.device))
+        check_compatible(target, loaded, str(cfg.drafter.model))
+        self.loaded = loaded
+        self.module = loaded.model.eval()  # eval mode: no dropout, so training is a function of the data order
+        self.module.requires_grad_(True)
+        tok = target.tokenizer
+        self.pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
+        self.meta = {"base_model": str(cfg.drafter.model), "loss": str(cfg.train.loss),
+                     "encoder_decoder": target.is_encoder_decoder}
+        if (int(self.tr.get("unroll") or 1) != 1 or float(self.tr.get("feature_noise") or 0.0)
+                or self.tr.get("prompt_positions")):
+            raise SpecbenchError("train.unroll, train.feature_noise and train.prompt_positions are for eagle heads "
+                                 "(drafter.kind=eagle)", "leave train.unroll=1, train.feature_noise=0 and "
+                                                         "train.prompt_positions=false with drafter.kind=hf")
+        self.precision = training_precision(cfg)
+
+    def start_epoch(self, seed: int, epoch: int) -> None:
+        pass
+
+    def items(self, examples: list[Example], desc: str, response_only: bool = False) -> list[finetune.Rows]:
+        return [finetune.teach_rows(self.target.model, ex, int(self.tr.top_k), self.pad, self.target.vocab_size)
+                for ex in tqdm(examples, desc=desc, unit="seq")]
+
+    def batches(self, items, gen: torch.Generator):
+        return finetune.batches(items, int(self.tr.batch_size), gen)
+
+    def whole(self, items):
+        return items
+
+    def loss(self, batch, training: bool = True):
+        with autocast(self.precision, self.target.device):
+            return finetune.loss_of(self.module, batch, str(self.tr.loss), self.pad, self.target.vocab_size)
+
+    def agreement(self, items) -> dict:
+        return finetune.agreement(self.module, items, self.pad, self.target.vocab_size, depth=4)
+
+    def save(self, path: Path, meta: dict) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        self.module.save_pretrained(path)
+        self.loaded.tokenizer.save_pretrained(path)
+        atomic_write_text(path / MODEL_META, json.dumps(meta, indent=1, default=str))
+
+
+TRAINEES = {t.kind: t for t in (HeadTrainee, ModelTrainee)}
+
+
+def held_out_metrics(cfg, trainee, target, prompter, tok, ckpt: Path, eos, val_items=None) -> dict:
+    """Agreement on each held-out set, on the same kind of text the head trained on (references, or
+    the target's own answers, generated once and kept in ``heldout_<task>.jsonl``); ``validation``:
+    on the training split's held-out rows (``train.val_examples``, the head's own task), by draft depth."""
+    tasks = {}
+    for task, src in (cfg.get("eval_sets") or {}).items():
+        if src is None:
+            continue
+        src = OmegaConf.to_container(src, resolve=True)
+        limit, offset = src.pop("limit", 8), src.pop("offset", 0)
+        try:
+            queries = load_source(task, src, limit=limit, offset=offset, shuffle=bool(src.pop("shuffle", False)))
+        except SpecbenchError as exc:
+            log.warning("held-out set %s skipped: %s", task, exc.problem)
+            continue
+        queries = [truncate_fields(q, tok, cfg.train.get("max_input_tokens") or cfg.dataset.get("max_input_tokens"))
+                   for q in queries]
+        if str(cfg.train.responses) == "target":
+            responses = target_responses(target, prompter, queries, response_cache(target),
+                                         int(cfg.train.max_new_tokens), eos, int(cfg.train.get("generate_batch") or 32))
+        else:
+            responses, queries = None, [q for q in queries if q.reference]
+        ex = examples_of(queries, prompter, tok, responses, int(cfg.train.max_tokens))
+        tasks[task] = trainee.agreement(trainee.items(ex, f"held out ({task})"))
+    out = {"head": ckpt.name, "responses": str(cfg.train.responses), "tasks": tasks}
+    if val_items:
+        out["validation"] = trainee.agreement(val_items)
+    if trainee.kind == "eagle":
+        out["definitions"] = {**distill.DEPTH_DEFINITIONS,
+                              "validation": "the training split's held-out rows (train.val_examples, never trained "
+                                            "on): the head's own task",
+                              "tasks": "the eval_sets rows, per task",
+                              "target token": "the teacher's greedy (argmax) token at each position of the text "
+                                              f"(train.responses={cfg.train.responses})"}
+    return out
