@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import dataclass, replace
+
+from omegaconf import DictConfig
 
 from specbench.decoding.loop import Limits
 from specbench.errors import SpecbenchError
+from specbench.models import Target, load_model
 from specbench.models.loading import LoadedModel
-from specbench.tasks import build_prompt, render
+from specbench.tasks import build_prompt, check_templates, load_dataset_config, load_shots, render, truncate_fields
+
+log = logging.getLogger(__name__)
 
 
 def eos_ids_of(loaded: LoadedModel, extra=(), vocab_size: int | None = None) -> frozenset[int]:
@@ -121,3 +127,33 @@ class Prompter:
 
     def user_text(self, query, turn: int) -> str:
         return render(query, self.templates, turn=turn, shots=self.shots if turn == 0 else ())
+
+
+@dataclass
+class Inputs:
+    """What every command that prompts the target loads first: the queries, the target and the prompt builder."""
+
+    queries: list
+    loaded: LoadedModel
+    target: Target
+    prompter: Prompter
+
+
+def load_inputs(cfg: DictConfig, max_input_tokens: int | None) -> Inputs:
+    """The queries of ``cfg.dataset``, each record checked against its template before the (slow) model load, then
+    the target, the queries truncated to ``max_input_tokens`` of its tokenizer, and the prompt builder (the
+    template set, the dataset's n-shot examples, the target's prompt style): the one load sequence of ``Session``
+    and ``specbench train-drafter``."""
+    queries = load_dataset_config(cfg.dataset)
+    if cfg.target.prompt.templates not in cfg.templates:
+        raise SpecbenchError(f"unknown template set '{cfg.target.prompt.templates}'",
+                             f"set target.prompt.templates to one of: {', '.join(cfg.templates)}")
+    templates = cfg.templates[cfg.target.prompt.templates]
+    shots = load_shots(cfg.dataset, int(cfg.dataset.get("n_shot") or 0))
+    check_templates(queries, templates, int(cfg.dataset.get("max_turns") or 1), shots)
+    log.info("loading target %s", cfg.target.model)
+    loaded = load_model(cfg.target.model, dtype=cfg.target.dtype, device=cfg.target.device)
+    queries = [truncate_fields(q, loaded.tokenizer, max_input_tokens) for q in queries]
+    prompter = Prompter(loaded.tokenizer, cfg.target.prompt.style, templates, cfg.target.prompt.get("system"),
+                        shots, cfg.target.prompt.get("chat_template"))
+    return Inputs(queries, loaded, Target(loaded), prompter)

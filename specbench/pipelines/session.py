@@ -25,15 +25,13 @@ from specbench.decoding.cascade import Cascade
 from specbench.decoding.drafter import AUTOREGRESSIVE, Drafter
 from specbench.decoding.loop import DecodeSpec, Generation, Limits, decode
 from specbench.decoding.sampling import SamplingParams
-from specbench.errors import SpecbenchError
-from specbench.models import Target, load_model
+from specbench.models import Target
 from specbench.models.loading import LoadedModel
-from specbench.pipelines.prompting import CONTEXT_KEYS, Context, Prompter, eos_ids_of, prompt_fingerprint
+from specbench.pipelines.prompting import CONTEXT_KEYS, Context, Prompter, eos_ids_of, load_inputs, prompt_fingerprint
 from specbench.pipelines.run_dir import RunFiles, start_run
 from specbench.pipelines.run_records import Records
 from specbench.pipelines.schedule import cascade_of, seed_for, tie_tolerance_of
 from specbench.selection import Fixed, Selector
-from specbench.tasks import check_templates, load_dataset_config, load_shots, truncate_fields
 from specbench.timing import Clock
 
 log = logging.getLogger(__name__)
@@ -79,22 +77,10 @@ class Session:
         sampling = SamplingParams(temperature=float(dec.temperature), top_k=int(dec.top_k), top_p=float(dec.top_p))
         limits = Limits(max_new_tokens=dec.max_new_tokens, draft_length=dec.draft_length)
         cascade = cascade_of(cfg)
-        queries = load_dataset_config(cfg.dataset)
-        if cfg.target.prompt.templates not in cfg.templates:
-            raise SpecbenchError(f"unknown template set '{cfg.target.prompt.templates}'",
-                                 f"set target.prompt.templates to one of: {', '.join(cfg.templates)}")
-        templates = cfg.templates[cfg.target.prompt.templates]
-        shots = load_shots(cfg.dataset, int(cfg.dataset.get("n_shot") or 0))
-        # Every record against its template before the (slow) model load and any decoding.
-        check_templates(queries, templates, int(cfg.dataset.get("max_turns") or 1), shots)
-        log.info("loading target %s", cfg.target.model)
-        loaded = load_model(cfg.target.model, dtype=cfg.target.dtype, device=cfg.target.device)
-        target = Target(loaded)
+        inputs = load_inputs(cfg, cfg.dataset.get("max_input_tokens"))
+        queries, loaded, target, prompter = inputs.queries, inputs.loaded, inputs.target, inputs.prompter
         eos_ids = eos_ids_of(loaded, dec.get("extra_eos_ids"), target.vocab_size)
         pool = build_pool(target, cfg.pool.get("drafters"), profile=cfg.get("profile_path"))
-        queries = [truncate_fields(q, loaded.tokenizer, cfg.dataset.get("max_input_tokens")) for q in queries]
-        prompter = Prompter(loaded.tokenizer, cfg.target.prompt.style, templates, cfg.target.prompt.get("system"),
-                            shots, cfg.target.prompt.get("chat_template"))
         context = Context.of(target.config, cfg.target.get("context_keys", CONTEXT_KEYS), str(cfg.target.model))
         clock = Clock(target.device, phases=bool(OmegaConf.select(cfg, "timing.phases", default=False)))
         session = cls(cfg=cfg, out=out, queries=queries, loaded=loaded, target=target, pool=pool, prompter=prompter,

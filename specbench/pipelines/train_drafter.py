@@ -47,13 +47,11 @@ from tqdm.auto import tqdm
 
 from specbench.drafters.eagle import vocab_fingerprint
 from specbench.errors import SpecbenchError
-from specbench.models import Target, load_model
 from specbench.models.loading import cache_dir, make_cache_dir
 from specbench.pipelines import tables
-from specbench.pipelines.prompting import Prompter, eos_ids_of
+from specbench.pipelines.prompting import eos_ids_of, load_inputs
 from specbench.pipelines.run_dir import lock_run_dir, start_run
 from specbench.records import atomic_path, atomic_write_text
-from specbench.tasks import load_dataset_config, truncate_fields
 from specbench.training.drafter import (TRAINEES, examples_of, held_out_metrics, learned_tokens, response_cache,
                                         target_dtype_name, target_responses, training_precision)
 
@@ -123,13 +121,9 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         state_path.unlink(missing_ok=True)
     atomic_write_text(ckpt / "signature.json", json.dumps(sig, indent=1))
 
-    loaded = load_model(cfg.target.model, dtype=cfg.target.dtype, device=cfg.target.device)
-    target = Target(loaded)
+    inputs = load_inputs(cfg, tr.get("max_input_tokens") or cfg.dataset.get("max_input_tokens"))  # as eval loads them
+    queries, loaded, target, prompter = inputs.queries, inputs.loaded, inputs.target, inputs.prompter
     tok = loaded.tokenizer
-    prompter = Prompter(tok, cfg.target.prompt.style, cfg.templates[cfg.target.prompt.templates],
-                        cfg.target.prompt.get("system"), [], cfg.target.prompt.get("chat_template"))
-    max_input = tr.get("max_input_tokens") or cfg.dataset.get("max_input_tokens")
-    queries = [truncate_fields(q, tok, max_input) for q in load_dataset_config(cfg.dataset)]
     eos = eos_ids_of(loaded)
     responses = (target_responses(target, prompter, queries, response_cache(target), int(tr.max_new_tokens), eos,
                                   int(tr.get("generate_batch") or 32))

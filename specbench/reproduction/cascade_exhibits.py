@@ -78,9 +78,7 @@ def cascades(root: Path, published: list[Published], lay: Layout, run: CascadeRu
               "per-query quality difference above minus the stated margin; the level of each pair is "
               "Bonferroni-corrected over the pairs picked from.")
     return Exhibit(f"Speculative cascades, quality against speedup ({run.title})",
-                   pts, cascade_verdicts(load_examples(root, run.run.dir), run),
-                   notes,
-                   plot=plot)
+                   pts, cascade_verdicts(load_examples(root, run.run.dir), run), notes, plot=plot)
 
 
 CASCADE_MARGINS = {"agreement": 0.05, "rouge2_summarization": 1.0}

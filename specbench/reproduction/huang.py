@@ -105,10 +105,8 @@ def huang_fig2(root: Path, published: list[Published], lay: Layout) -> Exhibit:
 
     notes = ("Proxy reward r = alpha * alignment (ROUGE-L of the drafter's own output to the target's) + (1 - alpha) * "
              f"(1 - cost) (parameters relative to the largest arm); one policy per alpha. Arms: {lay.alpha_note}.")
-    return Exhibit("Huang et al., Fig. 2: the alpha trade-off between a cheap and a better-aligned drafter",
-                   df, [verdict],
-                   notes,
-                   plot=plot)
+    return Exhibit("Huang et al., Fig. 2: the alpha trade-off between a cheap and a better-aligned drafter", df, [verdict],
+                   notes, plot=plot)
 
 
 def huang_fig3(root: Path, published: list[Published], lay: Layout) -> Exhibit:
@@ -128,10 +126,7 @@ def huang_fig3(root: Path, published: list[Published], lay: Layout) -> Exhibit:
 
     notes = ("Replayed speedup of the chosen arms' measured speculative runs on the same validation queries; "
              f"{lay.training_note}")
-    return Exhibit("Huang et al., Fig. 3: speed against the number of training queries",
-                   df, [verdict],
-                   notes,
-                   plot=plot)
+    return Exhibit("Huang et al., Fig. 3: speed against the number of training queries", df, [verdict], notes, plot=plot)
 
 
 def huang_table4(root: Path, published: list[Published], lay: Layout) -> Exhibit:

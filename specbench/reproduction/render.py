@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 from specbench.errors import SpecbenchError
+from specbench.pipelines import tables
 from specbench.pipelines.tables import print_table, to_markdown
 from specbench.reproduction import published as published_values
 from specbench.reproduction.exhibit import Exhibit, Layout, mark_unfinished
@@ -158,8 +159,7 @@ def replace_block(readme: Path, begin: str, end: str, body: str) -> Path:
 
 DEMO_BEGIN = "<!-- demo table: generated from a `make demo` run by `make readme-demo`, do not edit -->"
 DEMO_END = "<!-- end of the generated demo table -->"
-DEMO_COLUMNS = ["task", "method", "n_examples", "new_tokens", "seconds", "tokens_per_s", "speedup", "mat",
-                "acceptance_rate", "exact_match", "ties", "defects"]
+DEMO_COLUMNS = ["task", "method", "n_examples", *tables.SHOWN[2:]]  # the printed summary's columns (and the queries)
 
 
 def include_demo(run_dir: Path, readme: Path) -> Path:
@@ -183,14 +183,8 @@ def include_demo(run_dir: Path, readme: Path) -> Path:
             f"{cpu_name()}; {int(rows.n_examples.iloc[0])} queries per method, greedy, at most "
             f"{cfg.decoding.max_new_tokens} new tokens, draft length {cfg.decoding.draft_length} (a drafter's own "
             f"`draft_length` where its pool sets one); decoding time {rows[rows.method != 'oracle'].seconds.sum():.0f} s.")
-    body = "\n".join([line, "", "```", report_table(rows[[c for c in DEMO_COLUMNS if c in rows]]), "```"])
+    body = "\n".join([line, "", "```", to_markdown(rows[[c for c in DEMO_COLUMNS if c in rows]]), "```"])
     return replace_block(readme, DEMO_BEGIN, DEMO_END, body)
-
-
-def report_table(df) -> str:
-    from specbench.pipelines import tables
-
-    return tables.to_markdown(df)
 
 
 def include_in_readme(report_dir: Path, readme: Path, links: str) -> Path:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import specbench.pipelines.session as session
+import specbench.pipelines.prompting as prompting
 from specbench.cli import app
 from specbench.configs import group_options
 
@@ -42,7 +42,7 @@ def no_model_loads(monkeypatch):
     """Loading a model fails the test: validation must stop the run before."""
     def load_model(*args, **kwargs):
         raise AssertionError("a model was loaded before the config was validated")
-    monkeypatch.setattr(session, "load_model", load_model)
+    monkeypatch.setattr(prompting, "load_model", load_model)
 
 
 # -- wrong types and ranges: caught before anything loads ---------------------------------------
@@ -195,7 +195,7 @@ def test_an_experiment_is_selected_with_or_without_the_plus(tmp_path):
     """``experiment=NAME`` (the root configs list ``experiment: null``) and ``experiment=NAME`` compose the same."""
     printed = []
     for spelling in ("experiment=metasd_cpu", "+experiment=metasd_cpu"):
-        code, err, out = run("eval", spelling, "--cfg", "job", f"hydra.run.dir={tmp_path / 'run'}")
+        code, err, out = run("eval", "--cfg", "job", spelling, f"hydra.run.dir={tmp_path / 'run'}")
         assert code == 0, err[-2000:]
         printed.append(out)
     assert printed[0] == printed[1] and "selector:sequential_halving" in printed[0]  # the preset's methods
