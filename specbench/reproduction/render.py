@@ -71,7 +71,10 @@ def exhibit_markdown(ex: Exhibit, figure: str | None) -> str:
     return "\n".join(parts)
 
 
-def write(root: Path, out: Path | None = None, layout: str | None = None) -> Path:
+def write(root: Path, out: Path | None = None, layout: str | None = None, allow_empty: bool = False) -> Path:
+    """The report of ``root`` into ``out`` (default ``ROOT/report``); a root that holds no exhibit's runs is an error,
+    unless ``allow_empty`` (a reproduce restricted to steps that complete no exhibit yet): then the index lists only
+    what is not run yet."""
     root = Path(root)
     if not root.is_dir():
         raise SpecbenchError(f"no run directory {root}", "run `make reproduce-cpu` (or specbench reproduce) first, "
@@ -79,7 +82,7 @@ def write(root: Path, out: Path | None = None, layout: str | None = None) -> Pat
     out = Path(out) if out else root / "report"
     lay = layout_of(root, layout)
     exhibits, missing = build(root, layout=lay)
-    if not exhibits:
+    if not exhibits and not allow_empty:
         make = "make reproduce-paper" if lay.name == "paper" else "make reproduce-cpu"
         raise SpecbenchError(f"no reproduced exhibit under {root} ({lay.name} layout; missing: {', '.join(missing[:3])} ...)",
                              f"run `{make}` first, or pass the root it wrote to")
@@ -103,6 +106,7 @@ def write(root: Path, out: Path | None = None, layout: str | None = None) -> Pat
         index += [f"### [{ex.title}]({paper}/{name}.md)", "", *[f"- {v.line()}" for v in ex.verdicts], ""]
     if missing:
         index += ["## Not run yet", "", *[f"- needs `{m}`" for m in missing], ""]
+    out.mkdir(parents=True, exist_ok=True)
     (out / "REPORT.md").write_text("\n".join(index), encoding="utf-8")
     (out / SUMMARY).write_text(summary_markdown(exhibits, missing), encoding="utf-8")
     held = sum(v.held is True for ex in exhibits for v in ex.verdicts)

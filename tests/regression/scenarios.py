@@ -63,6 +63,7 @@ def tiny_config(name: str, command: str):
         cfg.decoding.max_new_tokens = 12
         cfg.warmup.max_new_tokens = 2
         cfg.threads = None
+        cfg.run_name = tiny.run_name  # where the run's folder goes: no part of its results
         if command == "cascades":
             cfg.drafter_arm = "tiny_draft"
             cfg.tasks = None
