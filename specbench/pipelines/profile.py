@@ -48,7 +48,8 @@ from specbench.decoding.sampling import SamplingParams
 from specbench.errors import SpecbenchError
 from specbench.models import Target, load_model
 from specbench.pipelines import tables
-from specbench.pipelines.prompting import CONTEXT_KEYS, Context, Prompter
+from specbench.pipelines.prompting import CONTEXT_KEYS, Context
+from specbench.tasks import Prompter
 from specbench.pipelines.run_dir import RunFiles, start_run
 from specbench.pipelines.schedule import rotation
 from specbench.records import atomic_write_text, read_jsonl

@@ -15,7 +15,7 @@ from specbench.decoding.loop import Limits
 from specbench.errors import SpecbenchError
 from specbench.models import Target, load_model
 from specbench.models.loading import LoadedModel
-from specbench.tasks import build_prompt, check_templates, load_dataset_config, load_shots, render, truncate_fields
+from specbench.tasks import Prompter, check_templates, load_dataset_config, load_shots, truncate_fields
 
 log = logging.getLogger(__name__)
 
@@ -110,23 +110,6 @@ def turns_of(query, max_turns: int) -> int:
 
 def example_id(query, turn: int) -> str:
     return query.id if turn == 0 else f"{query.id}/turn{turn + 1}"
-
-
-@dataclass
-class Prompter:
-    tokenizer: object
-    style: str
-    templates: dict
-    system: str | None
-    shots: list
-    chat_template: str | None = None
-
-    def __call__(self, query, turn: int = 0, history=()) -> list[int]:
-        return build_prompt(query, self.tokenizer, self.style, self.templates, self.system, turn=turn,
-                            history=history, shots=self.shots, chat_template=self.chat_template)
-
-    def user_text(self, query, turn: int) -> str:
-        return render(query, self.templates, turn=turn, shots=self.shots if turn == 0 else ())
 
 
 @dataclass

@@ -27,7 +27,8 @@ from specbench.decoding.loop import DecodeSpec, Generation, Limits, decode
 from specbench.decoding.sampling import SamplingParams
 from specbench.models import Target
 from specbench.models.loading import LoadedModel
-from specbench.pipelines.prompting import CONTEXT_KEYS, Context, Prompter, eos_ids_of, load_inputs, prompt_fingerprint
+from specbench.pipelines.prompting import CONTEXT_KEYS, Context, eos_ids_of, load_inputs, prompt_fingerprint
+from specbench.tasks import Prompter
 from specbench.pipelines.run_dir import RunFiles, start_run
 from specbench.pipelines.run_records import Records
 from specbench.pipelines.schedule import cascade_of, seed_for, tie_tolerance_of

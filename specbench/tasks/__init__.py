@@ -1,7 +1,7 @@
 """Datasets (native record formats), prompt formats and quality metrics."""
 
 from specbench.tasks.datasets import Query, load_dataset_config, load_shots
-from specbench.tasks.prompts import build_prompt, check_templates, render, truncate_fields
+from specbench.tasks.prompts import Prompter, build_prompt, check_templates, render, truncate_fields
 
-__all__ = ["Query", "build_prompt", "check_templates", "load_dataset_config", "load_shots", "render",
+__all__ = ["Prompter", "Query", "build_prompt", "check_templates", "load_dataset_config", "load_shots", "render",
            "truncate_fields"]

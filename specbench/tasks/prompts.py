@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from specbench.errors import SpecbenchError
 from specbench.tasks.datasets import Query
@@ -107,3 +107,23 @@ def build_prompt(query: Query, tokenizer, style: str, templates: Mapping[str, st
         parts = [p for user, answer in history for p in (user, answer)]
         return list(tokenizer("\n\n".join([*parts, text]))["input_ids"])
     raise SpecbenchError(f"unknown prompt style '{style}'", f"use one of: {', '.join(STYLES)}")
+
+
+@dataclass
+class Prompter:
+    """A target's prompt builder: its tokenizer, prompt style, template set, system prompt, n-shot examples and chat
+    template, applied to a query (and its turn and chat history)."""
+
+    tokenizer: object
+    style: str
+    templates: dict
+    system: str | None
+    shots: list
+    chat_template: str | None = None
+
+    def __call__(self, query, turn: int = 0, history=()) -> list[int]:
+        return build_prompt(query, self.tokenizer, self.style, self.templates, self.system, turn=turn,
+                            history=history, shots=self.shots, chat_template=self.chat_template)
+
+    def user_text(self, query, turn: int) -> str:
+        return render(query, self.templates, turn=turn, shots=self.shots if turn == 0 else ())

@@ -24,7 +24,7 @@ from specbench.drafters.hf import MODEL_META, check_compatible
 from specbench.errors import SpecbenchError
 from specbench.models import Target, load_model
 from specbench.models.loading import cache_dir, resolve_dtype
-from specbench.pipelines.prompting import Prompter
+from specbench.tasks import Prompter
 from specbench.records import JsonlWriter, atomic_write_text, read_jsonl
 from specbench.tasks import truncate_fields
 from specbench.tasks.datasets import load_source

@@ -14,7 +14,8 @@ from specbench.training import drafter as drafter_training
 from specbench.training.distill import Example, Teacher, pairs, shared_prefix
 from specbench.errors import SpecbenchError
 from specbench.pipelines import train_drafter
-from specbench.pipelines.prompting import Prompter, eos_ids_of
+from specbench.pipelines.prompting import eos_ids_of
+from specbench.tasks import Prompter
 from specbench.records import read_jsonl
 from specbench.tasks import load_dataset_config
 
