@@ -19,10 +19,10 @@ from specbench.reproduction.records import (NotRun, load_examples, load_round_va
 from specbench.reproduction.runs import METASD_EVAL
 
 
-def early_shares(root: Path, run: str, methods: tuple[str, ...], first_rounds: int = FIRST_ROUNDS) -> pd.DataFrame:
+def round_shares(root: Path, run: str, methods: tuple[str, ...], first_rounds: int = FIRST_ROUNDS) -> pd.DataFrame:
     """Per query (rows) and method (columns): the share of the query's first ``first_rounds`` rounds in which the
-    method played its task's oracle arm (the fastest fixed drafter of the task in the run); only the queries every
-    one of ``methods`` has rounds for."""
+    method played its task's oracle arm (the fastest fixed drafter of the task in the run); NaN where a method has
+    no rounds for a query. One read of the run's records."""
     from specbench.pipelines.tables import oracle_arms
 
     ex = load_examples(root, run, ("query_id", "task", "method", "seconds", "new_tokens"))
@@ -32,19 +32,25 @@ def early_shares(root: Path, run: str, methods: tuple[str, ...], first_rounds: i
         return pd.DataFrame(columns=list(methods))
     early = rounds[(rounds["round"] < first_rounds) & rounds.task.isin(arms)]
     early = early.assign(hit=(early.arm == early.task.map(arms)).astype(float))
-    share = early.groupby(["method", "query_id"]).hit.mean().unstack(0)
+    return early.groupby(["method", "query_id"]).hit.mean().unstack(0)
+
+
+def on_common_queries(share: pd.DataFrame, methods) -> pd.DataFrame:
+    """``share`` on the queries every one of ``methods`` has rounds for."""
     return share.dropna(subset=[m for m in methods if m in share]) if len(share) else share
 
 
-def sooner(root: Path, run: str, claim: str, a: str, b: str, first_rounds: int = FIRST_ROUNDS, **kw) -> V.Verdict:
-    """``a`` plays its task's oracle arm in more of a query's first rounds than ``b``, paired per query."""
+def sooner(share: pd.DataFrame, run: str, claim: str, a: str, b: str, first_rounds: int = FIRST_ROUNDS,
+           **kw) -> V.Verdict:
+    """``a`` plays its task's oracle arm in more of a query's first rounds than ``b``, paired per query
+    (``share``: :func:`round_shares` of the run ``run``)."""
     names = (METASD_ROWS.get(a, a), METASD_ROWS.get(b, b))
     label = f"share difference {names[0]} - {names[1]}"
-    share = early_shares(root, run, (a, b), first_rounds)
     if not {a, b} <= set(share.columns):
         return V.missing(claim, f"per-query rounds of {names[0]} and {names[1]} ({run}/rounds.jsonl) or the oracle's "
                                 f"arms ({run}/examples.jsonl)", label)
-    return V.greater_mean(claim, list(share[a]), list(share[b]), label,
+    pair = on_common_queries(share, (a, b))
+    return V.greater_mean(claim, list(pair[a]), list(pair[b]), label,
                           detail=f"per query: share of its first {first_rounds} rounds on its task's oracle arm", **kw)
 
 
@@ -63,7 +69,8 @@ def metasd_convergence(root: Path, published: list[Published], lay: Layout, firs
 
     claim = f"BD reaches the best arm sooner than BE (share on it over the first {first_rounds} rounds)"
     return Exhibit("MetaSD, convergence: Block Divergence against Block Efficiency",
-                   table, [sooner(root, METASD_EVAL.dir, claim, UCB, UCB_BE, first_rounds)],
+                   table, [sooner(round_shares(root, METASD_EVAL.dir, (UCB, UCB_BE), first_rounds), METASD_EVAL.dir,
+                                  claim, UCB, UCB_BE, first_rounds)],
                    "Share of rounds, by round index within a query, in which the selector played its task's oracle arm.",
                    plot=plot)
 
@@ -74,7 +81,8 @@ def metasd_bandits(root: Path, published: list[Published], lay: Layout, first_ro
     summary = run_table(root, f"{run}/summary.csv")
     alls = speeds(summary).get(ALL_TASKS, {})
     shown = [m for m in (UCB, *BANDITS, UNIFORM) if m in alls]
-    share = early_shares(root, run, tuple(shown), first_rounds)
+    rounds = round_shares(root, run, tuple(shown), first_rounds)  # one read, for the table and every verdict
+    share = on_common_queries(rounds, shown)
     table = pd.DataFrame([{"method": METASD_ROWS.get(m, m), "speedup": alls[m],
                            f"share of the first {first_rounds} rounds on the oracle arm":
                                float(share[m].mean()) if m in share else math.nan} for m in shown])
@@ -87,7 +95,7 @@ def metasd_bandits(root: Path, published: list[Published], lay: Layout, first_ro
                   for b in BANDITS if b in alls],
                  f"each part: speedup ratio > 1, at level {level:.1%} (Bonferroni over the two)"),
         V.all_of(f"UCB-BD reaches the best arm sooner than EXP3 and sequential halving (first {first_rounds} rounds)",
-                 [(name(b), sooner(root, run, "", UCB, b, first_rounds, level=level)) for b in BANDITS if b in alls],
+                 [(name(b), sooner(rounds, run, "", UCB, b, first_rounds, level=level)) for b in BANDITS if b in alls],
                  f"each part: share difference > 0, at level {level:.1%} (Bonferroni over the two)"),
         faster_on(ex, "UCB-BD is faster than the static uniform mixture (a uniformly random drafter every round)", UCB,
                   UNIFORM, names=(name(UCB), name(UNIFORM)), run=run),
@@ -132,14 +140,15 @@ def metasd_full_info(root: Path, published: list[Published], lay: Layout, first_
     summary = run_table(root, f"{run}/summary.csv")
     alls = speeds(summary).get(ALL_TASKS, {})
     shown = [m for m in (UCB, UCB_FI, "hedge-bd") if m in alls]
-    share = early_shares(root, run, tuple(shown), first_rounds)
+    rounds = round_shares(root, run, tuple(shown), first_rounds)  # one read, for the table and every verdict
+    share = on_common_queries(rounds, shown)
     rows = summary[(summary.task == ALL_TASKS) & summary.method.isin(shown)].set_index("method")
     table = pd.DataFrame([{"method": METASD_ROWS.get(m, m), "speedup": alls[m], "MAT": float(rows.at[m, "mat"]),
                            f"share of the first {first_rounds} rounds on the oracle arm":
                                float(share[m].mean()) if m in share else math.nan} for m in shown])
     ex = load_examples(root, run)
     names = (METASD_ROWS[UCB_FI], METASD_ROWS[UCB])
-    verdicts = [sooner(root, run, f"full information reaches the best arm sooner than bandit feedback (first "
+    verdicts = [sooner(rounds, run, f"full information reaches the best arm sooner than bandit feedback (first "
                                   f"{first_rounds} rounds)", UCB_FI, UCB, first_rounds),
                 faster_on(ex, "full information is faster than bandit feedback", UCB_FI, UCB, names=names, run=run)]
     return Exhibit("Full information for heads (every head scored on every round) against bandit "
