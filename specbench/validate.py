@@ -192,6 +192,7 @@ SCHEMA: dict[str, Rule] = {
     "reward.alpha": number(0, 1),
     "reward.cost": text(),
     "reward.source": text(),
+    "reward.alignment": text(),
     "train.arms": list_of(text(), null=True),
     "train.hidden": list_of(integer(1)),
     "train.epochs": integer(0),

@@ -11,7 +11,8 @@ Per query (one row, appended as soon as it is finished):
   autoregressive arm is the target, 1.0) and ``cost_measured`` (seconds per token alone relative
   to the target's);
 - with ``collect.measure_speculative``: a real speculative run per arm (``spec``: seconds, target
-  calls, MAT, speedup over the autoregressive run of the same query, exact match).
+  calls, drafted and accepted tokens, MAT, speedup over the autoregressive run of the same query,
+  exact match); ``train-policy reward.alignment=acceptance`` scores arms by accepted / drafted.
 
 Raw scores are kept (not a combined reward), so ``train-policy`` can change alpha, the cost kind
 and the arm set without collecting again. A rerun into the same directory skips finished queries
@@ -166,6 +167,7 @@ def incomplete(paths: Iterable[str | Path]) -> list[str]:
 
 def spec_summary(gen: Generation, ar: Generation) -> dict:
     return {"seconds": gen.seconds, "target_calls": gen.target_calls, "new_tokens": len(gen.tokens),
+            "drafted": gen.drafted, "accepted": gen.accepted,
             "mat": speed.mat(len(gen.tokens), max(gen.target_calls, 1)),
             "speedup": ar.seconds / gen.seconds if gen.seconds else None, "exact_match": gen.tokens == ar.tokens}
 

@@ -55,9 +55,11 @@ class CascadeRun:
 PAPER_REWARD_NOTE = ("the paper's: alpha * alignment (ROUGE-L of the drafter's own output to the target's) + (1 - alpha) * "
                 "(1 - cost) (parameters relative to the largest arm), alpha 0.5.")
 
-MEASURED_REWARD_NOTE = ("measured speed (each arm's speedup on the query over the query's best arm), a labelled substitute for "
-                   "the paper's alignment reward: the draft heads draft on the target's features and cannot generate "
-                   "alone, so they have no ROUGE-L alignment to score.")
+ACCEPTANCE_REWARD_NOTE = ("the paper's reward, alpha * alignment + (1 - alpha) * (1 - cost) (parameters relative to the "
+                          "largest arm), alpha 0.5, with each arm's alignment measured as the acceptance of its drafts "
+                          "along the target's greedy output (accepted / drafted tokens of its speculative run of the "
+                          "query; 1 for the target itself): the draft heads draft on the target's features and cannot "
+                          "generate alone, so the paper's ROUGE-L of a drafter's own output does not exist for them.")
 
 
 @dataclass(frozen=True)

@@ -3,14 +3,14 @@ specialists, and the notes that name the models."""
 
 from __future__ import annotations
 
-from specbench.reproduction.exhibit import GENERALIST, MEASURED_REWARD_NOTE, SPECIALISTS, Layout, MetaRun
+from specbench.reproduction.exhibit import GENERALIST, ACCEPTANCE_REWARD_NOTE, SPECIALISTS, Layout, MetaRun
 from specbench.reproduction.runs import METASD_EAGLE, METASD_EVAL
 
 CPU = Layout(
     name="cpu", scale="CPU scale",
     huang_pair={"eagle_translation": ("translation", "T5-small"), "eagle_summarization": ("summarization", "T5-small-XSum")},
     huang_models="SmolLM2-135M with its translation and summarization draft heads",
-    held_out="16 (per source)", table1_reward=MEASURED_REWARD_NOTE, table4_reward=MEASURED_REWARD_NOTE,
+    held_out="16 (per source)", table1_reward=ACCEPTANCE_REWARD_NOTE, table4_reward=ACCEPTANCE_REWARD_NOTE,
     alpha_arms=("early_exit_8", "early_exit_24"),
     alpha_note="early exits after 8 (cheap, poorly aligned) and 24 (dearer, better aligned) of SmolLM2's 30 layers, on XSum",
     depth_note=("Early exits of SmolLM2 after 8, 16 and 24 of 30 layers (untrained exits, which accept few tokens; the "

@@ -16,11 +16,12 @@ from hydra import compose, initialize_config_dir
 from specbench.configs import conf_dir
 from specbench.errors import SpecbenchError
 from specbench.pipelines import collect, train_policy
-from specbench.policy import load_checkpoint
+from specbench.policy import load_checkpoint, scores
+from specbench.policy.scores import RewardSpec
 from specbench.selection import PolicySelector
 
 TINY = ["target=tiny_llama", "pool=tiny", "dataset.limit=1", "~dataset.sources.code", "decoding.max_new_tokens=6", "warmup.max_new_tokens=0",
-        "collect.max_new_tokens=6"]
+        "collect.max_new_tokens=6", "collect.measure_speculative=true"]
 
 
 def cfg_of(name: str, overrides: list[str]):
@@ -55,6 +56,11 @@ def test_collect_rows(full_run):
             rec = row["arms"][arm]
             assert rec["standalone"] and 0.0 <= rec["alignment"] <= 1.0 and 0.0 < rec["cost_params"] < 1.0
         assert row["embedding_dim"] == len(row["embedding"]) == 64
+        for arm, rec in row["arms"].items():  # the speculative runs keep drafted and accepted tokens
+            spec = rec["spec"]
+            assert 0 <= spec["accepted"] <= spec["drafted"]
+            assert (spec["drafted"] == 0) if arm == "autoregressive" else (arm == "prompt_lookup" or spec["drafted"] > 0)
+            assert spec["new_tokens"] <= spec["accepted"] + spec["target_calls"]  # each call adds at most 1 of its own
         assert 1 <= len(row["target"]["tokens"]) <= 6
 
 
@@ -101,6 +107,11 @@ def test_train_policy_writes_a_checkpoint_the_selector_accepts(full_run, tmp_pat
     train_policy.run(cfg_of("train_policy", [f"data={full_run}", "train.epochs=5", "train.val_fraction=0.5"]), out)
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["arms"] == ["autoregressive", "quantized", "early_exit_1"]  # prompt lookup has no proxy score
+    with_acceptance = tmp_path / "policy_acceptance"  # the speculative runs' acceptance scores every arm
+    train_policy.run(cfg_of("train_policy", [f"data={full_run}", "train.epochs=5", "train.val_fraction=0.5",
+                                             "reward.alignment=acceptance"]), with_acceptance)
+    assert json.loads((with_acceptance / "metrics.json").read_text())["arms"] == \
+        ["autoregressive", "quantized", "prompt_lookup", "early_exit_1"]
     policy = load_checkpoint(out / "policy.pt")
     assert policy.arms == metrics["arms"] and policy.meta["embedding"]["dim"] == 64
     assert policy.meta["embedding"]["target"] == "embedded:tiny_llama"
@@ -116,24 +127,34 @@ def test_train_policy_writes_a_checkpoint_the_selector_accepts(full_run, tmp_pat
 
 def test_reward_sources_and_costs():
     rows = [{"arms": {"autoregressive": {"alignment": 1.0, "cost_params": 1.0, "cost_measured": 1.0,
-                                         "spec": {"speedup": 1.0, "seconds": 2.0}},
-                      "d": {"alignment": 0.6, "cost_params": 0.5, "cost_measured": 0.25, "spec": {"speedup": 2.0, "seconds": 1.0}},
+                                         "spec": {"speedup": 1.0, "seconds": 2.0, "drafted": 0, "accepted": 0}},
+                      "d": {"alignment": 0.6, "cost_params": 0.5, "cost_measured": 0.25,
+                            "spec": {"speedup": 2.0, "seconds": 1.0, "drafted": 10, "accepted": 8}},
                       "pl": {"alignment": None, "cost_params": 0.0, "cost_measured": None,
-                             "spec": {"speedup": 0.5, "seconds": 4.0}}}}]
+                             "spec": {"speedup": 0.5, "seconds": 4.0, "drafted": 0, "accepted": 0}}}}]
     arms = ["autoregressive", "d", "pl"]
-    r = train_policy.rewards(rows, arms, 0.5, "params", "proxy")[0]
+    r = scores.rewards(rows, arms, RewardSpec(0.5, "params", "proxy"))[0]
     assert r[0].item() == pytest.approx(0.5) and r[1].item() == pytest.approx(0.5 * 0.6 + 0.5 * 0.5)
     assert math.isnan(r[2].item())
-    r = train_policy.rewards(rows, arms, 0.0, "measured", "proxy")[0]
+    r = scores.rewards(rows, arms, RewardSpec(0.0, "measured", "proxy"))[0]
     assert r[1].item() == pytest.approx(0.75) and r[0].item() == pytest.approx(0.0)
-    r = train_policy.rewards(rows, arms, 0.5, "params", "measured")[0]
+    r = scores.rewards(rows, arms, RewardSpec(0.5, "params", "measured"))[0]
     assert r.tolist() == pytest.approx([0.5, 1.0, 0.25])
-    sp = train_policy.replay(rows, torch.tensor([0]), arms, ["d"])
+    # acceptance alignment scores every arm: d accepted 8 of 10, pl drafted nothing (0), the target is 1
+    r = scores.rewards(rows, arms, RewardSpec(0.5, "params", "proxy", "acceptance"))[0]
+    assert r.tolist() == pytest.approx([0.5, 0.5 * 0.8 + 0.5 * 0.5, 0.5 * 0.0 + 0.5 * 1.0])
+    sp = scores.replay(rows, torch.tensor([0]), arms, ["d"])
     assert sp["policy"] == pytest.approx(2.0) and sp["oracle"] == pytest.approx(2.0) and sp["pl"] == pytest.approx(0.5)
-    pc = train_policy.proxy_check(rows, arms, 1.0, "params")
+    pc = scores.proxy_check(rows, arms, RewardSpec(1.0, "params"))
     assert pc["queries"] == 1 and pc["top1_agreement"] == 0.0  # proxy prefers autoregressive, d is fastest
     with pytest.raises(SpecbenchError, match="reward.source"):
-        train_policy.rewards(rows, arms, 0.5, "params", "vibes")
+        RewardSpec(0.5, "params", "vibes")
+    with pytest.raises(SpecbenchError, match="reward.alignment"):
+        RewardSpec(0.5, "params", "proxy", "vibes")
+    old = [{"arms": {"autoregressive": rows[0]["arms"]["autoregressive"],
+                     "d": {**rows[0]["arms"]["d"], "spec": {"speedup": 2.0, "seconds": 1.0}}}}]
+    with pytest.raises(SpecbenchError, match="collect again"):  # rows collected before drafted/accepted were kept
+        scores.rewards(old, ["autoregressive", "d"], RewardSpec(0.5, "params", "proxy", "acceptance"))
 
 
 def test_collect_train_eval_through_the_cli(tmp_path):
@@ -143,7 +164,7 @@ def test_collect_train_eval_through_the_cli(tmp_path):
         assert res.returncode == 0, res.stderr[-3000:]
         return res
 
-    run("collect", *TINY, "collect.measure_speculative=true", f"hydra.run.dir={tmp_path / 'c'}")
+    run("collect", *TINY, f"hydra.run.dir={tmp_path / 'c'}")
     res = run("train-policy", f"data={tmp_path / 'c'}", "train.epochs=5", "train.val_fraction=0.5",
               "reward.source=measured",
               "sweep.alpha=[0,1]", "sweep.n_examples=[1,2]", f"hydra.run.dir={tmp_path / 'p'}")
@@ -152,7 +173,7 @@ def test_collect_train_eval_through_the_cli(tmp_path):
         assert (tmp_path / "p" / name).exists(), name
     assert load_checkpoint(tmp_path / "p" / "policy.pt").arms == ["autoregressive", "quantized", "prompt_lookup",
                                                                   "early_exit_1"]
-    run("eval", *TINY[:-1], "dataset.offset=1", "selector=policy",  # held-out rows: the collected ones are refused
+    run("eval", *TINY[:-2], "dataset.offset=1", "selector=policy",  # held-out rows: the collected ones are refused
         f"policy.checkpoint={tmp_path / 'p' / 'policy.pt'}", f"hydra.run.dir={tmp_path / 'e'}")
     summary = pd.read_csv(tmp_path / "e" / "summary.csv")
     pol = summary[(summary.method == "policy") & (summary.task == "all")].iloc[0]
