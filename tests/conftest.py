@@ -23,7 +23,7 @@ import torch
 def private_cache(tmp_path_factory):
     """A per-session ``$SPECBENCH_CACHE`` (shared target answers, drafters named by cache:), holding a
     link to the user's converted embedded model so the slow tests need not convert it again."""
-    from specbench.models.loading import cache_dir
+    from specbench.models.store import cache_dir
 
     real = cache_dir()
     private = tmp_path_factory.mktemp("specbench_cache")

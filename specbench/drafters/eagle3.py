@@ -51,7 +51,8 @@ from specbench.drafters.eagle import (CONFIG_FILE, EagleDrafter, HeadLogits, _da
                                       resolve_checkpoint)
 from specbench.errors import SpecbenchError
 from specbench.models.cache import cache_argument
-from specbench.models.loading import resolve_cached, resolve_dtype
+from specbench.models.devices import resolve_dtype
+from specbench.models.loading import resolve_cached
 from specbench.models.target import Target
 from specbench.records import files_fingerprint
 

@@ -18,7 +18,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from specbench.errors import SpecbenchError
-from specbench.models.loading import AUTO, auto_dtype, dtype_name, resolve_device
+from specbench.models.devices import AUTO, auto_dtype, dtype_name, resolve_device
 from specbench.records import atomic_path
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from omegaconf import DictConfig
 
 from specbench.decoding.cascade import Cascade
 from specbench.decoding.certify import DEFAULT_TOLERANCE, tolerance_for
-from specbench.models.loading import dtype_name
+from specbench.models.devices import dtype_name
 
 
 def tie_tolerance_of(cfg: DictConfig) -> float:

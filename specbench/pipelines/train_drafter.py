@@ -47,13 +47,14 @@ from tqdm.auto import tqdm
 
 from specbench.drafters.eagle import vocab_fingerprint
 from specbench.errors import SpecbenchError
-from specbench.models.loading import cache_dir, make_cache_dir
+from specbench.models.store import cache_dir, make_cache_dir
 from specbench.pipelines import tables
 from specbench.pipelines.prompting import eos_ids_of, load_inputs
 from specbench.pipelines.run_dir import lock_run_dir, start_run
 from specbench.records import atomic_path, atomic_write_text
-from specbench.training.drafter import (TRAINEES, examples_of, held_out_metrics, learned_tokens, response_cache,
-                                        target_dtype_name, target_responses, training_precision)
+from specbench.training.drafter import (TRAINEES, examples_of, held_out_metrics, learned_tokens, target_dtype_name,
+                                        training_precision)
+from specbench.training.responses import response_cache, target_responses
 
 log = logging.getLogger(__name__)
 

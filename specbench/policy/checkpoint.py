@@ -7,8 +7,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Sequence
 
-import logging
-
 import torch
 
 from specbench.errors import SpecbenchError

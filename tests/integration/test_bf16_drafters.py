@@ -264,21 +264,21 @@ def train_drafter_run(cfg, out):
 # ---- unsupported dtype / device combinations ---------------------------------------------------------
 
 def test_fp16_on_a_cpu_without_fp16_is_refused(monkeypatch):
-    from specbench.models import loading
+    from specbench.models import devices
 
-    monkeypatch.setattr(loading, "cpu_fp16_supported", lambda: False)
+    monkeypatch.setattr(devices, "cpu_fp16_supported", lambda: False)
     with pytest.raises(SpecbenchError) as err:
         load_model("embedded:tiny_llama", dtype="float16", device="cpu")
     assert "float16" in err.value.problem and "bfloat16" in err.value.fix
-    loading.check_dtype_supported(torch.bfloat16, torch.device("cpu"))  # bf16 and fp32 are fine
-    loading.check_dtype_supported(torch.float32, torch.device("cpu"))
+    devices.check_dtype_supported(torch.bfloat16, torch.device("cpu"))  # bf16 and fp32 are fine
+    devices.check_dtype_supported(torch.float32, torch.device("cpu"))
 
-    monkeypatch.setattr(loading, "cpu_fp16_supported", lambda: True)
+    monkeypatch.setattr(devices, "cpu_fp16_supported", lambda: True)
     assert load_model("embedded:tiny_llama", dtype="float16", device="cpu").model.dtype == torch.float16
 
 
 def test_cpu_fp16_probe(monkeypatch):
-    from specbench.models import loading
+    from specbench.models import devices
 
     monkeypatch.setattr(torch.cpu, "_is_amx_fp16_supported", lambda: True, raising=False)
-    assert loading.cpu_fp16_supported()
+    assert devices.cpu_fp16_supported()

@@ -11,6 +11,7 @@ from hydra import compose, initialize_config_dir
 
 from specbench.configs import conf_dir
 from specbench.training import drafter as drafter_training
+from specbench.training import responses
 from specbench.training.distill import Example, Teacher, pairs, shared_prefix
 from specbench.errors import SpecbenchError
 from specbench.pipelines import train_drafter
@@ -49,23 +50,23 @@ def test_answers_are_cached_by_prompt_and_a_longer_answer_serves_a_shorter_reque
     calls = []
     generate = target.model.generate
     monkeypatch.setattr(target.model, "generate", lambda **kw: calls.append(kw["input_ids"].shape[0]) or generate(**kw))
-    long = drafter_training.target_responses(target, prompter, queries[:8], cache, 12, eos, batch_size=3)
+    long = responses.target_responses(target, prompter, queries[:8], cache, 12, eos, batch_size=3)
     assert sum(calls) == 8 and len(list(read_jsonl(cache))) == 8
     calls.clear()
-    short = drafter_training.target_responses(target, prompter, queries, cache, 6, eos, batch_size=4)
+    short = responses.target_responses(target, prompter, queries, cache, 6, eos, batch_size=4)
     assert sum(calls) == 4  # only the 4 new prompts are generated; the 8 cached answers serve 6-token requests
     for q in queries[:8]:
         assert short[q.id] == long[q.id][:6]
     # the served prefix is what a direct 6-token greedy generation gives (fp32: batch-independent)
-    fresh = drafter_training.target_responses(target, prompter, queries[:8], tmp_path / "fresh.jsonl", 6, eos, batch_size=8)
+    fresh = responses.target_responses(target, prompter, queries[:8], tmp_path / "fresh.jsonl", 6, eos, batch_size=8)
     assert all(fresh[q.id] == short[q.id] for q in queries[:8])
 
 
 def test_a_cached_answer_that_ended_early_serves_any_length():
     finished = {"ids": [5, 6, 2], "max_new": 12}  # ended with EOS before its 12-token limit
     cut = {"ids": list(range(12)), "max_new": 12}
-    assert drafter_training.cached_answer(finished, 64) == [5, 6, 2]
-    assert drafter_training.cached_answer(cut, 64) is None and drafter_training.cached_answer(cut, 4) == [0, 1, 2, 3]
+    assert responses.cached_answer(finished, 64) == [5, 6, 2]
+    assert responses.cached_answer(cut, 64) is None and responses.cached_answer(cut, 4) == [0, 1, 2, 3]
 
 
 def test_prompt_positions_learn_past_the_shared_opening_and_held_out_scores_stay_on_responses():

