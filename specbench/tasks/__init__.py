@@ -1,6 +1,7 @@
 """Datasets (native record formats), prompt formats and quality metrics."""
 
-from specbench.tasks.datasets import Query, load_dataset_config, load_shots
+from specbench.tasks.datasets import load_dataset_config, load_shots
+from specbench.tasks.formats import Query
 from specbench.tasks.prompts import Prompter, build_prompt, check_templates, render, truncate_fields
 
 __all__ = ["Prompter", "Query", "build_prompt", "check_templates", "load_dataset_config", "load_shots", "render",

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from specbench.errors import SpecbenchError
-from specbench.tasks.datasets import Query
+from specbench.tasks.formats import Query
 
 log = logging.getLogger(__name__)
 STYLES = ("chat", "plain")

