@@ -37,7 +37,8 @@ def _fail(exc: SpecbenchError) -> None:
 def hydra_run(config_name: str, pipeline, args: list[str]) -> None:
     """Run ``pipeline(cfg, output_dir)`` under ``@hydra.main`` with ``args`` as Hydra's argv.
 
-    The composed config is validated (``specbench.validate``) before the pipeline loads anything.
+    The composed config is validated (``specbench.validate``) before the pipeline starts, as every pipeline
+    does again at its door (``run_dir.start_run``) before it loads anything.
     Bad input of any kind (Hydra's composition errors included) stops with ``error:``/``fix:``
     lines and exit code 2; a run that fails before writing any result removes its directory. An
     ``+experiment`` written for another command (its ``# @commands`` header) is refused.
@@ -58,7 +59,7 @@ def hydra_run(config_name: str, pipeline, args: list[str]) -> None:
         with discard_if_unused(Path(out)):
             try:
                 check_experiment_command(HydraConfig.get().runtime.choices.get("experiment"), config_name)
-                validate(cfg)
+                validate(cfg)  # before the pipeline's own first checks (the door repeats it)
                 return pipeline(cfg, out)
             except Exception as exc:  # noqa: BLE001 - bad input is reported, anything else re-raised
                 _fail_or_raise(exc, config_name)
@@ -179,11 +180,11 @@ def merge(sources: list[str] = typer.Argument(..., help="collect output director
           overwrite: bool = typer.Option(False, "--overwrite",
                                          help="replace the rows of a collection already in --out")) -> None:
     """Join the rows of several `specbench collect` shards into one directory."""
-    from specbench.pipelines import collect as pipeline
+    from specbench.pipelines import collected
 
     try:
         check_output_directory(Path(out), "--out")
-        path = pipeline.merge(sources, out, overwrite=overwrite)
+        path = collected.merge(sources, out, overwrite=overwrite)
     except SpecbenchError as exc:
         _fail(exc)
     except OSError as exc:  # a write that fails late: full disk, a read-only mount seen only by writes

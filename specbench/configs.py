@@ -1,14 +1,15 @@
-"""Where the Hydra configs live (the repository's top-level ``conf/``), and reading one option of a
-config group the way Hydra composes it (``load_option``) for code that picks options by name at run
+"""Where the Hydra configs live (the repository's top-level ``conf/``), the groups' options, and reading one
+option of a group through Hydra's compose API (``load_option``) for code that picks options by name at run
 time (``methods: [selector:ucb, ...]``) rather than through Hydra's command line."""
 
 from __future__ import annotations
 
 import os
 import re
+from contextlib import contextmanager
 from pathlib import Path
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from specbench.errors import SpecbenchError
 
@@ -59,7 +60,6 @@ def hydra_overrides(overrides) -> list[str]:
     return [re.sub(r"^\+{1,2}experiment=", "experiment=", str(o)) for o in overrides]
 
 
-_PACKAGE_HEADER = re.compile(r"#\s*@package\s+(\S+)")
 _COMMANDS_HEADER = re.compile(r"#\s*@commands\s+(\S+)")
 
 
@@ -93,148 +93,44 @@ def check_experiment_command(name: str | None, config_name: str) -> None:
                              f"(conf/experiment/{name}.yaml, its '# @commands' line)", f"run {runs}")
 
 
-def load_option(group: str, name: str) -> DictConfig:
-    """``conf/<group>/<name>.yaml`` with its defaults list applied: what Hydra composes under
-    ``<group>`` for ``<group>=<name>``, without composing a whole config.
+@contextmanager
+def composing():
+    """Hydra's compose API over ``conf/``, whatever Hydra holds now: inside a running Hydra app (the CLI), a
+    test's ``initialize_config_dir`` or none. The global Hydra state is set aside and given back after."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
 
-    As in Hydra, a defaults entry names a config relative to the including config's group (``/`` at
-    the start: relative to ``conf/``), ``GROUP: OPTION`` picks an option of a group, ``@PACKAGE``
-    places it relative to the including config's package (``_here_``: at it), and the configs are
-    merged in list order with the including config's own content at ``_self_`` (at the end when the
-    list has no ``_self_``). Not supported (an error): ``override`` entries, interpolated option
-    names, and configs that would land outside ``<group>`` (``_global_`` packages)."""
+    backup = get_gh_backup()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=conf_dir(), version_base=None):
+            yield
+    finally:
+        restore_gh_from_backup(backup)
+
+
+def load_option(group: str, name: str) -> DictConfig:
+    """``conf/<group>/<name>.yaml`` as Hydra composes it for ``<group>=<name>`` (its defaults list applied), the
+    ``<group>`` node alone: for code that picks options by name at run time (``methods: [selector:ucb]``)."""
+    from hydra import compose
+    from hydra.errors import HydraException
+
     group = group.strip("/")
-    path = Path(conf_dir()) / group / f"{name}.yaml"
-    if not path.is_file():
+    if name not in group_options(group):
         options = group_options(group)
         raise SpecbenchError(f"no {group} config named '{name}'",
                              f"use one of: {', '.join(options)}" if options else f"add conf/{group}/{name}.yaml")
-    header = _package_header(path)
-    package = _absolute(header) if header is not None else group.replace("/", ".")
-    return _compose(f"{group}/{name}", package, root=package, seen=())
-
-
-def _package_header(path: Path) -> str | None:
-    """The ``# @package`` of a config file's leading comment block (None: none)."""
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            return None
-        match = _PACKAGE_HEADER.match(line)
-        if match:
-            return match.group(1)
-    return None
-
-
-def _absolute(package: str) -> str:
-    """A package with Hydra's ``_global_`` prefixes resolved to an absolute dotted path."""
-    idx = package.rfind("_global_")
-    if idx == -1:
-        return package
-    return package[idx + len("_global_") + 1:]
-
-
-def _join(parent: str, package: str) -> str:
-    """Hydra's final package: ``package`` relative to ``parent`` (``_global_`` makes it absolute)."""
-    joined = package if not parent else (parent if not package else f"{parent}.{package}")
-    return _absolute(joined)
-
-
-def _compose(config_path: str, package: str, root: str, seen: tuple[str, ...]) -> DictConfig:
-    """The config at ``conf/<config_path>.yaml`` (absolute package ``package``) with its defaults
-    list applied, returned as the node at ``root`` (the package of the option being loaded)."""
-    if config_path in seen:
-        raise SpecbenchError(f"defaults of conf/{config_path}.yaml include themselves ({' -> '.join(seen)})",
-                             "remove the cycle from the defaults lists")
-    seen = (*seen, config_path)
-    file = Path(conf_dir()) / f"{config_path}.yaml"
-    loaded = OmegaConf.load(file)
-    if not isinstance(loaded, DictConfig):
-        raise SpecbenchError(f"conf/{config_path}.yaml is not a mapping", "a config file must hold keys")
-    defaults = loaded.pop("defaults", None)
-    own = _place(loaded, package, root, config_path)
-    if defaults is None:
-        return own
-    if not isinstance(defaults, ListConfig):
-        raise SpecbenchError(f"conf/{config_path}.yaml: defaults must be a list", "write `defaults: [...]`")
-
-    base_dir = config_path.rsplit("/", 1)[0] if "/" in config_path else ""
-    parts: list[DictConfig] = []
-    has_self = False
-    for entry in defaults:
-        if entry == "_self_":
-            has_self = True
-            parts.append(own)
-            continue
-        for child_path, child_package in _entry_configs(entry, base_dir, package, config_path):
-            parts.append(_compose(child_path, child_package, root, seen))
-    if not has_self:
-        parts.append(own)
-    return OmegaConf.merge(*parts) if parts else own
-
-
-def _entry_configs(entry, base_dir: str, parent_package: str, where: str) -> list[tuple[str, str]]:
-    """The (config path, absolute package) pairs one defaults entry stands for."""
-    def fail(why: str) -> SpecbenchError:
-        return SpecbenchError(f"conf/{where}.yaml: defaults entry {entry!r}: {why}",
-                              "load it through Hydra (compose) instead of specbench.configs.load_option")
-
-    optional = False
-    if isinstance(entry, str):
-        key, options = entry, None
-    elif isinstance(entry, DictConfig) and len(entry) == 1:
-        key, options = next(iter(entry.items_ex(resolve=False)))
-        key = str(key)
-        if key.startswith("optional "):
-            optional, key = True, key[len("optional "):].strip()
-        if key.startswith("override "):
-            raise fail("override entries are not supported")
-        if options is None:
-            return []
-        if isinstance(options, ListConfig):
-            options = [str(o) for o in options]
-        else:
-            options = [str(options)]
-        if any("${" in o for o in options):
-            raise fail("interpolated option names are not supported")
-    else:
-        raise fail("not a config path or a `GROUP: OPTION` pair")
-
-    path, at, package = key.partition("@")
-    package = ("" if package == "_here_" else package) if at else None
-    configs = [path] if options is None else [f"{path}/{o}" for o in options]
-    pairs = []
-    for config in configs:
-        absolute = config.startswith("/")
-        rel = config.lstrip("/")
-        full = rel if absolute or not base_dir else f"{base_dir}/{rel}"
-        file = Path(conf_dir()) / f"{full}.yaml"
-        if not file.is_file():
-            if optional:
-                continue
-            raise fail(f"conf/{full}.yaml not found")
-        if package is not None:
-            pkg = package
-        else:
-            header = _package_header(file)
-            # no @PACKAGE: the config's header, else its group path as written in the entry
-            pkg = f"_global_.{header}" if header is not None and not header.startswith("_global_") else header
-            if pkg is None:
-                pkg = rel.rsplit("/", 1)[0].replace("/", ".") if "/" in rel else ""
-        pairs.append((full, _join(parent_package, pkg)))
-    return pairs
-
-
-def _place(node: DictConfig, package: str, root: str, where: str) -> DictConfig:
-    """``node`` (content for absolute ``package``) as a config relative to ``root``."""
-    if package == root:
-        return node
-    if root and not package.startswith(f"{root}."):
-        raise SpecbenchError(f"conf/{where}.yaml lands at '{package or '<the top level>'}', outside '{root}'",
-                             "load it through Hydra (compose) instead of specbench.configs.load_option")
-    rel = package[len(root) + 1:] if root else package
-    for key in reversed(rel.split(".")):
-        node = OmegaConf.create({key: node})
+    try:
+        with composing():
+            cfg = compose(config_name=None, overrides=[f"+{group}={name}"])
+    except HydraException as exc:
+        raise hydra_error(exc, "eval") from exc
+    node = OmegaConf.select(cfg, group.replace("/", "."))
+    if not isinstance(node, DictConfig):
+        raise SpecbenchError(f"conf/{group}/{name}.yaml does not land at '{group.replace('/', '.')}' (its # @package "
+                             "header moves it)", f"drop the header, or set the option with {group}={name} instead")
+    node = OmegaConf.create(OmegaConf.to_container(node, resolve=False))  # a plain (not struct) copy of its own
     return node
 
 

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from specbench.errors import SpecbenchError
 from specbench.models.devices import AUTO, auto_dtype, dtype_name, resolve_device
 from specbench.records import atomic_path
+from specbench.validate import validate
 
 log = logging.getLogger(__name__)
 
@@ -138,10 +139,13 @@ def save_config(cfg, path: Path) -> None:
 
 def start_run(cfg: DictConfig, output_dir: str | Path, files: RunFiles | None = None,
               command: str | None = None) -> Path:
-    """Create the run directory and take it (:func:`lock_run_dir`: one process at a time, one command
-    per directory; ``command`` defaults to Hydra's config name), then (with ``files``: after
-    :func:`claim_run_dir`) save the composed config there (``target.dtype`` resolved:
-    :func:`resolve_target_dtype`; and the settings file of ``files``), apply ``threads``."""
+    """The door every pipeline passes: validate the composed config (:func:`specbench.validate.validate`: the
+    command line and the reproduction plan get the same checks), create the run directory and take it
+    (:func:`lock_run_dir`: one process at a time, one command per directory; ``command`` defaults to Hydra's
+    config name), then (with ``files``: after :func:`claim_run_dir`) save the composed config there
+    (``target.dtype`` resolved: :func:`resolve_target_dtype`; and the settings file of ``files``), apply
+    ``threads``."""
+    validate(cfg)
     resolve_target_dtype(cfg)
     out = Path(output_dir)
     if out.exists() and not out.is_dir():

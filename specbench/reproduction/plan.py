@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
+from hydra import compose
 
-from specbench.configs import conf_dir, hydra_error, hydra_overrides
+from specbench.configs import composing, hydra_error, hydra_overrides
 from specbench.errors import SpecbenchError
 from specbench.reproduction.exhibits import plan_at
 from specbench.reproduction.records import DONE
@@ -193,7 +193,7 @@ def compose_step(step: Step, overrides: list[str], adapt: Callable[[Step, object
     from specbench.validate import validate
 
     try:
-        with initialize_config_dir(config_dir=conf_dir(), version_base=None):
+        with composing():
             cfg = compose(config_name=step.command, overrides=hydra_overrides(overrides))
     except (ConfigCompositionException, OverrideParseException) as exc:
         err = hydra_error(exc, step.command)

@@ -199,6 +199,8 @@ def local_data(cfg, root: Path) -> None:
         path = root / f"{key}-{split}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in rows_of(str(source.format), source, split)))
         OmegaConf.update(cfg, f"{key}.path", str(path))
+    if OmegaConf.is_missing(cfg.dataset, "path") and named:  # a source that reads ${dataset.path} (Spec-Bench)
+        cfg.dataset.path = str(cfg.dataset.sources[named[0][0].rsplit(".", 1)[1]].path)
 
 
 def tiny_run(cfg, stand_ins: StandIns, root: Path, limit: int = 1) -> None:
@@ -277,11 +279,12 @@ def test_paper_experiment_dry_run(name, stand_ins, tmp_path):
         return
     if commands == ["collect", "eval"]:  # context-aware selection: collect -> train-policy -> eval with the policy
         from specbench.pipelines import collect, train_policy
+        from specbench.pipelines import collected
 
         cfg = compose_for("collect", [f"experiment={name}", "collect.measure_speculative=true"])
         tiny_run(cfg, stand_ins, tmp_path / "collect", limit=4)
         collect.run(cfg, tmp_path / "c")
-        rows = collect.read_rows([tmp_path / "c"])
+        rows = collected.read_rows([tmp_path / "c"])
         assert rows and all(set(r["arms"]) == set(rows[0]["arms"]) for r in rows)
         train_policy.run(compose_for("train_policy", [f"data={tmp_path / 'c'}", "train.epochs=2",
                                                       "train.val_fraction=0.5"]), tmp_path / "p")  # >= 2 held-out rows
