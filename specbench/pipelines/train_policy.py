@@ -29,7 +29,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from specbench.errors import SpecbenchError
-from specbench.pipelines.collect import collection_settings, incomplete, read_rows
+from specbench.pipelines.collected import collection_settings, incomplete, read_rows
 from specbench.pipelines.policy_plots import plot_alpha, plot_data_efficiency
 from specbench.pipelines.tables import print_table, write_csv, write_tables
 from specbench.pipelines.run_dir import differences, start_run
@@ -129,7 +129,7 @@ def fit(rows, X, arms, cfg, spec: RewardSpec, **overrides) -> tuple[TrainResult,
 
 def check_complete(sources: list[str], allow: bool) -> None:
     """Refuse to train on an incomplete collection (missing shard files, a collect that stopped before all
-    its rows: ``collect.incomplete``) unless ``train.allow_incomplete``: then warn."""
+    its rows: ``collected.incomplete``) unless ``train.allow_incomplete``: then warn."""
     problems = incomplete(sources)
     if not problems:
         return

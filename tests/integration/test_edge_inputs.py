@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from specbench.models import loading
-from specbench.pipelines import collect
+from specbench.models import store
+from specbench.pipelines import collected
 from tests.integration.test_errors_cli import TINY, assert_clear_error, no_model_loads, run  # noqa: F401
 
 TINY_T5 = ["target=tiny_t5", "pool=tiny_t5_hf", "dataset.limit=1", "decoding.max_new_tokens=4",
@@ -69,7 +69,7 @@ def test_merge_out_unwritable(tmp_path, monkeypatch):
 
     def merge(sources, out, overwrite=False):  # the write itself fails (a read-only mount, as root sees one)
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(out))
-    monkeypatch.setattr(collect, "merge", merge)
+    monkeypatch.setattr(collected, "merge", merge)
     code, err, _ = run("merge", str(src), "--out", str(out))
     assert_clear_error(code, err, f"error: cannot write the merged rows into {out}: Read-only file system",
                        "--out <a new or writable directory>")
@@ -108,7 +108,7 @@ def test_an_experiment_for_another_command(tmp_path, no_model_loads, command, ex
 def test_an_unwritable_model_cache(tmp_path, monkeypatch):
     def convert(pkg_dir, tmp):
         raise AssertionError("the embedded model was converted")
-    monkeypatch.setattr(loading, "_convert_smollm2", convert)
+    monkeypatch.setattr(store, "convert_smollm2", convert)
     (tmp_path / "file").write_text("not a directory")
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "file" / "cache"))
     code, err, _ = run("eval", "target=smollm2_135m", "pool=tiny", "dataset.limit=1", "decoding.max_new_tokens=4",

@@ -15,6 +15,7 @@ from hydra import compose, initialize_config_dir
 from specbench.configs import conf_dir
 from specbench.errors import SpecbenchError
 from specbench.pipelines import collect, evaluate, spec_bench, train_policy
+from specbench.pipelines import collected
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SPEC_BENCH = FIXTURES / "spec_bench_question.jsonl"
@@ -121,7 +122,7 @@ def test_eval_refuses_a_policy_trained_on_its_queries(tmp_path):
     contains any of them, and accepted on a disjoint one (dataset.offset past the collected rows)."""
     base = TINY + ["pool=tiny_llama_hf", "dataset.limit=2"]
     collect.run(cfg_of("collect", base + ["collect.max_new_tokens=5"]), tmp_path / "c")
-    rows = collect.read_rows([tmp_path / "c"])
+    rows = collected.read_rows([tmp_path / "c"])
     assert all(len(r["fingerprint"]) == 16 for r in rows)
     train_policy.run(cfg_of("train_policy", [f"data={tmp_path / 'c'}", "train.epochs=2"]), tmp_path / "p")
     policy = ["selector=policy", f"policy.checkpoint={tmp_path / 'p' / 'policy.pt'}",

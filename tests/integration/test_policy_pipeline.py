@@ -16,6 +16,7 @@ from hydra import compose, initialize_config_dir
 from specbench.configs import conf_dir
 from specbench.errors import SpecbenchError
 from specbench.pipelines import collect, train_policy
+from specbench.pipelines import collected
 from specbench.policy import load_checkpoint, scores
 from specbench.policy.scores import RewardSpec
 from specbench.selection import PolicySelector
@@ -45,7 +46,7 @@ def full_run(tmp_path_factory):
 
 
 def test_collect_rows(full_run):
-    rows = collect.read_rows([full_run])
+    rows = collected.read_rows([full_run])
     assert len(rows) == 4 and [r["index"] for r in rows] == [0, 1, 2, 3]  # 4 embedded tasks x limit 1
     for row in rows:
         assert set(row["arms"]) == {"autoregressive", "quantized", "prompt_lookup", "early_exit_1"}
@@ -73,17 +74,17 @@ def test_interrupted_collect_resumes_to_the_same_rows(full_run, tmp_path):
     collect.run(cfg_of("collect", TINY), out)
     resumed = [json.loads(x) for x in (out / "rows.jsonl").read_text().splitlines()]
     assert len(resumed) == len({r["query_id"] for r in resumed}) == 4
-    assert [deterministic(r) for r in collect.read_rows([out])] == \
-        [deterministic(r) for r in collect.read_rows([full_run])]
+    assert [deterministic(r) for r in collected.read_rows([out])] == \
+        [deterministic(r) for r in collected.read_rows([full_run])]
 
 
 def test_shards_merged_equal_one_run(full_run, tmp_path):
     for shard in (0, 1):
         collect.run(cfg_of("collect", TINY + [f"collect.shard={shard}", "collect.num_shards=2"]), tmp_path / f"s{shard}")
-    assert len(collect.read_rows([tmp_path / "s0"])) == 2
-    merged = collect.merge([str(tmp_path / "s0"), str(tmp_path / "s1")], tmp_path / "merged")
-    assert [deterministic(r) for r in collect.read_rows([merged.parent])] == \
-        [deterministic(r) for r in collect.read_rows([full_run])]
+    assert len(collected.read_rows([tmp_path / "s0"])) == 2
+    merged = collected.merge([str(tmp_path / "s0"), str(tmp_path / "s1")], tmp_path / "merged")
+    assert [deterministic(r) for r in collected.read_rows([merged.parent])] == \
+        [deterministic(r) for r in collected.read_rows([full_run])]
 
 
 def test_collect_refuses_a_directory_of_another_config(full_run, tmp_path):
@@ -92,7 +93,7 @@ def test_collect_refuses_a_directory_of_another_config(full_run, tmp_path):
     with pytest.raises(SpecbenchError, match="different config .*collect"):
         collect.run(cfg_of("collect", TINY + ["collect.alignment=bleu"]), out)
     collect.run(cfg_of("collect", TINY + ["collect.alignment=bleu", "collect.overwrite=true"]), out)
-    assert len(collect.read_rows([out])) == 4
+    assert len(collected.read_rows([out])) == 4
 
 
 def test_bad_collect_settings(tmp_path):
@@ -178,3 +179,13 @@ def test_collect_train_eval_through_the_cli(tmp_path):
     summary = pd.read_csv(tmp_path / "e" / "summary.csv")
     pol = summary[(summary.method == "policy") & (summary.task == "all")].iloc[0]
     assert pol.exact_match == 1.0 and pol.n_examples == 4
+
+
+def test_pipelines_validate_their_config_at_the_door(tmp_path):
+    """Validation runs inside the pipelines (run_dir.start_run), not only on the command line: a pipeline called
+    directly, as the reproduction plan does, refuses a bad value before it makes its run directory."""
+    with pytest.raises(SpecbenchError, match="reward.alpha"):
+        train_policy.run(cfg_of("train_policy", [f"data={tmp_path}", "reward.alpha=2"]), tmp_path / "p")
+    with pytest.raises(SpecbenchError, match="decoding.max_new_tokens"):
+        collect.run(cfg_of("collect", TINY + ["decoding.max_new_tokens=-1"]), tmp_path / "c")
+    assert not (tmp_path / "p").exists() and not (tmp_path / "c").exists()

@@ -20,6 +20,7 @@ from hydra import compose, initialize_config_dir
 from specbench.configs import conf_dir
 from specbench.errors import SpecbenchError
 from specbench.pipelines import cascades, collect, evaluate, tables, spec_bench, train_policy
+from specbench.pipelines import collected
 from specbench.pipelines.run_dir import CLAIM_FILE, RunDirTaken, lock_run_dir, run_command
 from specbench.pipelines.run_records import Records
 from specbench.records import atomic_path, files_fingerprint, read_jsonl
@@ -305,7 +306,7 @@ def test_train_policy_refuses_a_collect_that_stopped_early(tmp_path):
     with pytest.raises(SpecbenchError, match=f"has {len(rows) - 1} of its {len(rows)} rows"):
         train_policy.run(cfg_of("train_policy", [f"data={cl}", "train.val_fraction=0.5"]), tmp_path / "tp")
     merged = tmp_path / "m"
-    collect.merge([str(cl)], merged)  # the merged collection keeps the size, and is refused the same way
+    collected.merge([str(cl)], merged)  # the merged collection keeps the size, and is refused the same way
     with pytest.raises(SpecbenchError, match="incomplete"):
         train_policy.run(cfg_of("train_policy", [f"data={merged}", "train.val_fraction=0.5"]), tmp_path / "tp3")
 

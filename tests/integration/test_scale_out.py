@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 
 from specbench.configs import conf_dir
 from specbench.pipelines import collect
+from specbench.pipelines import collected
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher",
                     reason="hydra-submitit-launcher is not installed (pip install 'specbench[slurm]')")
@@ -41,12 +42,12 @@ def test_two_submitit_shards_merge_into_one_unsharded_run(tmp_path):
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     assert (sweep / "0" / "rows-00000-of-00002.jsonl").exists() and (sweep / "1" / "rows-00001-of-00002.jsonl").exists()
     assert list((sweep / ".submitit").iterdir()), "the jobs did not go through submitit"
-    merged = collect.merge([str(sweep / "0"), str(sweep / "1")], tmp_path / "merged")
+    merged = collected.merge([str(sweep / "0"), str(sweep / "1")], tmp_path / "merged")
 
     with initialize_config_dir(config_dir=conf_dir(), version_base=None):
         cfg = compose(config_name="collect", overrides=TINY)
     collect.run(cfg, tmp_path / "one")
-    one = collect.read_rows([tmp_path / "one"])
-    both = collect.read_rows([merged.parent])
+    one = collected.read_rows([tmp_path / "one"])
+    both = collected.read_rows([merged.parent])
     assert len(one) == 4
     assert [deterministic(r) for r in both] == [deterministic(r) for r in one]

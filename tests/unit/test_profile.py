@@ -15,6 +15,7 @@ from specbench import profiling
 from specbench.configs import conf_dir
 from specbench.errors import SpecbenchError
 from specbench.pipelines import profile as pipeline
+from specbench.pipelines import profile_tables
 from specbench.validate import validate
 
 
@@ -110,12 +111,12 @@ PROF = {"target": "m", "dtype": "float32", "device": "cpu", "q": [1, 2, 4], "con
 
 
 def test_verify_table_rows_are_contexts_and_columns_q():
-    table = pipeline.verify_table(PROF)
+    table = profile_tables.verify_table(PROF)
     assert list(table.columns) == ["context", "step_ms", "q=1", "q=2", "q=4"]
     assert list(table.context) == ["128", "512"]
     assert list(table.step_ms) == pytest.approx([20.0, 40.0])
     assert list(table["q=2"]) == [1.5, 1.25]
-    verify_md, drafter_md = pipeline.profile_markdown(PROF)
+    verify_md, drafter_md = profile_tables.profile_markdown(PROF)
     lines = verify_md.splitlines()
     assert len(lines) == 2 + 2  # header, separator, one line per context
     assert all(line.count("|") == 6 for line in lines)  # 5 columns
@@ -124,7 +125,7 @@ def test_verify_table_rows_are_contexts_and_columns_q():
 
 
 def test_profile_rows_one_per_point_and_drafter():
-    rows = pipeline.profile_rows(PROF)
+    rows = profile_tables.profile_rows(PROF)
     assert list(rows.columns) == ["kind", "name", "context", "q", "seconds", "relative"]
     target = rows[rows.kind == "target"]
     assert len(target) == 6 and set(target.context) == {128, 512}
@@ -136,11 +137,11 @@ def test_profile_rows_one_per_point_and_drafter():
 
 def test_best_k_tables_from_rounds():
     rounds = full([0, 2, 4, 4], K=2, name="a")  # min(a, 2) for K = 2
-    summary, curve = pipeline.best_k_tables(PROF, rounds)  # only drafter a has rounds; q = 2, 4: k = 1, 3
+    summary, curve = profile_tables.best_k_tables(PROF, rounds)  # only drafter a has rounds; q = 2, 4: k = 1, 3
     assert list(summary.drafter) == ["a"] and summary.K.item() == 2
     assert list(curve.k) == [1, 3] and list(curve.extrapolated) == [False, True]
     with pytest.raises(SpecbenchError, match="no rounds of fixed:<drafter>"):
-        pipeline.best_k_tables(PROF, full([1], name="zzz"))
+        profile_tables.best_k_tables(PROF, full([1], name="zzz"))
 
 
 def test_interleaved_rotates_and_drops_the_warm_up():

@@ -13,7 +13,7 @@ from transformers import LlamaConfig, T5Config
 from specbench.decoding.loop import Limits
 from specbench.errors import SpecbenchError
 from specbench.pipelines.bench import hf_unsupported
-from specbench.pipelines.collect import missing_shards
+from specbench.pipelines.collected import missing_shards
 from specbench.pipelines.prompting import CONTEXT_KEYS, Context
 from specbench.pipelines.run_dir import RunFiles, claim_run_dir, differences, settings
 from specbench.pipelines.train_policy import check_held_out
