@@ -51,6 +51,24 @@ def faster_on(ex: pd.DataFrame, claim: str, a: str, b: str, task: str | None = N
     return V.faster(claim, timed(p[a]), timed(p[b]), names, threshold=threshold, at_least=at_least, **kw)
 
 
+ORACLE = "per-query oracle"
+
+
+def with_oracle(ex: pd.DataFrame, arms: list[str], name: str = ORACLE) -> pd.DataFrame:
+    """``ex`` with the records of a per-query oracle added (method ``name``): on each query every one of ``arms``
+    ran in one process, the record of the arm that was fastest there (least seconds per new token), chosen in
+    hindsight from the same timings (so the oracle gains from their noise as well)."""
+    p = paired(ex, arms)
+    if not p or any(v.empty for v in p.values()):
+        return ex
+    per_token = pd.DataFrame({a: v.seconds.astype(float) / v.new_tokens.astype(float).clip(lower=1)
+                              for a, v in p.items()})
+    best = per_token.idxmin(axis=1)
+    rows = pd.DataFrame([p[best[q]].loc[q] for q in per_token.index]).rename_axis("query_id").reset_index()
+    rows["method"] = name
+    return pd.concat([ex, rows[list(ex.columns)]], ignore_index=True)
+
+
 def short_name(method: str) -> str:
     return method.split(":", 1)[1] if method.startswith("fixed:") else method
 

@@ -131,7 +131,7 @@ def test_the_report_index_is_written_into_the_readme_between_its_markers(tmp_pat
         assert "9.99x" not in text and text.count(render.README_BEGIN) == 1
         assert "(docs/reproduction/huang/table1.md)" in text and "(docs/reproduction/REPORT.md)" in text
         row = next(line for line in text.splitlines() if "huang/table1.md" in line)
-        assert row.endswith("| 2 | 0 | 0 |")  # Table 1's two verdicts counted by mark, not copied
+        assert row.endswith("| 3 | 0 | 0 |")  # Table 1's three verdicts counted by mark, not copied
         assert text.startswith("# Tool\n") and text.endswith("## Errors\n")
         assert "Not run yet: " in text
     readme.write_text("# no markers\n")

@@ -343,7 +343,25 @@ def test_table4_judges_the_live_policy_against_the_best_drafter_and_autoregressi
     pd.DataFrame([{"task": t, "method": m, "speedup": v} for t in ("math", "all")
                   for m, v in {"autoregressive": 1.0, **speedups}.items()]).to_csv(run / "summary.csv", index=False)
     ex = huang_table4(tmp_path, [], CPU)
-    faster, holds = ex.verdicts
+    faster, holds, oracle = ex.verdicts
     assert faster.held is True and "eagle_math" in faster.line()  # against the best drafter alone, not the int8 one
     assert holds.held is True  # 0.99 of autoregressive speed: at least 0.95
+    assert "per-query oracle" in oracle.claim and oracle.n == 8  # the oracle: autoregressive on every query here
+    assert oracle.held is True and oracle.effect == pytest.approx(0.99, abs=0.02)
     assert "replayed" in ex.table.columns  # train-policy's replayed figures stay beside, labelled
+
+
+def test_the_per_query_oracle_takes_the_fastest_arm_of_each_query():
+    rows = []
+    for q in range(20):  # arm a is faster on even queries, b on odd ones; the policy plays a throughout
+        a, b = (1.0, 1.5) if q % 2 == 0 else (1.5, 1.0)
+        rows += [{"query_id": f"q{q}", "task": "t", "method": m, "seconds": s, "new_tokens": 10.0, "process": "p"}
+                 for m, s in (("fixed:a", a), ("fixed:b", b), ("policy", a))]
+    ex = pd.DataFrame(rows)
+    with_o = C.with_oracle(ex, ["fixed:a", "fixed:b"])
+    oracle = with_o[with_o.method == C.ORACLE].set_index("query_id").seconds
+    assert len(oracle) == 20 and (oracle == 1.0).all()
+    assert len(with_o) == len(ex) + 20 and (with_o[with_o.method != C.ORACLE] == ex).all().all()
+    held = C.faster_on(with_o, "the policy holds 0.95 of the oracle", "policy", C.ORACLE, threshold=0.95, at_least=True)
+    assert held.held is False and held.effect == pytest.approx(20 / 25)  # slower on half the queries: 1.5 s vs 1 s
+    assert C.faster_on(with_o, "", "policy", C.ORACLE, threshold=0.6, at_least=True).held is True
