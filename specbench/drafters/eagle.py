@@ -41,7 +41,8 @@ from specbench.decoding.sampling import logits_to_probs, pick
 from specbench.decoding.verify import block_divergence
 from specbench.errors import SpecbenchError
 from specbench.models.cache import cache_argument, common_prefix, crop_cache
-from specbench.models.loading import resolve_cached, resolve_dtype
+from specbench.models.devices import resolve_dtype
+from specbench.models.loading import resolve_cached
 from specbench.models.target import Target
 from specbench.records import files_fingerprint
 
@@ -229,6 +230,12 @@ class HeadLogits:
             self.weight = rows.detach().to(self.dtype).clone()
             self.bias = None if bias is None else (bias if d2t is None else bias[d2t]).detach().to(self.dtype).clone()
 
+    @property
+    def key(self) -> tuple:
+        """Equal for heads whose logits are one and the same product (the target's LM head in its own dtype,
+        no sub-vocabulary), so that their rows may be computed together; ``(None, id)`` otherwise."""
+        return (id(self.lm_head), self.dtype) if self.weight is None else (None, id(self))
+
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         """``[..., H]`` -> float32 logits over the draft vocabulary (``[..., N]``, or ``[..., V]``)."""
         h = h.to(self.dtype)
@@ -313,43 +320,47 @@ class EagleDrafter(Drafter):
         return Draft(tokens=out, probs=torch.stack(rows), raw=torch.stack(raw))
 
     @torch.inference_mode()
-    def replay(self, query: DecodeContext, context: list[int], draft: list[int], sampling):
-        """The head's distributions along a played ``draft`` from the committed ``context``:
-        ``(probs [n, V], logits [n, V])`` in the full vocabulary (zero / -inf outside a sub-vocabulary),
-        or None when there is no committed feature yet. ``q_0`` is what ``propose`` would start from;
-        ``q_j`` follows ``draft[:j]`` (``n - 1`` head steps, no target call). The chain's cache positions
-        are draft pairs: the next ``sync`` crops them (``real`` is not extended)."""
+    def chain(self, query: DecodeContext, context: list[int], draft: list[int]) -> torch.Tensor | None:
+        """The head's hidden states ``[len(draft), H]`` along a played ``draft`` from the committed ``context``
+        (row ``j`` drafts position ``j``: row 0 is what ``propose`` would start from, row ``j`` follows
+        ``draft[:j]``; ``len(draft) - 1`` head steps, no target call), or None when there is no committed
+        feature yet. The chain's cache positions are draft pairs: the next ``sync`` crops them (``real`` is not
+        extended)."""
         self.sync(query, context)
         h = self._hat
         self._hat = None
         if h is None or not draft:
             return None
-        subs = []
-        for j in range(len(draft)):
-            subs.append(self.logits(h))
-            if j + 1 < len(draft):
-                h = self._feed(h[None], [draft[j]])[-1]
-        sub = torch.stack(subs)
+        hs = [h]
+        for j in range(len(draft) - 1):
+            hs.append(self._feed(hs[-1][None], [draft[j]])[-1])
+        return torch.stack(hs)
+
+    def replay(self, query: DecodeContext, context: list[int], draft: list[int], sampling):
+        """The head's distributions along a played ``draft``: ``(probs [n, V], logits [n, V])`` in the full
+        vocabulary (zero / -inf outside a sub-vocabulary), or None (see :meth:`chain`)."""
+        hs = self.chain(query, context, draft)
+        return None if hs is None else self.distributions(self.logits(hs), sampling)
+
+    def distributions(self, sub: torch.Tensor, sampling) -> tuple[torch.Tensor, torch.Tensor]:
         return self.logits.to_full(logits_to_probs(sub, sampling), 0.0), self.logits.to_full(sub, float("-inf"))
 
     def observe(self, v: Verification) -> float | None:
         """Under full information, on a round this head did not play: its Block Divergence at the
         ``len(draft)`` positions the target scored (the played draft's context, as early exits do),
-        carrying the greedy acceptance it would have had (``HeadObservation``)."""
+        carrying the greedy acceptance it would have had (``HeadObservation``). The heads that share the
+        target's LM head (no sub-vocabulary) are scored together: each walks its own chain, then one LM-head
+        product covers every head's rows (on CPUs, reading that weight is most of a head's step)."""
         if v.played == self.name or not v.draft or v.p is None or v.query is None or v.context is None:
             return None
         if not v.query.side_observations:
             return None
-        replayed = self.replay(v.query, v.context, v.draft, v.sampling)
-        if replayed is None:
-            return None
-        probs, full = replayed
-        n = len(v.draft)
-        bd = block_divergence(v.draft, probs, v.p, n)
-        accepted, exact = None, False
-        if v.sampling.greedy:
-            accepted, exact = self._greedy_acceptance(v, probs, full)
-        return HeadObservation(bd, accepted, exact, len(v.context))
+        key = ("eagle_replay", self.logits.key)
+        if key not in v.cache:
+            heads = [d for name, d in v.peers.items() if name != v.played and isinstance(d, EagleDrafter)
+                     and d.logits.key == self.logits.key] if self.logits.key[0] is not None else [self]
+            v.cache[key] = observations(v, heads)
+        return v.cache[key].get(self.name)
 
     def _greedy_acceptance(self, v: Verification, probs: torch.Tensor, full: torch.Tensor) -> tuple[int, bool]:
         """What greedy verification would have kept of this head's own draft, walked along the played
@@ -369,6 +380,24 @@ class EagleDrafter(Drafter):
             if d != v.draft[j]:
                 return j + 1, False  # the played draft was rejected here; the head's goes on unscored
         return min(n, k), False  # the played draft ended before the head's would have
+
+
+def observations(v: Verification, heads: list[EagleDrafter]) -> dict[str, "HeadObservation"]:
+    """Each head's observation of the round ``v`` (heads sharing one logits product: ``HeadLogits.key``): every
+    head's chain along the played draft, then the logits of all their rows in one product."""
+    chains = {d.name: c for d in heads if (c := d.chain(v.query, v.context, v.draft)) is not None}
+    if not chains:
+        return {}
+    by_name = {d.name: d for d in heads}
+    subs = by_name[next(iter(chains))].logits(torch.cat(list(chains.values())))
+    out, n = {}, len(v.draft)
+    for i, name in enumerate(chains):
+        d = by_name[name]
+        probs, full = d.distributions(subs[i * n:(i + 1) * n], v.sampling)
+        bd = block_divergence(v.draft, probs, v.p, n)
+        accepted, exact = d._greedy_acceptance(v, probs, full) if v.sampling.greedy else (None, False)
+        out[name] = HeadObservation(bd, accepted, exact, len(v.context))
+    return out
 
 
 class HeadObservation(float):
