@@ -19,7 +19,7 @@ TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
 .PHONY: install demo readme-demo test test-slow test-all bench clean metasd-cpu huang-cpu \
-	cascades-cpu specialist-data specialist-levers specialists ship-heads specialists-eval reproduce-cpu report paper-dry-run paper-drafters \
+	cascades-cpu specialist-data specialist-levers specialists ship-heads specialists-eval draft-confidence reproduce-cpu report paper-dry-run paper-drafters \
 	reproduce-paper
 
 install: $(ENVIRONMENT)
@@ -133,6 +133,11 @@ ship-heads: install
 # bandit feedback and with full information over the pool.
 specialists-eval: install
 	$(SPECBENCH) eval +experiment=specialists_cpu threads=$(THREADS) hydra.run.dir=$(SPECIALISTS_OUT)/eval
+
+# Dynamic draft length (conf/experiment/draft_confidence.yaml): the math and translation heads at k=4, and with a
+# draft that stops below a confidence of 0.3 / 0.5 but may run to 6 tokens, on 8 held-out rows of each task.
+draft-confidence: install
+	$(SPECBENCH) eval experiment=draft_confidence threads=$(THREADS) hydra.run.dir=$(SPECIALISTS_OUT)/draft_confidence
 
 # Every CPU-scale reproduction (Huang et al. Tables 1, 4, 6 and Figs. 2, 3; MetaSD's main table, heads,
 # bandits, reward variance, convergence, full information, switching costs and a non-stationary stream;
