@@ -121,9 +121,12 @@ def long_config(key: str):
 
 def unique_scenarios(names: list[str] | None = None) -> dict[str, object]:
     """``{"<experiment>/<command>": tiny config}``, one per distinct tiny config (many experiments
-    differ only in what the tiny swap replaces), then the long bandit scenarios (:data:`LONG`)."""
+    differ only in what the tiny swap replaces), then the long bandit scenarios (:data:`LONG`). Of experiments
+    with one tiny config, the one the fixture already records names it, so a new experiment that adds no new
+    config does not rename a recorded scenario."""
+    recorded = {key.split("/", 1)[0] for key in json.loads(FIXTURE.read_text())} if FIXTURE.exists() else set()
     seen, out = set(), {}
-    for name in names or experiments():
+    for name in sorted(names or experiments(), key=lambda n: (n not in recorded, n)):
         for command in commands_for(name):
             cfg = tiny_config(name, command)
             key = command + OmegaConf.to_yaml(cfg)
