@@ -26,16 +26,14 @@ it into the next-token distribution. Drafting continues on its own predicted fea
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
-from pathlib import Path
 
 import torch
 from torch import nn
 from transformers import DynamicCache
 
 from specbench.decoding.drafter import Draft, Drafter, DecodeContext, Verification, draft_ends
-from specbench.drafters import shipped
+from specbench.drafters.head_files import (load_state, read_meta, resolve_checkpoint,
+                                           vocab_fingerprint)
 from specbench.drafters.base import check_confidence_threshold
 from specbench.decoding.sampling import logits_to_probs, pick
 from specbench.decoding.verify import block_divergence
@@ -45,16 +43,6 @@ from specbench.models.devices import resolve_dtype
 from specbench.models.loading import resolve_cached
 from specbench.models.target import Target
 from specbench.records import files_fingerprint
-
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-
-
-def vocab_fingerprint(tokenizer) -> str:
-    """A short hash of the tokenizer's (token, id) pairs: equal fingerprints, same ids."""
-    items = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
-    return hashlib.sha256(json.dumps(items, ensure_ascii=False).encode()).hexdigest()[:16]
-
 
 def family_config(target_config, layers: int):
     """The target's config for an N-layer head stack: no vocabulary of its own (inputs are embeddings)."""
@@ -103,71 +91,11 @@ class EagleHead(nn.Module):
         return out.last_hidden_state
 
 
-DAMAGED_FIX = ("replace the checkpoint with an intact copy: train it again (`specbench train-drafter`, into a "
-               "new directory or after deleting this one) or download the head again")
-
-
-def load_state(path: Path) -> dict[str, torch.Tensor]:
-    """The head's tensors from a checkpoint directory (safetensors, or the original ``pytorch_model.bin``);
-    a file that cannot be read (truncated, damaged, not a checkpoint) is an error naming it."""
-    if (path / WEIGHTS_FILE).exists():
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        try:
-            return load_file(str(path / WEIGHTS_FILE))
-        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-            raise _damaged(path / WEIGHTS_FILE, exc) from exc
-    if (path / "pytorch_model.bin").exists():
-        try:
-            return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - a damaged pickle can fail with any error type (AssertionError too)
-            raise _damaged(path / "pytorch_model.bin", exc) from exc
-    raise SpecbenchError(f"{path} holds no head weights ({WEIGHTS_FILE} or pytorch_model.bin)",
-                         "point the drafter's checkpoint at a directory written by `specbench train-drafter` "
-                         "or an EAGLE-1 head")
-
-
-def _damaged(file: Path, exc: Exception) -> SpecbenchError:
-    reason = str(exc).splitlines()[0] if str(exc) else ""
-    reason = reason.split(". ")[0]  # torch's messages run on with advice that does not apply here
-    return SpecbenchError(f"draft head file {file} cannot be read ({type(exc).__name__}: {reason[:200]})", DAMAGED_FIX)
-
-
-def resolve_checkpoint(checkpoint: str, make_target: str | None = None) -> Path:
-    """A local directory, ``package:<name>`` (a head shipped with specbench: ``drafters/shipped.py``),
-    ``cache:<path>`` (under ``$SPECBENCH_CACHE``, where ``train-drafter`` writes), or a hub id downloaded
-    once (users with hub access)."""
-    if str(checkpoint).startswith(shipped.PREFIX):
-        return shipped.resolve_package(str(checkpoint), make_target)
-    local = resolve_cached(checkpoint, make_target)
-    if local is not None:
-        return local
-    path = Path(str(checkpoint)).expanduser()
-    if "/" in str(checkpoint) and not path.exists() and not str(checkpoint).startswith((".", "/", "~")):
-        try:
-            from huggingface_hub import snapshot_download
-
-            return Path(snapshot_download(str(checkpoint)))
-        except Exception as exc:  # noqa: BLE001 - offline, unknown repo, no access: one clear message
-            raise SpecbenchError(f"could not fetch the draft head '{checkpoint}' from the hub ({type(exc).__name__})",
-                                 "pass a local directory, or check the hub id and your network") from exc
-    fix = f"build it with `{make_target}`" if make_target else "train one with `specbench train-drafter`"
-    raise SpecbenchError(f"draft head checkpoint {checkpoint} not found", fix)
-
-
 def load_head(checkpoint: str, target: Target, make_target: str | None = None, dtype: torch.dtype | None = None):
     """``(EagleHead, d2t | None, meta)`` from a checkpoint directory or hub id, checked against ``target``;
     the head in ``dtype`` (None: the target's)."""
     path = resolve_checkpoint(checkpoint, make_target)
-    meta = {}
-    if (path / CONFIG_FILE).exists():
-        try:
-            meta = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise _damaged(path / CONFIG_FILE, exc) from exc
-        if not isinstance(meta, dict):
-            raise _damaged(path / CONFIG_FILE, ValueError(f"a JSON {type(meta).__name__}, not an object"))
+    meta = read_meta(path)
     mine = meta.get("specbench") or {}
     if mine.get("vocab") and mine["vocab"] != vocab_fingerprint(target.tokenizer):
         raise SpecbenchError(
@@ -194,19 +122,6 @@ def load_head(checkpoint: str, target: Target, make_target: str | None = None, d
                              f"unexpected {unexpected[:3]})", "use a head trained for this target's family")
     head.load_state_dict(state)
     return head.eval(), (None if d2t is None else d2t.long().to(target.device)), meta
-
-
-def save_head(head: EagleHead, d2t: torch.Tensor | None, path: Path, meta: dict) -> None:
-    from safetensors.torch import save_file
-
-    path.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
-    if d2t is not None:
-        tensors["d2t"] = d2t.detach().cpu().to(torch.int64)
-    save_file(tensors, str(path / WEIGHTS_FILE))
-    config = head._stack[0].config.to_dict()
-    config["specbench"] = meta
-    (path / CONFIG_FILE).write_text(json.dumps(config, indent=1, default=str))
 
 
 class HeadLogits:

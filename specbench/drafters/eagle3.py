@@ -47,8 +47,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbench.drafters.eagle import (CONFIG_FILE, EagleDrafter, HeadLogits, _damaged, family_config, load_state,
-                                      resolve_checkpoint)
+from specbench.drafters.eagle import EagleDrafter, HeadLogits, family_config
+from specbench.drafters.head_files import CONFIG_FILE, damaged, load_state, resolve_checkpoint
 from specbench.errors import SpecbenchError
 from specbench.models.cache import cache_argument
 from specbench.models.devices import resolve_dtype
@@ -223,9 +223,9 @@ def _read_config(path: Path) -> dict:
     try:
         config = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _damaged(file, exc) from exc
+        raise damaged(file, exc) from exc
     if not isinstance(config, dict):
-        raise _damaged(file, ValueError(f"a JSON {type(config).__name__}, not an object"))
+        raise damaged(file, ValueError(f"a JSON {type(config).__name__}, not an object"))
     return config
 
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from specbench.drafters.base import ModelDrafter, param_count
-from specbench.drafters.eagle import vocab_fingerprint
+from specbench.drafters.head_files import vocab_fingerprint
 from specbench.errors import SpecbenchError
 from specbench.models.loading import LoadedModel, load_model, resolve_cached
 from specbench.models.target import Target

@@ -45,7 +45,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from specbench.drafters.eagle import vocab_fingerprint
+from specbench.drafters.head_files import vocab_fingerprint
 from specbench.errors import SpecbenchError
 from specbench.models.store import cache_dir, make_cache_dir
 from specbench.pipelines import tables

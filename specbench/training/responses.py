@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from specbench.drafters.eagle import vocab_fingerprint
+from specbench.drafters.head_files import vocab_fingerprint
 from specbench.models import Target
 from specbench.models.store import cache_dir
 from specbench.records import JsonlWriter, read_jsonl

@@ -20,7 +20,8 @@ import torch
 from specbench.decoding.drafter import AUTOREGRESSIVE, DecodeContext
 from specbench.decoding.sampling import SamplingParams
 from specbench.drafters import build_pool
-from specbench.drafters.eagle import EagleHead, build, save_head, vocab_fingerprint
+from specbench.drafters.eagle import EagleHead, build
+from specbench.drafters.head_files import save_head, vocab_fingerprint
 from specbench.errors import SpecbenchError
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog. The quick brown", "Speculative decoding: 1, 2, 3,"]

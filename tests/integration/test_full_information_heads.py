@@ -20,7 +20,8 @@ import torch
 from specbench.decoding.drafter import AUTOREGRESSIVE, Verification
 from specbench.decoding.sampling import SamplingParams
 from specbench.drafters import build_pool
-from specbench.drafters.eagle import HeadObservation, save_head, vocab_fingerprint
+from specbench.drafters.eagle import HeadObservation
+from specbench.drafters.head_files import save_head, vocab_fingerprint
 from specbench.selection import UCB
 from specbench.selection.base import Selector
 from tests.integration.test_eagle import PROMPTS, near_target_head

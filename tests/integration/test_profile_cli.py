@@ -188,7 +188,8 @@ def test_an_eagle_head_is_profiled_from_the_target_states(tmp_path):
     import torch
 
     from specbench.decoding.sampling import SamplingParams
-    from specbench.drafters.eagle import EagleHead, save_head, vocab_fingerprint
+    from specbench.drafters.eagle import EagleHead
+    from specbench.drafters.head_files import save_head, vocab_fingerprint
     from specbench.pipelines import profile as pipeline
     from specbench.timing import Clock
 

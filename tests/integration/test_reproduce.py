@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specbench.drafters.eagle import EagleHead, save_head, vocab_fingerprint
+from specbench.drafters.eagle import EagleHead
+from specbench.drafters.head_files import save_head, vocab_fingerprint
 from specbench.reproduction import plan
 from specbench.reproduction.exhibits import builders
 from specbench.reproduction.layouts import CPU as CPU_LAYOUT

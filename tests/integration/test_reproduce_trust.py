@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 
 from specbench.cli import app
 from specbench.configs import conf_dir
-from specbench.drafters.eagle import EagleHead, save_head, vocab_fingerprint
+from specbench.drafters.eagle import EagleHead
+from specbench.drafters.head_files import save_head, vocab_fingerprint
 from specbench.errors import SpecbenchError
 from specbench.reproduction import plan, render
 

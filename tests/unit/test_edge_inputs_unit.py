@@ -20,7 +20,8 @@ from hydra import compose, initialize_config_dir
 from specbench.configs import check_experiment_command, conf_dir, experiment_commands
 from specbench.decoding.sampling import MIN_TEMPERATURE, SamplingParams, logits_to_probs
 from specbench.drafters.base import ModelDrafter, check_confidence_threshold
-from specbench.drafters.eagle import EagleDrafter, load_head, load_state
+from specbench.drafters.eagle import EagleDrafter, load_head
+from specbench.drafters.head_files import load_state
 from specbench.errors import SpecbenchError
 from specbench.models import store
 from specbench.tasks.datasets import load_dataset_config, read_source
