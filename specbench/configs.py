@@ -117,8 +117,8 @@ def load_option(group: str, name: str) -> DictConfig:
     from hydra.errors import HydraException
 
     group = group.strip("/")
-    if name not in group_options(group):
-        options = group_options(group)
+    options = group_options(group)
+    if name not in options:
         raise SpecbenchError(f"no {group} config named '{name}'",
                              f"use one of: {', '.join(options)}" if options else f"add conf/{group}/{name}.yaml")
     try:
@@ -130,8 +130,7 @@ def load_option(group: str, name: str) -> DictConfig:
     if not isinstance(node, DictConfig):
         raise SpecbenchError(f"conf/{group}/{name}.yaml does not land at '{group.replace('/', '.')}' (its # @package "
                              "header moves it)", f"drop the header, or set the option with {group}={name} instead")
-    node = OmegaConf.create(OmegaConf.to_container(node, resolve=False))  # a plain (not struct) copy of its own
-    return node
+    return OmegaConf.create(OmegaConf.to_container(node, resolve=False))  # a plain (not struct) copy of its own
 
 
 def hydra_error(exc: Exception, config_name: str) -> SpecbenchError:

@@ -32,8 +32,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from specbench.decoding.drafter import Draft, Drafter, DecodeContext, Verification, draft_ends
-from specbench.drafters.head_files import (load_state, read_meta, resolve_checkpoint,
-                                           vocab_fingerprint)
+from specbench.drafters.head_files import load_state, read_meta, resolve_checkpoint, vocab_fingerprint
 from specbench.drafters.base import check_confidence_threshold
 from specbench.decoding.sampling import logits_to_probs, pick
 from specbench.decoding.verify import block_divergence
@@ -251,13 +250,9 @@ class EagleDrafter(Drafter):
             hs.append(self._feed(hs[-1][None], [draft[j]])[-1])
         return torch.stack(hs)
 
-    def replay(self, query: DecodeContext, context: list[int], draft: list[int], sampling):
-        """The head's distributions along a played ``draft``: ``(probs [n, V], logits [n, V])`` in the full
-        vocabulary (zero / -inf outside a sub-vocabulary), or None (see :meth:`chain`)."""
-        hs = self.chain(query, context, draft)
-        return None if hs is None else self.distributions(self.logits(hs), sampling)
-
     def distributions(self, sub: torch.Tensor, sampling) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits over the draft vocabulary -> ``(probs [n, V], logits [n, V])`` in the full vocabulary (zero /
+        -inf outside a sub-vocabulary)."""
         return self.logits.to_full(logits_to_probs(sub, sampling), 0.0), self.logits.to_full(sub, float("-inf"))
 
     def observe(self, v: Verification) -> float | None:
@@ -271,10 +266,9 @@ class EagleDrafter(Drafter):
         if not v.query.side_observations:
             return None
         key = ("eagle_replay", self.logits.key)
-        if key not in v.cache:
-            heads = [d for name, d in v.peers.items() if name != v.played and isinstance(d, EagleDrafter)
-                     and d.logits.key == self.logits.key] if self.logits.key[0] is not None else [self]
-            v.cache[key] = observations(v, heads)
+        if key not in v.cache:  # the first of the heads sharing this logits product scores them all
+            v.cache[key] = observations(v, [d for name, d in v.peers.items() if name != v.played
+                                            and isinstance(d, EagleDrafter) and d.logits.key == key[1]])
         return v.cache[key].get(self.name)
 
     def _greedy_acceptance(self, v: Verification, probs: torch.Tensor, full: torch.Tensor) -> tuple[int, bool]:
@@ -300,18 +294,16 @@ class EagleDrafter(Drafter):
 def observations(v: Verification, heads: list[EagleDrafter]) -> dict[str, "HeadObservation"]:
     """Each head's observation of the round ``v`` (heads sharing one logits product: ``HeadLogits.key``): every
     head's chain along the played draft, then the logits of all their rows in one product."""
-    chains = {d.name: c for d in heads if (c := d.chain(v.query, v.context, v.draft)) is not None}
+    chains = [(d, c) for d in heads if (c := d.chain(v.query, v.context, v.draft)) is not None]
     if not chains:
         return {}
-    by_name = {d.name: d for d in heads}
-    subs = by_name[next(iter(chains))].logits(torch.cat(list(chains.values())))
+    subs = chains[0][0].logits(torch.cat([c for _, c in chains]))
     out, n = {}, len(v.draft)
-    for i, name in enumerate(chains):
-        d = by_name[name]
+    for i, (d, _) in enumerate(chains):
         probs, full = d.distributions(subs[i * n:(i + 1) * n], v.sampling)
         bd = block_divergence(v.draft, probs, v.p, n)
         accepted, exact = d._greedy_acceptance(v, probs, full) if v.sampling.greedy else (None, False)
-        out[name] = HeadObservation(bd, accepted, exact, len(v.context))
+        out[d.name] = HeadObservation(bd, accepted, exact, len(v.context))
     return out
 
 

@@ -29,7 +29,7 @@ from specbench.policy.reward import check_alpha, reward_matrix
 
 COSTS = ("params", "measured")
 SOURCES = ("proxy", "measured")
-ALIGNMENTS = ("output", "acceptance")
+ALIGNMENT_KINDS = ("output", "acceptance")  # (collect.ALIGNMENTS are the metrics of the output kind)
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class RewardSpec:
     def __post_init__(self) -> None:
         check_alpha(self.alpha)
         for key, value, known in (("cost", self.cost, COSTS), ("source", self.source, SOURCES),
-                                  ("alignment", self.alignment, ALIGNMENTS)):
+                                  ("alignment", self.alignment, ALIGNMENT_KINDS)):
             if value not in known:
                 raise SpecbenchError(f"unknown reward.{key} '{value}'", f"use one of: {', '.join(known)}")
 
@@ -57,11 +57,12 @@ class RewardSpec:
     def describe(self) -> str:
         if self.source == "measured":
             return "reward source measured (speedup / the query's best)"
-        return (f"reward source proxy, alpha {self.alpha}, cost {self.cost}, alignment {self.alignment}")
+        return f"reward source proxy, alpha {self.alpha}, cost {self.cost}, alignment {self.alignment}"
 
 
 def _matrix(rows: list[dict], arms: list[str], get) -> torch.Tensor:
-    vals = [[get(r["arms"].get(a) or {}) for a in arms] for r in rows]
+    """``[len(rows), len(arms)]`` of ``get(arm's record, arm)`` (None: NaN)."""
+    vals = [[get(r["arms"].get(a) or {}, a) for a in arms] for r in rows]
     return torch.tensor([[math.nan if v is None else float(v) for v in row] for row in vals], dtype=torch.float64)
 
 
@@ -70,7 +71,7 @@ def cost_matrix(rows: list[dict], arms: list[str], kind: str) -> torch.Tensor:
     if kind not in COSTS:
         raise SpecbenchError(f"unknown reward.cost '{kind}'", f"use one of: {', '.join(COSTS)}")
 
-    def get(rec):
+    def get(rec, _arm):
         measured = rec.get("cost_measured")
         return measured if kind == "measured" and measured is not None else rec.get("cost_params")
     cost = _matrix(rows, arms, get)
@@ -95,20 +96,19 @@ def acceptance(rec: dict, arm: str) -> float | None:
 
 def alignment_matrix(rows: list[dict], arms: list[str], kind: str) -> torch.Tensor:
     if kind == "output":
-        return _matrix(rows, arms, lambda rec: rec.get("alignment"))
+        return _matrix(rows, arms, lambda rec, _: rec.get("alignment"))
     if kind == "acceptance":
-        vals = [[acceptance(r["arms"].get(a) or {}, a) for a in arms] for r in rows]
-        return torch.tensor([[math.nan if v is None else float(v) for v in row] for row in vals], dtype=torch.float64)
-    raise SpecbenchError(f"unknown reward.alignment '{kind}'", f"use one of: {', '.join(ALIGNMENTS)}")
+        return _matrix(rows, arms, acceptance)
+    raise SpecbenchError(f"unknown reward.alignment '{kind}'", f"use one of: {', '.join(ALIGNMENT_KINDS)}")
 
 
 def speedup_matrix(rows: list[dict], arms: list[str]) -> torch.Tensor:
     """Measured speedup over autoregressive of each arm's speculative run (NaN where not measured)."""
-    return _matrix(rows, arms, lambda rec: (rec.get("spec") or {}).get("speedup"))
+    return _matrix(rows, arms, lambda rec, _: (rec.get("spec") or {}).get("speedup"))
 
 
 def seconds_matrix(rows: list[dict], arms: list[str]) -> torch.Tensor:
-    return _matrix(rows, arms, lambda rec: (rec.get("spec") or {}).get("seconds"))
+    return _matrix(rows, arms, lambda rec, _: (rec.get("spec") or {}).get("seconds"))
 
 
 def rewards(rows: list[dict], arms: list[str], spec: RewardSpec) -> torch.Tensor:
@@ -173,5 +173,5 @@ def _ranks(x: torch.Tensor) -> torch.Tensor:
     return ranks
 
 
-__all__ = ["ALIGNMENTS", "COSTS", "RewardSpec", "SOURCES", "acceptance", "alignment_matrix", "cost_matrix",
+__all__ = ["ALIGNMENT_KINDS", "COSTS", "RewardSpec", "SOURCES", "acceptance", "alignment_matrix", "cost_matrix",
            "proxy_check", "replay", "rewards", "seconds_matrix", "speedup_matrix"]
