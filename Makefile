@@ -64,7 +64,7 @@ clean:
 # main table, heads, bandits, reward variance, convergence, full information, switching costs, stream),
 # cascades-cpu (speculative cascades, greedy and at temperature 1).
 huang-cpu metasd-cpu cascades-cpu: install
-	$(SPECBENCH) reproduce --root $(REPRO) --paper $(@:-cpu=)
+	$(SPECBENCH) reproduce --root $(REPRO) --paper $(@:-cpu=)$(if $(REDO), --redo)
 
 # THREADS=1 when other jobs share the CPU (the targets below pass threads=$(THREADS) on).
 THREADS ?= null
@@ -74,26 +74,26 @@ THREADS ?= null
 # $$SPECBENCH_CACHE/drafters/eagle_<task> and shipped as package data (specbench/heads, bf16) by `make ship-heads`.
 # Training rows are disjoint from every evaluation slice: GSM8K train (first 1,200 rows); XSum rows 200+
 # of the seeded shuffle (all 800: evaluation takes the first rows of the same shuffle); the IWSLT2017
-# test file (first 3,000 rows; evaluation uses validation); AlpacaEval rows 0-759 (all of them but the
-# 45 kept for held-out scores; evaluation uses MT-Bench); 1,000 standard-library functions of the seeded
+# test file (first 1,800 rows; evaluation uses validation); AlpacaEval rows 0-759 (all of them but the
+# 45 kept for held-out scores; evaluation uses MT-Bench); 1,150 standard-library functions of the seeded
 # shuffle (HumanEval's entry points excluded; evaluation uses HumanEval). The heads learn the target's own
 # greedy answers (bf16 batched generation, cached in $$SPECBENCH_CACHE/responses and shared: the generalist
 # generates nothing new) and the prompt tokens past the chat template's fixed opening (train.prompt_positions:
 # free with the teacher pass, and what summaries and translations copy from). Reruns resume: answers are
 # cached as they are generated, each head resumes after its last finished epoch.
 SPECIALIST_ARGS ?= target.dtype=bfloat16 train.responses=target train.max_new_tokens=96 train.prompt_positions=true \
-	train.unroll=3 train.unroll_weights=[1.0,0.8,0.64] train.epochs=4 train.time_budget_s=360 threads=$(THREADS)
+	train.unroll=3 train.unroll_weights=[1.0,0.8,0.64] train.epochs=4 threads=$(THREADS)
 SPECIALISTS_OUT ?= outputs/specialists
 SPECIALIST_HEADS := math summarization translation chat code general
 HEAD_math := name=eagle_math dataset=gsm8k 'dataset.path=$${paths.data}/gsm8k/train.jsonl' dataset.limit=1200
 HEAD_summarization := name=eagle_summarization dataset=xsum 'dataset.path=$${paths.data}/xsum/xsum-1000.jsonl' \
 	dataset.shuffle=true dataset.offset=200 dataset.limit=null
 HEAD_translation := name=eagle_translation dataset=iwslt2017 'dataset.path=$${paths.data}/iwslt2017_de_en/test.json' \
-	dataset.limit=3000
+	dataset.limit=1800
 HEAD_chat := name=eagle_chat dataset=alpaca dataset.limit=760
-HEAD_code := name=eagle_code dataset=stdlib_code dataset.shuffle=true dataset.limit=1000
+HEAD_code := name=eagle_code dataset=stdlib_code dataset.shuffle=true dataset.limit=1150
 HEAD_general := name=eagle_general dataset=specialist_mix
-HEAD_ARGS_chat := train.max_new_tokens=192
+HEAD_ARGS_chat := train.max_new_tokens=224
 # The target's answers for every head's rows (the longest phase; cached, resumable).
 specialist-data: install
 	$(foreach h,$(SPECIALIST_HEADS),$(SPECBENCH) train-drafter $(HEAD_$(h)) $(SPECIALIST_ARGS) $(HEAD_ARGS_$(h)) \
@@ -143,10 +143,12 @@ draft-confidence: install
 # bandits, reward variance, convergence, full information, switching costs and a non-stationary stream;
 # speculative cascades greedy and at temperature 1) with the shipped specialist heads, then the report:
 # outputs/reproduce/report/REPORT.md. The plan is derived from the exhibits (specbench/reproduction/exhibits.py).
-# Resumable: finished steps are skipped, an interrupted one resumes (specbench/reproduction/plan.py).
+# Resumable: finished steps are skipped, an interrupted one resumes (specbench/reproduction/plan.py). A step run
+# with other settings or with shipped heads rebuilt since is refused; REDO=1 (--redo) runs such steps again.
 REPRO ?= outputs/reproduce
+REDO ?=
 reproduce-cpu: install
-	$(SPECBENCH) reproduce --root $(REPRO)
+	$(SPECBENCH) reproduce --root $(REPRO)$(if $(REDO), --redo)
 
 # Rebuild the report from the runs, copy it to docs/reproduction and write its index into the README
 # (between the generated-report markers of "Measured results").

@@ -3,10 +3,11 @@
 Each step is one of our commands with an experiment config and a fixed run directory under the
 root (``<paper>/...``). Every step's config is composed and validated before anything is written. A
 step records its resolved settings when it starts (``.step.json``) and, when it finishes, in ``.done``
-(with its seconds, its record count and the fingerprints of the upstream steps it read). A rerun
-skips a finished step whose settings and upstream runs are unchanged (logged as a warning); one
-whose settings differ, or whose upstream step ran again, is refused naming what differs, or with
-``redo`` deleted and run again. An interrupted step resumes through its command's own resume (eval,
+(with its seconds, its record count and the fingerprints of the upstream steps it read); both record the
+fingerprints of the shipped heads its settings read (``package:<name>``, :mod:`.heads`). A rerun skips a
+finished step whose settings, heads and upstream runs are unchanged (logged as a warning); one whose
+settings differ, whose shipped heads were rebuilt, or whose upstream step ran again, is refused naming
+what differs, or with ``redo`` deleted and run again. An interrupted step resumes through its command's own resume (eval,
 collect and cascades skip finished generations), except an eval whose selectors carry statistics
 across queries (``carry_over``): its records are deleted and the step starts again. Profiles:
 
@@ -220,7 +221,7 @@ def run(root: str | Path, profile: str = "cpu", papers: list[str] | None = None,
     otherwise the call is refused, naming what differs, or with ``redo`` that step (and the steps
     that read it) is deleted and run again."""
     from specbench.pipelines.run_dir import differences, lock_run_dir, settings
-    from specbench.reproduction import render
+    from specbench.reproduction import heads, render
 
     if profile not in PROFILES:
         raise SpecbenchError(f"unknown reproduce profile '{profile}'", f"use one of: {', '.join(PROFILES)}")
@@ -245,7 +246,8 @@ def run(root: str | Path, profile: str = "cpu", papers: list[str] | None = None,
     for step in chosen:
         overrides = overrides_of(step, root, prof, list(extra or []), questions)
         cfg = compose_step(step, overrides, adapt)
-        planned.append((step, overrides, cfg, settings(cfg)))
+        now = settings(cfg)
+        planned.append((step, overrides, cfg, now, heads.heads_of(now)))
 
     # One reproduce per root: a second one is refused, naming the holder (the lock lasts the process).
     lock_run_dir(root, "reproduce", fix="wait for that reproduce to finish (or stop it), or write these runs "
@@ -253,7 +255,7 @@ def run(root: str | Path, profile: str = "cpu", papers: list[str] | None = None,
     # Which finished steps are still those of this call's settings (and of their upstream steps' runs).
     current: dict[str, str | None] = {}  # run -> fingerprint of its .done, None when it runs in this call
     stale: dict[str, list[str]] = {}
-    for step, _, _, now in planned:
+    for step, _, _, now, weights in planned:
         out = root / step.run
         done, started = read_marker(out / DONE), read_marker(out / STARTED)
         if not (started and "settings" in started and count_records(out, step.command)):
@@ -263,7 +265,7 @@ def run(root: str | Path, profile: str = "cpu", papers: list[str] | None = None,
             why = [f"its {DONE} records no settings (an older specbench wrote it)"]
         elif done is not None or started is not None:
             mark = done if done is not None else started
-            why = differences(mark["settings"], now)
+            why = differences(mark["settings"], now) + heads.reasons(mark.get("heads"), weights)
             for up in upstream_of(step, steps):
                 have = current[up.run] if up.run in current else fingerprint(root / up.run)
                 if done is not None and have is None:
@@ -282,7 +284,7 @@ def run(root: str | Path, profile: str = "cpu", papers: list[str] | None = None,
             "rerun with the settings they were run with, or use another --root")
     record.write_text(json.dumps({"profile": profile, "layout": prof.layout}) + "\n", encoding="utf-8")
     started_at = time.perf_counter()
-    for i, (step, overrides, cfg, now) in enumerate(planned, 1):
+    for i, (step, overrides, cfg, now, weights) in enumerate(planned, 1):
         out = root / step.run
         if step.run in stale:
             log.warning("[%d/%d] %s: --redo: deleting its records in %s and running it again (%s)", i,
@@ -296,7 +298,8 @@ def run(root: str | Path, profile: str = "cpu", papers: list[str] | None = None,
               flush=True)
         restart_if_unresumable(step, cfg, out)
         upstream = {up.run: fingerprint(root / up.run) for up in upstream_of(step, steps)}
-        marker = {"command": step.command, "overrides": overrides, "settings": now, "upstream": upstream}
+        marker = {"command": step.command, "overrides": overrides, "settings": now, "heads": weights,
+                  "upstream": upstream}
         out.mkdir(parents=True, exist_ok=True)
         _write_json(out / STARTED, {**marker, "started": _now()})
         t0 = time.perf_counter()

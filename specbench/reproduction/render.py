@@ -14,6 +14,7 @@ from pathlib import Path
 from specbench.errors import SpecbenchError
 from specbench.pipelines import tables
 from specbench.pipelines.tables import print_table, to_markdown
+from specbench.reproduction import heads as shipped_heads
 from specbench.reproduction import published as published_values
 from specbench.reproduction.exhibit import Exhibit, Layout, mark_unfinished
 from specbench.reproduction.exhibits import builders
@@ -90,6 +91,9 @@ def write(root: Path, out: Path | None = None, layout: str | None = None, allow_
              f"Built by `specbench report {root}` from the run directories under it. Each section: our numbers in the "
              "paper's layout, the published numbers beside them where the paper gives them (`published.yaml`, "
              "with sources), and the paper's claim checked on our numbers.", "", counts_line(exhibits), ""]
+    provenance = shipped_heads.provenance_line(root)
+    if provenance:
+        index += [provenance, ""]
     for ex in exhibits:
         paper, name = ex.key.split("/", 1)
         (out / paper).mkdir(parents=True, exist_ok=True)
@@ -108,7 +112,7 @@ def write(root: Path, out: Path | None = None, layout: str | None = None, allow_
         index += ["## Not run yet", "", *[f"- needs `{m}`" for m in missing], ""]
     out.mkdir(parents=True, exist_ok=True)
     (out / "REPORT.md").write_text("\n".join(index), encoding="utf-8")
-    (out / SUMMARY).write_text(summary_markdown(exhibits, missing), encoding="utf-8")
+    (out / SUMMARY).write_text(summary_markdown(exhibits, missing, provenance), encoding="utf-8")
     held = sum(v.held is True for ex in exhibits for v in ex.verdicts)
     total = sum(len(ex.verdicts) for ex in exhibits)
     partial = sum(any(v.unfinished for v in ex.verdicts) for ex in exhibits)
@@ -130,15 +134,17 @@ def counts_line(exhibits: list[Exhibit]) -> str:
             "interval: held only when the interval excludes the null, not held when it excludes the claim.")
 
 
-def summary_markdown(exhibits: list[Exhibit], missing: list[str]) -> str:
-    """One table row per exhibit (its title linked to its page, its verdicts counted by mark), under the counts."""
+def summary_markdown(exhibits: list[Exhibit], missing: list[str], provenance: str | None = None) -> str:
+    """One table row per exhibit (its title linked to its page, its verdicts counted by mark), under the counts
+    (and the line saying which steps ran with other heads than the shipped ones, when some did)."""
     rows = ["| exhibit | held | not held | not judged |", "|---|---|---|---|"]
     for ex in exhibits:
         paper, name = ex.key.split("/", 1)
         marks = [v.mark for v in ex.verdicts]
         rows.append(f"| [{ex.title}]({paper}/{name}.md) | {marks.count('held')} | {marks.count('not held')} | "
                     f"{marks.count('not judged')} |")
-    lines = [counts_line(exhibits) + " The full report: [REPORT.md](REPORT.md).", "", *rows, ""]
+    lines = [counts_line(exhibits) + " The full report: [REPORT.md](REPORT.md).", "", *([provenance, ""] if provenance else []),
+             *rows, ""]
     if missing:
         lines += [f"Not run yet: {', '.join(f'`{m}`' for m in missing)}.", ""]
     return "\n".join(lines)

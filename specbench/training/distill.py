@@ -38,14 +38,46 @@ class Teacher:
     top_p: torch.Tensor  # [T, k]
 
 
-@torch.inference_mode()
 def teach(model: nn.Module, ex: Example, top_k: int = 32) -> Teacher:
     """One target forward over the sequence: last-layer features and the top-k of its distributions."""
-    x = torch.tensor([ex.ids], device=next(model.parameters()).device)
-    out = model(input_ids=x, output_hidden_states=True, use_cache=False)
-    probs = torch.softmax(out.logits[0].float(), dim=-1)
-    top = torch.topk(probs, min(top_k, probs.shape[-1]), dim=-1)
-    return Teacher(features=out.hidden_states[-1][0].float().cpu(), top_ids=top.indices.cpu(), top_p=top.values.cpu())
+    return teach_all(model, [ex], top_k)[0]
+
+
+@torch.inference_mode()
+def teach_all(model: nn.Module, examples: Sequence[Example], top_k: int = 32, max_tokens: int = 1024,
+              progress=None) -> list[Teacher]:
+    """:func:`teach` for many sequences, batched: sorted by length, right-padded into batches of at most
+    ``max_tokens`` positions, one target forward per batch. A causal decoder's position ``i`` sees only
+    positions ``<= i``, so the padding after a sequence changes none of its rows (in bf16 a row's rounding
+    may depend on its batch, as in the batched answers; these are training targets). In the input order."""
+    device = next(model.parameters()).device
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i].ids))
+    out: list[Teacher | None] = [None] * len(examples)
+    s = 0
+    while s < len(order):
+        e = s + 1  # the longest sequence of a batch is its last: grow while the padded batch fits
+        while e < len(order) and len(examples[order[e]].ids) * (e + 1 - s) <= max_tokens:
+            e += 1
+        chunk = [examples[i] for i in order[s:e]]
+        width = len(chunk[-1].ids)
+        x = torch.tensor([ex.ids + [ex.ids[-1]] * (width - len(ex.ids)) for ex in chunk], device=device)
+        res = model(input_ids=x, output_hidden_states=True, use_cache=False)
+        # The top-k of the whole batch at once, as probabilities exp(logit - logsumexp): no per-sequence
+        # [T, vocab] temporaries (with the small kept tensors between them, growing ones fragment the heap).
+        logits = res.logits.float()
+        top = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1)
+        top_p = (top.values - torch.logsumexp(logits, dim=-1, keepdim=True)).exp()
+        del logits
+        feats = res.hidden_states[-1]
+        for j, (i, ex) in enumerate(zip(order[s:e], chunk)):
+            n = len(ex.ids)
+            out[i] = Teacher(features=feats[j, :n].float().cpu().clone(), top_ids=top.indices[j, :n].cpu().clone(),
+                             top_p=top_p[j, :n].cpu().clone())
+        del res, feats, top, top_p
+        if progress is not None:
+            progress.update(e - s)
+        s = e
+    return out
 
 
 def sub_vocabulary(examples: Sequence[Example], size: int | None, vocab_size: int, always: Sequence[int] = ()):

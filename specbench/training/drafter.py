@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from specbench.training import distill, finetune
-from specbench.training.distill import Example, pairs, shared_prefix, sub_vocabulary, teach
+from specbench.training.distill import Example, pairs, shared_prefix, sub_vocabulary, teach_all
 from specbench.drafters.eagle import EagleHead, HeadLogits
 from specbench.drafters.head_files import save_head
 from specbench.drafters.hf import MODEL_META, check_compatible
@@ -139,8 +139,9 @@ class HeadTrainee:
                      "feature_noise": self.feature_noise, "precision": self.precision}
 
     def items(self, examples: list[Example], desc: str, response_only: bool = False) -> list[dict]:
-        return [pairs(ex, teach(self.target.model, ex, int(self.tr.top_k)), response_only)
-                for ex in tqdm(examples, desc=desc, unit="seq")]
+        with tqdm(total=len(examples), desc=desc, unit="seq") as bar:
+            teachers = teach_all(self.target.model, examples, int(self.tr.top_k), progress=bar)
+        return [pairs(ex, t, response_only) for ex, t in zip(examples, teachers)]
 
     def batches(self, items: list[dict], gen: torch.Generator):
         return distill.batches(items, int(self.tr.batch_size), int(self.tr.seq_len), gen)

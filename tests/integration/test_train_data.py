@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from specbench.configs import conf_dir
 from specbench.training import drafter as drafter_training
 from specbench.training import responses
-from specbench.training.distill import Example, Teacher, pairs, shared_prefix
+from specbench.training.distill import Example, Teacher, pairs, shared_prefix, teach, teach_all
 from specbench.errors import SpecbenchError
 from specbench.pipelines import train_drafter
 from specbench.pipelines.prompting import eos_ids_of
@@ -95,6 +95,19 @@ def test_examples_learn_from_the_prompts_first_differing_token(tiny_llama_target
     assert all(e.learn is None for e in plain) and all(e.learn == fixed + 1 for e in wide)
     assert drafter_training.learned_tokens(wide) == drafter_training.learned_tokens(plain) + sum(
         len(p) - fixed - 1 for p in prompts)
+
+
+def test_the_batched_teacher_pass_gives_each_sequence_what_its_own_forward_gives(tiny_llama_target):
+    model = tiny_llama_target.model  # fp32: batch-independent up to float noise
+    gen = torch.Generator().manual_seed(3)
+    lengths = [9, 3, 17, 5, 5, 12, 1, 30]
+    exs = [Example(ids=torch.randint(4, 200, (n,), generator=gen).tolist(), start=1) for n in lengths]
+    together = teach_all(model, exs, top_k=5, max_tokens=40)  # several batches, right padding in each
+    assert [t.features.shape[0] for t in together] == lengths
+    for ex, t in zip(exs, together):
+        alone = teach(model, ex, top_k=5)
+        assert torch.allclose(t.features, alone.features, atol=1e-5)
+        assert torch.equal(t.top_ids, alone.top_ids) and torch.allclose(t.top_p, alone.top_p, atol=1e-6)
 
 
 def test_training_precision_follows_the_teacher_and_refuses_unknown_values():
