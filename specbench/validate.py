@@ -230,6 +230,7 @@ SCHEMA: dict[str, Rule] = {
     "train.val_examples": integer(0),
     "train.prompt_positions": boolean(),
     "train.precision": text(),
+    "train.lr_schedule": text(),
     "train.generate_batch": COUNT,
     "train.generate_only": boolean(),
 }

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from pathlib import Path
 
@@ -71,7 +72,17 @@ UNSIGNED_TRAIN_KEYS = ("epochs", "time_budget_s", "eval_datasets", "generate_bat
 # train keys added after checkpoints were first written, with the value that reproduces the older training:
 # a stored signature without one matches a config that leaves it at this value
 LATER_TRAIN_KEYS = {"unroll": 1, "unroll_weights": None, "feature_noise": 0.0, "precision": "float32",
-                    "prompt_positions": False}
+                    "prompt_positions": False, "lr_schedule": "constant"}
+LR_SCHEDULES = ("constant", "linear")
+
+
+def lr_factor(schedule: str, step: int, total: int) -> float:
+    """The learning rate at optimiser ``step`` (0-based) of ``total``, as a fraction of ``train.lr``: constant 1;
+    linear: from 1 down to ``1/total`` at the last step (a pure function of the step, so a resumed run follows
+    the same schedule)."""
+    if schedule == "linear":
+        return 1.0 - step / max(total, 1)
+    return 1.0
 
 
 def signature(cfg: DictConfig) -> dict:
@@ -79,6 +90,8 @@ def signature(cfg: DictConfig) -> dict:
     ``train.precision: auto`` resolved, so a resume on another machine sees what it would train in)."""
     plain = lambda node: OmegaConf.to_container(node, resolve=True)  # noqa: E731
     train = {k: v for k, v in plain(cfg.train).items() if k not in UNSIGNED_TRAIN_KEYS}
+    if str(train.get("lr_schedule") or "constant") != "constant":  # a decaying rate's horizon is the epoch count
+        train["epochs"] = int(cfg.train.epochs)
     if "precision" in train:
         train["precision"] = training_precision(cfg)
     return {"target": str(cfg.target.model), "dtype": target_dtype_name(cfg), "dataset": plain(cfg.dataset),
@@ -104,6 +117,10 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         raise SpecbenchError(f"train-drafter: drafter.kind '{kind}' is not supported",
                              f"use one of: {', '.join(TRAINEES)}")
     tr = cfg.train
+    schedule = str(tr.get("lr_schedule") or "constant")
+    if schedule not in LR_SCHEDULES:
+        raise SpecbenchError(f"train.lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got '{schedule}'",
+                             "constant: train.lr throughout; linear: decay from train.lr to 0 over train.epochs")
     if str(tr.responses) not in ("reference", "target"):
         raise SpecbenchError(f"train.responses must be reference or target, got '{tr.responses}'",
                              "set train.responses=reference (teacher-forced references) or target")
@@ -171,7 +188,11 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         gen = torch.Generator().manual_seed(seed * 1_000 + epoch)
         trainee.start_epoch(seed, epoch)
         stats = []
-        for batch in trainee.batches(train_items, gen):
+        per_epoch = math.ceil(len(train_items) / int(tr.batch_size))
+        for i, batch in enumerate(trainee.batches(train_items, gen)):
+            if schedule != "constant":
+                for group in opt.param_groups:
+                    group["lr"] = lr * lr_factor(schedule, epoch * per_epoch + i, epochs * per_epoch)
             loss, s = trainee.loss(batch)
             opt.zero_grad()
             loss.backward()
@@ -199,7 +220,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
             "train_sequences": len(train_ex), "train_tokens": learned_tokens(train_ex),
             "train_response_tokens": int(sum(len(e.ids) - e.start for e in train_ex)),
             "prompt_positions": bool(tr.get("prompt_positions")),
-            "epochs": len(history), "lr": lr, "seed": seed}
+            "epochs": len(history), "lr": lr, "lr_schedule": schedule, "seed": seed}
     trainee.save(ckpt, meta)
     hist = pd.DataFrame(history)
     tables.write_csv(hist, ckpt / "history.csv")

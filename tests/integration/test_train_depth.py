@@ -132,3 +132,30 @@ def test_bad_depth_settings_are_refused(toy, tmp_path):
     with pytest.raises(SpecbenchError, match="unroll_weights"):
         train_drafter.run(depth_config(toy, tmp_path / "y", "train.unroll=3", "train.unroll_weights=[1,1]"),
                           tmp_path / "r")
+
+
+def test_lr_factor_is_a_pure_schedule():
+    assert [train_drafter.lr_factor("constant", s, 4) for s in range(4)] == [1.0] * 4
+    assert [train_drafter.lr_factor("linear", s, 4) for s in range(4)] == [1.0, 0.75, 0.5, 0.25]
+
+
+def test_linear_schedule_resumes_to_the_whole_run_and_signs_its_epochs(toy, heads, tmp_path):
+    """A decaying rate changes the weights; a run interrupted after an epoch (here by a time budget) resumes on
+    the same schedule to the same weights; the epoch count sets the schedule, so another count is refused."""
+    linear = ("train.lr_schedule=linear", "train.epochs=3")
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    train_drafter.run(depth_config(toy, whole, *linear), tmp_path / "r1")
+    train_drafter.run(depth_config(toy, parts, *linear, "train.time_budget_s=1e-9"), tmp_path / "r2")
+    assert json.loads((parts / "config.json").read_text())["specbench"]["epochs"] == 1
+    train_drafter.run(depth_config(toy, parts, *linear), tmp_path / "r3")
+    a, b = load_file(str(whole / "model.safetensors")), load_file(str(parts / "model.safetensors"))
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=0, rtol=0)
+    constant = tmp_path / "constant"
+    train_drafter.run(depth_config(toy, constant, "train.epochs=3"), tmp_path / "r4")
+    assert digest(constant) != digest(whole)
+    assert json.loads((whole / "config.json").read_text())["specbench"]["lr_schedule"] == "linear"
+    with pytest.raises(SpecbenchError, match="another config"):
+        train_drafter.run(depth_config(toy, whole, "train.lr_schedule=linear", "train.epochs=4"), tmp_path / "r5")
+    with pytest.raises(SpecbenchError, match="lr_schedule"):
+        train_drafter.run(depth_config(toy, tmp_path / "bad", "train.lr_schedule=cosine"), tmp_path / "r6")

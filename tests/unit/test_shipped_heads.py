@@ -16,7 +16,7 @@ from safetensors import safe_open
 from specbench.configs import conf_dir
 from specbench.drafters import shipped
 from specbench.errors import SpecbenchError
-from specbench.pipelines.train_drafter import signature
+from specbench.pipelines.train_drafter import same_signature, signature
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_BYTES = 10.5 * 2**20
@@ -54,7 +54,8 @@ def test_shipped_head_matches_the_current_recipe(name):
     with initialize_config_dir(config_dir=conf_dir(), version_base=None):
         cfg = compose(config_name="train_drafter", overrides=COMMANDS[name])
     recorded = json.loads((path / shipped.RECIPE).read_text())
-    assert recorded == json.loads(json.dumps(signature(cfg))), \
+    # a key added since the head was trained matches at the value that trains as before (LATER_TRAIN_KEYS)
+    assert same_signature(recorded, json.loads(json.dumps(signature(cfg)))), \
         f"{name} was trained with another recipe than `make specialists` uses now: rebuild it (make specialists)"
 
 
