@@ -82,7 +82,7 @@ THREADS ?= null
 # free with the teacher pass, and what summaries and translations copy from). Reruns resume: answers are
 # cached as they are generated, each head resumes after its last finished epoch.
 SPECIALIST_ARGS ?= target.dtype=bfloat16 train.responses=target train.max_new_tokens=96 train.prompt_positions=true \
-	train.unroll=3 train.unroll_weights=[1.0,0.8,0.64] train.epochs=4 threads=$(THREADS)
+	train.unroll=3 train.unroll_weights=[1.0,0.8,0.64] train.epochs=3 train.lr_schedule=linear threads=$(THREADS)
 SPECIALISTS_OUT ?= outputs/specialists
 SPECIALIST_HEADS := math summarization translation chat code general
 HEAD_math := name=eagle_math dataset=gsm8k 'dataset.path=$${paths.data}/gsm8k/train.jsonl' dataset.limit=1200
@@ -103,12 +103,14 @@ specialists: specialist-data
 		hydra.run.dir=$(SPECIALISTS_OUT)/$(h) &&) true
 	$(MAKE) ship-heads
 # The training levers, measured on the math head's data at a small scale (300 GSM8K rows, 3 epochs): the recipe
-# above (unroll 3) against one-step training, feature noise, EAGLE's loss weights, two layers, a 4k
-# sub-vocabulary and response-only positions. `specialist-levers` prints the table (held-out top-1 by depth).
+# above (unroll 3, linear decay) against a constant rate (3 and 4 epochs), one-step training, feature noise,
+# EAGLE's loss weights, two layers, a 4k sub-vocabulary and response-only positions. `specialist-levers` prints the table (held-out top-1 by depth).
 LEVERS_OUT ?= $(SPECIALISTS_OUT)/levers
 LEVER_ARGS = $(HEAD_math) $(SPECIALIST_ARGS) dataset.limit=300 train.epochs=3 train.time_budget_s=null eval_sets=null
-LEVERS := recipe one_step noise eagle_weights layers2 vocab4k responses_only
+LEVERS := recipe constant constant_4_epochs one_step noise eagle_weights layers2 vocab4k responses_only
 LEVER_recipe :=
+LEVER_constant := train.lr_schedule=constant
+LEVER_constant_4_epochs := train.lr_schedule=constant train.epochs=4
 LEVER_one_step := train.unroll=1 train.unroll_weights=null
 LEVER_noise := train.feature_noise=0.1
 LEVER_eagle_weights := train.ce_weight=0.1
