@@ -182,13 +182,13 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     teacher_s = time.perf_counter() - teacher_started
     budget = float(tr.time_budget_s) if tr.get("time_budget_s") else None
     started = time.perf_counter()
+    per_epoch = math.ceil(len(train_items) / int(tr.batch_size))  # optimiser steps per epoch (the schedule's unit)
     bar = tqdm(range(epoch0, epochs), desc=f"train-drafter {ckpt.name}", unit="epoch", initial=epoch0, total=epochs)
     for epoch in bar:
         epoch_started = time.perf_counter()
         gen = torch.Generator().manual_seed(seed * 1_000 + epoch)
         trainee.start_epoch(seed, epoch)
         stats = []
-        per_epoch = math.ceil(len(train_items) / int(tr.batch_size))
         for i, batch in enumerate(trainee.batches(train_items, gen)):
             if schedule != "constant":
                 for group in opt.param_groups:
