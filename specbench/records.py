@@ -40,6 +40,14 @@ class Round:
     switched: bool
     deferred: int = 0  # drafted positions a cascade rule deferred to the target (0: no cascade rule)
     first_use: bool = False  # the drafter did its per-query setup in this round (timed in t_switch)
+    # Tree rounds (several drafts verified in one forward; ``arm`` is ``tree:<a>+<b>``): the drafters whose
+    # drafts entered the tree, its node count, the accepted length each draft had along the tree's rows (greedy:
+    # exactly what it would have had alone; sampling: how far it followed the accepted path), and the
+    # members whose draft reached the round's accepted length (they share the credit). None / 0 otherwise.
+    members: list[str] | None = None
+    tree_size: int = 0
+    member_accepted: dict[str, int] | None = None
+    winners: list[str] | None = None
 
 
 def round_row(query_id: str, task: str, method: str, rnd: Round) -> dict:

@@ -24,6 +24,7 @@ class Draft:
     tokens: list[int]
     probs: torch.Tensor | None  # [len(tokens), V]: the distributions the tokens were drawn from
     raw: torch.Tensor | None = None  # [len(tokens), V]: the drafter's untempered softmax (cascade rules)
+    match: int | None = None  # retrieval drafters: how many context tokens the draft's source matched (routing)
 
 
 def draft_ends(tok: int, prob: float, i: int, k: int, eos_ids, confidence_threshold: float) -> bool:

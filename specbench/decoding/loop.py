@@ -14,11 +14,12 @@ from specbench.decoding.cascade import Cascade
 from specbench.decoding.certify import deciders
 from specbench.decoding.drafter import Draft, Drafter, DecodeContext, Verification
 from specbench.decoding.sampling import SamplingParams, logits_to_probs
+from specbench.decoding.tree import build_tree, member_divergence, verify_tree_greedy, verify_tree_sampling
 from specbench.decoding.verify import block_divergence, block_efficiency, verify_greedy, verify_sampling
 from specbench.errors import SpecbenchError
 from specbench.models.target import Target
 from specbench.records import Round
-from specbench.selection.base import Feedback, Selector
+from specbench.selection.base import Feedback, Route, Selector
 from specbench.timing import Clock
 
 
@@ -97,6 +98,24 @@ class DecodeSpec:
     cascade: Cascade | None = None
 
 
+@dataclass(frozen=True)
+class _Drafted:
+    """One member's draft in a round: the draft, its length limit ``k``, ``n_max`` (0 for the autoregressive
+    arm), whether this sync started the query for it, and the sync and propose times."""
+
+    draft: Draft
+    k: int
+    n_max: int
+    first: bool
+    t_sync: float
+    t_propose: float
+
+
+def tree_label(members) -> str:
+    """The ``arm`` a tree round is recorded under: ``tree:<a>+<b>...``."""
+    return "tree:" + "+".join(members)
+
+
 def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prompt_ids: list[int], spec: DecodeSpec,
            rng: torch.Generator, query=None) -> Generation:
     """Generate up to ``spec.limits.max_new_tokens`` tokens for one prompt (batch size 1), drawing every random
@@ -133,82 +152,142 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
         ctx.record_states(prefilled.states, rows=len(target.tokens) - 1, start=0)
     out: list[int] = []
     certify = sampling.greedy and (cascade is None or cascade.lossless)
+    lossy = cascade is not None and not cascade.lossless
     gen = Generation(tokens=out, deciders=[] if certify else None)
-    prev_arm = None
+    prev_members: tuple[str, ...] | None = None
     while len(out) < limits.max_new_tokens:
         t0 = clock.now()
-        arm = selector.select()
+        choice = selector.select()
         t1 = clock.now()
-        drafter = pool[arm]
         # Leave room for the bonus token so a round never overshoots max_new_tokens.
         room = limits.max_new_tokens - len(out) - 1
-        k = min(drafter.draft_length or limits.draft_length, room)
-        switched = prev_arm is not None and arm != prev_arm
-        first_use = drafter.sync(ctx, target.tokens) and drafter.drafts
-        t2 = clock.now()
-        # A lossy cascade rule may keep the last draft token too, so it drafts one token more (in the
-        # bonus token's room) and the target scores all but that one: a round whose drafts are all kept
-        # emits only drafter tokens, and at a never-deferring alpha the output is the drafter's own.
-        lossy = cascade is not None and not cascade.lossless
-        n_draft = k + 1 if lossy else k
-        draft = drafter.propose(target.tokens, n_draft, sampling, rng, eos_ids) if n_draft > 0 else Draft([], None)
-        t3 = clock.now()
-        scored = draft.tokens[:k]  # [k + 1, V] logits: a bonus row unless the draft has k + 1 tokens
-        scores = target.score(scored, layers=layers)
-        logits, states = scores.logits, scores.states
-        deferred = len(draft.tokens) if cascade is not None else 0
-        if lossy and draft.tokens:
-            verdict, deferred = cascade.verify(draft.tokens, draft.probs, draft.raw, logits, sampling, rng)
-            p = logits_to_probs(logits, sampling)
-        elif sampling.greedy:
-            verdict = verify_greedy(draft.tokens, logits)
-            p = logits_to_probs(logits[: len(draft.tokens)], sampling) if draft.tokens else None
+
+        def draft_with(name: str) -> _Drafted:
+            drafter = pool[name]
+            k = min(drafter.draft_length or limits.draft_length, room)
+            ta = clock.now()
+            first = drafter.sync(ctx, target.tokens) and drafter.drafts
+            tb = clock.now()
+            # A lossy cascade rule may keep the last draft token too, so it drafts one token more (in the
+            # bonus token's room) and the target scores all but that one: a round whose drafts are all kept
+            # emits only drafter tokens, and at a never-deferring alpha the output is the drafter's own.
+            n = k + 1 if lossy else k
+            draft = drafter.propose(target.tokens, n, sampling, rng, eos_ids) if n > 0 else Draft([], None)
+            return _Drafted(draft, k, n if drafter.drafts else 0, first, tb - ta, clock.now() - tb)
+
+        routed_time = 0.0
+        if isinstance(choice, Route):  # draft with the first arm; keep its draft only on a long enough match
+            tried = draft_with(choice.first)
+            if tried.draft.tokens and (tried.draft.match or 0) >= choice.min_match:
+                members, made = (choice.first,), {choice.first: tried}
+            else:
+                members, made = (choice.then,), {choice.then: draft_with(choice.then)}
+                routed_time = tried.t_sync + tried.t_propose
         else:
-            p = logits_to_probs(logits, sampling)
-            verdict = verify_sampling(draft.tokens, draft.probs, p, rng)
-        new = verdict.tokens
+            members = (choice,) if isinstance(choice, str) else tuple(dict.fromkeys(choice))
+            if not members:
+                raise SpecbenchError(f"{type(selector).__name__} chose no arm for a round",
+                                     "a tree selector must name at least one drafter per round")
+            made = {m: draft_with(m) for m in members}
+        switched = prev_members is not None and members != prev_members
+        first_use = any(d.first for d in made.values())
+        t3 = clock.now()
+        tree = None
+        if len(members) == 1:
+            arm = members[0]
+            draft, k = made[arm].draft, made[arm].k
+            scored = draft.tokens[:k]  # [k + 1, V] logits: a bonus row unless the draft has k + 1 tokens
+            scores = target.score(scored, layers=layers)
+            logits, states = scores.logits, scores.states
+            deferred = len(draft.tokens) if cascade is not None else 0
+            if lossy and draft.tokens:
+                verdict, deferred = cascade.verify(draft.tokens, draft.probs, draft.raw, logits, sampling, rng)
+                p = logits_to_probs(logits, sampling)
+            elif sampling.greedy:
+                verdict = verify_greedy(draft.tokens, logits)
+                p = logits_to_probs(logits[: len(draft.tokens)], sampling) if draft.tokens else None
+            else:
+                p = logits_to_probs(logits, sampling)
+                verdict = verify_sampling(draft.tokens, draft.probs, p, rng)
+            new, rows, path_draft = verdict.tokens, None, scored
+            n_max = made[arm].n_max
+            bd = block_divergence(draft.tokens, draft.probs, p, n_max) if draft.tokens else 0.0
+        else:
+            if lossy:
+                raise SpecbenchError("a speculative-cascade rule verifies one draft per round, not a token tree",
+                                     "use cascade=none with tree methods, or fixed:<drafter> methods with the cascade")
+            arm = tree_label(members)
+            tree = build_tree({m: made[m].draft.tokens for m in members})
+            scores = target.score_tree(tree, layers=layers)
+            logits, states = scores.logits, scores.states
+            p_all = logits_to_probs(logits, sampling)
+            if sampling.greedy:
+                tv = verify_tree_greedy(tree, logits)
+            else:
+                tv = verify_tree_sampling(tree, {m: made[m].draft.probs for m in members}, p_all, rng)
+            new, rows = tv.tokens, tree.rows(tv.path)
+            path_draft = [tree.tokens[n] for n in tv.path]
+            logits, p = logits[rows], p_all[rows[:-1]]
+            states = {layer: x[rows] for layer, x in states.items()}
+            verdict, deferred = tv, 0
+            n_max = max(d.n_max for d in made.values())
+            mine = {m: member_divergence(tree, m, made[m].draft.probs, p_all, made[m].n_max) for m in members}
+            bd = max(mine.values())
         for i, tok in enumerate(new):
             if tok in eos_ids:
                 new = new[: i + 1]
                 gen.stop = "eos"
                 break
         accepted = min(verdict.accepted, len(new))
-        if certify:  # row i of the forward chose output token i of the round
+        if certify:  # row i of the forward (along the accepted path) chose output token i of the round
             gen.deciders.extend(deciders(logits, len(new)))
-        n_max = n_draft if drafter.drafts else 0
-        bd = block_divergence(draft.tokens, draft.probs, p, n_max) if draft.tokens else 0.0
         last = len(target.tokens) - 1  # position of the last committed token: the first scored row
         out.extend(new)
         done = gen.stop == "eos" or len(out) >= limits.max_new_tokens
         if not done:
-            target.commit(new)
+            if tree is None:
+                target.commit(new)
+            else:
+                target.commit_tree(verdict.path, new)
             if layers:  # rows of the last committed token and the accepted draft tokens
                 ctx.record_states(states, rows=len(new), start=last)
         t4 = clock.now()
         side = {}
         if watching and selector.full_information:
-            seen = Verification(draft=scored, p=p, accepted=accepted, played=arm, sampling=sampling, states=states,
+            seen = Verification(draft=path_draft, p=p, accepted=accepted, played=arm, sampling=sampling, states=states,
                                 peers=watching, context=target.tokens[: last + 1], query=ctx,
                                 draft_length=limits.draft_length, room=room, eos_ids=eos_ids)
             for name, d in watching.items():
                 obs = d.observe(seen)
-                if obs is not None and name != arm:
+                if obs is not None and name not in members:
                     side[name] = obs
         t5 = clock.now()
         t_select = (t1 - t0) + (t5 - t4) + (0.0 if gen.rounds else t_reset)
         setup = switched or first_use
-        rnd = Round(index=len(gen.rounds), arm=arm, drafted=len(draft.tokens), accepted=accepted, n_max=n_max,
+        t_sync = sum(d.t_sync for d in made.values())
+        t_draft = sum(d.t_propose for d in made.values()) + routed_time + (0.0 if setup else t_sync)
+        drafted = tree.size if tree is not None else len(made[arm].draft.tokens)
+        rnd = Round(index=len(gen.rounds), arm=arm, drafted=drafted, accepted=accepted, n_max=n_max,
                     be=block_efficiency(accepted, n_max), bd=bd, emitted=len(new), t_select=t_select,
-                    t_draft=(t3 - t2) if setup else (t3 - t1), t_verify=t4 - t3,
-                    t_switch=(t2 - t1) if setup else 0.0, switched=switched, first_use=first_use,
-                    deferred=deferred)
+                    t_draft=t_draft, t_verify=t4 - t3, t_switch=t_sync if setup else 0.0, switched=switched,
+                    first_use=first_use, deferred=deferred)
+        if tree is not None:
+            own = {m: min(verdict.agreement(tree, m), accepted) for m in members}
+            rnd.members, rnd.tree_size = list(members), tree.size
+            rnd.member_accepted, rnd.winners = own, verdict.winners(tree)
+            selector.update_tree({m: Feedback(drafted=len(made[m].draft.tokens), accepted=own[m], n_max=made[m].n_max,
+                                              be=block_efficiency(own[m], made[m].n_max), bd=mine[m],
+                                              t_draft=made[m].t_propose, t_verify=rnd.t_verify,
+                                              t_switch=made[m].t_sync if made[m].first else 0.0)
+                                  for m in members})
+        else:
+            selector.update(arm, Feedback(drafted=rnd.drafted, accepted=accepted, n_max=n_max, be=rnd.be, bd=bd,
+                                          t_draft=rnd.t_draft, t_verify=rnd.t_verify, t_switch=rnd.t_switch))
         gen.rounds.append(rnd)
-        selector.update(arm, Feedback(drafted=rnd.drafted, accepted=accepted, n_max=n_max, be=rnd.be, bd=bd,
-                                      t_draft=rnd.t_draft, t_verify=rnd.t_verify, t_switch=rnd.t_switch))
         if selector.full_information:
             for name, side_bd in side.items():
                 selector.observe(name, side_bd)
-        prev_arm = arm
+        prev_members = members
         if done:
             break
     gen.target_calls = target.calls

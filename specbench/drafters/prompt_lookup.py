@@ -12,6 +12,11 @@ from specbench.errors import SpecbenchError
 
 def lookup(haystack: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
     """Up to ``k`` tokens following the most recent earlier match of the longest suffix n-gram."""
+    return lookup_match(haystack, k, max_ngram, min_ngram)[0]
+
+
+def lookup_match(haystack: list[int], k: int, max_ngram: int, min_ngram: int) -> tuple[list[int], int]:
+    """``lookup``'s draft and the length of the suffix n-gram it matched (0: no match)."""
     n_tokens = len(haystack)
     for n in range(min(max_ngram, n_tokens - 1), min_ngram - 1, -1):
         pattern = haystack[n_tokens - n:]
@@ -19,8 +24,8 @@ def lookup(haystack: list[int], k: int, max_ngram: int, min_ngram: int) -> list[
             if haystack[start:start + n] == pattern:
                 cont = haystack[start + n:start + n + k]
                 if cont:
-                    return cont
-    return []
+                    return cont, n
+    return [], 0
 
 
 class PromptLookup(Drafter):
@@ -40,7 +45,8 @@ class PromptLookup(Drafter):
         self._prefix = list(encoder_ids or [])
 
     def propose(self, tokens, k, sampling, rng, eos_ids=frozenset()) -> Draft:
-        return Draft(tokens=lookup(self._prefix + tokens, k, self.max_ngram, self.min_ngram), probs=None)
+        draft, n = lookup_match(self._prefix + tokens, k, self.max_ngram, self.min_ngram)
+        return Draft(tokens=draft, probs=None, match=n)
 
 
 def build(target, name: str, max_ngram: int = 3, min_ngram: int = 1, cost: float = 0.0) -> PromptLookup:

@@ -12,6 +12,8 @@ import inspect
 import torch
 from transformers import DynamicCache, EncoderDecoderCache
 
+from specbench.errors import SpecbenchError
+
 
 def crop_cache(cache, keep: int) -> None:
     """Crop a transformers cache to its first ``keep`` positions.
@@ -78,15 +80,23 @@ class CachedLM:
                 self.encoder_outputs = self.model.get_encoder()(input_ids=ids)
 
     @torch.inference_mode()
-    def forward(self, ids: list[int], last_only: bool = False, hidden: bool = False):
+    def forward(self, ids: list[int], last_only: bool = False, hidden: bool = False,
+                tree: torch.Tensor | None = None, depths: list[int] | None = None):
         """Append ``ids`` to the cache; return float32 logits ``[len(ids), V]`` (``[1, V]`` with
         ``last_only``, which skips the LM head on the other positions where the model allows).
 
         With ``hidden`` return ``(logits, states)`` where ``states[l]`` ``[len(ids), H]`` is the
         (decoder's) residual stream after ``l`` layers (``states[0]``: the embeddings).
+
+        With ``tree`` (``[len(ids), len(ids)]`` bool, which new position may attend which) and ``depths``
+        (each new position's offset from the first), the new positions form a token tree: each sees every
+        cached position and the new ones ``tree`` allows, at position ``cached + depth`` (decoder-only
+        models that take a 4D attention mask and ``position_ids``, the Llama family among them).
         """
         x = torch.tensor([ids], device=self.device)
         kwargs = {self._cache_kw: self.cache, "use_cache": True}
+        if tree is not None:
+            kwargs.update(tree_arguments(self.model, len(self.cached), tree, depths, self.device))
         if last_only and self._keep_kw:
             kwargs[self._keep_kw] = 1
         if hidden:
@@ -105,6 +115,15 @@ class CachedLM:
             return logits.float(), tuple(h[0] for h in states)
         return logits.float()
 
+    def keep_positions(self, start: int, rows: list[int]) -> None:
+        """Keep cache positions ``0 .. start - 1`` followed by positions ``rows`` (each >= ``start``, in order),
+        dropping the rest: after a tree forward, the accepted path's entries move into place."""
+        if rows == list(range(start, start + len(rows))):
+            self.crop(start + len(rows))
+            return
+        select_cache_positions(self.cache, start, rows)
+        self.cached[start:] = [self.cached[r] for r in rows]
+
     def crop(self, keep: int) -> None:
         if keep < len(self.cached):
             crop_cache(self.cache, keep)
@@ -122,6 +141,49 @@ class CachedLM:
         """
         self.keep_common(tokens, len(tokens) - 1)
         return self.forward(tokens[len(self.cached):], last_only=True)[-1]
+
+
+def tree_arguments(model: torch.nn.Module, cached: int, tree: torch.Tensor, depths: list[int], device) -> dict:
+    """``attention_mask`` (4D, additive: 0 where allowed, the dtype's minimum elsewhere, so eager and SDPA
+    attention read it alike) and ``position_ids`` for a tree of ``len(depths)`` new positions after ``cached``."""
+    dtype = next(model.parameters()).dtype
+    if not dtype.is_floating_point:
+        dtype = torch.float32
+    q = tree.shape[0]
+    allowed = torch.ones(q, cached + q, dtype=torch.bool, device=device)
+    allowed[:, cached:] = tree.to(device)
+    mask = torch.zeros(q, cached + q, dtype=dtype, device=device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    positions = torch.tensor([[cached + d for d in depths]], device=device)
+    return {"attention_mask": mask[None, None], "position_ids": positions}
+
+
+def select_cache_positions(cache, start: int, rows: list[int]) -> None:
+    """Keep positions ``0 .. start - 1`` and ``rows`` of every layer of a dynamic KV cache (transformers 5
+    ``cache.layers``, 4.x ``key_cache`` / ``value_cache``)."""
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        holders = [(cache.key_cache, cache.value_cache, i) for i in range(len(cache.key_cache))]
+        get = lambda h: (h[0][h[2]], h[1][h[2]])  # noqa: E731
+
+        def put(h, k, v):
+            h[0][h[2]], h[1][h[2]] = k, v
+    else:
+        if any(hasattr(layer, "cumulative_length") for layer in layers):
+            raise SpecbenchError("tree verification needs a full KV cache, and this model keeps a sliding window",
+                                 "verify one draft per round (a fixed:<drafter> or bandit method) with this target")
+        holders = list(layers)
+        get = lambda layer: (layer.keys, layer.values)  # noqa: E731
+
+        def put(layer, k, v):
+            layer.keys, layer.values = k, v
+    for h in holders:
+        k, v = get(h)
+        if k is None or k.numel() == 0:
+            continue
+        idx = torch.tensor(rows, device=k.device)
+        put(h, torch.cat([k[..., :start, :], k.index_select(-2, idx)], dim=-2),
+            torch.cat([v[..., :start, :], v.index_select(-2, idx)], dim=-2))
 
 
 def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:

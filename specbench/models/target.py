@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specbench.decoding.tree import TokenTree, tree_attention, tree_positions
 from specbench.errors import SpecbenchError
 from specbench.models.cache import CachedLM
 from specbench.models.loading import LoadedModel
@@ -123,6 +124,34 @@ class Target:
         logits, states = self.lm.forward(ids, hidden=True)
         keep = range(len(states)) if hidden else layers
         return Forward(logits, {int(layer): states[layer] for layer in keep})
+
+    def score_tree(self, tree: TokenTree, layers: tuple[int, ...] = ()):
+        """One forward over [last committed token, *tree nodes] with the tree's attention mask and depths:
+        a ``Forward`` whose logits (and ``states`` for ``layers``) are ``[tree.size + 1, ...]``, row ``1 + i``
+        for node ``i``. A trie that is one path is scored as an ordinary chain (the same rows). Decoder-only
+        targets only: an encoder-decoder decoder places its tokens by cache position, not ``position_ids``."""
+        if tree.is_chain:
+            return self.score(list(tree.tokens), layers=layers)
+        if self.is_encoder_decoder:
+            raise SpecbenchError("tree verification needs a decoder-only target; this one is encoder-decoder "
+                                 f"({type(self.model).__name__} places decoder tokens by cache position, not by "
+                                 "position_ids, so a branch cannot sit at its depth)",
+                                 "verify one draft per round with this target: fixed:<drafter> or a bandit "
+                                 "selector instead of tree:... / tree selectors")
+        self.calls += 1
+        ids = self.tokens[-1:] + list(tree.tokens)
+        mask, depths = tree_attention(tree), tree_positions(tree)
+        if not layers:
+            return Forward(self.lm.forward(ids, tree=mask, depths=depths))
+        logits, states = self.lm.forward(ids, hidden=True, tree=mask, depths=depths)
+        return Forward(logits, {int(layer): states[layer] for layer in layers})
+
+    def commit_tree(self, path: tuple[int, ...], new_tokens: list[int]) -> None:
+        """Append a tree round's output (the accepted ``path``'s tokens and the bonus token): the cache keeps
+        the committed positions and the path's nodes, moved into place; the other branches are dropped."""
+        root = len(self.tokens) - 1  # cache position of the last committed token, the tree's root
+        self.lm.keep_positions(root + 1, [root + 1 + n for n in path])
+        self.commit(new_tokens)
 
     @torch.inference_mode()
     def embed(self, prompt_ids: list[int], pooling: str = "mean") -> torch.Tensor:

@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from specbench.configs import group_options, load_option
 from specbench.arms import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
-from specbench.selection import Fixed, Selector
+from specbench.selection import Fixed, FixedTree, Selector
 
 
 @dataclass
@@ -22,7 +22,8 @@ class Method:
 
 
 def parse_methods(specs, pool: dict, selector_cfg, root: DictConfig | None = None) -> list[Method]:
-    """``autoregressive`` | ``fixed:<arm>`` | ``fixed:*`` (every drafter) | ``selector`` (the composed
+    """``autoregressive`` | ``fixed:<arm>`` | ``fixed:*`` (every drafter) | ``tree:<a>+<b>[+...]`` (their drafts
+    verified as one token tree each round) | ``tree:*`` (the whole pool's) | ``selector`` (the composed
     ``selector`` config) | ``selector:<name>`` (``conf/selector/<name>.yaml``, so one run can compare
     several selectors; ``root.selector_overrides`` is merged into each). The autoregressive baseline
     is always first."""
@@ -51,9 +52,17 @@ def parse_methods(specs, pool: dict, selector_cfg, root: DictConfig | None = Non
             for a in chosen:
                 Fixed(arms, a)  # validates the arm name now, before any decoding
             new = [Method(f"fixed:{a}", lambda a=a: Fixed(arms, a)) for a in chosen]
+        elif spec.startswith("tree:"):
+            listed = spec.split(":", 1)[1]
+            members = ([a for a in arms if a != AUTOREGRESSIVE] if listed == "*"
+                       else [m.strip() for m in listed.split("+") if m.strip()])
+            FixedTree(arms, members)  # validates the members now, before any decoding
+            name = "tree:*" if listed == "*" else "tree:" + "+".join(members)
+            new = [Method(name, lambda members=members: FixedTree(arms, members))]
         else:
             raise SpecbenchError(f"unknown method '{spec}'",
-                                 "use autoregressive, fixed:<drafter>, fixed:*, selector or selector:<name> in methods")
+                                 "use autoregressive, fixed:<drafter>, fixed:*, tree:<a>+<b>, tree:*, selector or "
+                                 "selector:<name> in methods")
         for m in new:
             if m.name not in names:
                 names.append(m.name)

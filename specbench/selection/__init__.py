@@ -8,7 +8,9 @@ from specbench.selection.fixed import Fixed
 from specbench.selection.hedge import Hedge
 from specbench.selection.halving import SequentialHalving
 from specbench.selection.policy import PolicySelector
+from specbench.selection.trees import FixedTree, Router, TreeHedge, TreeUCB
 from specbench.selection.ucb import UCB, DiscountedUCB, SlidingWindowUCB
 
-__all__ = ["BanditSelector", "DiscountedUCB", "EXP3", "EpsilonGreedy", "ExploreThenCommit", "Feedback", "Fixed", "Hedge",
-           "PolicySelector", "RandomSelector", "Selector", "SequentialHalving", "SlidingWindowUCB", "UCB"]
+__all__ = ["BanditSelector", "DiscountedUCB", "EXP3", "EpsilonGreedy", "ExploreThenCommit", "Feedback", "Fixed", "FixedTree",
+           "Hedge", "PolicySelector", "RandomSelector", "Router", "Selector", "SequentialHalving", "SlidingWindowUCB",
+           "TreeHedge", "TreeUCB", "UCB"]

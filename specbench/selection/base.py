@@ -23,6 +23,22 @@ class Feedback:
     t_switch: float
 
 
+@dataclass(frozen=True)
+class Route:
+    """A per-round routing choice (the SAM-Decoding rule): the loop drafts with ``first``; its draft plays
+    when its context match (``Draft.match``) is at least ``min_match`` tokens long, else ``then`` drafts
+    instead. Either way one draft is verified."""
+
+    first: str
+    then: str
+    min_match: int
+
+
+# What ``Selector.select`` returns: one arm, several arms whose drafts one target forward verifies as a
+# token tree (a tuple), or a ``Route``.
+Choice = "str | tuple[str, ...] | Route"
+
+
 class Selector:
     """Chooses which arm (a pool key, ``autoregressive`` included) drafts each round.
 
@@ -48,8 +64,13 @@ class Selector:
     def reset(self, query=None) -> None:
         """Start a new query (per-query selectors decide here)."""
 
-    def select(self) -> str:
+    def select(self) -> str | tuple[str, ...] | Route:
+        """This round's arm; or a tuple of arms whose drafts enter one token tree; or a ``Route``."""
         raise NotImplementedError
+
+    def update_tree(self, feedback: dict[str, Feedback]) -> None:
+        """Learn from a tree round: every member's own feedback (its accepted length and rewards along its
+        own path in the tree forward, as if it had drafted alone)."""
 
     def update(self, arm: str, feedback: Feedback) -> None:
         """Learn from the round just played (online selectors)."""

@@ -1,0 +1,140 @@
+"""Multi-draft (token-tree) speculative sampling is lossless: the exact three-token law.
+
+A seeded synthetic target over 5 tokens (its logits a fixed function of the prefix) and three drafters:
+two model-like ones drawing from their own processed distributions (with the same temperature and
+top-p as the target) and a deterministic one (one-hot q, as prompt lookup). Each round drafts up to two
+tokens per member, merges the drafts into a trie, and verifies them with ``verify_tree_sampling`` over
+the target's rows for every node, until three tokens are out, exactly as the decode loop does (the room
+for the bonus token included). The empirical law of the three tokens must match the product of the
+target's processed distributions; skipping the residual correction between siblings must not.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from specbench.decoding.sampling import SamplingParams, logits_to_probs
+from specbench.decoding.tree import build_tree, verify_tree_greedy, verify_tree_sampling
+
+V = 5
+OUT = 3
+DRAFT = 2
+RUNS = 6000
+
+
+def chi2_critical(df: int) -> float:
+    """Upper 1e-3 quantile of chi-square(df) (Wilson-Hilferty)."""
+    h = 2.0 / (9.0 * df)
+    return df * (1.0 - h + 3.090 * math.sqrt(h)) ** 3
+
+
+class Law:
+    """Processed distributions of the target (seed 0) and two drafters (seeds 1, 2), memoised by prefix."""
+
+    def __init__(self, sampling: SamplingParams):
+        self.sampling = sampling
+        self.memo: dict = {}
+
+    def probs(self, who: int, prefix: tuple[int, ...]) -> torch.Tensor:
+        key = (who, prefix)
+        if key not in self.memo:
+            g = torch.Generator().manual_seed(hash((who, prefix)) % (2 ** 31))
+            logits = 1.5 * torch.randn(V, generator=g)
+            self.memo[key] = logits_to_probs(logits, self.sampling)
+        return self.memo[key]
+
+
+def one_run(law: Law, rng: torch.Generator, residual_rule=None) -> tuple[int, ...]:
+    out: list[int] = []
+    while len(out) < OUT:
+        k = min(DRAFT, OUT - len(out) - 1)
+        drafts, q = {}, {}
+        for who, name in ((1, "m1"), (2, "m2")):
+            toks, rows = [], []
+            for _ in range(k):
+                dist = law.probs(who, tuple(out + toks))
+                toks.append(int(torch.multinomial(dist, 1, generator=rng)))
+                rows.append(dist)
+            drafts[name], q[name] = toks, (torch.stack(rows) if rows else None)
+        drafts["one_hot"] = [(sum(out) + i) % V for i in range(k)]  # deterministic: q is one-hot
+        q["one_hot"] = None
+        tree = build_tree(drafts)
+        prefixes = [()] + [tuple(tree.tokens[m] for m in path_to(tree, n)) for n in range(tree.size)]
+        p = torch.stack([law.probs(0, tuple(out) + pre) for pre in prefixes])
+        kwargs = {} if residual_rule is None else {"residual_rule": residual_rule}
+        verdict = verify_tree_sampling(tree, q, p, rng, **kwargs)
+        out.extend(verdict.tokens)
+    return tuple(out[:OUT])
+
+
+def path_to(tree, node: int) -> list[int]:
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = tree.parents[node]
+    return path[::-1]
+
+
+def exact_law(law: Law) -> dict[tuple[int, ...], float]:
+    out = {}
+    for seq in itertools.product(range(V), repeat=OUT):
+        prob = 1.0
+        for i in range(OUT):
+            prob *= float(law.probs(0, seq[:i])[seq[i]])
+        if prob > 0:
+            out[seq] = prob
+    assert sum(out.values()) == pytest.approx(1.0, abs=1e-5)
+    return out
+
+
+def chi_square(counts: Counter, law: dict, runs: int) -> tuple[float, int]:
+    outside = {k: v for k, v in counts.items() if k not in law}
+    assert not outside, f"sequences the target gives probability 0: {outside}"
+    big = {k: p for k, p in law.items() if p * runs >= 5}
+    stat = sum((counts.get(k, 0) - p * runs) ** 2 / (p * runs) for k, p in big.items())
+    rest_p, rest_n = 1.0 - sum(big.values()), runs - sum(counts.get(k, 0) for k in big)
+    cells = len(big)
+    if rest_p * runs >= 5:
+        stat += (rest_n - rest_p * runs) ** 2 / (rest_p * runs)
+        cells += 1
+    return stat, cells - 1
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=0.7), SamplingParams(temperature=1.3),
+                                      SamplingParams(temperature=1.0, top_p=0.9)], ids=["t0.7", "t1.3", "top_p0.9"])
+def test_tree_sampling_reproduces_the_three_token_law(sampling):
+    law = Law(sampling)
+    exact = exact_law(law)
+    rng = torch.Generator().manual_seed(7)
+    counts = Counter(one_run(law, rng) for _ in range(RUNS))
+    stat, df = chi_square(counts, exact, RUNS)
+    assert df >= 8
+    assert stat < chi2_critical(df), f"chi-square {stat:.1f} with {df} degrees of freedom"
+    tv = 0.5 * sum(abs(counts.get(k, 0) / RUNS - p) for k, p in exact.items())
+    assert tv < 0.06, tv
+
+
+def test_accepting_a_sibling_without_the_residual_correction_is_caught():
+    law = Law(SamplingParams(temperature=1.0))
+    exact = exact_law(law)
+    rng = torch.Generator().manual_seed(7)
+    no_correction = lambda dist, q, x: dist  # noqa: E731 (the mutation: the next sibling sees p, not the residual)
+    counts = Counter(one_run(law, rng, residual_rule=no_correction) for _ in range(RUNS))
+    stat, df = chi_square(counts, exact, RUNS)
+    assert stat > 3 * chi2_critical(df), f"the mutation went unnoticed: chi-square {stat:.1f}, df {df}"
+
+
+def test_greedy_tree_walk_and_member_agreement():
+    tree = build_tree({"a": [1, 2, 3], "b": [1, 4], "c": [], "d": [2]})
+    logits = torch.full((tree.size + 1, V), -5.0)
+    # root -> 1 (shared), then 4 (b's branch), then row of node "4" says 0 (bonus)
+    logits[0, 1] = logits[1 + tree.paths["a"][0], 4] = logits[1 + tree.paths["b"][1], 0] = 5.0
+    verdict = verify_tree_greedy(tree, logits)
+    assert verdict.tokens == [1, 4, 0] and verdict.accepted == 2
+    assert {m: verdict.agreement(tree, m) for m in tree.paths} == {"a": 1, "b": 2, "c": 0, "d": 0}
+    assert verdict.winners(tree) == ["b"]
