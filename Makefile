@@ -38,7 +38,7 @@ $(VENV)/bin/python:
 DEMO_OUT ?= outputs/demo
 demo: install
 	rm -rf $(DEMO_OUT)
-	$(SPECBENCH) eval hydra.run.dir=$(DEMO_OUT)
+	$(SPECBENCH) eval experiment=demo hydra.run.dir=$(DEMO_OUT)
 
 readme-demo: install
 	$(PYTHON) -m specbench.reproduction.render demo $(DEMO_OUT) README.md

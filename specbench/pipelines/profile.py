@@ -70,6 +70,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     if tokens_from not in TOKENS:
         raise SpecbenchError(f"profile.tokens={tokens_from}: unknown", f"use one of: {', '.join(TOKENS)}")
     repeats, warmup, k = int(p.repeats), int(p.get("warmup", 2)), int(p.get("draft_tokens", 8))
+    shapes = tree_shapes(p.get("trees"))
     out = start_run(cfg, output_dir, FILES)
     eval_rounds = rounds_of(p.run) if p.get("run") else None  # a wrong directory fails before any measuring
 
@@ -80,7 +81,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     target = Target(loaded)
     pool = build_pool(target, cfg.pool.get("drafters"), measuring=True)
     drafters = {name: d for name, d in pool.items() if d.drafts}
-    extra = max(max(qs), k + 1)
+    extra = max(max(qs), k + 1, *(b * d + 1 for b, d in shapes))
     check_fits(target, cfg, contexts[-1], extra)
     source = context_source(cfg, target, loaded, tokens_from, contexts[-1] + extra)
     clock = Clock(target.device)
@@ -89,11 +90,17 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     rng = torch.Generator(device=target.device).manual_seed(int(cfg.seed))
 
     verify = {c: measure_verify(target, source, c, qs, repeats, warmup, clock) for c in contexts}
+    trees = ({c: measure_trees(target, source, c, shapes, repeats, warmup, clock) for c in contexts}
+             if shapes and not target.is_encoder_decoder else {})
     drafted = measure_drafters(target, drafters, source[:contexts[0]], k, sampling, rng, repeats, warmup, clock)
     for name, d in drafted.items():  # the kind: the drafter module its config builds with (quantized, eagle, ...)
         builder = str(cfg.pool.drafters[name].get("_target_") or d["kind"])
         d["kind"] = builder.removeprefix("specbench.drafters.").removesuffix(".build")
     prof = profile_dict(target, qs, contexts, verify, drafted, k, repeats, tokens_from)
+    if trees:
+        prof["trees"] = {str(c): [{"branches": b, "depth": d, "nodes": b * d, "seconds": t,
+                                   "c_verify": t / verify[c][0]} for (b, d), t in zip(shapes, trees[c])]
+                         for c in contexts}
     rounding = measure_rounding(cfg, target, loaded)
     if rounding is not None:
         prof["rounding"] = rounding
@@ -187,6 +194,42 @@ def measure_verify(target: Target, source: list[int], context: int, qs: list[int
         return t1 - t0
 
     return [statistics.median(x) for x in interleaved(len(qs), repeats, warmup, timed)]
+
+
+def tree_shapes(spec) -> list[tuple[int, int]]:
+    """``profile.trees``: ``[[branches, depth], ...]`` -> shapes (each a whole number >= 1)."""
+    shapes = []
+    for item in list(spec or []):
+        pair = list(item) if not isinstance(item, (str, int)) else []
+        if len(pair) != 2 or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in pair):
+            raise SpecbenchError(f"profile.trees: {item!r} is not a [branches, depth] pair of whole numbers >= 1",
+                                 "write e.g. profile.trees=[[2,5],[3,8]] (2 drafts of 5 tokens, 3 of 8)")
+        shapes.append((pair[0], pair[1]))
+    return shapes
+
+
+def measure_trees(target: Target, source: list[int], context: int, shapes: list[tuple[int, int]], repeats: int,
+                  warmup: int, clock: Clock) -> list[float]:
+    """Median seconds of ``target.score_tree`` over a tree of ``branches`` disjoint drafts of ``depth`` tokens
+    (``branches * depth`` nodes, each branch starting with a different token) after a ``context``-token prefill:
+    the cost of verifying several drafters' drafts in one forward with the tree mask."""
+    from specbench.decoding.tree import build_tree
+
+    target.prefill(source[:context])
+    keep = len(target.tokens) - 1
+    follow = source[context:]
+    trees = [build_tree({f"d{b}": [(follow[i] + b) % target.vocab_size for i in range(depth)]
+                         for b in range(branches)}) for branches, depth in shapes]
+
+    def timed(i: int) -> float:
+        target.lm.crop(keep)
+        t0 = clock.boundary()
+        target.score_tree(trees[i])
+        t1 = clock.boundary()
+        target.lm.crop(keep)
+        return t1 - t0
+
+    return [statistics.median(x) for x in interleaved(len(trees), repeats, warmup, timed)]
 
 
 def measure_drafters(target: Target, drafters: Mapping[str, Drafter], context: list[int], k: int,

@@ -53,6 +53,23 @@ def drafter_table(prof: Mapping) -> pd.DataFrame:
                         columns=["drafter", "kind", "ms_per_token", "c_draft", "drafted"])
 
 
+def tree_table(prof: Mapping) -> pd.DataFrame | None:
+    """Rows: contexts; columns: one per tree shape ``BxD`` (B disjoint drafts of D tokens), its cost relative to
+    the one-token step, with the chain of the same node count beside it where the profile measured one."""
+    trees = prof.get("trees")
+    if not trees:
+        return None
+    rows = []
+    for c in prof["contexts"]:
+        chain = dict(zip(prof["q"], prof["c_verify"][str(c)]))
+        row = {"context": str(c)}
+        for t in trees[str(c)]:
+            row[f"tree {t['branches']}x{t['depth']} ({t['nodes']} nodes)"] = t["c_verify"]
+            row[f"chain q={t['nodes'] + 1}"] = chain.get(t["nodes"] + 1, float("nan"))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def profile_markdown(prof: Mapping) -> tuple[str, str]:
     """The verification-cost table and the drafter table, as Markdown."""
     return tables.to_markdown(verify_table(prof)), tables.to_markdown(drafter_table(prof), floatfmt=".4f")
@@ -78,9 +95,15 @@ def write_profile(out: Path, prof: dict) -> None:
             f"{prof['threads']} threads, torch {prof['torch']})")
     drafters_title = f"Drafters (context {prof['draft_context']}, {prof['draft_tokens']} tokens per draft)"
     rounding = rounding_text(prof)
+    trees = tree_table(prof)
+    trees_md = tables.to_markdown(trees) if trees is not None else None
+    trees_title = "Token trees: one forward with the tree mask, relative to the one-token step (chain of as many tokens beside)"
     atomic_write_text(out / "profile.md", f"{head}\n\n## Verification cost relative to the one-token step\n\n{verify_md}\n\n"
-                                          f"## {drafters_title}\n\n{drafter_md}\n\n{NOTES}\n"
+                                          + (f"## {trees_title}\n\n{trees_md}\n\n" if trees_md else "")
+                                          + f"## {drafters_title}\n\n{drafter_md}\n\n{NOTES}\n"
                                           + (f"\n## Rounding (the tie tolerance)\n\n{rounding}\n" if rounding else ""))
+    if trees_md:
+        tables.print_table(trees_md, title=trees_title)
     tables.print_table(verify_md, title=f"Verification cost relative to the one-token step ({prof['dtype']}, "
                                         f"{prof['device']}, {prof['threads']} threads)")
     tables.print_table(drafter_md, title=drafters_title)

@@ -113,7 +113,8 @@ def summarize(examples: Iterable[dict], baseline: str = BASELINE) -> pd.DataFram
 
 
 def convergence(rounds: Iterable[dict], arms: dict[str, str]) -> pd.DataFrame:
-    """Share of rounds, by round index, in which each adaptive selector played its task's oracle arm.
+    """Share of rounds, by round index, in which each adaptive selector played its task's oracle arm (for
+    tree rounds: had its draft in the tree).
 
     ``arms`` maps task -> oracle method (``fixed:<arm>``); fixed and autoregressive methods are left
     out. Columns: method, round, share, n (rounds at that index).
@@ -122,7 +123,11 @@ def convergence(rounds: Iterable[dict], arms: dict[str, str]) -> pd.DataFrame:
     if df.empty or not arms:
         return pd.DataFrame(columns=["method", "round", "share", "n"])
     df = df[~df.method.str.startswith("fixed:") & (df.method != BASELINE) & df.task.isin(arms)]
-    df = df.assign(hit=df.arm == df.task.map(lambda t: arms[t].split(":", 1)[1]))
+    best = df.task.map(lambda t: arms[t].split(":", 1)[1])
+    hit = df.arm == best
+    if "members" in df:  # a tree round "played" its task's oracle arm when that arm's draft was in the tree
+        hit = hit | [isinstance(m, list) and b in m for m, b in zip(df.members, best)]
+    df = df.assign(hit=hit)
     out = df.groupby(["method", "round"]).hit.agg(["mean", "size"]).reset_index()
     return out.rename(columns={"mean": "share", "size": "n"})
 

@@ -1,7 +1,7 @@
 """Drafter selectors: per query (fixed, oracle, policy) or per round (bandits)."""
 
 from specbench.selection.bandits import BanditSelector, EpsilonGreedy, RandomSelector
-from specbench.selection.base import Feedback, Selector
+from specbench.selection.base import Feedback, Route, Selector
 from specbench.selection.etc import ExploreThenCommit
 from specbench.selection.exp3 import EXP3
 from specbench.selection.fixed import Fixed
@@ -12,5 +12,5 @@ from specbench.selection.trees import FixedTree, Router, TreeHedge, TreeUCB
 from specbench.selection.ucb import UCB, DiscountedUCB, SlidingWindowUCB
 
 __all__ = ["BanditSelector", "DiscountedUCB", "EXP3", "EpsilonGreedy", "ExploreThenCommit", "Feedback", "Fixed", "FixedTree",
-           "Hedge", "PolicySelector", "RandomSelector", "Router", "Selector", "SequentialHalving", "SlidingWindowUCB",
+           "Hedge", "PolicySelector", "RandomSelector", "Route", "Router", "Selector", "SequentialHalving", "SlidingWindowUCB",
            "TreeHedge", "TreeUCB", "UCB"]

@@ -20,7 +20,7 @@ from specbench.models import Target, load_model
 # Hydra's logging setup (logging.config.dictConfig) would close pytest's log capture in this process.
 QUIET = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
 TINY = ["target=tiny_llama", "pool=tiny"]
-PROFILE = [*TINY, "profile.q=[1,2,4]", "profile.contexts=[16]", "profile.repeats=2"]
+PROFILE = [*TINY, "profile.q=[1,2,4]", "profile.contexts=[16]", "profile.repeats=2", "profile.trees=[[2,2],[3,1]]"]
 DRAFTERS = ["quantized", "prompt_lookup", "early_exit_1"]  # conf/pool/tiny.yaml
 
 
@@ -87,7 +87,14 @@ def test_profile_writes_its_files_with_one_row_per_measurement(profiled):
     r = prof["rounding"]
     assert r["positions"] > 0 and r["argmax_agree"] == r["positions"] and 0 <= r["max_abs"] < 1e-3
 
+    # token trees timed with the tree mask, beside the chain of as many tokens (q = nodes + 1)
+    trees = prof["trees"]["16"]
+    assert [(t["branches"], t["depth"], t["nodes"]) for t in trees] == [(2, 2, 4), (3, 1, 3)]
+    for t in trees:
+        assert t["seconds"] > 0 and t["c_verify"] == pytest.approx(t["seconds"] / prof["step_seconds"]["16"])
+
     md = (run_dir / "profile.md").read_text()
+    assert "tree 2x2 (4 nodes)" in md and "chain q=5" in md
     assert "context |" in md and "step_ms" in md and "q=4" in md and "early_exit_1" in md
     assert "Rounding (the tie tolerance)" in md
     assert "step_ms" in out and "c_draft" in out  # printed too
@@ -179,6 +186,8 @@ def test_profile_errors(tmp_path):
     assert not (tmp_path / "a").exists()
     code, err, _ = run("profile", *TINY, "profile.contexts=[5000]", f"hydra.run.dir={tmp_path / 'b'}")
     assert_clear_error(code, err, "profile.contexts: a context of 5,000 tokens", "lower profile.contexts")
+    code, err, _ = run("profile", *PROFILE, "profile.trees=[[2,0]]", f"hydra.run.dir={tmp_path / 'd'}")
+    assert_clear_error(code, err, "profile.trees: [2, 0] is not a [branches, depth] pair", "profile.trees=[[2,5]")
     code, err, _ = run("profile", *TINY, "profile.repeats=0", f"hydra.run.dir={tmp_path / 'c'}")
     assert_clear_error(code, err, "error: profile.repeats=0: expected an integer >= 1")
 

@@ -251,8 +251,41 @@ BANDIT_CONFS = ["ucb", "ucb_be", "exp3", "sequential_halving", "etc", "discounte
                 "epsilon_greedy", "random", "ucb_full_info", "random_per_query", "ucb_switch", "hedge"]
 
 
+TREE_CONFS = ["tree_ucb", "tree_hedge", "router"]
+
+
 def test_every_bandit_config_is_tested():
-    assert {p.stem for p in CONF.glob("*.yaml")} - {"fixed", "policy"} == set(BANDIT_CONFS)
+    assert {p.stem for p in CONF.glob("*.yaml")} - {"fixed", "policy"} == set(BANDIT_CONFS) | set(TREE_CONFS)
+
+
+@pytest.mark.parametrize("stem", TREE_CONFS)
+def test_tree_and_router_configs_instantiate_and_learn(stem):
+    """The tree selectors keep prompt lookup in every tree and add the arm of best reward; the router
+    routes to prompt lookup or to the fallback UCB's arm."""
+    from specbench.configs import load_option
+    from specbench.selection import Feedback, Route
+
+    cfg = load_option("selector", stem)
+    scfg = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "name"}
+    arms = ["autoregressive", "prompt_lookup", "a", "b", "c"]
+    sel = instantiate(scfg, arms=arms)
+    means = {"prompt_lookup": 0.2, "a": 0.3, "b": 0.8, "c": 0.5}
+    rng = random.Random(0)
+    picks = []
+    for _ in range(80):
+        choice = sel.select()
+        if stem == "router":
+            assert isinstance(choice, Route) and choice.first == "prompt_lookup" and choice.min_match == 2
+            arm = choice.then
+            sel.update(arm, Feedback(4, 0, 4, 0.0, min(1.0, max(0.0, rng.gauss(means[arm], 0.1))), 0, 0, 0))
+        else:
+            assert choice[0] == "prompt_lookup" and len(choice) == 2
+            arm = choice[1]
+            sel.update_tree({m: Feedback(4, 0, 4, 0.0, min(1.0, max(0.0, rng.gauss(means[m], 0.1))), 0, 0, 0)
+                             for m in choice})
+        picks.append(arm)
+    # the router's UCB sees only the rounds it plays (bandit feedback): it explores longer
+    assert picks[-30:].count("b") >= (18 if stem == "router" else 24), picks
 
 
 @pytest.mark.parametrize("stem", BANDIT_CONFS)
