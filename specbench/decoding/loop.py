@@ -180,9 +180,12 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
             tried = draft_with(choice.first)
             if tried.draft.tokens and (tried.draft.match or 0) >= choice.min_match:
                 members, made = (choice.first,), {choice.first: tried}
-            else:
-                members, made = (choice.then,), {choice.then: draft_with(choice.then)}
-                routed_time = tried.t_sync + tried.t_propose
+            else:  # the fallback: one arm, or a tree (which may keep the first arm's draft, already made)
+                then = (choice.then,) if isinstance(choice.then, str) else tuple(dict.fromkeys(choice.then))
+                made = {m: tried if m == choice.first else draft_with(m) for m in then}
+                members = tuple(made)
+                if choice.first not in made:
+                    routed_time = tried.t_sync + tried.t_propose
         else:
             members = (choice,) if isinstance(choice, str) else tuple(dict.fromkeys(choice))
             if not members:

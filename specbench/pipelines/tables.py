@@ -126,7 +126,7 @@ def convergence(rounds: Iterable[dict], arms: dict[str, str]) -> pd.DataFrame:
     best = df.task.map(lambda t: arms[t].split(":", 1)[1])
     hit = df.arm == best
     if "members" in df:  # a tree round "played" its task's oracle arm when that arm's draft was in the tree
-        hit = hit | [isinstance(m, list) and b in m for m, b in zip(df.members, best)]
+        hit = hit | pd.Series([isinstance(m, list) and b in m for m, b in zip(df.members, best)], index=df.index)
     df = df.assign(hit=hit)
     out = df.groupby(["method", "round"]).hit.agg(["mean", "size"]).reset_index()
     return out.rename(columns={"mean": "share", "size": "n"})

@@ -27,10 +27,11 @@ class Feedback:
 class Route:
     """A per-round routing choice (the SAM-Decoding rule): the loop drafts with ``first``; its draft plays
     when its context match (``Draft.match``) is at least ``min_match`` tokens long, else ``then`` drafts
-    instead. Either way one draft is verified."""
+    instead: one arm, or several whose drafts one forward verifies as a token tree (``first`` among them
+    keeps the draft it already made)."""
 
     first: str
-    then: str
+    then: str | tuple[str, ...]
     min_match: int
 
 

@@ -10,7 +10,8 @@
   member's, so choosing a weak extra member costs only its drafting and a larger verification.
 - ``Router`` (the SAM-Decoding rule): prompt lookup's draft when its suffix match is at least
   ``min_match`` tokens long, else the ``fallback`` drafter's (a named arm, or, when ``fallback`` is
-  null, the one UCB picks among the other drafters, learning from the rounds it plays).
+  null, the one UCB picks among the other drafters, learning from the rounds it plays). With ``tree``
+  the fallback round verifies prompt lookup's (short-match) draft and the fallback's in one tree.
 """
 
 from __future__ import annotations
@@ -133,8 +134,9 @@ class Router(Selector):
     rounds it plays."""
 
     def __init__(self, arms: list[str], lookup: str = "prompt_lookup", min_match: int = 2,
-                 fallback: str | None = None, ucb: dict | None = None):
+                 fallback: str | None = None, ucb: dict | None = None, tree: bool = False):
         super().__init__(arms)
+        self.tree = bool(tree)
         self.lookup = _check_arms("router", [lookup], self.arms, "lookup")[0]
         if isinstance(min_match, bool) or not isinstance(min_match, int) or min_match < 1:
             raise SpecbenchError(f"router: min_match {min_match!r} must be a whole number of tokens >= 1",
@@ -158,8 +160,12 @@ class Router(Selector):
 
     def select(self) -> Route:
         then = self.fallback if self.inner is None else self.inner.select()
-        return Route(self.lookup, then, self.min_match)
+        return Route(self.lookup, (self.lookup, then) if self.tree else then, self.min_match)
 
     def update(self, arm: str, feedback: Feedback) -> None:
         if self.inner is not None and arm in self.inner.candidates:
             self.inner.update(arm, feedback)
+
+    def update_tree(self, feedback: dict[str, Feedback]) -> None:
+        for arm, fb in feedback.items():
+            self.update(arm, fb)

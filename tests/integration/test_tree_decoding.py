@@ -217,3 +217,14 @@ def test_encoder_decoder_targets_refuse_trees(tiny_t5_target):
     target.prefill(target.tokenizer("translate this")["input_ids"])
     with pytest.raises(SpecbenchError, match="decoder-only"):
         target.score_tree(build_tree({"a": [5, 6], "b": [7]}))
+
+
+def test_router_tree_verifies_lookup_and_fallback_together_on_a_short_match(setup, tiny_llama_pool, tiny_decode):
+    target, ids, ref = setup
+    router = Router(list(tiny_llama_pool), lookup="prompt_lookup", min_match=4, fallback="hf", tree=True)
+    gen = tiny_decode(target, tiny_llama_pool, router, ids, max_new_tokens=MAX_NEW, draft_length=3,
+                      eos_ids=frozenset())
+    assert gen.tokens == ref[:MAX_NEW]
+    # min_match 4 > max_ngram: every round is the fallback tree, which keeps prompt lookup's draft
+    assert all(r.members == ["prompt_lookup", "hf"] for r in gen.rounds)
+    assert any(r.tree_size > 3 for r in gen.rounds)  # hf drafts at most 3: prompt lookup's draft was in the tree
