@@ -18,7 +18,7 @@ PIP ?= $(PYTHON) -m pip
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install demo readme-demo test test-slow test-all bench clean metasd-cpu huang-cpu \
+.PHONY: install demo readme-demo trees-cpu test test-slow test-all bench clean metasd-cpu huang-cpu \
 	cascades-cpu specialist-data specialist-levers specialists ship-heads specialists-eval draft-confidence reproduce-cpu report paper-dry-run paper-drafters \
 	reproduce-paper
 
@@ -39,6 +39,14 @@ DEMO_OUT ?= outputs/demo
 demo: install
 	rm -rf $(DEMO_OUT)
 	$(SPECBENCH) eval experiment=demo hydra.run.dir=$(DEMO_OUT)
+
+# Multi-drafter methods (token trees, the router) against the best single drafter on the mixed stream
+# (conf/experiment/trees_cpu.yaml; resumable: run it again after an interruption), then their table with
+# paired intervals (multi_drafter.md in the run directory). About an hour on 2 CPUs.
+TREES_OUT ?= outputs/trees_cpu
+trees-cpu: install
+	$(SPECBENCH) eval experiment=trees_cpu hydra.run.dir=$(TREES_OUT)
+	$(PYTHON) -m specbench.reproduction.multi_drafter $(TREES_OUT)
 
 readme-demo: install
 	$(PYTHON) -m specbench.reproduction.render demo $(DEMO_OUT) README.md

@@ -111,6 +111,16 @@ class _Drafted:
     t_propose: float
 
 
+def check_trees(selector: Selector, target: Target, method: str | None = None) -> None:
+    """Refuse, before any decoding, a selector that verifies token trees on an encoder-decoder target."""
+    if selector.trees and target.is_encoder_decoder:
+        what = f"method '{method}'" if method else type(selector).__name__
+        raise SpecbenchError(f"{what} verifies several drafts as a token tree, which needs a decoder-only target; "
+                             f"this one is encoder-decoder ({type(target.model).__name__} places decoder tokens by "
+                             "cache position, not by position_ids)",
+                             "use fixed:<drafter> or a bandit selector (one draft a round) with this target")
+
+
 def tree_label(members) -> str:
     """The ``arm`` a tree round is recorded under: ``tree:<a>+<b>...``."""
     return "tree:" + "+".join(members)
@@ -136,6 +146,11 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
     With ``spec.cascade`` set, every drafted position counts as deferred under lossless verification too.
     """
     sampling, limits, eos_ids, clock, cascade = spec.sampling, spec.limits, spec.eos_ids, spec.clock, spec.cascade
+    check_trees(selector, target)
+    if selector.trees and cascade is not None and not cascade.lossless:
+        raise SpecbenchError(f"a speculative-cascade rule verifies one draft per round, and {type(selector).__name__} "
+                             "verifies several drafts as a token tree",
+                             "use cascade=none with tree methods, or fixed:<drafter> methods with the cascade")
     watching, layers = listeners(pool, selector)
     t_start = clock.boundary()
     # A context-aware selector reads the query's embedding, taken from the prefill (timed).

@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from specbench.decoding import certify
+from specbench.decoding.loop import check_trees
 from specbench.arms import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
 from specbench.pipelines import tables, spec_bench
@@ -88,6 +89,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         if isinstance(selector, PolicySelector):
             check_not_trained_on(selector.policy, s.queries, where=f"the policy of method '{name}'")
     check_resumable(selectors, methods, todo, {m for _, m in records.done}, s.out)
+    for name, selector in selectors.items():
+        check_trees(selector, s.target, name)
     if todo:
         s.warm_up(lambda prompt, lim, rng, m=m: s.decode(m.make_selector(), prompt, rng, limits=lim,
                                                           query=s.queries[0], cascade=s.cascade)

@@ -123,6 +123,8 @@ HUANG_ALPHA = Run("huang/depth/alpha", "train_policy", {
 METASD_EVAL = Run("metasd/eval", "eval", {"cpu": ("experiment=reproduce_metasd",),
                                           "paper": ("experiment=metasd_vicuna", SPEC_BENCH)})
 METASD_EAGLE = Run("metasd/eagle", "eval", {"paper": ("experiment=metasd_vicuna_eagle", SPEC_BENCH)})
+# token trees and the router on the white-box pool + prompt lookup (this project's multi-drafter methods)
+METASD_TREES = Run("metasd/trees", "eval", {"paper": ("experiment=metasd_vicuna_trees", SPEC_BENCH)})
 METASD_STREAM = Run("metasd/stream", "eval", {"cpu": ("experiment=reproduce_metasd_stream",),
                                               "paper": ("experiment=metasd_vicuna_stream", SPEC_BENCH)})
 LANGUAGES = {"ja": "opus100_ja_en", "ru": "wmt16_ru_en", "de": "wmt16_de_en", "fr": "wmt14_fr_en", "zh": "wmt19_zh_en"}
@@ -145,7 +147,7 @@ RUNS: tuple[Run, ...] = (
     SPEC_BENCH_EVAL,
     HUANG_COLLECT, HUANG_POLICY, HUANG_EVAL, HUANG_MATH_COLLECT, HUANG_MATH_POLICY, HUANG_MATH_EVAL,
     HUANG_DEPTH_COLLECT, HUANG_WITHOUT_AR, HUANG_WITH_AR, HUANG_EVAL_WITHOUT_AR, HUANG_EVAL_WITH_AR, HUANG_ALPHA,
-    METASD_EVAL, METASD_EAGLE, METASD_STREAM, *METASD_MULTILINGUAL.values(),
+    METASD_EVAL, METASD_EAGLE, METASD_TREES, METASD_STREAM, *METASD_MULTILINGUAL.values(),
     CASCADES_GREEDY, CASCADES_SAMPLING, *CASCADES_PAPER.values(),
 )
 

@@ -50,6 +50,7 @@ class Selector:
     """
 
     full_information: bool = False
+    trees: bool = False  # may choose several arms a round (a token tree): decoder-only targets only
     embedding_pooling: str | None = None  # set by selectors that read the query's embedding (``set_embedding``)
 
     def __init__(self, arms: list[str]):

@@ -43,6 +43,7 @@ class FixedTree(Selector):
         self.members = tuple(_check_arms("tree", members, self.arms, "members"))
         if not self.members:
             raise SpecbenchError("tree: no members", "name at least one drafter: tree:<a>+<b>")
+        self.trees = len(self.members) > 1
 
     def select(self) -> tuple[str, ...]:
         return self.members
@@ -70,25 +71,22 @@ def _check_size(kind: str, size, rest: list[str]) -> int:
     return size
 
 
-class TreeUCB(UCB):
-    """``always`` + the ``size`` candidates of highest UCB index (unplayed first, ties: listed order);
-    every member's own reward updates its statistics (full information over the tree)."""
+class _TreeSubset:
+    """What the subset selectors share: ``always`` drafters in every tree, ``size`` more chosen by the bandit
+    among the rest (``candidates``; default every drafter), and every member's reward recorded each round."""
+
+    kind = "tree"
+    trees = True
 
     def __init__(self, arms: list[str], always: list[str] | None = None, size: int = 1,
                  candidates: list[str] | None = None, **kwargs):
-        always, rest = _split("tree_ucb", list(arms), always if always is not None else [], candidates)
+        always, rest = _split(self.kind, list(arms), always if always is not None else [], candidates)
         super().__init__(arms, candidates=rest, **kwargs)
         self.always = tuple(always)
-        self.size = _check_size("tree_ucb", size, rest)
+        self.size = _check_size(self.kind, size, rest)
 
     def playable(self) -> list[str]:
         return list(self.always) + list(self.candidates)
-
-    def chosen(self) -> list[int]:
-        return sorted(range(self.k), key=lambda i: (-self.index(i), i))[: self.size]
-
-    def select(self) -> tuple[str, ...]:
-        return self.always + tuple(self.candidates[i] for i in self.chosen())
 
     def update_tree(self, feedback: dict[str, Feedback]) -> None:
         self.t += 1
@@ -97,19 +95,24 @@ class TreeUCB(UCB):
                 self._record(self._index[arm], self.reward_of(fb))
 
 
-class TreeHedge(Hedge):
+class TreeUCB(_TreeSubset, UCB):
+    """``always`` + the ``size`` candidates of highest UCB index (unplayed first, ties: listed order);
+    every member's own reward updates its statistics (full information over the tree)."""
+
+    kind = "tree_ucb"
+
+    def chosen(self) -> list[int]:
+        return sorted(range(self.k), key=lambda i: (-self.index(i), i))[: self.size]
+
+    def select(self) -> tuple[str, ...]:
+        return self.always + tuple(self.candidates[i] for i in self.chosen())
+
+
+class TreeHedge(_TreeSubset, Hedge):
     """``always`` + ``size`` candidates drawn without replacement from Hedge's weights; every member's own
     reward is its observed reward this round (unobserved candidates are charged their mean, as in Hedge)."""
 
-    def __init__(self, arms: list[str], always: list[str] | None = None, size: int = 1,
-                 candidates: list[str] | None = None, **kwargs):
-        always, rest = _split("tree_hedge", list(arms), always if always is not None else [], candidates)
-        super().__init__(arms, candidates=rest, **kwargs)
-        self.always = tuple(always)
-        self.size = _check_size("tree_hedge", size, rest)
-
-    def playable(self) -> list[str]:
-        return list(self.always) + list(self.candidates)
+    kind = "tree_hedge"
 
     def select(self) -> tuple[str, ...]:
         self._fold()
@@ -121,12 +124,6 @@ class TreeHedge(Hedge):
             picked.append(self._draw([p / total for p in left]))
         return self.always + tuple(self.candidates[i] for i in sorted(picked))
 
-    def update_tree(self, feedback: dict[str, Feedback]) -> None:
-        self.t += 1
-        for arm, fb in feedback.items():
-            if arm in self._index:
-                self._record(self._index[arm], self.reward_of(fb))
-
 
 class Router(Selector):
     """The per-round router: ``Route(lookup, fallback, min_match)``. With ``fallback`` null a UCB over the
@@ -136,7 +133,7 @@ class Router(Selector):
     def __init__(self, arms: list[str], lookup: str = "prompt_lookup", min_match: int = 2,
                  fallback: str | None = None, ucb: dict | None = None, tree: bool = False):
         super().__init__(arms)
-        self.tree = bool(tree)
+        self.tree = self.trees = bool(tree)
         self.lookup = _check_arms("router", [lookup], self.arms, "lookup")[0]
         if isinstance(min_match, bool) or not isinstance(min_match, int) or min_match < 1:
             raise SpecbenchError(f"router: min_match {min_match!r} must be a whole number of tokens >= 1",

@@ -133,3 +133,26 @@ def test_two_token_law_matches_target(sampling_setup, tiny_decode, arm):
         # acceptance probability of a deterministic draft is p(x): check it too
         p_x = sum(p for (x1, _), p in law.items() if x1 == lookup_token)
         assert accepted / RUNS == pytest.approx(p_x, abs=0.04)
+
+
+def test_two_token_law_with_both_drafts_in_one_tree(sampling_setup, tiny_decode):
+    """The early exit's sampled draft and prompt lookup's one-hot draft as siblings of one token tree (room
+    for one draft token each): multi-draft verification through the real loop keeps the target's law."""
+    from specbench.selection import FixedTree
+
+    target, pool, prompt, lookup_token = sampling_setup
+    law = exact_two_token_law(target, prompt)
+    rng = torch.Generator().manual_seed(4321)
+    counts: Counter = Counter()
+    siblings = 0
+    for _ in range(RUNS):
+        tree = FixedTree(list(pool), ["early_exit", "prompt_lookup"])
+        gen = tiny_decode(target, pool, tree, prompt, max_new_tokens=2, draft_length=4, sampling=SAMPLING,
+                          eos_ids=frozenset(), rng=rng)
+        assert len(gen.tokens) == 2 and gen.target_calls == len(gen.rounds)
+        first = gen.rounds[0]
+        assert first.members == ["early_exit", "prompt_lookup"] and first.tree_size in (1, 2)
+        siblings += first.tree_size == 2
+        counts[tuple(gen.tokens)] += 1
+    assert siblings > 0.2 * RUNS  # the two drafts often differ (~29%): the sibling rule is exercised
+    check_law(counts, law, RUNS)

@@ -64,13 +64,19 @@ def test_selector_config_decodes_like_autoregressive(tiny_setup, tiny_decode, au
     methods = parse_methods([f"selector:{name}"], setup.pool, None, root=root)
     assert [m.name for m in methods][0] == "autoregressive" and len(methods) == 2
     selector = methods[1].make_selector()  # one selector for the whole stream, as a run keeps per method
+    if selector.trees and setup.target.is_encoder_decoder:  # token trees: decoder-only targets, refused up front
+        from specbench.errors import SpecbenchError
+
+        with pytest.raises(SpecbenchError, match="needs a decoder-only target"):
+            tiny_decode(setup.target, setup.pool, selector, setup.tokenizer(PROMPTS[0])["input_ids"])
+        return
     played = set()
     for text, expected in zip(PROMPTS, autoregressive):
         gen = tiny_decode(setup.target, setup.pool, selector, setup.tokenizer(text)["input_ids"],
                           max_new_tokens=MAX_NEW, draft_length=DRAFT_LENGTH)
         assert gen.tokens == expected, (name, text)
         assert sum(r.emitted for r in gen.rounds) == len(gen.tokens)
-        played |= {r.arm for r in gen.rounds}
+        played |= {a for r in gen.rounds for a in (r.members or [r.arm])}  # a tree round plays its members
     assert played <= set(setup.pool)
     if name not in ("fixed", "policy", "random_per_query"):  # those keep one arm per query by design
         assert len(played) >= 2, f"{name} played only {played}: its switching was not exercised"

@@ -228,3 +228,26 @@ def test_router_tree_verifies_lookup_and_fallback_together_on_a_short_match(setu
     # min_match 4 > max_ngram: every round is the fallback tree, which keeps prompt lookup's draft
     assert all(r.members == ["prompt_lookup", "hf"] for r in gen.rounds)
     assert any(r.tree_size > 3 for r in gen.rounds)  # hf drafts at most 3: prompt lookup's draft was in the tree
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma2"])
+def test_tree_rows_equal_chains_in_each_decoder_family(arch):
+    """The paper-scale families (Llama / Vicuna, Qwen2, Gemma-2) take the tree mask and depths: each path's
+    rows equal a chain forward over it, and after the round the cache equals a fresh forward."""
+    from specbench.models import Target
+    from specbench.models.loading import LoadedModel
+    from specbench.models.tiny import byte_tokenizer, tiny_model
+
+    tok = byte_tokenizer()
+    target = Target(LoadedModel(tiny_model(arch, tok, layers=2, hidden=32, seed=5), tok, f"tiny {arch}"))
+    ids = tok("Trees verify several drafts at once.")["input_ids"]
+    target.prefill(ids)
+    tree = build_tree({"a": [50, 51, 52], "b": [50, 60], "c": [70, 71]})
+    logits = target.score_tree(tree).logits
+    for member, path in tree.paths.items():
+        expected = fresh_logits(target.model, target.tokens + [tree.tokens[n] for n in path])[-(len(path) + 1):]
+        assert torch.allclose(logits[tree.rows(path)], expected, atol=1e-4, rtol=1e-4), (arch, member)
+    path = tree.paths["b"]
+    target.commit_tree(path, [tree.tokens[n] for n in path] + [65])
+    got = target.score([3]).logits
+    assert torch.allclose(got, fresh_logits(target.model, target.tokens + [3])[-2:], atol=1e-4, rtol=1e-4)

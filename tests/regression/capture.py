@@ -11,7 +11,8 @@ import argparse
 import difflib
 import json
 
-from tests.regression.scenarios import FIXTURE, capture, unique_scenarios, versions
+from specbench.pipelines.profile import cpu_name
+from tests.regression.scenarios import FIXTURE, capture, sampled, unique_scenarios, versions
 
 
 def diff(key: str, old, new) -> str:
@@ -43,6 +44,8 @@ def main(argv=None) -> None:
         print(f"{key}: no longer a scenario, dropped")
         del recorded[key]
     recorded["_meta"] = versions()
+    if any(sampled(k) for k in keys):  # sampled scenarios are compared only on the CPU model they were captured on
+        recorded["_sampled_cpu"] = cpu_name()
     FIXTURE.write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n")
     print(f"wrote {FIXTURE} ({len(keys)} scenario(s) captured)")
 

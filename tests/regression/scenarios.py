@@ -71,7 +71,30 @@ def tiny_config(name: str, command: str):
             cfg.collect.max_new_tokens = 12
         if "policy" in cfg:
             cfg.policy.checkpoint = None
+        stand_in_drafters(cfg)
     return cfg
+
+
+def stand_in_drafters(cfg) -> None:
+    """Methods and a composed selector that name drafters the tiny pool lacks (the shipped heads) name its
+    model drafter ``tiny_draft`` instead (fixed:eagle_general -> fixed:tiny_draft, tree:prompt_lookup+eagle_math
+    -> tree:prompt_lookup+tiny_draft, a router's fallback)."""
+    arms = set(cfg.pool.get("drafters") or {})
+
+    def sub(name: str) -> str:
+        return name if name in arms or name in ("*", "autoregressive") else "tiny_draft"
+
+    methods = []
+    for m in (str(x) for x in cfg.get("methods") or []):
+        if m.startswith("fixed:"):
+            m = "fixed:" + sub(m[6:])
+        elif m.startswith("tree:"):
+            m = "tree:" + "+".join(dict.fromkeys(sub(x) for x in m[5:].split("+")))
+        methods.append(m)
+    if "methods" in cfg:
+        cfg.methods = list(dict.fromkeys(methods))
+    if cfg.get("selector") is not None and cfg.selector.get("fallback"):
+        cfg.selector.fallback = sub(str(cfg.selector.fallback))
 
 
 # The fixture's scenarios were captured on the embedded suite's first four tasks; the code task (HumanEval,
@@ -105,6 +128,11 @@ LONG = {
     "long_bandits_llama_sampling/eval": ("tiny_llama", "tiny_llama_hf", "sampling"),
     "long_bandits_t5/eval": ("tiny_t5", "tiny_t5_hf", "greedy"),
 }
+
+
+def sampled(key: str) -> bool:
+    """Whether a scenario samples (its outputs depend on the CPU's rounding, not only on the code)."""
+    return key in LONG and LONG[key][2] == "sampling"
 
 
 def long_config(key: str):

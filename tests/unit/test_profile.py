@@ -201,7 +201,8 @@ def composed(*overrides):
 def test_profile_config_defaults_and_validation():
     cfg = composed()
     validate(cfg)
-    assert list(cfg.profile.q) == list(range(1, 17)) and list(cfg.profile.contexts) == [128, 512]
+    assert list(cfg.profile.q) == [*range(1, 18), 21, 25] and list(cfg.profile.contexts) == [128, 512]
+    assert [list(t) for t in cfg.profile.trees] == [[2, 4], [2, 5], [2, 8], [3, 4], [3, 5], [2, 10], [3, 8]]
     assert cfg.profile.repeats == 15 and cfg.run_name == "profile" and cfg.profile.run is None
     for override, line in [("profile.q=[]", "profile.q=[]: expected a non-empty list"),
                            ("profile.q=[0,2]", "profile.q=[0, 2]: expected a non-empty list, each an integer >= 1"),
