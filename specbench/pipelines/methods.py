@@ -35,15 +35,17 @@ def parse_methods(specs, pool: dict, selector_cfg, root: DictConfig | None = Non
         if spec == AUTOREGRESSIVE:
             continue
         if spec == "selector" or spec.startswith("selector:"):
+            # one config per spec: a selector:<name> before a plain `selector` must not stand in for the composed one
+            chosen_cfg = selector_cfg
             if spec.startswith("selector:"):
-                selector_cfg = load_selector_config(spec.split(":", 1)[1], root)
+                chosen_cfg = load_selector_config(spec.split(":", 1)[1], root)
                 extra = (root.get("selector_overrides") if root is not None else None) or {}
                 if extra:
-                    selector_cfg = OmegaConf.merge(selector_cfg, extra)
-            elif selector_cfg is None:
+                    chosen_cfg = OmegaConf.merge(chosen_cfg, extra)
+            elif chosen_cfg is None:
                 continue
-            name = str(selector_cfg.get("name") or selector_cfg._target_.rsplit(".", 1)[-1].lower())
-            scfg = {k: v for k, v in OmegaConf.to_container(selector_cfg, resolve=True).items() if k != "name"}
+            name = str(chosen_cfg.get("name") or chosen_cfg._target_.rsplit(".", 1)[-1].lower())
+            scfg = {k: v for k, v in OmegaConf.to_container(chosen_cfg, resolve=True).items() if k != "name"}
             make_selector(scfg, arms)  # validates the config now, before any decoding
             new = [Method(name, lambda scfg=scfg: make_selector(scfg, arms))]
         elif spec.startswith("fixed:"):

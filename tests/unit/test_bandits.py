@@ -325,6 +325,22 @@ def test_composed_selector_through_parse_methods(overrides, name, reward, candid
     assert method.name == name and sel.reward == reward and sel.candidates == candidates
 
 
+def test_a_named_selector_before_the_composed_one_does_not_replace_it():
+    """methods=[selector:ucb, selector]: the composed selector (here the router) keeps its own config (it was
+    once silently replaced by the last selector:<name>'s, then dropped as a duplicate name)."""
+    from hydra import compose, initialize_config_dir
+
+    from specbench.pipelines.methods import parse_methods
+
+    with initialize_config_dir(config_dir=str(CONF.parent), version_base=None):
+        cfg = compose(config_name="eval", overrides=["selector=router", "selector.fallback=a"])
+    arms = ["autoregressive", "prompt_lookup", "a", "b"]
+    methods = parse_methods(["selector:ucb", "selector", "selector:exp3"], dict.fromkeys(arms), cfg.selector, cfg)
+    assert [m.name for m in methods] == ["autoregressive", "ucb-bd", "router", "exp3-bd"]
+    router = methods[2].make_selector()
+    assert type(router).__name__ == "Router" and router.fallback == "a"
+
+
 # -- full-information feedback (early-exit arms observed without being played) ----------------------
 @pytest.mark.parametrize("cls", [UCB, DiscountedUCB, SlidingWindowUCB, ExploreThenCommit])
 def test_side_observations_spare_the_bad_observed_arm(cls):
