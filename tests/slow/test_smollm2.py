@@ -103,3 +103,32 @@ def test_shipped_heads_load_without_a_cache_and_decode_losslessly(smollm2, priva
             spec = greedy(target, pool, name, ids, eos, 32)
             assert spec.tokens == base.tokens, name
             assert spec.drafted > 0
+
+
+def test_token_tree_of_lookup_and_heads_equals_autoregressive(smollm2):
+    """The embedded target (fp32) verifying prompt lookup's and two shipped heads' drafts as one token tree each
+    round: every path's rows equal a chain forward over it, and greedy output equals autoregressive decoding."""
+    from specbench.decoding.tree import build_tree
+    from specbench.selection import FixedTree
+
+    loaded, target, _, prompts = smollm2
+    pool = build_pool(target, {
+        "prompt_lookup": {"_target_": "specbench.drafters.prompt_lookup.build"},
+        "eagle_general": {"_target_": "specbench.drafters.eagle.build", "checkpoint": "package:eagle_general"},
+        "eagle_math": {"_target_": "specbench.drafters.eagle.build", "checkpoint": "package:eagle_math"},
+    })
+    eos = frozenset({loaded.tokenizer.eos_token_id})
+    members = ["prompt_lookup", "eagle_general", "eagle_math"]
+    for ids in prompts:
+        base = greedy(target, pool, "autoregressive", ids, eos, 40)
+        spec = decode(target, pool, FixedTree(list(pool), members), ids,
+                      DecodeSpec(SamplingParams(), Limits(40, 4), eos, Clock()), torch.Generator().manual_seed(0))
+        assert spec.tokens == base.tokens
+        assert spec.target_calls < base.target_calls and any(r.tree_size > 4 for r in spec.rounds)
+    target.prefill(prompts[0])
+    tree = build_tree({"a": base.tokens[:3], "b": base.tokens[:1] + [base.tokens[1] + 1], "c": [base.tokens[0] + 7]})
+    logits = target.score_tree(tree).logits
+    with torch.inference_mode():
+        for member, path in tree.paths.items():
+            chain = target.model(input_ids=torch.tensor([target.tokens + [tree.tokens[n] for n in path]])).logits[0]
+            assert torch.allclose(logits[tree.rows(path)], chain[-(len(path) + 1):].float(), atol=1e-3, rtol=1e-4)
