@@ -121,6 +121,12 @@ def check_trees(selector: Selector, target: Target, method: str | None = None) -
                              "use fixed:<drafter> or a bandit selector (one draft a round) with this target")
 
 
+def cascade_with_tree(who: str) -> SpecbenchError:
+    return SpecbenchError(f"a speculative-cascade rule verifies one draft per round, and {who} verifies several "
+                          "drafts as a token tree",
+                          "use cascade=none with tree methods, or fixed:<drafter> methods with the cascade")
+
+
 def tree_label(members) -> str:
     """The ``arm`` a tree round is recorded under: ``tree:<a>+<b>...``."""
     return "tree:" + "+".join(members)
@@ -148,9 +154,7 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
     sampling, limits, eos_ids, clock, cascade = spec.sampling, spec.limits, spec.eos_ids, spec.clock, spec.cascade
     check_trees(selector, target)
     if selector.trees and cascade is not None and not cascade.lossless:
-        raise SpecbenchError(f"a speculative-cascade rule verifies one draft per round, and {type(selector).__name__} "
-                             "verifies several drafts as a token tree",
-                             "use cascade=none with tree methods, or fixed:<drafter> methods with the cascade")
+        raise cascade_with_tree(type(selector).__name__)
     watching, layers = listeners(pool, selector)
     t_start = clock.boundary()
     # A context-aware selector reads the query's embedding, taken from the prefill (timed).
@@ -231,9 +235,8 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
             n_max = made[arm].n_max
             bd = block_divergence(draft.tokens, draft.probs, p, n_max) if draft.tokens else 0.0
         else:
-            if lossy:
-                raise SpecbenchError("a speculative-cascade rule verifies one draft per round, not a token tree",
-                                     "use cascade=none with tree methods, or fixed:<drafter> methods with the cascade")
+            if lossy:  # a selector that returns several arms without declaring ``trees``
+                raise cascade_with_tree(type(selector).__name__)
             arm = tree_label(members)
             tree = build_tree({m: made[m].draft.tokens for m in members})
             scores = target.score_tree(tree, layers=layers)

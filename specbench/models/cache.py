@@ -161,29 +161,22 @@ def tree_arguments(model: torch.nn.Module, cached: int, tree: torch.Tensor, dept
 def select_cache_positions(cache, start: int, rows: list[int]) -> None:
     """Keep positions ``0 .. start - 1`` and ``rows`` of every layer of a dynamic KV cache (transformers 5
     ``cache.layers``, 4.x ``key_cache`` / ``value_cache``)."""
+    def pick(x: torch.Tensor) -> torch.Tensor:
+        idx = torch.tensor(rows, device=x.device)
+        return torch.cat([x[..., :start, :], x.index_select(-2, idx)], dim=-2)
+
     layers = getattr(cache, "layers", None)
-    if layers is None:
-        holders = [(cache.key_cache, cache.value_cache, i) for i in range(len(cache.key_cache))]
-        get = lambda h: (h[0][h[2]], h[1][h[2]])  # noqa: E731
-
-        def put(h, k, v):
-            h[0][h[2]], h[1][h[2]] = k, v
-    else:
-        if any(hasattr(layer, "cumulative_length") for layer in layers):
-            raise SpecbenchError("tree verification needs a full KV cache, and this model keeps a sliding window",
-                                 "verify one draft per round (a fixed:<drafter> or bandit method) with this target")
-        holders = list(layers)
-        get = lambda layer: (layer.keys, layer.values)  # noqa: E731
-
-        def put(layer, k, v):
-            layer.keys, layer.values = k, v
-    for h in holders:
-        k, v = get(h)
-        if k is None or k.numel() == 0:
-            continue
-        idx = torch.tensor(rows, device=k.device)
-        put(h, torch.cat([k[..., :start, :], k.index_select(-2, idx)], dim=-2),
-            torch.cat([v[..., :start, :], v.index_select(-2, idx)], dim=-2))
+    if layers is None:  # transformers 4.x
+        for i, (k, v) in enumerate(zip(cache.key_cache, cache.value_cache)):
+            if k.numel():
+                cache.key_cache[i], cache.value_cache[i] = pick(k), pick(v)
+        return
+    if any(hasattr(layer, "cumulative_length") for layer in layers):
+        raise SpecbenchError("tree verification needs a full KV cache, and this model keeps a sliding window",
+                             "verify one draft per round (a fixed:<drafter> or bandit method) with this target")
+    for layer in layers:
+        if layer.keys is not None and layer.keys.numel():
+            layer.keys, layer.values = pick(layer.keys), pick(layer.values)
 
 
 def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -180,20 +180,27 @@ def interleaved(n: int, repeats: int, warmup: int, timed: Callable[[int], float]
 def measure_verify(target: Target, source: list[int], context: int, qs: list[int], repeats: int, warmup: int,
                    clock: Clock) -> list[float]:
     """Median seconds of ``target.score`` over ``q`` new tokens after a ``context``-token prefill, per ``q``."""
-    target.prefill(source[:context])
-    keep = len(target.tokens) - 1  # the cached positions: every committed token but the last
     follow = source[context:]
+    return time_forwards(target, source[:context], [lambda q=q: target.score(follow[: q - 1]) for q in qs],
+                         repeats, warmup, clock)
+
+
+def time_forwards(target: Target, context: list[int], forwards: list[Callable[[], object]], repeats: int,
+                  warmup: int, clock: Clock) -> list[float]:
+    """Median seconds of each target forward of ``forwards`` after a prefill of ``context``, the cache cropped back
+    to the context around each call (interleaved repeats, ``warmup`` untimed)."""
+    target.prefill(context)
+    keep = len(target.tokens) - 1  # the cached positions: every committed token but the last
 
     def timed(i: int) -> float:
-        draft = follow[: qs[i] - 1]
         target.lm.crop(keep)
         t0 = clock.boundary()
-        target.score(draft)
+        forwards[i]()
         t1 = clock.boundary()
         target.lm.crop(keep)
         return t1 - t0
 
-    return [statistics.median(x) for x in interleaved(len(qs), repeats, warmup, timed)]
+    return [statistics.median(x) for x in interleaved(len(forwards), repeats, warmup, timed)]
 
 
 def tree_shapes(spec) -> list[tuple[int, int]]:
@@ -215,21 +222,11 @@ def measure_trees(target: Target, source: list[int], context: int, shapes: list[
     the cost of verifying several drafters' drafts in one forward with the tree mask."""
     from specbench.decoding.tree import build_tree
 
-    target.prefill(source[:context])
-    keep = len(target.tokens) - 1
     follow = source[context:]
     trees = [build_tree({f"d{b}": [(follow[i] + b) % target.vocab_size for i in range(depth)]
                          for b in range(branches)}) for branches, depth in shapes]
-
-    def timed(i: int) -> float:
-        target.lm.crop(keep)
-        t0 = clock.boundary()
-        target.score_tree(trees[i])
-        t1 = clock.boundary()
-        target.lm.crop(keep)
-        return t1 - t0
-
-    return [statistics.median(x) for x in interleaved(len(trees), repeats, warmup, timed)]
+    return time_forwards(target, source[:context], [lambda t=t: target.score_tree(t) for t in trees],
+                         repeats, warmup, clock)
 
 
 def measure_drafters(target: Target, drafters: Mapping[str, Drafter], context: list[int], k: int,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from specbench.arms import AUTOREGRESSIVE
@@ -45,9 +46,9 @@ def speed(ex: pd.DataFrame, method: str) -> tuple[float, int]:
     p = compare.paired(ex, [method, AUTOREGRESSIVE])
     if not len(p[method]):
         return float("nan"), 0
-    m, b = p[method], p[AUTOREGRESSIVE]
-    ratio = (b.seconds.sum() / b.new_tokens.sum()) / (m.seconds.sum() / m.new_tokens.sum())
-    return float(ratio), len(m)
+    (ms, mt), (bs, bt) = (compare.timed(p[x]) for x in (method, AUTOREGRESSIVE))
+    ratio = V.seconds_per_token(np.asarray(bs), np.asarray(bt)) / V.seconds_per_token(np.asarray(ms), np.asarray(mt))
+    return float(ratio), len(p[method])
 
 
 def tables_of(run_dir: Path) -> tuple[pd.DataFrame, list[V.Verdict], dict]:

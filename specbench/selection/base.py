@@ -35,11 +35,6 @@ class Route:
     min_match: int
 
 
-# What ``Selector.select`` returns: one arm, several arms whose drafts one target forward verifies as a
-# token tree (a tuple), or a ``Route``.
-Choice = "str | tuple[str, ...] | Route"
-
-
 class Selector:
     """Chooses which arm (a pool key, ``autoregressive`` included) drafts each round.
 
