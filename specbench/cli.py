@@ -158,6 +158,22 @@ def profile_(ctx: typer.Context) -> None:
     hydra_run("profile", pipeline.run, ctx.args)
 
 
+@app.command("trace", context_settings=HYDRA_ARGS, epilog=config_help("trace", experiments=True))
+def trace_(ctx: typer.Context) -> None:
+    """Acceptance traces: every drafter's draft and its greedy acceptance at every output position (for replay)."""
+    from specbench.pipelines import trace as pipeline
+
+    hydra_run("trace", pipeline.run, ctx.args)
+
+
+@app.command("replay", context_settings=HYDRA_ARGS, epilog=config_help("replay", experiments=True))
+def replay_(ctx: typer.Context) -> None:
+    """Selectors replayed exactly over traces: many seeds, predicted times, convergence (no model loaded)."""
+    from specbench.pipelines import replay as pipeline
+
+    hydra_run("replay", pipeline.run, ctx.args)
+
+
 @app.command("cascades", context_settings=HYDRA_ARGS, epilog=config_help("cascades", experiments=True))
 def cascades_(ctx: typer.Context) -> None:
     """Speculative cascades: quality vs speedup per (rule, alpha), curves.csv/md and a PNG per task."""

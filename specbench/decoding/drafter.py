@@ -131,6 +131,9 @@ class Drafter:
     cost: float = 0.0
     draft_length: int | None = None  # tokens drafted per round; None: the run's decoding.draft_length
     deterministic: bool = False
+    # its drafts and their distributions at a position depend on the committed tokens alone, not on how it caught
+    # up with them (one token at a time or many at once): what makes a trace replay it exactly (decoding/trace.py)
+    history_free: bool = True
     drafts: bool = True
 
     _query: DecodeContext | None = None

@@ -134,4 +134,8 @@ def build(target: Target, name: str, scheme: str = "dynamic_int8", skip: list[st
     qmodel = quantize(target.model, scheme, skip)
     if cost is None:  # against the target's own bytes (its dtype: 2 per weight in bf16 / fp16)
         cost = weight_bytes(qmodel) / weight_bytes(target.model)
-    return ModelDrafter(name, qmodel, target.vocab_size, cost, confidence_threshold)
+    drafter = ModelDrafter(name, qmodel, target.vocab_size, cost, confidence_threshold)
+    # dynamic int8 scales each forward's whole input at once: a catch-up over many tokens computes other
+    # probabilities than one token at a time, so a trace replays its Block Divergence only approximately
+    drafter.history_free = scheme != "dynamic_int8"
+    return drafter

@@ -19,6 +19,25 @@ from specbench.selection import Fixed, FixedTree, Selector
 class Method:
     name: str
     make_selector: Callable[[], Selector]
+    config: dict | None = None  # a selector method's instantiated config (replay reseeds it: ``reseeded``)
+
+    def reseeded(self, arms: list[str], offset: int) -> Selector:
+        """A new selector of this method whose ``seed`` (and its inner UCB's) is shifted by ``offset``; methods
+        without a seed (fixed arms, trees) are deterministic and come back as they are."""
+        if not offset or self.config is None:
+            return self.make_selector()
+        scfg = dict(self.config)
+        if "seed" in scfg:
+            scfg["seed"] = int(scfg["seed"] or 0) + offset
+        if isinstance(scfg.get("ucb"), dict):
+            scfg["ucb"] = {**scfg["ucb"], "seed": int(scfg["ucb"].get("seed") or 0) + offset}
+        return make_selector(scfg, arms)
+
+    @property
+    def seeded(self) -> bool:
+        """Whether reseeding changes this method (its config, or its router's UCB, has a seed)."""
+        c = self.config or {}
+        return "seed" in c or isinstance(c.get("ucb"), dict)
 
 
 def parse_methods(specs, pool: dict, selector_cfg, root: DictConfig | None = None) -> list[Method]:
@@ -47,7 +66,7 @@ def parse_methods(specs, pool: dict, selector_cfg, root: DictConfig | None = Non
             name = str(chosen_cfg.get("name") or chosen_cfg._target_.rsplit(".", 1)[-1].lower())
             scfg = {k: v for k, v in OmegaConf.to_container(chosen_cfg, resolve=True).items() if k != "name"}
             make_selector(scfg, arms)  # validates the config now, before any decoding
-            new = [Method(name, lambda scfg=scfg: make_selector(scfg, arms))]
+            new = [Method(name, lambda scfg=scfg: make_selector(scfg, arms), scfg)]
         elif spec.startswith("fixed:"):
             arm = spec.split(":", 1)[1]
             chosen = [a for a in arms if a != AUTOREGRESSIVE] if arm == "*" else [arm]

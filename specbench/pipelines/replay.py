@@ -1,0 +1,239 @@
+"""``specbench replay``: selectors judged over acceptance traces (``specbench trace``), many seeds each, in seconds.
+
+Every method of ``methods`` (as eval's: autoregressive, fixed:<arm>, fixed:*, tree:..., selector, selector:<name>;
+plus ``oracle:round``, the per-round hindsight oracle) is replayed over every traced query
+(``decoding/replay.py``), ``seeds`` times for a method with a seed (each seed shifts the selector's ``seed``;
+seedless methods are deterministic and replayed once). Selectors are made once per (method, seed) and
+``reset`` per query, as eval makes them; with ``conversation_length: n`` each ``n`` consecutive queries form
+one stream and ``selector_overrides: {carry_over: true}`` keeps the statistics across them.
+
+Written to the run directory (every record says ``replayed: true``):
+
+- ``examples.jsonl`` and ``rounds.jsonl``: seed 0, in eval's fields (times predicted by the trace's cost
+  curves), and ``summary.csv`` / ``summary.md`` made from them by eval's own tables;
+- ``seeds.jsonl``: one line per (method, seed, query); ``seeds.csv`` / ``seeds.md``: per method, over seeds
+  and queries: speedup against autoregressive, the ratio to the per-query oracle (each query's fastest
+  fixed drafter) and to the per-round oracle, the share of rounds on the query's best drafter (all rounds,
+  and rounds from index 100 on), switches and rounds per query;
+- ``convergence.csv``: per method and round index, the share of (seed, query) runs on the query's best drafter.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+from omegaconf import DictConfig
+from tqdm.auto import tqdm
+
+from specbench import profiling
+from specbench.arms import AUTOREGRESSIVE
+from specbench.decoding.loop import Limits
+from specbench.decoding.replay import Costs, RoundOracle, replay
+from specbench.decoding.trace import QueryTrace
+from specbench.errors import SpecbenchError
+from specbench.pipelines import tables
+from specbench.pipelines.methods import Method, load_selector_config, parse_methods
+from specbench.pipelines.run_dir import RunFiles, start_run
+from specbench.pipelines.trace import load_traces
+from specbench.records import JsonlWriter, atomic_write_text, round_row
+
+log = logging.getLogger(__name__)
+
+FILES = RunFiles(results=("examples.jsonl", "rounds.jsonl", "seeds.jsonl"))
+ORACLE_ROUND = "oracle:round"
+LATE = 100  # the share on the best arm is also reported from this round index on
+
+
+def run(cfg: DictConfig, output_dir: str | Path) -> Path:
+    out = start_run(cfg, output_dir, FILES, "replay")
+    rows, cost_dict = load_traces(cfg.traces)
+    costs = costs_of(cfg, cost_dict)
+    first = rows[0]
+    arms = list(first["arms"])
+    for r in rows:
+        if list(r["arms"]) != arms:
+            raise SpecbenchError(f"{cfg.traces}: trace records of different pools ({r['arms']} against {arms})",
+                                 "replay one trace run (one pool)")
+    lengths = draft_lengths(cfg, first)
+    limits = Limits(max_new_tokens=int(cfg.replay.max_new_tokens or first["trace"]["max_new_tokens"]),
+                    draft_length=int(cfg.replay.draft_length or first["draft_length"]))
+    specs = [str(m) for m in cfg.methods]
+    refuse_context_aware(specs, cfg)
+    methods = parse_methods([m for m in specs if m != ORACLE_ROUND], {a: None for a in arms}, cfg.get("selector"), cfg)
+    if ORACLE_ROUND in specs:
+        methods.append(Method(ORACLE_ROUND, lambda: RoundOracle(arms)))
+    queries = [(r, QueryTrace.from_dict(r["trace"]), SimpleNamespace(id=r["query_id"], task=r["task"])) for r in rows]
+    seeds = int(cfg.seeds)
+    size = int(cfg.get("conversation_length") or 1)
+    conversations = [queries[i:i + size] for i in range(0, len(queries), size)]
+    for f in FILES.results:
+        (out / f).unlink(missing_ok=True)
+    per_seed: list[dict] = []
+    convergence: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    best: dict[str, str] = {}
+    n_rounds, t_start = 0, time.perf_counter()
+    total = sum(seeds if m.seeded else 1 for m in methods) * len(queries)
+    # fixed arms first (they define each query's best drafter), then the adaptive methods
+    order = sorted(methods, key=lambda m: not (m.name == AUTOREGRESSIVE or m.name.startswith("fixed:")))
+    with JsonlWriter(out / "examples.jsonl") as ex_w, JsonlWriter(out / "rounds.jsonl") as rd_w, \
+            JsonlWriter(out / "seeds.jsonl") as sd_w, tqdm(total=total, desc="replay", unit="query") as bar:
+        for m in order:
+            if m.name != AUTOREGRESSIVE and not m.name.startswith("fixed:") and not best:
+                best = best_arms(per_seed)
+            for seed in range(seeds if m.seeded else 1):
+                selector = m.reseeded(arms, seed)
+                for conversation in conversations:
+                    for row, qt, query in conversation:
+                        gen = replay(qt, selector, limits, costs, lengths, query)
+                        n_rounds += len(gen.rounds)
+                        rec = summary_row(m.name, seed, row, gen, best.get(row["query_id"]))
+                        per_seed.append(rec)
+                        sd_w.write(rec)
+                        if best.get(row["query_id"]):
+                            for rnd in gen.rounds:
+                                cell = convergence[m.name][rnd.index]
+                                cell[0] += on_arm(rnd, best[row["query_id"]])
+                                cell[1] += 1
+                        if seed == 0:
+                            rd_w.write_many({**round_row(row["query_id"], row["task"], m.name, r), "replayed": True}
+                                            for r in gen.rounds)
+                            ex_w.write(example_row(m.name, row, gen))
+                        bar.update(1)
+    elapsed = time.perf_counter() - t_start
+    log.info("replayed %d rounds in %.1f s (%.0f rounds/s)", n_rounds, elapsed, n_rounds / max(elapsed, 1e-9))
+    write_outputs(out, per_seed, convergence, rows, n_rounds, elapsed, cfg)
+    return out
+
+
+def refuse_context_aware(specs: list[str], cfg: DictConfig) -> None:
+    """A selector that reads the query's embedding (the offline policy) cannot replay: traces hold no embedding."""
+    for spec in specs:
+        scfg = (cfg.get("selector") if spec == "selector"
+                else load_selector_config(spec.split(":", 1)[1], cfg) if spec.startswith("selector:") else None)
+        if scfg is not None and str(scfg.get("_target_", "")).endswith("PolicySelector"):
+            raise SpecbenchError(f"method '{spec}' is a context-aware policy: it reads the query's embedding from the "
+                                 "target, which a trace does not record",
+                                 "evaluate the policy live (specbench eval selector=policy ...) and replay the others")
+
+
+def costs_of(cfg: DictConfig, traced: dict) -> Costs:
+    """The replay clock: the trace's own cost curves, or with ``profile_path`` a `specbench profile` run's verification
+    curve (the catch-up curves always come from the trace)."""
+    if cfg.get("profile_path"):
+        prof = profiling.load_profile(cfg.profile_path)
+        for key in ("dtype", "threads"):
+            if key in prof and key in traced and prof[key] != traced[key]:
+                raise SpecbenchError(f"profile_path was measured with {key} {prof[key]}, the trace with {traced[key]}",
+                                     "profile in the trace's dtype and threads, or leave profile_path unset")
+        return Costs.from_dict(prof, traced.get("catch_up") or {})
+    return Costs.from_dict(traced)
+
+
+def draft_lengths(cfg: DictConfig, first: dict) -> dict[str, int]:
+    """Each drafter's draft length in the replay: its own (from its config), else ``decoding.draft_length`` (null:
+    the trace run's); refused beyond what the trace holds."""
+    run_length = int(cfg.replay.draft_length or first["draft_length"])
+    out = {}
+    for name, traced in first["lengths"].items():
+        k = int(first["own_lengths"].get(name) or run_length)
+        if k > int(traced):
+            raise SpecbenchError(f"drafter '{name}' would draft {k} tokens a round; the trace holds {traced}",
+                                 f"replay with replay.draft_length <= {traced}, or trace with trace.draft_length={k}")
+        out[name] = k
+    return out
+
+
+def on_arm(rnd, arm: str) -> int:
+    return int(rnd.arm == arm or (rnd.members is not None and arm in rnd.members))
+
+
+def summary_row(method: str, seed: int, row: dict, gen, best: str | None) -> dict:
+    rounds = gen.rounds
+    late = [r for r in rounds if r.index >= LATE]
+    return {"method": method, "seed": seed, "query_id": row["query_id"], "task": row["task"],
+            "new_tokens": len(gen.tokens), "seconds": gen.seconds, "rounds": len(rounds),
+            "accepted": gen.accepted, "drafted": gen.drafted, "switches": gen.switches,
+            "best_arm": best, "best_share": (sum(on_arm(r, best) for r in rounds) / len(rounds)) if best and rounds else None,
+            "best_share_late": (sum(on_arm(r, best) for r in late) / len(late)) if best and late else None,
+            "bd": statistics.fmean(r.bd for r in rounds) if rounds else 0.0,
+            "be": statistics.fmean(r.be for r in rounds) if rounds else 0.0}
+
+
+def example_row(method: str, row: dict, gen) -> dict:
+    """An ``examples.jsonl`` line in eval's fields (predicted seconds; quality copied when the output is the trace's)."""
+    same = list(gen.tokens) == list(row["output_ids"])
+    return {"query_id": row["query_id"], "task": row["task"], "method": method, "output_ids": list(gen.tokens),
+            "text": row["text"] if same else "", "new_tokens": len(gen.tokens), "seconds": gen.seconds,
+            "target_calls": gen.target_calls, "rounds": len(gen.rounds), "drafted": gen.drafted,
+            "accepted": gen.accepted, "switches": gen.switches, "t_switch": sum(r.t_switch for r in gen.rounds),
+            "stop": gen.stop, "t_select": 0.0, "category": row.get("category"), "turn": 1,
+            "reference": row.get("reference"), "quality": row.get("quality", {}) if same else {}, "deferred": 0,
+            "query_sha": row.get("query_sha"), "drafters": row.get("drafters"), "process": "replay",
+            "replayed": True}
+
+
+def best_arms(per_seed: list[dict]) -> dict[str, str]:
+    """Per query, the drafter (not the autoregressive arm) whose fixed replay is fastest: the per-query oracle."""
+    out: dict[str, tuple[float, str]] = {}
+    for r in per_seed:
+        if r["method"].startswith("fixed:") and r["new_tokens"]:
+            spt = r["seconds"] / r["new_tokens"]
+            if r["query_id"] not in out or spt < out[r["query_id"]][0]:
+                out[r["query_id"]] = (spt, r["method"].split(":", 1)[1])
+    return {q: arm for q, (_, arm) in out.items()}
+
+
+def method_table(per_seed: list[dict]) -> pd.DataFrame:
+    """Per method over seeds and queries (seconds per token averaged over seeds per query first)."""
+    df = pd.DataFrame(per_seed)
+    df["spt"] = df.seconds / df.new_tokens.clip(lower=1)
+    q = df.groupby(["method", "query_id"]).agg(spt=("spt", "mean"), seconds=("seconds", "mean"),
+                                                new_tokens=("new_tokens", "mean")).reset_index()
+    ar = q[q.method == AUTOREGRESSIVE].set_index("query_id")
+    fixed = q[q.method.str.startswith("fixed:")]
+    per_query_oracle = fixed.groupby("query_id").spt.min()
+    round_oracle = q[q.method == ORACLE_ROUND].set_index("query_id").spt
+    rows = []
+    for method, sub in df.groupby("method", sort=False):
+        mq = q[q.method == method].set_index("query_id")
+        speed = ar.seconds.reindex(mq.index).sum() / mq.seconds.sum() if not ar.empty else float("nan")
+        by_seed = sub.groupby("seed").apply(lambda s: (ar.seconds.reindex(s.query_id).sum() / s.seconds.sum())
+                                            if not ar.empty else float("nan"), include_groups=False)
+        rows.append({
+            "method": method, "queries": mq.shape[0], "seeds": sub.seed.nunique(),
+            "speedup": speed, "speedup_sd_seeds": float(by_seed.std()) if len(by_seed) > 1 else 0.0,
+            "vs_query_oracle": float((per_query_oracle.reindex(mq.index) / mq.spt).mean()) if len(per_query_oracle) else float("nan"),
+            "vs_round_oracle": float((round_oracle.reindex(mq.index) / mq.spt).mean()) if len(round_oracle) else float("nan"),
+            "best_share": sub.best_share.mean(), "best_share_late": sub.best_share_late.mean(),
+            "switches": sub.switches.mean(), "rounds": sub.rounds.mean(),
+            "accepted_per_round": sub.accepted.sum() / max(sub.rounds.sum(), 1)})
+    return pd.DataFrame(rows)
+
+
+def write_outputs(out: Path, per_seed, convergence, rows, n_rounds: int, elapsed: float, cfg: DictConfig) -> None:
+    table = method_table(per_seed)
+    tables.write_csv(table, out / "seeds.csv")
+    positions = sum(len(r["output_ids"]) for r in rows)
+    note = (f"Replayed over {len(rows)} traced queries ({positions:,} positions) from {cfg.traces}: {n_rounds:,} rounds in "
+            f"{elapsed:.1f} s ({n_rounds / max(elapsed, 1e-9):,.0f} rounds/s). Times are predicted by the trace's cost "
+            "curves. vs_query_oracle: mean over queries of (the query's fastest fixed drafter's seconds per token / the "
+            "method's); vs_round_oracle: the same against oracle:round. best_share: share of rounds on the query's "
+            f"fastest drafter (tree rounds: in the tree); _late: rounds from index {LATE} on.")
+    atomic_write_text(out / "seeds.md", f"# specbench replay (every seed)\n\n{note}\n\n{tables.to_markdown(table)}\n")
+    conv = pd.DataFrame([{"method": m, "round": r, "share": hit / n, "n": n}
+                         for m, cells in convergence.items() for r, (hit, n) in sorted(cells.items())])
+    if not conv.empty:
+        tables.write_csv(conv, out / "convergence.csv")
+    from specbench.records import read_jsonl
+    examples = list(read_jsonl(out / "examples.jsonl"))
+    summary = tables.summarize(examples)
+    tables.write_tables(summary, out, title="specbench replay (seed 0; predicted times)", notes=tables.EVAL_NOTES)
+    tables.print_table(tables.to_markdown(table), title=f"replay ({out}; every column in seeds.csv / seeds.md)")
+    print(note)
+

@@ -1,0 +1,272 @@
+"""Acceptance traces and exact replay (``decoding/trace.py``, ``decoding/replay.py``, ``specbench trace`` / ``replay``).
+
+- live equals replay: on the tiny Llama in fp32, every shipped selector config (the policy aside: it reads the
+  query's embedding), every fixed arm, a tree and the whole pool's tree, replayed over a trace with side
+  observations, equal the live loop round for round (arm, drafted, accepted, emitted, N_max, BE, switches,
+  first use, tree members and winners exactly; BD to 1e-5) and give the same output;
+- the trace's output is the autoregressive one, and a dynamic-int8 drafter is marked as not history-free;
+- the replay clock on a hand-made two-drafter trace equals the hand computation;
+- ``specbench trace`` resumes to the same records after an interruption, refuses a changed query file, and
+  ``specbench replay`` writes eval's files marked replayed; bad replay input is refused with its fix.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from specbench.configs import conf_dir, group_options, load_option
+from specbench.decoding.drafter import AUTOREGRESSIVE
+from specbench.decoding.loop import DecodeSpec, Limits
+from specbench.decoding.replay import Costs, replay
+from specbench.decoding.sampling import SamplingParams
+from specbench.decoding.trace import DrafterTrace, QueryTrace, trace, trace_lengths
+from specbench.drafters import build_pool
+from specbench.errors import SpecbenchError
+from specbench.pipelines import replay as replay_pipeline
+from specbench.pipelines import trace as trace_pipeline
+from specbench.pipelines.methods import make_selector
+from specbench.selection import Fixed, FixedTree
+from specbench.timing import Clock
+from tests.conftest import tiny_drafter_configs
+from tests.integration.test_eagle import write_head
+
+PROMPTS = ["The quick brown fox jumps over the lazy dog. The quick brown", "Speculative decoding: 1, 2, 3, 4, 1, 2,"]
+MAX_NEW = 48
+FIELDS = ("arm", "drafted", "accepted", "emitted", "n_max", "be", "switched", "first_use", "members", "tree_size",
+          "member_accepted", "winners")
+COSTS = Costs(q=(1, 2, 8, 40), contexts=(16, 128), seconds=((0.010, 0.011, 0.014, 0.03), (0.012, 0.013, 0.016, 0.035)),
+              catch_up={"early_exit": ((1, 0.001), (16, 0.004))})
+
+
+def cfg_of(name: str, overrides: list[str]):
+    with initialize_config_dir(config_dir=conf_dir(), version_base=None):
+        return compose(config_name=name, overrides=overrides)
+
+
+@pytest.fixture(scope="module")
+def exact_pool(tiny_llama_target, tmp_path_factory):
+    """Every history-free drafter kind: prompt lookup, an early exit (observes under full information), an hf
+    model, weight-only int8, and an EAGLE head (which also observes)."""
+    target = tiny_llama_target
+    head = write_head(tmp_path_factory.mktemp("replay_head"), target, "head")
+    configs = tiny_drafter_configs("tiny_llama", ("prompt_lookup", "early_exit", "hf", "quantized_weight"))
+    configs["eagle"] = {"_target_": "specbench.drafters.eagle.build", "checkpoint": str(head)}
+    return target, build_pool(target, configs)
+
+
+def spec_for(target, max_new=MAX_NEW):
+    eos = frozenset({int(target.tokenizer.eos_token_id)})
+    return DecodeSpec(SamplingParams(), Limits(max_new_tokens=max_new, draft_length=4), eos, Clock())
+
+
+@pytest.fixture(scope="module")
+def traced(exact_pool):
+    target, pool = exact_pool
+    lengths = trace_lengths(pool, 4, None)
+    out = []
+    for text in PROMPTS:
+        ids = target.tokenizer(text)["input_ids"]
+        qt, gen = trace(target, pool, ids, spec_for(target), lengths, torch.Generator().manual_seed(0),
+                        side_observations=True)
+        out.append((ids, qt, gen))
+    return out
+
+
+def selector_configs() -> dict[str, dict]:
+    """Every shipped selector config, as parse_methods instantiates it (the policy left out: it reads embeddings)."""
+    out = {}
+    for name in group_options("selector"):
+        cfg = load_option("selector", name)
+        if "Policy" in str(cfg.get("_target_")) or "_target_" not in cfg:
+            continue
+        out[name] = {k: v for k, v in dict(cfg).items() if k != "name"}
+    return out
+
+
+def selectors(arms: list[str]):
+    made = {f"fixed:{a}": (lambda a=a: Fixed(arms, a)) for a in arms}
+    made["tree:prompt_lookup+eagle"] = lambda: FixedTree(arms, ["prompt_lookup", "eagle"])
+    made["tree:*"] = lambda: FixedTree(arms, [a for a in arms if a != AUTOREGRESSIVE])
+    for name, scfg in selector_configs().items():
+        from omegaconf import OmegaConf
+        plain = OmegaConf.to_container(OmegaConf.create(scfg), resolve=True)
+        if name == "fixed":
+            plain["arm"] = "eagle"
+        made[f"selector:{name}"] = lambda plain=plain: make_selector(plain, arms)
+    return made
+
+
+def test_the_trace_follows_the_autoregressive_output(exact_pool, traced, tiny_decode):
+    target, pool = exact_pool
+    for ids, qt, _ in traced:
+        ar = tiny_decode(target, pool, AUTOREGRESSIVE, ids, max_new_tokens=MAX_NEW)
+        assert qt.output == ar.tokens
+        assert all(len(dt.drafts) == qt.positions for dt in qt.drafters.values())
+        assert qt.drafters["eagle"].side is not None and qt.drafters["early_exit"].side is not None
+        assert all(dt.history_free for dt in qt.drafters.values())
+
+
+def test_live_equals_replay_for_every_selector(exact_pool, traced, tiny_decode):
+    target, pool = exact_pool
+    arms = list(pool)
+    lengths = {n: pool[n].draft_length or 4 for n in trace_lengths(pool, 4, None)}
+    made = selectors(arms)
+    assert {"selector:ucb", "selector:hedge", "selector:ucb_full_info", "selector:router_tree", "selector:etc",
+            "selector:tree_hedge", "selector:sequential_halving", "selector:exp3"} <= set(made)
+    checked = 0
+    for name, make in made.items():
+        live_sel, rep_sel = make(), make()
+        for ids, qt, _ in traced:
+            live = tiny_decode(target, pool, live_sel, ids, max_new_tokens=MAX_NEW)
+            rep = replay(qt, rep_sel, Limits(max_new_tokens=MAX_NEW, draft_length=4), COSTS, lengths)
+            assert rep.tokens == live.tokens, name
+            assert len(rep.rounds) == len(live.rounds), name
+            for a, b in zip(live.rounds, rep.rounds):
+                for f in FIELDS:
+                    assert getattr(a, f) == getattr(b, f), f"{name} round {a.index}: {f} {getattr(a, f)} != {getattr(b, f)}"
+                assert abs(a.bd - b.bd) < 1e-5, f"{name} round {a.index}: bd {a.bd} != {b.bd}"
+                checked += 1
+            assert rep.counterfactual == 0
+    assert checked > 1000
+
+
+def test_dynamic_int8_is_not_history_free(tiny_llama_target):
+    pool = build_pool(tiny_llama_target, tiny_drafter_configs("tiny_llama", ("quantized_dynamic", "quantized_weight")))
+    assert not pool["quantized_dynamic"].history_free and pool["quantized_weight"].history_free
+
+
+def hand_trace() -> QueryTrace:
+    """Ten output tokens; drafter A's drafts (up to 3 tokens, cut by the room left) are always right, B's always
+    wrong at their first token."""
+    output = list(range(100, 110))
+    drafts = [output[t:t + min(3, 9 - t)] for t in range(10)]
+    a = DrafterTrace(k=3, drafts=drafts, accepted=[len(d) for d in drafts], overlap=[[0.9] * len(d) for d in drafts],
+                     match=[None] * 10, t_propose=[0.003] * 10, t_setup=0.02)
+    b = DrafterTrace(k=3, drafts=[[1, 2, 3][:min(3, 9 - t)] for t in range(10)], accepted=[0] * 10,
+                     overlap=[[0.1] * min(3, 9 - t) for t in range(10)], match=[None] * 10, t_propose=[0.0] * 10)
+    return QueryTrace(prompt_len=50, output=output, stop="length", max_new_tokens=10, t_prefill=0.5,
+                      drafters={"A": a, "B": b})
+
+
+def test_the_replay_clock_on_a_hand_made_trace():
+    """verify(q) = 0.012 + 0.002 (q - 1) s at every context; A: setup 0.02 s, catch-up 0.001 s a token, 0.003 s a
+    proposal; the prefill 0.5 s."""
+    costs = Costs(q=(1, 10), contexts=(10,), seconds=((0.012, 0.030),), catch_up={"A": ((1, 0.001), (10, 0.010))})
+    arms = [AUTOREGRESSIVE, "A", "B"]
+    limits = Limits(max_new_tokens=10, draft_length=3)
+    lengths = {"A": 3, "B": 3}
+    qt = hand_trace()
+    ar = replay(qt, Fixed(arms, AUTOREGRESSIVE), limits, costs, lengths)
+    assert len(ar.rounds) == 10 and ar.seconds == pytest.approx(0.5 + 10 * 0.012)
+    a = replay(qt, Fixed(arms, "A"), limits, costs, lengths)
+    # rounds at t = 0 (3 drafted and accepted + the bonus: 4 tokens), t = 4 (4 more), t = 8 (room 1: k = 1, 2 tokens)
+    assert [r.accepted for r in a.rounds] == [3, 3, 1] and [r.emitted for r in a.rounds] == [4, 4, 2]
+    expect = (0.5 + (0.02 + 0.003 + 0.018)     # first use: setup (nothing to catch up), propose, verify q = 4
+              + (0.004 + 0.003 + 0.018)         # catch-up over the 4 tokens since t = 0, propose, verify
+              + (0.004 + 0.003 + 0.014))        # the last round drafts 1 token: verify q = 2
+    assert a.seconds == pytest.approx(expect)
+    assert a.rounds[0].t_switch == pytest.approx(0.02) and a.rounds[1].t_draft == pytest.approx(0.007)
+    assert a.rounds[0].bd == pytest.approx(0.9) and a.rounds[2].bd == pytest.approx(0.9)
+    assert ar.seconds / expect == pytest.approx(0.62 / expect)
+    b = replay(qt, Fixed(arms, "B"), limits, costs, lengths)
+    assert [r.accepted for r in b.rounds] == [0] * 10 and b.rounds[0].bd == pytest.approx(0.1)
+    assert b.seconds == pytest.approx(0.5 + 7 * 0.018 + 0.016 + 0.014 + 0.012)  # drafts cut by the room at the end
+
+
+TRACE = ["target=tiny_llama", "pool=tiny", "dataset.limit=1", "decoding.max_new_tokens=24", "warmup.max_new_tokens=2",
+         "trace.costs.contexts=[16]", "trace.costs.repeats=1", "trace.costs.warmup=0", "trace.costs.catch_up=[1,4]"]
+
+
+def jsonl(path):
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def untimed_trace(row: dict) -> dict:
+    tr = dict(row["trace"])
+    tr.pop("t_prefill")
+    tr["drafters"] = {n: {k: v for k, v in d.items() if k not in ("t_propose", "t_setup")} for n, d in tr["drafters"].items()}
+    return {**row, "trace": tr}
+
+
+@pytest.fixture(scope="module")
+def trace_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("trace_whole")
+    trace_pipeline.run(cfg_of("trace", TRACE), out)
+    return out
+
+
+def test_an_interrupted_trace_resumes_to_the_same_records(trace_run, tmp_path, monkeypatch):
+    from specbench.pipelines.run_records import Records
+
+    whole = [untimed_trace(r) for r in jsonl(trace_run / "traces.jsonl")]
+    assert len(whole) >= 3
+    real, calls = Records.write, {"n": 0}
+
+    def write(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+    monkeypatch.setattr(Records, "write", write)
+    with pytest.raises(KeyboardInterrupt):
+        trace_pipeline.run(cfg_of("trace", TRACE), tmp_path / "t")
+    monkeypatch.undo()
+    assert len(jsonl(tmp_path / "t" / "examples.jsonl")) == 2  # the third trace line is an orphan: redone
+    trace_pipeline.run(cfg_of("trace", TRACE), tmp_path / "t")
+    rows, _ = trace_pipeline.load_traces(tmp_path / "t")
+    again = {r["query_id"]: untimed_trace({"query_id": r["query_id"], "trace": r["trace"]}) for r in rows}
+    assert len(again) == len(whole)
+    for row in whole:
+        assert again[row["query_id"]]["trace"] == row["trace"]
+
+
+def test_a_trace_refuses_to_resume_on_a_changed_query_file(tmp_path):
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {i} plus {i}?", "answer": f"#### {2 * i}"}) + "\n"
+                            for i in range(2)))
+    args = [*TRACE, "dataset=gsm8k", f"dataset.path={data}"]
+    trace_pipeline.run(cfg_of("trace", args), tmp_path / "t")
+    data.write_text("".join(json.dumps({"question": f"How many legs do {i} cats have?", "answer": f"#### {4 * i}"}) + "\n"
+                            for i in range(2)))
+    with pytest.raises(SpecbenchError, match="content changed"):
+        trace_pipeline.run(cfg_of("trace", args), tmp_path / "t")
+
+
+def test_replay_writes_eval_files_marked_replayed(trace_run, tmp_path):
+    out = tmp_path / "r"
+    replay_pipeline.run(cfg_of("replay", [f"traces={trace_run}", "seeds=3",
+                                          "methods=[autoregressive,fixed:*,oracle:round,tree:*,selector:ucb,selector:exp3]"]),
+                        out)
+    examples, rounds, seeds = jsonl(out / "examples.jsonl"), jsonl(out / "rounds.jsonl"), jsonl(out / "seeds.jsonl")
+    assert examples and all(e["replayed"] for e in examples) and all(r["replayed"] for r in rounds)
+    methods = {e["method"] for e in examples}
+    assert {"autoregressive", "fixed:quantized", "oracle:round", "tree:*", "ucb-bd", "exp3-bd"} <= methods
+    assert {s["seed"] for s in seeds if s["method"] == "exp3-bd"} == {0, 1, 2}
+    assert {s["seed"] for s in seeds if s["method"] == "fixed:quantized"} == {0}  # seedless: once
+    assert (out / "summary.csv").exists() and (out / "seeds.csv").exists() and (out / "convergence.csv").exists()
+    ar = [e for e in examples if e["method"] == "autoregressive"]
+    traced = {r["query_id"]: r for r in jsonl(trace_run / "examples.jsonl")}
+    assert all(e["output_ids"] == traced[e["query_id"]]["output_ids"] for e in ar)
+
+
+@pytest.mark.parametrize("overrides, problem", [
+    (["replay.draft_length=9"], "the trace holds 4"),
+    (["replay.max_new_tokens=500"], "the trace holds"),
+    (["methods=[selector:policy]"], "context-aware policy"),
+])
+def test_bad_replay_input_is_refused(trace_run, tmp_path, overrides, problem):
+    with pytest.raises(SpecbenchError) as err:
+        replay_pipeline.run(cfg_of("replay", [f"traces={trace_run}", "seeds=1", *overrides]), tmp_path / "r")
+    if problem:
+        assert problem in err.value.problem
+    assert err.value.fix
+
+
+def test_replay_of_a_missing_trace_directory_names_the_fix(tmp_path):
+    with pytest.raises(SpecbenchError, match="no trace run directory") as err:
+        replay_pipeline.run(cfg_of("replay", [f"traces={tmp_path / 'nope'}"]), tmp_path / "r")
+    assert "specbench trace" in err.value.fix
