@@ -18,7 +18,7 @@ PIP ?= $(PYTHON) -m pip
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install demo readme-demo trees-cpu test test-slow test-all bench clean metasd-cpu huang-cpu \
+.PHONY: install demo readme-demo trees-cpu trace-mixed test test-slow test-all bench clean metasd-cpu huang-cpu \
 	cascades-cpu specialist-data specialist-levers specialists ship-heads specialists-eval draft-confidence reproduce-cpu report paper-dry-run paper-drafters \
 	reproduce-paper
 
@@ -47,6 +47,19 @@ TREES_OUT ?= outputs/trees_cpu
 trees-cpu: install
 	$(SPECBENCH) eval experiment=trees_cpu hydra.run.dir=$(TREES_OUT)
 	$(PYTHON) -m specbench.reproduction.multi_drafter $(TREES_OUT)
+
+# MetaSD's bandit claims over thousands of rounds: acceptance traces of the mixed stream (16 queries a task, 512
+# new tokens or EOS: conf/experiment/trace_mixed.yaml; resumable), a live eval of 4 of its queries a task at 128
+# tokens (conf/experiment/replay_live.yaml: the replay's calibration), then the replays (100 seeds a selector) and
+# their exhibits with paired intervals (long_horizon.md). About 75 + 15 minutes on 2 CPUs; the replays take minutes.
+TRACE_OUT ?= outputs/trace_mixed/run
+LIVE_OUT ?= outputs/replay_live/run
+LONG_OUT ?= outputs/long_horizon
+SEEDS ?= 100
+trace-mixed: install
+	$(SPECBENCH) trace experiment=trace_mixed hydra.run.dir=$(TRACE_OUT)
+	$(SPECBENCH) eval experiment=replay_live hydra.run.dir=$(LIVE_OUT)
+	$(PYTHON) -m specbench.reproduction.long_horizon $(TRACE_OUT) $(LONG_OUT) --seeds $(SEEDS) --live $(LIVE_OUT)
 
 readme-demo: install
 	$(PYTHON) -m specbench.reproduction.render demo $(DEMO_OUT) README.md

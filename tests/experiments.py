@@ -12,7 +12,8 @@ from specbench.configs import conf_dir
 
 COMMANDS = {"cascades": ["cascades"], "huang": ["collect", "eval"], "metasd": ["eval"], "specialists": ["eval"],
             "reproduce_huang": ["collect", "eval"], "reproduce_metasd": ["eval"], "spec_bench": ["eval"],
-            "drafter": ["train_drafter"], "draft_confidence": ["eval"], "demo": ["eval"], "trees": ["eval"]}
+            "drafter": ["train_drafter"], "draft_confidence": ["eval"], "demo": ["eval"], "trees": ["eval"],
+            "trace": ["trace"], "replay": ["eval"]}
 
 
 def experiments() -> list[str]:

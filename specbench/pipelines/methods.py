@@ -35,9 +35,10 @@ class Method:
 
     @property
     def seeded(self) -> bool:
-        """Whether reseeding changes this method (its config, or its router's UCB, has a seed)."""
-        c = self.config or {}
-        return "seed" in c or isinstance(c.get("ucb"), dict)
+        """Whether reseeding changes this method: a selector that draws from its own rng (``Selector.randomized``).
+        The others (UCB and its variants, sequential halving, explore-then-commit, trees, fixed arms) are
+        deterministic: every seed gives the same rounds."""
+        return self.config is not None and bool(getattr(self.make_selector(), "randomized", False))
 
 
 def parse_methods(specs, pool: dict, selector_cfg, root: DictConfig | None = None) -> list[Method]:

@@ -2,10 +2,11 @@
 
 Every method of ``methods`` (as eval's: autoregressive, fixed:<arm>, fixed:*, tree:..., selector, selector:<name>;
 plus ``oracle:round``, the per-round hindsight oracle) is replayed over every traced query
-(``decoding/replay.py``), ``seeds`` times for a method with a seed (each seed shifts the selector's ``seed``;
-seedless methods are deterministic and replayed once). Selectors are made once per (method, seed) and
-``reset`` per query, as eval makes them; with ``conversation_length: n`` each ``n`` consecutive queries form
-one stream and ``selector_overrides: {carry_over: true}`` keeps the statistics across them.
+(``decoding/replay.py``), ``seeds`` times for a randomized selector (``Selector.randomized``: EXP3, Hedge,
+epsilon-greedy, random; each seed shifts its ``seed``); the others are deterministic, every seed giving the same
+rounds (tested), and are replayed once. Selectors are made once per (method, seed) and
+``reset`` per query in the traces' order, as eval makes them; ``selector_overrides: {carry_over: true}`` keeps
+their statistics across the queries (on an interleaved stream, a task that changes at every query).
 
 Written to the run directory (every record says ``replayed: true``):
 
@@ -70,8 +71,6 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         methods.append(Method(ORACLE_ROUND, lambda: RoundOracle(arms)))
     queries = [(r, QueryTrace.from_dict(r["trace"]), SimpleNamespace(id=r["query_id"], task=r["task"])) for r in rows]
     seeds = int(cfg.seeds)
-    size = int(cfg.get("conversation_length") or 1)
-    conversations = [queries[i:i + size] for i in range(0, len(queries), size)]
     for f in FILES.results:
         (out / f).unlink(missing_ok=True)
     per_seed: list[dict] = []
@@ -88,23 +87,22 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                 best = best_arms(per_seed)
             for seed in range(seeds if m.seeded else 1):
                 selector = m.reseeded(arms, seed)
-                for conversation in conversations:
-                    for row, qt, query in conversation:
-                        gen = replay(qt, selector, limits, costs, lengths, query)
-                        n_rounds += len(gen.rounds)
-                        rec = summary_row(m.name, seed, row, gen, best.get(row["query_id"]))
-                        per_seed.append(rec)
-                        sd_w.write(rec)
-                        if best.get(row["query_id"]):
-                            for rnd in gen.rounds:
-                                cell = convergence[m.name][rnd.index]
-                                cell[0] += on_arm(rnd, best[row["query_id"]])
-                                cell[1] += 1
-                        if seed == 0:
-                            rd_w.write_many({**round_row(row["query_id"], row["task"], m.name, r), "replayed": True}
-                                            for r in gen.rounds)
-                            ex_w.write(example_row(m.name, row, gen))
-                        bar.update(1)
+                for row, qt, query in queries:
+                    gen = replay(qt, selector, limits, costs, lengths, query)
+                    n_rounds += len(gen.rounds)
+                    rec = summary_row(m.name, seed, row, gen, best.get(row["query_id"]))
+                    per_seed.append(rec)
+                    sd_w.write(rec)
+                    if best.get(row["query_id"]):
+                        for rnd in gen.rounds:
+                            cell = convergence[m.name][rnd.index]
+                            cell[0] += on_arm(rnd, best[row["query_id"]])
+                            cell[1] += 1
+                    if seed == 0:
+                        rd_w.write_many({**round_row(row["query_id"], row["task"], m.name, r), "replayed": True}
+                                        for r in gen.rounds)
+                        ex_w.write(example_row(m.name, row, gen))
+                    bar.update(1)
     elapsed = time.perf_counter() - t_start
     log.info("replayed %d rounds in %.1f s (%.0f rounds/s)", n_rounds, elapsed, n_rounds / max(elapsed, 1e-9))
     write_outputs(out, per_seed, convergence, rows, n_rounds, elapsed, cfg)
@@ -156,10 +154,12 @@ def on_arm(rnd, arm: str) -> int:
 def summary_row(method: str, seed: int, row: dict, gen, best: str | None) -> dict:
     rounds = gen.rounds
     late = [r for r in rounds if r.index >= LATE]
+    early = rounds[:LATE]
     return {"method": method, "seed": seed, "query_id": row["query_id"], "task": row["task"],
             "new_tokens": len(gen.tokens), "seconds": gen.seconds, "rounds": len(rounds),
             "accepted": gen.accepted, "drafted": gen.drafted, "switches": gen.switches,
             "best_arm": best, "best_share": (sum(on_arm(r, best) for r in rounds) / len(rounds)) if best and rounds else None,
+            "best_share_early": (sum(on_arm(r, best) for r in early) / len(early)) if best and early else None,
             "best_share_late": (sum(on_arm(r, best) for r in late) / len(late)) if best and late else None,
             "bd": statistics.fmean(r.bd for r in rounds) if rounds else 0.0,
             "be": statistics.fmean(r.be for r in rounds) if rounds else 0.0}

@@ -136,6 +136,8 @@ class RandomSelector(BanditSelector):
     """Uniform random arm each round, a static uniform mixture (the no-learning baseline); with
     ``per_query`` one uniform random arm per query, kept for all its rounds (a random single drafter)."""
 
+    randomized = True
+
     def __init__(self, arms: list[str], per_query: bool = False, **kwargs):
         super().__init__(arms, **kwargs)
         self.per_query = bool(per_query)
@@ -155,6 +157,8 @@ class RandomSelector(BanditSelector):
 
 class EpsilonGreedy(BanditSelector):
     """Each arm once, then with probability ``epsilon`` a uniform random arm, else argmax_i mean_i."""
+
+    randomized = True
 
     def __init__(self, arms: list[str], epsilon: float = 0.1, **kwargs):
         super().__init__(arms, **kwargs)

@@ -47,6 +47,7 @@ class Selector:
     full_information: bool = False
     trees: bool = False  # may choose several arms a round (a token tree): decoder-only targets only
     embedding_pooling: str | None = None  # set by selectors that read the query's embedding (``set_embedding``)
+    randomized: bool = False  # draws from its own seeded rng (a replay runs it once per seed; the others are deterministic)
 
     def __init__(self, arms: list[str]):
         self.arms = list(arms)

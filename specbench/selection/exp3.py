@@ -18,6 +18,8 @@ class EXP3(BanditSelector):
     is ``gamma = min(1, sqrt(K ln K / ((e - 1) T)))``, about 0.2 for K = 3 and T = 50.
     """
 
+    randomized = True
+
     def __init__(self, arms: list[str], gamma: float = 0.2, **kwargs):
         super().__init__(arms, **kwargs)
         if self.full_information:

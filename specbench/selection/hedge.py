@@ -21,6 +21,8 @@ class Hedge(BanditSelector):
     ``carry_over``: multiplies it by ``decay``).
     """
 
+    randomized = True
+
     def __init__(self, arms: list[str], eta: float = 0.5, **kwargs):
         super().__init__(arms, **kwargs)
         if not (isinstance(eta, (int, float)) and math.isfinite(eta) and eta > 0):

@@ -134,6 +134,33 @@ def test_live_equals_replay_for_every_selector(exact_pool, traced, tiny_decode):
     assert checked > 1000
 
 
+def test_selectors_not_marked_randomized_give_the_same_rounds_for_every_seed(exact_pool, traced):
+    """What lets replay run a deterministic selector once for all its seeds."""
+    from specbench.pipelines.methods import Method
+
+    target, pool = exact_pool
+    arms = list(pool)
+    lengths = {n: pool[n].draft_length or 4 for n in trace_lengths(pool, 4, None)}
+    limits = Limits(max_new_tokens=MAX_NEW, draft_length=4)
+    randomized = set()
+    for name, scfg in selector_configs().items():
+        from omegaconf import OmegaConf
+        plain = OmegaConf.to_container(OmegaConf.create(scfg), resolve=True)
+        if name == "fixed":
+            plain["arm"] = "eagle"
+        m = Method(name, lambda plain=plain: make_selector(plain, arms), plain)
+        runs = []
+        for seed in (0, 7):
+            sel = m.reseeded(arms, seed)
+            runs.append([[(r.arm, r.accepted) for r in replay(qt, sel, limits, COSTS, lengths).rounds] for _, qt, _ in traced])
+        if m.seeded:
+            randomized.add(name)
+            assert runs[0] != runs[1], f"{name} is marked randomized but two seeds replay alike"
+        else:
+            assert runs[0] == runs[1], f"{name} is not marked randomized, yet its seeds differ"
+    assert {"exp3", "hedge", "random", "epsilon_greedy"} <= randomized and "ucb" not in randomized
+
+
 def test_dynamic_int8_is_not_history_free(tiny_llama_target):
     pool = build_pool(tiny_llama_target, tiny_drafter_configs("tiny_llama", ("quantized_dynamic", "quantized_weight")))
     assert not pool["quantized_dynamic"].history_free and pool["quantized_weight"].history_free
@@ -247,6 +274,7 @@ def test_replay_writes_eval_files_marked_replayed(trace_run, tmp_path):
     assert {"autoregressive", "fixed:quantized", "oracle:round", "tree:*", "ucb-bd", "exp3-bd"} <= methods
     assert {s["seed"] for s in seeds if s["method"] == "exp3-bd"} == {0, 1, 2}
     assert {s["seed"] for s in seeds if s["method"] == "fixed:quantized"} == {0}  # seedless: once
+    assert {s["seed"] for s in seeds if s["method"] == "ucb-bd"} == {0}  # deterministic: once
     assert (out / "summary.csv").exists() and (out / "seeds.csv").exists() and (out / "convergence.csv").exists()
     ar = [e for e in examples if e["method"] == "autoregressive"]
     traced = {r["query_id"]: r for r in jsonl(trace_run / "examples.jsonl")}

@@ -37,8 +37,8 @@ def experiments() -> list[str]:
 
 
 def commands_for(name: str) -> list[str]:
-    if name.startswith("drafter"):  # train-drafter recipes decode nothing: the paper-scale dry run covers them
-        return []
+    if name.startswith(("drafter", "trace")):  # train-drafter recipes decode nothing: the paper-scale dry run covers
+        return []                               # them; traces are tested by tests/integration/test_replay.py
     if name.startswith("cascades"):
         return ["cascades"]
     if name.startswith("huang"):

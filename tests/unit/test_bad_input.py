@@ -21,7 +21,7 @@ from specbench.tasks.datasets import load_dataset_config
 from specbench.tasks.files import read_records
 from specbench.validate import validate
 
-ROOTS = ["eval", "bench", "cascades", "collect", "profile", "train_policy", "train_drafter"]
+ROOTS = ["eval", "bench", "cascades", "collect", "profile", "train_policy", "train_drafter", "trace"]
 EXPERIMENTS = sorted(p.stem for p in (Path(conf_dir()) / "experiment").glob("*.yaml"))
 
 
@@ -78,6 +78,10 @@ def test_every_experiment_passes_validation(name):
     ("train_policy", "train.epochs=abc", "train.epochs=abc: expected an integer >= 0"),
     ("train_policy", "reward.alpha=2", "reward.alpha=2: expected a finite number in [0, 1]"),
     ("train_drafter", "drafter.layers=0", "drafter.layers=0: expected an integer >= 1"),
+    ("trace", "trace.draft_length=0", "trace.draft_length=0: expected an integer >= 1 or null"),
+    ("trace", "trace.costs.contexts=[]", "trace.costs.contexts=[]: expected a non-empty list, each an integer >= 1"),
+    ("replay", "seeds=0", "seeds=0: expected an integer >= 1"),
+    ("replay", "replay.draft_length=x", "replay.draft_length=x: expected an integer >= 1 or null"),
 ])
 def test_bad_values_name_key_value_and_expectation(root, override, line):
     with pytest.raises(SpecbenchError) as info:

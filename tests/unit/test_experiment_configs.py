@@ -18,7 +18,7 @@ from tests.experiments import commands_for, experiments
 EXPERIMENTS = experiments()
 # root config -> its run directories: outputs/<name>/<time>, outputs/multirun/<name>/<time>/<job>
 RUN_NAMES = {"eval": "eval", "bench": "bench", "cascades": "cascades", "collect": "collect", "profile": "profile",
-             "train_policy": "policy"}
+             "train_policy": "policy", "trace": "trace", "replay": "replay"}
 # every group whose options are plain configs (experiments are _global_ and hydra/ is Hydra's)
 GROUPS = sorted(p.name for p in Path(conf_dir()).iterdir() if p.is_dir() and p.name not in ("experiment", "hydra"))
 
