@@ -153,7 +153,8 @@ def load_traces(run: str | Path) -> tuple[list[dict], dict]:
     records = [{**e, **lines[e["query_id"]]} for e in examples if e["query_id"] in lines]
     if not records:
         raise SpecbenchError(f"{run} holds no finished trace (examples.jsonl and traces.jsonl of `specbench trace`)",
-                             f"run `specbench trace hydra.run.dir={run} ...` first")
+                             f"point traces= at a `specbench trace` run directory (it holds traces.jsonl), or trace into "
+                             f"it first: specbench trace hydra.run.dir={run} ...")
     costs_path = run / COSTS
     if not costs_path.exists():
         raise SpecbenchError(f"{costs_path} is missing: the trace run stopped before measuring its cost curves",
