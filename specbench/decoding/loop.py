@@ -5,7 +5,7 @@ The loop holds no drafter-kind-specific code: it speaks the protocol of ``decodi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -127,6 +127,26 @@ def cascade_with_tree(who: str) -> SpecbenchError:
                           "use cascade=none with tree methods, or fixed:<drafter> methods with the cascade")
 
 
+def round_members(choice, draft_with: Callable[[str], object], plays: Callable[[object, int], bool],
+                  who: str) -> tuple[tuple[str, ...], dict[str, object], object | None]:
+    """A selector's choice (an arm, a tuple of arms, a ``Route``) -> the round's members, their drafts made by
+    ``draft_with(name)``, and the routed-away draft (a ``Route``'s first arm, drafted but not played: its time
+    still counts), or None. ``plays(drafted, min_match)``: whether a ``Route``'s first draft plays alone.
+    Shared by the loop and its replay (``decoding/replay.py``), so both resolve a choice alike."""
+    if isinstance(choice, Route):  # draft with the first arm; keep its draft only on a long enough match
+        tried = draft_with(choice.first)
+        if plays(tried, choice.min_match):
+            return (choice.first,), {choice.first: tried}, None
+        # the fallback: one arm, or a tree (which may keep the first arm's draft, already made)
+        then = (choice.then,) if isinstance(choice.then, str) else tuple(dict.fromkeys(choice.then))
+        made = {m: tried if m == choice.first else draft_with(m) for m in then}
+        return tuple(made), made, (None if choice.first in made else tried)
+    members = (choice,) if isinstance(choice, str) else tuple(dict.fromkeys(choice))
+    if not members:
+        raise SpecbenchError(f"{who} chose no arm for a round", "a tree selector must name at least one drafter per round")
+    return members, {m: draft_with(m) for m in members}, None
+
+
 def tree_label(members) -> str:
     """The ``arm`` a tree round is recorded under: ``tree:<a>+<b>...``."""
     return "tree:" + "+".join(members)
@@ -194,23 +214,9 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
             draft = drafter.propose(target.tokens, n, sampling, rng, eos_ids) if n > 0 else Draft([], None)
             return _Drafted(draft, k, n if drafter.drafts else 0, first, tb - ta, clock.now() - tb)
 
-        routed_time = 0.0
-        if isinstance(choice, Route):  # draft with the first arm; keep its draft only on a long enough match
-            tried = draft_with(choice.first)
-            if tried.draft.tokens and (tried.draft.match or 0) >= choice.min_match:
-                members, made = (choice.first,), {choice.first: tried}
-            else:  # the fallback: one arm, or a tree (which may keep the first arm's draft, already made)
-                then = (choice.then,) if isinstance(choice.then, str) else tuple(dict.fromkeys(choice.then))
-                made = {m: tried if m == choice.first else draft_with(m) for m in then}
-                members = tuple(made)
-                if choice.first not in made:
-                    routed_time = tried.t_sync + tried.t_propose
-        else:
-            members = (choice,) if isinstance(choice, str) else tuple(dict.fromkeys(choice))
-            if not members:
-                raise SpecbenchError(f"{type(selector).__name__} chose no arm for a round",
-                                     "a tree selector must name at least one drafter per round")
-            made = {m: draft_with(m) for m in members}
+        members, made, unused = round_members(
+            choice, draft_with, lambda d, n: bool(d.draft.tokens) and (d.draft.match or 0) >= n, type(selector).__name__)
+        routed_time = unused.t_sync + unused.t_propose if unused is not None else 0.0
         switched = prev_members is not None and members != prev_members
         first_use = any(d.first for d in made.values())
         t3 = clock.now()

@@ -31,13 +31,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from specbench.arms import AUTOREGRESSIVE
-from specbench.decoding.loop import Generation, Limits, tree_label
+from specbench.decoding.loop import Generation, Limits, round_members, tree_label
 from specbench.decoding.trace import QueryTrace
 from specbench.decoding.tree import build_tree
 from specbench.decoding.verify import block_efficiency
 from specbench.errors import SpecbenchError
 from specbench.records import Round
-from specbench.selection.base import Feedback, Route, Selector
+from specbench.selection.base import Feedback, Selector
 
 
 def interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
@@ -143,6 +143,7 @@ class _Member:
     first: bool
     t_sync: float
     t_propose: float
+    match: int | None  # retrieval drafters: the context match of its traced draft (routing)
 
 
 def replay(trace: QueryTrace, selector: Selector, limits: Limits, costs: Costs, draft_lengths: Mapping[str, int],
@@ -178,7 +179,7 @@ def replay(trace: QueryTrace, selector: Selector, limits: Limits, costs: Costs, 
         def draft_with(name: str) -> _Member:
             if name == AUTOREGRESSIVE:
                 synced[name] = t
-                return _Member([], 0, 0, False, 0.0, 0.0)
+                return _Member([], 0, 0, False, 0.0, 0.0, None)
             dt = trace.drafters.get(name)
             if dt is None:
                 raise SpecbenchError(f"the selector played '{name}', which the trace does not hold",
@@ -188,26 +189,11 @@ def replay(trace: QueryTrace, selector: Selector, limits: Limits, costs: Costs, 
             t_sync = dt.t_setup + costs.sync(name, t) if first else costs.sync(name, t - synced[name])
             synced[name] = t
             draft = dt.draft(t, k)
-            return _Member(draft, k, k, first, t_sync, dt.seconds(t, len(draft)) if k > 0 else 0.0)
+            return _Member(draft, k, k, first, t_sync, dt.seconds(t, len(draft)) if k > 0 else 0.0, dt.match[t])
 
-        routed = 0.0
-        if isinstance(choice, Route):
-            tried = draft_with(choice.first)
-            match = trace.drafters[choice.first].match[t] if choice.first in trace.drafters else None
-            if tried.draft and (match or 0) >= choice.min_match:
-                members, made = (choice.first,), {choice.first: tried}
-            else:
-                then = (choice.then,) if isinstance(choice.then, str) else tuple(dict.fromkeys(choice.then))
-                made = {m: tried if m == choice.first else draft_with(m) for m in then}
-                members = tuple(made)
-                if choice.first not in made:
-                    routed = tried.t_sync + tried.t_propose
-        else:
-            members = (choice,) if isinstance(choice, str) else tuple(dict.fromkeys(choice))
-            if not members:
-                raise SpecbenchError(f"{type(selector).__name__} chose no arm for a round",
-                                     "a tree selector must name at least one drafter per round")
-            made = {m: draft_with(m) for m in members}
+        members, made, unused = round_members(choice, draft_with, lambda d, n: bool(d.draft) and (d.match or 0) >= n,
+                                              type(selector).__name__)
+        routed = unused.t_sync + unused.t_propose if unused is not None else 0.0
         switched = prev_members is not None and members != prev_members
         first_use = any(d.first for d in made.values())
         own = {m: (trace.drafters[m].accepted_of(t, len(d.draft)) if d.draft else 0) for m, d in made.items()}
