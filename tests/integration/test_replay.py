@@ -298,3 +298,13 @@ def test_replay_of_a_missing_trace_directory_names_the_fix(tmp_path):
     with pytest.raises(SpecbenchError, match="no trace run directory") as err:
         replay_pipeline.run(cfg_of("replay", [f"traces={tmp_path / 'nope'}"]), tmp_path / "r")
     assert "specbench trace" in err.value.fix
+
+
+def test_a_trace_refuses_to_resume_after_a_drafter_checkpoint_changed(tiny_llama_target, tmp_path):
+    head = write_head(tmp_path, tiny_llama_target, "head", seed=0)
+    args = [*TRACE, "+pool.drafters.eagle._target_=specbench.drafters.eagle.build",
+            f"+pool.drafters.eagle.checkpoint={head}"]
+    trace_pipeline.run(cfg_of("trace", args), tmp_path / "t")
+    write_head(tmp_path, tiny_llama_target, "head", seed=1)  # retrained in place, same name and config
+    with pytest.raises(SpecbenchError, match="drafter checkpoint"):
+        trace_pipeline.run(cfg_of("trace", args), tmp_path / "t")
