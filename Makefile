@@ -51,7 +51,7 @@ trees-cpu: install
 # MetaSD's bandit claims over thousands of rounds: acceptance traces of the mixed stream (16 queries a task, 512
 # new tokens or EOS: conf/experiment/trace_mixed.yaml; resumable), a live eval of 4 of its queries a task at 128
 # tokens (conf/experiment/replay_live.yaml: the replay's calibration), then the replays (100 seeds a selector) and
-# their exhibits with paired intervals (long_horizon.md). About 75 + 15 minutes on 2 CPUs; the replays take minutes.
+# their exhibits with paired intervals (long_horizon.md). About 31 + 12 minutes on 2 CPUs; the replays take a minute.
 TRACE_OUT ?= outputs/trace_mixed/run
 LIVE_OUT ?= outputs/replay_live/run
 LONG_OUT ?= outputs/long_horizon
