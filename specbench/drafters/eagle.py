@@ -39,7 +39,6 @@ from specbench.decoding.verify import block_divergence
 from specbench.errors import SpecbenchError
 from specbench.models.cache import cache_argument, common_prefix, crop_cache
 from specbench.models.devices import resolve_dtype
-from specbench.models.loading import resolve_cached
 from specbench.models.target import Target
 from specbench.records import files_fingerprint
 
@@ -355,5 +354,6 @@ def build(target: Target, name: str, checkpoint: str | None = None, cost: float 
         d2t = None
     drafter = EagleDrafter(name, head, target, d2t, cost=0.0, confidence_threshold=confidence_threshold)
     drafter.cost = head_cost(head, drafter.logits, target) if cost is None else float(cost)
-    drafter.fingerprint = files_fingerprint(resolve_cached(checkpoint, make_target))  # resumes check it (run_records.Records)
+    # every checkpoint it reads (a local or cache: directory, a package: head, a hub snapshot): resumes check it
+    drafter.fingerprint = files_fingerprint(resolve_checkpoint(checkpoint, make_target))  # (run_records.Records)
     return drafter

@@ -52,7 +52,6 @@ from specbench.drafters.head_files import CONFIG_FILE, damaged, load_state, reso
 from specbench.errors import SpecbenchError
 from specbench.models.cache import cache_argument
 from specbench.models.devices import resolve_dtype
-from specbench.models.loading import resolve_cached
 from specbench.models.target import Target
 from specbench.records import files_fingerprint
 
@@ -390,7 +389,7 @@ def build(target: Target, name: str, checkpoint: str | None = None, cost: float 
     head, d2t, aux = load_eagle3(checkpoint, target, make_target, dtype=head_dtype, aux_layers=aux_layers)
     drafter = Eagle3Drafter(name, head, target, d2t, aux, cost=0.0, confidence_threshold=confidence_threshold)
     drafter.cost = head_cost(head, target) if cost is None else float(cost)
-    drafter.fingerprint = files_fingerprint(resolve_cached(checkpoint, make_target))  # resumes check it
+    drafter.fingerprint = files_fingerprint(resolve_checkpoint(checkpoint, make_target))  # any source: resumes check it
     return drafter
 
 

@@ -308,3 +308,18 @@ def test_a_trace_refuses_to_resume_after_a_drafter_checkpoint_changed(tiny_llama
     write_head(tmp_path, tiny_llama_target, "head", seed=1)  # retrained in place, same name and config
     with pytest.raises(SpecbenchError, match="drafter checkpoint"):
         trace_pipeline.run(cfg_of("trace", args), tmp_path / "t")
+
+
+def test_a_rebuilt_package_head_is_fingerprinted_and_refused_on_resume(tiny_llama_target, tmp_path, monkeypatch):
+    """`package:` heads (the shipped ones, or $SPECBENCH_HEADS) are fingerprinted like local and cache: ones, so a
+    head rebuilt in place under the same name is not presented as the old one's records."""
+    heads = tmp_path / "heads"
+    write_head(heads, tiny_llama_target, "eagle_x", seed=0)
+    monkeypatch.setenv("SPECBENCH_HEADS", str(heads))
+    args = [*TRACE, "+pool.drafters.eagle._target_=specbench.drafters.eagle.build",
+            "+pool.drafters.eagle.checkpoint=package:eagle_x"]
+    trace_pipeline.run(cfg_of("trace", args), tmp_path / "t")
+    assert jsonl(tmp_path / "t" / "examples.jsonl")[0]["drafters"]["eagle"]
+    write_head(heads, tiny_llama_target, "eagle_x", seed=1)  # `make specialists` rebuilds heads in place
+    with pytest.raises(SpecbenchError, match="drafter checkpoint"):
+        trace_pipeline.run(cfg_of("trace", args), tmp_path / "t")
