@@ -125,6 +125,13 @@ def check_greedy(spec: DecodeSpec) -> None:
                              "trace with cascade=none")
 
 
+def check_decoder_only(target: Target) -> None:
+    if target.is_encoder_decoder:
+        raise SpecbenchError("specbench trace verifies every drafter's draft as one token tree, which needs a "
+                             f"decoder-only target; this one is encoder-decoder ({type(target.model).__name__})",
+                             "trace a decoder-only target (eval measures encoder-decoder targets live)")
+
+
 @torch.inference_mode()
 def trace(target: Target, pool: Mapping[str, Drafter], prompt_ids: list[int], spec: DecodeSpec,
           lengths: Mapping[str, int], rng: torch.Generator, side_observations: bool = False) -> tuple[QueryTrace, Generation]:
@@ -136,10 +143,7 @@ def trace(target: Target, pool: Mapping[str, Drafter], prompt_ids: list[int], sp
     returns when that draft is the one verified (read off the same tree forward's rows along it), so that
     full-information selectors replay to the round."""
     check_greedy(spec)
-    if target.is_encoder_decoder:
-        raise SpecbenchError("a trace verifies every drafter's draft as one token tree, which needs a decoder-only "
-                             f"target; this one is encoder-decoder ({type(target.model).__name__})",
-                             "trace a decoder-only target")
+    check_decoder_only(target)
     sampling, limits, eos_ids, clock = spec.sampling, spec.limits, spec.eos_ids, spec.clock
     drafters = {name: pool[name] for name in lengths}
     observers = {name: d for name, d in drafters.items() if side_observations and d.state_layers(True)}

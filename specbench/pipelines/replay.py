@@ -42,7 +42,7 @@ from specbench.pipelines import tables
 from specbench.pipelines.methods import Method, load_selector_config, parse_methods
 from specbench.pipelines.run_dir import RunFiles, start_run
 from specbench.pipelines.trace import load_traces
-from specbench.records import JsonlWriter, atomic_write_text, round_row
+from specbench.records import JsonlWriter, atomic_write_text, read_jsonl, round_row
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     convergence: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
     best: dict[str, str] = {}
     n_rounds, t_start = 0, time.perf_counter()
-    total = sum(seeds if m.seeded else 1 for m in methods) * len(queries)
+    runs = {m.name: seeds if m.seeded else 1 for m in methods}  # seeded instantiates a selector: once per method
+    total = sum(runs.values()) * len(queries)
     # fixed arms first (they define each query's best drafter), then the adaptive methods
     order = sorted(methods, key=lambda m: not (m.name == AUTOREGRESSIVE or m.name.startswith("fixed:")))
     with JsonlWriter(out / "examples.jsonl") as ex_w, JsonlWriter(out / "rounds.jsonl") as rd_w, \
@@ -85,7 +86,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         for m in order:
             if m.name != AUTOREGRESSIVE and not m.name.startswith("fixed:") and not best:
                 best = best_arms(per_seed)
-            for seed in range(seeds if m.seeded else 1):
+            for seed in range(runs[m.name]):
                 selector = m.reseeded(arms, seed)
                 for row, qt, query in queries:
                     gen = replay(qt, selector, limits, costs, lengths, query)
@@ -230,7 +231,6 @@ def write_outputs(out: Path, per_seed, convergence, rows, n_rounds: int, elapsed
                          for m, cells in convergence.items() for r, (hit, n) in sorted(cells.items())])
     if not conv.empty:
         tables.write_csv(conv, out / "convergence.csv")
-    from specbench.records import read_jsonl
     examples = list(read_jsonl(out / "examples.jsonl"))
     summary = tables.summarize(examples)
     tables.write_tables(summary, out, title="specbench replay (seed 0; predicted times)", notes=tables.EVAL_NOTES)

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from specbench.decoding.drafter import DecodeContext
 from specbench.decoding.loop import DecodeSpec
-from specbench.decoding.trace import QueryTrace, check_greedy, trace, trace_lengths
+from specbench.decoding.trace import QueryTrace, check_decoder_only, check_greedy, trace, trace_lengths
 from specbench.errors import SpecbenchError
 from specbench.pipelines.profile import interleaved, measure_verify, profile_dict, repeat_to
 from specbench.pipelines.prompting import example_id, prompt_fingerprint
@@ -50,10 +50,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     s = Session.open(cfg, output_dir, FILES, "trace")
     spec = DecodeSpec(s.sampling, s.limits, s.eos_ids, s.clock, s.cascade)
     check_greedy(spec)
-    if s.target.is_encoder_decoder:
-        raise SpecbenchError("specbench trace verifies every drafter's draft as one token tree, which needs a "
-                             f"decoder-only target; {cfg.target.model} is encoder-decoder",
-                             "trace a decoder-only target (eval measures encoder-decoder targets live)")
+    check_decoder_only(s.target)
     t = cfg.trace
     lengths = trace_lengths(s.pool, s.limits.draft_length, t.get("draft_length"))
     if not lengths:

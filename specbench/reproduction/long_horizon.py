@@ -24,6 +24,7 @@ ranks the bandits as the replay does.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -128,8 +129,7 @@ def speed_verdict(q: pd.DataFrame, claim: str, a: str, b: str | pd.DataFrame, th
 
 
 def labelled(v: V.Verdict) -> V.Verdict:
-    return V.Verdict(f"[{REPLAYED}] {v.claim}", v.held, v.detail, v.unfinished, v.n, v.effect, v.interval, v.label,
-                     v.level, v.reason, v.threshold)
+    return dataclasses.replace(v, claim=f"[{REPLAYED}] {v.claim}")
 
 
 def share_verdict(q: pd.DataFrame, claim: str, a: str, b: str, column: str) -> V.Verdict:
