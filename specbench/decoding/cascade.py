@@ -15,6 +15,13 @@ Rules (``alpha`` is the lenience; larger keeps more draft tokens):
 - ``token_v1`` / ``token_v2`` / ``token_v3``: an accept set ``A`` per position
   (V1 ``q(v) >= max p - alpha``, V2 ``p(v) >= max p - alpha``, V3 ``p(v) >= (1 - alpha) max p``)
   and ``pi(v) = q(v) 1[v in A] + q(not A) p(v)``.
+- ``sequential``: the sequential (token-level) cascade that the speculative ones improve on: the drafter
+  generates, and a position whose drafter distribution is unconfident (Chow's test on ``q`` alone,
+  ``max q < 1 - alpha``) is deferred: the target, called only then, gives that token (its forward over the
+  tokens it has not seen yet gives it). In the decode loop the drafter stops drafting before such a position
+  (``stop_below``), every drafted token is kept (``pi = q``), and the target's row after them gives the
+  deferred token (a draft that reaches its length without a deferral is kept whole: that forward only
+  catches the target up). Its outputs are Chow's; what differs is when the target runs.
 - ``lossy_sd``: accept with ``min(1, p(x) / ((1 - alpha) q(x)))``, residual
   ``norm(max(0, p - (1 - alpha) q))`` (Leviathan et al.'s lenience; ``alpha = 1`` keeps every draft).
 
@@ -58,13 +65,13 @@ from specbench.decoding.sampling import SamplingParams, logits_to_probs
 from specbench.decoding.verify import Verdict, verify_sampling
 from specbench.errors import SpecbenchError
 
-MIXTURE_RULES = ("chow", "diff", "opt")
+MIXTURE_RULES = ("chow", "diff", "opt", "sequential")
 TOKEN_RULES = ("token_v1", "token_v2", "token_v3")
 RULES = ("none", *MIXTURE_RULES, *TOKEN_RULES, "lossy_sd")
 # alpha that always defers (lossless) and alpha that never defers (keep every draft token)
-ALWAYS = {"none": 0.0, "chow": -1.0, "diff": -1.0, "opt": -2.0, "token_v1": -1.0, "token_v2": -1.0,
-          "token_v3": -1.0, "lossy_sd": 0.0}
-NEVER = {"none": 0.0, "chow": 1.0, "diff": 1.0, "opt": 1.0, "token_v1": 1.0, "token_v2": 1.0,
+ALWAYS = {"none": 0.0, "chow": -1.0, "diff": -1.0, "opt": -2.0, "sequential": -1.0, "token_v1": -1.0,
+          "token_v2": -1.0, "token_v3": -1.0, "lossy_sd": 0.0}
+NEVER = {"none": 0.0, "chow": 1.0, "diff": 1.0, "opt": 1.0, "sequential": 1.0, "token_v1": 1.0, "token_v2": 1.0,
          "token_v3": 1.0, "lossy_sd": 1.0}
 
 
@@ -88,7 +95,7 @@ def defer_mask(rule: str, q: torch.Tensor, p: torch.Tensor, alpha: float) -> tor
     """Boolean ``[k]``: which positions a mixture rule defers to the target (``q``, ``p`` untempered)."""
     max_q = q.max(dim=-1).values
     max_p = p.max(dim=-1).values
-    if rule == "chow":
+    if rule in ("chow", "sequential"):
         return max_q < 1.0 - alpha
     if rule == "diff":
         return max_q < max_p - alpha
@@ -205,6 +212,31 @@ class Cascade:
     @property
     def lossless(self) -> bool:
         return self.rule == "none"
+
+    @property
+    def sequential(self) -> bool:
+        return self.rule == "sequential"
+
+    @property
+    def stop_below(self) -> float:
+        """The drafter's stop for a sequential cascade (its largest untempered probability below ``1 - alpha``:
+        deferred); 0 (never stop) for every other rule."""
+        return 1.0 - self.alpha if self.sequential else 0.0
+
+    def cut(self, draft):
+        """A sequential cascade's draft ends before its first deferred position (for drafters that ignore
+        ``stop_below``; a deterministic drafter's ``q`` is one-hot: deferred only when ``alpha < 0``)."""
+        if not self.sequential or not draft.tokens:
+            return draft
+        if draft.raw is None:
+            unsure = [1.0 < self.stop_below] * len(draft.tokens)
+        else:
+            unsure = (draft.raw.max(dim=-1).values < self.stop_below).tolist()
+        n = unsure.index(True) if True in unsure else len(draft.tokens)
+        if n == len(draft.tokens):
+            return draft
+        return type(draft)(tokens=draft.tokens[:n], probs=draft.probs[:n] if n else None,
+                           raw=draft.raw[:n] if n else None, match=draft.match)
 
     @property
     def label(self) -> str:

@@ -158,7 +158,10 @@ class Drafter:
         """Bring the drafter's own state (a KV cache) up to the committed ``tokens``."""
 
     def propose(self, tokens: list[int], k: int, sampling: SamplingParams, rng: torch.Generator,
-                eos_ids: frozenset[int] = frozenset()) -> Draft:
+                eos_ids: frozenset[int] = frozenset(), stop_below: float = 0.0) -> Draft:
+        """Up to ``k`` draft tokens after the committed ``tokens``. ``stop_below``: end the draft before a position
+        whose largest untempered probability is below it (where a sequential cascade defers to the target, which
+        then gives that token: ``Cascade.stop_below``); drafters without a distribution ignore it."""
         raise NotImplementedError
 
     def standalone_model(self) -> torch.nn.Module | None:
@@ -183,5 +186,5 @@ class AutoregressiveArm(Drafter):
     deterministic = True
     drafts = False
 
-    def propose(self, tokens, k, sampling, rng, eos_ids=frozenset()) -> Draft:
+    def propose(self, tokens, k, sampling, rng, eos_ids=frozenset(), stop_below=0.0) -> Draft:
         return Draft(tokens=[], probs=None)

@@ -211,7 +211,11 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
             # bonus token's room) and the target scores all but that one: a round whose drafts are all kept
             # emits only drafter tokens, and at a never-deferring alpha the output is the drafter's own.
             n = k + 1 if lossy else k
-            draft = drafter.propose(target.tokens, n, sampling, rng, eos_ids) if n > 0 else Draft([], None)
+            # a sequential cascade stops drafting where it defers: the target's row after the draft gives that token
+            stop = {"stop_below": cascade.stop_below} if lossy and cascade.sequential else {}
+            draft = drafter.propose(target.tokens, n, sampling, rng, eos_ids, **stop) if n > 0 else Draft([], None)
+            if stop:
+                draft = cascade.cut(draft)
             return _Drafted(draft, k, n if drafter.drafts else 0, first, tb - ta, clock.now() - tb)
 
         members, made, unused = round_members(
@@ -228,6 +232,7 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
             scores = target.score(scored, layers=layers)
             logits, states = scores.logits, scores.states
             deferred = len(draft.tokens) if cascade is not None else 0
+
             if lossy and draft.tokens:
                 verdict, deferred = cascade.verify(draft.tokens, draft.probs, draft.raw, logits, sampling, rng)
                 p = logits_to_probs(logits, sampling)
@@ -237,6 +242,8 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
             else:
                 p = logits_to_probs(logits, sampling)
                 verdict = verify_sampling(draft.tokens, draft.probs, p, rng)
+            if lossy and cascade.sequential:  # it defers where its draft stopped short: the target gives that token
+                deferred = int(len(draft.tokens) <= k)
             new, rows, path_draft = verdict.tokens, None, scored
             n_max = made[arm].n_max
             bd = block_divergence(draft.tokens, draft.probs, p, n_max) if draft.tokens else 0.0

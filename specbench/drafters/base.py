@@ -57,7 +57,7 @@ class ModelDrafter(Drafter):
     def catch_up(self, tokens):
         self._next_logits = self.lm.sync(tokens)
 
-    def propose(self, tokens, k, sampling, rng, eos_ids=frozenset()) -> Draft:
+    def propose(self, tokens, k, sampling, rng, eos_ids=frozenset(), stop_below=0.0) -> Draft:
         if self._next_logits is None:  # the loop syncs first; a direct call may not
             self.catch_up(tokens)
         logits = self._next_logits
@@ -67,10 +67,13 @@ class ModelDrafter(Drafter):
         raw: list[torch.Tensor] = []
         for i in range(k):
             probs = logits_to_probs(logits, sampling)
+            untempered = probs if sampling.greedy else torch.softmax(logits.float(), dim=-1)
+            if stop_below and float(untempered.max()) < stop_below:
+                break  # a sequential cascade defers this position: the target gives its token
             tok = pick(logits if sampling.greedy else probs, sampling, rng)
             out.append(tok)
             rows.append(probs)
-            raw.append(probs if sampling.greedy else torch.softmax(logits.float(), dim=-1))
+            raw.append(untempered)
             if draft_ends(tok, float(probs[tok]), i, k, eos_ids, self.confidence_threshold):
                 break
             logits = self.lm.forward([tok], last_only=True)[-1]

@@ -211,7 +211,7 @@ class EagleDrafter(Drafter):
         return self._query.states(self.layer)[start:stop]
 
     @torch.inference_mode()
-    def propose(self, tokens, k, sampling, rng, eos_ids=frozenset()) -> Draft:
+    def propose(self, tokens, k, sampling, rng, eos_ids=frozenset(), stop_below=0.0) -> Draft:
         if self._hat is None:
             return Draft(tokens=[], probs=None)
         h = self._hat
@@ -223,14 +223,17 @@ class EagleDrafter(Drafter):
             sub = self.logits(h)
             probs = self.logits.to_full(logits_to_probs(sub, sampling), 0.0)
             full = self.logits.to_full(sub, float("-inf"))
+            untempered = probs if sampling.greedy else torch.softmax(full, dim=-1)
+            if stop_below and float(untempered.max()) < stop_below:
+                break  # a sequential cascade defers this position: the target gives its token
             tok = pick(full if sampling.greedy else probs, sampling, rng)
             out.append(tok)
             rows.append(probs)
-            raw.append(probs if sampling.greedy else torch.softmax(full, dim=-1))
+            raw.append(untempered)
             if draft_ends(tok, float(probs[tok]), i, k, eos_ids, self.confidence_threshold):
                 break
             h = self._feed(h[None], [tok])[-1]
-        return Draft(tokens=out, probs=torch.stack(rows), raw=torch.stack(raw))
+        return Draft(tokens=out, probs=torch.stack(rows) if rows else None, raw=torch.stack(raw) if raw else None)
 
     @torch.inference_mode()
     def chain(self, query: DecodeContext, context: list[int], draft: list[int]) -> torch.Tensor | None:

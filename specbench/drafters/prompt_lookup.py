@@ -44,7 +44,8 @@ class PromptLookup(Drafter):
     def reset(self, encoder_ids):
         self._prefix = list(encoder_ids or [])
 
-    def propose(self, tokens, k, sampling, rng, eos_ids=frozenset()) -> Draft:
+    def propose(self, tokens, k, sampling, rng, eos_ids=frozenset(), stop_below=0.0) -> Draft:
+        # deterministic: its q is one-hot (largest probability 1), so a sequential cascade never stops it
         draft, n = lookup_match(self._prefix + tokens, k, self.max_ngram, self.min_ngram)
         return Draft(tokens=draft, probs=None, match=n)
 

@@ -76,7 +76,9 @@ def test_always_defer_is_lossless(tiny_setup, tiny_decode, ar_outputs, rule, arm
     for text in PROMPTS:
         gen = run(tiny_decode, tiny_setup, arm, text, Cascade(rule, ALWAYS[rule]))
         assert gen.tokens == ar_outputs[text], (rule, arm, text)
-        if rule != "lossy_sd":
+        if rule == "sequential":  # it defers before drafting: the target gives every token
+            assert all(r.drafted == 0 and r.deferred == 1 for r in gen.rounds)
+        elif rule != "lossy_sd":
             assert all(r.deferred == r.drafted for r in gen.rounds)
 
 
@@ -194,3 +196,21 @@ def test_no_cascade_and_rule_none_are_the_same_path(tiny_setup, tiny_decode):
     assert [(r.drafted, r.accepted, r.n_max) for r in plain.rounds] == [(r.drafted, r.accepted, r.n_max)
                                                                           for r in none.rounds]
     assert plain.deferred == 0 and none.deferred == none.drafted  # lossless: every position is the target's
+
+
+@pytest.mark.parametrize("arm", MODEL_ARMS)
+def test_sequential_cascade_is_chows_output_with_the_target_called_only_on_deferral(tiny_setup, tiny_decode, arm):
+    """Greedy, at a lenience where some positions defer: the sequential cascade emits Chow's output token for
+    token (the same deferral test on q), yet its drafts stop at each deferred position (never past it), every
+    drafted token is kept, and a round that defers ends with the target's token."""
+    seen_deferral = False
+    for text in PROMPTS:
+        for alpha in (0.5, 0.8, 0.95):
+            seq = run(tiny_decode, tiny_setup, arm, text, Cascade("sequential", alpha), draft_length=6)
+            chow = run(tiny_decode, tiny_setup, arm, text, Cascade("chow", alpha), draft_length=6)
+            assert seq.tokens == chow.tokens, (arm, text, alpha)
+            for r in seq.rounds:
+                assert r.accepted == r.drafted
+                assert r.emitted == r.drafted + r.deferred and r.deferred in (0, 1)
+                seen_deferral |= r.deferred == 1 and r.drafted < r.n_max
+    assert seen_deferral
