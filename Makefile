@@ -19,7 +19,7 @@ TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
 .PHONY: install demo readme-demo trees-cpu trace-mixed test test-slow test-all bench clean metasd-cpu huang-cpu \
-	cascades-cpu specialist-data specialist-levers specialists ship-heads specialists-eval draft-confidence reproduce-cpu report paper-dry-run paper-drafters \
+	cascades-cpu specialist-data specialist-levers specialists ship-heads small-drafter specialists-eval draft-confidence reproduce-cpu report paper-dry-run paper-drafters \
 	reproduce-paper
 
 install: $(ENVIRONMENT)
@@ -149,6 +149,21 @@ SPECBENCH_CACHE_DIR = $$($(PYTHON) -c "from specbench.models.loading import cach
 ship-heads: install
 	$(foreach h,$(SPECIALIST_HEADS),$(PYTHON) -m specbench.drafters.shipped $(SPECBENCH_CACHE_DIR)/drafters/eagle_$(h) \
 		specbench/heads/eagle_$(h) &&) true
+	$(PYTHON) -m specbench.drafters.shipped --summary specbench/heads
+
+# The standalone small drafter of the embedded target (conf/drafter/small.yaml, drafters/small.py): its own copies of
+# SmolLM2's first SMALL_LAYERS layers and final norm, on the target's LM head restricted to an 8k sub-vocabulary,
+# distilled (KL to the target's top-32) on the target's greedy answers to the generalist's rows
+# (conf/dataset/specialist_mix.yaml: GSM8K train, XSum rows 200+, IWSLT2017 test, AlpacaEval, standard-library code;
+# disjoint from every evaluation slice; the answers are cached and shared with `make specialists`), then shipped
+# as package:small_general (specbench/heads/small_general: bf16 weights, recipe, metrics). Resumable.
+SMALL_LAYERS ?= 2
+SMALL_ARGS ?= name=small_general dataset=specialist_mix target.dtype=bfloat16 train.responses=target \
+	train.max_new_tokens=96 drafter.kind=small drafter.layers=$(SMALL_LAYERS) drafter.vocab=8192 train.epochs=6 \
+	train.lr_schedule=linear
+small-drafter: install
+	$(SPECBENCH) train-drafter $(SMALL_ARGS) threads=$(THREADS) hydra.run.dir=$(SPECIALISTS_OUT)/small_general
+	$(PYTHON) -m specbench.drafters.shipped $(SPECBENCH_CACHE_DIR)/drafters/small_general specbench/heads/small_general
 	$(PYTHON) -m specbench.drafters.shipped --summary specbench/heads
 
 # The specialist pool on the local real data (8 held-out queries per task, 48 new tokens, interleaved with the

@@ -170,3 +170,19 @@ def run_tiny_decode(target, pool, arm_or_selector, prompt_ids, *, max_new_tokens
 def tiny_decode():
     """The :func:`run_tiny_decode` helper, as a fixture (tests need not import conftest)."""
     return run_tiny_decode
+
+
+def write_tiny_shipped(target, directory) -> None:
+    """The drafters the reproduction pools read as ``package:<name>``, built for the tiny Llama into ``directory``
+    (pointed at by ``$SPECBENCH_HEADS``): an untrained eagle head per specialist and the small drafter (1 layer)."""
+    import torch
+
+    from specbench.drafters import small
+    from specbench.drafters.eagle import EagleHead
+    from specbench.drafters.head_files import save_head, vocab_fingerprint
+
+    meta = {"target": "embedded:tiny_llama", "vocab": vocab_fingerprint(target.tokenizer)}
+    for i, task in enumerate(["math", "summarization", "translation", "chat", "code", "general"]):
+        torch.manual_seed(i)
+        save_head(EagleHead(target.model, layers=1), None, directory / f"eagle_{task}", {"kind": "eagle", **meta})
+    small.save(small.SmallLM(target, 1, torch.arange(0, target.vocab_size, 2)), directory / "small_general", meta)

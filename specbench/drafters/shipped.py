@@ -59,7 +59,8 @@ def resolve_package(name: str, make_target: str | None = None) -> Path:
 
 
 def ship(src: Path, dst: Path) -> Path:
-    """Export the train-drafter checkpoint ``src`` (an eagle head) into ``dst`` as package data."""
+    """Export the train-drafter checkpoint ``src`` (an eagle head, or a small drafter: its layers and norm) into
+    ``dst`` as package data."""
     from safetensors.torch import load_file, save_file
 
     src, dst = Path(src), Path(dst)
@@ -69,7 +70,7 @@ def ship(src: Path, dst: Path) -> Path:
                                  "run `make specialists` (or specbench train-drafter) to the end first")
     state = load_file(str(src / "model.safetensors"))
     kept = {k: (v if k == "d2t" or not v.is_floating_point() else v.to(SHIPPED_DTYPE)).contiguous()
-            for k, v in state.items() if k.startswith(("fc.", "layers.")) or k == "d2t"}
+            for k, v in state.items() if k.startswith(("fc.", "layers.", "norm.")) or k == "d2t"}
     config = json.loads((src / "config.json").read_text())
     config.setdefault("specbench", {})["shipped"] = {"dtype": str(SHIPPED_DTYPE).removeprefix("torch."),
                                                      "from": src.name}
@@ -97,8 +98,10 @@ def summary(root: Path | None = None) -> str:
         tasks = metrics.get("tasks") or {}
         own = name.removeprefix("eagle_")
         mine = [own] if own in tasks else list(tasks)
-        depth = [[t["top1_by_depth"][d] for t in (tasks[m] for m in mine) if t["top1_by_depth"][d] is not None]
-                 for d in range(5)]
+        # eagle heads: conditional top-1 by draft depth; a small drafter (finetune.agreement): top-1 at depth 1 only
+        depth = [[t["top1_by_depth"][d] if "top1_by_depth" in t else (t["top1"] if d == 0 else None)
+                  for t in (tasks[m] for m in mine)] for d in range(5)]
+        depth = [[x for x in xs if x is not None] for xs in depth]
         fmt = lambda xs: f"{sum(xs) / len(xs):.2f}" if xs else "-"  # noqa: E731
         others = [t["top1"] for k, t in tasks.items() if k not in mine]
         size = (root / name / "model.safetensors").stat().st_size / 2**20

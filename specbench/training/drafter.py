@@ -227,7 +227,75 @@ class ModelTrainee:
         atomic_write_text(path / MODEL_META, json.dumps(meta, indent=1, default=str))
 
 
-TRAINEES = {t.kind: t for t in (HeadTrainee, ModelTrainee)}
+class SmallTrainee(ModelTrainee):
+    """``drafter.kind=small``: a standalone small drafter made from the target (``drafters/small.py``): its first
+    ``drafter.layers`` layers and final norm, copied and fine-tuned, on the target's LM head restricted to a
+    ``drafter.vocab`` sub-vocabulary (the most frequent answer tokens); the embedding stays the target's, frozen.
+    Trained on the response rows like an hf drafter (``train.loss``: kl to the target's top-k, or ce)."""
+
+    kind = "small"
+    default_lr = 3e-4
+
+    def __init__(self, cfg: DictConfig, target: Target, train_ex: list[Example], eos: frozenset[int]):
+        from specbench.drafters.small import SmallLM
+
+        if str(cfg.train.loss) not in finetune.LOSSES:
+            raise SpecbenchError(f"train.loss must be one of {', '.join(finetune.LOSSES)}, got '{cfg.train.loss}'",
+                                 "kl: to the target's top-k distribution; ce: to the text's next tokens")
+        if (int(cfg.train.get("unroll") or 1) != 1 or float(cfg.train.get("feature_noise") or 0.0)
+                or cfg.train.get("prompt_positions")):
+            raise SpecbenchError("train.unroll, train.feature_noise and train.prompt_positions are for eagle heads "
+                                 "(drafter.kind=eagle)", "leave train.unroll=1, train.feature_noise=0 and "
+                                                         "train.prompt_positions=false with drafter.kind=small")
+        self.tr = cfg.train
+        self.target = target
+        d2t = sub_vocabulary(train_ex, cfg.drafter.get("vocab"), target.vocab_size, always=sorted(eos))
+        layers_key = str(cfg.target.get("layers_key") or "num_hidden_layers")
+        self.module = SmallLM(target, int(cfg.drafter.layers), d2t, layers_key, dtype=torch.float32).eval()
+        for name, p in self.module.named_parameters():
+            p.requires_grad_(name.startswith(tuple(f"stack.{o}" for o in ("layers.", "norm."))))
+        tok = target.tokenizer
+        self.pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
+        self.precision = training_precision(cfg)
+        self.meta = {"layers": int(cfg.drafter.layers), "sub_vocabulary": None if d2t is None else int(len(d2t)),
+                     "loss": str(cfg.train.loss), "precision": self.precision}
+        self.t2d = None
+        if d2t is not None:  # target id -> sub-vocabulary index (-1: outside it)
+            self.t2d = torch.full((target.vocab_size,), -1, dtype=torch.long)
+            self.t2d[d2t] = torch.arange(len(d2t))
+
+    def loss(self, batch, training: bool = True):
+        """``finetune.loss_of`` computed over the sub-vocabulary (no ``V``-wide rows): teacher mass and labels outside
+        it are left out, as the full-vocabulary loss (``-inf`` there) leaves them out."""
+        if self.t2d is None:
+            return super().loss(batch, training)
+        with autocast(self.precision, self.target.device):
+            exs = [Example(ids=it.ids, start=it.start) for it in batch]
+            kwargs, index, mask, labels = finetune._inputs(self.module, exs, self.pad)
+            sub = self.module(**kwargs, use_cache=False, full=False).logits
+            rows = torch.gather(sub, 1, index[..., None].expand(-1, -1, sub.shape[-1]))
+            logq = torch.log_softmax(rows.float(), dim=-1)
+            top_ids, top_p = finetune._padded_teacher(batch, logq.shape[1], logq.device)
+            t2d = self.t2d.to(logq.device)
+            if str(self.tr.loss) == "kl":
+                mapped = t2d[top_ids]
+                picked = torch.gather(logq, 2, mapped.clamp_min(0))
+                per_row = -(top_p * picked * (mapped >= 0)).sum(-1)
+            else:
+                mapped = t2d[labels]
+                per_row = -torch.gather(logq, 2, mapped.clamp_min(0)[..., None])[..., 0] * (mapped >= 0)
+            value = per_row[mask].mean()
+            with torch.no_grad():
+                top1 = float((logq.argmax(-1) == t2d[top_ids[..., 0]])[mask].float().mean())
+        return value, {"loss": float(value.detach()), "top1": top1}
+
+    def save(self, path: Path, meta: dict) -> None:
+        from specbench.drafters.small import save
+
+        save(self.module, path, meta)
+
+
+TRAINEES = {t.kind: t for t in (HeadTrainee, ModelTrainee, SmallTrainee)}
 
 
 def held_out_metrics(cfg, trainee, target, prompter, tok, ckpt: Path, eos, val_items=None) -> dict:

@@ -114,9 +114,12 @@ def loss_of(model: nn.Module, batch: list[Rows], loss: str, pad: int, vocab_size
     logq = torch.log_softmax(logits[..., :vocab_size].float(), dim=-1)
     top_ids, top_p = _padded_teacher(batch, logits.shape[1], logits.device)
     if loss == "kl":
-        per_row = -(top_p * torch.gather(logq, 2, top_ids)).sum(-1)
+        # a drafter with a draft sub-vocabulary (``small``) gives -inf outside it: teacher mass there is left out
+        picked = torch.gather(logq, 2, top_ids)
+        per_row = -(top_p * picked.masked_fill(torch.isinf(picked), 0.0)).sum(-1)
     else:
-        per_row = -torch.gather(logq, 2, labels[..., None])[..., 0]
+        picked = torch.gather(logq, 2, labels[..., None])[..., 0]
+        per_row = -picked.masked_fill(torch.isinf(picked), 0.0)
     value = per_row[mask].mean()
     with torch.no_grad():
         top1 = float((logq.argmax(-1) == top_ids[..., 0])[mask].float().mean())

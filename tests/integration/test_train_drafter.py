@@ -154,3 +154,76 @@ def test_missing_cached_drafter_names_what_builds_it(tiny_llama_target, tmp_path
     with pytest.raises(SpecbenchError) as err:
         build(tiny_llama_target, "x", model="cache:drafters/nope", make_target="make specialists-hf")
     assert "make specialists-hf" in err.value.fix
+
+
+# ---- drafter.kind=small: a standalone small drafter made from the target -------------------------------
+
+def small_config(toy_file, out, *overrides):
+    return config(toy_file, out, "drafter.kind=small", "drafter.layers=2", "drafter.vocab=120", "train.lr=0.003",
+                  "train.batch_size=4", *overrides)
+
+
+def test_small_drafter_trains_decodes_losslessly_and_resumes(toy_file, tmp_path, tiny_llama_target, tiny_decode):
+    """Trained from the target's first layers, it agrees with the target far more than before training (epochs=0:
+    the untrained exit on the sub-vocabulary); it generates alone from token ids (its own KV cache), decodes
+    losslessly in fp32, an interrupted run resumes to the same weights, and only its own tensors are saved."""
+    from specbench.decoding.drafter import AUTOREGRESSIVE, AutoregressiveArm
+    from specbench.drafters.small import build
+
+    out, base, parts = tmp_path / "small", tmp_path / "base", tmp_path / "parts"
+    train_drafter.run(small_config(toy_file, out, "train.epochs=6"), tmp_path / "r")
+    train_drafter.run(small_config(toy_file, base, "train.epochs=0"), tmp_path / "r0")
+    tuned = json.loads((out / "metrics.json").read_text())["tasks"]["toy"]
+    before = json.loads((base / "metrics.json").read_text())["tasks"]["toy"]
+    assert tuned["positions"] == before["positions"] > 0
+    assert tuned["top1"] > before["top1"] + 0.1, (tuned, before)
+    saved = load_file(str(out / "model.safetensors"))
+    assert set(saved) == {"d2t", "norm.weight"} | {k for k in saved if k.startswith("layers.")}
+    assert not any(k.startswith("layers.2.") for k in saved) and len(saved["d2t"]) == 120
+    assert json.loads((out / "config.json").read_text())["specbench"]["kind"] == "small"
+
+    drafter = build(tiny_llama_target, "small", checkpoint=str(out))
+    assert 0 < drafter.cost < 1
+    pool = {AUTOREGRESSIVE: AutoregressiveArm(), "small": drafter}
+    prompt = tiny_llama_target.tokenizer(f"Case 99. {SENTENCE}")["input_ids"]
+    ar = tiny_decode(tiny_llama_target, pool, AUTOREGRESSIVE, prompt, max_new_tokens=24)
+    sd = tiny_decode(tiny_llama_target, pool, "small", prompt, max_new_tokens=24)
+    assert sd.tokens == ar.tokens and sd.accepted > 0
+
+    train_drafter.run(small_config(toy_file, parts, "train.epochs=3"), tmp_path / "r2")
+    train_drafter.run(small_config(toy_file, parts, "train.epochs=6"), tmp_path / "r3")
+    resumed = load_file(str(parts / "model.safetensors"))
+    for k in saved:
+        torch.testing.assert_close(saved[k], resumed[k], atol=0, rtol=0)
+
+
+def test_small_drafter_refuses_another_kind_of_checkpoint(toy_file, tmp_path, tiny_llama_target):
+    from specbench.drafters.small import build
+
+    out = tmp_path / "head"
+    train_drafter.run(config(toy_file, out, "train.epochs=1"), tmp_path / "r")  # an eagle head
+    with pytest.raises(SpecbenchError, match="not a small-drafter checkpoint"):
+        build(tiny_llama_target, "small", checkpoint=str(out))
+    with pytest.raises(SpecbenchError, match="no checkpoint"):
+        build(tiny_llama_target, "small")
+
+
+def test_small_drafter_generates_alone_through_the_loop(tiny_llama_target, tiny_decode):
+    """Its own module as a target (the cascades' "drafter alone" row): the loop's autoregressive generation equals
+    its greedy chain of drafts, token for token, and stays inside its sub-vocabulary."""
+    from specbench.decoding.drafter import AUTOREGRESSIVE, AutoregressiveArm
+    from specbench.decoding.sampling import SamplingParams
+    from specbench.drafters.base import ModelDrafter
+    from specbench.drafters.small import SmallLM
+    from specbench.pipelines.session import alone_target
+
+    d2t = torch.arange(0, tiny_llama_target.vocab_size, 3)
+    drafter = ModelDrafter("small", SmallLM(tiny_llama_target, 2, d2t).eval(), tiny_llama_target.vocab_size, 0.1)
+    own = alone_target(drafter, tiny_llama_target)
+    assert own.vocab_size == tiny_llama_target.vocab_size
+    prompt = tiny_llama_target.tokenizer(f"Case 7. {SENTENCE}")["input_ids"]
+    alone = tiny_decode(own, {AUTOREGRESSIVE: AutoregressiveArm()}, AUTOREGRESSIVE, prompt, max_new_tokens=12,
+                        eos_ids=frozenset()).tokens
+    drafter.reset(None)
+    chain = drafter.propose(list(prompt), 12, SamplingParams(), torch.Generator().manual_seed(0)).tokens
+    assert alone == chain and set(alone) <= set(d2t.tolist())

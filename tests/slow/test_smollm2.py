@@ -92,7 +92,7 @@ def test_shipped_heads_load_without_a_cache_and_decode_losslessly(smollm2, priva
 
     loaded, target, _, prompts = smollm2
     assert not (private_cache / "drafters").exists()
-    names = shipped.shipped_names()
+    names = [n for n in shipped.shipped_names() if n.startswith("eagle_")]
     assert names, "no head is shipped (make specialists)"
     pool = build_pool(target, {n: {"_target_": "specbench.drafters.eagle.build", "checkpoint": f"package:{n}"}
                                for n in names})
@@ -103,6 +103,28 @@ def test_shipped_heads_load_without_a_cache_and_decode_losslessly(smollm2, priva
             spec = greedy(target, pool, name, ids, eos, 32)
             assert spec.tokens == base.tokens, name
             assert spec.drafted > 0
+
+
+def test_shipped_small_drafter_loads_without_a_cache_and_decodes_losslessly(smollm2, private_cache):
+    """The standalone small drafter shipped in the package (package:small_general, bf16 file) loads with an empty
+    drafter cache into the fp32 target, drafts alone from token ids, and its greedy output equals autoregressive
+    decoding exactly; it costs a fraction of the target by the parameters it touches."""
+    from omegaconf import OmegaConf
+
+    from specbench.configs import conf_dir
+
+    loaded, target, _, prompts = smollm2
+    assert not (private_cache / "drafters").exists()
+    cfg = OmegaConf.to_container(OmegaConf.load(f"{conf_dir()}/drafter/small.yaml"))
+    cfg.update(layers_key="num_hidden_layers", draft_length=None)
+    pool = build_pool(target, {"small": cfg})
+    assert 0 < pool["small"].cost < 0.25
+    eos = frozenset({loaded.tokenizer.eos_token_id})
+    for ids in prompts:
+        base = greedy(target, pool, "autoregressive", ids, eos, 32)
+        spec = greedy(target, pool, "small", ids, eos, 32)
+        assert spec.tokens == base.tokens
+        assert spec.accepted > 0
 
 
 def test_token_tree_of_lookup_and_heads_equals_autoregressive(smollm2):

@@ -85,3 +85,31 @@ def test_heads_directory_follows_the_environment(tmp_path, monkeypatch):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "config.json").write_text("{}")
     assert shipped.resolve_package("package:mine") == tmp_path / "mine"
+
+
+def small_command() -> list[str]:
+    """The train-drafter overrides `make -n small-drafter` prints (the shipped small drafter's recipe)."""
+    out = subprocess.run(["make", "-n", "--no-print-directory", "small-drafter"], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    line = next(part for part in re.split(r"&&|\n", out) if "train-drafter" in part)
+    words = shlex.split(line)
+    return [a for a in words[words.index("train-drafter") + 1:] if not a.startswith(("hydra.", "threads="))]
+
+
+def test_shipped_small_drafter_matches_its_recipe_and_ships_its_own_weights_only():
+    path = Path(str(shipped.heads_dir())) / "small_general"
+    assert (path / "config.json").exists(), "small_general is not shipped: run `make small-drafter`"
+    with initialize_config_dir(config_dir=conf_dir(), version_base=None):
+        cfg = compose(config_name="train_drafter", overrides=small_command())
+    recorded = json.loads((path / shipped.RECIPE).read_text())
+    assert same_signature(recorded, json.loads(json.dumps(signature(cfg)))), \
+        "small_general was trained with another recipe than `make small-drafter` uses now: rebuild it"
+    weights = path / "model.safetensors"
+    assert weights.stat().st_size <= 15 * 2**20  # its own layers and norm: the embedding and LM head are the target's
+    with safe_open(str(weights), framework="pt") as f:
+        keys = list(f.keys())
+        assert keys and all(k.startswith(("layers.", "norm.")) or k == "d2t" for k in keys)
+        assert {str(f.get_tensor(k).dtype) for k in keys if k != "d2t"} == {"torch.bfloat16"}
+    meta = json.loads((path / "config.json").read_text())["specbench"]
+    assert meta["kind"] == "small" and meta["shipped"]["dtype"] == "bfloat16"
+    assert meta["layers"] == int(cfg.drafter.layers) and meta["target"] == "embedded:smollm2_135m"
