@@ -15,6 +15,9 @@ from specbench.errors import SpecbenchError
 from specbench.selection import Fixed, FixedTree, Selector
 
 
+AGAIN = "again:"  # a method run a second time in the same run (A/A: the noise between two runs of one method)
+
+
 @dataclass
 class Method:
     name: str
@@ -45,8 +48,9 @@ def parse_methods(specs, pool: dict, selector_cfg, root: DictConfig | None = Non
     """``autoregressive`` | ``fixed:<arm>`` | ``fixed:*`` (every drafter) | ``tree:<a>+<b>[+...]`` (their drafts
     verified as one token tree each round) | ``tree:*`` (the whole pool's) | ``selector`` (the composed
     ``selector`` config) | ``selector:<name>`` (``conf/selector/<name>.yaml``, so one run can compare
-    several selectors; ``root.selector_overrides`` is merged into each). The autoregressive baseline
-    is always first."""
+    several selectors; ``root.selector_overrides`` is merged into each) | ``again:<spec>`` (the methods of
+    ``<spec>`` run a second time, named ``again:<name>``: an A/A pair that measures run-to-run noise). The
+    autoregressive baseline is always first."""
     arms = list(pool)
     names: list[str] = [AUTOREGRESSIVE]
     methods = [Method(AUTOREGRESSIVE, lambda: Fixed(arms, AUTOREGRESSIVE))]
@@ -54,7 +58,15 @@ def parse_methods(specs, pool: dict, selector_cfg, root: DictConfig | None = Non
         spec = str(spec)
         if spec == AUTOREGRESSIVE:
             continue
-        if spec == "selector" or spec.startswith("selector:"):
+        if spec.startswith(AGAIN):
+            inner = spec[len(AGAIN):]
+            if not inner or inner.startswith(AGAIN):
+                raise SpecbenchError(f"method '{spec}' names no method to run again",
+                                     "use again:<method>, e.g. again:autoregressive or again:fixed:prompt_lookup")
+            found = parse_methods([inner], pool, selector_cfg, root)
+            new = [Method(AGAIN + m.name, m.make_selector, m.config) for m in found
+                   if m.name != AUTOREGRESSIVE or inner == AUTOREGRESSIVE]
+        elif spec == "selector" or spec.startswith("selector:"):
             # one config per spec: a selector:<name> before a plain `selector` must not stand in for the composed one
             chosen_cfg = selector_cfg
             if spec.startswith("selector:"):
@@ -83,8 +95,8 @@ def parse_methods(specs, pool: dict, selector_cfg, root: DictConfig | None = Non
             new = [Method(name, lambda members=members: FixedTree(arms, members))]
         else:
             raise SpecbenchError(f"unknown method '{spec}'",
-                                 "use autoregressive, fixed:<drafter>, fixed:*, tree:<a>+<b>, tree:*, selector or "
-                                 "selector:<name> in methods")
+                                 "use autoregressive, fixed:<drafter>, fixed:*, tree:<a>+<b>, tree:*, selector, "
+                                 "selector:<name> or again:<method> in methods")
         for m in new:
             if m.name not in names:
                 names.append(m.name)

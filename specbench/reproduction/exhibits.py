@@ -10,14 +10,14 @@ as not run; one built on an unfinished run says so and judges none of its claims
 
 from __future__ import annotations
 
-from specbench.reproduction import cascade_exhibits, huang, metasd, metasd_rounds, multi_drafter
+from specbench.reproduction import cascade_exhibits, huang, metasd, metasd_rounds, multi_drafter, noise
 from specbench.reproduction.exhibit import ExhibitSpec, Layout
 from specbench.reproduction.runs import RUNS, Step, steps_at
 
 EXHIBITS: tuple[ExhibitSpec, ...] = (
     cascade_exhibits.LEADERBOARD,
     *huang.EXHIBITS,
-    metasd.MAIN, metasd.WHITEBOX, metasd.HEADS, metasd_rounds.BANDIT_ALGORITHMS, metasd_rounds.VARIANCE,
+    metasd.MAIN, noise.AA, metasd.WHITEBOX, metasd.HEADS, metasd_rounds.BANDIT_ALGORITHMS, metasd_rounds.VARIANCE,
     metasd_rounds.CONVERGENCE, metasd_rounds.FULL_INFO, metasd.SWITCHING, metasd.STREAM, metasd.MULTILINGUAL,
     multi_drafter.TREES,
     *cascade_exhibits.EXHIBITS,

@@ -12,8 +12,7 @@ import pandas as pd
 from specbench.arms import AUTOREGRESSIVE
 from specbench.pipelines.tables import ALL_TASKS
 from specbench.reproduction import verdicts as V
-from specbench.reproduction.compare import (ORACLE, best_fixed, faster_on, figure, fixed_methods, relative_faster,
-                                            short_name, with_oracle, with_published)
+from specbench.reproduction.compare import best_fixed, faster_on, figure, relative_faster, short_name, with_published
 from specbench.reproduction.exhibit import Exhibit, ExhibitSpec, Layout
 from specbench.reproduction.published import Published
 from specbench.reproduction.records import (NOT_PAIRED, drafter_speeds, load_examples, n_val_of, optional_table, replayed,
@@ -24,8 +23,13 @@ from specbench.reproduction.runs import (HUANG_ALPHA, HUANG_DEPTH_COLLECT, HUANG
 
 
 TABLE1_QUALITY = {"translation": "bleu", "summarization": "rougeL"}
-ORACLE_CLAIM = ("the policy holds at least 0.95 of the per-query oracle's speed on held-out queries (the oracle: on each "
-                "query the arm that was fastest there, in hindsight)")
+# The paper's own worst cell of Table 1: the policy's 1.17x against T5-small-XSum's 1.21x on XSum (1.09x against
+# 1.10x on IWSLT), so "as fast as the best specialist" means at least 1.17 / 1.21 of it.
+WITHIN = round(1.17 / 1.21, 3)
+WITHIN_CLAIM = (f"the policy reaches at least {WITHIN} of the best drafter's speed on every task (the paper's worst "
+                "cell: 1.17x against 1.21x on XSum, Table 1)")
+# Table 4: drafting alone about 0.75x, the policy with the autoregressive arm about 0.95x (the paper's text).
+TABLE4_POLICY = 0.95
 
 
 def huang_table1(root: Path, published: list[Published], lay: Layout) -> Exhibit:
@@ -53,14 +57,16 @@ def huang_table1(root: Path, published: list[Published], lay: Layout) -> Exhibit
     fastest = V.all_of("each specialist speeds up its own task more than the other specialist does",
                        [(f"{task}: {d} vs {o}", faster_on(ex, "", f"fixed:{d}", f"fixed:{o}", task, run=HUANG_EVAL.dir))
                         for d, task in pair.items() for o in pair if o != d], "each part: speedup ratio > 1")
-    within = V.all_of("the policy is within 5% of the best drafter on every task",
-                      [(f"{task}: policy vs {d}", faster_on(ex, "", "policy", f"fixed:{d}", task, threshold=0.95,
+    within = V.all_of(WITHIN_CLAIM,
+                      [(f"{task}: policy vs {d}", faster_on(ex, "", "policy", f"fixed:{d}", task, threshold=WITHIN,
                                                             at_least=True, run=HUANG_EVAL.dir))
                        for task, d in best.items()],
-                      "each part: speedup ratio policy / best drafter of the task (by its total) >= 0.95")
+                      f"each part: speedup ratio policy / best drafter of the task (by its total) >= {WITHIN}")
     if not best:
-        within = V.missing("the policy is within 5% of the best drafter on every task", "the specialists' rows",
-                           "speedup ratio")
+        within = V.missing(WITHIN_CLAIM, "the specialists' rows", "speedup ratio")
+    both = V.all_of("the policy is faster than autoregressive decoding on both tasks (the paper: 1.09x and 1.17x)",
+                    [(task, faster_on(ex, "", "policy", AUTOREGRESSIVE, task, run=HUANG_EVAL.dir))
+                     for task in dict.fromkeys(pair.values())], "each part: speedup ratio policy / autoregressive > 1")
     notes = ("Speedup over autoregressive decoding on held-out rows (the policy's eval slice, disjoint from the "
              "collected queries), with each cell's acceptance rate and output quality (BLEU, ROUGE-L: greedy "
              "decoding is lossless, so every row's quality is the target's own). Paper: T5-large target with T5-small "
@@ -70,10 +76,8 @@ def huang_table1(root: Path, published: list[Published], lay: Layout) -> Exhibit
     if val:
         notes += " Replayed on the validation queries of the collection: " + ", ".join(
             f"{k} {v:.3f}" for k, v in val.items() if not math.isnan(v)) + "."
-    oracle = faster_on(with_oracle(ex, [f"fixed:{d}" for d in pair]), ORACLE_CLAIM, "policy", ORACLE,
-                       threshold=0.95, at_least=True, run=HUANG_EVAL.dir)
     return Exhibit("Huang et al., Table 1: each specialist on both tasks, and the policy",
-                   table, [fastest, within, oracle],
+                   table, [fastest, within, both],
                    notes)
 
 
@@ -154,12 +158,15 @@ def huang_table4(root: Path, published: list[Published], lay: Layout) -> Exhibit
     ex = load_examples(root, run)
 
     claim = "with the autoregressive arm the policy is faster than drafting alone (the best drafter)"
-    verdicts = [faster_on(ex, claim, "policy", best, names=("policy", short_name(best)), run=run) if best else
+    premise = ("the premise: drafting alone slows math, autoregressive decoding is faster than the best drafter "
+               "(the paper: drafting about 0.75x)")
+    verdicts = [faster_on(ex, premise, AUTOREGRESSIVE, best, names=("autoregressive", short_name(best)), run=run)
+                if best else V.missing(premise, f"the fixed drafters' rows ({run}/summary.csv)", "speedup ratio"),
+                faster_on(ex, claim, "policy", best, names=("policy", short_name(best)), run=run) if best else
                 V.missing(claim, f"the fixed drafters' rows ({run}/summary.csv)", "speedup ratio"),
-                faster_on(ex, "the policy holds at least 0.95x of autoregressive speed", "policy", AUTOREGRESSIVE,
-                          threshold=0.95, at_least=True, run=run),
-                faster_on(with_oracle(ex, [AUTOREGRESSIVE, *fixed_methods(ex)]), ORACLE_CLAIM, "policy", ORACLE,
-                          threshold=0.95, at_least=True, run=run)]
+                faster_on(ex, f"the policy holds at least {TABLE4_POLICY}x of autoregressive speed (the paper: about "
+                              f"{TABLE4_POLICY}x)", "policy", AUTOREGRESSIVE, threshold=TABLE4_POLICY, at_least=True,
+                          run=run)]
     return Exhibit("Huang et al., Table 4: math, with the autoregressive arm",
                    table, verdicts,
                    f"GSM8K test rows: speedup of the policy evaluated live on {lay.held_out} held-out rows (after the "

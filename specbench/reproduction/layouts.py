@@ -11,19 +11,21 @@ CPU = Layout(
     huang_pair={"eagle_translation": ("translation", "T5-small"), "eagle_summarization": ("summarization", "T5-small-XSum")},
     huang_models="SmolLM2-135M with its translation and summarization draft heads",
     held_out="16 (per source)", table1_reward=ACCEPTANCE_REWARD_NOTE, table4_reward=ACCEPTANCE_REWARD_NOTE,
-    alpha_arms=("early_exit_8", "early_exit_24"),
-    alpha_note="early exits after 8 (cheap, poorly aligned) and 24 (dearer, better aligned) of SmolLM2's 30 layers, on XSum",
-    depth_note=("Early exits of SmolLM2 after 8, 16 and 24 of 30 layers (untrained exits, which accept few tokens; the "
-                "paper-scale run uses LayerSkip's trained exits)"),
+    alpha_arms=("small", "quantized"),
+    alpha_note=("the standalone small drafter (4 trained layers of SmolLM2 on an 8k sub-vocabulary: cheap, fairly aligned) "
+                "and the int8 copy of the whole target (dear, best aligned), on XSum"),
+    depth_note=("Drafters of SmolLM2 at several depths whose alignments differ: the small drafter (4 trained layers), "
+                "untrained early exits after 16 and 24 of 30 layers (they accept few tokens), and the int8 copy of all 30 "
+                "(the paper-scale run uses LayerSkip's trained exits)"),
     training_note="the paper trains on 1k-10k queries, this CPU run on at most the collected ones.",
     metasd=(MetaRun(METASD_EVAL, "metasd/main",
                     "MetaSD, main table: single drafters, baselines and bandits on a mixed stream", SPECIALISTS, GENERALIST,
                     ucb_row="MetaSpS-UCB",
                     setting="one mixed, interleaved stream of the local real data (published values: other tasks and "
                             "drafters, so set beside, not compared)"),),
-    stream_note=("The task changes inside one conversation: the stream's queries (local data, in task blocks) are the "
-                 "turns of one chat, each prompted after the earlier turns and the model's own answers "
-                 "(conversation_length)."),
+    stream_note=("The task changes inside each conversation: the stream's 20 queries (local data, in task blocks) are "
+                 "the turns of three chats (8, 8 and 4 turns: conversation_length 8), each turn prompted after the earlier "
+                 "turns of its chat and the model's own answers; the selectors' statistics carry over throughout."),
 )
 
 PAPER = Layout(

@@ -43,15 +43,15 @@ from specbench.errors import SpecbenchError
 from specbench.reproduction.exhibits import plan_at
 from specbench.reproduction.records import DONE
 from specbench.reproduction.runs import (HUANG_DEPTH_COLLECT, HUANG_EVAL_WITH_AR, HUANG_EVAL_WITHOUT_AR,
-                                         HUANG_MATH_COLLECT, PAPER_CASCADES, SPEC_BENCH, Step)
+                                         HUANG_MATH_COLLECT, HUANG_MATH_EVAL, PAPER_CASCADES, SPEC_BENCH, Step)
 
 log = logging.getLogger(__name__)
 
 
 # The dry run: the same plan on the tiny Llama (its eagle heads must be in $SPECBENCH_CACHE under the
 # specialists' names), enough rows for a policy, a few tokens per generation.
-TINY_EXITS = ("pool.drafters.early_exit_8.layers=1", "pool.drafters.early_exit_16.layers=2",
-              "pool.drafters.early_exit_24.layers=3")  # the tiny Llama has 4 layers
+TINY_EXITS = ("pool.drafters.early_exit_16.layers=2", "pool.drafters.early_exit_24.layers=3")  # the tiny Llama has 4
+TINY_MATH_EXITS = ("pool.drafters.early_exit_8.layers=1", "pool.drafters.early_exit_16.layers=2")
 DECODE_TINY = ("target=tiny_llama", "decoding.max_new_tokens=6", "warmup.max_new_tokens=2", "threads=1")
 TINY: dict[str, tuple[str, ...]] = {
     "collect": (*DECODE_TINY, "collect.max_new_tokens=6", "dataset.limit=6"),
@@ -60,7 +60,8 @@ TINY: dict[str, tuple[str, ...]] = {
                  "pool.drafters.early_exit_16.layers=2", "pool.drafters.early_exit_20.layers=3"),
     "train_policy": ("train.epochs=5",),
     HUANG_DEPTH_COLLECT.dir: (*TINY_EXITS, "dataset.limit=12"),
-    HUANG_MATH_COLLECT.dir: ("dataset.limit=12",),
+    HUANG_MATH_COLLECT.dir: ("dataset.limit=12", *TINY_MATH_EXITS),
+    HUANG_MATH_EVAL.dir: TINY_MATH_EXITS,
     HUANG_EVAL_WITHOUT_AR.dir: TINY_EXITS,
     HUANG_EVAL_WITH_AR.dir: TINY_EXITS,
 }

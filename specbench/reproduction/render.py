@@ -16,6 +16,7 @@ from specbench.pipelines import tables
 from specbench.pipelines.tables import print_table, to_markdown
 from specbench.reproduction import heads as shipped_heads
 from specbench.reproduction import published as published_values
+from specbench.reproduction import verdicts as V
 from specbench.reproduction.exhibit import Exhibit, Layout, mark_unfinished
 from specbench.reproduction.exhibits import builders
 from specbench.reproduction.layouts import LAYOUTS
@@ -60,7 +61,17 @@ def build(root: Path, published=None, layout: Layout | None = None) -> tuple[lis
             done.append(mark_unfinished(builder(root, published), root))
         except NotRun as exc:
             missing.append(str(exc))
-    return done, missing
+    return correct(done), missing
+
+
+def correct(exhibits: list[Exhibit]) -> list[Exhibit]:
+    """Holm's family-wise correction across every verdict of the report (``verdicts.holm``), written back into
+    each exhibit: a claim held at its own level but not after the correction reads ``inconclusive``."""
+    flat = [v for ex in exhibits for v in ex.verdicts]
+    fixed = iter(V.holm(flat))
+    for ex in exhibits:
+        ex.verdicts = [next(fixed) for _ in ex.verdicts]
+    return exhibits
 
 
 def exhibit_markdown(ex: Exhibit, figure: str | None) -> str:
@@ -126,23 +137,40 @@ SUMMARY = "SUMMARY.md"  # the compact index the README includes: one row per exh
 
 
 def counts_line(exhibits: list[Exhibit]) -> str:
-    """``N verdicts: J judged, H held, K not held, U not judged`` over ``exhibits``."""
+    """``N verdicts: H held, K not held, I inconclusive, U not judged`` over ``exhibits``, and how they are judged."""
     marks = [v.mark for ex in exhibits for v in ex.verdicts]
-    judged = sum(m != "not judged" for m in marks)
-    return (f"{len(marks)} verdicts: {judged} judged ({marks.count('held')} held, {marks.count('not held')} not held), "
-            f"{marks.count('not judged')} not judged. Each is judged on per-query paired data with a 95% bootstrap "
-            "interval: held only when the interval excludes the null, not held when it excludes the claim.")
+    tested = sum(v.p is not None for ex in exhibits for v in ex.verdicts)
+    return (f"{len(marks)} verdicts: {marks.count('held')} held, {marks.count('not held')} not held, "
+            f"{marks.count('inconclusive')} inconclusive, {marks.count('not judged')} not judged. Each is judged on "
+            f"per-query paired data with a 95% bootstrap interval: held only when the interval excludes the null, not "
+            f"held when it excludes the claim, inconclusive when it straddles it, not judged below {V.MIN_N} paired "
+            f"queries or without per-query data. Held verdicts also pass Holm's step-down correction across the "
+            f"report's {tested} tested claims (family-wise error 5%; without it about "
+            f"{V.expected_false_holds([v for ex in exhibits for v in ex.verdicts]):.1f} false holds would be expected "
+            "if no claim were true)." + noise_line(exhibits))
+
+
+def noise_line(exhibits: list[Exhibit]) -> str:
+    """How many held speed verdicts the A/A noise floor could explain (when the report has an A/A exhibit)."""
+    from specbench.reproduction.noise import KEY, explained
+
+    aa = next((ex for ex in exhibits if ex.key == KEY), None)
+    if aa is None or aa.table.empty:
+        return ""
+    inside, held = explained([v for ex in exhibits for v in ex.verdicts], aa.table)
+    return (f" A/A runs ([noise floor]({KEY}.md)): {inside} of the {held} held speed verdicts have an effect inside the "
+            "range two runs of one method show at their n.")
 
 
 def summary_markdown(exhibits: list[Exhibit], missing: list[str], provenance: str | None = None) -> str:
     """One table row per exhibit (its title linked to its page, its verdicts counted by mark), under the counts
     (and the line saying which steps ran with other heads than the shipped ones, when some did)."""
-    rows = ["| exhibit | held | not held | not judged |", "|---|---|---|---|"]
+    rows = ["| exhibit | held | not held | inconclusive | not judged |", "|---|---|---|---|---|"]
     for ex in exhibits:
         paper, name = ex.key.split("/", 1)
         marks = [v.mark for v in ex.verdicts]
         rows.append(f"| [{ex.title}]({paper}/{name}.md) | {marks.count('held')} | {marks.count('not held')} | "
-                    f"{marks.count('not judged')} |")
+                    f"{marks.count('inconclusive')} | {marks.count('not judged')} |")
     lines = [counts_line(exhibits) + " The full report: [REPORT.md](REPORT.md).", "", *([provenance, ""] if provenance else []),
              *rows, ""]
     if missing:

@@ -65,7 +65,7 @@ PAPER_REWARD = ("reward.source=proxy", "reward.alpha=0.5", "reward.cost=params")
 ACCEPTANCE_REWARD = (*PAPER_REWARD, "reward.alignment=acceptance")
 MEASURED = "collect.measure_speculative=true"
 SPEC_BENCH = "dataset.path={questions}"
-EXITS_CPU = "[early_exit_8,early_exit_16,early_exit_24]"
+EXITS_CPU = "[small,early_exit_16,early_exit_24,quantized]"  # depths 4 (trained), 16, 24 (untrained exits), 30 (int8)
 EXITS_PAPER = "[early_exit_4,early_exit_8,early_exit_12]"
 
 
@@ -115,7 +115,7 @@ HUANG_EVAL_WITH_AR = Run("huang/depth/eval_with_ar", "eval", {
 HUANG_ALPHA = Run("huang/depth/alpha", "train_policy", {
     scale: (f"data={under_root(HUANG_DEPTH_COLLECT)}", "reward.source=proxy", f"train.arms={arms}",
             "sweep.alpha=[0,0.2,0.4,0.5,0.6,0.8,1]")
-    for scale, arms in (("cpu", "[early_exit_8,early_exit_24]"), ("paper", "[early_exit_4,early_exit_12]"))})
+    for scale, arms in (("cpu", "[small,quantized]"), ("paper", "[early_exit_4,early_exit_12]"))})
 
 # ---------------------------------------------------------------- MetaSD
 # CPU: the main table's mixed stream (+ heads, bandits, variance, convergence, full information, switching
@@ -136,8 +136,8 @@ METASD_MULTILINGUAL = {lang: Run(f"metasd/multilingual/{lang}", "eval",
 # CPU: quality vs speed, greedy and at temperature 1; paper: each of the paper's task / model pairs
 CASCADES_GREEDY = Run("cascades/greedy", "cascades", {"cpu": ("experiment=cascades_cpu_local",)})
 CASCADES_SAMPLING = Run("cascades/sampling", "cascades", {"cpu": (
-    "experiment=cascades_cpu_local", "decoding=sampling", "decoding.temperature=1.0", "tasks=[summarization]",
-    "dataset.limit=8", "rules=[chow,diff,opt,token_v1,token_v2,token_v3,lossy_sd]")})
+    "experiment=cascades_cpu_local", "decoding=sampling", "decoding.temperature=1.0",
+    "rules=[chow,opt,token_v3,lossy_sd,sequential]")})
 PAPER_CASCADES = ("t5_wmt", "t5_xsum", "t5_cnndm", "gemma_gsm8k", "gemma27b_gsm8k")  # conf/experiment/cascades_<name>.yaml
 CASCADES_PAPER = {name: Run(f"cascades/{name}", "cascades", {"paper": (f"experiment=cascades_{name}",)})
                   for name in PAPER_CASCADES}

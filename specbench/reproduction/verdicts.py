@@ -9,29 +9,40 @@ of 1, or a threshold such as 0.95 of the oracle) is
   ``>`` into ``>=``);
 - ``not held`` when the interval excludes the claim (it lies at or below x; for an "at least x" claim,
   entirely below x);
-- otherwise ``not judged (n too small)``; also ``not judged`` when fewer than ``MIN_N`` paired queries
-  exist, and when the data have no per-query form (``unpaired``) or are missing (``missing``).
+- ``inconclusive`` when the interval straddles x at an adequate n (the data cannot tell);
+- ``not judged (n < 16)`` when fewer than ``MIN_N`` paired queries exist (16: what a speed claim on one task
+  cell needs here), and ``not judged`` when the data have no per-query form (``unpaired``) or are missing
+  (``missing``).
+
+Each judged verdict also carries a bootstrap p-value for its claim (``p``: twice the share of resampled effects
+on the null's side of x, so ``p < 1 - LEVEL`` exactly when the interval excludes x on the claim's side). A report
+judges many claims at once, so :func:`holm` applies Holm's step-down correction across all of them: a verdict
+held at its own level stays held only if its p-value passes Holm's threshold at the family-wise level
+``1 - LEVEL``; one that does not becomes ``inconclusive`` and says so.
 
 Each line shows n, the effect and its interval (e.g. ``**held**: ... (n=16, speedup ratio 1.210, 95% CI
-[1.080, 1.350]; ...)``, ``**not judged**: ... (n too small; n=3, ...)``); a claim made of several comparisons (``all_of``, ``any_of``) shows the deciding one
-and lists every part.
+[1.080, 1.350]; ...)``, ``**not judged**: ... (n < 16; n=3, ...)``); a claim made of several comparisons
+(``all_of``, ``any_of``) shows the deciding one and lists every part.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 LEVEL = 0.95  # two-sided confidence level of every interval
 RESAMPLES = 2000  # bootstrap resamples of the queries
 SEED = 0  # numpy Generator seed: the same data give the same interval
-MIN_N = 4  # fewer paired queries than this: not judged
+MIN_N = 16  # fewer paired queries than this: not judged (a speed claim's task cell holds 16 queries)
 
-N_SMALL = "n too small"
+N_SMALL = f"n < {MIN_N}"
+INCONCLUSIVE = "inconclusive"  # the interval straddles the claim's threshold at an adequate n
+NOT_ESTIMABLE = "effect not estimable"
 NO_PAIRS = "no per-query data"
+MARKS = ("held", "not held", "inconclusive", "not judged")
 
 
 @dataclass(frozen=True)
@@ -47,6 +58,7 @@ class Verdict:
     level: float = LEVEL
     reason: str = ""  # why it is not judged (n too small, no per-query data, missing, unfinished)
     threshold: float | None = None  # the null the interval is set against (1 for "faster", 0.95 for "0.95 of")
+    p: float | None = None  # bootstrap p-value of the claim (two-sided equivalent; None: not tested)
 
     def __post_init__(self):  # numpy booleans / numbers from table arithmetic become plain ones
         if self.held is not None:
@@ -58,6 +70,8 @@ class Verdict:
 
     @property
     def mark(self) -> str:
+        if self.held is None and self.reason == INCONCLUSIVE:
+            return "inconclusive"
         return {True: "held", False: "not held", None: "not judged"}[self.held]
 
     @property
@@ -73,8 +87,8 @@ class Verdict:
 
     def line(self) -> str:
         """``**mark**: claim (why not judged; n, effect, interval; detail)``: the mark is always followed by
-        ``: `` (the report's index and tests find verdict lines by ``- **held|not held|not judged**: ``)."""
-        why = f"{self.reason}; " if self.held is None and self.reason else ""
+        ``: `` (the report's index and tests find verdict lines by ``- **held|not held|inconclusive|not judged**: ``)."""
+        why = f"{self.reason}; " if self.held is None and self.reason and self.reason != INCONCLUSIVE else ""
         detail = f"; {self.detail}" if self.detail else ""
         return f"**{self.mark}**: {self.claim} ({why}{self.stats}{detail})"
 
@@ -88,7 +102,7 @@ def unfinished(verdict: Verdict, why: str) -> Verdict:
     return Verdict(verdict.claim, None, f"{why}; on the finished part: {verdict.mark}"
                    + (f"; {verdict.detail}" if verdict.detail else ""), unfinished=why, n=verdict.n,
                    effect=verdict.effect, interval=verdict.interval, label=verdict.label, level=verdict.level,
-                   reason="unfinished run", threshold=verdict.threshold)
+                   reason="unfinished run", threshold=verdict.threshold)  # no p: not part of the tested family
 
 
 def missing(claim: str, what: str, label: str = "") -> Verdict:
@@ -104,11 +118,9 @@ def unpaired(claim: str, why: str, label: str = "") -> Verdict:
 Stat = Callable[[Mapping[str, np.ndarray]], np.ndarray]
 
 
-def bootstrap(columns: Mapping[str, Sequence[float]], stat: Stat, level: float = LEVEL, resamples: int = RESAMPLES,
-              seed: int = SEED) -> tuple[float, float, float]:
-    """(point, lo, hi): ``stat`` on every query, and the percentile interval of ``stat`` over ``resamples``
-    resamples of the queries (rows) with replacement. ``columns``: equal-length per-query arrays, paired
-    by position; ``stat`` maps ``{name: array of shape (R, n)}`` to R values (sums along the last axis)."""
+def resample(columns: Mapping[str, Sequence[float]], stat: Stat, resamples: int = RESAMPLES,
+             seed: int = SEED) -> tuple[float, np.ndarray]:
+    """(``stat`` on every query, its finite values over ``resamples`` resamples of the queries with replacement)."""
     cols = {k: np.asarray(v, dtype=float) for k, v in columns.items()}
     n = len(next(iter(cols.values())))
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -116,7 +128,15 @@ def bootstrap(columns: Mapping[str, Sequence[float]], stat: Stat, level: float =
         rng = np.random.default_rng(seed)
         idx = rng.integers(0, n, size=(resamples, n))
         vals = np.asarray(stat({k: v[idx] for k, v in cols.items()}), dtype=float)
-    vals = vals[np.isfinite(vals)]
+    return point, vals[np.isfinite(vals)]
+
+
+def bootstrap(columns: Mapping[str, Sequence[float]], stat: Stat, level: float = LEVEL, resamples: int = RESAMPLES,
+              seed: int = SEED) -> tuple[float, float, float]:
+    """(point, lo, hi): ``stat`` on every query, and the percentile interval of ``stat`` over ``resamples``
+    resamples of the queries (rows) with replacement. ``columns``: equal-length per-query arrays, paired
+    by position; ``stat`` maps ``{name: array of shape (R, n)}`` to R values (sums along the last axis)."""
+    point, vals = resample(columns, stat, resamples, seed)
     if not len(vals):
         return point, math.nan, math.nan
     a = (1 - level) / 2
@@ -124,21 +144,36 @@ def bootstrap(columns: Mapping[str, Sequence[float]], stat: Stat, level: float =
     return point, float(lo), float(hi)
 
 
+def p_value(vals: np.ndarray, threshold: float) -> float:
+    """The bootstrap p-value of "effect > threshold": twice the share of resampled effects at or below it (at
+    least one resample's worth, at most 1), the two-sided equivalent of the percentile interval's level."""
+    if not len(vals):
+        return math.nan
+    return float(min(1.0, 2 * max(np.mean(vals <= threshold), 1 / len(vals))))
+
+
 def judge(claim: str, columns: Mapping[str, Sequence[float]], stat: Stat, threshold: float, label: str, *,
           at_least: bool = False, detail: str = "", min_n: int = MIN_N, level: float = LEVEL,
           resamples: int = RESAMPLES, seed: int = SEED) -> Verdict:
     """The claim "``stat`` > ``threshold``" (``at_least``: "``stat`` >= ``threshold``", e.g. 0.95 of the
     oracle) on paired per-query ``columns``. held: the interval lies strictly above the threshold; not held:
-    it lies at or below it (``at_least``: strictly below it); else not judged (n too small)."""
+    it lies at or below it (``at_least``: strictly below it); inconclusive: it straddles the threshold; not
+    judged below ``min_n`` paired queries (n < 16)."""
     n = len(next(iter(columns.values()))) if columns else 0
-    point, lo, hi = bootstrap(columns, stat, level, resamples, seed) if n else (math.nan, math.nan, math.nan)
+    point, lo, hi, p = math.nan, math.nan, math.nan, None
+    if n:
+        point, vals = resample(columns, stat, resamples, seed)
+        if len(vals):
+            a = (1 - level) / 2
+            lo, hi = (float(x) for x in np.quantile(vals, [a, 1 - a]))
+            p = p_value(vals, threshold)
     if n < min_n:  # shown, never judged
         return Verdict(claim, None, f"fewer than {min_n} paired queries" + (f"; {detail}" if detail else ""),
-                       n=n, label=label, level=level, reason=N_SMALL, effect=point if n else None,
+                       n=n, label=label, level=level, reason=f"n < {min_n}", effect=point if n else None,
                        interval=(lo, hi) if _ok(lo, hi) else None, threshold=threshold)
     if not _ok(point, lo, hi):
         return Verdict(claim, None, "the effect cannot be estimated on these queries" + (f"; {detail}" if detail else ""),
-                       n=n, label=label, level=level, reason=N_SMALL)
+                       n=n, label=label, level=level, reason=NOT_ESTIMABLE)
     if lo > threshold:
         held = True
     elif hi < threshold or (hi <= threshold and not at_least):
@@ -148,7 +183,7 @@ def judge(claim: str, columns: Mapping[str, Sequence[float]], stat: Stat, thresh
     side = ">=" if at_least else ">"
     note = f"claim: {label} {side} {threshold:g}" + (f"; {detail}" if detail else "")
     return Verdict(claim, held, note, n=n, effect=point, interval=(lo, hi), label=label, level=level,
-                   reason="" if held is not None else N_SMALL, threshold=threshold)
+                   reason="" if held is not None else INCONCLUSIVE, threshold=threshold, p=p)
 
 
 # ---------------------------------------------------------------- statistics of paired per-query columns
@@ -190,9 +225,7 @@ def non_inferior(claim: str, a: Timed, b: Timed, margin: float, names: tuple[str
     """``a`` keeps ``b``'s speed up to a stated non-inferiority ``margin`` (e.g. 0.03: at least 0.97 of it);
     the margin is part of the claim and of the line."""
     v = faster(claim, a, b, names, threshold=1 - margin, at_least=True, **kw)
-    return Verdict(v.claim, v.held, f"non-inferiority margin {margin:.0%} (stated); {v.detail}", n=v.n,
-                   effect=v.effect, interval=v.interval, label=v.label, level=v.level, reason=v.reason,
-                   threshold=v.threshold)
+    return replace(v, detail=f"non-inferiority margin {margin:.0%} (stated); {v.detail}")
 
 
 def greater_mean(claim: str, a: Sequence[float], b: Sequence[float], label: str, threshold: float = 0.0,
@@ -224,10 +257,10 @@ def _pick(parts: Sequence[Verdict], mark) -> Verdict:
 
 
 def _combine(claim: str, parts: Sequence[tuple[str, Verdict]], held: bool | None, deciding: Verdict,
-             detail: str = "", shown: int = 8) -> Verdict:
+             detail: str = "", shown: int = 8, p: float | None = None) -> Verdict:
     listed = [f"{name}: {p.mark}, {p.stats}" for name, p in parts]
     if len(listed) > shown:
-        count = {m: sum(p.mark == m for _, p in parts) for m in ("held", "not held", "not judged")}
+        count = {m: sum(p.mark == m for _, p in parts) for m in MARKS}
         deciding_i = next(i for i, (_, p) in enumerate(parts) if p is deciding)
         keep = sorted({deciding_i, *range(shown - 1)})
         listed = [listed[i] for i in keep] + [f"... {len(parts) - len(keep)} more parts (of all {len(parts)}: "
@@ -235,7 +268,8 @@ def _combine(claim: str, parts: Sequence[tuple[str, Verdict]], held: bool | None
     text = "; ".join(([detail] if detail else []) + listed)
     return Verdict(claim, held, text, n=deciding.n, effect=deciding.effect, interval=deciding.interval,
                    label=deciding.label, level=deciding.level, threshold=deciding.threshold,
-                   reason="" if held is not None else (deciding.reason or N_SMALL))
+                   reason="" if held is not None else (deciding.reason or INCONCLUSIVE),
+                   p=deciding.p if p is None else p)
 
 
 def all_of(claim: str, parts: Sequence[tuple[str, Verdict]], detail: str = "") -> Verdict:
@@ -246,9 +280,19 @@ def all_of(claim: str, parts: Sequence[tuple[str, Verdict]], detail: str = "") -
     vs = [p for _, p in parts]
     if any(v.held is False for v in vs):
         return _combine(claim, parts, False, _pick(vs, False), detail)
-    if all(v.held is True for v in vs):
-        return _combine(claim, parts, True, _pick(vs, True), detail)
-    return _combine(claim, parts, None, next(v for v in vs if v.held is None), detail)
+    if all(v.held is True for v in vs):  # an intersection-union test: its p-value is the largest part's
+        return _combine(claim, parts, True, _pick(vs, True), detail, p=_largest_p(vs))
+    return _combine(claim, parts, None, _undecided(vs), detail, p=_largest_p(vs))
+
+
+def _largest_p(vs: Sequence[Verdict]) -> float | None:
+    ps = [v.p for v in vs]
+    return None if any(x is None for x in ps) else max(ps)
+
+
+def _undecided(vs: Sequence[Verdict]) -> Verdict:
+    """The part an undecided claim is shown by: one not judged (too few queries, no data) before an inconclusive one."""
+    return next((v for v in vs if v.held is None and v.mark == "not judged"), None) or next(v for v in vs if v.held is None)
 
 
 def any_of(claim: str, parts: Sequence[tuple[str, Verdict]], detail: str = "") -> Verdict:
@@ -257,14 +301,52 @@ def any_of(claim: str, parts: Sequence[tuple[str, Verdict]], detail: str = "") -
     if not parts:
         return missing(claim, "no comparison to make")
     vs = [p for _, p in parts]
+    # picked from k alternatives: the smallest p-value, Bonferroni-adjusted (times k)
+    ps = [v.p for v in vs if v.p is not None]
+    p = min(1.0, len(vs) * min(ps)) if ps else None
     if any(v.held is True for v in vs):
         best = max((v for v in vs if v.held is True), key=_above)
-        return _combine(claim, parts, True, best, detail)
+        return _combine(claim, parts, True, best, detail, p=p)
     if all(v.held is False for v in vs):
-        return _combine(claim, parts, False, min(vs, key=_below), detail)  # the nearest miss
-    return _combine(claim, parts, None, next(v for v in vs if v.held is None), detail)
+        return _combine(claim, parts, False, min(vs, key=_below), detail, p=p)  # the nearest miss
+    return _combine(claim, parts, None, _undecided(vs), detail, p=p)
 
 
 def bonferroni(k: int, level: float = LEVEL) -> float:
     """The per-comparison level that keeps ``k`` alternatives at ``level`` together."""
     return 1 - (1 - level) / max(k, 1)
+
+
+# ---------------------------------------------------------------- the report's family of claims
+FAMILY_LEVEL = 1 - LEVEL  # the family-wise error rate Holm's correction keeps across a report (5%)
+
+
+def holm(verdicts: Sequence[Verdict], alpha: float = FAMILY_LEVEL) -> list[Verdict]:
+    """Holm's step-down correction across a report's verdicts (the family: every verdict with a p-value, i.e.
+    every claim tested at an adequate n). Sorted by p, the i-th smallest of m is rejected (the claim stands) while
+    ``p <= alpha / (m - i + 1)``; at the first that fails, it and every larger one are not rejected. A verdict held
+    at its own level whose claim is not rejected becomes ``inconclusive`` and says why; every tested verdict's
+    line states its p-value and Holm threshold. Verdicts not tested (no p) are returned unchanged, in order."""
+    tested = sorted((i for i, v in enumerate(verdicts) if v.p is not None and not math.isnan(v.p)),
+                    key=lambda i: verdicts[i].p)
+    m = len(tested)
+    out = list(verdicts)
+    stopped = False
+    for rank, i in enumerate(tested):
+        v = verdicts[i]
+        limit = alpha / (m - rank)
+        stopped = stopped or v.p > limit
+        note = f"Holm over {m} tested claims: p={v.p:.4f}, {'above' if stopped else 'within'} its threshold {limit:.4f}"
+        if v.held is True and stopped:
+            out[i] = replace(v, held=None, reason=INCONCLUSIVE,
+                             detail=f"held at its own {v.level:.0%} level, not after the family-wise correction; "
+                                    f"{note}" + (f"; {v.detail}" if v.detail else ""))
+        else:
+            out[i] = replace(v, detail=f"{v.detail}; {note}" if v.detail else note)
+    return out
+
+
+def expected_false_holds(verdicts: Sequence[Verdict], alpha: float = FAMILY_LEVEL) -> float:
+    """Without a correction: the expected number of claims held by chance if none were true (``alpha / 2`` per
+    tested claim: a one-sided error at a two-sided level)."""
+    return sum(v.p is not None for v in verdicts) * alpha / 2

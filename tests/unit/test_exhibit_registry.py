@@ -34,7 +34,7 @@ def test_adding_an_exhibit_is_one_object(tmp_path, monkeypatch):
     assert mine.dir not in [s.run for s in plan.PROFILES["paper"].plan()]  # no paper-scale overrides: not there
 
     root = tmp_path / "root"
-    write_examples(root / mine.dir, {"math": {"fixed:a": 1.5}}, n=8)
+    write_examples(root / mine.dir, {"math": {"fixed:a": 1.5}})
     out = render.write(root)
     page = (out / "extra" / "table.md").read_text()
     assert "**held**: a is faster than autoregressive decoding" in page and "`extra/eval`" in page

@@ -12,6 +12,7 @@ import pytest
 
 from specbench.errors import SpecbenchError
 from specbench.reproduction import published, render
+from specbench.reproduction.layouts import CPU
 
 
 def test_every_published_value_has_a_source():
@@ -36,7 +37,7 @@ def test_a_published_value_without_source_is_refused(tmp_path):
         published.load(path)
 
 
-def write_examples(path, speedups, n=6, noise=0.003, seed=0, quality=None, extra=None):
+def write_examples(path, speedups, n=16, noise=0.003, seed=0, quality=None, extra=None):
     """A run's examples.jsonl: ``speedups[task][method]`` over autoregressive decoding on ``n`` queries per
     task, each method's seconds per query = the autoregressive seconds / its speedup, times a small noise;
     ``extra[method](i)``: more fields for query ``i`` of that method."""
@@ -72,10 +73,11 @@ def test_report_renders_from_fixture_runs_and_lists_what_is_missing(tmp_path):
     write_examples(root / "huang" / "eval", per_query)
     sweep = root / "huang" / "depth" / "alpha"
     sweep.mkdir(parents=True)
+    cheap, aligned = (f"share_{a}" for a in CPU.alpha_arms)  # the layout's (cheap, better-aligned) arms
     pd.DataFrame({"alpha": [0.0, 0.5, 1.0], "val_reward": [0.5, 0.6, 0.7], "speedup_replayed": [0.6, 0.7, 0.8],
-                  "share_early_exit_8": [1.0, 0.5, 0.0], "share_early_exit_24": [0.0, 0.5, 1.0]}).to_csv(
+                  cheap: [1.0, 0.5, 0.0], aligned: [0.0, 0.5, 1.0]}).to_csv(
         sweep / "alpha_sweep.csv", index=False)
-    (sweep / "metrics.json").write_text(json.dumps({"n_val": 8}))  # the shares' n: 8 of 8 validation queries
+    (sweep / "metrics.json").write_text(json.dumps({"n_val": 16}))  # the shares' n: 16 of 16 validation queries
 
     out = render.write(root)
     report = (out / "REPORT.md").read_text()
@@ -85,20 +87,28 @@ def test_report_renders_from_fixture_runs_and_lists_what_is_missing(tmp_path):
     assert "| eagle_summarization" in table1 and "1.210" in table1 and "0.830" in table1
     # the policy loses 37.5% on summarization: that verdict fails; the specialists' pattern holds
     assert "**held**: each specialist speeds up its own task" in report
-    assert "**not held**: the policy is within 5% of the best drafter" in report
+    assert "**not held**: the policy reaches at least 0.967 of the best drafter's speed on every task" in report
+    # the policy is slower than autoregressive decoding on both tasks here (0.88x and 0.5x)
+    assert "**not held**: the policy is faster than autoregressive decoding on both tasks" in report
     assert "**held**: the alpha sweep moves the choice" in report
     assert (out / "huang" / "fig2.png").exists() and (out / "huang" / "fig2.csv").exists()
     assert "## Not run yet" in report and "metasd/eval/summary.csv" in report
     # every verdict line shows n (and, where it was estimated, the effect and its interval)
     lines = [x for x in report.splitlines() if x.startswith("- **")]
-    assert lines and all(re.search(r"\(([a-z ]+; )?n=\d+, ", x) for x in lines), lines
+    assert lines and all(re.search(r"\(([^;()]+; )?n=\d+, ", x) for x in lines), lines
 
-    # the same fixture with the policy fixed: the verdict flips
-    rows = [dict(r, speedup=0.79) if r["task"] == "summarization" and r["method"] == "policy" else r for r in rows]
-    pd.DataFrame(rows).to_csv(root / "huang" / "eval" / "summary.csv", index=False)
-    write_examples(root / "huang" / "eval", {t: {r["method"]: r["speedup"] for r in rows if r["task"] == t}
-                                             for t in ("translation", "summarization")})
-    assert "**held**: the policy is within 5% of the best drafter" in (render.write(root) / "REPORT.md").read_text()
+    def with_policy_on_summarization(speedup):
+        nonlocal rows
+        rows = [dict(r, speedup=speedup) if r["task"] == "summarization" and r["method"] == "policy" else r for r in rows]
+        pd.DataFrame(rows).to_csv(root / "huang" / "eval" / "summary.csv", index=False)
+        write_examples(root / "huang" / "eval", {t: {r["method"]: r["speedup"] for r in rows if r["task"] == t}
+                                                 for t in ("translation", "summarization")})
+        return (render.write(root) / "REPORT.md").read_text()
+
+    # within 5% of the best drafter (0.77 / 0.8 = 0.9625) but below the paper's worst cell (1.17 / 1.21): not held
+    assert "**not held**: the policy reaches at least 0.967" in with_policy_on_summarization(0.77)
+    # the same fixture with the policy fixed (0.79 / 0.8, and 0.88 / 0.9 on translation): the verdict flips
+    assert "**held**: the policy reaches at least 0.967" in with_policy_on_summarization(0.79)
 
 
 def test_report_of_nothing_is_a_clear_error(tmp_path):
@@ -110,10 +120,12 @@ def test_report_of_nothing_is_a_clear_error(tmp_path):
 
 
 def _huang_fixture(root):
+    """Table 1 with every claim true: each specialist fastest on its task, the policy as fast as the best of each
+    task, and faster than autoregressive decoding on both."""
     rows = [{"task": t, "method": m, "speedup": v, "mat": 1.5, "acceptance_rate": 0.3}
-            for t, ms in {"translation": {"fixed:eagle_translation": 0.9, "fixed:eagle_summarization": 0.6, "policy": 0.9},
-                          "summarization": {"fixed:eagle_translation": 0.5, "fixed:eagle_summarization": 0.8,
-                                            "policy": 0.8}}.items() for m, v in ms.items()]
+            for t, ms in {"translation": {"fixed:eagle_translation": 1.9, "fixed:eagle_summarization": 1.6, "policy": 1.9},
+                          "summarization": {"fixed:eagle_translation": 1.5, "fixed:eagle_summarization": 1.8,
+                                            "policy": 1.8}}.items() for m, v in ms.items()]
     write_eval_summary(root / "huang" / "eval", rows)
     write_examples(root / "huang" / "eval", {t: {r["method"]: r["speedup"] for r in rows if r["task"] == t}
                                              for t in ("translation", "summarization")})
@@ -123,6 +135,7 @@ def test_the_report_index_is_written_into_the_readme_between_its_markers(tmp_pat
     root = tmp_path / "reproduce"
     _huang_fixture(root)
     out = render.write(root)
+    assert "**held**: the policy is faster than autoregressive decoding on both tasks" in (out / "REPORT.md").read_text()
     readme = tmp_path / "README.md"
     readme.write_text(f"# Tool\n\n## Measured results\n\n{render.README_BEGIN}\nold numbers 9.99x\n{render.README_END}\n\n## Errors\n")
     for _ in range(2):  # idempotent: a second publish replaces the block, it does not append
@@ -131,7 +144,7 @@ def test_the_report_index_is_written_into_the_readme_between_its_markers(tmp_pat
         assert "9.99x" not in text and text.count(render.README_BEGIN) == 1
         assert "(docs/reproduction/huang/table1.md)" in text and "(docs/reproduction/REPORT.md)" in text
         row = next(line for line in text.splitlines() if "huang/table1.md" in line)
-        assert row.endswith("| 3 | 0 | 0 |")  # Table 1's three verdicts counted by mark, not copied
+        assert row.endswith("| 3 | 0 | 0 | 0 |")  # Table 1's three verdicts counted by mark, not copied
         assert text.startswith("# Tool\n") and text.endswith("## Errors\n")
         assert "Not run yet: " in text
     readme.write_text("# no markers\n")
@@ -142,7 +155,8 @@ def test_the_report_index_is_written_into_the_readme_between_its_markers(tmp_pat
 def test_the_paper_layout_sets_the_published_rows_beside_ours(tmp_path):
     root = tmp_path / "paper"
     rows = []
-    for task, sp in {"coding": {"fixed:eagle": 2.9, "fixed:eagle_code": 3.5, "fixed:eagle_translation": 2.0, "ucb-bd": 3.4,
+    # the generalist (eagle) is within 15% of the coding specialist (3.2 against 3.5): faster is what the claim asks
+    for task, sp in {"coding": {"fixed:eagle": 3.2, "fixed:eagle_code": 3.5, "fixed:eagle_translation": 2.0, "ucb-bd": 3.4,
                                 "oracle": 3.5},
                      "translation": {"fixed:eagle": 1.9, "fixed:eagle_code": 1.5, "fixed:eagle_translation": 2.4,
                                      "ucb-bd": 2.3, "oracle": 2.4},
@@ -162,7 +176,8 @@ def test_the_paper_layout_sets_the_published_rows_beside_ours(tmp_path):
     assert ucb["coding (paper)"] == pytest.approx(3.724) and ucb["translation (paper)"] == pytest.approx(2.318)
     report = (out / "REPORT.md").read_text()
     assert report.startswith("# Reproduction report (paper scale)")
-    assert "**held**: UCB-BD reaches at least 0.95 of the per-task oracle" in report
+    assert ("**held**: each specialist is faster on its task than the other specialists' mean and the generalist"
+            in report)
     assert "**held**: UCB-BD is above the best single drafter" in report
     assert "**held**: each specialist is the fastest single drafter on its own task" in report
     assert "needs `spec_bench/eval/summary.csv`" in report  # the paper layout's own exhibits, not run here
@@ -170,25 +185,29 @@ def test_the_paper_layout_sets_the_published_rows_beside_ours(tmp_path):
 
 def test_cascades_verdict_counts_rule_points_only(tmp_path):
     """At temperature 1 the drafter alone is fast and (here) as good as anything, but it is not a
-    deferral rule: only a rule point faster than lossy SD at equal quality, per query, makes the verdict hold."""
+    deferral rule: only a rule point faster than lossy SD and the sequential cascade at the target's quality, per
+    query, makes the verdict hold."""
     from specbench.reproduction.cascade_exhibits import CPU_CASCADES, cascades
     from specbench.reproduction.layouts import CPU
     from specbench.reproduction.published import load
 
     rows = [("autoregressive", None, None, 1.0, 5.0), ("sd", None, None, 0.9, 5.0), ("drafter_alone", None, None, 2.0, 5.0),
-            ("lossy_sd@0.5", "lossy_sd", 0.5, 1.2, 5.0), ("chow@0.5", "chow", 0.5, 1.1, 5.0)]
+            ("lossy_sd@0.5", "lossy_sd", 0.5, 1.2, 5.0), ("sequential@0.5", "sequential", 0.5, 1.0, 5.0),
+            ("chow@0.5", "chow", 0.5, 1.1, 5.0)]
     run = tmp_path / "cascades" / "sampling"
     run.mkdir(parents=True)
 
     def verdict():
         pd.DataFrame([{"task": "summarization", "method": m, "rule": r, "alpha": a, "speedup": sp, "quality": q,
-                       "agreement_tokens": 0.5} for m, r, a, sp, q in rows]).to_csv(run / "curves.csv", index=False)
+                       "metric": "rouge2", "agreement_tokens": 0.5} for m, r, a, sp, q in rows]).to_csv(
+            run / "curves.csv", index=False)
         write_examples(run, {"summarization": {m: sp for m, *_, sp, _ in rows if m != "autoregressive"}},
                        quality={m: {"rouge2": q} for m, *_, q in rows})
         return cascades(tmp_path, load(), CPU, CPU_CASCADES[1]).verdicts[0].held
 
     assert verdict() is False
-    rows[-1] = ("chow@0.5", "chow", 0.5, 1.3, 5.0)  # now a rule is faster than lossy SD at equal quality
+    rows[-1] = ("chow@0.5", "chow", 0.5, 1.3, 5.0)  # now a rule is faster than lossy SD at the target's quality
     assert verdict() is True
-    rows[-1] = ("chow@0.5", "chow", 0.5, 1.3, 3.0)  # ... but two ROUGE-2 points worse: not at equal quality
+    rows[-1] = ("chow@0.5", "chow", 0.5, 1.3, 3.0)  # ... but two ROUGE-2 points below the target: it does not count
     assert verdict() is False
+

@@ -1,4 +1,4 @@
-"""Verdicts that can fail honestly: paired per-query data, a seeded bootstrap interval, held / not held /
+"""Verdicts that can fail honestly: paired per-query data, a seeded bootstrap interval, held / not held / inconclusive /
 not judged, on small synthetic fixtures (pure numpy / pandas: no model is loaded)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from specbench.reproduction import verdicts as V
 from specbench.reproduction.layouts import CPU
 from tests.unit.test_reproduction import write_examples as _write_examples
 
-STATS = re.compile(r"^\*\*(held|not held|not judged)\*\*: .+ \((n too small; )?n=\d+, .+ -?\d+\.\d{3}, "
+STATS = re.compile(r"^\*\*(held|not held|inconclusive|not judged)\*\*: .+ \((n < 16; )?n=\d+, .+ -?\d+\.\d{3}, "
                    r"[\d.]+% CI \[-?\d+\.\d{3}, -?\d+\.\d{3}\]")
 
 
@@ -48,11 +48,15 @@ def test_it_becomes_not_judged_when_n_shrinks():
     fast, base = timed(1.2, n=3)
     v = V.faster("a is faster than b", fast, base)
     assert v.held is None and v.reason == V.N_SMALL and v.n == 3 and f"fewer than {V.MIN_N}" in v.detail
-    assert v.line().startswith("**not judged**: a is faster than b (n too small; n=3, ")
-    # enough queries but too noisy for the effect: the interval straddles 1, so not judged either
-    noisy, base = timed(1.05, n=5, noise=0.3, seed=3)
+    assert v.line().startswith("**not judged**: a is faster than b (n < 16; n=3, ")
+    # enough queries but too noisy for the effect: the interval straddles 1, so inconclusive (not "n too small")
+    noisy, base = timed(1.05, n=16, noise=0.3, seed=3)
     v = V.faster("a is faster than b", noisy, base)
-    assert v.held is None and v.interval[0] < 1 < v.interval[1] and v.reason == V.N_SMALL
+    assert v.held is None and v.interval[0] < 1 < v.interval[1] and v.reason == V.INCONCLUSIVE
+    assert v.mark == "inconclusive" and v.line().startswith("**inconclusive**: a is faster than b (n=16, ")
+    # the same straddling interval below 16 queries is not judged
+    few, base = timed(1.05, n=15, noise=0.3, seed=3)
+    assert V.faster("a is faster than b", few, base).mark == "not judged"
     # the same claim on many queries of the same effect and noise is judged
     many, base = timed(1.2, n=400, noise=0.3, seed=3)
     assert V.faster("a is faster than b", many, base).held is True
@@ -62,19 +66,20 @@ def test_a_tie_is_never_held():
     fast, base = timed(1.0, noise=0.0)
     v = V.faster("a is faster than b", fast, base)  # exactly equal on every query
     assert v.effect == pytest.approx(1.0) and v.held is False
-    tie = V.greater_mean("more", [1.0] * 8, [1.0] * 8, "difference")
+    tie = V.greater_mean("more", [1.0] * 16, [1.0] * 16, "difference")
     assert tie.held is False
     # a noisy tie: faster on half the queries, slower by as much on the others (the totals are equal)
-    secs = [1.0 + d for d in (-0.2, 0.2, -0.1, 0.1, -0.3, 0.3, -0.05, 0.05)]
-    v = V.faster("a is faster than b", (secs, [10.0] * 8), ([1.0] * 8, [10.0] * 8))
+    secs = [1.0 + d for d in (-0.2, 0.2, -0.1, 0.1, -0.3, 0.3, -0.05, 0.05, -0.15, 0.15, -0.25, 0.25, -0.1, 0.1, -0.2, 0.2)]
+    v = V.faster("a is faster than b", (secs, [10.0] * 16), ([1.0] * 16, [10.0] * 16))
     assert v.effect == pytest.approx(1.0) and v.held is None and v.interval[0] < 1 < v.interval[1]
+    assert v.mark == "inconclusive"
     # an at-least claim exactly at its threshold is not held either (no tolerance turns > into >=)
     at, base = timed(0.95, noise=0.0)
     assert V.faster("c", at, base, threshold=0.95, at_least=True).held is not True
-    # a majority needs more than half: 1 of 2, or 4 of 8, is no majority
+    # a majority needs more than half: 1 of 2, or 8 of 16, is no majority
     assert V.majority("m", [1.0, 0.0]).held is not True
-    assert V.majority("m", [1.0] * 4 + [0.0] * 4).held is not True
-    assert V.majority("m", [1.0] * 8).held is True
+    assert V.majority("m", [1.0] * 8 + [0.0] * 8).held is not True
+    assert V.majority("m", [1.0] * 16).held is True
 
 
 def test_the_interval_is_reproducible():
@@ -119,8 +124,8 @@ def test_claims_of_several_parts():
 
 
 # ---------------------------------------------------------------- exhibits on per-query fixture runs
-def write_examples(path, speedups, n=8, **kw):
-    """``tests/unit/test_reproduction.py``'s writer, 8 queries per task by default."""
+def write_examples(path, speedups, n=16, **kw):
+    """``tests/unit/test_reproduction.py``'s writer, 16 queries per task by default (``verdicts.MIN_N``)."""
     return _write_examples(path, speedups, n=n, **kw)
 
 
@@ -184,27 +189,28 @@ def test_huang_aggregates_are_not_judged_and_table6_pairs_each_policy_with_its_o
 
     live(1.0, 0.6)  # with the AR arm the policy decodes at AR speed; without it, the exits slow it down
     v = huang_table6(tmp_path, [], CPU).verdicts[0]
-    assert v.held is True and v.n == 8 and v.effect == pytest.approx(1 / 0.6, rel=0.02)
+    assert v.held is True and v.n == 16 and v.effect == pytest.approx(1 / 0.6, rel=0.02)
     assert "each over its run's autoregressive" in v.line()  # two processes: never paired across them
     live(0.6, 1.0)
     assert huang_table6(tmp_path, [], CPU).verdicts[0].held is False
 
     sweep = tmp_path / "huang" / "depth" / "alpha"
     sweep.mkdir(parents=True)
+    cheap, aligned = (f"share_{a}" for a in CPU.alpha_arms)  # the layout's (cheap, better-aligned) arms
     pd.DataFrame({"alpha": [0.0, 1.0], "val_reward": [0.5, 0.7], "speedup_replayed": [0.6, 0.8],
-                  "share_early_exit_8": [0.5, 0.0], "share_early_exit_24": [0.5, 1.0]}).to_csv(
+                  cheap: [0.5, 0.0], aligned: [0.5, 1.0]}).to_csv(
         sweep / "alpha_sweep.csv", index=False)
     (sweep / "metrics.json").write_text(json.dumps({"n_val": 2}))
     assert huang_fig2(tmp_path, [], CPU).verdicts[0].held is None  # 1 of 2: a tie, and n too small
     (sweep / "metrics.json").write_text(json.dumps({"n_val": 40}))
     assert huang_fig2(tmp_path, [], CPU).verdicts[0].held is not True  # 20 of 40 is no majority
     pd.DataFrame({"alpha": [0.0, 1.0], "val_reward": [0.5, 0.7], "speedup_replayed": [0.6, 0.8],
-                  "share_early_exit_8": [0.9, 0.0], "share_early_exit_24": [0.1, 1.0]}).to_csv(
+                  cheap: [0.9, 0.0], aligned: [0.1, 1.0]}).to_csv(
         sweep / "alpha_sweep.csv", index=False)
     assert huang_fig2(tmp_path, [], CPU).verdicts[0].held is True
 
 
-def test_switching_is_judged_per_query_with_a_stated_margin(tmp_path):
+def test_switching_is_judged_per_query(tmp_path):
     from specbench.reproduction.metasd import metasd_switching
 
     run = tmp_path / "metasd" / "eval"
@@ -213,36 +219,54 @@ def test_switching_is_judged_per_query_with_a_stated_margin(tmp_path):
                   for m, s in (("ucb-bd", 40), ("ucb-switch-bd", 39))]).to_csv(run / "summary.csv", index=False)
     # one switch fewer in total, on one query: not evidence of fewer switches
     sw = {"ucb-bd": lambda i: {"switches": 5 + (i == 0)}, "ucb-switch-bd": lambda i: {"switches": 5}}
-    write_examples(run, {"math": {"ucb-bd": 1.2, "ucb-switch-bd": 1.2}}, n=8, extra=sw)
+    write_examples(run, {"math": {"ucb-bd": 1.2, "ucb-switch-bd": 1.2}}, extra=sw)
     fewer, speed, etc_fewer, etc_speed = metasd_switching(tmp_path, [], CPU).verdicts
     assert fewer.held is not True
-    assert speed.held is True and "non-inferiority margin 3% (stated)" in speed.line()
+    # the same speed is not "faster": no margin turns a tie into a held claim
+    assert "is faster than UCB-BD" in speed.claim and speed.held is not True and speed.n == 16
+    assert "margin" not in speed.line() and "> 1" in speed.line()
     assert etc_fewer.held is None and "explore-then-commit" in etc_fewer.line()  # not run here: missing, not judged
+    assert etc_speed.held is None and "explore-then-commit" in etc_speed.line()
     sw = {"ucb-bd": lambda i: {"switches": 6 + i % 3}, "ucb-switch-bd": lambda i: {"switches": 1 + i % 2},
           "etc-bd": lambda i: {"switches": 1 + i % 2}}
-    write_examples(run, {"math": {"ucb-bd": 1.2, "ucb-switch-bd": 1.0, "etc-bd": 1.19}}, n=8, extra=sw)
+    write_examples(run, {"math": {"ucb-bd": 1.2, "ucb-switch-bd": 1.32, "etc-bd": 1.0}}, extra=sw)
     fewer, speed, etc_fewer, etc_speed = metasd_switching(tmp_path, [], CPU).verdicts
-    assert fewer.held is True and speed.held is False  # 1.0 against 1.2: below 0.97 of it
-    assert etc_fewer.held is False and etc_speed.held is True  # as many switches as UCB with the penalty: a tie
+    assert fewer.held is True and speed.held is True  # 1.32 against 1.2: faster
+    assert speed.effect == pytest.approx(1.1, rel=0.01) and speed.interval[0] > 1
+    assert etc_fewer.held is False and etc_speed.held is False  # as many switches as UCB with the penalty; 1.0 < 1.2
+    write_examples(run, {"math": {"ucb-bd": 1.2, "ucb-switch-bd": 1.0, "etc-bd": 1.32}}, extra=sw)
+    fewer, speed, etc_fewer, etc_speed = metasd_switching(tmp_path, [], CPU).verdicts
+    assert speed.held is False and speed.interval[1] < 1  # 1.0 against 1.2: slower
+    assert etc_speed.held is True and etc_speed.effect == pytest.approx(1.1, rel=0.01)
 
 
-def test_greedy_cascades_set_rules_against_plain_sd_and_say_the_sequential_cascade_is_not_run(tmp_path):
+def test_cascades_compare_each_family_at_the_targets_quality(tmp_path):
+    """Per task: the fastest speculative-cascade point whose quality reaches the target's is set against the fastest
+    such lossy-SD and sequential-cascade points, paired per query; points below the target's quality do not count."""
     from specbench.reproduction.cascade_exhibits import CPU_CASCADES, cascades
 
     run = tmp_path / "cascades" / "greedy"
     run.mkdir(parents=True)
-    methods = {"sd": 1.1, "drafter_alone": 3.0, "chow@0.3": 1.4, "lossy_sd@0.5": 2.0}
-    pd.DataFrame([{"task": "math", "method": m, "rule": m.split("@")[0], "alpha": 0.3, "speedup": sp, "quality": 0.0,
-                   "agreement_tokens": 1.0} for m, sp in methods.items()]).to_csv(run / "curves.csv", index=False)
-    same = {m: (lambda i: {"output_ids": [1] * (20 + i)}) for m in ["autoregressive", *methods]}
-    write_examples(run, {"math": methods}, extra=same)
-    rule, sequential = cascades(tmp_path, [], CPU, CPU_CASCADES[0]).verdicts
-    assert "plain SD" in rule.claim and rule.held is True and "drafter_alone" not in rule.detail
-    assert sequential.held is None and "sequential cascade" in sequential.line()
-    # the rule now disagrees with the target on half of each output: not at equal quality
-    same["chow@0.3"] = lambda i: {"output_ids": [1] * 10 + [2] * (10 + i)}
-    write_examples(run, {"math": methods}, extra=same)
-    assert cascades(tmp_path, [], CPU, CPU_CASCADES[0]).verdicts[0].held is False
+
+    def verdict(methods, quality):
+        pd.DataFrame([{"task": "summarization", "method": m, "rule": m.split("@")[0], "alpha": 0.3, "speedup": sp,
+                       "quality": quality.get(m, 5.0), "metric": "rouge2", "mat": 2.0}
+                      for m, sp in methods.items()]).to_csv(run / "curves.csv", index=False)
+        write_examples(run, {"summarization": methods},
+                       quality={m: {"rouge2": quality.get(m, 5.0)} for m in ["autoregressive", *methods]})
+        return cascades(tmp_path, [], CPU, CPU_CASCADES[0])
+
+    methods = {"sd": 1.1, "drafter_alone": 3.0, "chow@0.3": 1.4, "opt@0.9": 2.5, "sequential@0.3": 1.2}
+    ex = verdict(methods, {"opt@0.9": 2.0})  # opt is fastest but loses quality: it does not count
+    (v,) = ex.verdicts
+    assert v.held is True and "chow@0.3 vs sd" in v.detail and "chow@0.3 vs sequential@0.3" in v.detail
+    assert "opt@0.9" not in v.detail.split("; ", 1)[1] and "tokens_per_target_call" in ex.table
+    assert set(ex.table.family) >= {"speculative cascade", "lossy SD", "sequential cascade"}
+    # the sequential cascade is faster than the best speculative point: not held
+    methods["sequential@0.3"] = 1.6
+    assert verdict(methods, {"opt@0.9": 2.0}).verdicts[0].held is not True
+    # no speculative point reaches the target's quality: not held
+    assert verdict(methods, {"chow@0.3": 4.0, "opt@0.9": 2.0}).verdicts[0].held is False
 
 
 def test_convergence_and_the_stream_are_judged_per_query(tmp_path):
@@ -251,13 +275,13 @@ def test_convergence_and_the_stream_are_judged_per_query(tmp_path):
 
     run = tmp_path / "metasd" / "eval"
     run.mkdir(parents=True)
-    pd.DataFrame({"method": ["ucb-bd", "ucb-be"], "round": [0, 0], "share": [0.8, 0.4], "n": [8, 8]}).to_csv(
+    pd.DataFrame({"method": ["ucb-bd", "ucb-be"], "round": [0, 0], "share": [0.8, 0.4], "n": [16, 16]}).to_csv(
         run / "convergence.csv", index=False)
     write_examples(run, {"math": {"fixed:eagle_math": 1.5, "fixed:eagle_chat": 1.0, "ucb-bd": 1.4, "ucb-be": 1.3}})
 
     def rounds(bd_hits: int, be_hits: int):
         with (run / "rounds.jsonl").open("w") as f:
-            for i in range(8):
+            for i in range(16):
                 for method, hits in (("ucb-bd", bd_hits), ("ucb-be", be_hits)):
                     for r in range(10):
                         arm = "eagle_math" if r < hits + (i % 2) else "eagle_chat"
@@ -266,7 +290,7 @@ def test_convergence_and_the_stream_are_judged_per_query(tmp_path):
 
     rounds(8, 4)
     v = metasd_convergence(tmp_path, [], CPU).verdicts[0]
-    assert v.held is True and v.n == 8 and v.effect == pytest.approx(0.4)
+    assert v.held is True and v.n == 16 and v.effect == pytest.approx(0.4)
     rounds(4, 8)
     assert metasd_convergence(tmp_path, [], CPU).verdicts[0].held is False
 
@@ -281,7 +305,7 @@ def test_convergence_and_the_stream_are_judged_per_query(tmp_path):
     assert metasd_stream(tmp_path, [], CPU).verdicts[0].held is False
 
 
-def _rounds(path, per_method, n=8, rounds=10, **fields):
+def _rounds(path, per_method, n=16, rounds=10, **fields):
     """rounds.jsonl: for each method, ``per_method[method](i, r)`` -> the arm of round ``r`` of query ``i``
     (plus ``fields[name](method, i, r)``)."""
     with (path / "rounds.jsonl").open("w") as f:
@@ -326,7 +350,7 @@ def test_reward_variance_is_compared_on_the_same_rounds(tmp_path):
     drafters = {"fixed:eagle_math": lambda i, r: "eagle_math", "fixed:eagle_chat": lambda i, r: "eagle_chat"}
     _rounds(run, drafters, drafted=lambda m, i, r: 4, be=noisy, bd=smooth)
     v = metasd_variance(tmp_path, [], CPU).verdicts[0]
-    assert v.held is True and v.n == 8 and v.effect > 0.2
+    assert v.held is True and v.n == 16 and v.effect > 0.2
     _rounds(run, drafters, drafted=lambda m, i, r: 4, be=smooth, bd=noisy)
     assert metasd_variance(tmp_path, [], CPU).verdicts[0].held is False
     # rounds that did not draft (autoregressive, an empty prompt-lookup draft) carry no reward to compare
@@ -338,17 +362,27 @@ def test_table4_judges_the_live_policy_against_the_best_drafter_and_autoregressi
     from specbench.reproduction.huang import huang_table4
 
     run = tmp_path / "huang" / "math" / "eval"
-    speedups = {"fixed:eagle_math": 0.9, "fixed:quantized": 0.7, "policy": 0.99}
-    write_examples(run, {"math": speedups})
-    pd.DataFrame([{"task": t, "method": m, "speedup": v} for t in ("math", "all")
-                  for m, v in {"autoregressive": 1.0, **speedups}.items()]).to_csv(run / "summary.csv", index=False)
-    ex = huang_table4(tmp_path, [], CPU)
-    faster, holds, oracle = ex.verdicts
+
+    def table4(speedups):
+        write_examples(run, {"math": speedups})
+        pd.DataFrame([{"task": t, "method": m, "speedup": v} for t in ("math", "all")
+                      for m, v in {"autoregressive": 1.0, **speedups}.items()]).to_csv(run / "summary.csv", index=False)
+        return huang_table4(tmp_path, [], CPU)
+
+    # drafting alone slows math (the best drafter 0.9x): autoregressive decoding is faster, as the paper's premise says
+    ex = table4({"fixed:eagle_math": 0.9, "fixed:quantized": 0.7, "policy": 0.99})
+    premise, faster, holds = ex.verdicts
+    assert "premise" in premise.claim and premise.mark == "held" and premise.n == 16
+    assert premise.effect == pytest.approx(1 / 0.9, rel=0.02) and "autoregressive / eagle_math" in premise.line()
     assert faster.held is True and "eagle_math" in faster.line()  # against the best drafter alone, not the int8 one
-    assert holds.held is True  # 0.99 of autoregressive speed: at least 0.95
-    assert "per-query oracle" in oracle.claim and oracle.n == 8  # the oracle: autoregressive on every query here
-    assert oracle.held is True and oracle.effect == pytest.approx(0.99, abs=0.02)
+    assert faster.effect == pytest.approx(0.99 / 0.9, rel=0.02)
+    assert "0.95x of autoregressive" in holds.claim and holds.n == 16
+    assert holds.held is True and holds.effect == pytest.approx(0.99, abs=0.02)  # 0.99 of autoregressive: at least 0.95
     assert "replayed" in ex.table.columns  # train-policy's replayed figures stay beside, labelled
+
+    # the best drafter now beats autoregressive decoding: the premise fails, and so does a policy at 0.9x
+    premise, faster, holds = table4({"fixed:eagle_math": 1.1, "fixed:quantized": 0.7, "policy": 0.9}).verdicts
+    assert premise.mark == "not held" and faster.held is False and holds.held is False
 
 
 def test_the_per_query_oracle_takes_the_fastest_arm_of_each_query():
@@ -365,3 +399,74 @@ def test_the_per_query_oracle_takes_the_fastest_arm_of_each_query():
     held = C.faster_on(with_o, "the policy holds 0.95 of the oracle", "policy", C.ORACLE, threshold=0.95, at_least=True)
     assert held.held is False and held.effect == pytest.approx(20 / 25)  # slower on half the queries: 1.5 s vs 1 s
     assert C.faster_on(with_o, "", "policy", C.ORACLE, threshold=0.6, at_least=True).held is True
+
+
+def test_a_verdict_carries_the_p_value_of_its_interval():
+    """p < 0.05 exactly when the 95% interval lies above the threshold (two-sided equivalent), on the same resamples."""
+    for speedup, noise, seed in ((1.2, 0.05, 1), (1.05, 0.3, 3), (1.03, 0.05, 4), (0.9, 0.05, 5)):
+        fast, base = timed(speedup, n=24, noise=noise, seed=seed)
+        v = V.faster("a is faster than b", fast, base)
+        assert 0 < v.p <= 1
+        assert (v.held is True) == (v.p < 0.05), (speedup, v.p, v.interval)
+
+
+def test_holm_flips_a_borderline_held_verdict_to_inconclusive():
+    """One claim held at its own level (p about 0.03) among three tested claims: Holm's first threshold is
+    0.05 / 3, so it is not rejected and reads inconclusive; a claim far from its null stays held."""
+    strong, base = timed(1.3, n=24, noise=0.02, seed=1)
+    clear = V.faster("clearly faster", strong, base)
+    border = None
+    for seed in range(200):  # a borderline effect: held alone, with p between 0.05 / 3 and 0.05
+        cand = V.faster("barely faster", *timed(1.04, n=24, noise=0.08, seed=seed))
+        if cand.held is True and 0.05 / 2 < cand.p < 0.05:
+            border = cand
+            break
+    assert border is not None
+    failed = V.faster("slower", *timed(0.8, n=24, noise=0.05, seed=2))
+    assert clear.held is True and failed.held is False and clear.p < 0.05 / 3
+    out = V.holm([border, clear, failed])
+    assert out[1].held is True and "Holm over 3 tested claims" in out[1].detail
+    assert out[0].held is None and out[0].mark == "inconclusive"
+    assert "not after the family-wise correction" in out[0].line()
+    assert out[2].held is False
+    # alone (a family of one) the same borderline claim stays held
+    assert V.holm([border])[0].held is True
+    # untested verdicts (too few queries) are not part of the family and come back unchanged
+    few = V.faster("few", *timed(1.3, n=4))
+    assert V.holm([few, border])[0] == few and V.holm([few, border])[1].held is True
+
+
+def test_again_runs_a_method_a_second_time_under_its_own_name():
+    from specbench.errors import SpecbenchError
+    from specbench.pipelines.methods import parse_methods
+
+    pool = {"autoregressive": None, "prompt_lookup": None, "eagle_math": None}
+    names = [m.name for m in parse_methods(["fixed:*", "again:autoregressive", "again:fixed:prompt_lookup"], pool, None)]
+    assert names == ["autoregressive", "fixed:prompt_lookup", "fixed:eagle_math", "again:autoregressive",
+                     "again:fixed:prompt_lookup"]
+    methods = {m.name: m for m in parse_methods(["again:fixed:prompt_lookup"], pool, None)}
+    assert methods["again:fixed:prompt_lookup"].make_selector().select() == "prompt_lookup"
+    for bad in ("again:", "again:again:autoregressive", "again:fixed:nope"):
+        with pytest.raises(SpecbenchError):
+            parse_methods([bad], pool, None)
+
+
+def test_aa_pairs_give_a_noise_floor_a_false_positive_rate_and_explain_small_held_effects(tmp_path):
+    """Two runs of one method differ only by noise: the floor brackets 1, the machinery rarely calls either faster,
+    and a held verdict whose effect lies inside the floor is counted as one an A/A difference could explain."""
+    from specbench.reproduction.noise import aa_exhibit, explained
+
+    run = tmp_path / "metasd" / "eval"
+    write_examples(run, {"math": {"fixed:prompt_lookup": 1.5, "again:fixed:prompt_lookup": 1.5},
+                         "code": {"fixed:prompt_lookup": 1.5, "again:fixed:prompt_lookup": 1.5}}, n=40, noise=0.05)
+    ex = aa_exhibit(tmp_path, [], CPU)
+    t = ex.table
+    assert set(t.subset) == {16, 32, 48} and (t.method == "prompt_lookup").all() and (t.queries == 80).all()
+    assert (t.floor_lo < 1).all() and (t.floor_hi > 1).all()
+    assert (t.false_positive_rate <= 0.15).all()
+    assert (t[t.subset == 16].floor_hi.iloc[0] - t[t.subset == 16].floor_lo.iloc[0]
+            > t[t.subset == 48].floor_hi.iloc[0] - t[t.subset == 48].floor_lo.iloc[0])  # narrower with more queries
+    small = V.faster("a bit faster", *timed(1.01, n=16, noise=0.0))
+    big = V.faster("much faster", *timed(1.5, n=16, noise=0.0))
+    assert small.held is True and big.held is True
+    assert explained([small, big], t) == (1, 2)
