@@ -8,10 +8,8 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 
-from specbench.drafters.eagle import EagleHead
-from specbench.drafters.head_files import save_head, vocab_fingerprint
+from tests.conftest import write_tiny_shipped
 from specbench.reproduction import plan
 from specbench.reproduction.exhibits import builders
 from specbench.reproduction.layouts import CPU as CPU_LAYOUT
@@ -25,10 +23,7 @@ def test_dry_run_builds_every_exhibit_and_resumes(tmp_path, monkeypatch, tiny_ll
     monkeypatch.setenv("SPECBENCH_CACHE", str(cache))
     monkeypatch.setenv("SPECBENCH_HEADS", str(cache / "drafters"))  # the pools' package: heads
     target = tiny_llama_target
-    for i, task in enumerate(["math", "summarization", "translation", "chat", "code", "general"]):  # the pool's heads
-        torch.manual_seed(i)
-        save_head(EagleHead(target.model, layers=1), None, cache / "drafters" / f"eagle_{task}",
-                  {"kind": "eagle", "target": "embedded:tiny_llama", "vocab": vocab_fingerprint(target.tokenizer)})
+    write_tiny_shipped(target, cache / "drafters")  # the pools' heads and small drafter
     root = tmp_path / "reproduce"
     report = plan.run(root, profile="tiny")
 
@@ -41,14 +36,14 @@ def test_dry_run_builds_every_exhibit_and_resumes(tmp_path, monkeypatch, tiny_ll
         assert (report / f"{name}.md").exists() and (report / f"{name}.csv").exists(), name
     for fig in ("huang/fig2", "huang/fig3", "metasd/convergence", "cascades/greedy"):
         assert (report / f"{fig}.png").exists(), fig
-    marks = re.findall(r"^- \*\*(held|not held|not judged)\*\*: ", text, re.M)
+    marks = re.findall(r"^- \*\*(held|not held|inconclusive|not judged)\*\*: ", text, re.M)
     assert len(marks) >= 15  # the tiny dry run has too few queries per cell to judge: mostly "not judged"
     # every step finished, so no verdict is set aside as read off a partial run
     assert "on the finished part" not in text
     # the index lists exactly the verdicts of the exhibit pages
     pages = [report / link for link in re.findall(r"^### \[[^\]]*\]\(([^)]+\.md)\)", text, re.M)]
     assert len(pages) == len(builders(CPU_LAYOUT))
-    assert sum(len(re.findall(r"^- \*\*(?:held|not held|not judged)\*\*: ", p.read_text(), re.M))
+    assert sum(len(re.findall(r"^- \*\*(?:held|not held|inconclusive|not judged)\*\*: ", p.read_text(), re.M))
                for p in pages) == len(marks)
 
     # a rerun decodes nothing: every step is skipped and the records are untouched

@@ -18,10 +18,11 @@ from typer.testing import CliRunner
 
 from specbench.cli import app
 from specbench.configs import conf_dir
-from specbench.drafters.eagle import EagleHead
-from specbench.drafters.head_files import save_head, vocab_fingerprint
 from specbench.errors import SpecbenchError
 from specbench.reproduction import heads as shipped_heads
+from specbench.drafters import small
+from specbench.drafters.head_files import vocab_fingerprint
+from tests.conftest import write_tiny_shipped
 from specbench.reproduction import plan, render
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
@@ -36,10 +37,7 @@ def heads(tmp_path, monkeypatch, tiny_llama_target):
     monkeypatch.setenv("SPECBENCH_CACHE", str(cache))
     monkeypatch.setenv("SPECBENCH_HEADS", str(cache / "drafters"))  # the pools' package: heads
     target = tiny_llama_target
-    for i, task in enumerate(["math", "summarization", "translation", "chat", "code", "general"]):
-        torch.manual_seed(i)
-        save_head(EagleHead(target.model, layers=1), None, cache / "drafters" / f"eagle_{task}",
-                  {"kind": "eagle", "target": "embedded:tiny_llama", "vocab": vocab_fingerprint(target.tokenizer)})
+    write_tiny_shipped(target, cache / "drafters")  # the pools' heads and small drafter
     return cache
 
 
@@ -59,7 +57,7 @@ STREAM = next(s for s in plan.CPU if s.run == "metasd/stream")
 # ---------------------------------------------------------------- #2: settings recorded, compared, --redo
 @needs_data
 def test_a_finished_step_is_not_reused_under_other_settings(tmp_path, monkeypatch, heads, caplog):
-    profile = mini(monkeypatch, [COLLECT, POLICY], **{"huang/math/collect": ("dataset.limit=6",),
+    profile = mini(monkeypatch, [COLLECT, POLICY], **{"huang/math/collect": ("dataset.limit=6", *plan.TINY_MATH_EXITS),
                                                       "train_policy": ("train.epochs=2", "train.val_fraction=0.5")})
     root = tmp_path / "rp"
     plan.run(root, profile=profile)
@@ -102,33 +100,35 @@ def test_a_finished_step_is_not_reused_under_other_settings(tmp_path, monkeypatc
 @needs_data
 def test_a_step_run_with_heads_rebuilt_since_is_not_reused_and_the_report_says_so(tmp_path, monkeypatch, heads,
                                                                                   tiny_llama_target):
-    profile = mini(monkeypatch, [COLLECT], **{"huang/math/collect": ("dataset.limit=4",)})
+    depth = plan.Step("huang", "collect", "huang/depth/collect", ("experiment=reproduce_huang_depth",))
+    profile = mini(monkeypatch, [depth], **{"huang/depth/collect": ("dataset.limit=4", *plan.TINY_EXITS)})
     root = tmp_path / "rp"
     plan.run(root, profile=profile)
-    done = json.loads((root / COLLECT.run / plan.DONE).read_text())
+    done = json.loads((root / depth.run / plan.DONE).read_text())
     used = shipped_heads.package_heads(done["settings"])
-    assert "eagle_math" in used and set(done["heads"]) == set(used) and all(done["heads"].values())
+    assert "small_general" in used and set(done["heads"]) == set(used) and all(done["heads"].values())
     assert shipped_heads.provenance_line(root) is None
-    before = done["heads"]["eagle_math"]
+    before = done["heads"]["small_general"]
 
-    torch.manual_seed(99)  # make specialists rebuilt one head: other weights under the same name
-    save_head(EagleHead(tiny_llama_target.model, layers=1), None, heads / "drafters" / "eagle_math",
-              {"kind": "eagle", "target": "embedded:tiny_llama", "vocab": vocab_fingerprint(tiny_llama_target.tokenizer)})
-    now = shipped_heads.weights_fingerprint("eagle_math")
+    # make small-drafter rebuilt it: other weights under the same name
+    small.save(small.SmallLM(tiny_llama_target, 1, torch.arange(1, tiny_llama_target.vocab_size, 2)),
+               heads / "drafters" / "small_general",
+               {"target": "embedded:tiny_llama", "vocab": vocab_fingerprint(tiny_llama_target.tokenizer)})
+    now = shipped_heads.weights_fingerprint("small_general")
     assert now != before
     line = shipped_heads.provenance_line(root)
-    assert line and "eagle_math" in line and COLLECT.run in line and "--redo" in line
+    assert line and "small_general" in line and depth.run in line and "--redo" in line
     assert line in render.write(root, allow_empty=True).joinpath("REPORT.md").read_text()
     with pytest.raises(SpecbenchError) as err:
         plan.run(root, profile=profile)
-    assert f"the shipped head eagle_math was rebuilt since ({before} -> {now})" in err.value.problem
+    assert f"the shipped head small_general was rebuilt since ({before} -> {now})" in err.value.problem
     plan.run(root, profile=profile, redo=True)
-    assert json.loads((root / COLLECT.run / plan.DONE).read_text())["heads"]["eagle_math"] == now
+    assert json.loads((root / depth.run / plan.DONE).read_text())["heads"]["small_general"] == now
     assert shipped_heads.provenance_line(root) is None
 
     # a marker from before heads were recorded: not trusted, and the report says how many
-    done = json.loads((root / COLLECT.run / plan.DONE).read_text())
-    (root / COLLECT.run / plan.DONE).write_text(json.dumps({k: v for k, v in done.items() if k != "heads"}))
+    done = json.loads((root / depth.run / plan.DONE).read_text())
+    (root / depth.run / plan.DONE).write_text(json.dumps({k: v for k, v in done.items() if k != "heads"}))
     assert "1 ran before specbench recorded head weights" in shipped_heads.provenance_line(root)
     with pytest.raises(SpecbenchError, match="records no head weights"):
         plan.run(root, profile=profile)
