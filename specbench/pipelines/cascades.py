@@ -47,7 +47,8 @@ NOTES = ("One row per (task, method). quality: corpus BLEU (translation), mean R
          "per-example ratios; paired: how many examples that pairs). rejection_rate = draft tokens the verifier rejected "
          "/ draft tokens it judged (accepted + rejected; tokens after a rejection are not judged): the paper's "
          "cost proxy. mat = new tokens per target forward (bonus token included). acceptance_rate = accepted / "
-         "drafted. deferral_rate = deferred / drafted positions (sd: 1 by definition). agreement_exact = share of "
+         "drafted. deferral_rate = deferred / drafted positions (sd: 1 by definition; the sequential cascade: positions the "
+         "target gave / (those + drafted positions)). agreement_exact = share of "
          "outputs equal to the autoregressive output; agreement_tokens = mean share of positions where they agree. "
          "drafter_alone: the drafter's own greedy generation (no target).")
 
@@ -206,7 +207,9 @@ def curves(examples: Iterable[dict], rounds: Iterable[dict]) -> pd.DataFrame:
                 "mat": speed.mat(int(m.new_tokens.sum()), int(m.target_calls.sum())) if method != ALONE
                 else float("nan"),
                 "acceptance_rate": speed.acceptance_rate(int(m.accepted.sum()), int(m.drafted.sum())),
-                "deferral_rate": speed.ratio(int(m.deferred.sum()), int(m.drafted.sum())),
+                # the sequential cascade counts the positions the target gave: a share of its output positions
+                "deferral_rate": (speed.ratio(int(m.deferred.sum()), int(m.deferred.sum() + m.drafted.sum()))
+                                  if rule == "sequential" else speed.ratio(int(m.deferred.sum()), int(m.drafted.sum()))),
                 "agreement_exact": sum(bool(a["exact"]) for a in agree) / len(agree) if agree else float("nan"),
                 "agreement_tokens": sum(a["tokens"] for a in agree) / len(agree) if agree else float("nan"),
                 "new_tokens": int(m.new_tokens.sum()), "seconds": float(m.seconds.sum()),

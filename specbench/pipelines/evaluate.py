@@ -37,8 +37,7 @@ def write_convergence(examples: list[dict], out: Path) -> None:
     import pandas as pd
 
     adaptive = {e["method"] for e in examples
-                if e["method"].removeprefix("again:") != AUTOREGRESSIVE
-                and not e["method"].removeprefix("again:").startswith("fixed:")}
+                if e["method"] != AUTOREGRESSIVE and not e["method"].startswith(("fixed:", "again:"))}
     if not adaptive:
         return
     conv = tables.convergence(read_jsonl(out / "rounds.jsonl"), tables.oracle_arms(pd.DataFrame(examples)))

@@ -116,13 +116,13 @@ def convergence(rounds: Iterable[dict], arms: dict[str, str]) -> pd.DataFrame:
     """Share of rounds, by round index, in which each adaptive selector played its task's oracle arm (for
     tree rounds: had its draft in the tree).
 
-    ``arms`` maps task -> oracle method (``fixed:<arm>``); fixed and autoregressive methods are left
-    out. Columns: method, round, share, n (rounds at that index).
+    ``arms`` maps task -> oracle method (``fixed:<arm>``); fixed and autoregressive methods (and their A/A
+    repeats, ``again:<method>``) are left out. Columns: method, round, share, n (rounds at that index).
     """
     df = pd.DataFrame(list(rounds))
     if df.empty or not arms:
         return pd.DataFrame(columns=["method", "round", "share", "n"])
-    df = df[~df.method.str.startswith("fixed:") & (df.method != BASELINE) & df.task.isin(arms)]
+    df = df[~df.method.str.startswith(("fixed:", "again:")) & (df.method != BASELINE) & df.task.isin(arms)]
     best = df.task.map(lambda t: arms[t].split(":", 1)[1])
     hit = df.arm == best
     if "members" in df:  # a tree round "played" its task's oracle arm when that arm's draft was in the tree

@@ -155,6 +155,11 @@ def cascade_verdicts(ex: pd.DataFrame, run: CascadeRun) -> list[V.Verdict]:
         sub = ex[ex.task == task]
         sub = sub.assign(_q=task_quality(sub, task))
         named = f"on {task}, {claim}"
+        target_q = sub[sub.method == "autoregressive"]._q
+        if target_q.notna().any() and not (target_q.fillna(0) != 0).any():
+            out.append(V.unpaired(named, f"the target scores 0 on {QUALITY[task][0]} on every query here, so the "
+                                         "target's quality line cannot tell one point from another", label))
+            continue
         spec = at_target_quality(sub, [m for m in methods if family(m) == SPECULATIVE])
         if not spec:
             out.append(V.Verdict(named, False, "no speculative-cascade point reaches the target's quality on these queries",
