@@ -75,7 +75,7 @@ def test_bad_cascade_input_is_named(tmp_path, override, message):
 
 @pytest.mark.parametrize("experiment, target, drafter", [
     ("cascades_cpu", "embedded:smollm2_135m", "quantized"),
-    ("cascades_cpu_local", "embedded:smollm2_135m", "quantized"),
+    ("cascades_cpu_local", "embedded:smollm2_135m", "small"),
     ("cascades_t5_wmt", "google-t5/t5-large", "t5_small"),
     ("cascades_t5_cnndm", "google-t5/t5-large", "t5_small"),
     ("cascades_t5_xsum", "sysresearch101/t5-large-finetuned-xsum", "t5_small"),

@@ -243,8 +243,8 @@ def test_the_planned_count_of_an_unfinished_eval(tmp_path):
         pytest.skip("../shared/data is not present")
     out = _stopped_eval(tmp_path, 2)
     cfg = OmegaConf.load(out / "config.yaml")
-    selectors = sum(str(m).startswith("selector:") for m in cfg.methods)
-    n_methods = 1 + len(cfg.pool.drafters) + selectors  # autoregressive, fixed:* and the experiment's selectors
+    selectors = sum(str(m).startswith(("selector:", "again:")) for m in cfg.methods)
+    n_methods = 1 + len(cfg.pool.drafters) + selectors  # autoregressive, fixed:*, the selectors and A/A repeats
     from specbench.reproduction.records import planned
 
     assert planned(out, "eval") == 5 * n_methods  # 5 tasks x 1 query (the tiny profile)
