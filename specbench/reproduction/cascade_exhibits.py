@@ -84,10 +84,9 @@ def cascades(root: Path, published: list[Published], lay: Layout, run: CascadeRu
                 f = sub[sub.family == fam]
                 if len(f):
                     ax.scatter(f.speedup, f.quality, color=color, s=18, label=fam)
-            for m, style in (("drafter_alone", "kx"),):
-                f = sub[sub.method == m]
-                if len(f):
-                    ax.plot(f.speedup, f.quality, style, markersize=9, label="drafter alone")
+            alone = sub[sub.method == "drafter_alone"]
+            if len(alone):
+                ax.plot(alone.speedup, alone.quality, "kx", markersize=9, label="drafter alone")
             ar = sub[sub.method == "autoregressive"]
             if len(ar):
                 ax.axhline(float(ar.quality.iloc[0]), color="k", ls=":", lw=1, label="target (autoregressive)")
@@ -134,8 +133,8 @@ def at_target_quality(ex: pd.DataFrame, methods: list[str]) -> list[tuple[float,
         a, b = p[m], p[AUTOREGRESSIVE]
         if a.empty or a._q.isna().all() or a._q.mean() < b._q.mean():
             continue
-        ratio = (b.seconds.sum() / b.new_tokens.sum()) / (a.seconds.sum() / a.new_tokens.sum())
-        out.append((float(ratio), m))
+        out.append((float(V.speed_ratio()({"a_s": a.seconds.to_numpy(float), "a_t": a.new_tokens.to_numpy(float),
+                                               "b_s": b.seconds.to_numpy(float), "b_t": b.new_tokens.to_numpy(float)})), m))
     return sorted(out, reverse=True)
 
 

@@ -265,29 +265,9 @@ class SmallTrainee(ModelTrainee):
             self.t2d[d2t] = torch.arange(len(d2t))
 
     def loss(self, batch, training: bool = True):
-        """``finetune.loss_of`` computed over the sub-vocabulary (no ``V``-wide rows): teacher mass and labels outside
-        it are left out, as the full-vocabulary loss (``-inf`` there) leaves them out."""
-        if self.t2d is None:
-            return super().loss(batch, training)
+        """``finetune.loss_of`` over the sub-vocabulary (no ``V``-wide rows)."""
         with autocast(self.precision, self.target.device):
-            exs = [Example(ids=it.ids, start=it.start) for it in batch]
-            kwargs, index, mask, labels = finetune._inputs(self.module, exs, self.pad)
-            sub = self.module(**kwargs, use_cache=False, full=False).logits
-            rows = torch.gather(sub, 1, index[..., None].expand(-1, -1, sub.shape[-1]))
-            logq = torch.log_softmax(rows.float(), dim=-1)
-            top_ids, top_p = finetune._padded_teacher(batch, logq.shape[1], logq.device)
-            t2d = self.t2d.to(logq.device)
-            if str(self.tr.loss) == "kl":
-                mapped = t2d[top_ids]
-                picked = torch.gather(logq, 2, mapped.clamp_min(0))
-                per_row = -(top_p * picked * (mapped >= 0)).sum(-1)
-            else:
-                mapped = t2d[labels]
-                per_row = -torch.gather(logq, 2, mapped.clamp_min(0)[..., None])[..., 0] * (mapped >= 0)
-            value = per_row[mask].mean()
-            with torch.no_grad():
-                top1 = float((logq.argmax(-1) == t2d[top_ids[..., 0]])[mask].float().mean())
-        return value, {"loss": float(value.detach()), "top1": top1}
+            return finetune.loss_of(self.module, batch, str(self.tr.loss), self.pad, self.target.vocab_size, self.t2d)
 
     def save(self, path: Path, meta: dict) -> None:
         from specbench.drafters.small import save

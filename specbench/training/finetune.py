@@ -71,10 +71,11 @@ def _inputs(model: nn.Module, exs: list[Example], pad: int) -> tuple[dict, torch
     return kwargs, index.to(device), row_mask.to(device), labels.to(device)
 
 
-def row_logits(model: nn.Module, exs: list[Example], pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(logits [B, R, V], row mask [B, R], next tokens [B, R])`` of a batch of sequences."""
+def row_logits(model: nn.Module, exs: list[Example], pad: int, **forward) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(logits [B, R, V], row mask [B, R], next tokens [B, R])`` of a batch of sequences (``forward``: more
+    keywords for the model, e.g. ``full=False`` for a small drafter's sub-vocabulary rows)."""
     kwargs, index, row_mask, labels = _inputs(model, exs, pad)
-    logits = model(**kwargs, use_cache=False).logits
+    logits = model(**kwargs, use_cache=False, **forward).logits
     picked = torch.gather(logits, 1, index[..., None].expand(-1, -1, logits.shape[-1]))
     return picked, row_mask, labels
 
@@ -105,21 +106,28 @@ def _padded_teacher(batch: list[Rows], width: int, device) -> tuple[torch.Tensor
     return ids.to(device), p.to(device)
 
 
-def loss_of(model: nn.Module, batch: list[Rows], loss: str, pad: int, vocab_size: int) -> tuple[torch.Tensor, dict]:
-    """Mean loss over the rows of a batch, and its statistics (``top1``: argmax agreement with the target's)."""
+def loss_of(model: nn.Module, batch: list[Rows], loss: str, pad: int, vocab_size: int,
+            t2d: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+    """Mean loss over the rows of a batch, and its statistics (``top1``: argmax agreement with the target's).
+
+    ``t2d`` (target id -> draft sub-vocabulary index, -1 outside it): the model scores its sub-vocabulary only
+    (``full=False``, no ``V``-wide rows), and the teacher's ids are mapped into it. Either way, teacher mass and
+    labels outside what the model scores (-inf, or -1) are left out."""
     if loss not in LOSSES:
         raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
     exs = [Example(ids=it.ids, start=it.start) for it in batch]
-    logits, mask, labels = row_logits(model, exs, pad)
-    logq = torch.log_softmax(logits[..., :vocab_size].float(), dim=-1)
+    logits, mask, labels = row_logits(model, exs, pad, **({"full": False} if t2d is not None else {}))
+    logq = torch.log_softmax((logits if t2d is not None else logits[..., :vocab_size]).float(), dim=-1)
     top_ids, top_p = _padded_teacher(batch, logits.shape[1], logits.device)
+    if t2d is not None:
+        t2d = t2d.to(logq.device)
+        top_ids, labels = t2d[top_ids], t2d[labels]
     if loss == "kl":
-        # a drafter with a draft sub-vocabulary (``small``) gives -inf outside it: teacher mass there is left out
-        picked = torch.gather(logq, 2, top_ids)
-        per_row = -(top_p * picked.masked_fill(torch.isinf(picked), 0.0)).sum(-1)
+        picked = torch.gather(logq, 2, top_ids.clamp_min(0))
+        per_row = -(top_p * picked.masked_fill(torch.isinf(picked) | (top_ids < 0), 0.0)).sum(-1)
     else:
-        picked = torch.gather(logq, 2, labels[..., None])[..., 0]
-        per_row = -picked.masked_fill(torch.isinf(picked), 0.0)
+        picked = torch.gather(logq, 2, labels.clamp_min(0)[..., None])[..., 0]
+        per_row = -picked.masked_fill(torch.isinf(picked) | (labels < 0), 0.0)
     value = per_row[mask].mean()
     with torch.no_grad():
         top1 = float((logq.argmax(-1) == top_ids[..., 0])[mask].float().mean())
