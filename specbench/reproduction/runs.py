@@ -133,11 +133,12 @@ METASD_MULTILINGUAL = {lang: Run(f"metasd/multilingual/{lang}", "eval",
                        for lang, name in LANGUAGES.items()}
 
 # ---------------------------------------------------------------- speculative cascades
-# CPU: quality vs speed, greedy and at temperature 1; paper: each of the paper's task / model pairs
+# CPU: quality vs speed, greedy and at temperature 1 (one point per rule: 16 queries cannot separate sampled quality
+# finely); paper: each of the paper's task / model pairs
 CASCADES_GREEDY = Run("cascades/greedy", "cascades", {"cpu": ("experiment=cascades_cpu_local",)})
 CASCADES_SAMPLING = Run("cascades/sampling", "cascades", {"cpu": (
     "experiment=cascades_cpu_local", "decoding=sampling", "decoding.temperature=1.0",
-    "rules=[chow,opt,token_v3,lossy_sd,sequential]")})
+    "rules=[token_v3,lossy_sd,sequential]", "alphas.token_v3=[0.6]", "alphas.lossy_sd=[0.5]", "alphas.sequential=[0.6]")})
 PAPER_CASCADES = ("t5_wmt", "t5_xsum", "t5_cnndm", "gemma_gsm8k", "gemma27b_gsm8k")  # conf/experiment/cascades_<name>.yaml
 CASCADES_PAPER = {name: Run(f"cascades/{name}", "cascades", {"paper": (f"experiment=cascades_{name}",)})
                   for name in PAPER_CASCADES}
