@@ -19,7 +19,7 @@ TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
 .PHONY: install demo readme-demo trees-cpu trace-mixed test test-slow test-all bench clean metasd-cpu huang-cpu \
-	cascades-cpu specialist-data specialist-levers specialists ship-heads small-drafter specialists-eval draft-confidence reproduce-cpu report paper-dry-run paper-drafters \
+	cascades-cpu huang-fig3 specialist-data specialist-levers specialists ship-heads small-drafter specialists-eval draft-confidence reproduce-cpu report paper-dry-run paper-drafters \
 	reproduce-paper
 
 install: $(ENVIRONMENT)
@@ -86,6 +86,20 @@ clean:
 # cascades-cpu (speculative cascades, greedy and at temperature 1).
 huang-cpu metasd-cpu cascades-cpu: install
 	$(SPECBENCH) reproduce --root $(REPRO) --paper $(@:-cpu=)$(if $(REDO), --redo)
+
+# Huang et al. Fig. 3 with 1,000+ training queries (outside the 90-minute plan: about 30 minutes on 2 CPUs; resumable):
+# one greedy acceptance trace of the two heads on 1,332 held-out queries (conf/experiment/huang_fig3_cpu.yaml), a
+# collection that replays every arm from it (collect.trace), and the policy's data-efficiency sweep. The report's
+# Fig. 3 reads it from $(REPRO)/huang/fig3 when it is there.
+FIG3 = $(REPRO)/huang/fig3
+huang-fig3: install
+	$(SPECBENCH) trace experiment=huang_fig3_cpu 'trace.costs.contexts=[64,256,512]' 'trace.costs.catch_up=[1,4,16]' \
+		hydra.run.dir=$(FIG3)/trace
+	$(SPECBENCH) collect experiment=huang_fig3_cpu collect.trace=$(FIG3)/trace collect.max_new_tokens=16 \
+		hydra.run.dir=$(FIG3)/collect
+	$(SPECBENCH) train-policy data=$(FIG3)/collect reward.source=proxy reward.alpha=0.5 reward.cost=params \
+		reward.alignment=acceptance 'train.arms=[eagle_translation,eagle_summarization]' \
+		'sweep.n_examples=[10,30,100,300,1000]' hydra.run.dir=$(FIG3)/policy
 
 # THREADS=1 when other jobs share the CPU (the targets below pass threads=$(THREADS) on).
 THREADS ?= null
@@ -189,9 +203,10 @@ reproduce-cpu: install
 	$(SPECBENCH) reproduce --root $(REPRO)$(if $(REDO), --redo)
 
 # Rebuild the report from the runs, copy it to docs/reproduction and write its index into the README
-# (between the generated-report markers of "Measured results").
+# (between the generated-report markers of "Measured results"); the long-horizon replays of `make trace-mixed`
+# ($(LONG_OUT)) join it when they exist.
 report: install
-	$(SPECBENCH) report $(REPRO) --publish docs/reproduction --readme README.md
+	$(SPECBENCH) report $(REPRO) --publish docs/reproduction --readme README.md$(if $(wildcard $(LONG_OUT)/verdicts_data.json), --long-horizon $(LONG_OUT))
 
 # ---------------------------------------------------------------------------------------------------
 # Paper scale: every paper-scale experiment (conf/experiment/, README "Paper-scale experiments"). Needs a

@@ -24,7 +24,36 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 HYDRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": ["--help"]}
 # OSError numbers that mean "this path cannot be written (or read) here": a read-only directory or file
 # system, a full disk, a file where a directory should be
-PATH_ERRORS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR)
+PATH_ERRORS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR, errno.ENOENT,
+               errno.EISDIR)
+FULL = (errno.ENOSPC, errno.EDQUOT)
+RESUME = "then rerun the same command: it resumes from its records (what was written is kept whole)"
+
+
+def os_failure(exc: BaseException, elsewhere: str) -> SpecbenchError | None:
+    """The error/fix lines of a failed file operation, wherever it happened (one mapping for every command): a
+    full disk or quota (``write()`` errors carry no file name, and ``torch.save`` wraps ENOSPC in a RuntimeError
+    about an "unexpected pos"), or a path that cannot be written or read (``elsewhere``: how to write the run to
+    another place). None: not a file-system failure."""
+    seen, e = set(), exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in FULL:
+            where = f" writing {e.filename}" if e.filename else ""
+            return SpecbenchError(f"no space left on the device{where} ({e.strerror or 'disk full or quota reached'})",
+                                  f"free some space (or raise the quota), {RESUME}; or {elsewhere}")
+        if isinstance(e, RuntimeError) and ("unexpected pos" in str(e) or "file write failed" in str(e)):
+            return SpecbenchError(f"a checkpoint write failed ({str(e).splitlines()[0][:160]}): the disk is most "
+                                  "likely full", f"free some space, {RESUME}; or {elsewhere}")
+        if isinstance(e, OSError) and e.errno == errno.EEXIST and e.filename and Path(e.filename).exists() \
+                and not Path(e.filename).is_dir():  # mkdir(exist_ok=True) on a file
+            return SpecbenchError(f"{e.filename} is a file, not a directory", elsewhere)
+        if isinstance(e, OSError) and e.errno in PATH_ERRORS and e.filename:
+            return SpecbenchError(f"{e.strerror}: {e.filename}",
+                                  f"check that path (permissions, a file where a directory should be, a missing "
+                                  f"parent), or {elsewhere}")
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def _fail(exc: SpecbenchError) -> None:
@@ -65,8 +94,8 @@ def hydra_run(config_name: str, pipeline, args: list[str]) -> None:
                 _fail_or_raise(exc, config_name)
 
     argv = sys.argv
-    sys.argv = [f"specbench {config_name}", *hydra_overrides(args)]
     try:
+        sys.argv = [f"specbench {config_name}", *hydra_overrides(args)]
         with _hydra_raises():
             _main()
     except Exception as exc:  # noqa: BLE001 - Hydra's composition errors, an unwritable run directory
@@ -88,10 +117,9 @@ def _fail_or_raise(exc: Exception, config_name: str) -> None:
         _fail(SpecbenchError(f"{exc.filename} is a file, not a directory",
                              "write the run elsewhere: hydra.run.dir=<a directory> (a new one, or one of "
                              "this command's run directories)"))
-    if isinstance(exc, OSError) and exc.errno in PATH_ERRORS and exc.filename:
-        _fail(SpecbenchError(f"{exc.strerror}: {exc.filename}",
-                             "check that path (permissions, free space, a file where a directory should be), or "
-                             "write the run elsewhere: hydra.run.dir=<a writable directory>"))
+    mapped = os_failure(exc, "write the run elsewhere: hydra.run.dir=<a writable directory>")
+    if mapped is not None:
+        _fail(mapped)
     raise exc
 
 
@@ -204,7 +232,7 @@ def merge(sources: list[str] = typer.Argument(..., help="collect output director
     except SpecbenchError as exc:
         _fail(exc)
     except OSError as exc:  # a write that fails late: full disk, a read-only mount seen only by writes
-        if exc.errno not in PATH_ERRORS + (errno.EEXIST,):
+        if exc.errno not in PATH_ERRORS + FULL + (errno.EEXIST,):
             raise
         _fail(SpecbenchError(f"cannot write the merged rows into {out}: {exc.strerror}"
                              + (f": {exc.filename}" if exc.filename else ""),
@@ -252,7 +280,10 @@ def report(root: str = typer.Argument("outputs/reproduce", help="the root that `
            layout: str = typer.Option(None, "--layout",
                                       help="cpu | paper (default: the one `specbench reproduce` recorded in ROOT)"),
            readme: str = typer.Option(None, "--readme", help="with --publish: also write the report's index into this "
-                                                             "file, between its generated-report markers")) -> None:
+                                                             "file, between its generated-report markers"),
+           long_horizon: str = typer.Option(None, "--long-horizon",
+                                            help="the long-horizon replays of `make trace-mixed` (outputs/long_horizon): "
+                                                 "their verdicts join the report")) -> None:
     """Each paper's tables and figures from the run directories under ROOT, published numbers beside ours,
     and each claim checked (REPORT.md)."""
     from specbench.reproduction import render
@@ -261,7 +292,7 @@ def report(root: str = typer.Argument("outputs/reproduce", help="the root that `
         if readme and not publish:
             raise SpecbenchError("--readme needs --publish (the README links the published copy)",
                                  "add --publish docs/reproduction")
-        path = render.write(root, out, layout)
+        path = render.write(root, out, layout, long_horizon=long_horizon)
         if publish:
             typer.echo(f"published: {render.publish(path, publish)}")
         if readme:
@@ -269,6 +300,11 @@ def report(root: str = typer.Argument("outputs/reproduce", help="the root that `
             typer.echo(f"included in: {render.include_in_readme(path, Path(readme), links)}")
     except SpecbenchError as exc:
         _fail(exc)
+    except OSError as exc:  # an unwritable --out / --publish, a file where a directory must go, a full disk
+        mapped = os_failure(exc, "write the report elsewhere: --out <a writable directory>")
+        if mapped is None:
+            raise
+        _fail(mapped)
 
 
 @app.command("reproduce", context_settings=HYDRA_ARGS)
@@ -293,12 +329,11 @@ def reproduce(ctx: typer.Context,
                  questions=questions or plan.QUESTIONS, redo=redo)
     except SpecbenchError as exc:
         _fail(exc)
-    except OSError as exc:
-        if exc.errno in PATH_ERRORS and exc.filename:
-            _fail(SpecbenchError(f"{exc.strerror}: {exc.filename}",
-                                 "check that path (permissions, free space, a file where a directory should be), or "
-                                 "write the runs elsewhere: --root <a writable directory>"))
-        raise
+    except (OSError, RuntimeError) as exc:
+        mapped = os_failure(exc, "write the runs elsewhere: --root <a writable directory>")
+        if mapped is None:
+            raise
+        _fail(mapped)
 
 
 def main() -> None:

@@ -54,10 +54,29 @@ def config_help(config_name: str, experiments: bool = False) -> str:
             + "\n".join(f"  {line}" for line in lines) + "\n\n" + keys)
 
 
+EXPERIMENT = re.compile(r"^\+{0,2}experiment=")
+
+
 def hydra_overrides(overrides) -> list[str]:
     """Command-line overrides as Hydra takes them: ``+experiment=NAME`` (the spelling of presets before the root
-    configs listed ``experiment: null`` in their defaults) becomes ``experiment=NAME``, so both select the preset."""
-    return [re.sub(r"^\+{1,2}experiment=", "experiment=", str(o)) for o in overrides]
+    configs listed ``experiment: null`` in their defaults) becomes ``experiment=NAME``, so both select the preset;
+    ``experiment=null`` (every root's default) is dropped. Two experiments are refused: Hydra would keep the last
+    without a word."""
+    out, chosen = [], []
+    for o in map(str, overrides):
+        if EXPERIMENT.match(o):
+            name = EXPERIMENT.sub("", o)
+            if name in ("null", "None", ""):
+                continue
+            chosen.append(name)
+            o = f"experiment={name}"
+        out.append(o)
+    if len(chosen) > 1:
+        raise SpecbenchError(f"{len(chosen)} experiments given ({', '.join(chosen)}): a run takes one preset, and "
+                             "Hydra would keep only the last without a word",
+                             f"keep one experiment=NAME and give the other's settings as overrides (conf/experiment/"
+                             f"{chosen[0]}.yaml shows them)")
+    return out
 
 
 _COMMANDS_HEADER = re.compile(r"#\s*@commands\s+(\S+)")

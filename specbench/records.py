@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -184,10 +185,20 @@ def atomic_path(path: Path):
     tmp = Path(name)
     try:
         yield tmp
+        if tmp.exists():  # mkstemp makes it 0600: give the mode a plain write under the user's umask gives
+            os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+@functools.cache
+def current_umask() -> int:
+    """The process's umask (read once, by setting it and back: the only portable way)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_text(path: Path, text: str, encoding: str = "utf-8") -> None:

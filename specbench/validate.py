@@ -80,6 +80,8 @@ def one_or_list(item: Rule, null: bool = False) -> Rule:
     return Rule(lambda v: item.ok(v) or many.ok(v), f"{item.expect} or {many.expect}", null)
 
 
+MAX_TIE_TOLERANCE = 8.0  # logits: 8x the largest bf16 rounding gap measured on SmolLM2 (profile.rounding)
+
 SEED = integer(0)
 COUNT = integer(1)
 PATH = text(null=True)
@@ -136,6 +138,13 @@ SCHEMA: dict[str, Rule] = {
     "target.device": text(null=True),
     "target.layers_key": text(),
     "target.head_scale": number(low=0, low_open=True),
+    "target.context_limit": integer(1, null=True, note=" (positions, for models whose config sets no hard limit)"),
+    # the largest logit gap a bf16/fp32 rounding can make, per dtype: forks within it are ties, beyond it defects
+    "target.tie_tolerance": Rule(lambda v: isinstance(v, dict), "a mapping of dtype to tolerance",
+                                 null=True, note=" (e.g. {float32: 1.0e-4, bfloat16: 1.0})"),
+    "target.tie_tolerance.*": number(0, MAX_TIE_TOLERANCE, low_open=True, null=True,
+                                     note=" (logit units; `specbench profile` measures it: about 1 in bf16, 1e-4 in "
+                                          "fp32; a larger one would call real defects ties)"),
     "target.prompt.style": text(),
     "target.prompt.templates": text(),
     "target.prompt.system": text(null=True),
@@ -196,6 +205,7 @@ SCHEMA: dict[str, Rule] = {
     "collect.max_new_tokens": integer(1, null=True, note=" (null: decoding.max_new_tokens)"),
     "collect.alignment": text(),
     "collect.measure_speculative": boolean(),
+    "collect.trace": text(null=True),
     "collect.shard": integer(0),
     "collect.num_shards": COUNT,
     "collect.overwrite": boolean(),

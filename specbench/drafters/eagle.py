@@ -33,6 +33,7 @@ from transformers import DynamicCache
 
 from specbench.decoding.drafter import Draft, Drafter, DecodeContext, Verification, draft_ends
 from specbench.drafters.head_files import load_state, read_meta, resolve_checkpoint, vocab_fingerprint
+from specbench.drafters import shipped
 from specbench.drafters.base import check_confidence_threshold
 from specbench.decoding.sampling import logits_to_probs, pick
 from specbench.decoding.verify import block_divergence
@@ -99,7 +100,9 @@ def load_head(checkpoint: str, target: Target, make_target: str | None = None, d
         raise SpecbenchError(
             f"draft head {path} was trained for target '{mine.get('target')}', whose vocabulary differs from "
             f"this target's ('{target.loaded.name}')",
-            f"use a head trained for {target.loaded.name} (specbench train-drafter target=...), or that target")
+            shipped.other_target_fix(str(checkpoint), target.loaded.name,
+                                     f"use a head trained for {target.loaded.name} (specbench train-drafter target=...), "
+                                     "or that target"))
     state = load_state(path)
     layer_ids = {int(k.split(".")[1]) for k in state if k.startswith("layers.")}
     if "fc.weight" not in state or not layer_ids:

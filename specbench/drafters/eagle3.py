@@ -284,7 +284,14 @@ def load_eagle3(checkpoint: str, target: Target, make_target: str | None = None,
     """``(Eagle3Head, d2t (absolute target ids) | None, aux_layer_ids)`` from an EAGLE-3 or speculators
     eagle3 checkpoint (directory or hub id), checked against ``target``; the head in ``dtype`` (None: the
     target's). ``aux_layers`` overrides the checkpoint's aux layer ids."""
-    path = resolve_checkpoint(checkpoint, make_target)
+    try:
+        path = resolve_checkpoint(checkpoint, make_target)
+    except SpecbenchError as exc:
+        if make_target or "train-drafter" not in exc.fix:
+            raise
+        raise SpecbenchError(exc.problem, "point checkpoint at an EAGLE-3 head: a directory or hub id of an EAGLE-3 or "
+                                          "speculators eagle3 checkpoint (specbench train-drafter makes EAGLE-1 heads, "
+                                          "drafter=eagle)") from None
     config = _read_config(path)
     state = load_state(path)
     layout, layer = _layout(path, config, state)

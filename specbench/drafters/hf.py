@@ -76,5 +76,14 @@ def build(target: Target, name: str, model: str, dtype: str | None = None, devic
     if cost is None:
         cost = param_count(loaded.model) / param_count(target.model)
     drafter = ModelDrafter(name, loaded.model, target.vocab_size, cost, confidence_threshold)
-    drafter.fingerprint = files_fingerprint(local)  # a local / cache: checkpoint; resumes check it (run_records.Records)
+    # a local / cache: checkpoint by its files; a hub model by the snapshot it resolved to (a moved branch is another
+    # model); resumes check it (run_records.Records)
+    drafter.fingerprint = files_fingerprint(local) or hub_fingerprint(model, loaded.model)
     return drafter
+
+
+def hub_fingerprint(model: str, module) -> str | None:
+    """``<hub id>@<commit>`` of a model loaded from the hub (``config._commit_hash``, set by ``from_pretrained``);
+    None for an embedded model (fixed by name) or one loaded without a commit."""
+    commit = getattr(getattr(module, "config", None), "_commit_hash", None)
+    return f"{model}@{commit}" if commit and not str(model).startswith("embedded:") else None

@@ -15,6 +15,7 @@ use today, so a stale head is caught. A user's own heads stay in ``$SPECBENCH_CA
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import shutil
@@ -33,12 +34,29 @@ RECIPE = "recipe.json"
 SHIPPED_DTYPE = torch.bfloat16
 
 
+# The heads the make targets ship (make specialists, make small-drafter): a missing one of these is rebuilt by its
+# target; any other name is a typo.
+SHIPPED_NAMES = ("eagle_chat", "eagle_code", "eagle_general", "eagle_math", "eagle_summarization", "eagle_translation",
+                 "small_general")
+
+
 def heads_dir() -> Path:
     """Where ``package:`` heads are read from: ``$SPECBENCH_HEADS`` when set (a directory of heads, e.g. a
     set trained for another target), else ``specbench/heads`` of the installed package."""
     if os.environ.get("SPECBENCH_HEADS"):
         return Path(os.environ["SPECBENCH_HEADS"]).expanduser()
     return Path(str(resources.files("specbench"))) / "heads"
+
+
+def other_target_fix(checkpoint: str, target: str, default: str) -> str:
+    """The fix for a head trained for another target: for a ``package:`` head, where package heads are read from
+    (training one into the cache cannot help there); else ``default``."""
+    if not str(checkpoint).startswith(PREFIX):
+        return default
+    env = os.environ.get("SPECBENCH_HEADS")
+    where = f"$SPECBENCH_HEADS={env}" if env else "the heads shipped with specbench (SmolLM2-135M's)"
+    return (f"{checkpoint} is read from {where}: point SPECBENCH_HEADS at a directory of heads trained for {target} "
+            "under the same names (as tests/conftest.py's write_tiny_shipped makes them), or use that target")
 
 
 def shipped_names() -> list[str]:
@@ -51,7 +69,19 @@ def resolve_package(name: str, make_target: str | None = None) -> Path:
     entry = name[len(PREFIX):]
     path = heads_dir() / entry
     if not (path / "config.json").exists():
-        have = ", ".join(PREFIX + n for n in shipped_names()) or "none"
+        names = shipped_names()
+        have = ", ".join(PREFIX + n for n in names) or "none"
+        env = os.environ.get("SPECBENCH_HEADS")
+        if env:  # the variable points elsewhere: rebuilding the package's heads would not help (issue 34)
+            where = (f"$SPECBENCH_HEADS={env}" + ("" if heads_dir().is_dir() else " (no such directory)"))
+            raise SpecbenchError(f"shipped draft head {name} not found in {where}; heads there: {have}",
+                                 "unset SPECBENCH_HEADS to read the heads shipped with specbench, or point it at a "
+                                 f"directory that holds {entry}/config.json"
+                                 + (f", or use one of: {have}" if names else ""))
+        if entry not in SHIPPED_NAMES and names:  # a mistyped name: rebuilding would not make it either
+            close = difflib.get_close_matches(entry, names, n=1)
+            raise SpecbenchError(f"no shipped draft head {name} (shipped: {have})",
+                                 f"use one of them{f' (did you mean {PREFIX}{close[0]}?)' if close else ''}")
         fix = (f"rebuild it with `{make_target}` (it ships the heads it trains)" if make_target
                else "train one with `specbench train-drafter` (checkpoint=cache:drafters/<name>)")
         raise SpecbenchError(f"shipped draft head {name} not found in {heads_dir()} (shipped: {have})", fix)

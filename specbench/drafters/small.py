@@ -25,6 +25,7 @@ from torch import nn
 
 from specbench.drafters.base import ModelDrafter
 from specbench.drafters.early_exit import truncated_model
+from specbench.drafters import shipped
 from specbench.drafters.eagle import HeadLogits
 from specbench.drafters.head_files import (CONFIG_FILE, WEIGHTS_FILE, load_state, read_meta, resolve_checkpoint,
                                            vocab_fingerprint)
@@ -147,7 +148,9 @@ def load(checkpoint: str, target: Target, make_target: str | None = None, layers
                                                        "`specbench train-drafter drafter.kind=small`")
     if meta.get("vocab") and meta["vocab"] != vocab_fingerprint(target.tokenizer):
         raise SpecbenchError(f"small drafter {path} was trained for target '{meta.get('target')}', whose vocabulary "
-                             f"differs from this target's", "use a small drafter trained for this target")
+                             f"differs from this target's",
+                             shipped.other_target_fix(str(checkpoint), target.loaded.name,
+                                                      "use a small drafter trained for this target"))
     state = load_state(path)
     d2t = state.get("d2t")
     model = SmallLM(target, int(meta["layers"]), None if d2t is None else d2t.long().to(target.device), layers_key,

@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specbench.errors import SpecbenchError
 from specbench.models.devices import DTYPE_KW
+from specbench.records import current_umask
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,7 @@ def smollm2_dir() -> Path:
     try:
         log.info("converting %s to safetensors in %s (once; ~20 s)", SMOLLM2_GGUF, out)
         convert_smollm2(pkg_dir, tmp)
+        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it 0700: a group-shared cache stays readable
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)  # atomic: an interrupted conversion never leaves a half-written cache

@@ -259,10 +259,18 @@ def unjudged_tasks(table: pd.DataFrame) -> list[str]:
 
 def closing_note(best: pd.DataFrame, table: pd.DataFrame | None = None) -> str:
     """One line per task: the best rule's speedup at a quality loss within tolerance of lossless SD; with
-    ``table``, a line naming the tasks that could not be judged (no autoregressive baseline yet)."""
+    ``table``, a line naming the tasks that could not be judged and why: no autoregressive generation of the task
+    finished yet, or (a resumed run) its autoregressive runs were timed in another process than its SD runs, and
+    speedups pair only within one process."""
     skipped = unjudged_tasks(table) if table is not None else []
-    tail = (f"\n- not judged (no autoregressive generation of the task finished, so no speedup): "
-            f"{', '.join(skipped)}." if skipped else "")
+    have_base = set(table[table.method == AUTOREGRESSIVE].task) if table is not None and not table.empty else set()
+    unpaired, none = [t for t in skipped if t in have_base], [t for t in skipped if t not in have_base]
+    tail = "".join([
+        f"\n- not judged (no autoregressive generation of the task finished, so no speedup): {', '.join(none)}."
+        if none else "",
+        f"\n- not judged (its autoregressive runs finished in another process than its SD runs, a resumed run, and "
+        f"speedups pair only within one process): {', '.join(unpaired)}; rerun into a new directory for a speedup."
+        if unpaired else ""])
     if best.empty:
         return "No rule stayed within the quality tolerance of lossless SD (or no task has a quality metric)." + tail
     lines = []

@@ -12,7 +12,10 @@ Per query (one row, appended as soon as it is finished):
   to the target's);
 - with ``collect.measure_speculative``: a real speculative run per arm (``spec``: seconds, target
   calls, drafted and accepted tokens, MAT, speedup over the autoregressive run of the same query,
-  exact match); ``train-policy reward.alignment=acceptance`` scores arms by accepted / drafted.
+  exact match); ``train-policy reward.alignment=acceptance`` scores arms by accepted / drafted;
+- with ``collect.trace=<a specbench trace run of the same queries>``: nothing is decoded but the prompt's
+  embedding; the autoregressive and speculative runs are replayed from the trace (``traced.py``: exact arms and
+  acceptance, predicted times, ``spec.replayed``), and no standalone output is collected.
 
 Raw scores are kept (not a combined reward), so ``train-policy`` can change alpha, the cost kind
 and the arm set without collecting again. A rerun into the same directory skips finished queries
@@ -38,6 +41,7 @@ from specbench.pipelines.collected import SIGNATURE_FILE, read_rows, rows_file, 
 from specbench.pipelines.run_dir import RunFiles
 from specbench.pipelines.session import Session
 from specbench.pipelines.schedule import rotation
+from specbench.pipelines.traced import TracedRuns
 from specbench.records import JsonlWriter, read_jsonl
 from specbench.tasks import metrics
 
@@ -58,8 +62,11 @@ def alignment(metric: str, drafter_text: str, target_text: str) -> float:
     raise SpecbenchError(f"unknown alignment metric '{metric}'", f"set collect.alignment to one of: {', '.join(ALIGNMENTS)}")
 
 
-def spec_summary(gen: Generation, ar: Generation) -> dict:
-    return {"seconds": gen.seconds, "target_calls": gen.target_calls, "new_tokens": len(gen.tokens),
+def spec_summary(gen: Generation, ar: Generation, replayed: bool = False) -> dict:
+    """An arm's speculative run of a query against the autoregressive one (``replayed``: from a trace, its times
+    predicted)."""
+    return {**({"replayed": True} if replayed else {}),
+            "seconds": gen.seconds, "target_calls": gen.target_calls, "new_tokens": len(gen.tokens),
             "drafted": gen.drafted, "accepted": gen.accepted,
             "mat": speed.mat(len(gen.tokens), max(gen.target_calls, 1)),
             "speedup": ar.seconds / gen.seconds if gen.seconds else None, "exact_match": gen.tokens == ar.tokens}
@@ -82,20 +89,29 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     pooling = str(cfg.embedding.pooling)
     arms = list(s.pool)
     drafters = [a for a in arms if a != AUTOREGRESSIVE]
+    traced = None
+    if col.get("trace"):  # replay instead of decoding: greedy only (the trace's output and drafts are greedy)
+        if not s.sampling.greedy:
+            raise SpecbenchError(f"collect.trace replays greedy runs; this collection samples at temperature "
+                                 f"{s.sampling.temperature:g}", "collect with decoding=greedy, or without collect.trace")
+        traced = TracedRuns(col.trace, cfg, arms, limits)
+    measured = bool(col.measure_speculative) or traced is not None
     mine = [(i, q) for i, q in enumerate(s.queries) if i % num_shards == shard]
     path = s.out / rows_file(shard, num_shards)
+    fingerprints = s.drafter_fingerprints()
+    check_drafters(path, fingerprints, bool(col.overwrite))
     done = {r["query_id"] for r in read_jsonl(path)}
     todo = [(i, q) for i, q in mine if q.id not in done]
     if done:
         log.info("resuming: %d of %d queries already collected in %s", len(mine) - len(todo), len(mine), path)
 
     # A drafter's own greedy output: its module as the target of the one decode loop, autoregressive arm.
-    alone = {a: s.alone(a) for a in drafters if s.pool[a].can_generate_alone}
+    alone = {a: s.alone(a) for a in drafters if s.pool[a].can_generate_alone and traced is None}
 
     def speculative(arm: str, prompt_ids: list[int], seed: int, lim: Limits = limits) -> Generation:
         return s.decode(s.fixed(arm), prompt_ids, s.rng(seed=seed), limits=lim)
 
-    if todo:
+    if todo and traced is None:
         s.warm_up(lambda prompt, lim, rng, a=a: speculative(a, prompt, 0, lim) for a in arms)
 
     with JsonlWriter(path) as writer:
@@ -104,8 +120,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
             seed = int(cfg.seed) * 1_000_003 + index
             embedding = s.target.embed(prompt_ids, pooling)
             own: dict[str, Generation] = {}
-            spec: dict[str, Generation] = {}
-            for ai in rotation(len(arms), index):  # every timed generation of the query, rotated like eval
+            spec: dict[str, Generation] = traced.generations(query, prompt_ids) if traced is not None else {}
+            for ai in rotation(len(arms), index) if traced is None else ():  # every timed generation, rotated like eval
                 arm = arms[ai]
                 if arm == AUTOREGRESSIVE:
                     spec[arm] = speculative(arm, prompt_ids, seed)
@@ -120,7 +136,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
             row_arms: dict[str, dict] = {AUTOREGRESSIVE: {
                 "standalone": True, "alignment": 1.0, "cost_params": 1.0, "cost_measured": 1.0,
                 "seconds": ar.seconds, "new_tokens": len(ar.tokens),
-                **({"spec": spec_summary(ar, ar)} if col.measure_speculative else {})}}
+                **({"spec": spec_summary(ar, ar, traced is not None)} if measured else {})}}
             for arm in drafters:
                 rec: dict = {"standalone": arm in alone, "cost_params": float(s.pool[arm].cost)}
                 if arm in own:
@@ -131,19 +147,36 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                                if target_spt else None)
                 else:
                     rec.update(alignment=None, cost_measured=None)
-                if col.measure_speculative:
-                    rec["spec"] = spec_summary(spec[arm], ar)
+                if measured:
+                    rec["spec"] = spec_summary(spec[arm], ar, traced is not None)
                 row_arms[arm] = rec
             writer.write({"query_id": query.id, "fingerprint": query.fingerprint(), "task": query.task,
                           "index": index, "shard": shard,
                           "prompt_tokens": len(prompt_ids), "reference": query.reference,
                           "target": {"text": target_text, "tokens": ar.tokens, "seconds": ar.seconds},
                           "embedding_dim": int(embedding.numel()), "embedding": embedding.tolist(),
-                          "arms": row_arms})
+                          "arms": row_arms, "drafters": fingerprints})
     rows = read_rows([path])
     log.info("%d rows in %s", len(rows), path)
     print_collect_summary(rows, arms)
     return s.out
+
+
+def check_drafters(path: Path, fingerprints: dict[str, str], overwrite: bool = False) -> None:
+    """Refuse to resume rows collected with other drafter checkpoints (a head rebuilt in place under the same name:
+    issue 34) than this run's, or with ``overwrite`` delete them; rows from before rows carried fingerprints are
+    not checked."""
+    changed = sorted({a for r in read_jsonl(path) if r.get("drafters") is not None
+                      for a in set(r["drafters"]) | set(fingerprints) if r["drafters"].get(a) != fingerprints.get(a)})
+    if changed and overwrite:
+        log.warning("collect.overwrite=true: deleting %s (collected with other checkpoints of %s)", path,
+                    ", ".join(changed))
+        path.unlink()
+    elif changed:
+        raise SpecbenchError(f"{path}: rows collected with other drafter checkpoints than this run's "
+                             f"({', '.join(changed)} changed since), so they cannot be resumed",
+                             "collect into a new directory (hydra.run.dir=...), or pass collect.overwrite=true to "
+                             "collect again from the start")
 
 
 def print_collect_summary(rows: list[dict], arms: list[str]) -> None:

@@ -145,7 +145,8 @@ def write_summary(s: Session, cfg: DictConfig, records: Records, partial: bool =
     lossy = f" (cascade rule {s.cascade.label}: lossy)" if s.cascade is not None and not s.cascade.lossless else ""
     stopped = " (stopped early: the finished generations only)" if partial else ""
     tables.write_tables(table, s.out, title=f"specbench eval: {cfg.target.model} in {cfg.target.dtype}{lossy}{stopped}",
-                        notes=tables.EVAL_NOTES + tables.pairing_note(table))
+                        notes=tables.EVAL_NOTES + tables.pairing_note(table)
+                        + f" Forks judged at tie tolerance {s.tie_tolerance:g} (target.tie_tolerance of this dtype).")
     if not table.empty:
         tables.write_matrices(table, s.out)
     write_forks(examples, s.out)

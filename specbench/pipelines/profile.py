@@ -72,7 +72,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     repeats, warmup, k = int(p.repeats), int(p.get("warmup", 2)), int(p.get("draft_tokens", 8))
     shapes = tree_shapes(p.get("trees"))
     out = start_run(cfg, output_dir, FILES)
-    eval_rounds = rounds_of(p.run) if p.get("run") else None  # a wrong directory fails before any measuring
+    eval_rounds = rounds_of(p.run, cfg) if p.get("run") else None  # a wrong directory fails before any measuring
 
     from specbench.drafters import build_pool
 
@@ -114,7 +114,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
 
 def check_fits(target: Target, cfg: DictConfig, longest: int, extra: int) -> None:
     """Refuse contexts that with their new tokens overrun the target's positions."""
-    ctx = Context.of(target.config, cfg.target.get("context_keys", CONTEXT_KEYS), str(cfg.target.model))
+    ctx = Context.of(target.config, cfg.target.get("context_keys", CONTEXT_KEYS), str(cfg.target.model),
+                             cfg.target.get("context_limit"))
     need = longest if target.is_encoder_decoder else longest + extra - 1
     if ctx.limit is not None and need > ctx.limit:
         raise SpecbenchError(f"profile.contexts: a context of {longest:,} tokens with {extra} new tokens needs "

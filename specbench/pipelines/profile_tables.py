@@ -135,13 +135,51 @@ def plot_verify(prof: Mapping, path: Path) -> None:
 
 # -- best draft length ----------------------------------------------------------------------------
 
-def rounds_of(run_dir) -> list[dict]:
-    """The ``rounds.jsonl`` records of an eval run directory."""
+def rounds_of(run_dir, cfg=None) -> list[dict]:
+    """The ``rounds.jsonl`` records of an eval run directory; with ``cfg`` (the profile's config) the run must be of
+    the same target, dtype and device, greedy and lossless (its acceptance is combined with this profile's costs)."""
     path = Path(str(run_dir)).expanduser() / "rounds.jsonl"
     if not path.is_file():
         raise SpecbenchError(f"profile.run={run_dir}: no rounds.jsonl there",
                              "point profile.run at a `specbench eval` run directory (with fixed:<drafter> methods)")
+    if cfg is not None:
+        check_same_setting(Path(str(run_dir)).expanduser(), cfg)
     return list(read_jsonl(path))
+
+
+def check_same_setting(run_dir: Path, cfg) -> None:
+    """Refuse an eval run whose acceptance does not belong with this profile's costs: another target, dtype or device,
+    a sampling run, or a lossy cascade (issue 34: it was combined without a word)."""
+    from omegaconf import OmegaConf
+
+    from specbench.models.devices import dtype_name
+
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        raise SpecbenchError(f"profile.run={run_dir}: no config.yaml there, so its target and decoding are unknown",
+                             "point profile.run at a `specbench eval` run directory (it writes config.yaml)")
+    there = OmegaConf.load(saved)
+    sel = lambda c, key: OmegaConf.select(c, key, default=None)  # noqa: E731
+    why = []
+    if str(sel(there, "target.model")) != str(sel(cfg, "target.model")):
+        why.append(f"target.model {sel(there, 'target.model')} (here {sel(cfg, 'target.model')})")
+    mine = dtype_name(sel(cfg, "target.dtype"), sel(cfg, "target.device"))
+    theirs = dtype_name(sel(there, "target.dtype"), sel(there, "target.device"))
+    if mine != theirs:
+        why.append(f"target.dtype {theirs} (here {mine})")
+    if str(sel(there, "target.device")) != str(sel(cfg, "target.device")):
+        why.append(f"target.device {sel(there, 'target.device')} (here {sel(cfg, 'target.device')})")
+    temperature = sel(there, "decoding.temperature") or 0
+    if float(temperature) > 0:
+        why.append(f"decoding.temperature={temperature} (sampled acceptance; the draft-length model is greedy's)")
+    rule = sel(there, "cascade.rule")
+    if rule not in (None, "none"):
+        why.append(f"cascade.rule={rule} (a lossy rule accepts more than verification does)")
+    if why:
+        raise SpecbenchError(f"profile.run={run_dir} was run with " + "; ".join(why) + ": its acceptance does not "
+                             "belong with this profile's costs",
+                             "evaluate this target greedily and losslessly (specbench eval decoding=greedy cascade=none "
+                             "methods=[autoregressive,fixed:*] with this target and dtype) and pass that run")
 
 
 def best_k_tables(prof: Mapping, rounds: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -53,12 +53,16 @@ class Context:
     model: str = "the model"
 
     @classmethod
-    def of(cls, model_config, keys, model: str = "the model") -> "Context":
-        """The first of ``keys`` that ``model_config`` sets to a positive whole number."""
+    def of(cls, model_config, keys, model: str = "the model", limit: int | None = None) -> "Context":
+        """The first of ``keys`` that ``model_config`` sets to a positive whole number; else ``limit`` (the target
+        config's ``context_limit``: a bound for models without a hard one, such as T5's relative positions, whose
+        attention over a 54k-token input would try to allocate tens of GB)."""
         for key in keys:
             value = getattr(model_config, str(key), None)
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return cls(value, str(key), model)
+        if limit:
+            return cls(int(limit), "target.context_limit", model)
         return cls(model=model)
 
     def fit(self, query_id: str, prompt_len: int, limits: Limits, encoder_decoder: bool = False,
@@ -83,8 +87,9 @@ class Context:
         room = self.limit if encoder_decoder else self.limit - max_new_tokens
         raise SpecbenchError(
             f"query {query_id}: its prompt has {prompt_len:,} tokens, and with max_new_tokens={max_new_tokens} "
-            f"it needs {needed:,} positions: more than the {self.limit:,} of {self.model} "
-            f"({self.key} in its model config)",
+            f"it needs {needed:,} positions: more than the {self.limit:,} of {self.model}"
+            + (" (target.context_limit: it has no hard limit, but attention over more would need GBs)"
+               if self.key == "target.context_limit" else f" ({self.key} in its model config)"),
             f"cut long inputs with dataset.max_input_tokens=<n> (each document / source / question / turn is "
             f"truncated to n tokens; the prompt template adds its own, and {max(room, 0):,} positions are left for "
             f"the whole prompt), lower max_new_tokens, let each generation stop at the context's end with "

@@ -198,7 +198,7 @@ def _holder(claim: dict) -> str:
     return (f"pid {h.get('pid')} on {h.get('host')} (`{h.get('argv')}`), started {h.get('started')}")
 
 
-def lock_run_dir(path: str | Path, command: str | None, fix: str | None = None) -> Path:
+def lock_run_dir(path: str | Path, command: str | None, fix: str | None = None, elsewhere: str | None = None) -> Path:
     """Take the run directory ``path`` for this process and ``command`` (e.g. ``"eval"``, ``"reproduce"``),
     for the rest of the process's life; returns ``path``.
 
@@ -206,6 +206,8 @@ def lock_run_dir(path: str | Path, command: str | None, fix: str | None = None) 
       process exits (the kernel releases it then, so a killed run leaves no stale lock). A second process
       is refused with a SpecbenchError naming the holder (pid, host, command line, start time: written
       into that file); ``fix`` replaces the default fix line (another hydra.run.dir).
+      ``elsewhere``: how this command is pointed at another directory (default ``hydra.run.dir=<another
+      directory>``), for the refusal below.
     - One command per directory: the file records the command that first wrote the directory, and a run
       of another command into it is refused (it would replace that command's files). ``command`` None
       (a pipeline called outside the CLI without naming itself) locks without checking the owner.
@@ -231,7 +233,7 @@ def lock_run_dir(path: str | Path, command: str | None, fix: str | None = None) 
         raise RunDirTaken(
             f"{out} belongs to `specbench {owner}` (recorded in {file}), so `specbench {command}` cannot run into it: "
             f"it would replace {owner}'s files (config.yaml, summaries) and {owner} would refuse its own records",
-            fix or f"write the {command} run elsewhere: hydra.run.dir=<another directory>")
+            f"write the {command} run elsewhere: {elsewhere or 'hydra.run.dir=<another directory>'}")
     fd = held[0] if held is not None else os.open(file, os.O_RDWR | os.O_CREAT, 0o644)
     if held is None:
         try:

@@ -34,6 +34,7 @@ from specbench.pipelines.run_records import Records
 from specbench.pipelines.schedule import cascade_of, seed_for, tie_tolerance_of
 from specbench.selection import Fixed, Selector
 from specbench.timing import Clock
+from specbench.records import files_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,22 @@ def alone_target(drafter: Drafter, target: Target) -> Target:
 
 
 @dataclass
+def policy_checkpoint(cfg: DictConfig) -> Path | None:
+    """The policy checkpoint file a method of ``cfg`` reads (``selector=policy`` run as ``selector``, or
+    ``selector:policy``), when it exists; None otherwise."""
+    methods = [str(m) for m in (cfg.get("methods") or [])]
+    composed = str(OmegaConf.select(cfg, "selector._target_", default="") or "").endswith("PolicySelector")
+    if not ((composed and "selector" in methods) or "selector:policy" in methods):
+        return None
+    ckpt = (OmegaConf.select(cfg, "selector.checkpoint", default=None) if composed else None) \
+        or OmegaConf.select(cfg, "policy.checkpoint", default=None)
+    if not ckpt:
+        return None
+    path = Path(str(ckpt)).expanduser()
+    path = path / "policy.pt" if path.is_dir() else path
+    return path if path.is_file() else None
+
+
 class Session:
     cfg: DictConfig
     out: Path
@@ -82,7 +99,8 @@ class Session:
         queries, loaded, target, prompter = inputs.queries, inputs.loaded, inputs.target, inputs.prompter
         eos_ids = eos_ids_of(loaded, dec.get("extra_eos_ids"), target.vocab_size)
         pool = build_pool(target, cfg.pool.get("drafters"), profile=cfg.get("profile_path"))
-        context = Context.of(target.config, cfg.target.get("context_keys", CONTEXT_KEYS), str(cfg.target.model))
+        context = Context.of(target.config, cfg.target.get("context_keys", CONTEXT_KEYS), str(cfg.target.model),
+                             cfg.target.get("context_limit"))
         clock = Clock(target.device, phases=bool(OmegaConf.select(cfg, "timing.phases", default=False)))
         session = cls(cfg=cfg, out=out, queries=queries, loaded=loaded, target=target, pool=pool, prompter=prompter,
                       sampling=sampling, limits=limits, eos_ids=eos_ids, clock=clock, cascade=cascade,
@@ -93,8 +111,13 @@ class Session:
 
     def drafter_fingerprints(self) -> dict[str, str]:
         """``{arm: fingerprint}`` of the pool's drafters loaded from checkpoint files (eagle heads, hf
-        drafters: ``drafter.fingerprint``), so a record made with a retrained checkpoint is not resumed."""
-        return {a: str(d.fingerprint) for a, d in self.pool.items() if getattr(d, "fingerprint", None)}
+        drafters: ``drafter.fingerprint``), and ``policy``: the policy checkpoint a method of the run reads, so a
+        record made with a retrained checkpoint is not resumed."""
+        out = {a: str(d.fingerprint) for a, d in self.pool.items() if getattr(d, "fingerprint", None)}
+        policy = policy_checkpoint(self.cfg)
+        if policy is not None:
+            out["policy"] = str(files_fingerprint(policy))
+        return out
 
     def records(self, queries=None) -> "Records":
         """The run's :class:`Records`, checked against this run's queries (``queries``: a subset of

@@ -51,7 +51,7 @@ from specbench.errors import SpecbenchError
 from specbench.models.store import cache_dir, make_cache_dir
 from specbench.pipelines import tables
 from specbench.pipelines.prompting import eos_ids_of, load_inputs
-from specbench.pipelines.run_dir import lock_run_dir, start_run
+from specbench.pipelines.run_dir import differences, lock_run_dir, start_run
 from specbench.records import atomic_path, atomic_write_text
 from specbench.training.drafter import (TRAINEES, examples_of, held_out_metrics, learned_tokens, target_dtype_name,
                                         training_precision)
@@ -128,13 +128,15 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     if not cfg.get("out"):
         make_cache_dir(ckpt)  # an unwritable cache is named as such (SPECBENCH_CACHE), not as the run directory
     lock_run_dir(ckpt, "train-drafter", fix=f"wait for that run to finish (or stop it), or train into another "
-                                             f"checkpoint directory: out=<dir> or name=<name> (now {ckpt})")
+                                             f"checkpoint directory: out=<dir> or name=<name> (now {ckpt})",
+                 elsewhere=f"out=<another directory> or name=<name> (now {ckpt})")
     sig = signature(cfg)
     state_path = ckpt / "state.pt"
     stored = json.loads((ckpt / "signature.json").read_text()) if (ckpt / "signature.json").exists() else None
     if stored is not None and not same_signature(stored, sig):
         if not cfg.get("overwrite"):
-            raise SpecbenchError(f"{ckpt} holds a drafter trained with another config",
+            raise SpecbenchError(f"{ckpt} holds a drafter trained with another config ("
+                                 + "; ".join(differences(stored, sig)) + ")",
                                  "pass out=<another directory> or name=<another name>, or overwrite=true")
         state_path.unlink(missing_ok=True)
     atomic_write_text(ckpt / "signature.json", json.dumps(sig, indent=1))
@@ -174,6 +176,11 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         history, epoch0 = state["history"], state["epoch"]
         log.info("resuming %s after epoch %d", ckpt, epoch0)
     epochs = int(tr.epochs)
+    if epoch0 > epochs:  # exporting now would ship the longer training under a shorter recipe
+        raise SpecbenchError(f"{ckpt} holds a drafter trained for {epoch0} epochs; train.epochs={epochs} asks for fewer "
+                             "(its export would be the longer training)",
+                             f"set train.epochs={epoch0} (or more) to resume it, train into another directory (out=<dir> "
+                             f"or name=<name>), or delete {state_path} to train again from the start")
     train_items = val_items = []
     teacher_started = time.perf_counter()
     if epoch0 < epochs:  # a finished run (rerun for its files) needs no teacher pass over the training data

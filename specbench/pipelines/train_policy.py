@@ -219,15 +219,27 @@ def alpha_sweep(rows, X, arms, cfg, spec: RewardSpec, alphas: list[float], out: 
 
 
 def data_efficiency(rows, X, arms, cfg, spec: RewardSpec, sizes: list[int], out: Path) -> list[dict]:
-    table = []
+    """One policy per training-set size on the same validation queries: ``data_efficiency.csv`` (aggregates) and
+    ``data_efficiency_queries.csv`` (each size's chosen arm per validation query with that arm's speculative seconds
+    and tokens and the autoregressive seconds, so sizes can be compared paired per query)."""
+    table, per_query = [], []
     for n in sizes:
         result, chosen = fit(rows, X, arms, cfg, spec, n_examples=n)
         sp = replay(rows, result.val_idx, arms, chosen)
         table.append({"n_examples": result.metrics["n_train"], "val_reward": result.metrics["policy"],
                       "oracle_reward": result.metrics["oracle"], "speedup_replayed": sp.get("policy"),
                       "oracle_speedup": sp.get("oracle")})
+        for i, arm in zip(result.val_idx.tolist(), chosen):
+            run = rows[i]["arms"][arm].get("spec") or {}
+            ar = rows[i]["arms"]["autoregressive"].get("spec") or {}
+            per_query.append({"n_examples": result.metrics["n_train"], "query_id": rows[i]["query_id"],
+                              "task": rows[i].get("task"), "arm": arm, "seconds": run.get("seconds"),
+                              "new_tokens": run.get("new_tokens"), "ar_seconds": ar.get("seconds"),
+                              "ar_tokens": ar.get("new_tokens")})
     df = pd.DataFrame(table)
+    write_csv(pd.DataFrame(per_query), out / "data_efficiency_queries.csv")
     write_tables(df, out, stem="data_efficiency", title="data efficiency",
-                 notes="One policy per training-set size (same validation queries).")
+                 notes="One policy per training-set size (same validation queries; per query: "
+                       "data_efficiency_queries.csv).")
     plot_data_efficiency(df, out / "data_efficiency.png")
     return table

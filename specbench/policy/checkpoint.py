@@ -79,9 +79,13 @@ def load_checkpoint(path: str | Path) -> Policy:
     """The ``Policy`` saved at ``path``; ``policy.meta`` holds everything else that was saved
     (dim, hidden, arms, embedding, alpha, config, metrics, format, version)."""
     path = Path(path)
+    if path.is_dir() and (path / "policy.pt").is_file():  # a train-policy run directory: its checkpoint
+        path = path / "policy.pt"
     if not path.is_file():
-        raise SpecbenchError(f"policy checkpoint {path} does not exist",
-                             "run `specbench train-policy` first, or point to an existing checkpoint")
+        what = "is a directory without policy.pt" if path.is_dir() else "does not exist"
+        raise SpecbenchError(f"policy checkpoint {path} {what}",
+                             "run `specbench train-policy` first, or point to an existing checkpoint (its policy.pt, or "
+                             "the train-policy run directory that holds it)")
     not_ours = SpecbenchError(f"{path} is not a specbench policy checkpoint",
                               "point to a file written by `specbench train-policy`")
     try:

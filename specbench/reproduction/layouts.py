@@ -12,9 +12,9 @@ CPU = Layout(
     huang_models="SmolLM2-135M with its translation and summarization draft heads",
     held_out="16 (per source)", table1_reward=ACCEPTANCE_REWARD_NOTE, table4_reward=ACCEPTANCE_REWARD_NOTE,
     alpha_arms=("small", "quantized"),
-    alpha_note=("the standalone small drafter (4 trained layers of SmolLM2 on an 8k sub-vocabulary: cheap, fairly aligned) "
+    alpha_note=("the standalone small drafter (2 trained layers of SmolLM2 on an 8k sub-vocabulary: cheap, fairly aligned) "
                 "and the int8 copy of the whole target (dear, best aligned), on XSum"),
-    depth_note=("Drafters of SmolLM2 at several depths whose alignments differ: the small drafter (4 trained layers), "
+    depth_note=("Drafters of SmolLM2 at several depths whose alignments differ: the small drafter (2 trained layers), "
                 "untrained early exits after 16 and 24 of 30 layers (they accept few tokens), and the int8 copy of all 30 "
                 "(the paper-scale run uses LayerSkip's trained exits)"),
     training_note="the paper trains on 1k-10k queries, this CPU run on at most the collected ones.",

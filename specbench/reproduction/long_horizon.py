@@ -52,9 +52,53 @@ REPLAYED = "replayed"
 CONVERGENCE = ["ucb-bd", "ucb-be", "exp3-bd", "halving-bd", "hedge-bd"]
 BANDITS = ["autoregressive", "fixed:*", "oracle:round", "selector:ucb", "selector:ucb_be", "selector:exp3",
            "selector:sequential_halving", "selector:hedge", "selector:etc", "selector:router", "selector:tree_ucb"]
-ORACLE_GOAL = 0.95  # issue 32's goal: UCB-BD at least 0.95 of the per-query oracle at 512 tokens
 BINS = [(0, 10), (10, 25), (25, 50), (50, 100), (100, 200), (200, 10**9)]
 FLAG = 0.10  # a method whose predicted seconds per token are off the live ones by more than this is named
+
+
+VERDICTS_DATA = "verdicts_data.json"  # every verdict's fields (the reproduction report reads them back: load_verdicts)
+
+
+def load_verdicts(out: Path) -> list[V.Verdict]:
+    """The verdicts :func:`write` judged into ``out`` (its ``verdicts_data.json``), as ``Verdict`` objects again."""
+    path = Path(out) / VERDICTS_DATA
+    if not path.is_file():
+        raise SpecbenchError(f"{out} holds no replayed verdicts ({VERDICTS_DATA} is missing)",
+                             "run `make trace-mixed` (it writes outputs/long_horizon), or "
+                             "`python -m specbench.reproduction.long_horizon TRACE_RUN OUT` on an existing trace")
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+        fields = {f.name for f in dataclasses.fields(V.Verdict)}
+        return [V.Verdict(**{k: (tuple(v) if k == "interval" and v is not None else v) for k, v in row.items()
+                             if k in fields}) for row in rows]
+    except (ValueError, TypeError, UnicodeDecodeError) as exc:
+        raise SpecbenchError(f"{path} is damaged ({exc})",
+                             "write it again: python -m specbench.reproduction.long_horizon TRACE_RUN OUT") from None
+
+
+def exhibit(out: Path):
+    """The reproduction report's exhibit of the replays written into ``out`` (``make trace-mixed``): their verdicts
+    (judged with the rest of the report, Holm's correction included), a table of them, the convergence plot, and a
+    link to the full replay page (copied beside the exhibit by ``render.write``: ``replay/``)."""
+    import shutil
+
+    from specbench.reproduction.exhibit import Exhibit
+
+    out = Path(out)
+    verdicts = load_verdicts(out)
+    table = pd.DataFrame([{"claim": v.claim.removeprefix(f"[{REPLAYED}] "), "n": v.n, "effect": v.effect, "label": v.label,
+                           "ci_low": v.interval[0] if v.interval else None,
+                           "ci_high": v.interval[1] if v.interval else None} for v in verdicts])
+    table = table[["claim", "label", "n", "effect", "ci_low", "ci_high"]]
+    png = out / "convergence.png"
+    notes = (f"Replayed, not live: selectors run round by round over acceptance traces of the mixed stream "
+             f"(`make trace-mixed`: 16 queries a task, up to 512 new tokens), times predicted from the cost curves "
+             f"measured with the trace; each verdict paired per query with its 95% bootstrap interval. The full page "
+             f"(convergence by round index, reward variance, regret, switching, the carried stream and the calibration "
+             f"against a live run): [replay/long_horizon.md](replay/long_horizon.md). Replays in `{out}`.")
+    return Exhibit("MetaSD's bandit claims on long horizons (replayed over acceptance traces)", table, verdicts, notes,
+                   plot=(lambda path: shutil.copyfile(png, path)) if png.is_file() else None,
+                   key="metasd/long_horizon", runs=[str(out)])
 
 
 def compose_replay(overrides: list[str]):
@@ -211,11 +255,10 @@ def regret_table(q: pd.DataFrame) -> tuple[pd.DataFrame, list[V.Verdict]]:
                      if len(rnd) else math.nan,
                      "best share": m.best_share.mean(), "switches / query": m.switches.mean(),
                      "rounds / query": m.rounds.mean()})
-    verdicts = [
-        speed_verdict(q, f"UCB-BD reaches at least {ORACLE_GOAL} of the per-query oracle's speed", "ucb-bd", oracle,
-                      threshold=ORACLE_GOAL, at_least=True, names=("ucb-bd", "per-query oracle")),
-        speed_verdict(q, "UCB-BD is faster than the best single drafter over the stream", "ucb-bd", best_single(q)),
-    ]
+    # UCB-BD against the per-query oracle is shown (the table's ratio), not judged: the papers give no fraction of
+    # the oracle to hold (0.95 was this project's goal in issue 32), and "slower than the oracle" holds by definition.
+    verdicts = [speed_verdict(q, "UCB-BD is faster than the best single drafter over the stream", "ucb-bd",
+                              best_single(q))]
     return pd.DataFrame(rows).dropna(axis=1, how="all"), verdicts
 
 
@@ -395,7 +438,9 @@ def write(trace_run: Path, out: Path, seeds: int = 100, live: Path | None = None
                       + (", ".join(f"{a} / {b}" for a, b in swapped(adaptive)) or "none") + ".", ""]
     text = "\n".join(lines)
     atomic_write_text(out / "long_horizon.md", text + "\n")
-    atomic_write_text(out / "verdicts.json", json.dumps([v.line() for v in verdicts + vv + rv + sv + nv], indent=1))
+    judged = verdicts + vv + rv + sv + nv
+    atomic_write_text(out / "verdicts.json", json.dumps([v.line() for v in judged], indent=1))
+    atomic_write_text(out / VERDICTS_DATA, json.dumps([dataclasses.asdict(v) for v in judged], indent=1))
     print(text)
     return out / "long_horizon.md"
 

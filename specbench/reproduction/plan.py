@@ -37,8 +37,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from hydra import compose
+from omegaconf import OmegaConf
 
-from specbench.configs import composing, hydra_error, hydra_overrides
+from specbench.configs import EXPERIMENT, composing, hydra_error, hydra_overrides
 from specbench.errors import SpecbenchError
 from specbench.reproduction.exhibits import plan_at
 from specbench.reproduction.records import DONE
@@ -93,6 +94,30 @@ def overrides_of(step: Step, root: Path, profile: Profile, extra: list[str], que
             *(extra if step.command != "train_policy" else ())]
 
 
+DRAFTER_KEY = re.compile(r"^\+{0,2}pool\.drafters\.([^.=]+)\.")  # a per-drafter override: applied where the pool has it
+
+
+def root_relative(value, root: Path):
+    """``value`` (a step's settings) with every path under ``root`` written ``{root}/...``, however the root is
+    spelled (as typed, absolute, relative to the working directory): a root given another way, moved or copied
+    keeps its steps (issue 34: each spelling counted as other settings, and the fix offered, --redo, deleted them)."""
+    root = Path(root)
+    spellings = sorted({str(root), str(root.resolve()), os.path.relpath(root.resolve())}, key=len, reverse=True)
+
+    def fix(v):
+        if isinstance(v, str):
+            for sp in spellings:
+                if v == sp or v.startswith(sp.rstrip("/") + "/"):
+                    return "{root}" + v[len(sp.rstrip("/")):]
+            return v
+        if isinstance(v, dict):
+            return {k: fix(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [fix(x) for x in v]
+        return v
+    return fix(value)
+
+
 def pipeline(command: str):
     from specbench.pipelines import cascades, collect, evaluate, train_policy
 
@@ -139,7 +164,6 @@ def count_records(out: Path, command: str) -> int:
 def carry_over_methods(cfg) -> set[str]:
     """The eval methods of ``cfg`` whose selector carries statistics across queries (``carry_over``): such a
     method cannot resume half way (``evaluate.check_resumable``)."""
-    from omegaconf import OmegaConf
 
     from specbench.pipelines.methods import load_selector_config
 
@@ -227,6 +251,12 @@ def run(root: str | Path, profile: str = "cpu", papers: list[str] | None = None,
     if profile not in PROFILES:
         raise SpecbenchError(f"unknown reproduce profile '{profile}'", f"use one of: {', '.join(PROFILES)}")
     prof = PROFILES[profile]
+    given = [o for o in extra or [] if EXPERIMENT.match(str(o))]
+    if given:  # every step runs its own experiment: one given here would replace them all
+        raise SpecbenchError(f"{given[0]}: every reproduce step runs its own experiment (conf/experiment/reproduce_*.yaml, "
+                             "cascades_cpu_local), which this override would replace",
+                             "drop it; to run one experiment alone, use its command: specbench eval experiment=NAME "
+                             "(or collect / cascades), or limit reproduce to one paper with --paper")
     steps = prof.plan()
     known = {s.paper for s in steps}
     unknown = sorted(set(papers or []) - known)
@@ -244,15 +274,30 @@ def run(root: str | Path, profile: str = "cpu", papers: list[str] | None = None,
                              "use another --root for this profile, or delete that root to start over")
     # Every step composed and validated before anything is written or loaded.
     planned = []
+    per_drafter = [str(o) for o in extra or [] if DRAFTER_KEY.match(str(o))]  # pool.drafters.<name>.<key>=...
+    general = [str(o) for o in extra or [] if not DRAFTER_KEY.match(str(o))]
+    used: set[str] = set()
     for step in chosen:
-        overrides = overrides_of(step, root, prof, list(extra or []), questions)
+        overrides = overrides_of(step, root, prof, general, questions)
         cfg = compose_step(step, overrides, adapt)
-        now = settings(cfg)
+        pool = OmegaConf.select(cfg, "pool.drafters", default=None) or {}
+        mine = [o for o in per_drafter if DRAFTER_KEY.match(o).group(1) in pool] if step.command != "train_policy" else []
+        if mine:  # only the steps whose pool has the drafter (issue 34: one spelling, applied where it means something)
+            used.update(mine)
+            overrides = [*overrides, *("++" + o.lstrip("+") for o in mine)]
+            cfg = compose_step(step, overrides, adapt)
+        now = root_relative(settings(cfg), root)
         planned.append((step, overrides, cfg, now, heads.heads_of(now)))
 
+    unused = [o for o in per_drafter if o not in used]
+    if unused:
+        names = sorted({d for step, _, cfg, _, _ in planned for d in (OmegaConf.select(cfg, "pool.drafters", default=None)
+                                                                        or {})})
+        raise SpecbenchError(f"{unused[0]}: no step of this plan has drafter '{DRAFTER_KEY.match(unused[0]).group(1)}' "
+                             "in its pool", f"name one of the plan's drafters: {', '.join(names) or 'none'}")
     # One reproduce per root: a second one is refused, naming the holder (the lock lasts the process).
     lock_run_dir(root, "reproduce", fix="wait for that reproduce to finish (or stop it), or write these runs "
-                                        "elsewhere: --root <another directory>")
+                                        "elsewhere: --root <another directory>", elsewhere="--root <another directory>")
     # Which finished steps are still those of this call's settings (and of their upstream steps' runs).
     current: dict[str, str | None] = {}  # run -> fingerprint of its .done, None when it runs in this call
     stale: dict[str, list[str]] = {}
@@ -262,11 +307,14 @@ def run(root: str | Path, profile: str = "cpu", papers: list[str] | None = None,
         if not (started and "settings" in started and count_records(out, step.command)):
             started = None  # a step stopped before its first record: nothing of it to keep, it reruns
         why: list[str] = []
-        if done is not None and "settings" not in done:
+        if done is None and not (out / STARTED).exists() and (count_records(out, step.command)
+                                                               or (out / "config.yaml").exists()):
+            why = ["the directory holds records of a run made outside reproduce"]  # issue 34: --redo takes it over
+        elif done is not None and "settings" not in done:
             why = [f"its {DONE} records no settings (an older specbench wrote it)"]
         elif done is not None or started is not None:
             mark = done if done is not None else started
-            why = differences(mark["settings"], now) + heads.reasons(mark.get("heads"), weights)
+            why = differences(root_relative(mark["settings"], root), now) + heads.reasons(mark.get("heads"), weights)
             for up in upstream_of(step, steps):
                 have = current[up.run] if up.run in current else fingerprint(root / up.run)
                 if done is not None and have is None:
@@ -282,7 +330,7 @@ def run(root: str | Path, profile: str = "cpu", papers: list[str] | None = None,
             "(and the report built on them) would not be this call's: " +
             "; ".join(f"{run} ({', '.join(why)})" for run, why in stale.items()),
             "pass --redo to delete those steps' records and run them again (the steps that read them follow), "
-            "rerun with the settings they were run with, or use another --root")
+            "rerun with the settings they were run with, move those directories away, or use another --root")
     record.write_text(json.dumps({"profile": profile, "layout": prof.layout}) + "\n", encoding="utf-8")
     started_at = time.perf_counter()
     for i, (step, overrides, cfg, now, weights) in enumerate(planned, 1):

@@ -52,8 +52,10 @@ def layout_of(root: Path, name: str | None = None) -> Layout:
     return LAYOUTS[name]
 
 
-def build(root: Path, published=None, layout: Layout | None = None) -> tuple[list[Exhibit], list[str]]:
-    """The exhibits that can be built from ``root``, and a line per one that cannot (what is missing)."""
+def build(root: Path, published=None, layout: Layout | None = None,
+          extra: list[Exhibit] = ()) -> tuple[list[Exhibit], list[str]]:
+    """The exhibits that can be built from ``root`` (then ``extra``: exhibits of runs outside the plan, such as the
+    long-horizon replays), corrected together, and a line per one that cannot be built (what is missing)."""
     published = published_values.load() if published is None else published
     done, missing = [], []
     for builder in builders(layout or layout_of(root)):
@@ -61,7 +63,7 @@ def build(root: Path, published=None, layout: Layout | None = None) -> tuple[lis
             done.append(mark_unfinished(builder(root, published), root))
         except NotRun as exc:
             missing.append(str(exc))
-    return correct(done), missing
+    return correct([*done, *extra]), missing
 
 
 def correct(exhibits: list[Exhibit]) -> list[Exhibit]:
@@ -83,17 +85,24 @@ def exhibit_markdown(ex: Exhibit, figure: str | None) -> str:
     return "\n".join(parts)
 
 
-def write(root: Path, out: Path | None = None, layout: str | None = None, allow_empty: bool = False) -> Path:
+def write(root: Path, out: Path | None = None, layout: str | None = None, allow_empty: bool = False,
+          long_horizon: Path | None = None) -> Path:
     """The report of ``root`` into ``out`` (default ``ROOT/report``); a root that holds no exhibit's runs is an error,
     unless ``allow_empty`` (a reproduce restricted to steps that complete no exhibit yet): then the index lists only
-    what is not run yet."""
+    what is not run yet. ``long_horizon``: the replays of ``make trace-mixed`` (outputs/long_horizon), judged with
+    the rest (their own runs: the trace is longer than the plan's budget)."""
     root = Path(root)
     if not root.is_dir():
         raise SpecbenchError(f"no run directory {root}", "run `make reproduce-cpu` (or specbench reproduce) first, "
                                                          "or pass the root its runs were written to")
     out = Path(out) if out else root / "report"
     lay = layout_of(root, layout)
-    exhibits, missing = build(root, layout=lay)
+    extra = []
+    if long_horizon is not None:
+        from specbench.reproduction import long_horizon as replays
+
+        extra = [replays.exhibit(Path(long_horizon))]
+    exhibits, missing = build(root, layout=lay, extra=extra)
     if not exhibits and not allow_empty:
         make = "make reproduce-paper" if lay.name == "paper" else "make reproduce-cpu"
         raise SpecbenchError(f"no reproduced exhibit under {root} ({lay.name} layout; missing: {', '.join(missing[:3])} ...)",
@@ -116,6 +125,11 @@ def write(root: Path, out: Path | None = None, layout: str | None = None, allow_
                 figure = f"{name}.png"
             except ImportError:
                 log.warning("matplotlib is not installed: %s.png skipped", name)
+        if ex.key == "metasd/long_horizon" and long_horizon is not None:  # the replays' full page beside it
+            (out / paper / "replay").mkdir(exist_ok=True)
+            for name_ in ("long_horizon.md", "convergence.png"):
+                if (Path(long_horizon) / name_).is_file():
+                    shutil.copyfile(Path(long_horizon) / name_, out / paper / "replay" / name_)
         md = exhibit_markdown(ex, figure)
         (out / paper / f"{name}.md").write_text(md, encoding="utf-8")
         index += [f"### [{ex.title}]({paper}/{name}.md)", "", *[f"- {v.line()}" for v in ex.verdicts], ""]
@@ -158,8 +172,8 @@ def noise_line(exhibits: list[Exhibit]) -> str:
     if aa is None or aa.table.empty:
         return ""
     inside, held = explained([v for ex in exhibits for v in ex.verdicts], aa.table)
-    return (f" A/A runs ([noise floor]({KEY}.md)): {inside} of the {held} held speed verdicts have an effect inside the "
-            "range two runs of one method show at their n.")
+    return (f" A/A runs ([noise floor]({KEY}.md)): {inside} of the {held} held timed speed verdicts have an effect "
+            "inside the range two runs of one method show at their n.")
 
 
 def summary_markdown(exhibits: list[Exhibit], missing: list[str], provenance: str | None = None) -> str:

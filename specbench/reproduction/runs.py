@@ -65,7 +65,7 @@ PAPER_REWARD = ("reward.source=proxy", "reward.alpha=0.5", "reward.cost=params")
 ACCEPTANCE_REWARD = (*PAPER_REWARD, "reward.alignment=acceptance")
 MEASURED = "collect.measure_speculative=true"
 SPEC_BENCH = "dataset.path={questions}"
-EXITS_CPU = "[small,early_exit_16,early_exit_24,quantized]"  # depths 4 (trained), 16, 24 (untrained exits), 30 (int8)
+EXITS_CPU = "[small,early_exit_16,early_exit_24,quantized]"  # depths 2 (the small drafter, trained), 16, 24 (untrained exits), 30 (int8)
 EXITS_PAPER = "[early_exit_4,early_exit_8,early_exit_12]"
 
 

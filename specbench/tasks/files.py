@@ -49,7 +49,9 @@ def resolve_path(path: str) -> Path:
         return p
     p = Path(path).expanduser()
     if not p.is_file():
-        raise SpecbenchError(f"dataset file '{path}' does not exist",
+        what = ("is a directory" if p.is_dir() else "is not a regular file (a pipe, socket or device)" if p.exists()
+                else "does not exist")
+        raise SpecbenchError(f"dataset file '{path}' {what}",
                              "check the path (a .json, .jsonl, .jsonl.gz or .parquet file), "
                              "or set it to null to use the hub")
     return p

@@ -35,6 +35,7 @@ def test_eval_writes_records_and_resumes(tmp_path):
     methods = set(summary.method)
     assert {"autoregressive", "fixed:quantized", "fixed:prompt_lookup", "fixed:early_exit_1"} <= methods
     assert (summary.exact_match == 1.0).all()  # greedy speculative decoding is lossless
+    assert "Forks judged at tie tolerance 0.0001" in (run_dir / "summary.md").read_text()  # tiny_llama: fp32
     assert set(summary.task) == {"translation", "summarization", "math", "chat", "code", "all"}
     assert "| method" in res.stdout  # the table is printed
     examples = [json.loads(x) for x in (run_dir / "examples.jsonl").read_text().splitlines()]
@@ -159,3 +160,22 @@ def test_metasd_experiment_writes_table_and_convergence(tmp_path):
     assert set(conv.columns) == {"method", "round", "share", "n"}
     assert conv.share.between(0, 1).all() and "fixed:quantized" not in set(conv.method)
     assert (tmp_path / "convergence.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("args", [
+    ["eval", *TINY, "hydra.run.dir=/proc/specbench_run"],  # a run directory that cannot be made (was a traceback)
+    ["eval", *TINY, "+experiment=metasd_cpu", "+experiment=huang_cpu", "--cfg", "job"],  # two presets
+])
+def test_unmakeable_paths_and_two_experiments_are_clear_errors(args, tmp_path):
+    """issue 34: an ENOENT run directory and two experiments (the last silently won) give error/fix lines."""
+    res = specbench(*args, cwd=tmp_path)
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr and "error: " in res.stderr and "fix:   " in res.stderr, res.stderr[-3000:]
+
+
+def test_a_directory_where_the_run_claim_file_goes_is_a_clear_error(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / ".specbench.yaml").mkdir(parents=True)
+    res = specbench("eval", *TINY, f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert ".specbench.yaml" in res.stderr and "fix:   " in res.stderr

@@ -292,8 +292,9 @@ def test_aux_layers_out_of_range_are_refused(tiny_llama_target, tmp_path):
 
 
 def test_missing_checkpoint_and_encoder_decoder_target(tiny_llama_target, tiny_t5_target, tmp_path):
-    with pytest.raises(SpecbenchError, match="not found"):
+    with pytest.raises(SpecbenchError, match="not found") as err:
         build(tiny_llama_target, "e", checkpoint=str(tmp_path / "nowhere"))
+    assert "EAGLE-3" in err.value.fix and "makes EAGLE-1 heads" in err.value.fix  # issue 34: not "train one"
     with pytest.raises(SpecbenchError, match="no checkpoint"):
         build(tiny_llama_target, "e", checkpoint=None)
     with pytest.raises(SpecbenchError, match="decoder-only, Llama-style target"):

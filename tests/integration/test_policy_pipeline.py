@@ -78,6 +78,22 @@ def test_interrupted_collect_resumes_to_the_same_rows(full_run, tmp_path):
         [deterministic(r) for r in collected.read_rows([full_run])]
 
 
+def test_collect_refuses_to_resume_rows_of_other_checkpoints(full_run, tmp_path):
+    """issue 34: a head rebuilt in place under the same name; the rows carry the run's drafter fingerprints."""
+    out = tmp_path / "rebuilt"
+    out.mkdir()
+    (out / "collect_config.yaml").write_text((full_run / "collect_config.yaml").read_text())
+    rows = [json.loads(x) for x in (full_run / "rows.jsonl").read_text().splitlines()]
+    assert all(r["drafters"] == {} for r in rows)  # the tiny pool loads no checkpoint files
+    (out / "rows.jsonl").write_text("".join(json.dumps({**r, "drafters": {"quantized": "old"}}) + "\n" for r in rows[:2]))
+    with pytest.raises(SpecbenchError, match="rows collected with other drafter checkpoints than this run's "
+                                             "\(quantized changed since\)") as err:
+        collect.run(cfg_of("collect", TINY), out)
+    assert "collect.overwrite=true" in err.value.fix
+    collect.run(cfg_of("collect", TINY + ["collect.overwrite=true"]), out)
+    assert [r["drafters"] for r in collected.read_rows([out])] == [{}] * 4
+
+
 def test_shards_merged_equal_one_run(full_run, tmp_path):
     for shard in (0, 1):
         collect.run(cfg_of("collect", TINY + [f"collect.shard={shard}", "collect.num_shards=2"]), tmp_path / f"s{shard}")
@@ -170,8 +186,12 @@ def test_collect_train_eval_through_the_cli(tmp_path):
               "reward.source=measured",
               "sweep.alpha=[0,1]", "sweep.n_examples=[1,2]", f"hydra.run.dir={tmp_path / 'p'}")
     assert "speedup_replayed" in res.stdout
-    for name in ("policy.pt", "summary.md", "alpha_sweep.csv", "data_efficiency.csv", "history.csv"):
+    for name in ("policy.pt", "summary.md", "alpha_sweep.csv", "data_efficiency.csv", "history.csv",
+                 "data_efficiency_queries.csv"):
         assert (tmp_path / "p" / name).exists(), name
+    per_query = pd.read_csv(tmp_path / "p" / "data_efficiency_queries.csv")  # each size's arm per validation query
+    assert per_query.groupby("n_examples").query_id.apply(set).nunique() == 1  # the same validation queries
+    assert per_query.seconds.notna().all() and per_query.ar_seconds.notna().all()
     assert load_checkpoint(tmp_path / "p" / "policy.pt").arms == ["autoregressive", "quantized", "prompt_lookup",
                                                                   "early_exit_1"]
     run("eval", *TINY[:-2], "dataset.offset=1", "selector=policy",  # held-out rows: the collected ones are refused
@@ -179,6 +199,15 @@ def test_collect_train_eval_through_the_cli(tmp_path):
     summary = pd.read_csv(tmp_path / "e" / "summary.csv")
     pol = summary[(summary.method == "policy") & (summary.task == "all")].iloc[0]
     assert pol.exact_match == 1.0 and pol.n_examples == 4
+    # issue 34: a policy retrained behind the same policy.checkpoint is not resumed under the old one's records
+    run("train-policy", f"data={tmp_path / 'c'}", "train.epochs=2", "train.val_fraction=0.5", "train.seed=7",
+        "reward.source=measured", f"hydra.run.dir={tmp_path / 'p2'}")
+    (tmp_path / "p" / "policy.pt").write_bytes((tmp_path / "p2" / "policy.pt").read_bytes())
+    res = subprocess.run([sys.executable, "-m", "specbench.cli", "eval", *TINY[:-2], "dataset.offset=1",
+                          "selector=policy", f"policy.checkpoint={tmp_path / 'p' / 'policy.pt'}",
+                          f"hydra.run.dir={tmp_path / 'e'}"],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert res.returncode == 2 and "drafter checkpoint(s) changed: policy" in res.stderr, res.stderr[-3000:]
 
 
 def test_pipelines_validate_their_config_at_the_door(tmp_path):

@@ -216,3 +216,18 @@ def test_an_eagle_head_is_profiled_from_the_target_states(tmp_path):
     assert list(got) == ["eagle", "prompt_lookup"]
     assert got["eagle"]["drafted"] == 5 and got["eagle"]["seconds_per_token"] > 0
     assert got["prompt_lookup"]["drafted"] == 5  # the context repeats itself: a match to copy
+
+
+def test_profile_run_of_another_setting_is_refused(eval_run, tmp_path):
+    """issue 34: profile.run combined any eval run's acceptance (another target, dtype, a sampling run) with this
+    target's costs without a word."""
+    from omegaconf import OmegaConf
+
+    other = tmp_path / "other"
+    shutil.copytree(eval_run, other)
+    cfg = OmegaConf.load(other / "config.yaml")
+    cfg.target.model, cfg.decoding.temperature = "embedded:tiny_t5", 1.0
+    (other / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    code, err, _ = run("profile", *PROFILE, f"profile.run={other}", f"hydra.run.dir={tmp_path / 'p'}")
+    assert_clear_error(code, err, "target.model embedded:tiny_t5 (here embedded:tiny_llama)", "decoding=greedy")
+    assert "decoding.temperature=1.0" in err

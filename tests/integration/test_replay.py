@@ -323,3 +323,38 @@ def test_a_rebuilt_package_head_is_fingerprinted_and_refused_on_resume(tiny_llam
     write_head(heads, tiny_llama_target, "eagle_x", seed=1)  # `make specialists` rebuilds heads in place
     with pytest.raises(SpecbenchError, match="drafter checkpoint"):
         trace_pipeline.run(cfg_of("trace", args), tmp_path / "t")
+
+
+def test_a_collection_replayed_from_a_trace_equals_the_live_one(trace_run, tmp_path):
+    """``collect.trace``: every arm's run of a query replayed from the trace gives the live collection's target output
+    and, for every history-free drafter, its drafted and accepted tokens; nothing else is decoded. A collection the
+    trace cannot serve is refused naming the key."""
+    from specbench.pipelines import collect as collect_pipeline
+    from specbench.pipelines.collected import read_rows
+
+    args = [a for a in TRACE if not a.startswith("trace.")] + ["collect.max_new_tokens=24"]
+    live = read_rows([p for p in collect_pipeline.run(cfg_of("collect", [*args, "collect.measure_speculative=true"]),
+                                                      tmp_path / "live").glob("rows*.jsonl")])
+    rep = read_rows([p for p in collect_pipeline.run(cfg_of("collect", [*args, f"collect.trace={trace_run}"]),
+                                                     tmp_path / "rep").glob("rows*.jsonl")])
+    assert len(rep) == len(live) >= 3
+    exact = ["prompt_lookup", "early_exit_1"]  # pool=tiny's history-free drafters (dynamic int8 is not: approximate)
+    by_id = {r["query_id"]: r for r in live}
+    for row in rep:
+        twin = by_id[row["query_id"]]
+        assert row["target"]["tokens"] == twin["target"]["tokens"]
+        assert row["embedding"] == pytest.approx(twin["embedding"])
+        for arm, rec in row["arms"].items():
+            assert rec["spec"]["replayed"] is True
+            assert "text" not in rec  # no standalone output was generated
+        for arm in exact:
+            assert (row["arms"][arm]["spec"]["drafted"], row["arms"][arm]["spec"]["accepted"]) == \
+                (twin["arms"][arm]["spec"]["drafted"], twin["arms"][arm]["spec"]["accepted"])
+    with pytest.raises(SpecbenchError, match="collect.max_new_tokens=64 is more than the trace's 24") as err:
+        collect_pipeline.run(cfg_of("collect", [*args[:-1], "collect.max_new_tokens=64", f"collect.trace={trace_run}"]),
+                             tmp_path / "long")
+    assert "collect.max_new_tokens=24" in err.value.fix
+    with pytest.raises(SpecbenchError, match="not in the trace run"):
+        collect_pipeline.run(cfg_of("collect", [*args, "dataset.limit=2", f"collect.trace={trace_run}"]), tmp_path / "more")
+    with pytest.raises(SpecbenchError, match="samples at temperature"):
+        collect_pipeline.run(cfg_of("collect", [*args, "decoding=sampling", f"collect.trace={trace_run}"]), tmp_path / "s")

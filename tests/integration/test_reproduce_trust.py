@@ -72,6 +72,21 @@ def test_a_finished_step_is_not_reused_under_other_settings(tmp_path, monkeypatc
         plan.run(root, profile=profile)
     skipped = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
     assert len(skipped) == 2 and str(root / COLLECT.run) in skipped[0]
+    # issue 34: the same root spelled another way, or copied elsewhere, keeps its steps (settings are root-relative)
+    assert json.loads((root / POLICY.run / plan.DONE).read_text())["settings"]["data"] == "{root}/huang/math/collect"
+    monkeypatch.chdir(tmp_path)
+    for other in (Path("rp"), root.resolve()):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="specbench.reproduction.plan"):
+            plan.run(other, profile=profile)
+        assert sum("skipped" in r.getMessage() for r in caplog.records) == 2, other
+    import shutil
+
+    shutil.copytree(root, tmp_path / "moved", ignore=shutil.ignore_patterns(".specbench.yaml"))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="specbench.reproduction.plan"):
+        plan.run(tmp_path / "moved", profile=profile)
+    assert sum("skipped" in r.getMessage() for r in caplog.records) == 2
 
     # other overrides: refused, naming each setting that differs, and the step downstream of it
     rows = (root / COLLECT.run / "rows.jsonl").read_text()
@@ -170,6 +185,9 @@ def test_upstream_steps_are_the_runs_a_step_reads():
     ("decoding.nope=1", "unknown config key 'decoding.nope'"),
     ("decoding.draft_length=[1", "cannot read the override"),
     ("seed=abc", "seed=abc: expected an integer"),
+    ("experiment=metasd_cpu", "every reproduce step runs its own experiment"),  # issue 34: it replaced every step's
+    ("+experiment=metasd_cpu", "every reproduce step runs its own experiment"),
+    ("pool.drafters.nope.draft_length=6", "no step of this plan has drafter 'nope' in its pool"),
 ])
 def test_bad_overrides_are_refused_before_anything_is_written(tmp_path, override, message):
     root = tmp_path / "bad"
@@ -312,3 +330,30 @@ def test_a_second_reproduce_into_a_held_root_is_refused(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_per_drafter_override_reaches_the_steps_whose_pool_has_that_drafter(tmp_path, monkeypatch, heads):
+    """issue 34: pool.drafters.<name>.<key>=... was refused at a step whose pool lacked the drafter; now it is applied
+    to the steps whose pool has it (the pipelines stubbed: only the composed configs are looked at)."""
+    seen = {}
+    monkeypatch.setattr(plan, "pipeline", lambda command: lambda cfg, out: seen.__setitem__(str(out), cfg))
+    plan.run(tmp_path / "r", profile="tiny", papers=["cascades"], extra=["pool.drafters.small.draft_length=2"])
+    assert len(seen) == 2 and all(cfg.pool.drafters.small.draft_length == 2 for cfg in seen.values())
+
+
+def test_a_step_directory_holding_another_runs_records_is_named_and_redo_takes_it_over(tmp_path, monkeypatch, heads):
+    """issue 34: reproduce stopped at the step's own door ("overwrite=true or another hydra.run.dir"), fixes that do
+    not work under reproduce; now it is refused up front naming the directory, and --redo takes it over."""
+    root = tmp_path / "r"
+    foreign = root / "cascades" / "greedy"
+    foreign.mkdir(parents=True)
+    (foreign / "config.yaml").write_text("seed: 3\n")
+    (foreign / "curves.csv").write_text("a\n1\n")
+    monkeypatch.setattr(plan, "pipeline", lambda command: lambda cfg, out: None)
+    with pytest.raises(SpecbenchError, match="cascades/greedy \\(the directory holds records of a run made outside "
+                                             "reproduce\\)") as err:
+        plan.run(root, profile="tiny", papers=["cascades"])
+    assert "--redo" in err.value.fix and "move those directories away" in err.value.fix
+    assert (foreign / "curves.csv").exists()  # nothing deleted without --redo
+    plan.run(root, profile="tiny", papers=["cascades"], redo=True)
+    assert not (foreign / "curves.csv").exists() and (foreign / plan.DONE).exists()

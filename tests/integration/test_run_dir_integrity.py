@@ -329,6 +329,12 @@ def test_another_commands_run_into_a_directory_is_refused(tmp_path):
         collect.run(cfg_of("collect", COLLECT), ev)
     assert (ev / "summary.md").read_text() == summary and (ev / "config.yaml").read_text() == config
     evaluate.run(cfg_of("eval", QUICK), ev)  # the eval still resumes its own records
+    # issue 34: train-drafter was told to "wait for that run to finish" although nothing ran; its own fix is out=
+    from specbench.pipelines.run_dir import lock_run_dir
+
+    with pytest.raises(RunDirTaken, match="belongs to `specbench eval`") as err:
+        lock_run_dir(ev, "train-drafter", fix="wait for that run to finish", elsewhere="out=<another directory>")
+    assert "out=<another directory>" in err.value.fix and "wait" not in err.value.fix
 
 
 # ------------------------------------------------------------------------ 9. speedups of one process only

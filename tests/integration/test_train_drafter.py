@@ -70,6 +70,14 @@ def test_interrupted_run_resumes_to_the_same_weights(toy_file, tmp_path):
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=0, rtol=0)
+    # issue 34: fewer epochs than done would export the longer training under the shorter recipe
+    with pytest.raises(SpecbenchError, match="trained for 4 epochs; train.epochs=2 asks for fewer") as err:
+        train_drafter.run(config(toy_file, parts, "train.epochs=2"), tmp_path / "r4")
+    assert "train.epochs=4" in err.value.fix
+    # a decaying schedule's horizon is part of the recipe: the refusal names the key that changed
+    train_drafter.run(config(toy_file, tmp_path / "lin", "train.epochs=1", "train.lr_schedule=linear"), tmp_path / "r5")
+    with pytest.raises(SpecbenchError, match=r"train.epochs: 1 -> 2"):
+        train_drafter.run(config(toy_file, tmp_path / "lin", "train.epochs=2", "train.lr_schedule=linear"), tmp_path / "r6")
 
 
 def test_no_usable_rows_is_a_clear_error(tmp_path):

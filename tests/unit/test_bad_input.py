@@ -82,6 +82,12 @@ def test_every_experiment_passes_validation(name):
     ("trace", "trace.costs.contexts=[]", "trace.costs.contexts=[]: expected a non-empty list, each an integer >= 1"),
     ("replay", "seeds=0", "seeds=0: expected an integer >= 1"),
     ("replay", "replay.draft_length=x", "replay.draft_length=x: expected an integer >= 1 or null"),
+    # issue 34: a tolerance that is not a number was a traceback; a negative one made every bf16 tie a "defect", a huge
+    # one would call real defects ties
+    ("eval", "target.tie_tolerance=abc", "target.tie_tolerance=abc: expected a mapping of dtype to tolerance or null"),
+    ("eval", "target.tie_tolerance.bfloat16=abc", "target.tie_tolerance.bfloat16=abc: expected a finite number in (0, 8.0]"),
+    ("eval", "target.tie_tolerance.bfloat16=-1", "target.tie_tolerance.bfloat16=-1: expected a finite number in (0, 8.0]"),
+    ("eval", "target.tie_tolerance.float32=1e6", "target.tie_tolerance.float32=1000000.0: expected a finite number in (0, 8.0]"),
 ])
 def test_bad_values_name_key_value_and_expectation(root, override, line):
     with pytest.raises(SpecbenchError) as info:

@@ -347,3 +347,20 @@ def test_curves_and_best_rule_by_hand():
     assert best.to_dict("records") == [{"task": "math", "rule": "chow", "alpha": 0.5, "quality": 0.5,
                                         "sd_quality": 0.5, "speedup": 4.0, "sd_speedup": 2.0, "gain": 2.0}]
     assert "chow (alpha 0.5): speedup 4.000x" in closing_note(best)
+
+
+def test_a_task_whose_baseline_ran_in_another_process_says_so():
+    """issue 34: after a resumed cascades run, a task whose autoregressive runs finished in the other process was said
+    to have none."""
+    import math
+
+    import pandas as pd
+
+    from specbench.pipelines.cascades import SD, closing_note
+
+    table = pd.DataFrame([{"task": "math", "method": "autoregressive", "speedup": 1.0},
+                          {"task": "math", "method": SD, "speedup": math.nan},
+                          {"task": "translation", "method": SD, "speedup": math.nan}])
+    note = closing_note(pd.DataFrame(), table)
+    assert "another process than its SD runs" in note and "math" in note.split("another process")[1]
+    assert "no autoregressive generation of the task finished, so no speedup): translation." in note

@@ -277,3 +277,135 @@ def test_a_damaged_head_config_is_named(tmp_path, config):
     path.write_bytes(config if isinstance(config, bytes) else config.encode())
     with pytest.raises(SpecbenchError, match=f"draft head file {path} cannot be read"):
         load_head(str(tmp_path), target=None)
+
+
+def test_two_experiments_are_refused_and_experiment_null_is_the_default():
+    """issue 34: Hydra kept the last of two experiments without a word; ``experiment=null`` was a Hydra ValueError."""
+    from specbench.configs import hydra_overrides
+
+    with pytest.raises(SpecbenchError, match="2 experiments given \\(metasd_cpu, huang_cpu\\)"):
+        hydra_overrides(["+experiment=metasd_cpu", "+experiment=huang_cpu"])
+    with pytest.raises(SpecbenchError, match="2 experiments given"):
+        hydra_overrides(["experiment=metasd_cpu", "++experiment=huang_cpu"])
+    assert hydra_overrides(["+experiment=metasd_cpu", "seed=1"]) == ["experiment=metasd_cpu", "seed=1"]
+    assert hydra_overrides(["experiment=null", "seed=1"]) == ["seed=1"]
+
+
+def test_atomically_replaced_files_keep_the_umask_mode(tmp_path):
+    """issue 34: files written through atomic_path were 0600 (mkstemp), unreadable in a shared outputs directory."""
+    from specbench.records import atomic_write_text, current_umask
+
+    atomic_write_text(tmp_path / "summary.md", "x")
+    assert (tmp_path / "summary.md").stat().st_mode & 0o777 == 0o666 & ~current_umask()
+
+
+def test_a_bad_heads_variable_or_a_mistyped_head_names_the_real_fix(tmp_path, monkeypatch):
+    """issue 34: both were told to rebuild the package's heads with `make specialists` (99 minutes, and it writes
+    specbench/heads, not the directory the variable names)."""
+    from specbench.drafters import shipped
+
+    monkeypatch.delenv("SPECBENCH_HEADS", raising=False)
+    assert set(shipped.shipped_names()) == set(shipped.SHIPPED_NAMES)  # the list the refusal trusts
+    with pytest.raises(SpecbenchError, match="no shipped draft head package:eagle_mth") as err:
+        shipped.resolve_package("package:eagle_mth", "make specialists")
+    assert "did you mean package:eagle_math" in err.value.fix and "make specialists" not in err.value.fix
+    monkeypatch.setenv("SPECBENCH_HEADS", str(tmp_path / "nope"))
+    with pytest.raises(SpecbenchError, match=r"\$SPECBENCH_HEADS=.*nope \(no such directory\)") as err:
+        shipped.resolve_package("package:eagle_math", "make specialists")
+    assert "unset SPECBENCH_HEADS" in err.value.fix and "make specialists" not in err.value.fix
+
+
+def test_a_dataset_path_that_is_a_pipe_or_a_directory_is_named_as_such(tmp_path):
+    """issue 34: a FIFO given as dataset.path was said not to exist."""
+    from specbench.tasks.files import resolve_path
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(SpecbenchError, match="is not a regular file"):
+        resolve_path(str(fifo))
+    with pytest.raises(SpecbenchError, match="is a directory"):
+        resolve_path(str(tmp_path))
+    with pytest.raises(SpecbenchError, match="does not exist"):
+        resolve_path(str(tmp_path / "nope.jsonl"))
+
+
+def test_file_system_failures_map_to_one_error_and_fix():
+    """issue 34: write() errors carry no file name and torch.save wraps ENOSPC in a RuntimeError, so a full disk was
+    a traceback; path errors were mapped only at the doors reported."""
+    import errno as errno_
+
+    from specbench.cli import os_failure
+
+    full = os_failure(OSError(errno_.ENOSPC, "No space left on device"), "write it elsewhere")
+    assert "no space left on the device" in full.problem and "free some space" in full.fix and "resumes" in full.fix
+    try:
+        try:
+            raise OSError(errno_.EDQUOT, "Disk quota exceeded")
+        except OSError as inner:
+            raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0") from inner
+    except RuntimeError as wrapped:
+        assert "no space left" in os_failure(wrapped, "x").problem  # found through the cause
+    torch_full = os_failure(RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0"), "x")
+    assert "checkpoint write failed" in torch_full.problem and "full" in torch_full.problem
+    missing = os_failure(FileNotFoundError(errno_.ENOENT, "No such file or directory", "/nope/x"), "elsewhere")
+    assert missing.problem == "No such file or directory: /nope/x" and "elsewhere" in missing.fix
+    a_dir = os_failure(IsADirectoryError(errno_.EISDIR, "Is a directory", "run/.specbench.yaml"), "elsewhere")
+    assert "Is a directory: run/.specbench.yaml" == a_dir.problem
+    assert os_failure(ValueError("not ours"), "x") is None
+    assert os_failure(RuntimeError("shape mismatch"), "x") is None
+
+
+def test_a_file_where_a_directory_must_go_is_named(tmp_path):
+    import errno as errno_
+
+    from specbench.cli import os_failure
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    try:
+        afile.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        mapped = os_failure(exc, "--root <a directory>")
+    assert mapped.problem == f"{afile} is a file, not a directory" and mapped.fix == "--root <a directory>"
+    assert os_failure(FileExistsError(errno_.EEXIST, "File exists", str(tmp_path)), "x") is None  # a directory: not ours
+
+
+def test_a_package_head_of_another_target_points_at_the_heads_variable(tiny_llama_target, monkeypatch):
+    """issue 34: `--profile tiny` on a fresh machine was told to train a tiny head, which cannot help: package: heads
+    are read from $SPECBENCH_HEADS (or the package)."""
+    from specbench.drafters import eagle
+
+    monkeypatch.delenv("SPECBENCH_HEADS", raising=False)
+    with pytest.raises(SpecbenchError, match="was trained for target 'embedded:smollm2_135m'") as err:
+        eagle.build(tiny_llama_target, "e", checkpoint="package:eagle_math")
+    assert "point SPECBENCH_HEADS at a directory of heads trained for" in err.value.fix
+
+
+def test_an_encoder_decoder_target_without_a_hard_limit_refuses_a_huge_input_before_allocating():
+    """issue 34: a 54k-token question on a T5 target (context_keys: []) tried to allocate 23 GB in the warm-up; the
+    T5 target configs now set target.context_limit, which Context applies when the model config sets no limit."""
+    from types import SimpleNamespace
+
+    from specbench.decoding.loop import Limits
+    from specbench.pipelines.prompting import Context
+
+    cfg = composed("eval", "target=tiny_t5")
+    assert cfg.target.context_limit == 4096
+    ctx = Context.of(SimpleNamespace(n_positions=512), list(cfg.target.context_keys), "tiny_t5", cfg.target.context_limit)
+    ctx.fit("q1", 4000, Limits(max_new_tokens=48), encoder_decoder=True)  # fits
+    with pytest.raises(SpecbenchError, match="its prompt has 54,000 tokens.*target.context_limit") as err:
+        ctx.fit("q2", 54_000, Limits(max_new_tokens=48), encoder_decoder=True)
+    assert "dataset.max_input_tokens" in err.value.fix
+    assert Context.of(SimpleNamespace(), [], "m").limit is None  # no key, no bound: unchanged
+
+
+def test_a_hub_drafter_is_fingerprinted_by_the_snapshot_it_resolved_to():
+    """issue 34: hf drafters from the hub carried no fingerprint, so a moved branch resumed the old model's records."""
+    from types import SimpleNamespace
+
+    from specbench.drafters.hf import hub_fingerprint
+
+    module = SimpleNamespace(config=SimpleNamespace(_commit_hash="abc123"))
+    assert hub_fingerprint("double7/vicuna-68m", module) == "double7/vicuna-68m@abc123"
+    assert hub_fingerprint("embedded:tiny_llama_draft", module) is None
+    assert hub_fingerprint("double7/vicuna-68m", SimpleNamespace(config=SimpleNamespace())) is None

@@ -197,6 +197,10 @@ def test_checkpoint_round_trip(trained, tmp_path):
     assert loaded.arms == ARMS and loaded.meta["alpha"] == 0.5 and loaded.meta["embedding"] == EMB
     assert loaded.meta["config"]["policy"]["hidden"] == [16]
     assert loaded.meta["metrics"]["best_single_arm"] == trained.metrics["best_single_arm"]
+    # issue 34: the train-policy run directory is accepted for its policy.pt; an empty directory says what it lacks
+    assert load_checkpoint(path.parent).arms == ARMS
+    with pytest.raises(SpecbenchError, match="is a directory without policy.pt"):
+        load_checkpoint(tmp_path / "a")
     blob = torch.load(path, weights_only=True)  # safe-loadable
     assert blob["format"] == "specbench-policy" and blob["dim"] == 8
     again = tmp_path / "again.pt"

@@ -211,3 +211,61 @@ def test_cascades_verdict_counts_rule_points_only(tmp_path):
     rows[-1] = ("chow@0.5", "chow", 0.5, 1.3, 3.0)  # ... but two ROUGE-2 points below the target: it does not count
     assert verdict() is False
 
+
+
+def test_long_horizon_replays_join_the_report_and_its_correction(tmp_path):
+    """``specbench report --long-horizon``: the replays' verdicts (read back from verdicts_data.json) count in the
+    index, Holm's correction runs over them with the rest, and the replays' full page is copied beside the exhibit."""
+    import dataclasses
+
+    from specbench.reproduction import long_horizon
+    from specbench.reproduction import verdicts as V
+
+    root = tmp_path / "reproduce"
+    _huang_fixture(root)
+    replays = tmp_path / "long_horizon"
+    replays.mkdir()
+    strong = V.Verdict("[replayed] UCB-BD is faster than the best single drafter over the stream", True, "", n=80,
+                       effect=1.2, interval=(1.1, 1.3), label="speedup ratio", threshold=1.0, p=0.0005)
+    borderline = V.Verdict("[replayed] Discounted UCB is faster than UCB", True, "", n=80, effect=1.01,
+                           interval=(1.001, 1.02), label="speedup ratio", threshold=1.0, p=0.04)
+    (replays / long_horizon.VERDICTS_DATA).write_text(json.dumps([dataclasses.asdict(v) for v in (strong, borderline)]))
+    (replays / "long_horizon.md").write_text("# replays\n")
+    with pytest.raises(SpecbenchError, match="make trace-mixed"):
+        render.write(root, long_horizon=tmp_path / "nowhere")
+    out = render.write(root, long_horizon=replays)
+    report = (out / "REPORT.md").read_text()
+    assert "MetaSD's bandit claims on long horizons" in report
+    assert "**held**: [replayed] UCB-BD is faster than the best single drafter" in report
+    # held at its own level (p=0.04), not after Holm across the report's tested claims
+    assert "**inconclusive**: [replayed] Discounted UCB is faster than UCB" in report
+    assert (out / "metasd" / "replay" / "long_horizon.md").read_text() == "# replays\n"
+    table = pd.read_csv(out / "metasd" / "long_horizon.csv")
+    assert list(table.n) == [80, 80] and table.effect.iloc[0] == pytest.approx(1.2)
+
+
+def test_fig3_reads_the_large_sweep_and_judges_it_paired_per_validation_query(tmp_path):
+    """``make huang-fig3``'s sweep (under ROOT/huang/fig3) replaces Table 1's small one, and the largest training size
+    is judged against the smallest on the same validation queries (data_efficiency_queries.csv)."""
+    root = tmp_path / "reproduce"
+    _huang_fixture(root)
+    sweep = root / "huang" / "fig3" / "policy"
+    sweep.mkdir(parents=True)
+    sizes = [10, 30, 100, 300, 1000]
+    pd.DataFrame({"n_examples": sizes, "val_reward": [0.5, 0.55, 0.6, 0.62, 0.63],
+                  "oracle_reward": [0.7] * 5, "speedup_replayed": [1.0, 1.05, 1.1, 1.12, 1.13],
+                  "oracle_speedup": [1.2] * 5}).to_csv(sweep / "data_efficiency.csv", index=False)
+    rng = np.random.default_rng(0)
+    rows = []
+    for n in sizes:
+        for i in range(40):
+            ar = 1.0 + rng.random()
+            rows.append({"n_examples": n, "query_id": f"q{i}", "task": "translation", "arm": "a",
+                         "seconds": ar / (1.0 + 0.13 * (n == 1000)) * (1 + 0.01 * rng.standard_normal()),
+                         "new_tokens": 16, "ar_seconds": ar, "ar_tokens": 16})
+    pd.DataFrame(rows).to_csv(sweep / "data_efficiency_queries.csv", index=False)
+    out = render.write(root)
+    fig3 = (out / "huang" / "fig3.md").read_text()
+    assert "**held**: more training queries give a higher speed than the fewest (n=40, speedup ratio 1000 queries / " \
+           "10 queries" in fig3
+    assert "make huang-fig3" in fig3
