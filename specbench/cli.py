@@ -35,13 +35,16 @@ def os_failure(exc: BaseException, elsewhere: str) -> SpecbenchError | None:
     full disk or quota (``write()`` errors carry no file name, and ``torch.save`` wraps ENOSPC in a RuntimeError
     about an "unexpected pos"), or a path that cannot be written or read (``elsewhere``: how to write the run to
     another place). None: not a file-system failure."""
-    seen, e = set(), exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
+    chain, e = [], exc
+    while e is not None and all(e is not c for c in chain):
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    for e in chain:  # a full disk anywhere in the chain names itself first (a wrapped ENOSPC says more than its wrapper)
         if isinstance(e, OSError) and e.errno in FULL:
             where = f" writing {e.filename}" if e.filename else ""
             return SpecbenchError(f"no space left on the device{where} ({e.strerror or 'disk full or quota reached'})",
                                   f"free some space (or raise the quota), {RESUME}; or {elsewhere}")
+    for e in chain:
         if isinstance(e, RuntimeError) and ("unexpected pos" in str(e) or "file write failed" in str(e)):
             return SpecbenchError(f"a checkpoint write failed ({str(e).splitlines()[0][:160]}): the disk is most "
                                   "likely full", f"free some space, {RESUME}; or {elsewhere}")
@@ -52,7 +55,6 @@ def os_failure(exc: BaseException, elsewhere: str) -> SpecbenchError | None:
             return SpecbenchError(f"{e.strerror}: {e.filename}",
                                   f"check that path (permissions, a file where a directory should be, a missing "
                                   f"parent), or {elsewhere}")
-        e = e.__cause__ or e.__context__
     return None
 
 

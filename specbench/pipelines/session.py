@@ -45,7 +45,6 @@ def alone_target(drafter: Drafter, target: Target) -> Target:
     return Target(LoadedModel(model=drafter.standalone_model(), tokenizer=target.tokenizer, name=drafter.name))
 
 
-@dataclass
 def policy_checkpoint(cfg: DictConfig) -> Path | None:
     """The policy checkpoint file a method of ``cfg`` reads (``selector=policy`` run as ``selector``, or
     ``selector:policy``), when it exists; None otherwise."""
@@ -62,6 +61,7 @@ def policy_checkpoint(cfg: DictConfig) -> Path | None:
     return path if path.is_file() else None
 
 
+@dataclass
 class Session:
     cfg: DictConfig
     out: Path

@@ -190,7 +190,8 @@ def test_collect_train_eval_through_the_cli(tmp_path):
                  "data_efficiency_queries.csv"):
         assert (tmp_path / "p" / name).exists(), name
     per_query = pd.read_csv(tmp_path / "p" / "data_efficiency_queries.csv")  # each size's arm per validation query
-    assert per_query.groupby("n_examples").query_id.apply(set).nunique() == 1  # the same validation queries
+    same = per_query.groupby("n_examples").query_id.apply(lambda q: tuple(sorted(q)))
+    assert same.nunique() == 1 and len(same) == 2  # both sizes judged on the same validation queries
     assert per_query.seconds.notna().all() and per_query.ar_seconds.notna().all()
     assert load_checkpoint(tmp_path / "p" / "policy.pt").arms == ["autoregressive", "quantized", "prompt_lookup",
                                                                   "early_exit_1"]

@@ -74,12 +74,14 @@ def test_a_finished_step_is_not_reused_under_other_settings(tmp_path, monkeypatc
     assert len(skipped) == 2 and str(root / COLLECT.run) in skipped[0]
     # issue 34: the same root spelled another way, or copied elsewhere, keeps its steps (settings are root-relative)
     assert json.loads((root / POLICY.run / plan.DONE).read_text())["settings"]["data"] == "{root}/huang/math/collect"
+    home = Path.cwd()  # the configs' data paths are relative to the project root
     monkeypatch.chdir(tmp_path)
     for other in (Path("rp"), root.resolve()):
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="specbench.reproduction.plan"):
             plan.run(other, profile=profile)
         assert sum("skipped" in r.getMessage() for r in caplog.records) == 2, other
+    monkeypatch.chdir(home)
     import shutil
 
     shutil.copytree(root, tmp_path / "moved", ignore=shutil.ignore_patterns(".specbench.yaml"))
