@@ -7,6 +7,7 @@ decoding.draft_length=2,4`` behave as in any Hydra app (run directories under ``
 from __future__ import annotations
 
 import errno
+import importlib
 import os
 import shutil
 import sys
@@ -65,8 +66,10 @@ def _fail(exc: SpecbenchError) -> None:
     raise SystemExit(2)
 
 
-def hydra_run(config_name: str, pipeline, args: list[str]) -> None:
-    """Run ``pipeline(cfg, output_dir)`` under ``@hydra.main`` with ``args`` as Hydra's argv.
+def hydra_run(config_name: str, pipeline: str, args: list[str]) -> None:
+    """Run ``specbench.pipelines.<pipeline>.run(cfg, output_dir)`` under ``@hydra.main`` with ``args`` as Hydra's
+    argv. The pipeline's module (models, transformers) is imported only after the config is validated, so bad input
+    is answered in about a second.
 
     The composed config is validated (``specbench.validate``) before the pipeline starts, as every pipeline
     does again at its door (``run_dir.start_run``) before it loads anything.
@@ -91,7 +94,7 @@ def hydra_run(config_name: str, pipeline, args: list[str]) -> None:
             try:
                 check_experiment_command(HydraConfig.get().runtime.choices.get("experiment"), config_name)
                 validate(cfg)  # before the pipeline's own first checks (the door repeats it)
-                return pipeline(cfg, out)
+                return importlib.import_module(f"specbench.pipelines.{pipeline}").run(cfg, out)
             except Exception as exc:  # noqa: BLE001 - bad input is reported, anything else re-raised
                 _fail_or_raise(exc, config_name)
 
@@ -155,10 +158,11 @@ def discard_if_unused(out: Path) -> Iterator[None]:
     try:
         yield
     except BaseException as exc:
-        from specbench.pipelines.run_dir import RunDirTaken
-
-        # a directory another process holds (RunDirTaken) is that process's, however empty it looks
-        taken = isinstance(exc, RunDirTaken) or isinstance(exc.__context__, RunDirTaken)  # reported as exit 2
+        # a directory another process holds (RunDirTaken) is that process's, however empty it looks; the class
+        # exists only once run_dir was imported (looked up, not imported: bad input stops before the models load)
+        run_dir = sys.modules.get("specbench.pipelines.run_dir")
+        taken = run_dir is not None and (isinstance(exc, run_dir.RunDirTaken)
+                                         or isinstance(exc.__context__, run_dir.RunDirTaken))  # reported as exit 2
         if fresh and _unused(out) and not taken:
             shutil.rmtree(out, ignore_errors=True)
         raise
@@ -167,57 +171,43 @@ def discard_if_unused(out: Path) -> Iterator[None]:
 @app.command("eval", context_settings=HYDRA_ARGS, epilog=config_help("eval", experiments=True))
 def eval_(ctx: typer.Context) -> None:
     """Timed decoding: speedup, MAT, acceptance and exact match vs autoregressive (Hydra overrides follow)."""
-    from specbench.pipelines import evaluate
-
-    hydra_run("eval", evaluate.run, ctx.args)
+    hydra_run("eval", "evaluate", ctx.args)
 
 
 @app.command("bench", context_settings=HYDRA_ARGS, epilog=config_help("bench"))
 def bench_(ctx: typer.Context) -> None:
     """Our decode loop vs Hugging Face generate / assisted generation: seconds, speedups, output match."""
-    from specbench.pipelines import bench
-
-    hydra_run("bench", bench.run, ctx.args)
+    hydra_run("bench", "bench", ctx.args)
 
 
 @app.command("profile", context_settings=HYDRA_ARGS, epilog=config_help("profile"))
 def profile_(ctx: typer.Context) -> None:
     """Cost profile of the target and its pool: verification cost vs new tokens, drafter cost per token."""
-    from specbench.pipelines import profile as pipeline
-
-    hydra_run("profile", pipeline.run, ctx.args)
+    hydra_run("profile", "profile", ctx.args)
 
 
 @app.command("trace", context_settings=HYDRA_ARGS, epilog=config_help("trace", experiments=True))
 def trace_(ctx: typer.Context) -> None:
     """Acceptance traces: every drafter's draft and its greedy acceptance at every output position (for replay)."""
-    from specbench.pipelines import trace as pipeline
-
-    hydra_run("trace", pipeline.run, ctx.args)
+    hydra_run("trace", "trace", ctx.args)
 
 
 @app.command("replay", context_settings=HYDRA_ARGS, epilog=config_help("replay", experiments=True))
 def replay_(ctx: typer.Context) -> None:
     """Selectors replayed exactly over traces: many seeds, predicted times, convergence (no model loaded)."""
-    from specbench.pipelines import replay as pipeline
-
-    hydra_run("replay", pipeline.run, ctx.args)
+    hydra_run("replay", "replay", ctx.args)
 
 
 @app.command("cascades", context_settings=HYDRA_ARGS, epilog=config_help("cascades", experiments=True))
 def cascades_(ctx: typer.Context) -> None:
     """Speculative cascades: quality vs speedup per (rule, alpha), curves.csv/md and a PNG per task."""
-    from specbench.pipelines import cascades
-
-    hydra_run("cascades", cascades.run, ctx.args)
+    hydra_run("cascades", "cascades", ctx.args)
 
 
 @app.command("collect", context_settings=HYDRA_ARGS, epilog=config_help("collect", experiments=True))
 def collect(ctx: typer.Context) -> None:
     """Offline rewards for the drafter policy: per query, target/drafter outputs, alignment, costs, embedding."""
-    from specbench.pipelines import collect as pipeline
-
-    hydra_run("collect", pipeline.run, ctx.args)
+    hydra_run("collect", "collect", ctx.args)
 
 
 @app.command("merge")
@@ -261,17 +251,13 @@ def check_output_directory(path: Path, option: str) -> None:
 @app.command("train-policy", context_settings=HYDRA_ARGS, epilog=config_help("train_policy"))
 def train_policy(ctx: typer.Context) -> None:
     """Train the query -> drafter policy (REINFORCE) on collected rows; writes policy.pt and tables."""
-    from specbench.pipelines import train_policy as pipeline
-
-    hydra_run("train_policy", pipeline.run, ctx.args)
+    hydra_run("train_policy", "train_policy", ctx.args)
 
 
 @app.command("train-drafter", context_settings=HYDRA_ARGS, epilog=config_help("train_drafter"))
 def train_drafter(ctx: typer.Context) -> None:
     """Train a draft head for the target by distillation (EAGLE-1 layout); writes a checkpoint directory."""
-    from specbench.pipelines import train_drafter as pipeline
-
-    hydra_run("train_drafter", pipeline.run, ctx.args)
+    hydra_run("train_drafter", "train_drafter", ctx.args)
 
 
 @app.command("report")

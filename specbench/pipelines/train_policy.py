@@ -225,6 +225,10 @@ def data_efficiency(rows, X, arms, cfg, spec: RewardSpec, sizes: list[int], out:
     table, per_query = [], []
     for n in sizes:
         result, chosen = fit(rows, X, arms, cfg, spec, n_examples=n)
+        if any(t["n_examples"] == result.metrics["n_train"] for t in table):
+            log.warning("sweep.n_examples=%d: only %d training queries exist, so it repeats a size already fitted "
+                        "(skipped)", n, result.metrics["n_train"])
+            continue
         sp = replay(rows, result.val_idx, arms, chosen)
         table.append({"n_examples": result.metrics["n_train"], "val_reward": result.metrics["policy"],
                       "oracle_reward": result.metrics["oracle"], "speedup_replayed": sp.get("policy"),

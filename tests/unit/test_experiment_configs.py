@@ -107,7 +107,8 @@ def _splits(dataset) -> set[str]:
     return {str(src.split) for src in (dataset.sources or {}).values() if src is not None}
 
 
-@pytest.mark.parametrize("name", [n for n in EXPERIMENTS if n.startswith("huang") and not n.startswith("huang_cpu")])
+@pytest.mark.parametrize("name", [n for n in EXPERIMENTS if n.startswith("huang") and not n.startswith("huang_cpu")
+                                  and {"collect", "eval"} <= set(commands_for(n))])  # huang_fig3: trace and collect
 def test_context_aware_experiments_collect_and_evaluate_disjoint_splits_at_one_length(name):
     """huang_*: collect reads the train splits and eval the test splits (disjoint queries), and both decode
     the same number of new tokens."""
