@@ -27,7 +27,8 @@ Power, shown by a computation and by mutations:
   TV distance) and checked to exceed the detectable ``d`` before the run, so the rejection is power,
   not luck.
 
-Runtime: ~10 ms per generation, ~20 s per law test; the full drafter x setting grid is in the slow set.
+Runtime: ~10 ms per generation, ~15-20 s per law test; the full drafter x setting grid and the second mutation are in
+the slow set.
 """
 
 from __future__ import annotations
@@ -340,7 +341,7 @@ def first_token_tv_untempered(p, q_t, q_1):
 
 
 
-@pytest.mark.parametrize("mutation", ["p_as_residual", "untempered_q"])
+@pytest.mark.parametrize("mutation", ["p_as_residual", pytest.param("untempered_q", marks=pytest.mark.slow)])  # 14 s each
 def test_law_test_rejects_mutations(law_setup, tiny_decode, monkeypatch, mutation):
     target, pool, prompts = law_setup
     sampling, prompt = SETTINGS[MUTANT_SETTING], prompts[MUTANT_ARM]
