@@ -66,7 +66,8 @@ def resolve_checkpoint(checkpoint: str, make_target: str | None = None) -> Path:
     if local is not None:
         return local
     path = Path(str(checkpoint)).expanduser()
-    if "/" in str(checkpoint) and not path.exists() and not str(checkpoint).startswith((".", "/", "~")):
+    hub_id = str(checkpoint).count("/") == 1 and not str(checkpoint).startswith((".", "/", "~"))  # owner/name
+    if hub_id and not path.exists():
         try:
             from huggingface_hub import snapshot_download
 
@@ -75,7 +76,9 @@ def resolve_checkpoint(checkpoint: str, make_target: str | None = None) -> Path:
             raise SpecbenchError(f"could not fetch the draft head '{checkpoint}' from the hub ({type(exc).__name__})",
                                  "pass a local directory, or check the hub id and your network") from exc
     fix = f"build it with `{make_target}`" if make_target else "train one with `specbench train-drafter`"
-    raise SpecbenchError(f"draft head checkpoint {checkpoint} not found", fix)
+    missing = f"no directory {path}" + (f" (its parent {path.parent} exists)" if path.parent.is_dir() else "")
+    raise SpecbenchError(f"draft head checkpoint {checkpoint} not found: {missing}, and it is not a hub id (owner/name)",
+                         f"check the path, or {fix}")
 
 
 def read_meta(path: Path) -> dict:

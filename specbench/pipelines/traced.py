@@ -50,7 +50,8 @@ class TracedRuns:
                                  f"{traced_tokens} new tokens", f"set collect.max_new_tokens={traced_tokens} (or fewer)")
         self.lengths = {}
         for name, traced in first["lengths"].items():
-            k = int(first["own_lengths"].get(name) or limits.draft_length)
+            own = OmegaConf.select(cfg, f"pool.drafters.{name}.draft_length", default=None)  # this collection's
+            k = int(own or limits.draft_length)
             if name in arms and k > int(traced):
                 raise SpecbenchError(f"drafter '{name}' drafts {k} tokens a round; the trace holds {traced}",
                                      f"set decoding.draft_length={traced} (or fewer), or trace with trace.draft_length={k}")

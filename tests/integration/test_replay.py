@@ -358,3 +358,7 @@ def test_a_collection_replayed_from_a_trace_equals_the_live_one(trace_run, tmp_p
         collect_pipeline.run(cfg_of("collect", [*args, "dataset.limit=2", f"collect.trace={trace_run}"]), tmp_path / "more")
     with pytest.raises(SpecbenchError, match="samples at temperature"):
         collect_pipeline.run(cfg_of("collect", [*args, "decoding=sampling", f"collect.trace={trace_run}"]), tmp_path / "s")
+    # a per-drafter draft length longer than the trace's was read from the trace, not the collection (probe, issue 34)
+    with pytest.raises(SpecbenchError, match="drafter 'prompt_lookup' drafts 9 tokens a round; the trace holds"):
+        collect_pipeline.run(cfg_of("collect", [*args, "pool.drafters.prompt_lookup.draft_length=9",
+                                                f"collect.trace={trace_run}"]), tmp_path / "k9")

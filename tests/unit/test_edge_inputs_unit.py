@@ -409,3 +409,13 @@ def test_a_hub_drafter_is_fingerprinted_by_the_snapshot_it_resolved_to():
     assert hub_fingerprint("double7/vicuna-68m", module) == "double7/vicuna-68m@abc123"
     assert hub_fingerprint("embedded:tiny_llama_draft", module) is None
     assert hub_fingerprint("double7/vicuna-68m", SimpleNamespace(config=SimpleNamespace())) is None
+
+
+def test_a_missing_local_head_path_is_not_fetched_from_the_hub(tmp_path):
+    """probe (issue 34): a missing directory with more than one slash was tried as a hub id ("check the hub id and
+    your network"); it names the missing directory instead, and no download is attempted."""
+    from specbench.drafters.head_files import resolve_checkpoint
+
+    with pytest.raises(SpecbenchError) as err:
+        resolve_checkpoint(str(tmp_path / "runs" / "no_head"))
+    assert "no directory" in err.value.problem and "not a hub id" in err.value.problem and "hub" not in err.value.fix
