@@ -122,7 +122,9 @@ def _fail_or_raise(exc: Exception, config_name: str) -> None:
         _fail(SpecbenchError(f"{exc.filename} is a file, not a directory",
                              "write the run elsewhere: hydra.run.dir=<a directory> (a new one, or one of "
                              "this command's run directories)"))
-    mapped = os_failure(exc, "write the run elsewhere: hydra.run.dir=<a writable directory>")
+    where = "out=<a writable directory> (or name=<name>)" if config_name == "train_drafter" \
+        else "hydra.run.dir=<a writable directory>"  # train-drafter writes its head to out=
+    mapped = os_failure(exc, f"write the run elsewhere: {where}")
     if mapped is not None:
         _fail(mapped)
     raise exc

@@ -165,12 +165,15 @@ def test_metasd_experiment_writes_table_and_convergence(tmp_path):
 @pytest.mark.parametrize("args", [
     ["eval", *TINY, "hydra.run.dir=/proc/specbench_run"],  # a run directory that cannot be made (was a traceback)
     ["eval", *TINY, "+experiment=metasd_cpu", "+experiment=huang_cpu", "--cfg", "job"],  # two presets
+    ["train-drafter", "target=tiny_llama", "train.epochs=1", "out=/proc/specbench_head"],  # its fix names out=
 ])
 def test_unmakeable_paths_and_two_experiments_are_clear_errors(args, tmp_path):
     """issue 34: an ENOENT run directory and two experiments (the last silently won) give error/fix lines."""
     res = specbench(*args, cwd=tmp_path)
     assert res.returncode == 2, res.stderr[-3000:]
     assert "Traceback" not in res.stderr and "error: " in res.stderr and "fix:   " in res.stderr, res.stderr[-3000:]
+    if args[0] == "train-drafter":
+        assert "out=<a writable directory>" in res.stderr and "hydra.run.dir" not in res.stderr, res.stderr[-3000:]
 
 
 def test_a_directory_where_the_run_claim_file_goes_is_a_clear_error(tmp_path):
