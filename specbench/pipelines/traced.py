@@ -54,7 +54,8 @@ class TracedRuns:
             k = int(own or limits.draft_length)
             if name in arms and k > int(traced):
                 raise SpecbenchError(f"drafter '{name}' drafts {k} tokens a round; the trace holds {traced}",
-                                     f"set decoding.draft_length={traced} (or fewer), or trace with trace.draft_length={k}")
+                                     f"set {f'pool.drafters.{name}.draft_length' if own else 'decoding.draft_length'}"
+                                     f"={traced} (or fewer), or trace with trace.draft_length={k}")
             self.lengths[name] = min(k, int(traced))
         self.arms, self.limits = arms, limits
         self.rows = {r["query_id"]: r for r in rows}
