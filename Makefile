@@ -185,7 +185,7 @@ small-drafter: install
 # autoregressive baseline): each head, the generalist and prompt lookup on every task, and UCB-BD with
 # bandit feedback and with full information over the pool.
 specialists-eval: install
-	$(SPECBENCH) eval +experiment=specialists_cpu threads=$(THREADS) hydra.run.dir=$(SPECIALISTS_OUT)/eval
+	$(SPECBENCH) eval experiment=specialists_cpu threads=$(THREADS) hydra.run.dir=$(SPECIALISTS_OUT)/eval
 
 # Dynamic draft length (conf/experiment/draft_confidence.yaml): the math and translation heads at k=4, and with a
 # draft that stops below a confidence of 0.3 / 0.5 but may run to 6 tokens, on 8 held-out rows of each task.
@@ -235,7 +235,7 @@ $(SPEC_BENCH_QUESTIONS):
 # The task- and language-specialised drafters MetaSD's pools need ($$SPECBENCH_CACHE/drafters/<name>).
 paper-drafters: install
 	for recipe in $(PAPER_DRAFTERS); do \
-		$(SPECBENCH) train-drafter +experiment=$$recipe hydra.run.dir=$(PAPER)/drafters/$$recipe $(PAPER_ARGS) || exit 1; \
+		$(SPECBENCH) train-drafter experiment=$$recipe hydra.run.dir=$(PAPER)/drafters/$$recipe $(PAPER_ARGS) || exit 1; \
 	done
 
 reproduce-paper: install paper-drafters $(SPEC_BENCH_QUESTIONS)

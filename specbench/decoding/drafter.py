@@ -3,8 +3,9 @@
 A drafter is touched only in the rounds that play it: the loop calls ``sync`` then ``propose`` on
 the chosen arm and nothing on the others, so a drafter's per-query setup (an encoder pass, a prompt
 prefill) happens lazily, the first time it is synced in a query, and is timed in that round as its
-first-use cost. The one exception is the verification hook (``observe``): a drafter that declares
-``state_layers`` is shown what each target verification forward computed, played or not.
+first-use cost. The one exception is the verification hook (``observe``): under a full-information selector
+(``selector.full_information``), a drafter that declares ``state_layers`` is shown what each target verification
+forward computed, played or not; under bandit feedback ``observe`` is never called.
 """
 
 from __future__ import annotations

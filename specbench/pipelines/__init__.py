@@ -1,1 +1,1 @@
-"""Pipelines: ``run(cfg) -> output directory``. They print tables only through ``report``."""
+"""Pipelines: ``run(cfg) -> output directory``. They print tables only through ``tables.py``."""

@@ -117,7 +117,7 @@ RECORDS = RunFiles(results=("examples.jsonl", "rounds.jsonl"))
 
 def resolve_target_dtype(cfg: DictConfig) -> None:
     """Replace ``target.dtype`` (``auto``, null or an alias such as ``bf16``) by the dtype it resolves to on
-    this machine (:func:`specbench.models.loading.auto_dtype`), so ``config.yaml``, the summaries and the
+    this machine (:func:`specbench.models.devices.auto_dtype`), so ``config.yaml``, the summaries and the
     checkpoints written from this config name the dtype the run computed in."""
     target = cfg.get("target")
     if not isinstance(target, DictConfig) or "dtype" not in target:
