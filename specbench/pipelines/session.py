@@ -34,6 +34,7 @@ from specbench.pipelines.run_records import Records
 from specbench.pipelines.schedule import cascade_of, seed_for, tie_tolerance_of
 from specbench.selection import Fixed, Selector
 from specbench.timing import Clock
+from specbench.policy.checkpoint import checkpoint_file
 from specbench.records import files_fingerprint
 
 log = logging.getLogger(__name__)
@@ -56,8 +57,7 @@ def policy_checkpoint(cfg: DictConfig) -> Path | None:
         or OmegaConf.select(cfg, "policy.checkpoint", default=None)
     if not ckpt:
         return None
-    path = Path(str(ckpt)).expanduser()
-    path = path / "policy.pt" if path.is_dir() else path
+    path = checkpoint_file(str(ckpt))
     return path if path.is_file() else None
 
 

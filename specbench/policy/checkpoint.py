@@ -75,12 +75,16 @@ def save_checkpoint(path: str | Path, result_or_policy: TrainResult | Policy, *,
     return path
 
 
+def checkpoint_file(path: str | Path) -> Path:
+    """``path`` itself, or the ``policy.pt`` of a train-policy run directory given instead of its checkpoint."""
+    path = Path(path).expanduser()
+    return path / "policy.pt" if path.is_dir() and (path / "policy.pt").is_file() else path
+
+
 def load_checkpoint(path: str | Path) -> Policy:
-    """The ``Policy`` saved at ``path``; ``policy.meta`` holds everything else that was saved
-    (dim, hidden, arms, embedding, alpha, config, metrics, format, version)."""
-    path = Path(path)
-    if path.is_dir() and (path / "policy.pt").is_file():  # a train-policy run directory: its checkpoint
-        path = path / "policy.pt"
+    """The ``Policy`` saved at ``path`` (or in the train-policy run directory ``path``); ``policy.meta`` holds
+    everything else that was saved (dim, hidden, arms, embedding, alpha, config, metrics, format, version)."""
+    path = checkpoint_file(path)
     if not path.is_file():
         what = "is a directory without policy.pt" if path.is_dir() else "does not exist"
         raise SpecbenchError(f"policy checkpoint {path} {what}",
