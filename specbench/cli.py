@@ -117,6 +117,11 @@ def _fail_or_raise(exc: Exception, config_name: str) -> None:
         _fail(exc)
     if isinstance(exc, (ConfigCompositionException, OverrideParseException)):
         _fail(hydra_error(exc, config_name))
+    if isinstance(exc, OSError) and exc.errno == errno.EEXIST and exc.filename and Path(exc.filename).exists() \
+            and not Path(exc.filename).is_dir():  # mkdir(exist_ok=True) on a file: hydra.run.dir=<a file>
+        _fail(SpecbenchError(f"{exc.filename} is a file, not a directory",
+                             "write the run elsewhere: hydra.run.dir=<a directory> (a new one, or one of "
+                             "this command's run directories)"))
     where = "out=<a writable directory> (or name=<name>)" if config_name == "train_drafter" \
         else "hydra.run.dir=<a writable directory>"  # train-drafter writes its head to out=
     mapped = os_failure(exc, f"write the run elsewhere: {where}")
