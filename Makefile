@@ -195,7 +195,7 @@ draft-confidence: install
 # Every CPU-scale reproduction (Huang et al. Tables 1, 4, 6 and Figs. 2, 3; MetaSD's main table, heads,
 # bandits, reward variance, convergence, full information, switching costs and a non-stationary stream;
 # speculative cascades greedy and at temperature 1) with the shipped specialist heads, then the report:
-# outputs/reproduce/report/REPORT.md. The plan is derived from the exhibits (specbench/reproduction/exhibits.py).
+# outputs/reproduce/report/REPORT.md. The plan is derived from the exhibits (specbench/reproduction/registry.py).
 # Resumable: finished steps are skipped, an interrupted one resumes (specbench/reproduction/plan.py). A step run
 # with other settings or with shipped heads rebuilt since is refused; REDO=1 (--redo) runs such steps again.
 REPRO ?= outputs/reproduce
@@ -212,7 +212,7 @@ report: install
 # ---------------------------------------------------------------------------------------------------
 # Paper scale: every paper-scale experiment (conf/experiment/, README "Paper-scale experiments"). Needs a
 # GPU with CUDA torch (make install TORCH_SPEC="torch>=2.4"), hub access, and the gated models' licences
-# accepted on the hub (Gemma-2, LayerSkip) with `huggingface-cli login`. `specbench reproduce --profile
+# accepted on the hub (Gemma-2, LayerSkip) with `huggingface-cli login`. `specbench reproduce --scale
 # paper` (specbench/reproduction/plan.py) runs each experiment into a fixed directory under $(PAPER), in the
 # CPU reproduction's layout where the papers overlap (huang/..., metasd/eval, metasd/stream, cascades/<name>),
 # and ends in the same `specbench report` with the published numbers beside ours. Rerunning skips finished
@@ -239,4 +239,4 @@ paper-drafters: install
 	done
 
 reproduce-paper: install paper-drafters $(SPEC_BENCH_QUESTIONS)
-	$(SPECBENCH) reproduce --profile paper --root $(PAPER) --questions $(SPEC_BENCH_QUESTIONS) $(PAPER_ARGS)
+	$(SPECBENCH) reproduce --scale paper --root $(PAPER) --questions $(SPEC_BENCH_QUESTIONS) $(PAPER_ARGS)

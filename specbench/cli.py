@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import importlib
+import logging
 import os
 import shutil
 import sys
@@ -162,7 +163,7 @@ def discard_if_unused(out: Path) -> Iterator[None]:
     except BaseException as exc:
         # a directory another process holds (RunDirTaken) is that process's, however empty it looks; the class
         # exists only once run_dir was imported (looked up, not imported: bad input stops before the models load)
-        run_dir = sys.modules.get("specbench.pipelines.run_dir")
+        run_dir = sys.modules.get("specbench.pipelines.session.run_dir")
         taken = run_dir is not None and (isinstance(exc, run_dir.RunDirTaken)
                                          or isinstance(exc.__context__, run_dir.RunDirTaken))  # reported as exit 2
         if fresh and _unused(out) and not taken:
@@ -300,22 +301,29 @@ def report(root: str = typer.Argument("outputs/reproduce", help="the root that `
 @app.command("reproduce", context_settings=HYDRA_ARGS)
 def reproduce(ctx: typer.Context,
               root: str = typer.Option("outputs/reproduce", "--root", help="where the runs and the report go"),
-              profile: str = typer.Option("cpu", "--profile", help="cpu: the CPU-scale plan; tiny: a dry run of it on "
-                                                                   "tiny models; paper: the paper-scale experiments (GPU)"),
+              scale: str = typer.Option(None, "--scale", help="cpu (default): the CPU-scale plan; tiny: a dry run "
+                                                              "of it on tiny models; paper: the paper-scale "
+                                                              "experiments (GPU)"),
+              profile: str = typer.Option(None, "--profile", hidden=True, help="deprecated: the old name of --scale"),
               paper: list[str] = typer.Option(None, "--paper", help="only these papers (huang, metasd, cascades; "
-                                                                    "paper profile: also spec_bench)"),
-              questions: str = typer.Option(None, "--questions", help="Spec-Bench's question.jsonl (paper profile; "
+                                                                    "paper scale: also spec_bench)"),
+              questions: str = typer.Option(None, "--questions", help="Spec-Bench's question.jsonl (paper scale; "
                                                                       "default data/spec_bench/question.jsonl)"),
               redo: bool = typer.Option(False, "--redo", help="run again the finished steps whose settings (or upstream "
                                                               "steps) differ from this call's, deleting their old "
                                                               "records (without it such a call is refused)")) -> None:
-    """Every reproduction of a profile end to end (resumable), then `specbench report`; extra Hydra
+    """Every reproduction of a scale end to end (resumable), then `specbench report`; extra Hydra
     overrides apply to every decoding step (eval, collect, cascades). Every step's config is validated
     before anything runs; a finished step whose settings differ is refused unless --redo."""
     from specbench.reproduction import plan
 
     try:
-        plan.run(root, profile=profile, papers=paper or None, extra=list(ctx.args),
+        if profile is not None:
+            if scale is not None and scale != profile:
+                raise SpecbenchError(f"--scale {scale} and --profile {profile} disagree (--profile is the old name of "
+                                     "--scale)", f"drop --profile: --scale {scale}")
+            logging.getLogger(__name__).warning("--profile is deprecated: use --scale %s (the same option)", profile)
+        plan.run(root, scale=scale or profile or "cpu", papers=paper or None, extra=list(ctx.args),
                  questions=questions or plan.QUESTIONS, redo=redo)
     except SpecbenchError as exc:
         _fail(exc)

@@ -86,7 +86,7 @@ class ExampleRecord:
     deciders: list | None = None
     tie_tolerance: float | None = None
     prompt_sha: str | None = None  # fingerprint of the prompt ids: a fork after a differing prompt is inherited
-    # What a resume checks and what the summary pairs by (pipelines/run_records.py Records): the query's content
+    # What a resume checks and what the summary pairs by (pipelines/session/run_records.py Records): the query's content
     # fingerprint, the fingerprints of the pool's drafter checkpoints, and the id of the process that timed it.
     query_sha: str | None = None
     drafters: dict | None = None

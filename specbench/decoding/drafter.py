@@ -5,7 +5,8 @@ the chosen arm and nothing on the others, so a drafter's per-query setup (an enc
 prefill) happens lazily, the first time it is synced in a query, and is timed in that round as its
 first-use cost. The one exception is the verification hook (``observe``): under a full-information selector
 (``selector.full_information``), a drafter that declares ``state_layers`` is shown what each target verification
-forward computed, played or not; under bandit feedback ``observe`` is never called.
+forward computed, played or not; under bandit feedback ``observe`` is never called. Drafters whose observations
+share work declare an ``ObservationGroup``, which the loop calls once per verification forward.
 """
 
 from __future__ import annotations
@@ -87,8 +88,8 @@ class Verification:
     ``p``: the target's processed distributions at the drafted positions ``[len(draft), V]`` (None
     when nothing was drafted); ``accepted``: how many draft tokens verification kept; ``states``: ``{layer: [len(draft) + 1, H]}`` residual stream after
     ``layer`` layers at the scored positions, for the layers some drafter asked for; ``played``:
-    the arm that drafted; ``peers``: every drafter observing this forward (so drafters that share
-    work, such as early exits sharing an LM head, can do it once for all of them, through ``cache``).
+    the arm that drafted; ``shared``: what each observation group computed for this forward
+    (``{group: {member name: observation}}``), filled by ``observations`` before any member's ``observe``.
 
     For drafters that must replay the round on their own state (draft heads): ``context``, the
     committed tokens before the round (the last of them is the first scored position); ``query``,
@@ -103,8 +104,7 @@ class Verification:
     played: str
     sampling: SamplingParams
     states: dict[int, torch.Tensor] = field(default_factory=dict)
-    peers: Mapping[str, "Drafter"] = field(default_factory=dict)
-    cache: dict = field(default_factory=dict)  # scratch shared by the drafters observing this forward
+    shared: dict["ObservationGroup", Mapping[str, float]] = field(default_factory=dict)
     context: list[int] | None = None
     query: DecodeContext | None = None
     draft_length: int | None = None
@@ -112,20 +112,43 @@ class Verification:
     eos_ids: frozenset[int] = frozenset()
 
 
+class ObservationGroup:
+    """Drafters whose side observations share work (draft heads scoring through one LM head, early exits reading
+    one LM head) declare one group: ``Drafter.group``, equal for all of them (a frozen dataclass over what they
+    share). Once per verification forward, before any member's own ``observe``, ``observations`` calls the group's
+    ``observe`` with its members that watch that forward; each member's ``observe`` then reads its own entry
+    (``Verification.shared``)."""
+
+    def observe(self, verification: Verification, members: Mapping[str, "Drafter"]) -> Mapping[str, float]:
+        """``{member name: side observation}`` for the members that have one this round (not the played one)."""
+        raise NotImplementedError
+
+
 class Drafter:
-    """A source of draft tokens.
+    """A source of draft tokens. The decode loop (``decoding/loop.py``; the trace walk, ``decoding/trace.py``, alike)
+    calls these four methods and no other:
 
-    ``cost`` is the relative cost per drafted token (parameter count relative to the target by
-    default). ``sync(query, tokens)`` brings the drafter's own state up to the committed tokens,
-    starting the query first when ``query`` is new (``begin``); ``propose`` drafts up to ``k``
-    tokens. ``drafts``: False only for the autoregressive arm (a round of it drafts nothing and
-    has no reward).
+    - ``state_layers(side_observations)``: once per decode call, before the prefill (``listeners``), on each drafter
+      the selector can play (every drafter under full information): the target layers whose hidden states it wants
+      recorded at the committed positions (``DecodeContext.states``) and, under full information, handed to
+      ``observe``. None by default, and then the target runs without returning them.
+    - ``sync(query, tokens)``: in each round that drafts with it (the played arm, each member of a tree round, a
+      ``Route``'s first arm), first: catch up with the committed ``tokens``. It calls ``begin(query)`` when ``query``
+      is a new ``DecodeContext`` (the drafter's first use in the query), then ``catch_up(tokens)``; True on that
+      first use.
+    - ``propose(tokens, k, sampling, rng, eos_ids[, stop_below])``: right after ``sync``, unless no room is left:
+      up to ``k`` draft tokens.
+    - ``observe(verification)``: after each verification forward, only under a full-information selector and only
+      on drafters whose ``state_layers(True)`` is not empty, through ``observations``: each declared ``group``
+      (``ObservationGroup``) does its members' shared work once, then each drafter's ``observe`` returns its side
+      observation (the Block Divergence it would have had), which counts only for drafters the round did not play.
 
-    The verification hook: ``state_layers(side_observations)`` names the target layers whose
-    hidden states the drafter wants from each verification forward (none by default, and then the
-    target runs without returning them); ``observe(verification)`` receives them and may return a
-    side observation, the Block Divergence the drafter would have had this round (only asked of
-    drafters that were not played).
+    It reads two attributes: ``draft_length`` (tokens per round; None: the run's ``decoding.draft_length``) and
+    ``drafts`` (False only for the autoregressive arm: a round of it drafts nothing and has no reward); ``group``
+    through ``observations``. ``begin`` and ``catch_up`` are ``sync``'s steps, for drafters to override. The rest
+    serves the pipelines, selectors and traces, never the loop: ``name``, ``cost`` (the relative cost per drafted
+    token: parameter count relative to the target by default), ``deterministic``, ``history_free``,
+    ``standalone_model`` / ``can_generate_alone``.
     """
 
     name: str = "drafter"
@@ -136,15 +159,13 @@ class Drafter:
     # up with them (one token at a time or many at once): what makes a trace replay it exactly (decoding/trace.py)
     history_free: bool = True
     drafts: bool = True
+    group: ObservationGroup | None = None  # the drafters it shares observation work with (``ObservationGroup``)
 
     _query: DecodeContext | None = None
 
     def begin(self, query: DecodeContext) -> None:
-        """Per-query setup (eager). The loop never calls it: ``sync`` does, the first time it meets a query."""
-        self.reset(query.encoder_ids)
-
-    def reset(self, encoder_ids: list[int] | None) -> None:
-        """Start a query from its encoder ids (drafters with per-query state override this)."""
+        """Start a query (drafters with per-query state override this). The loop never calls it: ``sync`` does,
+        the first time it meets a query."""
 
     def sync(self, query: DecodeContext, tokens: list[int]) -> bool:
         """Catch up with ``tokens``; returns True when this call started the query (first use)."""
@@ -177,7 +198,23 @@ class Drafter:
         return ()
 
     def observe(self, verification: Verification) -> float | None:
-        return None
+        """Its side observation of a round it did not play: by default its entry of what its ``group`` computed for
+        this forward (None without a group)."""
+        if self.group is None:
+            return None
+        return verification.shared.get(self.group, {}).get(self.name)
+
+
+def observations(watching: Mapping[str, Drafter], verification: Verification) -> dict[str, float | None]:
+    """Every watching drafter's ``observe`` of one verification forward, in ``watching``'s order: each group's shared
+    work first, once per group (``ObservationGroup.observe`` with its members in ``watching``), then each drafter's
+    own ``observe``. The loop and the trace (``decoding/trace.py``) both observe through it."""
+    groups: dict[ObservationGroup, dict[str, Drafter]] = {}
+    for name, d in watching.items():
+        if d.group is not None:
+            groups.setdefault(d.group, {})[name] = d
+    verification.shared = {group: group.observe(verification, members) for group, members in groups.items()}
+    return {name: d.observe(verification) for name, d in watching.items()}
 
 
 class AutoregressiveArm(Drafter):

@@ -12,7 +12,7 @@ import torch
 
 from specbench.decoding.cascade import Cascade
 from specbench.decoding.certify import deciders
-from specbench.decoding.drafter import Draft, Drafter, DecodeContext, Verification
+from specbench.decoding.drafter import Draft, Drafter, DecodeContext, Verification, observations
 from specbench.decoding.sampling import SamplingParams, logits_to_probs
 from specbench.decoding.tree import build_tree, member_divergence, verify_tree_greedy, verify_tree_sampling
 from specbench.decoding.verify import block_divergence, block_efficiency, verify_greedy, verify_sampling
@@ -289,10 +289,9 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
         side = {}
         if watching and selector.full_information:
             seen = Verification(draft=path_draft, p=p, accepted=accepted, played=arm, sampling=sampling, states=states,
-                                peers=watching, context=target.tokens[: last + 1], query=ctx,
+                                context=target.tokens[: last + 1], query=ctx,
                                 draft_length=limits.draft_length, room=room, eos_ids=eos_ids)
-            for name, d in watching.items():
-                obs = d.observe(seen)
+            for name, obs in observations(watching, seen).items():  # each group's work once, then every member's read
                 if obs is not None and name not in members:
                     side[name] = obs
         t5 = clock.now()

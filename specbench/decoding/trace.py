@@ -31,10 +31,10 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from specbench.decoding.certify import deciders
-from specbench.decoding.drafter import DecodeContext, Draft, Drafter, Verification
+from specbench.decoding.drafter import DecodeContext, Draft, Drafter, Verification, observations
 from specbench.decoding.loop import DecodeSpec, Generation
 from specbench.decoding.sampling import logits_to_probs
-from specbench.decoding.tree import build_tree
+from specbench.decoding.tree import TokenTree, build_tree
 from specbench.errors import SpecbenchError
 from specbench.models.target import Target
 
@@ -108,6 +108,17 @@ class QueryTrace:
                                  "trace again with this version of specbench (a new run directory)")
         drafters = {name: DrafterTrace(**dt) for name, dt in d["drafters"].items()}
         return cls(**{**d, "drafters": drafters})
+
+
+@dataclass(frozen=True)
+class TreeStep:
+    """One step of the walk: the token tree of every drafter's draft, the drafts, the target's processed
+    distributions at every row of the tree forward and the states it returned (``{layer: [rows, H]}``)."""
+
+    tree: TokenTree
+    drafts: Mapping[str, Draft]
+    p: torch.Tensor
+    states: Mapping[int, torch.Tensor]
 
 
 def trace_lengths(pool: Mapping[str, Drafter], draft_length: int, at_least: int | None) -> dict[str, int]:
@@ -191,7 +202,7 @@ def trace(target: Target, pool: Mapping[str, Drafter], prompt_ids: list[int], sp
             traces[name].accepted.append(accepted)
             traces[name].overlap.append(overlaps(draft, p[rows]) if path else [])
         if observers:
-            observe_all(observers, traces, tree, drafts, p, scores.states, target.tokens, ctx, spec, room)
+            observe_all(observers, traces, TreeStep(tree, drafts, p, scores.states), target.tokens, ctx, spec, room)
         token = best[0]
         gen.deciders.extend(deciders(logits, 1))
         out.append(token)
@@ -212,23 +223,22 @@ def trace(target: Target, pool: Mapping[str, Drafter], prompt_ids: list[int], sp
     return result, gen
 
 
-def observe_all(observers: Mapping[str, Drafter], traces: Mapping[str, DrafterTrace], tree, drafts: Mapping[str, Draft],
-                p: torch.Tensor, states: Mapping[int, torch.Tensor], tokens: list[int], ctx: DecodeContext,
-                spec: DecodeSpec, room: int) -> None:
+def observe_all(observers: Mapping[str, Drafter], traces: Mapping[str, DrafterTrace], step: TreeStep,
+                tokens: list[int], ctx: DecodeContext, spec: DecodeSpec, room: int) -> None:
     """Each observer's side observation of each other drafter's draft verified alone (the loop's ``Verification``
     over that draft's rows of the tree forward), appended to the observer's ``side``."""
     seen = {name: {} for name in observers}
-    for played, draft in drafts.items():
+    tree, p, states = step.tree, step.p, step.states
+    for played, draft in step.drafts.items():
         path = tree.paths[played]
         if not path:
             continue
         rows = [tree.parent_row(node) for node in path]
         v = Verification(draft=list(draft.tokens), p=p[rows], accepted=traces[played].accepted[-1], played=played,
                          sampling=spec.sampling, states={layer: x[[0, *(1 + n for n in path)]] for layer, x in states.items()},
-                         peers=observers, context=list(tokens), query=ctx, draft_length=spec.limits.draft_length,
+                         context=list(tokens), query=ctx, draft_length=spec.limits.draft_length,
                          room=room, eos_ids=spec.eos_ids)
-        for name, d in observers.items():
-            obs = d.observe(v)
+        for name, obs in observations(observers, v).items():
             if obs is not None and name != played:
                 seen[name][played] = round(float(obs), DIGITS)
     for name, values in seen.items():

@@ -47,10 +47,6 @@ class ModelDrafter(Drafter):
         self.lm.reset(query.encoder_ids, query.encoder_outputs if self.shares_encoder else None)
         self._next_logits = None
 
-    def reset(self, encoder_ids):
-        self.begin(DecodeContext(encoder_ids=encoder_ids))
-        self._query = None
-
     def standalone_model(self) -> torch.nn.Module:
         return self.lm.model
 

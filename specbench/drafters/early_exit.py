@@ -14,16 +14,42 @@ target's own final norm (``final_norm``, a module path in the target YAML) and L
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import torch
 
-from specbench.decoding.drafter import Verification
+from specbench.decoding.drafter import ObservationGroup, Verification
 from specbench.decoding.sampling import logits_to_probs
 from specbench.decoding.verify import block_divergence
 from specbench.drafters.base import ModelDrafter, param_count
 from specbench.errors import SpecbenchError
 from specbench.models.cache import fit_vocab
 from specbench.models.target import Target
+
+
+@dataclass(frozen=True)
+class ExitHead:
+    """The target's own read-out that an exit drafts through: its final ``norm``, its ``lm_head``, the ``scale``
+    between them (``head_scale``: 1 for Llama-style models, ``d_model ** -0.5`` for T5 with tied embeddings) and the
+    ``vocab_size`` the logits are cut or padded to."""
+
+    norm: torch.nn.Module
+    lm_head: torch.nn.Module
+    vocab_size: int
+    scale: float = 1.0
+
+    @torch.inference_mode()
+    def head_input(self, states: torch.Tensor) -> torch.Tensor:
+        """``[n, H]`` states -> the LM head's input (norm, scale)."""
+        x = self.norm(states)
+        return x * self.scale if self.scale != 1.0 else x
+
+    @torch.inference_mode()
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(x)
+        if logits.shape[-1] != self.vocab_size:
+            logits = fit_vocab(logits, self.vocab_size)
+        return logits.float()
 
 
 class EarlyExitDrafter(ModelDrafter):
@@ -37,33 +63,23 @@ class EarlyExitDrafter(ModelDrafter):
 
     shares_encoder = True
 
-    def __init__(self, name: str, model: torch.nn.Module, vocab_size: int, cost: float, exit_layer: int,
-                 norm: torch.nn.Module, head: torch.nn.Module, head_scale: float = 1.0,
+    def __init__(self, name: str, model: torch.nn.Module, cost: float, exit_layer: int, read_out: ExitHead,
                  confidence_threshold: float = 0.0):
-        super().__init__(name, model, vocab_size, cost, confidence_threshold)
+        super().__init__(name, model, read_out.vocab_size, cost, confidence_threshold)
         self.exit_layer = int(exit_layer)
-        self._norm = norm
-        self._head = head
-        self._head_scale = float(head_scale)
-        self._vocab_size = vocab_size
+        self.read_out = read_out
 
     @property
     def head(self) -> torch.nn.Module:
         """The LM head (the target's own): exits sharing it can run it once over all their rows."""
-        return self._head
+        return self.read_out.lm_head
 
-    @torch.inference_mode()
     def head_input(self, states: torch.Tensor) -> torch.Tensor:
         """``[n, H]`` target states after ``exit_layer`` layers -> the LM head's input (norm, scale)."""
-        x = self._norm(states)
-        return x * self._head_scale if self._head_scale != 1.0 else x
+        return self.read_out.head_input(states)
 
-    @torch.inference_mode()
     def head_logits(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self._head(x)
-        if logits.shape[-1] != self._vocab_size:
-            logits = fit_vocab(logits, self._vocab_size)
-        return logits.float()
+        return self.read_out.logits(x)
 
     def logits_from_hidden(self, states: torch.Tensor) -> torch.Tensor:
         """``[n, H]`` target states after ``exit_layer`` layers -> logits ``[n, V]``."""
@@ -72,17 +88,23 @@ class EarlyExitDrafter(ModelDrafter):
     def state_layers(self, side_observations: bool) -> tuple[int, ...]:
         return (self.exit_layer,) if side_observations else ()
 
-    def observe(self, v: Verification) -> float | None:
-        """This exit's Block Divergence at the ``k`` drafted positions of a round it did not play
-        (the context is the played draft, which the target scored; ``k`` is the denominator)."""
-        if v.played == self.name or not v.draft:
-            return None
-        key = ("early_exit_bd", id(self._head))
-        if key not in v.cache:
-            v.cache[key] = side_observations(v, [d for name, d in v.peers.items()
-                                                 if name != v.played and isinstance(d, EarlyExitDrafter)
-                                                 and d._head is self._head])
-        return v.cache[key].get(self.name)
+    @property
+    def group(self) -> "ExitGroup":
+        """The exits it is observed with: those reading the same LM head."""
+        return ExitGroup(self.head)
+
+
+@dataclass(frozen=True)
+class ExitGroup(ObservationGroup):
+    """The early exits reading one LM head (the target's own). A member's observation is its Block Divergence at
+    the ``k`` drafted positions of a round it did not play (the context is the played draft, which the target
+    scored; ``k`` is the denominator); the head runs once over all the members' rows."""
+
+    lm_head: torch.nn.Module
+
+    def observe(self, v: Verification, members) -> dict[str, float]:
+        exits = [d for name, d in members.items() if name != v.played]
+        return side_observations(v, exits) if v.draft and exits else {}
 
 
 def side_observations(v: Verification, exits: list[EarlyExitDrafter]) -> dict[str, float]:
@@ -132,5 +154,5 @@ def build(target: Target, name: str, layers: int, layers_key: str = "num_hidden_
         raise SpecbenchError(f"the target has no module '{final_norm}' (early_exit final_norm)",
                              "set target.final_norm to the path of the final norm "
                              "(model.norm for Llama-style models, decoder.final_layer_norm for T5)") from None
-    return EarlyExitDrafter(name, small, target.vocab_size, cost, int(layers), norm,
-                            target.model.get_output_embeddings(), head_scale, confidence_threshold)
+    read_out = ExitHead(norm, target.model.get_output_embeddings(), target.vocab_size, float(head_scale))
+    return EarlyExitDrafter(name, small, cost, int(layers), read_out, confidence_threshold)

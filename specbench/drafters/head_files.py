@@ -1,7 +1,7 @@
 """A draft head's files: its checkpoint directory (``model.safetensors`` or the original ``pytorch_model.bin``,
 and ``config.json`` with specbench's recipe under ``specbench``), where a checkpoint name points (a local
 directory, ``package:<name>``, ``cache:<path>`` or a hub id), and the tokenizer fingerprint that ties a head to
-its target's vocabulary. Shared by the EAGLE-1 (``eagle.py``) and EAGLE-3 (``eagle3.py``) layouts."""
+its target's vocabulary. Shared by the EAGLE heads (``eagle/``: both layouts) and the small drafter."""
 
 from __future__ import annotations
 

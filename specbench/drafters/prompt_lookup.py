@@ -41,8 +41,8 @@ class PromptLookup(Drafter):
         self.cost = cost
         self._prefix: list[int] = []
 
-    def reset(self, encoder_ids):
-        self._prefix = list(encoder_ids or [])
+    def begin(self, query):
+        self._prefix = list(query.encoder_ids or [])
 
     def propose(self, tokens, k, sampling, rng, eos_ids=frozenset(), stop_below=0.0) -> Draft:
         # deterministic: its q is one-hot (largest probability 1), so a sequential cascade never stops it

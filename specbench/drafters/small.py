@@ -26,7 +26,7 @@ from torch import nn
 from specbench.drafters.base import ModelDrafter
 from specbench.drafters.early_exit import truncated_model
 from specbench.drafters import shipped
-from specbench.drafters.eagle import HeadLogits
+from specbench.drafters.eagle.head import HeadLogits
 from specbench.drafters.head_files import (CONFIG_FILE, WEIGHTS_FILE, load_state, read_meta, resolve_checkpoint,
                                            vocab_fingerprint)
 from specbench.errors import SpecbenchError

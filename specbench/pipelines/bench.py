@@ -30,7 +30,7 @@ import copy
 import logging
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -45,11 +45,11 @@ from specbench.drafters import ModelDrafter
 from specbench.drafters.prompt_lookup import PromptLookup
 from specbench.errors import SpecbenchError
 from specbench.pipelines import tables, speed
-from specbench.pipelines.methods import parse_methods
-from specbench.pipelines.run_dir import RunFiles
+from specbench.pipelines.session.run_dir import RunFiles
 from specbench.pipelines.session import Session
-from specbench.pipelines.schedule import rotation
+from specbench.pipelines.session.schedule import rotation
 from specbench.records import JsonlWriter, read_jsonl
+from specbench.selection import Fixed
 
 log = logging.getLogger(__name__)
 
@@ -64,17 +64,6 @@ NOTES = ("ours_s / hf_s: total seconds of our decode loop / of Hugging Face gene
          "match_rate = share of examples whose output ids equal HF's. Greedy, batch size 1, same prompts, "
          "max_new_tokens, EOS ids and draft length; HF assistant settings pinned (num_assistant_tokens = draft "
          "length, constant schedule, confidence threshold 0). NaN hf columns: HF cannot run that drafter.")
-
-
-@dataclass
-class Variant:
-    """One way of generating. ``setup(prompt_ids, max_new_tokens, query)`` builds everything a call
-    needs (selector, limits, generator, input tensor) and returns ``go() -> (new ids, target calls |
-    None)``: only ``go`` is timed."""
-
-    method: str  # "autoregressive" or a drafter name: the table row
-    impl: str  # OURS or HF
-    setup: Callable[[list[int], int, object], Callable[[], tuple[list[int], int | None]]]
 
 
 def cut_at_eos(ids: list[int], eos_ids: frozenset[int]) -> list[int]:
@@ -127,121 +116,170 @@ def hf_unsupported(exc: BaseException) -> bool:
     return isinstance(exc, (ValueError, NotImplementedError))
 
 
+class Ours:
+    """Our decode loop, greedy, on one arm (``autoregressive`` or a drafter), seeded as the run."""
+
+    impl = OURS
+
+    def __init__(self, method: str, session: Session, draft_length: int):
+        self.method, self.session, self.draft_length = method, session, draft_length
+
+    def setup(self, prompt: list[int], n: int, query) -> Callable[[], tuple[list[int], int | None]]:
+        s = self.session
+        selector, rng = s.fixed(self.method), s.rng(seed=int(s.cfg.seed))
+        spec = replace(s.spec, sampling=GREEDY, limits=Limits(max_new_tokens=n, draft_length=self.draft_length))
+
+        def go():
+            gen = s.decode(selector, prompt, rng, spec, query=query)
+            return gen.tokens, gen.target_calls
+        return go
+
+
+class HuggingFace:
+    """Hugging Face ``generate`` on the target: plain greedy, or assisted by a drafter's counterpart
+    (``fields``: generation config fields, ``kwargs``: generate arguments; see ``hf_assistance``)."""
+
+    impl = HF
+
+    def __init__(self, method: str, target, config, lengths: Iterable[int], kwargs: dict | None = None):
+        self.method, self.target, self.kwargs = method, target, kwargs or {}
+        self.configs = {}  # one per max_new_tokens (warm-up and timed), built before any timing
+        for n in set(lengths):
+            self.configs[n] = copy.deepcopy(config)
+            self.configs[n].max_new_tokens = n
+
+    @classmethod
+    def assisted(cls, method: str, target, base_config, draft_length: int, lengths: Iterable[int],
+                 assistance: tuple[dict, dict]) -> "HuggingFace":
+        fields, kwargs = assistance
+        config = pinned_assistant_settings(base_config, draft_length)
+        for key, value in fields.items():
+            setattr(config, key, value)
+        return cls(method, target, config, lengths, kwargs)
+
+    def setup(self, prompt: list[int], n: int, query) -> Callable[[], tuple[list[int], int | None]]:
+        target = self.target
+        ids = torch.tensor([prompt], device=target.device)
+        mask = torch.ones_like(ids)
+        first = 1 if target.is_encoder_decoder else len(prompt)  # after the decoder start token / the prompt
+
+        def go():
+            seq = target.model.generate(input_ids=ids, attention_mask=mask, generation_config=self.configs[n],
+                                        **self.kwargs)
+            # at most n, as ours (transformers 4.46 prompt lookup on encoder-decoder models emits n + 1)
+            return seq[0, first:first + n].tolist(), None
+        return go
+
+
+class Attempts:
+    """Runs variants timed. HF refusing a drafter it does not support marks it ``unsupported`` (NaN hf columns,
+    the reason in the notes); any other failure stops the bench (see ``hf_unsupported``)."""
+
+    def __init__(self, clock, eos_ids: frozenset[int]):
+        self.clock, self.eos_ids = clock, eos_ids
+        self.unsupported: dict[str, str] = {}  # method -> HF's reason
+        self.ran: set[tuple[str, str]] = set()  # (method, impl) of the variants that generated at least once
+
+    def skipped(self, v) -> bool:
+        return v.impl == HF and v.method in self.unsupported
+
+    def __call__(self, v, prompt: list[int], n: int, query) -> tuple[list[int], int | None, float] | None:
+        go = v.setup(prompt, n, query)
+        try:
+            t0 = self.clock.boundary()
+            ids, calls = go()
+            seconds = self.clock.boundary() - t0
+        except Exception as exc:  # noqa: BLE001 - sorted below: unsupported, or an error
+            if v.impl == OURS:
+                raise
+            self.refused(v, query, exc)
+            return None
+        self.ran.add((v.method, v.impl))
+        return cut_at_eos(ids, self.eos_ids), calls, seconds
+
+    def refused(self, v, query, exc: Exception) -> None:
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        if v.method == AUTOREGRESSIVE or not hf_unsupported(exc) or (v.method, v.impl) in self.ran:
+            raise SpecbenchError(
+                f"Hugging Face generate ({v.method}) failed on query {query.id}: {reason}",
+                "this is not HF refusing an unsupported drafter, so it is not marked unsupported: fix the cause "
+                "(out of memory: a smaller model, a lower decoding.max_new_tokens, or another device) and rerun "
+                "into the same directory (finished generations are kept)") from exc
+        log.warning("Hugging Face assisted generation does not support drafter '%s' (%s): hf columns are NaN",
+                    v.method, reason)
+        self.unsupported[v.method] = reason
+
+
+def variants_of(s: Session, names: list[str], draft_length: int) -> list:
+    """Ours and Hugging Face's autoregressive runs, then per drafter ours and (where HF has a counterpart) HF's
+    assisted generation with that drafter at its own draft length."""
+    dec, eos_ids, tok = s.cfg.decoding, s.eos_ids, s.loaded.tokenizer
+    lengths = (int(dec.max_new_tokens), int(s.cfg.warmup.max_new_tokens))
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else min(eos_ids)
+    base = hf_generation_config(s.target.model, eos_ids, pad_id)
+    variants: list = [Ours(AUTOREGRESSIVE, s, draft_length), HuggingFace(AUTOREGRESSIVE, s.target, base, lengths)]
+    for name in names:
+        k = int(s.pool[name].draft_length or draft_length)  # pool.drafters.<name>.draft_length, else the run's
+        variants.append(Ours(name, s, draft_length))
+        assist = hf_assistance(s.pool[name], k)
+        if assist is None:
+            log.warning("drafter '%s' (%s) has no Hugging Face assisted-generation counterpart: hf columns are NaN",
+                        name, type(s.pool[name]).__name__)
+        else:
+            variants.append(HuggingFace.assisted(name, s.target, base, k, lengths, assist))
+    return variants
+
+
+def drafter_names(s: Session, asked) -> list[str]:
+    """The drafters to bench: ``drafters`` (pool names, ``*``: every drafter), or every drafter of the pool."""
+    drafters = [a for a in s.pool if a != AUTOREGRESSIVE]
+    if asked is None:
+        return drafters
+    names = []
+    for name in (str(a) for a in asked):
+        for a in (drafters if name == "*" else [name]):
+            Fixed(list(s.pool), a)  # an unknown name is refused with the pool's names
+            if a == AUTOREGRESSIVE:
+                continue
+            names.append(a)
+    return list(dict.fromkeys(names))
+
+
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     dec = cfg.decoding
     if float(dec.temperature) != 0:
         raise SpecbenchError(f"bench compares greedy outputs token for token; got decoding.temperature={dec.temperature}",
                              "use decoding=greedy (the default)")
     s = Session.open(cfg, output_dir, RunFiles(results=("bench.jsonl",)), "bench")
-    out, target, clock, eos_ids = s.out, s.target, s.clock, s.eos_ids
     k, max_new, warm_n = int(dec.draft_length), int(dec.max_new_tokens), int(cfg.warmup.max_new_tokens)
-    names = [AUTOREGRESSIVE, *(m.name.split(":", 1)[1] for m in parse_methods(
-        ["fixed:*"] if cfg.get("drafters") is None else [f"fixed:{d}" for d in cfg.drafters], s.pool, None)[1:])]
-    pad_id = s.loaded.tokenizer.pad_token_id if s.loaded.tokenizer.pad_token_id is not None else min(eos_ids)
+    names = drafter_names(s, cfg.get("drafters"))
+    variants = variants_of(s, names, k)
+    attempt = Attempts(s.clock, s.eos_ids)
     prompts = [s.prompter(q) for q in s.queries]
-    base_config = hf_generation_config(target.model, eos_ids, pad_id)
-
-    def ours(arm: str) -> Variant:
-        def setup(prompt, n, query):
-            selector, limits, rng = s.fixed(arm), Limits(max_new_tokens=n, draft_length=k), s.rng(seed=int(cfg.seed))
-
-            def go():
-                gen = s.decode(selector, prompt, rng, limits=limits, query=query, sampling=GREEDY)
-                return gen.tokens, gen.target_calls
-            return go
-        return Variant(arm, OURS, setup)
-
-    def k_of(name: str) -> int:  # a drafter's own draft length (pool.drafters.<name>.draft_length), else the run's
-        return int(s.pool[name].draft_length or k)
-
-    def hf(method: str, fields: dict, kwargs: dict) -> Variant:
-        config = base_config if method == AUTOREGRESSIVE else pinned_assistant_settings(base_config, k_of(method))
-        for key, value in fields.items():
-            setattr(config, key, value)
-        configs = {}  # one per max_new_tokens (warm-up and timed), built before any timing
-        for n in {max_new, warm_n}:
-            configs[n] = copy.deepcopy(config)
-            configs[n].max_new_tokens = n
-        start = 1 if target.is_encoder_decoder else None  # decoder start token / prompt
-
-        def setup(prompt, n, query):
-            ids = torch.tensor([prompt], device=target.device)
-            mask = torch.ones_like(ids)
-            first = start if start is not None else len(prompt)
-
-            def go():
-                seq = target.model.generate(input_ids=ids, attention_mask=mask, generation_config=configs[n], **kwargs)
-                # at most n, as ours (transformers 4.46 prompt lookup on encoder-decoder models emits n + 1)
-                return seq[0, first:first + n].tolist(), None
-            return go
-        return Variant(method, HF, setup)
-
-    variants = [ours(AUTOREGRESSIVE), hf(AUTOREGRESSIVE, {}, {})]
-    for name in names[1:]:
-        variants.append(ours(name))
-        assist = hf_assistance(s.pool[name], k_of(name))
-        if assist is None:
-            log.warning("drafter '%s' (%s) has no Hugging Face assisted-generation counterpart: hf columns are NaN",
-                        name, type(s.pool[name]).__name__)
-        else:
-            variants.append(hf(name, *assist))
-
-    unsupported: dict[str, str] = {}  # method -> HF's reason
-    ran: set[tuple[str, str]] = set()  # (method, impl) of the variants that generated at least once
-
-    def attempt(v: Variant, prompt, n, query):
-        """Run ``v`` timed. HF refusing a drafter it does not support marks it unsupported (NaN hf
-        columns, the reason in the notes); any other failure stops the bench (see ``hf_unsupported``)."""
-        go = v.setup(prompt, n, query)
-        try:
-            t0 = clock.boundary()
-            ids, calls = go()
-            seconds = clock.boundary() - t0
-        except Exception as exc:  # noqa: BLE001 - sorted below: unsupported, or an error
-            if v.impl == OURS:
-                raise
-            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            if v.method == AUTOREGRESSIVE or not hf_unsupported(exc) or (v.method, v.impl) in ran:
-                raise SpecbenchError(
-                    f"Hugging Face generate ({v.method}) failed on query {query.id}: {reason}",
-                    "this is not HF refusing an unsupported drafter, so it is not marked unsupported: fix the cause "
-                    "(out of memory: a smaller model, a lower decoding.max_new_tokens, or another device) and rerun "
-                    "into the same directory (finished generations are kept)") from exc
-            log.warning("Hugging Face assisted generation does not support drafter '%s' (%s): hf columns are NaN",
-                        v.method, reason)
-            unsupported[v.method] = reason
-            return None
-        ran.add((v.method, v.impl))
-        return cut_at_eos(ids, eos_ids), calls, seconds
-
-    path = out / "bench.jsonl"
+    path = s.out / "bench.jsonl"
     done = {(r["query_id"], r["method"], r["impl"]) for r in read_jsonl(path)}
     todo = [(q, v) for q in s.queries for v in variants if (q.id, v.method, v.impl) not in done]
     if todo and warm_n > 0:
         for v in variants:
             attempt(v, prompts[0], warm_n, s.queries[0])
-
     with JsonlWriter(path) as writer, tqdm(total=len(todo), desc="bench", unit="gen") as bar:
         for qi, query in enumerate(s.queries):
-            for vi in rotation(len(variants), qi):
-                v = variants[vi]
+            for v in (variants[vi] for vi in rotation(len(variants), qi)):
                 if (query.id, v.method, v.impl) in done:
                     continue
-                if not (v.impl == HF and v.method in unsupported):
-                    result = attempt(v, prompts[qi], max_new, query)
-                    if result is not None:
-                        ids, calls, seconds = result
-                        writer.write({"query_id": query.id, "task": query.task, "method": v.method, "impl": v.impl,
-                                      "output_ids": ids, "new_tokens": len(ids), "seconds": seconds,
-                                      "target_calls": calls})
+                result = None if attempt.skipped(v) else attempt(v, prompts[qi], max_new, query)
+                if result is not None:
+                    ids, calls, seconds = result
+                    writer.write({"query_id": query.id, "task": query.task, "method": v.method, "impl": v.impl,
+                                  "output_ids": ids, "new_tokens": len(ids), "seconds": seconds,
+                                  "target_calls": calls})
                 bar.update(1)
-
-    table = summarize(read_jsonl(path), order=names)
+    table = summarize(read_jsonl(path), order=[AUTOREGRESSIVE, *names])
     title = f"specbench bench: {cfg.target.model} in {cfg.target.dtype} (draft length {k}, max_new_tokens {max_new})"
-    why = "".join(f" HF does not support {m} here ({r})." for m, r in unsupported.items())
-    md = tables.write_tables(table, out, stem="bench", title=title, notes=NOTES + why)
-    tables.print_table(md, title=f"bench ({out})")
-    return out
+    why = "".join(f" HF does not support {m} here ({r})." for m, r in attempt.unsupported.items())
+    md = tables.write_tables(table, s.out, stem="bench", title=title, notes=NOTES + why)
+    tables.print_table(md, title=f"bench ({s.out})")
+    return s.out
 
 
 def summarize(records: Iterable[dict], order: list[str] | None = None) -> pd.DataFrame:

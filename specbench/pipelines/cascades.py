@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -27,10 +27,10 @@ from specbench.arms import AUTOREGRESSIVE
 from specbench.decoding.loop import Generation, Limits
 from specbench.errors import SpecbenchError
 from specbench.pipelines import tables, speed
-from specbench.pipelines.run_dir import RECORDS
-from specbench.pipelines.run_records import Records
+from specbench.pipelines.session.run_dir import RECORDS
+from specbench.pipelines.session.run_records import Records
 from specbench.pipelines.session import Session
-from specbench.pipelines.schedule import rotation
+from specbench.pipelines.session.schedule import rotation
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +108,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         if v.name == ALONE:
             return alone(prompt, rng, lim)
         arm = AUTOREGRESSIVE if v.name == AUTOREGRESSIVE else name
-        return s.decode(s.fixed(arm, spec_pool), prompt, rng, limits=lim, query=query, pool=spec_pool,
-                        cascade=v.cascade)
+        return s.decode(s.fixed(arm, spec_pool), prompt, rng, replace(s.spec, limits=lim, cascade=v.cascade),
+                        query=query, pool=spec_pool)
 
     records = s.records(queries)
     todo = {(q.id, v.name) for q in queries for v in runs} - records.done

@@ -28,6 +28,7 @@ every ``rows*.jsonl`` of a directory; a query id in two directories is refused, 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -38,9 +39,9 @@ from specbench.decoding.loop import Generation, Limits
 from specbench.errors import SpecbenchError
 from specbench.pipelines import speed
 from specbench.pipelines.collected import SIGNATURE_FILE, read_rows, rows_file, write_plan
-from specbench.pipelines.run_dir import RunFiles
+from specbench.pipelines.session.run_dir import RunFiles
 from specbench.pipelines.session import Session
-from specbench.pipelines.schedule import rotation
+from specbench.pipelines.session.schedule import rotation
 from specbench.pipelines.traced import TracedRuns
 from specbench.records import JsonlWriter, read_jsonl
 from specbench.tasks import metrics
@@ -72,8 +73,7 @@ def spec_summary(gen: Generation, ar: Generation, replayed: bool = False) -> dic
             "speedup": ar.seconds / gen.seconds if gen.seconds else None, "exact_match": gen.tokens == ar.tokens}
 
 
-def run(cfg: DictConfig, output_dir: str | Path) -> Path:
-    col = cfg.collect
+def check_options(col: DictConfig) -> None:
     shard, num_shards = int(col.shard), int(col.num_shards)
     if num_shards < 1 or not 0 <= shard < num_shards:
         raise SpecbenchError(f"collect.shard={shard} collect.num_shards={num_shards} is not a valid shard",
@@ -81,84 +81,112 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     if col.alignment not in ALIGNMENTS:
         raise SpecbenchError(f"unknown alignment metric '{col.alignment}'",
                              f"set collect.alignment to one of: {', '.join(ALIGNMENTS)}")
+
+
+class Collector:
+    """One query's generations and its row: the target's greedy run, each drafter alone (its module as the target
+    of the one decode loop, autoregressive arm) and, measured, each arm's speculative run; or all of them replayed
+    from a trace (``traced``)."""
+
+    def __init__(self, s: Session, limits: Limits, traced: TracedRuns | None):
+        col = s.cfg.collect
+        self.s, self.col, self.limits, self.traced = s, col, limits, traced
+        self.arms = list(s.pool)
+        self.drafters = [a for a in self.arms if a != AUTOREGRESSIVE]
+        self.measured = bool(col.measure_speculative) or traced is not None
+        self.alone = {a: s.alone(a) for a in self.drafters if s.pool[a].can_generate_alone and traced is None}
+        self.fingerprints = s.drafter_fingerprints()
+
+    def speculative(self, arm: str, prompt_ids: list[int], seed: int, limits: Limits | None = None) -> Generation:
+        s = self.s
+        return s.decode(s.fixed(arm), prompt_ids, s.rng(seed=seed), replace(s.spec, limits=limits or self.limits))
+
+    def warm_up(self) -> None:
+        if self.traced is None:
+            self.s.warm_up(lambda prompt, lim, rng, a=a: self.speculative(a, prompt, 0, lim) for a in self.arms)
+
+    def generations(self, query, index: int, prompt_ids: list[int], seed: int):
+        """``(speculative runs by arm, the autoregressive one included; drafters' own runs by arm)``: every
+        timed generation, rotated like eval (none when replayed from a trace)."""
+        if self.traced is not None:
+            return self.traced.generations(query, prompt_ids), {}
+        spec: dict[str, Generation] = {}
+        own: dict[str, Generation] = {}
+        for arm in (self.arms[ai] for ai in rotation(len(self.arms), index)):
+            if arm == AUTOREGRESSIVE:
+                spec[arm] = self.speculative(arm, prompt_ids, seed)
+                continue
+            if arm in self.alone:
+                own[arm] = self.alone[arm](prompt_ids, self.s.rng(seed=seed), self.limits)
+            if self.col.measure_speculative:
+                spec[arm] = self.speculative(arm, prompt_ids, seed)
+        return spec, own
+
+    def row(self, index: int, query) -> dict:
+        s, replayed = self.s, self.traced is not None
+        prompt_ids = s.prompter(query)
+        seed = int(s.cfg.seed) * 1_000_003 + index
+        embedding = s.target.embed(prompt_ids, str(s.cfg.embedding.pooling))
+        spec, own = self.generations(query, index, prompt_ids, seed)
+        ar = spec[AUTOREGRESSIVE]
+        target_text = s.text(ar.tokens)
+        target_spt = ar.seconds / max(len(ar.tokens), 1)
+        arms: dict[str, dict] = {AUTOREGRESSIVE: {
+            "standalone": True, "alignment": 1.0, "cost_params": 1.0, "cost_measured": 1.0,
+            "seconds": ar.seconds, "new_tokens": len(ar.tokens),
+            **({"spec": spec_summary(ar, ar, replayed)} if self.measured else {})}}
+        for arm in self.drafters:
+            rec: dict = {"standalone": arm in self.alone, "cost_params": float(s.pool[arm].cost)}
+            if arm in own:
+                text = s.text(own[arm].tokens)
+                rec.update(text=text, new_tokens=len(own[arm].tokens), seconds=own[arm].seconds,
+                           alignment=alignment(str(self.col.alignment), text, target_text),
+                           cost_measured=(own[arm].seconds / max(len(own[arm].tokens), 1)) / target_spt
+                           if target_spt else None)
+            else:
+                rec.update(alignment=None, cost_measured=None)
+            if self.measured:
+                rec["spec"] = spec_summary(spec[arm], ar, replayed)
+            arms[arm] = rec
+        return {"query_id": query.id, "fingerprint": query.fingerprint(), "task": query.task,
+                "index": index, "shard": int(self.col.shard),
+                "prompt_tokens": len(prompt_ids), "reference": query.reference,
+                "target": {"text": target_text, "tokens": ar.tokens, "seconds": ar.seconds},
+                "embedding_dim": int(embedding.numel()), "embedding": embedding.tolist(),
+                "arms": arms, "drafters": self.fingerprints}
+
+
+def run(cfg: DictConfig, output_dir: str | Path) -> Path:
+    col = cfg.collect
+    check_options(col)
+    shard, num_shards = int(col.shard), int(col.num_shards)
     s = Session.open(cfg, output_dir, RUN_FILES, "collect")
     write_plan(s.out, len(s.queries))
     limits = Limits(max_new_tokens=col.max_new_tokens or s.limits.max_new_tokens, draft_length=s.limits.draft_length)
     if limits.max_new_tokens > s.limits.max_new_tokens:
         s.check_prompts(limits)
-    pooling = str(cfg.embedding.pooling)
-    arms = list(s.pool)
-    drafters = [a for a in arms if a != AUTOREGRESSIVE]
     traced = None
     if col.get("trace"):  # replay instead of decoding: greedy only (the trace's output and drafts are greedy)
         if not s.sampling.greedy:
             raise SpecbenchError(f"collect.trace replays greedy runs; this collection samples at temperature "
                                  f"{s.sampling.temperature:g}", "collect with decoding=greedy, or without collect.trace")
-        traced = TracedRuns(col.trace, cfg, arms, limits)
-    measured = bool(col.measure_speculative) or traced is not None
+        traced = TracedRuns(col.trace, cfg, list(s.pool), limits)
+    collector = Collector(s, limits, traced)
     mine = [(i, q) for i, q in enumerate(s.queries) if i % num_shards == shard]
     path = s.out / rows_file(shard, num_shards)
-    fingerprints = s.drafter_fingerprints()
-    check_drafters(path, fingerprints, bool(col.overwrite))
+    check_drafters(path, collector.fingerprints, bool(col.overwrite))
     done = {r["query_id"] for r in read_jsonl(path)}
     todo = [(i, q) for i, q in mine if q.id not in done]
     if done:
         log.info("resuming: %d of %d queries already collected in %s", len(mine) - len(todo), len(mine), path)
-
-    # A drafter's own greedy output: its module as the target of the one decode loop, autoregressive arm.
-    alone = {a: s.alone(a) for a in drafters if s.pool[a].can_generate_alone and traced is None}
-
-    def speculative(arm: str, prompt_ids: list[int], seed: int, lim: Limits = limits) -> Generation:
-        return s.decode(s.fixed(arm), prompt_ids, s.rng(seed=seed), limits=lim)
-
-    if todo and traced is None:
-        s.warm_up(lambda prompt, lim, rng, a=a: speculative(a, prompt, 0, lim) for a in arms)
-
+    if todo:
+        collector.warm_up()
     with JsonlWriter(path) as writer:
         for index, query in tqdm(todo, desc=f"collect shard {shard}/{num_shards}", unit="query"):
-            prompt_ids = s.prompter(query)
-            seed = int(cfg.seed) * 1_000_003 + index
-            embedding = s.target.embed(prompt_ids, pooling)
-            own: dict[str, Generation] = {}
-            spec: dict[str, Generation] = traced.generations(query, prompt_ids) if traced is not None else {}
-            for ai in rotation(len(arms), index) if traced is None else ():  # every timed generation, rotated like eval
-                arm = arms[ai]
-                if arm == AUTOREGRESSIVE:
-                    spec[arm] = speculative(arm, prompt_ids, seed)
-                    continue
-                if arm in alone:
-                    own[arm] = alone[arm](prompt_ids, s.rng(seed=seed), limits)
-                if col.measure_speculative:
-                    spec[arm] = speculative(arm, prompt_ids, seed)
-            ar = spec[AUTOREGRESSIVE]
-            target_text = s.text(ar.tokens)
-            target_spt = ar.seconds / max(len(ar.tokens), 1)
-            row_arms: dict[str, dict] = {AUTOREGRESSIVE: {
-                "standalone": True, "alignment": 1.0, "cost_params": 1.0, "cost_measured": 1.0,
-                "seconds": ar.seconds, "new_tokens": len(ar.tokens),
-                **({"spec": spec_summary(ar, ar, traced is not None)} if measured else {})}}
-            for arm in drafters:
-                rec: dict = {"standalone": arm in alone, "cost_params": float(s.pool[arm].cost)}
-                if arm in own:
-                    text = s.text(own[arm].tokens)
-                    rec.update(text=text, new_tokens=len(own[arm].tokens), seconds=own[arm].seconds,
-                               alignment=alignment(str(col.alignment), text, target_text),
-                               cost_measured=(own[arm].seconds / max(len(own[arm].tokens), 1)) / target_spt
-                               if target_spt else None)
-                else:
-                    rec.update(alignment=None, cost_measured=None)
-                if measured:
-                    rec["spec"] = spec_summary(spec[arm], ar, traced is not None)
-                row_arms[arm] = rec
-            writer.write({"query_id": query.id, "fingerprint": query.fingerprint(), "task": query.task,
-                          "index": index, "shard": shard,
-                          "prompt_tokens": len(prompt_ids), "reference": query.reference,
-                          "target": {"text": target_text, "tokens": ar.tokens, "seconds": ar.seconds},
-                          "embedding_dim": int(embedding.numel()), "embedding": embedding.tolist(),
-                          "arms": row_arms, "drafters": fingerprints})
+            writer.write(collector.row(index, query))
     rows = read_rows([path])
     log.info("%d rows in %s", len(rows), path)
-    print_collect_summary(rows, arms)
+    print_collect_summary(rows, list(s.pool))
     return s.out
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from specbench.errors import SpecbenchError
-from specbench.pipelines.run_dir import differences, save_config, settings
+from specbench.pipelines.session.run_dir import differences, save_config, settings
 from specbench.records import atomic_write_text, read_jsonl
 
 log = logging.getLogger(__name__)

@@ -9,6 +9,7 @@ appended as each generation finishes; rerunning into the same directory skips fi
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -20,11 +21,11 @@ from specbench.arms import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
 from specbench.pipelines import tables, spec_bench
 from specbench.pipelines.methods import Method, parse_methods
-from specbench.pipelines.run_dir import RECORDS
-from specbench.pipelines.run_records import Records
+from specbench.pipelines.session.run_dir import RECORDS
+from specbench.pipelines.session.run_records import Records
 from specbench.pipelines.session import Session
-from specbench.pipelines.prompting import example_id, turns_of
-from specbench.pipelines.schedule import rotation
+from specbench.pipelines.session.prompting import example_id, turns_of
+from specbench.pipelines.session.schedule import rotation
 from specbench.policy import check_not_trained_on
 from specbench.records import read_jsonl
 from specbench.selection import PolicySelector, Selector
@@ -93,8 +94,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     for name, selector in selectors.items():
         check_trees(selector, s.target, name)
     if todo:
-        s.warm_up(lambda prompt, lim, rng, m=m: s.decode(m.make_selector(), prompt, rng, limits=lim,
-                                                          query=s.queries[0], cascade=s.cascade)
+        s.warm_up(lambda prompt, lim, rng, m=m: s.decode(m.make_selector(), prompt, rng, replace(s.spec, limits=lim),
+                                                          query=s.queries[0])
                   for m in methods)
 
     todo_set = set(todo)
@@ -113,8 +114,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                     for qi in conversation:
                         query, rng = s.queries[qi], s.rng(qi, mi)
                         for turn in range(turns_of(query, max_turns)):
-                            gen = s.decode(selectors[m.name], s.prompter(query, turn, history), rng, query=query,
-                                           cascade=s.cascade)
+                            gen = s.decode(selectors[m.name], s.prompter(query, turn, history), rng, query=query)
                             text = s.text(gen.tokens)
                             history.append((s.prompter.user_text(query, turn), text))
                             ex_id = example_id(query, turn)

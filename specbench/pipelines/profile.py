@@ -45,11 +45,11 @@ from specbench.decoding.drafter import Drafter, DecodeContext
 from specbench.decoding.sampling import SamplingParams
 from specbench.errors import SpecbenchError
 from specbench.models import Target, load_model
-from specbench.pipelines.prompting import CONTEXT_KEYS, Context
+from specbench.pipelines.session.prompting import CONTEXT_KEYS, Context
 from specbench.tasks import Prompter
 from specbench.pipelines.profile_tables import rounds_of, write_best_k, write_profile
-from specbench.pipelines.run_dir import RunFiles, start_run
-from specbench.pipelines.schedule import rotation
+from specbench.pipelines.session.run_dir import RunFiles, start_run
+from specbench.pipelines.session.schedule import rotation
 from specbench.tasks import load_dataset_config, load_shots, truncate_fields
 from specbench.timing import Clock
 

@@ -40,7 +40,7 @@ from specbench.decoding.trace import QueryTrace
 from specbench.errors import SpecbenchError
 from specbench.pipelines import tables
 from specbench.pipelines.methods import Method, load_selector_config, parse_methods
-from specbench.pipelines.run_dir import RunFiles, start_run
+from specbench.pipelines.session.run_dir import RunFiles, start_run
 from specbench.pipelines.trace import load_traces
 from specbench.records import JsonlWriter, atomic_write_text, read_jsonl, round_row
 

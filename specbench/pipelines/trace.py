@@ -32,8 +32,8 @@ from specbench.decoding.loop import DecodeSpec
 from specbench.decoding.trace import QueryTrace, check_decoder_only, check_greedy, trace, trace_lengths
 from specbench.errors import SpecbenchError
 from specbench.pipelines.profile import interleaved, measure_verify, profile_dict, repeat_to
-from specbench.pipelines.prompting import example_id, prompt_fingerprint
-from specbench.pipelines.run_dir import RECORDS, RunFiles
+from specbench.pipelines.session.prompting import example_id, prompt_fingerprint
+from specbench.pipelines.session.run_dir import RECORDS, RunFiles
 from specbench.pipelines.session import Session
 from specbench.records import JsonlWriter, atomic_write_text, read_jsonl
 from specbench.timing import Clock

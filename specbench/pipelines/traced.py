@@ -24,7 +24,7 @@ from specbench.decoding.loop import Generation, Limits
 from specbench.decoding.replay import Costs, replay
 from specbench.decoding.trace import QueryTrace
 from specbench.errors import SpecbenchError
-from specbench.pipelines.prompting import example_id, prompt_fingerprint
+from specbench.pipelines.session.prompting import example_id, prompt_fingerprint
 from specbench.pipelines.trace import load_traces
 from specbench.selection.fixed import Fixed
 

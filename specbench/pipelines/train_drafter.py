@@ -37,24 +37,22 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from pathlib import Path
 
 import pandas as pd
-import torch
 from omegaconf import DictConfig, OmegaConf
-from tqdm.auto import tqdm
 
 from specbench.drafters.head_files import vocab_fingerprint
 from specbench.errors import SpecbenchError
 from specbench.models.store import cache_dir, make_cache_dir
 from specbench.pipelines import tables
-from specbench.pipelines.prompting import eos_ids_of, load_inputs
-from specbench.pipelines.run_dir import differences, lock_run_dir, start_run
-from specbench.records import atomic_path, atomic_write_text
+from specbench.pipelines.session.prompting import eos_ids_of, load_inputs
+from specbench.pipelines.session.run_dir import differences, lock_run_dir, start_run
+from specbench.records import atomic_write_text
 from specbench.training.drafter import (TRAINEES, examples_of, held_out_metrics, learned_tokens, target_dtype_name,
                                         training_precision)
+from specbench.training.fit import LR_SCHEDULES, FitSpec, epochs_done, fit
 from specbench.training.responses import response_cache, target_responses
 
 log = logging.getLogger(__name__)
@@ -67,24 +65,15 @@ def checkpoint_dir(cfg: DictConfig) -> Path:
     return cache_dir() / "drafters" / str(name)
 
 
+STATE = "state.pt"  # the training state beside the checkpoint, written after every epoch (training/fit.py)
+
+
 # train keys that do not change the weights (how long to run, what to measure afterwards)
 UNSIGNED_TRAIN_KEYS = ("epochs", "time_budget_s", "eval_datasets", "generate_batch", "generate_only")
 # train keys added after checkpoints were first written, with the value that reproduces the older training:
 # a stored signature without one matches a config that leaves it at this value
 LATER_TRAIN_KEYS = {"unroll": 1, "unroll_weights": None, "feature_noise": 0.0, "precision": "float32",
                     "prompt_positions": False, "lr_schedule": "constant"}
-LR_SCHEDULES = ("constant", "linear")
-
-
-def lr_factor(schedule: str, step: int, total: int) -> float:
-    """The learning rate at optimiser ``step`` (0-based) of ``total``, as a fraction of ``train.lr``: constant 1;
-    linear: from 1 down to ``1/total`` at the last step (a pure function of the step, so a resumed run follows
-    the same schedule)."""
-    if schedule == "linear":
-        return 1.0 - step / max(total, 1)
-    return 1.0
-
-
 def signature(cfg: DictConfig) -> dict:
     """What must match for a rerun to resume a checkpoint directory (the teacher's dtype included;
     ``train.precision: auto`` resolved, so a resume on another machine sees what it would train in)."""
@@ -110,13 +99,12 @@ def same_signature(stored: dict, sig: dict) -> bool:
     return stored == {**sig, "train": train} if "train" in sig else stored == sig
 
 
-def run(cfg: DictConfig, output_dir: str | Path) -> Path:
-    out = start_run(cfg, output_dir, command="train-drafter")
-    kind = str(cfg.drafter.kind)
+def check_options(cfg: DictConfig) -> None:
+    """The names train-drafter reads from the config, checked before anything loads."""
+    kind, tr = str(cfg.drafter.kind), cfg.train
     if kind not in TRAINEES:
         raise SpecbenchError(f"train-drafter: drafter.kind '{kind}' is not supported",
                              f"use one of: {', '.join(TRAINEES)}")
-    tr = cfg.train
     schedule = str(tr.get("lr_schedule") or "constant")
     if schedule not in LR_SCHEDULES:
         raise SpecbenchError(f"train.lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got '{schedule}'",
@@ -124,6 +112,11 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     if str(tr.responses) not in ("reference", "target"):
         raise SpecbenchError(f"train.responses must be reference or target, got '{tr.responses}'",
                              "set train.responses=reference (teacher-forced references) or target")
+
+
+def claim_checkpoint(cfg: DictConfig) -> Path:
+    """The checkpoint directory, locked for this process, its ``signature.json`` matching this config (or, with
+    ``overwrite=true``, its training state dropped)."""
     ckpt = checkpoint_dir(cfg)
     if not cfg.get("out"):
         make_cache_dir(ckpt)  # an unwritable cache is named as such (SPECBENCH_CACHE), not as the run directory
@@ -131,30 +124,51 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                                              f"checkpoint directory: out=<dir> or name=<name> (now {ckpt})",
                  elsewhere=f"out=<another directory> or name=<name> (now {ckpt})")
     sig = signature(cfg)
-    state_path = ckpt / "state.pt"
     stored = json.loads((ckpt / "signature.json").read_text()) if (ckpt / "signature.json").exists() else None
     if stored is not None and not same_signature(stored, sig):
         if not cfg.get("overwrite"):
             raise SpecbenchError(f"{ckpt} holds a drafter trained with another config ("
                                  + "; ".join(differences(stored, sig)) + ")",
                                  "pass out=<another directory> or name=<another name>, or overwrite=true")
-        state_path.unlink(missing_ok=True)
+        (ckpt / STATE).unlink(missing_ok=True)
     atomic_write_text(ckpt / "signature.json", json.dumps(sig, indent=1))
+    return ckpt
 
+
+def fit_spec(cfg: DictConfig, default_lr: float) -> FitSpec:
+    tr = cfg.train
+    return FitSpec(epochs=int(tr.epochs), batch_size=int(tr.batch_size),
+                   lr=float(tr.lr) if tr.get("lr") is not None else default_lr,
+                   schedule=str(tr.get("lr_schedule") or "constant"), seed=int(tr.seed),
+                   time_budget_s=float(tr.time_budget_s) if tr.get("time_budget_s") else None)
+
+
+def check_epochs(ckpt: Path, epochs: int) -> int:
+    """The epochs ``ckpt`` holds; refused when more than ``train.epochs`` (its export would be the longer
+    training under a shorter recipe)."""
+    done = epochs_done(ckpt / STATE)
+    if done > epochs:
+        raise SpecbenchError(f"{ckpt} holds a drafter trained for {done} epochs; train.epochs={epochs} asks for fewer "
+                             "(its export would be the longer training)",
+                             f"set train.epochs={done} (or more) to resume it, train into another directory (out=<dir> "
+                             f"or name=<name>), or delete {ckpt / STATE} to train again from the start")
+    return done
+
+
+def run(cfg: DictConfig, output_dir: str | Path) -> Path:
+    out = start_run(cfg, output_dir, command="train-drafter")
+    check_options(cfg)
+    tr = cfg.train
+    ckpt = claim_checkpoint(cfg)
     inputs = load_inputs(cfg, tr.get("max_input_tokens") or cfg.dataset.get("max_input_tokens"))  # as eval loads them
-    queries, loaded, target, prompter = inputs.queries, inputs.loaded, inputs.target, inputs.prompter
-    tok = loaded.tokenizer
-    eos = eos_ids_of(loaded)
-    responses = (target_responses(target, prompter, queries, response_cache(target), int(tr.max_new_tokens), eos,
-                                  int(tr.get("generate_batch") or 32))
+    target, tok, eos = inputs.target, inputs.loaded.tokenizer, eos_ids_of(inputs.loaded)
+    responses = (target_responses(target, inputs.prompter, inputs.queries, response_cache(target),
+                                  int(tr.max_new_tokens), eos, int(tr.get("generate_batch") or 32))
                  if str(tr.responses) == "target" else None)
     if tr.get("generate_only"):
-        n = sum(len(r) for r in (responses or {}).values())
-        log.info("train.generate_only: %d answers (%d tokens) in %s; no training", len(responses or {}), n,
-                 response_cache(target))
-        atomic_write_text(out / "responses.txt", f"{response_cache(target)}\n{len(responses or {})} answers, {n} tokens\n")
-        return out
-    examples = examples_of(queries, prompter, tok, responses, int(tr.max_tokens), bool(tr.get("prompt_positions")))
+        return answers_only(out, target, responses)
+    examples = examples_of(inputs.queries, inputs.prompter, tok, responses, int(tr.max_tokens),
+                           bool(tr.get("prompt_positions")))
     n_val = min(int(tr.val_examples), len(examples) // 5)
     train_ex, val_ex = examples[n_val:], examples[:n_val]
     if not train_ex:
@@ -162,88 +176,59 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                              "use more rows (dataset.limit) or longer train.max_tokens")
     for p in target.model.parameters():
         p.requires_grad_(False)
-    trainee = TRAINEES[kind](cfg, target, train_ex, eos)
-    seed = int(tr.seed)
-    lr = float(tr.lr) if tr.get("lr") is not None else trainee.default_lr
-    params = [p for p in trainee.module.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    history: list[dict] = []
-    epoch0 = 0
-    if state_path.exists():
-        state = torch.load(state_path, map_location="cpu", weights_only=False)
-        trainee.module.load_state_dict(state["weights"] if "weights" in state else state["head"])  # "head": older runs
-        opt.load_state_dict(state["opt"])
-        history, epoch0 = state["history"], state["epoch"]
-        log.info("resuming %s after epoch %d", ckpt, epoch0)
-    epochs = int(tr.epochs)
-    if epoch0 > epochs:  # exporting now would ship the longer training under a shorter recipe
-        raise SpecbenchError(f"{ckpt} holds a drafter trained for {epoch0} epochs; train.epochs={epochs} asks for fewer "
-                             "(its export would be the longer training)",
-                             f"set train.epochs={epoch0} (or more) to resume it, train into another directory (out=<dir> "
-                             f"or name=<name>), or delete {state_path} to train again from the start")
+    trainee = TRAINEES[str(cfg.drafter.kind)](cfg, target, train_ex, eos)
+    spec = fit_spec(cfg, trainee.default_lr)
     train_items = val_items = []
     teacher_started = time.perf_counter()
-    if epoch0 < epochs:  # a finished run (rerun for its files) needs no teacher pass over the training data
+    if check_epochs(ckpt, spec.epochs) < spec.epochs:  # a finished run (rerun for its files) needs no teacher pass
         train_items = trainee.items(train_ex, "teacher (train)")
         val_items = trainee.items(val_ex, "teacher (held out)", response_only=True)
     teacher_s = time.perf_counter() - teacher_started
-    budget = float(tr.time_budget_s) if tr.get("time_budget_s") else None
-    started = time.perf_counter()
-    per_epoch = math.ceil(len(train_items) / int(tr.batch_size))  # optimiser steps per epoch (the schedule's unit)
-    bar = tqdm(range(epoch0, epochs), desc=f"train-drafter {ckpt.name}", unit="epoch", initial=epoch0, total=epochs)
-    for epoch in bar:
-        epoch_started = time.perf_counter()
-        gen = torch.Generator().manual_seed(seed * 1_000 + epoch)
-        trainee.start_epoch(seed, epoch)
-        stats = []
-        for i, batch in enumerate(trainee.batches(train_items, gen)):
-            if schedule != "constant":
-                for group in opt.param_groups:
-                    group["lr"] = lr * lr_factor(schedule, epoch * per_epoch + i, epochs * per_epoch)
-            loss, s = trainee.loss(batch)
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            stats.append(s)
-        row = {"epoch": epoch + 1, **{k: sum(s[k] for s in stats) / len(stats) for k in stats[0]}}
-        if val_items:
-            with torch.no_grad():
-                _, vs = trainee.loss(trainee.whole(val_items), training=False)
-            row.update({f"val_{k}": v for k, v in vs.items()})
-        row["seconds"] = round(time.perf_counter() - epoch_started, 2)
-        history.append(row)
-        bar.set_postfix(loss=f"{row['loss']:.3f}", top1=f"{row.get('val_top1', row['top1']):.3f}")
-        with atomic_path(state_path) as tmp:  # never a torn state.pt: the last finished epoch survives Ctrl-C
-            torch.save({"weights": trainee.module.state_dict(), "opt": opt.state_dict(), "history": history,
-                        "epoch": epoch + 1}, tmp)
-        if budget is not None and time.perf_counter() - started > budget and epoch + 1 < epochs:
-            log.warning("train.time_budget_s=%s reached after epoch %d of %d: stopping", budget, epoch + 1, epochs)
-            break
-    trainee.module.eval()
-    meta = {"kind": kind, "target": str(cfg.target.model), "dtype": str(target.model.dtype).removeprefix("torch."),
-            "vocab": vocab_fingerprint(tok), **trainee.meta,
+    history = fit(trainee, train_items, val_items, spec, ckpt / STATE, desc=f"train-drafter {ckpt.name}")
+    meta = {"kind": str(cfg.drafter.kind), "target": str(cfg.target.model),
+            "dtype": str(target.model.dtype).removeprefix("torch."), "vocab": vocab_fingerprint(tok), **trainee.meta,
             "data": OmegaConf.to_container(cfg.dataset, resolve=True), "responses": str(tr.responses),
             "train_sequences": len(train_ex), "train_tokens": learned_tokens(train_ex),
             "train_response_tokens": int(sum(len(e.ids) - e.start for e in train_ex)),
             "prompt_positions": bool(tr.get("prompt_positions")),
-            "epochs": len(history), "lr": lr, "lr_schedule": schedule, "seed": seed}
+            "epochs": len(history), "lr": spec.lr, "lr_schedule": spec.schedule, "seed": spec.seed}
     trainee.save(ckpt, meta)
-    hist = pd.DataFrame(history)
-    tables.write_csv(hist, ckpt / "history.csv")
-    try:
-        if len(hist):
-            plot_history(hist, ckpt / "loss.png", title=f"{ckpt.name}: {cfg.target.model}")
-    except ImportError:
-        log.warning("matplotlib is not installed: loss.png skipped")
+    write_history(history, ckpt, title=f"{ckpt.name}: {cfg.target.model}")
     if val_ex and not val_items:  # a finished run rerun for its files: the held-out rows still get scored
         val_items = trainee.items(val_ex, "teacher (held out)", response_only=True)
-    metrics = held_out_metrics(cfg, trainee, target, prompter, tok, ckpt, eos, val_items)
+    metrics = held_out_metrics(cfg, trainee, target, inputs.prompter, tok, ckpt, eos, val_items)
     metrics["data"] = {k: meta[k] for k in ("train_sequences", "train_tokens", "train_response_tokens",
                                             "prompt_positions")}
     metrics["seconds"] = {"teacher_pass (this session)": round(teacher_s, 1),
                           "training": round(sum(float(r.get("seconds") or 0) for r in history), 1)}
     atomic_write_text(ckpt / "metrics.json", json.dumps(metrics, indent=1))
+    write_metrics(metrics, out, ckpt)
+    atomic_write_text(out / "checkpoint.txt", str(ckpt) + "\n")
+    return out
+
+
+def answers_only(out: Path, target, responses: dict | None) -> Path:
+    """``train.generate_only``: the target's answers are cached; nothing is trained."""
+    n = sum(len(r) for r in (responses or {}).values())
+    log.info("train.generate_only: %d answers (%d tokens) in %s; no training", len(responses or {}), n,
+             response_cache(target))
+    atomic_write_text(out / "responses.txt", f"{response_cache(target)}\n{len(responses or {})} answers, {n} tokens\n")
+    return out
+
+
+def write_history(history: list[dict], ckpt: Path, title: str) -> None:
+    """``history.csv`` and ``loss.png`` beside the checkpoint."""
+    hist = pd.DataFrame(history)
+    tables.write_csv(hist, ckpt / "history.csv")
+    try:
+        if len(hist):
+            plot_history(hist, ckpt / "loss.png", title=title)
+    except ImportError:
+        log.warning("matplotlib is not installed: loss.png skipped")
+
+
+def write_metrics(metrics: dict, out: Path, ckpt: Path) -> None:
+    """The held-out metrics as the run's ``metrics`` table, printed."""
     rows = [*([("validation", metrics["validation"])] if metrics.get("validation") else []),
             *metrics["tasks"].items()]
     table = pd.DataFrame([{"task": t, **{k: v for k, v in m.items() if not isinstance(v, list)},
@@ -254,8 +239,6 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                               "expected_accepted: accepted draft tokens per round at draft length 4 drafting on "
                               "its own (exact for the target's own text, an estimate on reference text).")
     tables.print_table(tables.to_markdown(table), title=f"drafter {ckpt} (held-out)")
-    atomic_write_text(out / "checkpoint.txt", str(ckpt) + "\n")
-    return out
 
 
 def plot_history(hist: pd.DataFrame, path: Path, title: str = "") -> None:

@@ -32,7 +32,7 @@ from specbench.errors import SpecbenchError
 from specbench.pipelines.collected import collection_settings, incomplete, read_rows
 from specbench.pipelines.policy_plots import plot_alpha, plot_data_efficiency
 from specbench.pipelines.tables import print_table, write_csv, write_tables
-from specbench.pipelines.run_dir import differences, start_run
+from specbench.pipelines.session.run_dir import differences, start_run
 from specbench.records import atomic_write_text
 from specbench.policy import TrainConfig, TrainResult, save_checkpoint
 from specbench.policy.scores import RewardSpec, proxy_check, replay, rewards

@@ -14,7 +14,7 @@ from specbench.reproduction.compare import faster_on, fixed_methods, paired, sho
 from specbench.reproduction.exhibit import CascadeRun, Exhibit, ExhibitSpec, Layout
 from specbench.reproduction.published import Published
 from specbench.reproduction.records import drafter_speeds, load_examples, run_table
-from specbench.reproduction.runs import CASCADES_GREEDY, CASCADES_PAPER, CASCADES_SAMPLING, SPEC_BENCH_EVAL
+from specbench.reproduction.runs import CASCADES_GREEDY, CASCADES_PAPER, CASCADES_SAMPLING, EXAMPLES, SPEC_BENCH_EVAL
 
 
 SPEC_BENCH_ROWS = {"vicuna_68m": "SpS (vicuna-68m)", "prompt_lookup": "prompt lookup", "eagle": "EAGLE"}
@@ -33,7 +33,7 @@ def spec_bench_leaderboard(root: Path, published: list[Published], lay: Layout) 
     verdict = (V.all_of(claim, [(f"vs {short_name(d)}", faster_on(ex, "", "fixed:eagle", d)) for d in fixed_methods(ex)
                                 if d != "fixed:eagle"], "each part: speedup ratio EAGLE / that drafter > 1")
                if "fixed:eagle" in set(ex.method) else
-               V.missing(claim, f"per-query records of EAGLE ({SPEC_BENCH_EVAL.dir}/examples.jsonl)", "speedup ratio"))
+               V.missing(claim, f"per-query records of EAGLE ({SPEC_BENCH_EVAL.dir}/{EXAMPLES})", "speedup ratio"))
     return Exhibit("Spec-Bench reference rows: each drafter alone on question.jsonl",
                    table, [verdict],
                    "Speedup over autoregressive decoding on every question and turn of Spec-Bench's question.jsonl "
@@ -147,7 +147,7 @@ def cascade_verdicts(ex: pd.DataFrame, run: CascadeRun) -> list[V.Verdict]:
     label = "speedup ratio speculative cascade / baseline"
     claim = "at the target's quality a speculative cascade is faster than lossy SD and the sequential cascade"
     if ex.empty:
-        return [V.missing(claim, f"per-query records ({run.run.dir}/examples.jsonl)", label)]
+        return [V.missing(claim, f"per-query records ({run.run.dir}/{EXAMPLES})", label)]
     out = []
     methods = list(dict.fromkeys(ex.method))
     for task in [t for t in dict.fromkeys(ex.task) if t in QUALITY]:
@@ -175,7 +175,8 @@ def cascade_verdicts(ex: pd.DataFrame, run: CascadeRun) -> list[V.Verdict]:
                 continue
             b = base[0][1]
             p = paired(sub, [best, b])
-            parts.append((f"{best} vs {b} ({fam})", V.faster("", timed(p[best]), timed(p[b]), (best, b), level=level)))
+            parts.append((f"{best} vs {b} ({fam})", V.faster("", timed(p[best]), timed(p[b]), (best, b),
+                                                                     boot=V.Bootstrap(level=level))))
         out.append(V.all_of(named, parts, f"{QUALITY[task][0]} at least the target's; the fastest of {len(spec)} "
                                           f"speculative points at the target's quality, level {level:.2%} (Bonferroni)"))
     return out or [V.unpaired(claim, "no task of the run has a quality metric", label)]

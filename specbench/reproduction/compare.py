@@ -13,6 +13,7 @@ from specbench.pipelines.tables import ALL_TASKS, pyplot
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.published import Published, lookup
 from specbench.reproduction.records import drafter_speeds
+from specbench.reproduction.runs import EXAMPLES
 
 
 def paired(ex: pd.DataFrame, methods: list[str], task: str | None = None) -> dict[str, pd.DataFrame]:
@@ -40,15 +41,16 @@ def timed(p: pd.DataFrame) -> tuple[list[float], list[float]]:
     return list(p.seconds.astype(float)), list(p.new_tokens.astype(float))
 
 
-def faster_on(ex: pd.DataFrame, claim: str, a: str, b: str, task: str | None = None, names: tuple[str, str] | None = None,
-              threshold: float = 1.0, at_least: bool = False, run: str = "", **kw) -> V.Verdict:
-    """``a`` faster than ``b`` (or at least ``threshold`` of its speed), paired per query of ``task``."""
+def faster_on(ex: pd.DataFrame, claim: str, a: str, b: str, task: str | None = None, *,
+              names: tuple[str, str] | None = None, run: str = "", **kw) -> V.Verdict:
+    """``a`` faster than ``b``, paired per query of ``task``; ``kw`` as :func:`verdicts.faster`'s (``threshold``
+    and ``at_least``: at least that share of its speed; ``detail``; ``boot``)."""
     names = names or (short_name(a), short_name(b))
     if ex.empty:
-        return V.missing(claim, f"per-query records ({run}/examples.jsonl)" if run else "per-query records",
+        return V.missing(claim, f"per-query records ({run}/{EXAMPLES})" if run else "per-query records",
                          f"speedup ratio {names[0]} / {names[1]}")
     p = paired(ex, [a, b], task)
-    return V.faster(claim, timed(p[a]), timed(p[b]), names, threshold=threshold, at_least=at_least, **kw)
+    return V.faster(claim, timed(p[a]), timed(p[b]), names, **kw)
 
 
 ORACLE = "per-query oracle"
@@ -82,7 +84,7 @@ def fastest_on_own_task(ex: pd.DataFrame, own: dict[str, str], claim: str, run: 
     """On each task with a specialist (``own[drafter] = task``), the specialist is faster than every other
     fixed drafter of the run, each pair judged per query."""
     if ex.empty:
-        return V.missing(claim, f"per-query records ({run}/examples.jsonl)", "speedup ratio")
+        return V.missing(claim, f"per-query records ({run}/{EXAMPLES})", "speedup ratio")
     parts = [(f"{task}: {d} vs {short_name(o)}", faster_on(ex, "", f"fixed:{d}", o, task))
              for d, task in own.items() for o in fixed_methods(ex, task) if o != f"fixed:{d}"]
     return V.all_of(claim, parts, "each part: speedup ratio specialist / other > 1")
@@ -125,7 +127,7 @@ def relative_faster(claim: str, ex_a: pd.DataFrame, ex_b: pd.DataFrame, method: 
 
     label = f"speedup ratio {names[0]} / {names[1]} (each over its run's autoregressive)"
     if ex_a.empty or ex_b.empty:
-        return V.missing(claim, f"per-query records ({runs[0] if ex_a.empty else runs[1]}/examples.jsonl)", label)
+        return V.missing(claim, f"per-query records ({runs[0] if ex_a.empty else runs[1]}/{EXAMPLES})", label)
     pa, pb = paired(ex_a, [method, AUTOREGRESSIVE]), paired(ex_b, [method, AUTOREGRESSIVE])
     common = sorted(set(pa[method].index) & set(pb[method].index), key=str)
     cols = {}

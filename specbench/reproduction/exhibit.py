@@ -64,7 +64,7 @@ ACCEPTANCE_REWARD_NOTE = ("the paper's reward, alpha * alignment + (1 - alpha) *
 
 @dataclass(frozen=True)
 class Layout:
-    """What one profile's runs hold: the parts each drafter plays and the notes that name the models."""
+    """What one scale's runs hold: the parts each drafter plays and the notes that name the models."""
 
     name: str  # the scale whose runs it describes: cpu | paper (runs.SCALES)
     scale: str  # figure titles: "CPU scale" | "paper scale"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from specbench.drafters import shipped
 from specbench.drafters.head_files import WEIGHTS_FILE
-from specbench.reproduction.records import DONE
+from specbench.reproduction.runs import DONE
 
 
 def package_heads(tree) -> list[str]:

@@ -47,6 +47,7 @@ from specbench.pipelines.tables import to_markdown
 from specbench.pipelines.trace import load_traces
 from specbench.records import atomic_write_text, read_jsonl
 from specbench.reproduction import verdicts as V
+from specbench.reproduction.runs import CONFIG, EXAMPLES, ROUNDS, SEEDS
 
 REPLAYED = "replayed"
 CONVERGENCE = ["ucb-bd", "ucb-be", "exp3-bd", "halving-bd", "hedge-bd"]
@@ -224,7 +225,7 @@ def plot_convergence(run: Path, path: Path, methods: list[str]) -> bool:
 
 def variance_table(run: Path) -> tuple[pd.DataFrame, list[V.Verdict]]:
     """Per fixed drafter: the variance of the rounds' BD and BE (seed 0: fixed arms are seedless), and per query."""
-    rounds = pd.DataFrame(list(read_jsonl(run / "rounds.jsonl")))
+    rounds = pd.DataFrame(list(read_jsonl(run / ROUNDS)))
     rounds = rounds[rounds.method.str.startswith("fixed:") & (rounds.n_max > 0)]
     rows, verdicts = [], []
     for method, sub in rounds.groupby("method", sort=False):
@@ -274,12 +275,12 @@ def calibration(trace_run: Path, live_run: Path) -> tuple[pd.DataFrame, dict]:
     compare: predicted / measured seconds per token per method, rounds equal up to the first fork, forks."""
     rows, cost_dict = load_traces(trace_run)
     traces = {r["query_id"]: (r, QueryTrace.from_dict(r["trace"])) for r in rows}
-    cfg = OmegaConf.load(Path(live_run) / "config.yaml")
-    live = [e for e in read_jsonl(Path(live_run) / "examples.jsonl") if e["query_id"] in traces]
+    cfg = OmegaConf.load(Path(live_run) / CONFIG)
+    live = [e for e in read_jsonl(Path(live_run) / EXAMPLES) if e["query_id"] in traces]
     if not live:
         raise SpecbenchError(f"{live_run}: no generation of a traced query", "run eval on the trace's queries")
     live_rounds: dict[tuple[str, str], list[dict]] = {}
-    for r in read_jsonl(Path(live_run) / "rounds.jsonl"):
+    for r in read_jsonl(Path(live_run) / ROUNDS):
         live_rounds.setdefault((r["query_id"], r["method"]), []).append(r)
     first = rows[0]
     arms = list(first["arms"])
@@ -369,7 +370,7 @@ def write(trace_run: Path, out: Path, seeds: int = 100, live: Path | None = None
              "and shares averaged over seeds first) with 95% bootstrap intervals.", ""]
     if trace_md:
         lines += ["## The trace", "", trace_md.split("\n", 2)[2].strip(), ""]
-    q = per_query(dirs["bandits"] / "seeds.jsonl")
+    q = per_query(dirs["bandits"] / SEEDS)
     conv = convergence_table(dirs["bandits"])
     lines += ["## Convergence: share of rounds on each query's fastest drafter, by round index", "",
               to_markdown(conv[conv.method.isin(CONVERGENCE + ["router", "tree_ucb-bd", "etc-bd"])]), ""]
@@ -393,7 +394,7 @@ def write(trace_run: Path, out: Path, seeds: int = 100, live: Path | None = None
               "the oracle). The per-round oracle picks, each round in hindsight, the arm with the most tokens per "
               "second of that round (catch-up included); greedy round by round, it can trail the per-query oracle "
               "when switching costs.", "", to_markdown(reg), "", "### Verdicts", ""] + [f"- {v.line()}" for v in rv] + [""]
-    qs = per_query(dirs["switching"] / "seeds.jsonl")
+    qs = per_query(dirs["switching"] / SEEDS)
     sw = regret_table(qs)[0]
     sv = [speed_verdict(qs, "Explore-then-commit is faster than UCB-BD when switches cost their catch-up", "etc-bd",
                         "ucb-bd"),
@@ -405,7 +406,7 @@ def write(trace_run: Path, out: Path, seeds: int = 100, live: Path | None = None
               "divided by a round's time, times the mean reward of a round.", "",
               to_markdown(sw[sw.method.isin(["ucb-bd", "etc-bd", "ucb-switch-measured"])]), "", "### Verdicts", ""]
     lines += [f"- {v.line()}" for v in sv] + [""]
-    qn = per_query(dirs["stream"] / "seeds.jsonl")
+    qn = per_query(dirs["stream"] / SEEDS)
     st = regret_table(qn)[0]
     nv = [speed_verdict(qn, "Discounted UCB is faster than UCB on a stream whose task changes at every query",
                         "ducb-bd", "ucb-bd"),

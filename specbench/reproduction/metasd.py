@@ -17,7 +17,7 @@ from specbench.reproduction.compare import (fastest_on_own_task, faster_on, fixe
 from specbench.reproduction.exhibit import Exhibit, ExhibitSpec, Layout, MetaRun
 from specbench.reproduction.published import Published
 from specbench.reproduction.records import drafter_speeds, load_examples, run_table, speeds
-from specbench.reproduction.runs import METASD_EAGLE, METASD_EVAL, METASD_MULTILINGUAL, METASD_STREAM
+from specbench.reproduction.runs import EXAMPLES, METASD_EAGLE, METASD_EVAL, METASD_MULTILINGUAL, METASD_STREAM
 
 
 METASD_ROWS = {"random-query": "random drafter per query", "random": "uniform mixture per round", "exp3-bd": "EXP3",
@@ -68,7 +68,7 @@ def metasd_table(root: Path, published: list[Published], lay: Layout, meta: Meta
                  [(f"vs {short_name(d)}", faster_on(ex, "", UCB, d)) for d in singles],
                  "each part: speedup ratio UCB-BD / that drafter > 1 (above every single drafter)")
         if singles else V.missing("UCB-BD is above the best single drafter on the mixed stream",
-                                  f"per-query records of single drafters ({meta.run.dir}/examples.jsonl)", "speedup ratio"),
+                                  f"per-query records of single drafters ({meta.run.dir}/{EXAMPLES})", "speedup ratio"),
         fastest_on_own_task(ex, own, "each specialist is the fastest single drafter on its own task", meta.run.dir),
     ]
     if meta.generalist:
@@ -81,7 +81,7 @@ def metasd_table(root: Path, published: list[Published], lay: Layout, meta: Meta
             parts.append((f"{task}: vs {meta.generalist}", faster_on(ex, "", f"fixed:{d}", f"fixed:{meta.generalist}",
                                                                      task)))
         verdicts.append(V.all_of(claim, parts, "each part: ratio > 1") if not ex.empty
-                        else V.missing(claim, f"per-query records ({meta.run.dir}/examples.jsonl)", "speedup ratio"))
+                        else V.missing(claim, f"per-query records ({meta.run.dir}/{EXAMPLES})", "speedup ratio"))
     return Exhibit(meta.title, table, verdicts, notes)
 
 
@@ -99,7 +99,7 @@ def metasd_heads(root: Path, published: list[Published], lay: Layout) -> Exhibit
     ex = load_examples(root, meta.run.dir)
     claim = "each specialist has the highest MAT among the specialists on its own task"
     if ex.empty:
-        verdicts = [V.missing(claim, f"per-query records ({meta.run.dir}/examples.jsonl)", "MAT ratio")]
+        verdicts = [V.missing(claim, f"per-query records ({meta.run.dir}/{EXAMPLES})", "MAT ratio")]
     else:  # the specialists only: the generalist has its own line
         verdicts = [V.all_of(claim, [(f"{task}: {d} vs {o}", mat_on(ex, f"fixed:{d}", f"fixed:{o}", task))
                                      for d, task in own.items() for o in own
@@ -130,13 +130,13 @@ def metasd_switching(root: Path, published: list[Published], lay: Layout) -> Exh
         """``a`` switches drafters fewer times per query than ``b``."""
         label = f"switches per query, {name(b)} - {name(a)}"
         if ex.empty or not {a, b} <= set(ex.method):
-            return V.missing(claim, f"per-query records of {name(a)} and {name(b)} ({METASD_EVAL.dir}/examples.jsonl)", label)
+            return V.missing(claim, f"per-query records of {name(a)} and {name(b)} ({METASD_EVAL.dir}/{EXAMPLES})", label)
         p = paired(ex, [a, b])
         return V.greater_mean(claim, list(p[b].switches.astype(float)), list(p[a].switches.astype(float)), label)
 
     def beats(claim: str, a: str) -> V.Verdict:
         if ex.empty or not {a, UCB} <= set(ex.method):
-            return V.missing(claim, f"per-query records of {name(a)} and UCB-BD ({METASD_EVAL.dir}/examples.jsonl)",
+            return V.missing(claim, f"per-query records of {name(a)} and UCB-BD ({METASD_EVAL.dir}/{EXAMPLES})",
                              "speedup ratio")
         p = paired(ex, [a, UCB])
         return V.faster(claim, timed(p[a]), timed(p[UCB]), (name(a), name(UCB)))
@@ -163,10 +163,11 @@ def metasd_stream(root: Path, published: list[Published], lay: Layout) -> Exhibi
     ex = load_examples(root, METASD_STREAM.dir)
     claim = "D-UCB or SW-UCB is above UCB when the task changes under the selector"
     level = V.bonferroni(2)
-    verdict = (V.any_of(claim, [(names[m], faster_on(ex, "", m, UCB, names=(names[m], names[UCB]), level=level))
+    verdict = (V.any_of(claim, [(names[m], faster_on(ex, "", m, UCB, names=(names[m], names[UCB]),
+                                                           boot=V.Bootstrap(level=level)))
                                for m in NON_STATIONARY if m in set(ex.method)],
                         f"each part: speedup ratio > 1 at level {level:.1%} (Bonferroni over the two alternatives)")
-               if len(ex) else V.missing(claim, f"per-query records ({METASD_STREAM.dir}/examples.jsonl)", "speedup ratio"))
+               if len(ex) else V.missing(claim, f"per-query records ({METASD_STREAM.dir}/{EXAMPLES})", "speedup ratio"))
     return Exhibit("MetaSD, non-stationary stream: discounted and sliding-window UCB against UCB",
                    table, [verdict],
                    f"{lay.stream_note} The selectors' statistics carry over from turn to turn (carry_over), so the "

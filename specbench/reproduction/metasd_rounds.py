@@ -16,7 +16,7 @@ from specbench.reproduction.exhibit import Exhibit, ExhibitSpec, Layout
 from specbench.reproduction.metasd import BANDITS, FIRST_ROUNDS, METASD_ROWS, UCB, UCB_BE, UCB_FI, UNIFORM
 from specbench.reproduction.published import Published
 from specbench.reproduction.records import (NotRun, load_examples, load_round_values, load_rounds, run_table, speeds)
-from specbench.reproduction.runs import METASD_EVAL
+from specbench.reproduction.runs import EXAMPLES, METASD_EVAL, ROUNDS
 
 
 def round_shares(root: Path, run: str, methods: tuple[str, ...], first_rounds: int = FIRST_ROUNDS) -> pd.DataFrame:
@@ -47,8 +47,8 @@ def sooner(share: pd.DataFrame, run: str, claim: str, a: str, b: str, first_roun
     names = (METASD_ROWS.get(a, a), METASD_ROWS.get(b, b))
     label = f"share difference {names[0]} - {names[1]}"
     if not {a, b} <= set(share.columns):
-        return V.missing(claim, f"per-query rounds of {names[0]} and {names[1]} ({run}/rounds.jsonl) or the oracle's "
-                                f"arms ({run}/examples.jsonl)", label)
+        return V.missing(claim, f"per-query rounds of {names[0]} and {names[1]} ({run}/{ROUNDS}) or the oracle's "
+                                f"arms ({run}/{EXAMPLES})", label)
     pair = on_common_queries(share, (a, b))
     return V.greater_mean(claim, list(pair[a]), list(pair[b]), label,
                           detail=f"per query: share of its first {first_rounds} rounds on its task's oracle arm", **kw)
@@ -88,14 +88,15 @@ def metasd_bandits(root: Path, published: list[Published], lay: Layout, first_ro
                                float(share[m].mean()) if m in share else math.nan} for m in shown])
     ex = load_examples(root, run)
     level = V.bonferroni(len(BANDITS))
+    boot = V.Bootstrap(level=level)
     name = lambda m: METASD_ROWS.get(m, m)  # noqa: E731
     verdicts = [
         V.all_of("UCB-BD is faster than EXP3 and sequential halving",
-                 [(name(b), faster_on(ex, "", UCB, b, names=(name(UCB), name(b)), level=level, run=run))
+                 [(name(b), faster_on(ex, "", UCB, b, names=(name(UCB), name(b)), boot=boot, run=run))
                   for b in BANDITS if b in alls],
                  f"each part: speedup ratio > 1, at level {level:.1%} (Bonferroni over the two)"),
         V.all_of(f"UCB-BD reaches the best arm sooner than EXP3 and sequential halving (first {first_rounds} rounds)",
-                 [(name(b), sooner(rounds, run, "", UCB, b, first_rounds, level=level)) for b in BANDITS if b in alls],
+                 [(name(b), sooner(rounds, run, "", UCB, b, first_rounds, boot=boot)) for b in BANDITS if b in alls],
                  f"each part: share difference > 0, at level {level:.1%} (Bonferroni over the two)"),
         faster_on(ex, "UCB-BD is faster than the static uniform mixture (a uniformly random drafter every round)", UCB,
                   UNIFORM, names=(name(UCB), name(UNIFORM)), run=run),
@@ -111,8 +112,8 @@ def metasd_variance(root: Path, published: list[Published], lay: Layout) -> Exhi
     """The per-round variance of the two rewards on the same rounds: BD against BE (MetaSD: BD is denser, so lower)."""
     run = METASD_EVAL.dir
     rounds = load_round_values(root, run, None, ("query_id", "task", "method", "round", "drafted", "be", "bd"))
-    if rounds.empty and not (Path(root) / run / "rounds.jsonl").exists():
-        raise NotRun(f"{run}/rounds.jsonl")
+    if rounds.empty and not (Path(root) / run / ROUNDS).exists():
+        raise NotRun(f"{run}/{ROUNDS}")
     drafting = rounds[rounds.method.astype(str).str.startswith("fixed:") & (pd.to_numeric(rounds.drafted) > 0)]
     drafting = drafting.assign(be=pd.to_numeric(drafting.be), bd=pd.to_numeric(drafting.bd))
     var = drafting.groupby(["query_id", "method"])[["be", "bd"]].var(ddof=1).dropna()
@@ -126,7 +127,7 @@ def metasd_variance(root: Path, published: list[Published], lay: Layout) -> Exhi
     verdict = (V.greater_mean(claim, list(per_query.be), list(per_query.bd), label,
                               detail="per query: the mean over the single drafters of the variance of each reward over "
                                      "the query's drafting rounds (both rewards in [0, 1])")
-               if len(per_query) else V.missing(claim, f"drafting rounds of single drafters ({run}/rounds.jsonl)", label))
+               if len(per_query) else V.missing(claim, f"drafting rounds of single drafters ({run}/{ROUNDS})", label))
     return Exhibit("MetaSD, reward variance: Block Divergence against Block Efficiency",
                    table, [verdict],
                    "Every drafting round of every single drafter on the main table's stream carries both rewards "

@@ -32,7 +32,7 @@ from specbench.reproduction import compare
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.exhibit import Exhibit, ExhibitSpec
 from specbench.reproduction.records import NotRun, load_examples, load_round_values
-from specbench.reproduction.runs import METASD_TREES
+from specbench.reproduction.runs import EXAMPLES, METASD_TREES
 from specbench.records import atomic_write_text
 
 TASK_ORACLE = "oracle"  # pipelines.tables.with_oracle's method name: the best fixed drafter per task
@@ -55,7 +55,7 @@ def tables_of(run_dir: Path) -> tuple[pd.DataFrame, list[V.Verdict], dict]:
     run_dir = Path(run_dir)
     ex = load_examples(run_dir.parent, run_dir.name)
     if ex.empty:
-        raise SpecbenchError(f"{run_dir}: no examples.jsonl records", "point at a `specbench eval` run directory")
+        raise SpecbenchError(f"{run_dir}: no {EXAMPLES} records", "point at a `specbench eval` run directory")
     methods = list(dict.fromkeys(ex.method))
     if AUTOREGRESSIVE not in methods:
         raise SpecbenchError(f"{run_dir}: the run has no autoregressive baseline", "run eval with it in methods")
@@ -130,7 +130,7 @@ def write(run_dir: Path) -> Path:
 def trees_exhibit(root: Path, published, layout) -> Exhibit:
     """The report's exhibit: the table of :func:`tables_of` on the paper-scale trees run (``metasd/trees``)."""
     run = Path(root) / METASD_TREES.dir
-    if not (run / "examples.jsonl").is_file():
+    if not (run / EXAMPLES).is_file():
         raise NotRun(METASD_TREES.dir)
     table, verdicts, facts = tables_of(run)
     notes = (f"Best single drafter over the run: {facts['best_single']}. Speedups over autoregressive decoding on the "

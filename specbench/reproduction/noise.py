@@ -29,7 +29,7 @@ from specbench.reproduction.compare import paired, short_name, timed
 from specbench.reproduction.exhibit import Exhibit, ExhibitSpec, Layout
 from specbench.reproduction.published import Published
 from specbench.reproduction.records import NotRun, load_examples
-from specbench.reproduction.runs import METASD_EVAL
+from specbench.reproduction.runs import EXAMPLES, METASD_EVAL
 
 SIZES = (16, 32, 48, 80)  # subset sizes of the noise floor (verdicts rest on 16 per task cell, 80 on the stream)
 SUBSETS = 400  # random subsets per size (seeded)
@@ -63,7 +63,8 @@ def floor_rows(ex: pd.DataFrame, sizes=SIZES, subsets: int = SUBSETS, seed: int 
         for size in [s for s in sizes if s < n]:  # subsets of all n queries would all be the same set
             idx = np.stack([rng.choice(n, size=size, replace=False) for _ in range(subsets)])
             r = ratios(a, b, idx)
-            judged = [V.faster("", timed(b.iloc[i]), timed(a.iloc[i]), resamples=SUBSET_RESAMPLES, seed=k)
+            judged = [V.faster("", timed(b.iloc[i]), timed(a.iloc[i]),
+                               boot=V.Bootstrap(resamples=SUBSET_RESAMPLES, seed=k))
                       for k, i in enumerate(idx)]
             rows.append({"method": short_name(first), "queries": n, "subset": size,
                          "ratio_all": whole.effect, "ci_all": f"[{whole.interval[0]:.3f}, {whole.interval[1]:.3f}]"
@@ -77,7 +78,7 @@ def floor_rows(ex: pd.DataFrame, sizes=SIZES, subsets: int = SUBSETS, seed: int 
 def aa_exhibit(root: Path, published: list[Published], lay: Layout) -> Exhibit:
     ex = load_examples(root, METASD_EVAL.dir)
     if ex.empty:
-        raise NotRun(f"{METASD_EVAL.dir}/examples.jsonl")
+        raise NotRun(f"{METASD_EVAL.dir}/{EXAMPLES}")
     rows = floor_rows(ex)
     table = pd.DataFrame(rows, columns=["method", "queries", "subset", "ratio_all", "ci_all", "floor_lo", "floor_hi",
                                         "false_positive_rate", "false_holds"])

@@ -1,4 +1,4 @@
-"""``specbench reproduce``: every reproduction of a profile, end to end, into one root, then the report.
+"""``specbench reproduce``: every reproduction of a scale, end to end, into one root, then the report.
 
 Each step is one of our commands with an experiment config and a fixed run directory under the
 root (``<paper>/...``). Every step's config is composed and validated before anything is written. A
@@ -9,7 +9,8 @@ finished step whose settings, heads and upstream runs are unchanged (logged as a
 settings differ, whose shipped heads were rebuilt, or whose upstream step ran again, is refused naming
 what differs, or with ``redo`` deleted and run again. An interrupted step resumes through its command's own resume (eval,
 collect and cascades skip finished generations), except an eval whose selectors carry statistics
-across queries (``carry_over``): its records are deleted and the step starts again. Profiles:
+across queries (``carry_over``): its records are deleted and the step starts again. Scales (``--scale``; the
+deprecated ``--profile`` is the same option):
 
 - ``cpu``: the CPU-scale plan on the embedded SmolLM2 with the specialist pool (``make reproduce-cpu``);
 - ``tiny``: the same plan on the tiny random Llama with a few tokens per query (a dry run: everything
@@ -18,8 +19,8 @@ across queries (``carry_over``): its records are deleted and the step starts aga
   layout where the papers overlap (``huang/...``, ``metasd/eval``, ``metasd/stream``) plus their own
   (``spec_bench/eval``, ``metasd/eagle``, ``metasd/multilingual/<language>``, ``cascades/<experiment>``).
 
-The root records its profile's report layout (``reproduce.json``), so ``specbench report ROOT``
-builds that layout's exhibits.
+The root records its scale and that scale's report layout (``reproduce.json``, under its older key ``profile``
+so roots written before keep working), so ``specbench report ROOT`` builds that layout's exhibits.
 """
 
 from __future__ import annotations
@@ -41,10 +42,12 @@ from omegaconf import OmegaConf
 
 from specbench.configs import EXPERIMENT, composing, hydra_error, hydra_overrides
 from specbench.errors import SpecbenchError
-from specbench.reproduction.exhibits import plan_at
-from specbench.reproduction.records import DONE
-from specbench.reproduction.runs import (HUANG_DEPTH_COLLECT, HUANG_EVAL_WITH_AR, HUANG_EVAL_WITHOUT_AR,
-                                         HUANG_MATH_COLLECT, HUANG_MATH_EVAL, PAPER_CASCADES, SPEC_BENCH, Step)
+from specbench.records import atomic_write_text
+from specbench.reproduction.records import count_lines
+from specbench.reproduction.registry import plan_at
+from specbench.reproduction.runs import (CONFIG, DONE, EXAMPLES, HUANG_DEPTH_COLLECT, HUANG_EVAL_WITH_AR,
+                                         HUANG_EVAL_WITHOUT_AR, HUANG_MATH_COLLECT, HUANG_MATH_EVAL, RECORD_FILES,
+                                         ROOT_RECORD, ROUNDS, SPEC_BENCH, STARTED, Step)
 
 log = logging.getLogger(__name__)
 
@@ -67,30 +70,27 @@ TINY: dict[str, tuple[str, ...]] = {
     HUANG_EVAL_WITH_AR.dir: TINY_EXITS,
 }
 
-# The plans, derived from the exhibits (each exhibit names the runs it reads; ``exhibits.plan_at``).
-CPU: tuple[Step, ...] = plan_at("cpu")
-PAPER: tuple[Step, ...] = plan_at("paper")  # `make reproduce-paper` (docs: paper scale), drafters by `make paper-drafters`
-CASCADES = PAPER_CASCADES  # conf/experiment/cascades_<name>.yaml
-
-
 @dataclass(frozen=True)
-class Profile:
-    steps: tuple[Step, ...] | None  # None: derived from the exhibits of ``layout`` when the plan runs
-    layout: str  # the report layout and scale (exhibits.LAYOUTS, runs.SCALES)
+class Scale:
+    """A scale of ``specbench reproduce --scale``: the run scale whose plan it runs, which is also its report
+    layout (runs.SCALES, layouts.LAYOUTS), and its own overrides."""
+
+    layout: str
     overrides: dict[str, tuple[str, ...]] = field(default_factory=dict)  # by command or run directory
 
     def plan(self) -> tuple[Step, ...]:
-        return self.steps if self.steps is not None else plan_at(self.layout)
+        """Every run the exhibits of ``layout`` read, upstream runs first (``registry.plan_at``)."""
+        return plan_at(self.layout)
 
 
-PROFILES = {"cpu": Profile(None, "cpu"), "tiny": Profile(None, "cpu", TINY), "paper": Profile(None, "paper")}
+SCALES = {"cpu": Scale("cpu"), "tiny": Scale("cpu", TINY), "paper": Scale("paper")}
 QUESTIONS = "data/spec_bench/question.jsonl"  # Spec-Bench's question.jsonl (`make reproduce-paper` downloads it)
 
 
-def overrides_of(step: Step, root: Path, profile: Profile, extra: list[str], questions: str = QUESTIONS) -> list[str]:
-    """The step's overrides, the profile's, then ``extra`` (on the decoding commands: train-policy only reads rows)."""
+def overrides_of(step: Step, root: Path, scale: Scale, extra: list[str], questions: str = QUESTIONS) -> list[str]:
+    """The step's overrides, the scale's, then ``extra`` (on the decoding commands: train-policy only reads rows)."""
     own = [o.format(root=root, questions=questions) for o in step.overrides]
-    return [*own, *profile.overrides.get(step.command, ()), *profile.overrides.get(step.run, ()),
+    return [*own, *scale.overrides.get(step.command, ()), *scale.overrides.get(step.run, ()),
             *(extra if step.command != "train_policy" else ())]
 
 
@@ -124,16 +124,10 @@ def pipeline(command: str):
     return {"eval": evaluate.run, "collect": collect.run, "train_policy": train_policy.run, "cascades": cascades.run}[command]
 
 
-# The files of a step's records (one line per generation or collected query): counted into its `.done`,
-# so the report can tell a step whose records were cut afterwards.
-RECORD_FILES = {"eval": "examples.jsonl", "cascades": "examples.jsonl", "collect": "rows.jsonl"}
-STARTED = ".step.json"  # a step's settings, written when it starts (a step stopped early keeps them)
-
-
 def upstream_of(step: Step, steps: tuple[Step, ...]) -> list[Step]:
-    """The earlier steps of the plan whose run directory ``step`` reads (``{root}/<run>`` in its overrides)."""
+    """The earlier steps of the plan whose run directory ``step`` reads (``Step.reads``)."""
     before = steps[: steps.index(step)] if step in steps else steps
-    return [s for s in before if any(re.search(rf"\{{root\}}/{re.escape(s.run)}(/|$)", o) for o in step.overrides)]
+    return [s for s in before if s.run in step.reads]
 
 
 def read_marker(path: Path) -> dict | None:
@@ -154,11 +148,9 @@ def fingerprint(out: Path) -> str | None:
 
 
 def count_records(out: Path, command: str) -> int:
-    path = out / RECORD_FILES.get(command, "")
-    if command not in RECORD_FILES or not path.is_file():
-        return 0
-    with path.open("rb") as f:
-        return sum(1 for line in f if line.strip())
+    """How many records (``RECORD_FILES``: generations, collected queries) the step's directory holds."""
+    records = RECORD_FILES.get(command)
+    return count_lines(out / records.name) if records else 0
 
 
 def carry_over_methods(cfg) -> set[str]:
@@ -188,7 +180,7 @@ def restart_if_unresumable(step: Step, cfg, out: Path) -> None:
     after the finished queries is not in the records): delete the step's records so it starts again."""
     from specbench.records import read_jsonl
 
-    examples = out / "examples.jsonl"
+    examples = out / EXAMPLES
     if step.command != "eval" or (out / DONE).exists() or not examples.is_file() or not examples.stat().st_size:
         return
     carry = carry_over_methods(cfg)
@@ -208,7 +200,7 @@ def restart_if_unresumable(step: Step, cfg, out: Path) -> None:
     log.warning("%s stopped half way, and its selectors %s carry statistics across queries (carry_over), so it "
                 "cannot resume: deleting its records (examples.jsonl, rounds.jsonl) in %s and running the step again",
                 step.run, ", ".join(sorted(methods & carry)), out)
-    for name in ("examples.jsonl", "rounds.jsonl"):
+    for name in (EXAMPLES, ROUNDS):
         (out / name).unlink(missing_ok=True)
 
 
@@ -235,29 +227,29 @@ def compose_step(step: Step, overrides: list[str], adapt: Callable[[Step, object
     return cfg
 
 
-def run(root: str | Path, profile: str = "cpu", papers: list[str] | None = None, extra: list[str] | None = None,
+def run(root: str | Path, scale: str = "cpu", papers: list[str] | None = None, extra: list[str] | None = None,
         questions: str = QUESTIONS, adapt: Callable[[Step, object], None] | None = None, redo: bool = False) -> Path:
-    """Run every step of ``profile`` not done yet (in order), then write the report; return the report
-    directory. ``adapt(step, cfg)``, when given, may change each composed config before it runs (the
-    paper-scale dry run swaps in tiny stand-in models).
+    """Run every step of ``scale`` (cpu | tiny | paper: ``SCALES``) not done yet (in order), then write the
+    report; return the report directory. ``adapt(step, cfg)``, when given, may change each composed config
+    before it runs (the paper-scale dry run swaps in tiny stand-in models).
 
     Every step's config is composed and validated before anything is written. A finished step is
     skipped only when its settings and its upstream steps' runs are the ones its ``.done`` records;
     otherwise the call is refused, naming what differs, or with ``redo`` that step (and the steps
     that read it) is deleted and run again."""
-    from specbench.pipelines.run_dir import differences, lock_run_dir, settings
+    from specbench.pipelines.session.run_dir import differences, lock_run_dir, settings
     from specbench.reproduction import heads, render
 
-    if profile not in PROFILES:
-        raise SpecbenchError(f"unknown reproduce profile '{profile}'", f"use one of: {', '.join(PROFILES)}")
-    prof = PROFILES[profile]
+    if scale not in SCALES:
+        raise SpecbenchError(f"unknown reproduce scale '{scale}'", f"use one of: {', '.join(SCALES)}")
+    sc = SCALES[scale]
     given = [o for o in extra or [] if EXPERIMENT.match(str(o))]
     if given:  # every step runs its own experiment: one given here would replace them all
         raise SpecbenchError(f"{given[0]}: every reproduce step runs its own experiment (conf/experiment/reproduce_*.yaml, "
                              "cascades_cpu_local), which this override would replace",
                              "drop it; to run one experiment alone, use its command: specbench eval experiment=NAME "
                              "(or collect / cascades), or limit reproduce to one paper with --paper")
-    steps = prof.plan()
+    steps = sc.plan()
     known = {s.paper for s in steps}
     unknown = sorted(set(papers or []) - known)
     if unknown:
@@ -268,17 +260,17 @@ def run(root: str | Path, profile: str = "cpu", papers: list[str] | None = None,
         raise SpecbenchError(f"no Spec-Bench question file {questions}",
                              "download it (`make data/spec_bench/question.jsonl`, from github.com/hemingkx/Spec-Bench) "
                              "or pass --questions <question.jsonl>")
-    record = root / render.LAYOUT_FILE
-    if render.recorded(root).get("profile") not in (profile, None):
-        raise SpecbenchError(f"{root} holds the runs of another profile ({record})",
-                             "use another --root for this profile, or delete that root to start over")
+    record = root / ROOT_RECORD
+    if render.recorded(root).get("profile") not in (scale, None):  # the scale, under its older key
+        raise SpecbenchError(f"{root} holds the runs of another scale ({record})",
+                             "use another --root for this scale, or delete that root to start over")
     # Every step composed and validated before anything is written or loaded.
     planned = []
     per_drafter = [str(o) for o in extra or [] if DRAFTER_KEY.match(str(o))]  # pool.drafters.<name>.<key>=...
     general = [str(o) for o in extra or [] if not DRAFTER_KEY.match(str(o))]
     used: set[str] = set()
     for step in chosen:
-        overrides = overrides_of(step, root, prof, general, questions)
+        overrides = overrides_of(step, root, sc, general, questions)
         cfg = compose_step(step, overrides, adapt)
         pool = OmegaConf.select(cfg, "pool.drafters", default=None) or {}
         mine = [o for o in per_drafter if DRAFTER_KEY.match(o).group(1) in pool] if step.command != "train_policy" else []
@@ -308,7 +300,7 @@ def run(root: str | Path, profile: str = "cpu", papers: list[str] | None = None,
             started = None  # a step stopped before its first record: nothing of it to keep, it reruns
         why: list[str] = []
         if done is None and not (out / STARTED).exists() and (count_records(out, step.command)
-                                                               or (out / "config.yaml").exists()):
+                                                               or (out / CONFIG).exists()):
             why = ["the directory holds records of a run made outside reproduce"]  # issue 34: --redo takes it over
         elif done is not None and "settings" not in done:
             why = [f"its {DONE} records no settings (an older specbench wrote it)"]
@@ -331,7 +323,7 @@ def run(root: str | Path, profile: str = "cpu", papers: list[str] | None = None,
             "; ".join(f"{run} ({', '.join(why)})" for run, why in stale.items()),
             "pass --redo to delete those steps' records and run them again (the steps that read them follow), "
             "rerun with the settings they were run with, move those directories away, or use another --root")
-    record.write_text(json.dumps({"profile": profile, "layout": prof.layout}) + "\n", encoding="utf-8")
+    record.write_text(json.dumps({"profile": scale, "layout": sc.layout}) + "\n", encoding="utf-8")
     started_at = time.perf_counter()
     for i, (step, overrides, cfg, now, weights) in enumerate(planned, 1):
         out = root / step.run
@@ -361,10 +353,8 @@ def run(root: str | Path, profile: str = "cpu", papers: list[str] | None = None,
 
 
 def _write_json(path: Path, record: dict) -> None:
-    """Through a temporary file and ``os.replace``: a marker is never torn."""
-    tmp = path.with_name(f"{path.name}.tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    """Through the one atomic writer: a marker is never torn."""
+    atomic_write_text(path, json.dumps(record, indent=1) + "\n")
 
 
 def _now() -> str:

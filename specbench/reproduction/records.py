@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from specbench.errors import SpecbenchError
+from specbench.reproduction.runs import CONFIG, DONE, EXAMPLES, RECORD_FILES, ROOT_RECORD, ROUNDS, ROWS, SUMMARY
 
 
 class NotRun(Exception):
@@ -43,13 +44,8 @@ def read_table(path: Path) -> pd.DataFrame:
         raise SpecbenchError(f"{path} cannot be read as a table ({str(exc).strip().splitlines()[0]})", fix) from None
 
 
-DONE = ".done"  # what `specbench reproduce` leaves in a step's directory when the step finished (plan.DONE)
-
-RECORDS = {"eval": ("examples.jsonl", "generations"), "cascades": ("examples.jsonl", "generations"),
-           "collect": ("rows.jsonl", "collected queries")}
-
-
-def _lines(path: Path) -> int:
+def count_lines(path: Path) -> int:
+    """The non-blank lines of ``path`` (its records); 0 when it is not there."""
     if not path.is_file():
         return 0
     with path.open("rb") as f:
@@ -58,13 +54,13 @@ def _lines(path: Path) -> int:
 
 def _command_of(out: Path) -> str | None:
     """Which command wrote the run directory ``out``: from the records it holds."""
-    for name, command in (("examples.jsonl", "eval"), ("rows.jsonl", "collect")):
+    for name, command in ((EXAMPLES, "eval"), (ROWS, "collect")):
         if (out / name).exists():
-            if command == "eval" and (out / "config.yaml").exists():
+            if command == "eval" and (out / CONFIG).exists():
                 from omegaconf import OmegaConf
 
                 try:
-                    return "cascades" if "rules" in OmegaConf.load(out / "config.yaml") else "eval"
+                    return "cascades" if "rules" in OmegaConf.load(out / CONFIG) else "eval"
                 except Exception:  # noqa: BLE001 - an unreadable config: counted as eval
                     return "eval"
             return command
@@ -80,7 +76,7 @@ def planned(out: Path, command: str | None) -> int | None:
     from specbench.tasks import load_dataset_config
 
     try:
-        cfg = OmegaConf.load(out / "config.yaml")
+        cfg = OmegaConf.load(out / CONFIG)
         queries = load_dataset_config(cfg.dataset)
         if command == "collect":
             shard, shards = int(cfg.collect.shard), int(cfg.collect.num_shards)
@@ -92,7 +88,7 @@ def planned(out: Path, command: str | None) -> int | None:
             return sum(1 for q in queries if not tasks or q.task in tasks) * len(variants(cfg.rules, cfg.alphas))
         if command == "eval":
             from specbench.pipelines.methods import parse_methods
-            from specbench.pipelines.prompting import turns_of
+            from specbench.pipelines.session.prompting import turns_of
 
             max_turns = int(cfg.dataset.get("max_turns") or 1)
             pool = dict.fromkeys([AUTOREGRESSIVE, *(k for k, v in (cfg.pool.get("drafters") or {}).items() if v)])
@@ -111,8 +107,9 @@ def unfinished(root: Path, run: str) -> str | None:
     if not out.is_dir():
         return None
     command = _command_of(out)
-    file, what = RECORDS.get(command, ("", "generations"))
-    have = _lines(out / file) if file else 0
+    records = RECORD_FILES.get(command)
+    file, what = (records.name, records.items) if records else ("", "generations")
+    have = count_lines(out / file) if file else 0
     if (out / DONE).exists():
         try:
             want = json.loads((out / DONE).read_text(encoding="utf-8")).get("records")
@@ -121,9 +118,9 @@ def unfinished(root: Path, run: str) -> str | None:
         if isinstance(want, int) and file and have < want:
             return f"unfinished: {have} of {want} {what} ({file} holds fewer than the step finished with)"
         return None
-    summary = out / "summary.md"
+    summary = out / SUMMARY
     stopped = summary.is_file() and "stopped early" in summary.read_text(encoding="utf-8", errors="replace")
-    if not stopped and not (Path(root) / "reproduce.json").exists():
+    if not stopped and not (Path(root) / ROOT_RECORD).exists():
         return None  # not a reproduce root: run directories without .done are complete runs
     if not file:
         return f"unfinished: {run} has no {DONE} (its step stopped before it finished)"
@@ -170,7 +167,7 @@ def load_examples(root: Path, run: str, fields: tuple[str, ...] = EXAMPLE_FIELDS
     """The per-query records of the run ``root/run`` (its ``examples.jsonl``: one object per generation), one
     row per (query_id, method), the last record kept (as ``summarize`` does); empty when the file is absent. A
     torn last line (a stopped run) is skipped: ``mark_unfinished`` says the run is unfinished."""
-    path = Path(root) / run / "examples.jsonl"
+    path = Path(root) / run / EXAMPLES
     rows = []
     if path.is_file():
         with path.open(encoding="utf-8", errors="replace") as f:
@@ -201,7 +198,7 @@ def n_val_of(root: Path, run: str) -> int | None:
 def load_round_values(root: Path, run: str, methods: tuple[str, ...] | None = None,
                       fields: tuple[str, ...] = ("query_id", "task", "method", "round", "arm")) -> pd.DataFrame:
     """The per-round records (``rounds.jsonl``) of ``methods`` (None: every method) in ``root/run``, ``fields`` only."""
-    path, rows = Path(root) / run / "rounds.jsonl", []
+    path, rows = Path(root) / run / ROUNDS, []
     if path.is_file():
         with path.open(encoding="utf-8", errors="replace") as f:
             for line in f:
@@ -219,11 +216,3 @@ def load_round_values(root: Path, run: str, methods: tuple[str, ...] | None = No
 def load_rounds(root: Path, run: str, methods: tuple[str, ...]) -> pd.DataFrame:
     """The per-round records of ``methods`` in the run ``root/run``: query_id, task, method, round, arm."""
     return load_round_values(root, run, methods)
-
-
-def with_oracle_examples(ex: pd.DataFrame) -> pd.DataFrame:
-    """``ex`` plus the oracle's records: per task, a copy of the records of its fastest fixed drafter (total
-    seconds on that task, as in the summary's oracle row; picked on the same queries, an upper bound)."""
-    from specbench.pipelines.tables import with_oracle
-
-    return with_oracle(ex) if len(ex) else ex

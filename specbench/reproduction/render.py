@@ -18,18 +18,20 @@ from specbench.reproduction import heads as shipped_heads
 from specbench.reproduction import published as published_values
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.exhibit import Exhibit, Layout, mark_unfinished
-from specbench.reproduction.exhibits import builders
 from specbench.reproduction.layouts import LAYOUTS
 from specbench.reproduction.records import NotRun
+from specbench.reproduction.registry import builders
+from specbench.reproduction.runs import CONFIG, ROOT_RECORD
 
 log = logging.getLogger(__name__)
 
 
-LAYOUT_FILE = "reproduce.json"
+LAYOUT_FILE = ROOT_RECORD
 
 
 def recorded(root: Path) -> dict:
-    """What ``specbench reproduce`` recorded under ``root`` (profile, layout); empty when nothing."""
+    """What ``specbench reproduce`` recorded under ``root`` (its scale, under the key ``profile``, and layout); empty
+    when nothing."""
     record = Path(root) / LAYOUT_FILE
     if not record.exists():
         return {}
@@ -225,7 +227,7 @@ def include_demo(run_dir: Path, readme: Path) -> Path:
         raise SpecbenchError(f"{run_dir} has no summary.csv", "run `make demo` first (it writes outputs/demo)")
     table = pd.read_csv(run_dir / "summary.csv")
     rows = table[table.task == "all"]
-    cfg = OmegaConf.load(run_dir / "config.yaml")
+    cfg = OmegaConf.load(run_dir / CONFIG)
     from specbench.pipelines.profile import cpu_name
 
     import torch

@@ -1,21 +1,51 @@
 """Every run directory of ``specbench reproduce``, once: which command writes it and, per scale, with which
-overrides. Exhibits (``exhibits.py``) name the runs they read; the plans are derived from them (``steps_at``).
+overrides. Exhibits (``registry.py``) name the runs they read; the plans are derived from them (``steps_at``).
 
 A run is one of our commands with an experiment config and a fixed directory under the root
 (``<paper>/...``). The CPU and paper scales share a directory where the papers overlap (``huang/...``,
 ``metasd/eval``, ``metasd/stream``); each also has runs of its own (``cascades/greedy`` at CPU scale,
 ``spec_bench/eval``, ``metasd/eagle``, ``metasd/multilingual/<language>``, ``cascades/<experiment>`` at paper
 scale). Overrides may hold ``{root}`` (the reproduce root: how a run names an upstream run it reads, through
-:func:`under_root`) and ``{questions}`` (Spec-Bench's question file).
+:func:`under_root`) and ``{questions}`` (Spec-Bench's question file). A run declares the runs it reads (``reads``);
+runs are declared upstream first, and a plan lists its runs in declaration order.
+
+The files of a run directory that the reproduction reads or writes are named once, here (``RECORD_FILES``:
+each command's per-item records).
 """
 
 from __future__ import annotations
 
-import re
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-SCALES = ("cpu", "paper")
+SCALES = ("cpu", "paper")  # the scales a run has overrides for (a report layout each; `--scale tiny` runs cpu's)
+
+# ---------------------------------------------------------------- the files of a run directory
+EXAMPLES = "examples.jsonl"  # eval, cascades: one record per generation
+ROUNDS = "rounds.jsonl"  # eval: one record per round
+ROWS = "rows.jsonl"  # collect: one row per collected query (one shard)
+SEEDS = "seeds.jsonl"  # replay: one record per (method, seed, query)
+CONFIG = "config.yaml"  # every command: the settings its records were made with
+SUMMARY = "summary.md"  # eval: its summary table (says when the run stopped early)
+DONE = ".done"  # `specbench reproduce`: a finished step (settings, upstream fingerprints, seconds, record count)
+STARTED = ".step.json"  # `specbench reproduce`: a step's settings, written when it starts (kept if it stops early)
+ROOT_RECORD = "reproduce.json"  # `specbench reproduce`: the root's scale and report layout
+
+
+@dataclass(frozen=True)
+class RecordFile:
+    """A command's per-item records: the file (one line per item) and what an item is."""
+
+    name: str
+    items: str
+
+
+# The records of each command a step runs: counted into its `.done`, so the report can tell a step whose records
+# were cut afterwards.
+RECORD_FILES: dict[str, RecordFile] = {"eval": RecordFile(EXAMPLES, "generations"),
+                                       "cascades": RecordFile(EXAMPLES, "generations"),
+                                       "collect": RecordFile(ROWS, "collected queries")}
 
 
 @dataclass(frozen=True)
@@ -26,28 +56,34 @@ class Step:
     command: str  # a root config: eval | collect | train_policy | cascades
     run: str  # run directory, relative to the root
     overrides: tuple[str, ...] = ()  # {root} and {questions} are filled in
+    reads: tuple[str, ...] = ()  # the run directories of the upstream steps it reads
+
+
+_DECLARED = itertools.count()  # declaration order: an upstream run is declared before the runs that read it
 
 
 @dataclass(frozen=True, eq=False)
 class Run:
-    """A run directory, the command that writes it, and its overrides at each scale it runs at."""
+    """A run directory, the command that writes it, its overrides at each scale it runs at, and the runs it reads
+    (their directories are in its overrides: ``{root}/<dir>``, :func:`under_root`)."""
 
     dir: str
     command: str
     at: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # scale -> overrides
+    reads: tuple[Run, ...] = ()
+    order: int = field(default_factory=lambda: next(_DECLARED), init=False, repr=False)
 
     @property
     def paper(self) -> str:
         return self.dir.split("/", 1)[0]
 
-    def step(self, scale: str) -> Step:
-        return Step(self.paper, self.command, self.dir, tuple(self.at[scale]))
+    def reads_at(self, scale: str) -> tuple[Run, ...]:
+        """The runs it reads that run at ``scale``."""
+        return tuple(r for r in self.reads if scale in r.at)
 
-    def reads(self, runs: Iterable[Run], scale: str) -> list[Run]:
-        """The runs among ``runs`` whose directory this run's overrides at ``scale`` name (``{root}/<dir>``)."""
-        own = self.at.get(scale, ())
-        return [r for r in runs if r is not self and any(re.search(rf"\{{root\}}/{re.escape(r.dir)}(/|$)", o)
-                                                          for o in own)]
+    def step(self, scale: str) -> Step:
+        return Step(self.paper, self.command, self.dir, tuple(self.at[scale]),
+                    tuple(r.dir for r in self.reads_at(scale)))
 
 
 def under_root(run: Run, file: str = "") -> str:
@@ -89,33 +125,37 @@ HUANG_POLICY = Run("huang/policy", "train_policy", {
     "cpu": (f"data={under_root(HUANG_COLLECT)}", *ACCEPTANCE_REWARD, "train.arms=[eagle_translation,eagle_summarization]",
             "sweep.n_examples=[2,4,8,16,19]"),
     "paper": (f"data={under_root(HUANG_COLLECT)}", *PAPER_REWARD, "train.arms=[t5_small,t5_small_xsum]",
-              "sweep.n_examples=[30,100,300,1000,3000]")})
+              "sweep.n_examples=[30,100,300,1000,3000]")}, reads=(HUANG_COLLECT,))
 HUANG_EVAL = Run("huang/eval", "eval", {"cpu": policy_eval("reproduce_huang", HUANG_POLICY, 12),
-                                        "paper": policy_eval("huang_t5", HUANG_POLICY)})
+                                        "paper": policy_eval("huang_t5", HUANG_POLICY)}, reads=(HUANG_POLICY,))
 HUANG_MATH_COLLECT = Run("huang/math/collect", "collect", {"cpu": ("experiment=reproduce_huang_math",),
                                                            "paper": ("experiment=huang_gsm8k", MEASURED)})
 HUANG_MATH_POLICY = Run("huang/math/policy", "train_policy", {
     "cpu": (f"data={under_root(HUANG_MATH_COLLECT)}", *ACCEPTANCE_REWARD),
-    "paper": (f"data={under_root(HUANG_MATH_COLLECT)}", *PAPER_REWARD)})
+    "paper": (f"data={under_root(HUANG_MATH_COLLECT)}", *PAPER_REWARD)}, reads=(HUANG_MATH_COLLECT,))
 HUANG_MATH_EVAL = Run("huang/math/eval", "eval", {"cpu": policy_eval("reproduce_huang_math", HUANG_MATH_POLICY, 16),
-                                                  "paper": policy_eval("huang_gsm8k", HUANG_MATH_POLICY)})
+                                                  "paper": policy_eval("huang_gsm8k", HUANG_MATH_POLICY)},
+                       reads=(HUANG_MATH_POLICY,))
 HUANG_DEPTH_COLLECT = Run("huang/depth/collect", "collect", {"cpu": ("experiment=reproduce_huang_depth",),
                                                              "paper": ("experiment=huang_early_exit", MEASURED)})
 HUANG_WITHOUT_AR = Run("huang/depth/without_ar", "train_policy", {
     scale: (f"data={under_root(HUANG_DEPTH_COLLECT)}", *PAPER_REWARD, f"train.arms={exits}")
-    for scale, exits in (("cpu", EXITS_CPU), ("paper", EXITS_PAPER))})
+    for scale, exits in (("cpu", EXITS_CPU), ("paper", EXITS_PAPER))}, reads=(HUANG_DEPTH_COLLECT,))
 HUANG_WITH_AR = Run("huang/depth/with_ar", "train_policy", {
-    scale: (f"data={under_root(HUANG_DEPTH_COLLECT)}", *PAPER_REWARD) for scale in SCALES})
+    scale: (f"data={under_root(HUANG_DEPTH_COLLECT)}", *PAPER_REWARD) for scale in SCALES},
+    reads=(HUANG_DEPTH_COLLECT,))
 HUANG_EVAL_WITHOUT_AR = Run("huang/depth/eval_without_ar", "eval", {
     "cpu": policy_eval("reproduce_huang_depth", HUANG_WITHOUT_AR, 12),
-    "paper": policy_eval("huang_early_exit", HUANG_WITHOUT_AR)})
+    "paper": policy_eval("huang_early_exit", HUANG_WITHOUT_AR)}, reads=(HUANG_WITHOUT_AR,))
 HUANG_EVAL_WITH_AR = Run("huang/depth/eval_with_ar", "eval", {
     "cpu": policy_eval("reproduce_huang_depth", HUANG_WITH_AR, 12, "methods=[autoregressive,selector]"),
-    "paper": policy_eval("huang_early_exit", HUANG_WITH_AR, None, "methods=[autoregressive,selector]")})
+    "paper": policy_eval("huang_early_exit", HUANG_WITH_AR, None, "methods=[autoregressive,selector]")},
+    reads=(HUANG_WITH_AR,))
 HUANG_ALPHA = Run("huang/depth/alpha", "train_policy", {
     scale: (f"data={under_root(HUANG_DEPTH_COLLECT)}", "reward.source=proxy", f"train.arms={arms}",
             "sweep.alpha=[0,0.2,0.4,0.5,0.6,0.8,1]")
-    for scale, arms in (("cpu", "[small,quantized]"), ("paper", "[early_exit_4,early_exit_12]"))})
+    for scale, arms in (("cpu", "[small,quantized]"), ("paper", "[early_exit_4,early_exit_12]"))},
+    reads=(HUANG_DEPTH_COLLECT,))
 
 # ---------------------------------------------------------------- MetaSD
 # CPU: the main table's mixed stream (+ heads, bandits, variance, convergence, full information, switching
@@ -143,27 +183,20 @@ PAPER_CASCADES = ("t5_wmt", "t5_xsum", "t5_cnndm", "gemma_gsm8k", "gemma27b_gsm8
 CASCADES_PAPER = {name: Run(f"cascades/{name}", "cascades", {"paper": (f"experiment=cascades_{name}",)})
                   for name in PAPER_CASCADES}
 
-# Every run in plan order (an upstream run before the runs that read it).
-RUNS: tuple[Run, ...] = (
-    SPEC_BENCH_EVAL,
-    HUANG_COLLECT, HUANG_POLICY, HUANG_EVAL, HUANG_MATH_COLLECT, HUANG_MATH_POLICY, HUANG_MATH_EVAL,
-    HUANG_DEPTH_COLLECT, HUANG_WITHOUT_AR, HUANG_WITH_AR, HUANG_EVAL_WITHOUT_AR, HUANG_EVAL_WITH_AR, HUANG_ALPHA,
-    METASD_EVAL, METASD_EAGLE, METASD_TREES, METASD_STREAM, *METASD_MULTILINGUAL.values(),
-    CASCADES_GREEDY, CASCADES_SAMPLING, *CASCADES_PAPER.values(),
-)
+
+def in_order(runs: Iterable[Run]) -> tuple[Run, ...]:
+    """``runs`` (once each) in declaration order: upstream runs first."""
+    return tuple(sorted(dict.fromkeys(runs), key=lambda r: r.order))
 
 
-def steps_at(needed: Iterable[Run], scale: str, known: Iterable[Run] = RUNS) -> tuple[Step, ...]:
-    """The plan at ``scale`` that writes every run of ``needed`` (and the upstream runs they read): the runs in
-    ``known`` order, then any others in the order given; a run without overrides at ``scale`` is left out."""
-    needed = [r for r in dict.fromkeys(needed) if scale in r.at]
-    pool = list(dict.fromkeys([*known, *needed]))
+def steps_at(needed: Iterable[Run], scale: str) -> tuple[Step, ...]:
+    """The plan at ``scale`` that writes every run of ``needed`` and the upstream runs they read, in declaration
+    order (upstream runs first); a run without overrides at ``scale`` is left out."""
     chosen: set[Run] = set()
-    todo = list(needed)
+    todo = [r for r in needed if scale in r.at]
     while todo:
         run = todo.pop()
-        if run in chosen:
-            continue
-        chosen.add(run)
-        todo.extend(r for r in run.reads(pool, scale) if scale in r.at)
-    return tuple(r.step(scale) for r in pool if r in chosen)
+        if run not in chosen:
+            chosen.add(run)
+            todo.extend(run.reads_at(scale))
+    return tuple(r.step(scale) for r in in_order(chosen))

@@ -114,6 +114,20 @@ def unpaired(claim: str, why: str, label: str = "") -> Verdict:
     return Verdict(claim, None, why, label=label, n=0, reason=NO_PAIRS)
 
 
+@dataclass(frozen=True)
+class Bootstrap:
+    """How a claim is judged: its interval's two-sided ``level``, the ``resamples`` of the queries and their
+    ``seed``, and the fewest paired queries it is judged on (``min_n``)."""
+
+    level: float = LEVEL
+    resamples: int = RESAMPLES
+    seed: int = SEED
+    min_n: int = MIN_N
+
+
+DEFAULT = Bootstrap()
+
+
 # ---------------------------------------------------------------- the bootstrap core
 Stat = Callable[[Mapping[str, np.ndarray]], np.ndarray]
 
@@ -153,16 +167,16 @@ def p_value(vals: np.ndarray, threshold: float) -> float:
 
 
 def judge(claim: str, columns: Mapping[str, Sequence[float]], stat: Stat, threshold: float, label: str, *,
-          at_least: bool = False, detail: str = "", min_n: int = MIN_N, level: float = LEVEL,
-          resamples: int = RESAMPLES, seed: int = SEED) -> Verdict:
+          at_least: bool = False, detail: str = "", boot: Bootstrap = DEFAULT) -> Verdict:
     """The claim "``stat`` > ``threshold``" (``at_least``: "``stat`` >= ``threshold``", e.g. 0.95 of the
-    oracle) on paired per-query ``columns``. held: the interval lies strictly above the threshold; not held:
-    it lies at or below it (``at_least``: strictly below it); inconclusive: it straddles the threshold; not
-    judged below ``min_n`` paired queries (n < 16)."""
+    oracle) on paired per-query ``columns``, with ``boot``'s interval. held: the interval lies strictly above the
+    threshold; not held: it lies at or below it (``at_least``: strictly below it); inconclusive: it straddles the
+    threshold; not judged below ``boot.min_n`` paired queries (n < 16)."""
+    level, min_n = boot.level, boot.min_n
     n = len(next(iter(columns.values()))) if columns else 0
     point, lo, hi, p = math.nan, math.nan, math.nan, None
     if n:
-        point, vals = resample(columns, stat, resamples, seed)
+        point, vals = resample(columns, stat, boot.resamples, boot.seed)
         if len(vals):
             a = (1 - level) / 2
             lo, hi = (float(x) for x in np.quantile(vals, [a, 1 - a]))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from specbench.drafters.eagle import EagleHead, HeadLogits
+from specbench.drafters.eagle.head import EagleHead, HeadLogits
 
 
 @dataclass

@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from specbench.training import distill, finetune
 from specbench.training.distill import Example, pairs, shared_prefix, sub_vocabulary, teach_all
-from specbench.drafters.eagle import EagleHead, HeadLogits
+from specbench.drafters.eagle.head import EagleHead, HeadLogits
 from specbench.drafters.head_files import save_head
 from specbench.drafters.hf import MODEL_META, check_compatible
 from specbench.errors import SpecbenchError

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specbench.decoding.drafter import DecodeContext
 from specbench.decoding.sampling import SamplingParams
 from specbench.drafters import ModelDrafter, build_pool
 from specbench.drafters.early_exit import truncated_model
@@ -145,7 +146,7 @@ def test_drafter_sync_catches_up_after_idle_rounds(tiny_setup, drafter_pool, nam
         else:
             assert actual.shape[-1] == vocab and torch.isfinite(actual).all()
 
-    drafter.reset(encoder_ids)
+    drafter.begin(DecodeContext(encoder_ids=encoder_ids))
     # first round: the drafter drafts 4 tokens after the prompt (greedy)
     rng = torch.Generator().manual_seed(0)
     drafter.catch_up(tokens)

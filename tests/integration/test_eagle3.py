@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from specbench.decoding.drafter import AUTOREGRESSIVE, DecodeContext
 from specbench.decoding.sampling import SamplingParams
 from specbench.drafters import build_pool
-from specbench.drafters.eagle3 import Eagle3Drafter, build
+from specbench.drafters.eagle.eagle3 import Eagle3Drafter, build
 from specbench.errors import SpecbenchError
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog. The quick brown", "abcabcabcabcabc abcabc"]
@@ -135,7 +135,7 @@ def heads(tiny_llama_target, tmp_path_factory):
             "eagle3_flat": write_eagle3(tmp / "eagle3_flat", t, passthrough=True, seed=0, lm_scale=0.03),
             "speculators_flat": write_speculators(tmp / "speculators_flat", t, passthrough=True, seed=1,
                                                   lm_scale=0.03)}
-    pool = build_pool(t, {name: {"_target_": "specbench.drafters.eagle3.build", "checkpoint": str(d)}
+    pool = build_pool(t, {name: {"_target_": "specbench.drafters.eagle.eagle3.build", "checkpoint": str(d)}
                           for name, d in dirs.items()})
     return t, pool, dirs
 
@@ -256,7 +256,7 @@ def test_pool_config_from_conf(tiny_llama_target, heads):
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/drafter/eagle3.yaml"))
-    assert cfg["_target_"] == "specbench.drafters.eagle3.build"
+    assert cfg["_target_"] == "specbench.drafters.eagle.eagle3.build"
     params = set(inspect.signature(build).parameters)
     assert set(cfg) - {"_target_", "draft_length"} <= params
     cfg["checkpoint"] = str(heads[2]["eagle3"])

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import specbench.pipelines.prompting as prompting
+import specbench.pipelines.session.prompting as prompting
 from specbench.cli import app
 from specbench.configs import group_options
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specbench.decoding.drafter import DecodeContext
 from specbench.decoding.verify import block_divergence
 from specbench.selection import UCB
 from specbench.selection.base import Selector
@@ -24,7 +25,7 @@ def test_exit_head_on_target_states_equals_the_truncated_model(tiny_setup):
     layers = target.config.num_decoder_layers if target.is_encoder_decoder else target.config.num_hidden_layers
     assert len(states) == layers + 1
     read_off = drafter.logits_from_hidden(states[drafter.exit_layer])
-    drafter.reset(target.encoder_ids)
+    drafter.begin(DecodeContext(encoder_ids=target.encoder_ids))
     own = drafter.lm.forward(list(target.tokens) + draft)[-(len(draft) + 1):]
     assert read_off.shape == own.shape == logits.shape
     torch.testing.assert_close(read_off, own, atol=1e-4, rtol=1e-4)
@@ -76,7 +77,7 @@ def test_block_divergence_of_identical_distributions_is_one():
 
 def test_exits_sharing_a_head_are_batched_exactly(tiny_setup):
     """Two early exits over one LM head: the batched read-off equals each arm's own."""
-    from specbench.decoding.drafter import Verification
+    from specbench.decoding.drafter import Verification, observations
     from specbench.decoding.sampling import SamplingParams, logits_to_probs
     from specbench.drafters import build_pool
 
@@ -93,9 +94,9 @@ def test_exits_sharing_a_head_are_batched_exactly(tiny_setup):
     p = logits_to_probs(logits[:3], SamplingParams())
     layer = pool["a"].exit_layer
     seen = Verification(draft=draft, p=p, accepted=0, played="autoregressive", sampling=SamplingParams(),
-                        states={layer: states[layer]}, peers=pool)
-    side = {name: pool[name].observe(seen) for name in ("a", "b")}
-    assert len(seen.cache) == 1  # one batched head call for both exits
+                        states={layer: states[layer]})
+    side = observations({name: pool[name] for name in ("a", "b")}, seen)
+    assert pool["a"].group == pool["b"].group and len(seen.shared) == 1  # one batched head call for both exits
     own = block_divergence(draft, logits_to_probs(pool["a"].logits_from_hidden(states[pool["a"].exit_layer][:3]),
                                                   SamplingParams()), p, 3)
     assert side["a"] == pytest.approx(own, abs=1e-6) and side["b"] == pytest.approx(own, abs=1e-6)

@@ -315,11 +315,12 @@ def test_every_paper_model_has_a_stand_in_of_its_family():
 
 
 def test_reproduce_paper_runs_every_step_and_ends_in_the_paper_report(stand_ins, tmp_path):
-    """`make reproduce-paper`'s plan (`specbench reproduce --profile paper`) on the stand-ins: every step
+    """`make reproduce-paper`'s plan (`specbench reproduce --scale paper`) on the stand-ins: every step
     runs in its fixed directory, and `specbench report` on that root builds every paper-scale exhibit
     (Spec-Bench, Huang et al., MetaSD black-box / white-box / stream / multilingual, each cascades run)."""
     from specbench.reproduction import plan, render
-    from specbench.reproduction.exhibits import builders, specs_at
+    from specbench.reproduction.registry import builders, specs_at
+    from specbench.reproduction.runs import PAPER_CASCADES
     from specbench.reproduction.layouts import PAPER as LAYOUT
 
     def adapt(step, cfg):
@@ -340,13 +341,13 @@ def test_reproduce_paper_runs_every_step_and_ends_in_the_paper_report(stand_ins,
                          json.dumps({"question_id": 2, "category": "translation",
                                      "turns": ["Translate German to English: Guten Morgen."]}) + "\n")
     root = tmp_path / "paper"
-    report = plan.run(root, profile="paper", questions=str(questions), adapt=adapt)
-    for step in plan.PAPER:
+    report = plan.run(root, scale="paper", questions=str(questions), adapt=adapt)
+    for step in plan.plan_at("paper"):
         assert (root / step.run / plan.DONE).exists(), step.run
     text = (report / "REPORT.md").read_text()
     assert "Not run yet" not in text, text
     assert text.count("### [") == len(builders(LAYOUT)) == len(specs_at("paper"))
-    assert sum(key.startswith("cascades/") for key in (s.key for s in specs_at("paper"))) == len(plan.CASCADES)
+    assert sum(key.startswith("cascades/") for key in (s.key for s in specs_at("paper"))) == len(PAPER_CASCADES)
     for name in ("spec_bench/leaderboard", "huang/table1", "metasd/whitebox", "metasd/multilingual", "cascades/t5_wmt"):
         assert (report / f"{name}.md").exists(), name
     assert "SpS (vicuna-68m)" in (report / "spec_bench" / "leaderboard.md").read_text()
@@ -354,7 +355,7 @@ def test_reproduce_paper_runs_every_step_and_ends_in_the_paper_report(stand_ins,
     assert "coding (paper)" in whitebox and "3.724" in whitebox and "2.318" in whitebox  # MetaEagle-UCB beside UCB-BD
     # the root remembers its layout: a plain `specbench report ROOT` rebuilds the same paper report
     assert render.layout_of(root).name == "paper"
-    # and a CPU-profile run into the paper root is refused before anything runs
+    # and a CPU-scale run into the paper root is refused before anything runs
     from specbench.errors import SpecbenchError
-    with pytest.raises(SpecbenchError, match="another profile"):
-        plan.run(root, profile="tiny")
+    with pytest.raises(SpecbenchError, match="another scale"):
+        plan.run(root, scale="tiny")

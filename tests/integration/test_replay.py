@@ -227,7 +227,7 @@ def trace_run(tmp_path_factory):
 
 
 def test_an_interrupted_trace_resumes_to_the_same_records(trace_run, tmp_path, monkeypatch):
-    from specbench.pipelines.run_records import Records
+    from specbench.pipelines.session.run_records import Records
 
     whole = [untimed_trace(r) for r in jsonl(trace_run / "traces.jsonl")]
     assert len(whole) >= 3

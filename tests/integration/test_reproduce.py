@@ -1,4 +1,4 @@
-"""``specbench reproduce --profile tiny``: the whole CPU reproduction plan as a dry run on the tiny
+"""``specbench reproduce --scale tiny``: the whole CPU reproduction plan as a dry run on the tiny
 Llama (the real experiment configs, the local real data, a few tokens per query), then the report.
 Every exhibit is built, and a rerun skips every finished step."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import write_tiny_shipped
 from specbench.reproduction import plan
-from specbench.reproduction.exhibits import builders
+from specbench.reproduction.registry import builders
 from specbench.reproduction.layouts import CPU as CPU_LAYOUT
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
@@ -25,12 +25,12 @@ def test_dry_run_builds_every_exhibit_and_resumes(tmp_path, monkeypatch, tiny_ll
     target = tiny_llama_target
     write_tiny_shipped(target, cache / "drafters")  # the pools' heads and small drafter
     root = tmp_path / "reproduce"
-    report = plan.run(root, profile="tiny")
+    report = plan.run(root, scale="tiny")
 
     text = (report / "REPORT.md").read_text()
     assert "Not run yet" not in text
     assert text.count("### [") == len(builders(CPU_LAYOUT))
-    for step in plan.CPU:
+    for step in plan.plan_at("cpu"):
         assert (root / step.run / plan.DONE).exists(), step.run
     for name in ("huang/table1", "huang/fig2", "huang/fig3", "metasd/main", "metasd/convergence", "cascades/sampling"):
         assert (report / f"{name}.md").exists() and (report / f"{name}.csv").exists(), name
@@ -49,15 +49,15 @@ def test_dry_run_builds_every_exhibit_and_resumes(tmp_path, monkeypatch, tiny_ll
     # a rerun decodes nothing: every step is skipped and the records are untouched
     before = (root / "metasd" / "eval" / "examples.jsonl").read_text()
     capsys.readouterr()
-    plan.run(root, profile="tiny")
+    plan.run(root, scale="tiny")
     assert "specbench eval" not in capsys.readouterr().out
     assert (root / "metasd" / "eval" / "examples.jsonl").read_text() == before
 
 
-def test_unknown_profile_or_paper_is_refused(tmp_path):
+def test_unknown_scale_or_paper_is_refused(tmp_path):
     from specbench.errors import SpecbenchError
 
-    with pytest.raises(SpecbenchError, match="profile"):
-        plan.run(tmp_path, profile="gpu")
+    with pytest.raises(SpecbenchError, match="unknown reproduce scale 'gpu'"):
+        plan.run(tmp_path, scale="gpu")
     with pytest.raises(SpecbenchError, match="unknown paper"):
         plan.run(tmp_path, papers=["leviathan"])

@@ -1,7 +1,7 @@
 """Issue 22 ("Trust"), the `reproduce` / `report` cases: a finished step is not silently reused under other
 settings (#2), a report on an unfinished run judges nothing (#3), a stream step stopped half way restarts
 (#10), bad overrides are refused before anything is written (#12), and a damaged summary is a clear error
-(#13). Tiny profile (the tiny Llama, a few tokens), each test on a plan of one or two steps."""
+(#13). Tiny scale (the tiny Llama, a few tokens), each test on a plan of one or two steps."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from specbench.reproduction import plan, render
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 needs_data = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not present (a user's fresh clone)")
-TINY = plan.PROFILES["tiny"]
+TINY = plan.SCALES["tiny"]
 
 
 @pytest.fixture
@@ -42,25 +42,28 @@ def heads(tmp_path, monkeypatch, tiny_llama_target):
 
 
 def mini(monkeypatch, steps, **overrides) -> str:
-    """A profile ``mini`` of ``steps`` with the tiny profile's overrides (plus ``overrides``, by run or command)."""
+    """A scale ``mini`` whose plan is ``steps``, with the tiny scale's overrides (plus ``overrides``, by run or
+    command)."""
     merged = {**TINY.overrides, **overrides}
-    monkeypatch.setitem(plan.PROFILES, "mini", plan.Profile(tuple(steps), "cpu", merged))
+    monkeypatch.setitem(plan.SCALES, "mini", plan.Scale("cpu", merged))
+    monkeypatch.setattr(plan, "plan_at", lambda scale: tuple(steps))
     return "mini"
 
 
 COLLECT = plan.Step("huang", "collect", "huang/math/collect", ("experiment=reproduce_huang_math",))
 POLICY = plan.Step("huang", "train_policy", "huang/math/policy", ("data={root}/huang/math/collect",
-                                                                   "reward.source=measured"))
-STREAM = next(s for s in plan.CPU if s.run == "metasd/stream")
+                                                                   "reward.source=measured"), ("huang/math/collect",))
+CPU = plan.plan_at("cpu")
+STREAM = next(s for s in CPU if s.run == "metasd/stream")
 
 
 # ---------------------------------------------------------------- #2: settings recorded, compared, --redo
 @needs_data
 def test_a_finished_step_is_not_reused_under_other_settings(tmp_path, monkeypatch, heads, caplog):
-    profile = mini(monkeypatch, [COLLECT, POLICY], **{"huang/math/collect": ("dataset.limit=6", *plan.TINY_MATH_EXITS),
+    scale = mini(monkeypatch, [COLLECT, POLICY], **{"huang/math/collect": ("dataset.limit=6", *plan.TINY_MATH_EXITS),
                                                       "train_policy": ("train.epochs=2", "train.val_fraction=0.5")})
     root = tmp_path / "rp"
-    plan.run(root, profile=profile)
+    plan.run(root, scale=scale)
     done = json.loads((root / COLLECT.run / plan.DONE).read_text())
     assert done["settings"]["decoding"]["max_new_tokens"] == 6 and done["records"] == 6
     policy_done = json.loads((root / POLICY.run / plan.DONE).read_text())
@@ -69,7 +72,7 @@ def test_a_finished_step_is_not_reused_under_other_settings(tmp_path, monkeypatc
     # the same settings: skipped, at WARNING, naming the directory
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="specbench.reproduction.plan"):
-        plan.run(root, profile=profile)
+        plan.run(root, scale=scale)
     skipped = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
     assert len(skipped) == 2 and str(root / COLLECT.run) in skipped[0]
     # issue 34: the same root spelled another way, or copied elsewhere, keeps its steps (settings are root-relative)
@@ -79,7 +82,7 @@ def test_a_finished_step_is_not_reused_under_other_settings(tmp_path, monkeypatc
     for other in (Path("rp"), root.resolve()):
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="specbench.reproduction.plan"):
-            plan.run(other, profile=profile)
+            plan.run(other, scale=scale)
         assert sum("skipped" in r.getMessage() for r in caplog.records) == 2, other
     monkeypatch.chdir(home)
     import shutil
@@ -87,40 +90,40 @@ def test_a_finished_step_is_not_reused_under_other_settings(tmp_path, monkeypatc
     shutil.copytree(root, tmp_path / "moved", ignore=shutil.ignore_patterns(".specbench.yaml"))
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="specbench.reproduction.plan"):
-        plan.run(tmp_path / "moved", profile=profile)
+        plan.run(tmp_path / "moved", scale=scale)
     assert sum("skipped" in r.getMessage() for r in caplog.records) == 2
 
     # other overrides: refused, naming each setting that differs, and the step downstream of it
     rows = (root / COLLECT.run / "rows.jsonl").read_text()
     with pytest.raises(SpecbenchError) as err:
-        plan.run(root, profile=profile, extra=["decoding.max_new_tokens=3", "decoding.draft_length=1"])
+        plan.run(root, scale=scale, extra=["decoding.max_new_tokens=3", "decoding.draft_length=1"])
     text = f"{err.value.problem} {err.value.fix}"
     assert "decoding.max_new_tokens: 6 -> 3" in text and "decoding.draft_length: 4 -> 1" in text, text
     assert f"{POLICY.run} (its upstream step {COLLECT.run} runs again)" in text and "--redo" in text
     assert (root / COLLECT.run / "rows.jsonl").read_text() == rows  # nothing touched
 
     # --redo: both rerun, the records are the new settings'
-    plan.run(root, profile=profile, extra=["decoding.max_new_tokens=3", "decoding.draft_length=1"], redo=True)
+    plan.run(root, scale=scale, extra=["decoding.max_new_tokens=3", "decoding.draft_length=1"], redo=True)
     done = json.loads((root / COLLECT.run / plan.DONE).read_text())
     assert done["settings"]["decoding"]["max_new_tokens"] == 3
     assert OmegaConf.load(root / COLLECT.run / "config.yaml").decoding.max_new_tokens == 3
     new_policy = json.loads((root / POLICY.run / plan.DONE).read_text())
     assert new_policy["upstream"][COLLECT.run] == plan.fingerprint(root / COLLECT.run) != policy_done["upstream"][COLLECT.run]
-    plan.run(root, profile=profile, extra=["decoding.max_new_tokens=3", "decoding.draft_length=1"])  # now skipped
+    plan.run(root, scale=scale, extra=["decoding.max_new_tokens=3", "decoding.draft_length=1"])  # now skipped
 
     # an upstream step run again (its .done deleted: it resumes and finishes anew): the step reading it is refused
     (root / COLLECT.run / plan.DONE).unlink()
     with pytest.raises(SpecbenchError, match=f"{POLICY.run} \\(its upstream step {COLLECT.run} runs again\\)"):
-        plan.run(root, profile=profile, extra=["decoding.max_new_tokens=3", "decoding.draft_length=1"])
+        plan.run(root, scale=scale, extra=["decoding.max_new_tokens=3", "decoding.draft_length=1"])
 
 
 @needs_data
 def test_a_step_run_with_heads_rebuilt_since_is_not_reused_and_the_report_says_so(tmp_path, monkeypatch, heads,
                                                                                   tiny_llama_target):
     depth = plan.Step("huang", "collect", "huang/depth/collect", ("experiment=reproduce_huang_depth",))
-    profile = mini(monkeypatch, [depth], **{"huang/depth/collect": ("dataset.limit=4", *plan.TINY_EXITS)})
+    scale = mini(monkeypatch, [depth], **{"huang/depth/collect": ("dataset.limit=4", *plan.TINY_EXITS)})
     root = tmp_path / "rp"
-    plan.run(root, profile=profile)
+    plan.run(root, scale=scale)
     done = json.loads((root / depth.run / plan.DONE).read_text())
     used = shipped_heads.package_heads(done["settings"])
     assert "small_general" in used and set(done["heads"]) == set(used) and all(done["heads"].values())
@@ -137,9 +140,9 @@ def test_a_step_run_with_heads_rebuilt_since_is_not_reused_and_the_report_says_s
     assert line and "small_general" in line and depth.run in line and "--redo" in line
     assert line in render.write(root, allow_empty=True).joinpath("REPORT.md").read_text()
     with pytest.raises(SpecbenchError) as err:
-        plan.run(root, profile=profile)
+        plan.run(root, scale=scale)
     assert f"the shipped head small_general was rebuilt since ({before} -> {now})" in err.value.problem
-    plan.run(root, profile=profile, redo=True)
+    plan.run(root, scale=scale, redo=True)
     assert json.loads((root / depth.run / plan.DONE).read_text())["heads"]["small_general"] == now
     assert shipped_heads.provenance_line(root) is None
 
@@ -148,7 +151,7 @@ def test_a_step_run_with_heads_rebuilt_since_is_not_reused_and_the_report_says_s
     (root / depth.run / plan.DONE).write_text(json.dumps({k: v for k, v in done.items() if k != "heads"}))
     assert "1 ran before specbench recorded head weights" in shipped_heads.provenance_line(root)
     with pytest.raises(SpecbenchError, match="records no head weights"):
-        plan.run(root, profile=profile)
+        plan.run(root, scale=scale)
 
 
 def test_the_heads_a_step_reads_are_its_package_checkpoints():
@@ -162,23 +165,23 @@ def test_the_heads_a_step_reads_are_its_package_checkpoints():
 
 
 def test_an_old_done_marker_without_settings_is_not_trusted(tmp_path, monkeypatch):
-    profile = mini(monkeypatch, [COLLECT])
+    scale = mini(monkeypatch, [COLLECT])
     (tmp_path / COLLECT.run).mkdir(parents=True)
     (tmp_path / COLLECT.run / plan.DONE).write_text("12.0 s\n")
     with pytest.raises(SpecbenchError, match="records no settings") as err:
-        plan.run(tmp_path, profile=profile)
+        plan.run(tmp_path, scale=scale)
     assert "--redo" in err.value.fix
 
 
 def test_upstream_steps_are_the_runs_a_step_reads():
-    runs = {s.run: [u.run for u in plan.upstream_of(s, plan.CPU)] for s in plan.CPU}
+    runs = {s.run: [u.run for u in plan.upstream_of(s, CPU)] for s in CPU}
     assert runs["huang/policy"] == ["huang/collect"]
     assert runs["huang/eval"] == ["huang/policy"]
     assert runs["huang/depth/alpha"] == ["huang/depth/collect"]
     assert runs["metasd/eval"] == [] and runs["huang/collect"] == []
     # --redo deletes a step's directory: no step's directory holds another's
-    for profile in (plan.CPU, plan.PAPER):
-        dirs = [s.run for s in profile]
+    for steps in (CPU, plan.plan_at("paper")):
+        dirs = [s.run for s in steps]
         assert not [(a, b) for a in dirs for b in dirs if a != b and b.startswith(a + "/")]
 
 
@@ -194,14 +197,29 @@ def test_upstream_steps_are_the_runs_a_step_reads():
 def test_bad_overrides_are_refused_before_anything_is_written(tmp_path, override, message):
     root = tmp_path / "bad"
     with pytest.raises(SpecbenchError, match=message.replace("[", "\\[")):
-        plan.run(root, profile="tiny", papers=["cascades"], extra=[override])
+        plan.run(root, scale="tiny", papers=["cascades"], extra=[override])
     assert not root.exists()  # no reproduce.json, no step directory, no model loaded
 
-    result = CliRunner().invoke(app, ["reproduce", "--profile", "tiny", "--root", str(root), "--paper", "cascades",
+    result = CliRunner().invoke(app, ["reproduce", "--scale", "tiny", "--root", str(root), "--paper", "cascades",
                                       override])
     assert result.exit_code == 2, result.output
     assert "error:" in result.output and "fix:" in result.output and "Traceback" not in result.output
     assert not root.exists()
+
+
+def test_profile_is_a_deprecated_alias_of_scale(tmp_path, monkeypatch, caplog):
+    """`reproduce --profile` (the old name of --scale) still works: the same call, with a deprecation warning."""
+    calls = []
+    monkeypatch.setattr(plan, "run", lambda root, **kw: calls.append(kw["scale"]))
+    with caplog.at_level(logging.WARNING, logger="specbench.cli"):
+        old = CliRunner().invoke(app, ["reproduce", "--profile", "tiny", "--root", str(tmp_path)])
+    assert "--profile is deprecated" in caplog.text
+    new = CliRunner().invoke(app, ["reproduce", "--scale", "tiny", "--root", str(tmp_path)])
+    default = CliRunner().invoke(app, ["reproduce", "--root", str(tmp_path)])
+    assert old.exit_code == new.exit_code == default.exit_code == 0, old.output
+    assert calls == ["tiny", "tiny", "cpu"]
+    both = CliRunner().invoke(app, ["reproduce", "--scale", "paper", "--profile", "tiny", "--root", str(tmp_path)])
+    assert both.exit_code == 2 and "disagree" in both.output and calls == ["tiny", "tiny", "cpu"]
 
 
 # ---------------------------------------------------------------- #3: a report on an unfinished run judges nothing
@@ -222,7 +240,7 @@ def _stopped_eval(root: Path, lines: int) -> Path:
     """metasd/eval of a reproduce root, stopped early: its config, ``lines`` records, the partial summary."""
     out = root / "metasd" / "eval"
     _metasd_summary(out)
-    step = next(s for s in plan.CPU if s.run == "metasd/eval")
+    step = next(s for s in CPU if s.run == "metasd/eval")
     with initialize_config_dir(config_dir=conf_dir(), version_base=None):
         cfg = compose(config_name="eval", overrides=plan.overrides_of(step, root, TINY, []))
     OmegaConf.save(cfg, out / "config.yaml")
@@ -267,7 +285,7 @@ def test_the_planned_count_of_an_unfinished_eval(tmp_path):
     n_methods = 1 + len(cfg.pool.drafters) + selectors  # autoregressive, fixed:*, the selectors and A/A repeats
     from specbench.reproduction.records import planned
 
-    assert planned(out, "eval") == 5 * n_methods  # 5 tasks x 1 query (the tiny profile)
+    assert planned(out, "eval") == 5 * n_methods  # 5 tasks x 1 query (the tiny scale)
 
 
 # ---------------------------------------------------------------- #13: a damaged summary.csv
@@ -289,9 +307,9 @@ def test_report_on_an_empty_or_torn_summary_is_a_clear_error(tmp_path, damage):
 # ---------------------------------------------------------------- #10: a carry-over stream step stopped half way
 @needs_data
 def test_a_stream_step_stopped_half_way_restarts_its_records(tmp_path, monkeypatch, heads, caplog):
-    profile = mini(monkeypatch, [STREAM])
+    scale = mini(monkeypatch, [STREAM])
     root = tmp_path / "rs"
-    plan.run(root, profile=profile)
+    plan.run(root, scale=scale)
     out = root / STREAM.run
     full = (out / "examples.jsonl").read_text().splitlines()
     methods = [json.loads(x)["method"] for x in full]
@@ -302,7 +320,7 @@ def test_a_stream_step_stopped_half_way_restarts_its_records(tmp_path, monkeypat
     (out / "examples.jsonl").write_text("\n".join(full[:keep]) + "\n")
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="specbench.reproduction.plan"):
-        plan.run(root, profile=profile)  # before the fix: "cannot resume method 'ucb-bd'", on every rerun
+        plan.run(root, scale=scale)  # before the fix: "cannot resume method 'ucb-bd'", on every rerun
     assert (out / plan.DONE).exists()
     assert any("cannot resume" in r.getMessage() and str(out) in r.getMessage() for r in caplog.records)
     again = (out / "examples.jsonl").read_text().splitlines()
@@ -319,14 +337,14 @@ def test_a_second_reproduce_into_a_held_root_is_refused(tmp_path):
 
     root = tmp_path / "rc"
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
-                               "from specbench.pipelines.run_dir import lock_run_dir\n"
+                               "from specbench.pipelines.session.run_dir import lock_run_dir\n"
                                f"lock_run_dir({str(root)!r}, 'reproduce'); print('held', flush=True); time.sleep(60)"],
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         started = time.perf_counter()
         with pytest.raises(SpecbenchError, match="being written by another specbench run") as err:
-            plan.run(root, profile="tiny", papers=["cascades"])
+            plan.run(root, scale="tiny", papers=["cascades"])
         assert f"pid {holder.pid}" in err.value.problem and "--root" in err.value.fix
         assert time.perf_counter() - started < 30 and not (root / render.LAYOUT_FILE).exists()
     finally:
@@ -339,7 +357,7 @@ def test_a_per_drafter_override_reaches_the_steps_whose_pool_has_that_drafter(tm
     to the steps whose pool has it (the pipelines stubbed: only the composed configs are looked at)."""
     seen = {}
     monkeypatch.setattr(plan, "pipeline", lambda command: lambda cfg, out: seen.__setitem__(str(out), cfg))
-    plan.run(tmp_path / "r", profile="tiny", papers=["cascades"], extra=["pool.drafters.small.draft_length=2"])
+    plan.run(tmp_path / "r", scale="tiny", papers=["cascades"], extra=["pool.drafters.small.draft_length=2"])
     assert len(seen) == 2 and all(cfg.pool.drafters.small.draft_length == 2 for cfg in seen.values())
 
 
@@ -354,8 +372,8 @@ def test_a_step_directory_holding_another_runs_records_is_named_and_redo_takes_i
     monkeypatch.setattr(plan, "pipeline", lambda command: lambda cfg, out: None)
     with pytest.raises(SpecbenchError, match="cascades/greedy \\(the directory holds records of a run made outside "
                                              "reproduce\\)") as err:
-        plan.run(root, profile="tiny", papers=["cascades"])
+        plan.run(root, scale="tiny", papers=["cascades"])
     assert "--redo" in err.value.fix and "move those directories away" in err.value.fix
     assert (foreign / "curves.csv").exists()  # nothing deleted without --redo
-    plan.run(root, profile="tiny", papers=["cascades"], redo=True)
+    plan.run(root, scale="tiny", papers=["cascades"], redo=True)
     assert not (foreign / "curves.csv").exists() and (foreign / plan.DONE).exists()

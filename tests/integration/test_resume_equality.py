@@ -30,7 +30,8 @@ from safetensors.torch import load_file
 
 from specbench.configs import conf_dir
 from specbench.pipelines import bench, cascades, evaluate, train_drafter
-from specbench.pipelines.run_records import Records
+from specbench.training import fit
+from specbench.pipelines.session.run_records import Records
 from specbench.records import JsonlWriter
 
 # timings, the process that timed a record, and how many generations a speedup pairs with a baseline timed
@@ -185,7 +186,7 @@ def test_train_drafter_resume_equals_a_whole_run(tmp_path, monkeypatch):
 
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     train_drafter.run(cfg_of("train_drafter", overrides(whole)), tmp_path / "r1")
-    calls = interrupt_at(monkeypatch, train_drafter, "atomic_path", 3)  # epoch 3's state.pt save
+    calls = interrupt_at(monkeypatch, fit, "atomic_path", 3)  # epoch 3's state.pt save (training/fit.py)
     with pytest.raises(KeyboardInterrupt):
         train_drafter.run(cfg_of("train_drafter", overrides(parts)), tmp_path / "r2")
     assert calls["n"] == 3

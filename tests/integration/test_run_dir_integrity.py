@@ -21,8 +21,8 @@ from specbench.configs import conf_dir
 from specbench.errors import SpecbenchError
 from specbench.pipelines import cascades, collect, evaluate, tables, spec_bench, train_policy
 from specbench.pipelines import collected
-from specbench.pipelines.run_dir import CLAIM_FILE, RunDirTaken, lock_run_dir, run_command
-from specbench.pipelines.run_records import Records
+from specbench.pipelines.session.run_dir import CLAIM_FILE, RunDirTaken, lock_run_dir, run_command
+from specbench.pipelines.session.run_records import Records
 from specbench.records import atomic_path, files_fingerprint, read_jsonl
 
 QUICK = ["target=tiny_llama", "pool=none", "dataset.limit=1", "decoding.max_new_tokens=4", "warmup.max_new_tokens=0",
@@ -78,7 +78,7 @@ def test_a_refused_run_leaves_the_holders_fresh_directory(tmp_path):
 
 def test_a_dead_holders_lock_does_not_block(tmp_path):
     d = tmp_path / "dead"
-    code = f"from specbench.pipelines.run_dir import lock_run_dir; lock_run_dir({str(d)!r}, 'eval'); import os; os._exit(0)"
+    code = f"from specbench.pipelines.session.run_dir import lock_run_dir; lock_run_dir({str(d)!r}, 'eval'); import os; os._exit(0)"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
     assert "pid" in (d / CLAIM_FILE).read_text()  # its holder record is left behind, its lock is not
     out = evaluate.run(cfg_of("eval", QUICK), d)
@@ -222,7 +222,7 @@ def test_hf_and_eagle_drafters_from_a_directory_have_a_fingerprint(tmp_path):
     built = hf.build(target, "hf", str(local))
     assert built.fingerprint == files_fingerprint(local) is not None
     assert hf.build(target, "hf", "embedded:tiny_llama_draft").fingerprint is None  # fixed by its name
-    assert "drafter.fingerprint = files_fingerprint" in (Path(hf.__file__).parent / "eagle.py").read_text()
+    assert "drafter.fingerprint = files_fingerprint" in (Path(hf.__file__).parent / "eagle" / "eagle1.py").read_text()
 
 
 # ------------------------------------------------------------------------ 6. orphan rounds
@@ -330,7 +330,7 @@ def test_another_commands_run_into_a_directory_is_refused(tmp_path):
     assert (ev / "summary.md").read_text() == summary and (ev / "config.yaml").read_text() == config
     evaluate.run(cfg_of("eval", QUICK), ev)  # the eval still resumes its own records
     # issue 34: train-drafter was told to "wait for that run to finish" although nothing ran; its own fix is out=
-    from specbench.pipelines.run_dir import lock_run_dir
+    from specbench.pipelines.session.run_dir import lock_run_dir
 
     with pytest.raises(RunDirTaken, match="belongs to `specbench eval`") as err:
         lock_run_dir(ev, "train-drafter", fix="wait for that run to finish", elsewhere="out=<another directory>")

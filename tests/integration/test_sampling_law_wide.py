@@ -41,7 +41,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from specbench.decoding.drafter import Draft, draft_ends
+from specbench.decoding.drafter import DecodeContext, Draft, draft_ends
 from specbench.decoding.sampling import SamplingParams, logits_to_probs, pick
 from specbench.decoding.verify import Verdict, draft_token_probs
 from specbench.drafters import build_pool
@@ -165,7 +165,7 @@ SWITCHING = ("hf", "quantized_dynamic", "early_exit", "prompt_lookup")
 
 def first_position(drafter, prompt, sampling):
     """The drafter's processed distribution for the first new token (a fresh query)."""
-    drafter.reset(None)
+    drafter.begin(DecodeContext())
     with torch.inference_mode():
         return logits_to_probs(drafter.lm.sync(prompt), sampling)
 

@@ -17,8 +17,8 @@ from hydra import compose, initialize_config_dir
 from specbench.configs import conf_dir
 from specbench.models.target import Target
 from specbench.pipelines import evaluate
-from specbench.pipelines import session as session_module
-from specbench.pipelines.schedule import rotation
+from specbench.pipelines.session import core as session_module
+from specbench.pipelines.session.schedule import rotation
 
 WARM, MAX_NEW = 3, 8
 WARM_COST, TIMED_COST = 1000.0, 1.0
@@ -114,5 +114,5 @@ def test_method_order_rotates_per_query(timed_run):
 
 def test_rotation_and_seeds():
     assert rotation(3, 0) == [0, 1, 2] and rotation(3, 1) == [1, 2, 0] and rotation(3, 5) == [2, 0, 1]
-    from specbench.pipelines.schedule import seed_for
+    from specbench.pipelines.session.schedule import seed_for
     assert len({seed_for(0, q, m) for q in range(5) for m in range(5)}) == 25  # one seed per (query, method)

@@ -15,7 +15,7 @@ from specbench.training import responses
 from specbench.training.distill import Example, Teacher, pairs, shared_prefix, teach, teach_all
 from specbench.errors import SpecbenchError
 from specbench.pipelines import train_drafter
-from specbench.pipelines.prompting import eos_ids_of
+from specbench.pipelines.session.prompting import eos_ids_of
 from specbench.tasks import Prompter
 from specbench.records import read_jsonl
 from specbench.tasks import load_dataset_config

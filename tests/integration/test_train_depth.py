@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 
 from specbench.errors import SpecbenchError
 from specbench.pipelines import train_drafter
+from specbench.training.fit import lr_factor
 from tests.integration.test_train_drafter import SENTENCE, config
 
 # sha256 over (key, float32 bytes) of model.safetensors, keys sorted, for ``depth_config(toy, out)`` with
@@ -138,8 +139,8 @@ def test_bad_depth_settings_are_refused(toy, tmp_path):
 
 
 def test_lr_factor_is_a_pure_schedule():
-    assert [train_drafter.lr_factor("constant", s, 4) for s in range(4)] == [1.0] * 4
-    assert [train_drafter.lr_factor("linear", s, 4) for s in range(4)] == [1.0, 0.75, 0.5, 0.25]
+    assert [lr_factor("constant", s, 4) for s in range(4)] == [1.0] * 4
+    assert [lr_factor("linear", s, 4) for s in range(4)] == [1.0, 0.75, 0.5, 0.25]
 
 
 def test_linear_schedule_resumes_to_the_whole_run_and_signs_its_epochs(toy, heads, tmp_path):

@@ -221,6 +221,7 @@ def test_small_drafter_generates_alone_through_the_loop(tiny_llama_target, tiny_
     its greedy chain of drafts, token for token, and stays inside its sub-vocabulary."""
     from specbench.decoding.drafter import AUTOREGRESSIVE, AutoregressiveArm
     from specbench.decoding.sampling import SamplingParams
+    from specbench.decoding.drafter import DecodeContext
     from specbench.drafters.base import ModelDrafter
     from specbench.drafters.small import SmallLM
     from specbench.pipelines.session import alone_target
@@ -232,6 +233,6 @@ def test_small_drafter_generates_alone_through_the_loop(tiny_llama_target, tiny_
     prompt = tiny_llama_target.tokenizer(f"Case 7. {SENTENCE}")["input_ids"]
     alone = tiny_decode(own, {AUTOREGRESSIVE: AutoregressiveArm()}, AUTOREGRESSIVE, prompt, max_new_tokens=12,
                         eos_ids=frozenset()).tokens
-    drafter.reset(None)
+    drafter.begin(DecodeContext())
     chain = drafter.propose(list(prompt), 12, SamplingParams(), torch.Generator().manual_seed(0)).tokens
     assert alone == chain and set(alone) <= set(d2t.tolist())

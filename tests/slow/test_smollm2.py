@@ -5,6 +5,7 @@ import importlib.util
 import pytest
 import torch
 
+from specbench.decoding.drafter import DecodeContext
 from specbench.decoding.loop import DecodeSpec, Limits, decode
 from specbench.decoding.sampling import SamplingParams
 from specbench.drafters import build_pool
@@ -77,7 +78,7 @@ def test_early_exit_read_off_and_embedding(smollm2):
     target.prefill(prompts[0])
     draft = [1, 2, 3]
     states = target.score(draft, hidden=True).states
-    ee.reset(None)
+    ee.begin(DecodeContext())
     own = ee.lm.forward(list(target.tokens) + draft)[-4:]
     torch.testing.assert_close(ee.logits_from_hidden(states[8]), own, atol=2e-3, rtol=1e-3)
     emb = target.embed(prompts[0])

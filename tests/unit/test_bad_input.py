@@ -15,7 +15,7 @@ from specbench.configs import conf_dir, group_options
 from specbench.drafters import hf
 from specbench.errors import SpecbenchError
 from specbench.models import load_model
-from specbench.pipelines.run_records import Records
+from specbench.pipelines.session.run_records import Records
 from specbench.records import read_jsonl
 from specbench.tasks.datasets import load_dataset_config
 from specbench.tasks.files import read_records

@@ -12,7 +12,8 @@ from omegaconf import OmegaConf
 
 from specbench.errors import SpecbenchError
 from specbench.models import devices
-from specbench.pipelines.run_dir import resolve_target_dtype, start_run
+from specbench.pipelines.session.run_dir import start_run
+from specbench.pipelines.session.settings import resolve_target_dtype
 
 
 @pytest.mark.parametrize("flags, expected", [(frozenset({"avx512_bf16"}), "bfloat16"),

@@ -371,8 +371,8 @@ def test_a_file_where_a_directory_must_go_is_named(tmp_path):
 
 
 def test_a_package_head_of_another_target_points_at_the_heads_variable(tiny_llama_target, monkeypatch):
-    """issue 34: `--profile tiny` on a fresh machine was told to train a tiny head, which cannot help: package: heads
-    are read from $SPECBENCH_HEADS (or the package)."""
+    """issue 34: `reproduce --scale tiny` on a fresh machine was told to train a tiny head, which cannot help:
+    package: heads are read from $SPECBENCH_HEADS (or the package)."""
     from specbench.drafters import eagle
 
     monkeypatch.delenv("SPECBENCH_HEADS", raising=False)
@@ -387,7 +387,7 @@ def test_an_encoder_decoder_target_without_a_hard_limit_refuses_a_huge_input_bef
     from types import SimpleNamespace
 
     from specbench.decoding.loop import Limits
-    from specbench.pipelines.prompting import Context
+    from specbench.pipelines.session.prompting import Context
 
     cfg = composed("eval", "target=tiny_t5")
     assert cfg.target.context_limit == 4096

@@ -3,9 +3,11 @@ adding an exhibit is one object. No run directory is written twice, and every pu
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 
-from specbench.reproduction import exhibits, plan, render, runs
+from specbench.reproduction import plan, registry, render, runs
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.exhibit import Exhibit, ExhibitSpec
 from specbench.reproduction.published import load
@@ -16,7 +18,8 @@ from tests.unit.test_reproduction import write_examples
 def test_adding_an_exhibit_is_one_object(tmp_path, monkeypatch):
     """A new exhibit with a run of its own that reads an existing run: the CPU plan gains its step after that
     run, and the report its page with its verdict; nothing else is edited."""
-    mine = Run("extra/eval", "eval", {"cpu": ("experiment=reproduce_metasd", f"+note={under_root(runs.METASD_EVAL)}")})
+    mine = Run("extra/eval", "eval", {"cpu": ("experiment=reproduce_metasd", f"+note={under_root(runs.METASD_EVAL)}")},
+               reads=(runs.METASD_EVAL,))
 
     def build(root, published, layout):
         ex = pd.read_json(root / mine.dir / "examples.jsonl", lines=True)
@@ -26,12 +29,12 @@ def test_adding_an_exhibit_is_one_object(tmp_path, monkeypatch):
         return Exhibit("An extra exhibit", ex.groupby("method").seconds.sum().reset_index(), [verdict], "notes")
 
     spec = ExhibitSpec("extra/table", build, (mine,))
-    monkeypatch.setattr(exhibits, "EXHIBITS", (*exhibits.EXHIBITS, spec))
+    monkeypatch.setattr(registry, "EXHIBITS", (*registry.EXHIBITS, spec))
 
-    steps = plan.PROFILES["cpu"].plan()
+    steps = plan.SCALES["cpu"].plan()
     order = [s.run for s in steps]
     assert order[-1] == mine.dir and order.index(runs.METASD_EVAL.dir) < order.index(mine.dir)
-    assert mine.dir not in [s.run for s in plan.PROFILES["paper"].plan()]  # no paper-scale overrides: not there
+    assert mine.dir not in [s.run for s in plan.SCALES["paper"].plan()]  # no paper-scale overrides: not there
 
     root = tmp_path / "root"
     write_examples(root / mine.dir, {"math": {"fixed:a": 1.5}})
@@ -42,22 +45,46 @@ def test_adding_an_exhibit_is_one_object(tmp_path, monkeypatch):
 
 
 def test_the_plans_are_the_exhibits_runs_and_each_run_directory_is_declared_once():
-    dirs = [r.dir for r in runs.RUNS]
+    dirs = [r.dir for r in registry.RUNS]
     assert len(dirs) == len(set(dirs))
     for scale in runs.SCALES:
-        steps = exhibits.plan_at(scale)
-        needed = {r.dir for spec in exhibits.specs_at(scale) for r in spec.runs}
+        steps = registry.plan_at(scale)
+        needed = {r.dir for spec in registry.specs_at(scale) for r in spec.runs}
         assert {s.run for s in steps} >= needed
         for i, step in enumerate(steps):  # every upstream run a step reads runs before it
             for up in plan.upstream_of(step, steps):
                 assert steps.index(up) < i, (step.run, up.run)
     # every run is read by some exhibit at every scale it runs at
-    for r in runs.RUNS:
+    for r in registry.RUNS:
         for scale in r.at:
-            assert any(r in spec.runs for spec in exhibits.specs_at(scale)) or any(
-                r in other.reads(runs.RUNS, scale) for other in runs.RUNS), (r.dir, scale)
+            assert any(r in spec.runs for spec in registry.specs_at(scale)) or any(
+                r in other.reads_at(scale) for other in registry.RUNS), (r.dir, scale)
+
+
+def test_each_run_declares_the_runs_its_overrides_read():
+    """``Run.reads`` is the runs whose directories its overrides name (``{root}/<dir>``), at every scale it runs at;
+    a run is declared after the runs it reads, so the plan's order (declaration order) runs them first."""
+    for r in registry.RUNS:
+        for scale, overrides in r.at.items():
+            named = {o.dir for o in registry.RUNS
+                     if any(re.search(rf"\{{root\}}/{re.escape(o.dir)}(/|$)", x) for x in overrides)}
+            assert named == {u.dir for u in r.reads_at(scale)}, (r.dir, scale)
+        assert all(u.order < r.order for u in r.reads), r.dir
+
+
+def test_the_plan_order_is_the_declaration_order():
+    """``RUNS``, derived from the exhibits, lists every run in the order ``runs.py`` declares them (upstream first)."""
+    assert [r.dir for r in registry.RUNS] == [
+        "spec_bench/eval",
+        "huang/collect", "huang/policy", "huang/eval", "huang/math/collect", "huang/math/policy", "huang/math/eval",
+        "huang/depth/collect", "huang/depth/without_ar", "huang/depth/with_ar", "huang/depth/eval_without_ar",
+        "huang/depth/eval_with_ar", "huang/depth/alpha",
+        "metasd/eval", "metasd/eagle", "metasd/trees", "metasd/stream",
+        *(f"metasd/multilingual/{lang}" for lang in ("ja", "ru", "de", "fr", "zh")),
+        "cascades/greedy", "cascades/sampling",
+        *(f"cascades/{name}" for name in ("t5_wmt", "t5_xsum", "t5_cnndm", "gemma_gsm8k", "gemma27b_gsm8k"))]
 
 
 def test_every_published_value_belongs_to_an_exhibit():
-    owned = {key for spec in exhibits.EXHIBITS for key in spec.published}
+    owned = {key for spec in registry.EXHIBITS for key in spec.published}
     assert {f"{p.paper}/{p.exhibit}" for p in load()} <= owned

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specbench.decoding.drafter import DecodeContext
 from specbench.decoding.sampling import SamplingParams
 from specbench.drafters.prompt_lookup import PromptLookup, build, lookup
 from specbench.errors import SpecbenchError
@@ -47,14 +48,14 @@ def test_lookup_no_match_returns_empty():
 def test_prompt_lookup_searches_encoder_ids_then_tokens():
     drafter = PromptLookup("pl")
     rng = torch.Generator().manual_seed(0)
-    drafter.reset([10, 11, 12, 13, 14])
+    drafter.begin(DecodeContext(encoder_ids=[10, 11, 12, 13, 14]))
     d = drafter.propose([0, 12], 2, SamplingParams(), rng)
     assert d.tokens == [13, 14] and d.probs is None
     # the decoder tokens come after the encoder ids, so a match there is more recent
     d = drafter.propose([0, 12, 20, 21, 12], 2, SamplingParams(), rng)
     assert d.tokens == [20, 21]
     # a new query forgets the previous encoder ids
-    drafter.reset(None)
+    drafter.begin(DecodeContext())
     assert drafter.propose([0, 12], 2, SamplingParams(), rng).tokens == []
     assert drafter.propose([5, 6, 5], 4, SamplingParams(), rng).tokens == [6, 5]
 

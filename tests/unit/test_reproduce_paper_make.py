@@ -1,4 +1,4 @@
-"""`make reproduce-paper` runs `specbench reproduce --profile paper`, whose plan holds every paper-scale
+"""`make reproduce-paper` runs `specbench reproduce --scale paper`, whose plan holds every paper-scale
 experiment (the labelled substitute aside) and ends in `specbench report` over their run directories;
 `make paper-drafters` runs every drafter recipe."""
 
@@ -28,19 +28,20 @@ def test_reproduce_paper_runs_every_paper_experiment_and_ends_in_the_report():
     from specbench.reproduction import plan
 
     lines = dry("reproduce-paper")
-    assert lines[-1] == ("specbench reproduce --profile paper --root outputs/reproduce-paper "
+    paper = plan.plan_at("paper")
+    assert lines[-1] == ("specbench reproduce --scale paper --root outputs/reproduce-paper "
                          "--questions data/spec_bench/question.jsonl")
-    planned = {o.removeprefix("experiment=") for step in plan.PAPER for o in step.overrides if o.startswith("experiment=")}
+    planned = {o.removeprefix("experiment=") for step in paper for o in step.overrides if o.startswith("experiment=")}
     wanted = [n for n in experiments() if paper_scale(n) and not n.startswith("drafter_") and not n.endswith("_qwen")]
     missing = [n for n in wanted if n not in planned]
     assert not missing, f"reproduce-paper does not run: {missing}"
     # collect -> policy -> eval with that policy, each in its fixed directory
-    evals = {s.run: s for s in plan.PAPER if s.command == "eval" and "selector=policy" in s.overrides}
+    evals = {s.run: s for s in paper if s.command == "eval" and "selector=policy" in s.overrides}
     assert "huang/eval" in evals
     assert "policy.checkpoint={root}/huang/policy/policy.pt" in evals["huang/eval"].overrides
-    policies = {s.run for s in plan.PAPER if s.command == "train_policy"}
-    assert all(o.removeprefix("data={root}/") in {x.run for x in plan.PAPER if x.command == "collect"}
-               for s in plan.PAPER if s.command == "train_policy" for o in s.overrides if o.startswith("data="))
+    policies = {s.run for s in paper if s.command == "train_policy"}
+    assert all(o.removeprefix("data={root}/") in {x.run for x in paper if x.command == "collect"}
+               for s in paper if s.command == "train_policy" for o in s.overrides if o.startswith("data="))
     assert {"huang/policy", "huang/math/policy", "huang/depth/with_ar", "huang/depth/without_ar"} <= policies
 
 

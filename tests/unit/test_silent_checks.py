@@ -14,8 +14,8 @@ from specbench.decoding.loop import Limits
 from specbench.errors import SpecbenchError
 from specbench.pipelines.bench import hf_unsupported
 from specbench.pipelines.collected import missing_shards
-from specbench.pipelines.prompting import CONTEXT_KEYS, Context
-from specbench.pipelines.run_dir import RunFiles, claim_run_dir, differences, settings
+from specbench.pipelines.session.prompting import CONTEXT_KEYS, Context
+from specbench.pipelines.session.run_dir import RunFiles, claim_run_dir, differences, settings
 from specbench.pipelines.train_policy import check_held_out
 from specbench.training.policy import held_out
 from specbench.records import read_jsonl
@@ -122,7 +122,7 @@ def test_draft_length_must_be_a_whole_number(value):
 
 
 def test_extra_eos_ids_must_be_in_the_vocabulary(tiny_llama_target):
-    from specbench.pipelines.prompting import eos_ids_of
+    from specbench.pipelines.session.prompting import eos_ids_of
 
     loaded, vocab = tiny_llama_target.loaded, tiny_llama_target.vocab_size
     assert 5 in eos_ids_of(loaded, [5], vocab)

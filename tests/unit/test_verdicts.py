@@ -86,7 +86,7 @@ def test_the_interval_is_reproducible():
     fast, base = timed(1.1, noise=0.2, seed=7)
     a, b = V.faster("c", fast, base), V.faster("c", fast, base)
     assert a.interval == b.interval and a.line() == b.line()
-    other = V.faster("c", fast, base, seed=V.SEED + 1)
+    other = V.faster("c", fast, base, boot=V.Bootstrap(seed=V.SEED + 1))
     assert other.interval != a.interval  # the seed is what fixes it
     point, lo, hi = V.bootstrap({"x": [1.0, 2.0, 3.0, 4.0]}, V.mean_of("x"))
     assert (point, lo, hi) == V.bootstrap({"x": [1.0, 2.0, 3.0, 4.0]}, V.mean_of("x"))

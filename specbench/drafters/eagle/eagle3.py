@@ -42,12 +42,14 @@ from __future__ import annotations
 
 import inspect
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from specbench.drafters.eagle import EagleDrafter, HeadLogits, family_config
+from specbench.drafters.eagle.eagle1 import EagleDrafter
+from specbench.drafters.eagle.head import HeadLogits, family_config
 from specbench.drafters.head_files import CONFIG_FILE, damaged, load_state, resolve_checkpoint
 from specbench.errors import SpecbenchError
 from specbench.models.cache import cache_argument
@@ -123,6 +125,19 @@ def layer_config(layer: dict, target_config, layers: int):
     return family_config(LlamaConfig(**merged), layers)
 
 
+@dataclass(frozen=True)
+class Eagle3Layout:
+    """What a checkpoint's layout adds to an EAGLE-3 head's architecture: a bias on ``fc`` (early ``speculators``
+    files), the attention residual taken after ``hidden_norm`` (``norm_before_residual``), an RMSNorm over the aux
+    features before ``fc`` (``norm_before_fc``: ``input_norm``), and the rows of the head's own embedding table
+    (``embed_rows``; 0: the target's table is used)."""
+
+    fc_bias: bool = False
+    norm_before_residual: bool = False
+    norm_before_fc: bool = False
+    embed_rows: int = 0
+
+
 class Eagle3Head(nn.Module):
     """``fc`` + the EAGLE-3 layer stack + ``norm`` + ``lm_head`` (+ ``embed_tokens`` / ``input_norm``).
 
@@ -132,8 +147,7 @@ class Eagle3Head(nn.Module):
     is mapped onto ``layers.0.*`` at load.
     """
 
-    def __init__(self, config, fc_in: int, draft_vocab: int, *, fc_bias: bool = False,
-                 norm_before_residual: bool = False, norm_before_fc: bool = False, embed_rows: int = 0,
+    def __init__(self, config, fc_in: int, draft_vocab: int, layout: Eagle3Layout = Eagle3Layout(), *,
                  device=None, dtype: torch.dtype | None = None):
         super().__init__()
         from transformers.models.llama.modeling_llama import LlamaModel, LlamaRMSNorm
@@ -142,14 +156,14 @@ class Eagle3Head(nn.Module):
         stack = LlamaModel(config)
         stack.embed_tokens = None
         stack.norm = nn.Identity()
-        stack.layers[0] = _first_layer_class()(config, 0, norm_before_residual)
+        stack.layers[0] = _first_layer_class()(config, 0, layout.norm_before_residual)
         self.hidden_size = hidden
-        self.input_norm = LlamaRMSNorm(fc_in, eps=config.rms_norm_eps) if norm_before_fc else None
-        self.fc = nn.Linear(fc_in, hidden, bias=fc_bias)
+        self.input_norm = LlamaRMSNorm(fc_in, eps=config.rms_norm_eps) if layout.norm_before_fc else None
+        self.fc = nn.Linear(fc_in, hidden, bias=layout.fc_bias)
         self.layers = stack.layers
         self.norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(hidden, int(draft_vocab), bias=False)
-        self.embed_tokens = nn.Embedding(int(embed_rows), hidden) if embed_rows else None
+        self.embed_tokens = nn.Embedding(int(layout.embed_rows), hidden) if layout.embed_rows else None
         self._stack = [stack]  # not a submodule: its parameters are ``layers``
         self._cache_kw = cache_argument(stack)
         self.to(dtype=dtype, device=device)
@@ -345,10 +359,11 @@ def load_eagle3(checkpoint: str, target: Target, make_target: str | None = None,
     device = next(target.model.parameters()).device
     try:
         cfg = layer_config(layer, target.config, max(layer_ids) + 1)
-        head = Eagle3Head(cfg, int(fc.shape[1]), draft_vocab, fc_bias="fc.bias" in state,
-                          norm_before_residual=bool(config.get("norm_before_residual", False)),
-                          norm_before_fc=bool(config.get("norm_before_fc", False)) or "input_norm.weight" in state,
-                          embed_rows=0 if embed is None else int(embed.shape[0]), device=device,
+        layout = Eagle3Layout(fc_bias="fc.bias" in state,
+                              norm_before_residual=bool(config.get("norm_before_residual", False)),
+                              norm_before_fc=bool(config.get("norm_before_fc", False)) or "input_norm.weight" in state,
+                              embed_rows=0 if embed is None else int(embed.shape[0]))
+        head = Eagle3Head(cfg, int(fc.shape[1]), draft_vocab, layout, device=device,
                           dtype=dtype or next(target.model.parameters()).dtype)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise SpecbenchError(f"draft head {path}: its config does not describe a Llama-style EAGLE-3 layer "
@@ -373,12 +388,12 @@ def head_cost(head: Eagle3Head, target: Target) -> float:
 
 
 def build(target: Target, name: str, checkpoint: str | None = None, cost: float | None = None,
-          make_target: str | None = None, sub_vocabulary: bool = True, confidence_threshold: float = 0.0,
-          dtype: str | None = None, aux_layers: list[int] | None = None) -> Eagle3Drafter:
+          make_target: str | None = None, confidence_threshold: float = 0.0, dtype: str | None = None,
+          aux_layers: list[int] | None = None) -> Eagle3Drafter:
     """An EAGLE-3 head as a drafter. ``aux_layers``: the target layers it reads (null: the checkpoint's, else
     EAGLE-3's default ``[2, L // 2, L - 3]``); ``dtype``: the head's (null: the target's);
-    ``sub_vocabulary`` is accepted for config compatibility with ``eagle`` but must stay true (the head's
-    LM head only has rows for its draft vocabulary); ``confidence_threshold``: a dynamic draft length."""
+    ``confidence_threshold``: a dynamic draft length. There is no ``sub_vocabulary`` key (``eagle``'s): the head's
+    LM head only has rows for its own draft vocabulary."""
     if target.is_encoder_decoder:
         raise SpecbenchError(f"drafter '{name}' (eagle3) needs a decoder-only, Llama-style target",
                              "use early_exit, quantized or an hf drafter with encoder-decoder targets")
@@ -389,9 +404,6 @@ def build(target: Target, name: str, checkpoint: str | None = None, cost: float 
     if not checkpoint:
         raise SpecbenchError(f"drafter '{name}' (eagle3) has no checkpoint",
                              "set its checkpoint to an EAGLE-3 or speculators eagle3 head (directory or hub id)")
-    if not sub_vocabulary:
-        raise SpecbenchError(f"drafter '{name}' (eagle3): sub_vocabulary=false is not possible, an EAGLE-3 head "
-                             "only scores its own draft vocabulary", "leave sub_vocabulary at true")
     head_dtype = resolve_dtype(dtype, target.device) if dtype else None
     head, d2t, aux = load_eagle3(checkpoint, target, make_target, dtype=head_dtype, aux_layers=aux_layers)
     drafter = Eagle3Drafter(name, head, target, d2t, aux, cost=0.0, confidence_threshold=confidence_threshold)
@@ -400,4 +412,4 @@ def build(target: Target, name: str, checkpoint: str | None = None, cost: float 
     return drafter
 
 
-__all__ = ["Eagle3Drafter", "Eagle3Head", "build", "default_aux_layers", "load_eagle3"]
+__all__ = ["Eagle3Drafter", "Eagle3Head", "Eagle3Layout", "build", "default_aux_layers", "load_eagle3"]

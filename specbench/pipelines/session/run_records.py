@@ -13,7 +13,7 @@ from pathlib import Path
 from specbench.decoding.drafter import AUTOREGRESSIVE
 from specbench.decoding.loop import Generation
 from specbench.errors import SpecbenchError
-from specbench.pipelines.prompting import query_fingerprint
+from specbench.pipelines.session.prompting import query_fingerprint
 from specbench.records import EXAMPLE_KEYS, ExampleRecord, JsonlWriter, atomic_write_text, read_jsonl, round_row
 from specbench.tasks import metrics
 

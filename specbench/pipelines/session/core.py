@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -27,11 +27,12 @@ from specbench.decoding.loop import DecodeSpec, Generation, Limits, decode
 from specbench.decoding.sampling import SamplingParams
 from specbench.models import Target
 from specbench.models.loading import LoadedModel
-from specbench.pipelines.prompting import CONTEXT_KEYS, Context, eos_ids_of, load_inputs, prompt_fingerprint
+from specbench.pipelines.session.prompting import CONTEXT_KEYS, Context, eos_ids_of, load_inputs, prompt_fingerprint
 from specbench.tasks import Prompter
-from specbench.pipelines.run_dir import RunFiles, start_run
-from specbench.pipelines.run_records import Records
-from specbench.pipelines.schedule import cascade_of, seed_for, tie_tolerance_of
+from specbench.pipelines.session.run_dir import RunFiles, start_run
+from specbench.pipelines.session.run_records import Records
+from specbench.pipelines.session.schedule import seed_for
+from specbench.pipelines.session.settings import cascade_of, tie_tolerance_of
 from specbench.selection import Fixed, Selector
 from specbench.timing import Clock
 from specbench.policy.checkpoint import checkpoint_file
@@ -137,15 +138,22 @@ class Session:
         seed = seed_for(int(self.cfg.seed), query_index, method_index) if seed is None else seed
         return torch.Generator(device=self.target.device).manual_seed(seed)
 
-    def decode(self, selector: Selector, prompt_ids: list[int], rng: torch.Generator, *, limits: Limits | None = None,
-               query=None, cascade: Cascade | None = None, target: Target | None = None,
-               pool: Mapping[str, Drafter] | None = None, sampling: SamplingParams | None = None) -> Generation:
-        """The one decode loop with this run's settings (each may be replaced for one call)."""
-        asked = limits or self.limits
+    @property
+    def spec(self) -> DecodeSpec:
+        """How this run decodes (sampling, limits, EOS ids, clock, cascade rule); a pipeline changes a field
+        for one call with ``dataclasses.replace(s.spec, limits=...)``."""
+        return DecodeSpec(self.sampling, self.limits, self.eos_ids, self.clock, self.cascade)
+
+    def decode(self, selector: Selector, prompt_ids: list[int], rng: torch.Generator, spec: DecodeSpec | None = None,
+               *, query=None, target: Target | None = None, pool: Mapping[str, Drafter] | None = None) -> Generation:
+        """The one decode loop: ``spec`` (default: the run's) with its limits cut to the target's context,
+        ``target`` and ``pool`` the run's unless given (a drafter decoding alone, a cascade's two-model pool)."""
+        spec = spec or self.spec
+        asked = spec.limits
         limits = self.context.fit(getattr(query, "id", "(unnamed)"), len(prompt_ids), asked,
                                   self.target.is_encoder_decoder, self.fit_context)
-        spec = DecodeSpec(sampling or self.sampling, limits, self.eos_ids, self.clock, cascade)
-        gen = decode(target or self.target, self.pool if pool is None else pool, selector, prompt_ids, spec, rng, query)
+        gen = decode(target or self.target, self.pool if pool is None else pool, selector, prompt_ids,
+                     replace(spec, limits=limits), rng, query)
         if limits is not asked and gen.stop == "length":
             gen.stop = "context"  # cut at the context's end, before max_new_tokens
         gen.prompt_sha = prompt_fingerprint(prompt_ids)
@@ -160,8 +168,8 @@ class Session:
         arms = {AUTOREGRESSIVE: self.pool[AUTOREGRESSIVE]}
 
         def generate(prompt_ids, rng, limits=None):
-            return self.decode(Fixed([AUTOREGRESSIVE], AUTOREGRESSIVE), prompt_ids, rng, limits=limits, target=own,
-                               pool=arms, sampling=SamplingParams())
+            spec = replace(self.spec, sampling=SamplingParams(), limits=limits or self.limits, cascade=None)
+            return self.decode(Fixed([AUTOREGRESSIVE], AUTOREGRESSIVE), prompt_ids, rng, spec, target=own, pool=arms)
         return generate
 
     def text(self, tokens: list[int]) -> str:

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from specbench.errors import SpecbenchError
-from specbench.models.devices import AUTO, auto_dtype, dtype_name, resolve_device
 from specbench.records import atomic_path
+from specbench.pipelines.session.settings import resolve_target_dtype
 from specbench.validate import validate
 
 log = logging.getLogger(__name__)
@@ -115,22 +115,6 @@ def claim_run_dir(out: Path, cfg: DictConfig, files: RunFiles) -> None:
 RECORDS = RunFiles(results=("examples.jsonl", "rounds.jsonl"))
 
 
-def resolve_target_dtype(cfg: DictConfig) -> None:
-    """Replace ``target.dtype`` (``auto``, null or an alias such as ``bf16``) by the dtype it resolves to on
-    this machine (:func:`specbench.models.devices.auto_dtype`), so ``config.yaml``, the summaries and the
-    checkpoints written from this config name the dtype the run computed in."""
-    target = cfg.get("target")
-    if not isinstance(target, DictConfig) or "dtype" not in target:
-        return
-    asked = target.get("dtype")
-    name = dtype_name(asked, target.get("device"))
-    if asked == AUTO:
-        why = auto_dtype(resolve_device(target.get("device")))[1]
-        log.info("target.dtype=auto resolves to %s: %s", name, why)
-    with open_dict(cfg):
-        target.dtype = name
-
-
 def save_config(cfg, path: Path) -> None:
     """``OmegaConf.save`` through a temporary file and ``os.replace`` (never a torn config)."""
     with atomic_path(path) as tmp:
@@ -217,42 +201,10 @@ def lock_run_dir(path: str | Path, command: str | None, fix: str | None = None, 
     out.mkdir(parents=True, exist_ok=True)
     command = None if command is None else str(command).replace("_", "-")
     file = out / CLAIM_FILE
-    key = os.path.realpath(file)
-    held = _HELD.get(key)
-    if held is not None:
-        try:
-            same = os.fstat(held[0]).st_ino == os.stat(file).st_ino
-        except OSError:
-            same = False
-        if not same:  # the directory was removed (a failed run's) and made again
-            os.close(held[0])
-            del _HELD[key]
-            held = None
-    owner = _read_claim(file).get("command") if file.is_file() else None
-    if command is not None and owner and owner != command:
-        raise RunDirTaken(
-            f"{out} belongs to `specbench {owner}` (recorded in {file}), so `specbench {command}` cannot run into it: "
-            f"it would replace {owner}'s files (config.yaml, summaries) and {owner} would refuse its own records",
-            f"write the {command} run elsewhere: {elsewhere or 'hydra.run.dir=<another directory>'}")
-    fd = held[0] if held is not None else os.open(file, os.O_RDWR | os.O_CREAT, 0o644)
-    if held is None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            claim = _read_claim(file)
-            os.close(fd)
-            raise RunDirTaken(
-                f"{out} is being written by another specbench run: {_holder(claim)} "
-                f"(specbench {claim.get('command') or '?'}); two runs in one directory would both append every "
-                "record and build their summaries on the doubled records",
-                fix or "wait for that run to finish (or stop it), or write this run elsewhere: "
-                       "hydra.run.dir=<another directory>") from None
-        owner = _read_claim(file).get("command")  # as it is now that this process holds it
-        if command is not None and owner and owner != command:
-            os.close(fd)
-            raise RunDirTaken(f"{out} belongs to `specbench {owner}` (recorded in {file}), so `specbench {command}` "
-                              "cannot run into it", fix or f"write the {command} run elsewhere: "
-                                                           "hydra.run.dir=<another directory>")
+    held = _still_held(file)
+    _check_owner(out, run_command(out), command, fix, elsewhere)
+    fd = held if held is not None else _flock(file, out, command, fix)
+    owner = run_command(out)  # as it is now that this process holds it
     text = OmegaConf.to_yaml(OmegaConf.create({
         "command": owner or command,
         "holder": {"pid": os.getpid(), "host": socket.gethostname(), "argv": " ".join(sys.argv),
@@ -260,8 +212,62 @@ def lock_run_dir(path: str | Path, command: str | None, fix: str | None = None, 
     data = text.encode()
     os.pwrite(fd, data, 0)  # in place (the lock is on this file), then cut: never an empty claim
     os.ftruncate(fd, len(data))
-    _HELD[key] = (fd, owner or command)
+    _HELD[os.path.realpath(file)] = (fd, owner or command)
     return out
+
+
+def _still_held(file: Path) -> int | None:
+    """The descriptor this process holds the claim ``file`` by, None when it holds none (or held a file that was
+    removed with its directory, a failed run's, and made again)."""
+    key = os.path.realpath(file)
+    held = _HELD.get(key)
+    if held is None:
+        return None
+    try:
+        same = os.fstat(held[0]).st_ino == os.stat(file).st_ino
+    except OSError:
+        same = False
+    if not same:
+        os.close(held[0])
+        del _HELD[key]
+        return None
+    return held[0]
+
+
+def _check_owner(out: Path, owner: str | None, command: str | None, fix: str | None, elsewhere: str | None,
+                 fd: int | None = None) -> None:
+    """Refuse a run of ``command`` into a directory that ``owner`` (another command) wrote; ``fd``: a descriptor to
+    close first (the lock just taken)."""
+    if command is None or not owner or owner == command:
+        return
+    if fd is not None:
+        os.close(fd)
+        raise RunDirTaken(f"{out} belongs to `specbench {owner}` (recorded in {out / CLAIM_FILE}), so `specbench "
+                          f"{command}` cannot run into it", fix or f"write the {command} run elsewhere: "
+                                                                  "hydra.run.dir=<another directory>")
+    raise RunDirTaken(
+        f"{out} belongs to `specbench {owner}` (recorded in {out / CLAIM_FILE}), so `specbench {command}` cannot run "
+        f"into it: it would replace {owner}'s files (config.yaml, summaries) and {owner} would refuse its own records",
+        f"write the {command} run elsewhere: {elsewhere or 'hydra.run.dir=<another directory>'}")
+
+
+def _flock(file: Path, out: Path, command: str | None, fix: str | None) -> int:
+    """An exclusive, non-blocking ``flock`` on the claim ``file``: its descriptor, or the refusal naming the
+    process that holds it (or the command that took the directory while this one waited)."""
+    fd = os.open(file, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        claim = _read_claim(file)
+        os.close(fd)
+        raise RunDirTaken(
+            f"{out} is being written by another specbench run: {_holder(claim)} "
+            f"(specbench {claim.get('command') or '?'}); two runs in one directory would both append every "
+            "record and build their summaries on the doubled records",
+            fix or "wait for that run to finish (or stop it), or write this run elsewhere: "
+                   "hydra.run.dir=<another directory>") from None
+    _check_owner(out, run_command(out), command, fix, None, fd=fd)
+    return fd
 
 
 def run_command(path: str | Path) -> str | None:

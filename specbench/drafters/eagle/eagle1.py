@@ -25,69 +25,23 @@ it into the next-token distribution. Drafting continues on its own predicted fea
 
 from __future__ import annotations
 
-import copy
+from dataclasses import dataclass
 
 import torch
-from torch import nn
 from transformers import DynamicCache
 
-from specbench.decoding.drafter import Draft, Drafter, DecodeContext, Verification, draft_ends
+from specbench.decoding.drafter import Draft, Drafter, DecodeContext, ObservationGroup, Verification, draft_ends
 from specbench.drafters.head_files import load_state, read_meta, resolve_checkpoint, vocab_fingerprint
 from specbench.drafters import shipped
 from specbench.drafters.base import check_confidence_threshold
+from specbench.drafters.eagle.head import EagleHead, HeadLogits
 from specbench.decoding.sampling import logits_to_probs, pick
 from specbench.decoding.verify import block_divergence
 from specbench.errors import SpecbenchError
-from specbench.models.cache import cache_argument, common_prefix, crop_cache
+from specbench.models.cache import common_prefix, crop_cache
 from specbench.models.devices import resolve_dtype
 from specbench.models.target import Target
 from specbench.records import files_fingerprint
-
-def family_config(target_config, layers: int):
-    """The target's config for an N-layer head stack: no vocabulary of its own (inputs are embeddings)."""
-    config = copy.deepcopy(target_config)
-    config.num_hidden_layers = int(layers)
-    config.vocab_size = 1
-    config.pad_token_id = None
-    config.tie_word_embeddings = False
-    return config
-
-
-class EagleHead(nn.Module):
-    """``fc`` + the family's decoder layers; ``forward(features, token_embeddings, cache) -> features``.
-
-    The stack is the target family's base model built with N layers (its mask, rotary and cache
-    handling), fed ``inputs_embeds``; its final norm and its first layer's input norm are identities
-    (EAGLE-1). Parameters: ``fc.*`` and ``layers.*`` only.
-    """
-
-    def __init__(self, target_model: nn.Module, layers: int = 1, dtype: torch.dtype | None = None):
-        super().__init__()
-        base = target_model.base_model
-        hidden = int(target_model.config.hidden_size)
-        config = family_config(base.config, layers)
-        stack = type(base)(config)
-        stack.norm = nn.Identity()
-        first = stack.layers[0]
-        if hasattr(first, "input_layernorm"):
-            first.input_layernorm = nn.Identity()
-        stack.embed_tokens = None
-        self.fc = nn.Linear(2 * hidden, hidden, bias=True)
-        self.layers = stack.layers
-        self._stack = [stack]  # not a submodule: its parameters are ``layers``
-        self.n_layers = int(layers)
-        self._cache_kw = cache_argument(stack)
-        self.to(dtype=dtype or next(target_model.parameters()).dtype, device=next(target_model.parameters()).device)
-        stack.to(device=next(target_model.parameters()).device)
-
-    def forward(self, features: torch.Tensor, embeddings: torch.Tensor, cache=None) -> torch.Tensor:
-        """``features`` ``[B, T, H]`` (``f_t``), ``embeddings`` ``[B, T, H]`` (of ``x_{t+1}``) -> ``[B, T, H]``,
-        in the head's dtype (inputs of another dtype, e.g. a bf16 target's, are cast)."""
-        dtype = self.fc.weight.dtype
-        x = self.fc(torch.cat([embeddings.to(dtype), features.to(dtype)], dim=-1))
-        kwargs = {} if cache is None else {self._cache_kw: cache, "use_cache": True}
-        out = self._stack[0](inputs_embeds=x, **kwargs)
-        return out.last_hidden_state
 
 
 def load_head(checkpoint: str, target: Target, make_target: str | None = None, dtype: torch.dtype | None = None):
@@ -125,50 +79,6 @@ def load_head(checkpoint: str, target: Target, make_target: str | None = None, d
     return head.eval(), (None if d2t is None else d2t.long().to(target.device)), meta
 
 
-class HeadLogits:
-    """The target's LM head restricted to a sub-vocabulary (``d2t``), or the whole head.
-
-    ``dtype``: the dtype the logits are computed in (None: the LM head's own). Another dtype (float32
-    to train a head on a bf16 target) takes a copy of the rows in that dtype; the input is cast to it.
-    """
-
-    def __init__(self, target: Target, d2t: torch.Tensor | None, dtype: torch.dtype | None = None):
-        self.lm_head = target.model.get_output_embeddings()
-        self.vocab_size = target.vocab_size
-        self.d2t = d2t
-        weight = self.lm_head.weight
-        self.dtype = dtype or weight.dtype
-        bias = getattr(self.lm_head, "bias", None)
-        if d2t is None and self.dtype == weight.dtype:
-            self.weight = self.bias = None  # the LM head itself
-        else:
-            rows = weight if d2t is None else weight[d2t]
-            self.weight = rows.detach().to(self.dtype).clone()
-            self.bias = None if bias is None else (bias if d2t is None else bias[d2t]).detach().to(self.dtype).clone()
-
-    @property
-    def key(self) -> tuple:
-        """Equal for heads whose logits are one and the same product (the target's LM head in its own dtype,
-        no sub-vocabulary), so that their rows may be computed together; ``(None, id)`` otherwise."""
-        return (id(self.lm_head), self.dtype) if self.weight is None else (None, id(self))
-
-    def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        """``[..., H]`` -> float32 logits over the draft vocabulary (``[..., N]``, or ``[..., V]``)."""
-        h = h.to(self.dtype)
-        if self.weight is None:
-            return self.lm_head(h)[..., : self.vocab_size].float()
-        logits = torch.nn.functional.linear(h, self.weight, self.bias)
-        return (logits if self.d2t is not None else logits[..., : self.vocab_size]).float()
-
-    def to_full(self, rows: torch.Tensor, fill: float) -> torch.Tensor:
-        """Place ``[..., N]`` values in the full vocabulary (``fill`` elsewhere)."""
-        if self.d2t is None:
-            return rows
-        out = rows.new_full((*rows.shape[:-1], self.vocab_size), fill)
-        out[..., self.d2t] = rows
-        return out
-
-
 class EagleDrafter(Drafter):
     def __init__(self, name: str, head: EagleHead, target: Target, d2t: torch.Tensor | None, cost: float,
                  confidence_threshold: float = 0.0):
@@ -185,6 +95,11 @@ class EagleDrafter(Drafter):
 
     def state_layers(self, side_observations: bool) -> tuple[int, ...]:
         return (self.layer,)
+
+    @property
+    def group(self) -> "HeadGroup":
+        """The heads it is observed with: those sharing its logits product (``HeadLogits.key``)."""
+        return HeadGroup(self.logits.key)
 
     def begin(self, query: DecodeContext) -> None:
         self.cache = DynamicCache()
@@ -260,22 +175,6 @@ class EagleDrafter(Drafter):
         -inf outside a sub-vocabulary)."""
         return self.logits.to_full(logits_to_probs(sub, sampling), 0.0), self.logits.to_full(sub, float("-inf"))
 
-    def observe(self, v: Verification) -> float | None:
-        """Under full information, on a round this head did not play: its Block Divergence at the
-        ``len(draft)`` positions the target scored (the played draft's context, as early exits do),
-        carrying the greedy acceptance it would have had (``HeadObservation``). The heads that share the
-        target's LM head (no sub-vocabulary) are scored together: each walks its own chain, then one LM-head
-        product covers every head's rows (on CPUs, reading that weight is most of a head's step)."""
-        if v.played == self.name or not v.draft or v.p is None or v.query is None or v.context is None:
-            return None
-        if not v.query.side_observations:
-            return None
-        key = ("eagle_replay", self.logits.key)
-        if key not in v.cache:  # the first of the heads sharing this logits product scores them all
-            v.cache[key] = observations(v, [d for name, d in v.peers.items() if name != v.played
-                                            and isinstance(d, EagleDrafter) and d.logits.key == key[1]])
-        return v.cache[key].get(self.name)
-
     def _greedy_acceptance(self, v: Verification, probs: torch.Tensor, full: torch.Tensor) -> tuple[int, bool]:
         """What greedy verification would have kept of this head's own draft, walked along the played
         draft while the two agree; censored (not exact) where the head's path leaves the played one."""
@@ -294,6 +193,24 @@ class EagleDrafter(Drafter):
             if d != v.draft[j]:
                 return j + 1, False  # the played draft was rejected here; the head's goes on unscored
         return min(n, k), False  # the played draft ended before the head's would have
+
+
+@dataclass(frozen=True)
+class HeadGroup(ObservationGroup):
+    """The heads observed together: those whose logits are one and the same product (``key``: ``HeadLogits.key``,
+    the target's LM head in its own dtype with no sub-vocabulary; any other head is a group of its own).
+
+    Under full information, on a round a head did not play, its observation is its Block Divergence at the
+    ``len(draft)`` positions the target scored (the played draft's context, as early exits do), carrying the greedy
+    acceptance it would have had (``HeadObservation``). Each member walks its own chain, then one LM-head product
+    covers every member's rows (on CPUs, reading that weight is most of a head's step)."""
+
+    key: tuple
+
+    def observe(self, v: Verification, members) -> dict[str, "HeadObservation"]:
+        if not v.draft or v.p is None or v.query is None or v.context is None or not v.query.side_observations:
+            return {}
+        return observations(v, [d for name, d in members.items() if name != v.played])
 
 
 def observations(v: Verification, heads: list[EagleDrafter]) -> dict[str, "HeadObservation"]:
