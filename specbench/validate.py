@@ -1,14 +1,17 @@
 """Typed checks of a composed config, run before anything loads.
 
-``validate(cfg)`` checks every key of ``SCHEMA`` that the config holds (one table for every
-command: a key a command's config does not have is skipped) and every value left as ``???``, and
-raises one ``SpecbenchError`` naming each bad key, its value and what it takes. Only types and
-ranges live here; which names are valid (a drafter arm, a cascade rule, an alignment metric) is
-checked by the code that uses them.
+``validate(cfg)`` checks every key of ``schema()`` that the config holds (a key a command's config does not
+have is skipped) and every value left as ``???``, and raises one ``SpecbenchError`` naming each bad key, its
+value and what it takes. ``schema()`` joins ``SCHEMA`` (the keys that belong to no class) and the ``KEYS``
+table beside each class that reads config keys (``TABLES``: selectors, drafters, the target, datasets, the
+training recipes, the commands' own sections), built from the ``Rule`` helpers here; a test composes every
+config and fails on a key no pattern types. Only types and ranges live here; which names are valid (a drafter
+arm, a cascade rule, an alignment metric) is checked by the code that uses them.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -16,7 +19,6 @@ from dataclasses import dataclass
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationToMissingValueError, OmegaConfBaseException
 
-from specbench.decoding.sampling import MIN_TEMPERATURE
 from specbench.errors import SpecbenchError
 
 
@@ -71,8 +73,17 @@ def text(null: bool = False) -> Rule:
     return Rule(lambda v: isinstance(v, str) and v != "", "a non-empty string", null)
 
 
+def mapping(null: bool = False, note: str = "", expect: str = "a mapping") -> Rule:
+    """A mapping (its keys are typed by their own patterns, ``<key>.*``)."""
+    return Rule(lambda v: isinstance(v, dict), expect, null, note)
+
+
 def list_of(item: Rule, null: bool = False) -> Rule:
     return Rule(lambda v: isinstance(v, list) and all(item.ok(x) for x in v), f"a list, each {item.expect}", null)
+
+
+def nonempty_list_of(item: Rule, note: str = "") -> Rule:
+    return Rule(lambda v: list_of(item).ok(v) and len(v) > 0, f"a non-empty list, each {item.expect}", note=note)
 
 
 def one_or_list(item: Rule, null: bool = False) -> Rule:
@@ -86,14 +97,18 @@ SEED = integer(0)
 COUNT = integer(1)
 PATH = text(null=True)
 
-# Keys users type, for every command's root config (conf/<command>.yaml) and the groups it composes.
+# Keys that belong to no class: the commands' shared settings, paths and lists of names. The keys a class reads
+# live in a ``KEYS`` table beside it (the modules of ``TABLES``); ``schema()`` joins them all.
 SCHEMA: dict[str, Rule] = {
     "seed": SEED,
     "paths.data": text(),
+    "run_name": text(),  # the run directory's folder under outputs/ (conf/hydra/run_dirs.yaml)
+    "splits.*": text(),  # an experiment's split per command, picked by run_name (huang_t5, huang_gsm8k_qwen)
     "threads": integer(1, null=True, note=" (null: torch's default)"),
     "warmup.max_new_tokens": integer(0, note=" (0: no warm-up)"),
     "timing.phases": boolean(),
     "methods": list_of(text()),
+    "selector_overrides": mapping(null=True, note=" (merged into each selector of methods=, e.g. {carry_over: true})"),
     "conversation_length": integer(1, note=" (queries per conversation)"),
     "policy.checkpoint": PATH,
     "overwrite": boolean(),
@@ -107,177 +122,67 @@ SCHEMA: dict[str, Rule] = {
     "rules": list_of(text()),
     "alphas.*": list_of(number()),
     "profile_path": PATH,
-    # profile
-    "profile.q": Rule(lambda v: list_of(integer(1)).ok(v) and len(v) > 0, "a non-empty list, each an integer >= 1",
-                      note=" (new tokens per target forward)"),
-    "profile.contexts": Rule(lambda v: list_of(integer(1)).ok(v) and len(v) > 0,
-                             "a non-empty list, each an integer >= 1", note=" (context lengths in tokens)"),
-    "profile.repeats": COUNT,
-    "trace.draft_length": integer(1, null=True, note=" (null: each drafter's own draft length)"),
-    "trace.side_observations": boolean(),
-    "trace.costs.contexts": Rule(lambda v: list_of(integer(1)).ok(v) and len(v) > 0,
-                                 "a non-empty list, each an integer >= 1"),
-    "trace.costs.q": Rule(lambda v: list_of(integer(1)).ok(v) and len(v) > 0, "a non-empty list, each an integer >= 1"),
-    "trace.costs.catch_up": Rule(lambda v: list_of(integer(1)).ok(v), "a list, each an integer >= 1"),
-    "trace.costs.repeats": COUNT,
-    "trace.costs.warmup": integer(0),
-    "seeds": COUNT,
-    "replay.max_new_tokens": integer(1, null=True, note=" (null: the trace's)"),
-    "replay.draft_length": integer(1, null=True, note=" (null: the trace run's)"),
-    "traces": PATH,
-    "profile.warmup": integer(0),
-    "profile.draft_tokens": COUNT,
-    "profile.tokens": text(),
-    "profile.run": PATH,
-    "profile.rounding.prompts": integer(0),
-    "profile.rounding.new_tokens": COUNT,
-    "profile.rounding.chunk": integer(2),
-    # target
-    "target.model": text(),
-    "target.dtype": text(null=True),
-    "target.device": text(null=True),
-    "target.layers_key": text(),
-    "target.head_scale": number(low=0, low_open=True),
-    "target.context_limit": integer(1, null=True, note=" (positions, for models whose config sets no hard limit)"),
-    # the largest logit gap a bf16/fp32 rounding can make, per dtype: forks within it are ties, beyond it defects
-    "target.tie_tolerance": Rule(lambda v: isinstance(v, dict), "a mapping of dtype to tolerance",
-                                 null=True, note=" (e.g. {float32: 1.0e-4, bfloat16: 1.0})"),
-    "target.tie_tolerance.*": number(0, MAX_TIE_TOLERANCE, low_open=True, null=True,
-                                     note=" (logit units; `specbench profile` measures it: about 1 in bf16, 1e-4 in "
-                                          "fp32; a larger one would call real defects ties)"),
-    "target.prompt.style": text(),
-    "target.prompt.templates": text(),
-    "target.prompt.system": text(null=True),
-    "target.prompt.chat_template": text(null=True),
-    # decoding
-    "decoding.temperature": Rule(lambda v: number(0).ok(v) and (v == 0 or v >= MIN_TEMPERATURE),
-                                 f"a finite number >= 0: 0 (greedy) or at least {MIN_TEMPERATURE:g}",
-                                 note=f" (below {MIN_TEMPERATURE:g} the scaled logits overflow float32)"),
-    "decoding.top_k": integer(0, note=" (0: off)"),
-    "decoding.top_p": number(0, 1, low_open=True),
-    "decoding.max_new_tokens": COUNT,
-    "decoding.draft_length": integer(1, note=" (tokens drafted per round)"),
-    "decoding.extra_eos_ids": list_of(integer(0), null=True),
-    "decoding.fit_context": boolean(),
-    # dataset
-    "dataset.path": PATH,
-    "dataset.split": text(null=True),
-    "dataset.limit": integer(1, null=True, note=" (per source; null: all)"),
-    "dataset.offset": integer(0),
-    "dataset.shuffle": boolean(),
-    "dataset.interleave": boolean(),
-    "dataset.seed": SEED,
-    "dataset.categories": list_of(text(), null=True),
-    "dataset.max_input_tokens": integer(1, null=True, note=" (null: no truncation)"),
-    "dataset.max_turns": COUNT,
-    "dataset.n_shot": integer(0),
-    "dataset.source_lang": text(),
-    "dataset.target_lang": text(),
-    "dataset.sources.*.path": PATH,
-    "dataset.sources.*.limit": integer(1, null=True, note=" (per source; null: all)"),
-    "dataset.sources.*.offset": integer(0),
-    "dataset.sources.*.shuffle": boolean(),
-    "dataset.sources.*.max_chars": integer(1, note=" (python_functions: the longest function source kept)"),
-    "dataset.sources.*.exclude_entry_points": PATH,
-    # pool: every drafter of the pool
-    "pool.drafters.*.confidence_threshold": number(0, 1, note=" (a drafter probability: 0 drafts every token)"),
-    # cascade and selector knobs
-    "cascade.rule": text(),
-    "cascade.alpha": number(),
-    "selector.seed": SEED,
-    "selector.candidates": list_of(text(), null=True),
-    "selector.include_autoregressive": boolean(),
-    "selector.carry_over": boolean(),
-    "selector.decay": number(0, 1),
-    "selector.full_information": boolean(),
-    "selector.sample": boolean(),
-    "selector.beta": number(0),
-    "selector.epsilon": number(0, 1),
-    "selector.gamma": number(0, 1),
-    "selector.delta": number(0, 1, null=True, low_open=True),
-    "selector.window": COUNT,
-    "selector.m": COUNT,
-    "selector.budget": COUNT,
-    "selector.checkpoint": PATH,
-    "selector.switch_cost": number(0),
-    "selector.per_query": boolean(),
-    # collect
-    "collect.max_new_tokens": integer(1, null=True, note=" (null: decoding.max_new_tokens)"),
-    "collect.alignment": text(),
-    "collect.measure_speculative": boolean(),
-    "collect.trace": text(null=True),
-    "collect.shard": integer(0),
-    "collect.num_shards": COUNT,
-    "collect.overwrite": boolean(),
-    "embedding.pooling": text(),
-    # train-policy
-    "reward.alpha": number(0, 1),
-    "reward.cost": text(),
-    "reward.source": text(),
-    "reward.alignment": text(),
-    "train.arms": list_of(text(), null=True),
-    "train.hidden": list_of(integer(1)),
-    "train.epochs": integer(0),
-    "train.lr": number(0, low_open=True, null=True, note=" (train-drafter: null is the kind's default)"),
-    "train.batch_size": COUNT,
-    "train.entropy": number(0),
-    "train.baseline": text(),
-    "train.weight_decay": number(0),
-    "train.dropout": number(0, 1),
-    "train.seed": SEED,
-    "train.val_fraction": number(0, 1),
-    "train.n_examples": integer(1, null=True),
-    "train.standardize": boolean(),
-    "train.allow_incomplete": boolean(),
-    "sweep.alpha": list_of(number(0, 1), null=True),
-    "sweep.n_examples": list_of(integer(1), null=True),
-    # train-drafter
-    "drafter.kind": text(),
-    "drafter.layers": COUNT,
-    "drafter.vocab": integer(1, null=True, note=" (null: the full vocabulary)"),
-    "drafter.model": text(null=True),
-    "train.loss": text(),
-    "train.responses": text(),
-    "train.max_new_tokens": COUNT,
-    "train.max_input_tokens": COUNT,
-    "train.max_tokens": COUNT,
-    "train.seq_len": COUNT,
-    "train.time_budget_s": number(0, null=True, low_open=True),
-    "train.feature_weight": number(0),
-    "train.ce_weight": number(0),
-    "train.top_k": COUNT,
-    "train.unroll": integer(1, 16),
-    "train.unroll_weights": list_of(number(0), null=True),
-    "train.feature_noise": number(0),
-    "train.val_examples": integer(0),
-    "train.prompt_positions": boolean(),
-    "train.precision": text(),
-    "train.lr_schedule": text(),
-    "train.generate_batch": COUNT,
-    "train.generate_only": boolean(),
 }
 
+# The modules whose ``KEYS`` table types the keys their classes read: imported at the first ``schema()``, not
+# with this module (most import torch, some transformers; the door imports validate before anything loads).
+TABLES = (
+    "specbench.decoding.sampling",  # decoding.*
+    "specbench.decoding.cascade",  # cascade.*
+    "specbench.selection.base",  # selector.*: every selector's knobs, one table (a key means one thing)
+    "specbench.drafters",  # pool.drafters.*.*: every drafter builder's arguments
+    "specbench.models.target",  # target.*
+    "specbench.tasks.datasets",  # dataset.*
+    "specbench.policy.model",  # train-policy: train.*, reward.*, sweep.*
+    "specbench.training.trainees",  # train-drafter: drafter.*, its own train.*, eval_sets.*
+    "specbench.pipelines.collect",  # collect.*, embedding.*
+    "specbench.pipelines.profile",  # profile.*
+    "specbench.pipelines.trace",  # trace.*
+    "specbench.pipelines.replay",  # replay.*, seeds, traces
+)
 
-def validate(cfg: DictConfig, schema: dict[str, Rule] = SCHEMA) -> None:
-    """Raise one ``SpecbenchError`` listing every value of ``cfg`` that breaks ``schema`` or is
-    left as ``???`` (a value the user must supply)."""
+
+# the tables whose modules load no more than torch (no transformers, no pipeline): what the command line checks
+# before it imports the pipeline (cli.hydra_run), so that a bad value of these keys is answered in about a second
+LIGHT_TABLES = ("specbench.decoding.sampling", "specbench.decoding.cascade", "specbench.selection.base",
+                "specbench.tasks.datasets", "specbench.policy.model")
+
+
+def schema(tables: tuple[str, ...] = TABLES) -> dict[str, Rule]:
+    """Every typed key: ``SCHEMA`` and each module's ``KEYS`` of ``tables`` (default: all of ``TABLES``). A key has
+    one home: a pattern in two tables is an error (the second would silently replace the first's rule)."""
+    full = dict(SCHEMA)
+    for module in tables:
+        for pattern, rule in importlib.import_module(module).KEYS.items():
+            if pattern in full:
+                raise RuntimeError(f"config key {pattern} is typed twice ({module}.KEYS and an earlier table)")
+            full[pattern] = rule
+    return full
+
+
+def validate(cfg: DictConfig, rules: dict[str, Rule] | None = None) -> None:
+    """Raise one ``SpecbenchError`` listing every value of ``cfg`` that breaks ``rules`` (default: ``schema()``,
+    every typed key) or is left as ``???`` (a value the user must supply)."""
+    rules = schema() if rules is None else rules
     missing = list(_missing(OmegaConf.to_container(cfg, resolve=False)))
     problems = [f"{key} is not set (the config leaves it as ???)" for key in missing]
     fixes = [f"{key}=<value>" for key in missing]
-    for pattern, rule in schema.items():
+    for pattern, rule in rules.items():
         for key in _expand(cfg, pattern):
             if key in missing:
                 continue
             try:
                 value = OmegaConf.select(cfg, key, throw_on_missing=True)
+                if isinstance(value, ListConfig):
+                    value = OmegaConf.to_container(value, resolve=True)
+                elif isinstance(value, DictConfig):  # a mapping's own keys are checked (and resolved) by theirs
+                    value = OmegaConf.to_container(value, resolve=False)
             except InterpolationToMissingValueError:  # points at a ??? value, reported above
                 continue
             except OmegaConfBaseException as exc:  # an interpolation that does not resolve
                 problems.append(f"{key}: {_first_line(exc)}")
                 fixes.append(f"{key}=<{rule.expected}>")
                 continue
-            if isinstance(value, (DictConfig, ListConfig)):
-                value = OmegaConf.to_container(value, resolve=True)
             if not rule.ok(value):
                 problems.append(f"{key}={_show(value)}: expected {rule.expected}{rule.note}")
                 fixes.append(f"{key}=<{rule.expected}>")

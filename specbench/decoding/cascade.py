@@ -64,10 +64,17 @@ import torch
 from specbench.decoding.sampling import SamplingParams, logits_to_probs
 from specbench.decoding.verify import Verdict, verify_sampling
 from specbench.errors import SpecbenchError
+from specbench.validate import Rule, number, text
 
 MIXTURE_RULES = ("chow", "diff", "opt", "sequential")
 TOKEN_RULES = ("token_v1", "token_v2", "token_v3")
 RULES = ("none", *MIXTURE_RULES, *TOKEN_RULES, "lossy_sd")
+
+# cascade.*: the deferral rule (a name of RULES, checked where the cascade is built) and its threshold
+KEYS: dict[str, Rule] = {
+    "cascade.rule": text(),
+    "cascade.alpha": number(),
+}
 # alpha that always defers (lossless) and alpha that never defers (keep every draft token)
 ALWAYS = {"none": 0.0, "chow": -1.0, "diff": -1.0, "opt": -2.0, "sequential": -1.0, "token_v1": -1.0,
           "token_v2": -1.0, "token_v3": -1.0, "lossy_sd": 0.0}

@@ -7,11 +7,25 @@ from dataclasses import dataclass
 import torch
 
 from specbench.errors import SpecbenchError
+from specbench.validate import COUNT, Rule, boolean, integer, list_of, number
 
 # The smallest positive temperature: logits are divided by it in float32, and below about 1e-38 a
 # logit of order 1 divided by it overflows to inf (softmax then gives nan). Temperatures between 0
 # and this are refused rather than silently treated as greedy: 0 is the way to ask for greedy.
 MIN_TEMPERATURE = 1e-6
+
+# decoding.*: SamplingParams' three, and the loop's limits (DecodeSpec, built from the same section)
+KEYS: dict[str, Rule] = {
+    "decoding.temperature": Rule(lambda v: number(0).ok(v) and (v == 0 or v >= MIN_TEMPERATURE),
+                                 f"a finite number >= 0: 0 (greedy) or at least {MIN_TEMPERATURE:g}",
+                                 note=f" (below {MIN_TEMPERATURE:g} the scaled logits overflow float32)"),
+    "decoding.top_k": integer(0, note=" (0: off)"),
+    "decoding.top_p": number(0, 1, low_open=True),
+    "decoding.max_new_tokens": COUNT,
+    "decoding.draft_length": integer(1, note=" (tokens drafted per round)"),
+    "decoding.extra_eos_ids": list_of(integer(0), null=True),
+    "decoding.fit_context": boolean(),
+}
 
 
 @dataclass(frozen=True)

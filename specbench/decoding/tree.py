@@ -53,6 +53,14 @@ class TokenTree:
         """Children of ``node`` (-1: the root), in insertion order."""
         return [i for i, parent in enumerate(self.parents) if parent == node]
 
+    def attention(self) -> torch.Tensor:
+        """The tree forward's attention mask (``tree_attention``)."""
+        return tree_attention(self)
+
+    def positions(self) -> list[int]:
+        """The tree forward's row depths (``tree_positions``)."""
+        return tree_positions(self)
+
     def depths(self) -> list[int]:
         out: list[int] = []
         for parent in self.parents:

@@ -11,6 +11,36 @@ from specbench.decoding.drafter import AUTOREGRESSIVE, AutoregressiveArm, Draft,
 from specbench.drafters.base import ModelDrafter
 from specbench.errors import SpecbenchError
 from specbench.profiling import MEASURED, load_profile, measured_cost
+from specbench.validate import COUNT, PATH, Rule, boolean, integer, list_of, mapping, number, text
+
+# pool.drafters.<name>.*: the arguments of every drafter builder (conf/drafter/; a key means one thing in every
+# kind that takes it), and the two build_pool reads itself (draft_length, cost: measured)
+KEYS: dict[str, Rule] = {
+    "pool.drafters": mapping(null=True, note=" (drafter name -> its config; null: no drafter)"),
+    "pool.drafters.*.draft_length": integer(1, null=True, note=" (null: decoding.draft_length)"),
+    "pool.drafters.*.cost": Rule(lambda v: v == MEASURED or number(0).ok(v), f"a finite number >= 0 or {MEASURED}",
+                                 null=True, note=" (c_draft; null: the kind's own estimate; measured: profile_path's)"),
+    "pool.drafters.*.confidence_threshold": number(0, 1, note=" (a drafter probability: 0 drafts every token)"),
+    "pool.drafters.*.dtype": text(null=True),
+    "pool.drafters.*.device": text(null=True),
+    "pool.drafters.*.make_target": text(null=True),  # the command that builds a missing checkpoint, for its error
+    # eagle, eagle3, small: the head's checkpoint; hf: the model
+    "pool.drafters.*.checkpoint": PATH,
+    "pool.drafters.*.model": text(),
+    "pool.drafters.*.sub_vocabulary": boolean(),  # eagle
+    "pool.drafters.*.aux_layers": list_of(integer(0), null=True),  # eagle3: the target layers the head reads
+    # early_exit
+    "pool.drafters.*.layers": COUNT,
+    "pool.drafters.*.layers_key": text(),
+    "pool.drafters.*.final_norm": text(),
+    "pool.drafters.*.head_scale": number(low=0, low_open=True),
+    # prompt_lookup
+    "pool.drafters.*.max_ngram": COUNT,
+    "pool.drafters.*.min_ngram": COUNT,
+    # quantized
+    "pool.drafters.*.scheme": text(),
+    "pool.drafters.*.skip": list_of(text(), null=True),
+}
 
 
 def build_pool(target, drafters: Mapping, profile=None, measuring: bool = False) -> dict[str, Drafter]:

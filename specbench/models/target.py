@@ -10,13 +10,53 @@ bonus position). An autoregressive step is ``score([])``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
-from specbench.decoding.tree import TokenTree, tree_attention, tree_positions
 from specbench.errors import SpecbenchError
 from specbench.models.cache import CachedLM
 from specbench.models.loading import LoadedModel
+from specbench.validate import MAX_TIE_TOLERANCE, Rule, integer, list_of, mapping, number, text
+
+# target.* (conf/target/): what the session opens the target with (pipelines/session: load_inputs, Context,
+# the tie tolerance), and the template sets target.prompt.templates picks from (conf/templates/)
+KEYS: dict[str, Rule] = {
+    "target.model": text(),
+    "target.dtype": text(null=True),
+    "target.device": text(null=True),
+    "target.layers_key": text(),  # the model-config field holding the layer count (early exits)
+    "target.final_norm": text(),  # the final norm's module path (early exits read layer states through it)
+    "target.head_scale": number(low=0, low_open=True),
+    "target.context_keys": list_of(text()),  # model-config fields holding the context length ([]: none, T5)
+    "target.context_limit": integer(1, null=True, note=" (positions, for models whose config sets no hard limit)"),
+    # the largest logit gap a bf16/fp32 rounding can make, per dtype: forks within it are ties, beyond it defects
+    "target.tie_tolerance": mapping(null=True, note=" (e.g. {float32: 1.0e-4, bfloat16: 1.0})",
+                                    expect="a mapping of dtype to tolerance"),
+    "target.tie_tolerance.*": number(0, MAX_TIE_TOLERANCE, low_open=True, null=True,
+                                     note=" (logit units; `specbench profile` measures it: about 1 in bf16, 1e-4 in "
+                                          "fp32; a larger one would call real defects ties)"),
+    "target.prompt.style": text(),
+    "target.prompt.templates": text(),
+    "target.prompt.system": text(null=True),
+    "target.prompt.chat_template": text(null=True),
+    "templates.*.*": text(),  # a template set's template per task kind (conf/templates/default.yaml)
+}
+
+
+class TreeShape(Protocol):
+    """What a tree forward needs of a trie of drafts (``decoding.tree.TokenTree`` is one): its node tokens, whether
+    it is one path, and its attention mask and row depths (models stays below decoding: no import of it)."""
+
+    tokens: tuple[int, ...]
+
+    @property
+    def is_chain(self) -> bool: ...
+
+    def attention(self) -> torch.Tensor: ...
+
+    def positions(self) -> list[int]: ...
+
 
 POOLINGS = ("mean", "last")
 
@@ -125,7 +165,7 @@ class Target:
         keep = range(len(states)) if hidden else layers
         return Forward(logits, {int(layer): states[layer] for layer in keep})
 
-    def score_tree(self, tree: TokenTree, layers: tuple[int, ...] = ()):
+    def score_tree(self, tree: TreeShape, layers: tuple[int, ...] = ()):
         """One forward over [last committed token, *tree nodes] with the tree's attention mask and depths:
         a ``Forward`` whose logits (and ``states`` for ``layers``) are ``[tree.size + 1, ...]``, row ``1 + i``
         for node ``i``. A trie that is one path is scored as an ordinary chain (the same rows). Decoder-only
@@ -140,7 +180,7 @@ class Target:
                                  "selector instead of tree:... / tree selectors")
         self.calls += 1
         ids = self.tokens[-1:] + list(tree.tokens)
-        mask, depths = tree_attention(tree), tree_positions(tree)
+        mask, depths = tree.attention(), tree.positions()
         if not layers:
             return Forward(self.lm.forward(ids, tree=mask, depths=depths))
         logits, states = self.lm.forward(ids, hidden=True, tree=mask, depths=depths)

@@ -46,7 +46,7 @@ from specbench.drafters.prompt_lookup import PromptLookup
 from specbench.errors import SpecbenchError
 from specbench.pipelines import tables, speed
 from specbench.pipelines.session.run_dir import RunFiles
-from specbench.pipelines.session import Session
+from specbench.pipelines.session.core import Session
 from specbench.pipelines.session.schedule import rotation
 from specbench.records import JsonlWriter, read_jsonl
 from specbench.selection import Fixed

@@ -29,20 +29,21 @@ from specbench.errors import SpecbenchError
 from specbench.pipelines import tables, speed
 from specbench.pipelines.session.run_dir import RECORDS
 from specbench.pipelines.session.run_records import Records
-from specbench.pipelines.session import Session
+from specbench.pipelines.session.core import Session
 from specbench.pipelines.session.schedule import rotation
+from specbench.tasks.registry import TASKS, quality_columns
 
 log = logging.getLogger(__name__)
 
 SD = "sd"
 ALONE = "drafter_alone"
-# quality column per task and the loss the closing note tolerates against lossless SD
-QUALITY = {"translation": ("bleu", 1.0), "summarization": ("rouge2", 1.0), "math": ("accuracy", 0.01)}
+# quality column per task and the loss the closing note tolerates against lossless SD: from the task registry
+QUALITY = quality_columns()
 COLUMNS = ["task", "method", "rule", "alpha", "n_examples", "metric", "quality", "speedup", "speedup_mean",
            "paired", "rejection_rate", "mat", "acceptance_rate", "deferral_rate", "agreement_exact", "agreement_tokens",
            "new_tokens", "seconds"]
-NOTES = ("One row per (task, method). quality: corpus BLEU (translation), mean ROUGE-2 F x 100 (summarization), "
-         "GSM8K accuracy (math). speedup = total autoregressive seconds / total method seconds on the same "
+NOTES = ("One row per (task, method). quality: " + ", ".join(f"{TASKS[t].quality_label} ({t})" for t in QUALITY) +
+         ". speedup = total autoregressive seconds / total method seconds on the same "
          "examples, each paired with the autoregressive run timed in the same process (speedup_mean: mean of "
          "per-example ratios; paired: how many examples that pairs). rejection_rate = draft tokens the verifier rejected "
          "/ draft tokens it judged (accepted + rejected; tokens after a rejection are not judged): the paper's "

@@ -40,11 +40,24 @@ from specbench.errors import SpecbenchError
 from specbench.pipelines import speed
 from specbench.pipelines.collected import SIGNATURE_FILE, read_rows, rows_file, write_plan
 from specbench.pipelines.session.run_dir import RunFiles
-from specbench.pipelines.session import Session
+from specbench.pipelines.session.core import Session
 from specbench.pipelines.session.schedule import rotation
 from specbench.pipelines.traced import TracedRuns
 from specbench.records import JsonlWriter, read_jsonl
 from specbench.tasks import metrics
+from specbench.validate import COUNT, Rule, boolean, integer, text
+
+# collect.* and embedding.* (conf/collect.yaml)
+KEYS: dict[str, Rule] = {
+    "collect.max_new_tokens": integer(1, null=True, note=" (null: decoding.max_new_tokens)"),
+    "collect.alignment": text(),  # a name of ALIGNMENTS
+    "collect.measure_speculative": boolean(),
+    "collect.trace": text(null=True),
+    "collect.shard": integer(0),
+    "collect.num_shards": COUNT,
+    "collect.overwrite": boolean(),
+    "embedding.pooling": text(),  # Target.embed's: mean | last
+}
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
 from tqdm.auto import tqdm
 
 from specbench.decoding import certify
@@ -23,10 +23,10 @@ from specbench.pipelines import tables, spec_bench
 from specbench.pipelines.methods import Method, parse_methods
 from specbench.pipelines.session.run_dir import RECORDS
 from specbench.pipelines.session.run_records import Records
-from specbench.pipelines.session import Session
+from specbench.pipelines.session.core import Session, policy_checkpoint
 from specbench.pipelines.session.prompting import example_id, turns_of
 from specbench.pipelines.session.schedule import rotation
-from specbench.policy import check_not_trained_on
+from specbench.policy import check_not_trained_on, load_checkpoint
 from specbench.records import read_jsonl
 from specbench.selection import PolicySelector, Selector
 
@@ -77,7 +77,38 @@ def check_resumable(selectors: dict[str, Selector], methods: list[Method], todo:
                 f"and {out or 'this directory'}/rounds.jsonl to start it again")
 
 
+def pool_chosen(output_dir: str | Path) -> bool:
+    """Whether the user chose the pool: a ``pool`` or ``experiment`` override on the command line of the Hydra app
+    running this eval (its run directory is ``output_dir``). Outside one (a pipeline called directly, or the Hydra
+    state of an earlier app in the same process) nobody can tell, so the composed pool counts as chosen."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        hc = HydraConfig.get()
+        if Path(hc.runtime.output_dir).resolve() != Path(output_dir).resolve():
+            return True
+        task = [str(o).lstrip("+~") for o in hc.overrides.task]
+    except Exception:  # noqa: BLE001 - not under @hydra.main
+        return True
+    return any(o.startswith(("pool=", "pool.", "experiment=")) for o in task)
+
+
+def use_policy_pool(cfg: DictConfig, output_dir: str | Path) -> None:
+    """``selector=policy`` and no pool chosen: the pool the policy's rows were collected with (kept in its
+    checkpoint), so ``eval selector=policy`` after a default collect and train-policy needs no ``pool=``."""
+    path = policy_checkpoint(cfg)
+    if path is None or pool_chosen(output_dir):
+        return
+    pool = load_checkpoint(path).meta.get("pool")  # checkpoints of older specbench versions keep none
+    if not pool or OmegaConf.to_container(cfg.pool, resolve=True) == pool:
+        return
+    log.info("pool: the one the policy in %s was collected with (set pool=<name> to choose another)", path)
+    with open_dict(cfg):
+        cfg.pool = pool
+
+
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
+    use_policy_pool(cfg, output_dir)
     s = Session.open(cfg, output_dir, RECORDS, "eval")
     methods = parse_methods(cfg.methods, s.pool, cfg.get("selector"), cfg)
     max_turns = int(cfg.dataset.get("max_turns") or 1)

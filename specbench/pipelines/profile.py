@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import platform
 import statistics
+from dataclasses import dataclass
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -52,6 +53,25 @@ from specbench.pipelines.session.run_dir import RunFiles, start_run
 from specbench.pipelines.session.schedule import rotation
 from specbench.tasks import load_dataset_config, load_shots, truncate_fields
 from specbench.timing import Clock
+from specbench.validate import COUNT, PATH, Rule, integer, list_of, nonempty_list_of, text
+
+# profile.* (conf/profile.yaml)
+KEYS: dict[str, Rule] = {
+    "profile.q": nonempty_list_of(integer(1), note=" (new tokens per target forward)"),
+    "profile.contexts": nonempty_list_of(integer(1), note=" (context lengths in tokens)"),
+    "profile.repeats": COUNT,
+    "profile.warmup": integer(0),
+    # the shape of the value; tree_shapes names a pair whose numbers are below 1
+    "profile.trees": Rule(lambda v: isinstance(v, list) and all(list_of(integer()).ok(p) and len(p) == 2 for p in v),
+                          "a list of [branches, depth] pairs of integers", null=True,
+                          note=" (tree shapes whose verify cost is measured, e.g. [[2,5],[3,8]])"),
+    "profile.draft_tokens": COUNT,
+    "profile.tokens": text(),  # a name of TOKENS
+    "profile.run": PATH,
+    "profile.rounding.prompts": integer(0),
+    "profile.rounding.new_tokens": COUNT,
+    "profile.rounding.chunk": integer(2),
+}
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +112,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     verify = {c: measure_verify(target, source, c, qs, repeats, warmup, clock) for c in contexts}
     trees = ({c: measure_trees(target, source, c, shapes, repeats, warmup, clock) for c in contexts}
              if shapes and not target.is_encoder_decoder else {})
-    drafted = measure_drafters(target, drafters, source[:contexts[0]], k, sampling, rng, repeats, warmup, clock)
+    drafted = measure_drafters(target, drafters, source[:contexts[0]], k, sampling, rng,
+                               Readings(repeats, warmup, clock))
     for name, d in drafted.items():  # the kind: the drafter module its config builds with (quantized, eagle, ...)
         builder = str(cfg.pool.drafters[name].get("_target_") or d["kind"])
         d["kind"] = builder.removeprefix("specbench.drafters.").removesuffix(".build")
@@ -230,10 +251,19 @@ def measure_trees(target: Target, source: list[int], context: int, shapes: list[
                          repeats, warmup, clock)
 
 
+@dataclass(frozen=True)
+class Readings:
+    """How each timing is taken: ``repeats`` readings after ``warmup`` untimed ones, between ``clock`` boundaries."""
+
+    repeats: int
+    warmup: int
+    clock: Clock
+
+
 def measure_drafters(target: Target, drafters: Mapping[str, Drafter], context: list[int], k: int,
-                     sampling: SamplingParams, rng: torch.Generator, repeats: int, warmup: int,
-                     clock: Clock) -> dict[str, dict]:
+                     sampling: SamplingParams, rng: torch.Generator, readings: Readings) -> dict[str, dict]:
     """Per drafter: median seconds per drafted token of a steady-state round and the median tokens drafted."""
+    repeats, warmup, clock = readings.repeats, readings.warmup, readings.clock
     if not drafters:
         return {}
     layers = tuple(sorted({layer for d in drafters.values() for layer in d.state_layers(False)}))

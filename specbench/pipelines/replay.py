@@ -43,6 +43,15 @@ from specbench.pipelines.methods import Method, load_selector_config, parse_meth
 from specbench.pipelines.session.run_dir import RunFiles, start_run
 from specbench.pipelines.trace import load_traces
 from specbench.records import JsonlWriter, atomic_write_text, read_jsonl, round_row
+from specbench.validate import COUNT, PATH, Rule, integer
+
+# replay.* and the command's own inputs (conf/replay.yaml)
+KEYS: dict[str, Rule] = {
+    "traces": PATH,
+    "seeds": COUNT,
+    "replay.max_new_tokens": integer(1, null=True, note=" (null: the trace's)"),
+    "replay.draft_length": integer(1, null=True, note=" (null: the trace run's)"),
+}
 
 log = logging.getLogger(__name__)
 

@@ -34,9 +34,21 @@ from specbench.errors import SpecbenchError
 from specbench.pipelines.profile import interleaved, measure_verify, profile_dict, repeat_to
 from specbench.pipelines.session.prompting import example_id, prompt_fingerprint
 from specbench.pipelines.session.run_dir import RECORDS, RunFiles
-from specbench.pipelines.session import Session
+from specbench.pipelines.session.core import Session
 from specbench.records import JsonlWriter, atomic_write_text, read_jsonl
 from specbench.timing import Clock
+from specbench.validate import COUNT, Rule, boolean, integer, list_of, nonempty_list_of
+
+# trace.* (conf/trace.yaml)
+KEYS: dict[str, Rule] = {
+    "trace.draft_length": integer(1, null=True, note=" (null: each drafter's own draft length)"),
+    "trace.side_observations": boolean(),
+    "trace.costs.contexts": nonempty_list_of(integer(1)),
+    "trace.costs.q": nonempty_list_of(integer(1)),
+    "trace.costs.catch_up": list_of(integer(1)),
+    "trace.costs.repeats": COUNT,
+    "trace.costs.warmup": integer(0),
+}
 
 log = logging.getLogger(__name__)
 

@@ -50,7 +50,7 @@ from specbench.pipelines import tables
 from specbench.pipelines.session.prompting import eos_ids_of, load_inputs
 from specbench.pipelines.session.run_dir import differences, lock_run_dir, start_run
 from specbench.records import atomic_write_text
-from specbench.training.drafter import (TRAINEES, examples_of, held_out_metrics, learned_tokens, target_dtype_name,
+from specbench.training.trainees import (TRAINEES, examples_of, held_out_metrics, learned_tokens, target_dtype_name,
                                         training_precision)
 from specbench.training.fit import LR_SCHEDULES, FitSpec, epochs_done, fit
 from specbench.training.responses import response_cache, target_responses

@@ -36,7 +36,7 @@ from specbench.pipelines.session.run_dir import differences, start_run
 from specbench.records import atomic_write_text
 from specbench.policy import TrainConfig, TrainResult, save_checkpoint
 from specbench.policy.scores import RewardSpec, proxy_check, replay, rewards
-from specbench.training.policy import held_out, train_policy
+from specbench.training.reinforce import held_out, train_policy
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     embedding = embedding_spec(sig, int(X.shape[1]))
     save_checkpoint(out / "policy.pt", result, arms=arms, embedding=embedding, alpha=alpha,
                     config=OmegaConf.to_container(cfg, resolve=True),
-                    training_queries=[r["fingerprint"] for r in rows if r.get("fingerprint")])
+                    training_queries=[r["fingerprint"] for r in rows if r.get("fingerprint")], pool=sig.get("pool"))
     write_csv(pd.DataFrame(result.history), out / "history.csv")
 
     table = pd.DataFrame([{"choice": name, "val_reward": metrics[key]} for name, key in

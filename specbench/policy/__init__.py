@@ -1,5 +1,5 @@
 """Context-aware drafter selection: an offline contextual-bandit policy from query embedding to arm (its net,
-reward, stored form and inference wrapper; training is ``specbench.training.policy``)."""
+reward, stored form and inference wrapper; training is ``specbench.training.reinforce``)."""
 
 from specbench.policy.checkpoint import check_compatible, check_not_trained_on, load_checkpoint, save_checkpoint
 from specbench.policy.model import Policy, TrainConfig, TrainResult

@@ -40,13 +40,14 @@ def _plain(value: Any, where: str) -> Any:
 
 def save_checkpoint(path: str | Path, result_or_policy: TrainResult | Policy, *, arms: Sequence[str],
                     embedding: Mapping[str, Any], alpha: float, config: Mapping[str, Any],
-                    training_queries: Sequence[str] = ()) -> Path:
+                    training_queries: Sequence[str] = (), pool: Mapping[str, Any] | None = None) -> Path:
     """Write the policy (weights, standardization, arms, embedding spec, alpha, config, metrics) to ``path``.
 
     ``embedding`` describes how queries were embedded, e.g. ``{"pooling": "mean", "source":
     "decoder_last_hidden", "dim": 576, "target": "embedded:smollm2_135m"}``. ``training_queries``: the
     content fingerprints of every query the policy saw (training and validation), which
-    ``check_not_trained_on`` compares with an evaluation slice. Returns the path."""
+    ``check_not_trained_on`` compares with an evaluation slice. ``pool``: the drafter pool config the rows were
+    collected with, which ``eval selector=policy`` uses when the user chooses no pool. Returns the path."""
     src = result_or_policy
     if not isinstance(src, (TrainResult, Policy)):
         raise SpecbenchError(f"policy checkpoint: cannot save a {type(src).__name__}",
@@ -68,6 +69,7 @@ def save_checkpoint(path: str | Path, result_or_policy: TrainResult | Policy, *,
         "embedding": _plain(dict(embedding), "embedding"), "alpha": float(alpha),
         "config": _plain(dict(config), "config"), "metrics": _plain(dict(metrics), "metrics"),
         "training_queries": sorted({str(f) for f in training_queries}),
+        **({"pool": _plain(dict(pool), "pool")} if pool else {}),
     }
     path = Path(path)
     with atomic_path(path) as tmp:  # a temporary file, then os.replace: an interruption never tears it

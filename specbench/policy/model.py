@@ -1,6 +1,6 @@
 """The context-aware policy as it is stored and used: its training settings (``TrainConfig``), a training run's
 result (``TrainResult``: the best validation epoch's net, its standardization, curves and metrics) and the
-inference wrapper (``Policy``: embedding -> arm). Training itself is ``specbench.training.policy``."""
+inference wrapper (``Policy``: embedding -> arm). Training itself is ``specbench.training.reinforce``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,32 @@ import torch
 
 from specbench.errors import SpecbenchError
 from specbench.policy.net import PolicyNet
+from specbench.validate import COUNT, SEED, Rule, boolean, integer, list_of, number, text
+
+# train-policy (conf/train_policy.yaml): TrainConfig's train.* (epochs, lr, batch_size and seed are train-drafter's
+# too: one rule each, here), the reward (reward.py, scores.py: RewardSpec) and the sweeps
+KEYS: dict[str, Rule] = {
+    "train.arms": list_of(text(), null=True),
+    "train.hidden": list_of(integer(1)),
+    "train.epochs": integer(0),
+    "train.lr": number(0, low_open=True, null=True, note=" (train-drafter: null is the kind's default)"),
+    "train.batch_size": COUNT,
+    "train.entropy": number(0),
+    "train.baseline": text(),
+    "train.weight_decay": number(0),
+    "train.dropout": number(0, 1),
+    "train.seed": SEED,
+    "train.val_fraction": number(0, 1),
+    "train.n_examples": integer(1, null=True),
+    "train.standardize": boolean(),
+    "train.allow_incomplete": boolean(),
+    "reward.alpha": number(0, 1),
+    "reward.cost": text(),
+    "reward.source": text(),
+    "reward.alignment": text(),
+    "sweep.alpha": list_of(number(0, 1), null=True),
+    "sweep.n_examples": list_of(integer(1), null=True),
+}
 
 
 @dataclass

@@ -13,7 +13,7 @@ from specbench.reproduction import verdicts as V
 from specbench.reproduction.compare import faster_on, fixed_methods, paired, short_name, timed, with_published
 from specbench.reproduction.exhibit import CascadeRun, Exhibit, ExhibitSpec, Layout
 from specbench.reproduction.published import Published
-from specbench.reproduction.records import drafter_speeds, load_examples, run_table
+from specbench.reproduction.inputs import drafter_speeds, load_examples, run_table
 from specbench.reproduction.runs import CASCADES_GREEDY, CASCADES_PAPER, CASCADES_SAMPLING, EXAMPLES, SPEC_BENCH_EVAL
 
 

@@ -13,7 +13,7 @@ import pandas as pd
 
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.published import Published
-from specbench.reproduction.records import unfinished
+from specbench.reproduction.inputs import unfinished
 from specbench.reproduction.runs import Run
 
 TASKS = ("translation", "summarization", "math", "chat", "code")

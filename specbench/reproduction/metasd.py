@@ -16,7 +16,7 @@ from specbench.reproduction.compare import (fastest_on_own_task, faster_on, fixe
                                            paired, short_name, timed, with_published)
 from specbench.reproduction.exhibit import Exhibit, ExhibitSpec, Layout, MetaRun
 from specbench.reproduction.published import Published
-from specbench.reproduction.records import drafter_speeds, load_examples, run_table, speeds
+from specbench.reproduction.inputs import drafter_speeds, load_examples, run_table, speeds
 from specbench.reproduction.runs import EXAMPLES, METASD_EAGLE, METASD_EVAL, METASD_MULTILINGUAL, METASD_STREAM
 
 

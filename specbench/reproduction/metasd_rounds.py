@@ -15,7 +15,7 @@ from specbench.reproduction.compare import faster_on, figure, short_name
 from specbench.reproduction.exhibit import Exhibit, ExhibitSpec, Layout
 from specbench.reproduction.metasd import BANDITS, FIRST_ROUNDS, METASD_ROWS, UCB, UCB_BE, UCB_FI, UNIFORM
 from specbench.reproduction.published import Published
-from specbench.reproduction.records import (NotRun, load_examples, load_round_values, load_rounds, run_table, speeds)
+from specbench.reproduction.inputs import (NotRun, load_examples, load_round_values, load_rounds, run_table, speeds)
 from specbench.reproduction.runs import EXAMPLES, METASD_EVAL, ROUNDS
 
 

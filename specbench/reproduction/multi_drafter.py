@@ -31,7 +31,7 @@ from specbench.pipelines.tables import with_oracle as with_task_oracle
 from specbench.reproduction import compare
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.exhibit import Exhibit, ExhibitSpec
-from specbench.reproduction.records import NotRun, load_examples, load_round_values
+from specbench.reproduction.inputs import NotRun, load_examples, load_round_values
 from specbench.reproduction.runs import EXAMPLES, METASD_TREES
 from specbench.records import atomic_write_text
 

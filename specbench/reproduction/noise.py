@@ -28,7 +28,7 @@ from specbench.reproduction import verdicts as V
 from specbench.reproduction.compare import paired, short_name, timed
 from specbench.reproduction.exhibit import Exhibit, ExhibitSpec, Layout
 from specbench.reproduction.published import Published
-from specbench.reproduction.records import NotRun, load_examples
+from specbench.reproduction.inputs import NotRun, load_examples
 from specbench.reproduction.runs import EXAMPLES, METASD_EVAL
 
 SIZES = (16, 32, 48, 80)  # subset sizes of the noise floor (verdicts rest on 16 per task cell, 80 on the stream)

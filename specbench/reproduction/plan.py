@@ -43,7 +43,7 @@ from omegaconf import OmegaConf
 from specbench.configs import EXPERIMENT, composing, hydra_error, hydra_overrides
 from specbench.errors import SpecbenchError
 from specbench.records import atomic_write_text
-from specbench.reproduction.records import count_lines
+from specbench.reproduction.inputs import count_lines
 from specbench.reproduction.registry import plan_at
 from specbench.reproduction.runs import (CONFIG, DONE, EXAMPLES, HUANG_DEPTH_COLLECT, HUANG_EVAL_WITH_AR,
                                          HUANG_EVAL_WITHOUT_AR, HUANG_MATH_COLLECT, HUANG_MATH_EVAL, RECORD_FILES,
@@ -192,7 +192,7 @@ def restart_if_unresumable(step: Step, cfg, out: Path) -> None:
         methods = carry
     if not methods & carry:
         return
-    from specbench.reproduction.records import planned
+    from specbench.reproduction.inputs import planned
 
     want = planned(out, "eval")
     if want is not None and count_records(out, "eval") >= want:  # every generation is there: nothing to resume

@@ -19,7 +19,7 @@ from specbench.reproduction import published as published_values
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.exhibit import Exhibit, Layout, mark_unfinished
 from specbench.reproduction.layouts import LAYOUTS
-from specbench.reproduction.records import NotRun
+from specbench.reproduction.inputs import NotRun
 from specbench.reproduction.registry import builders
 from specbench.reproduction.runs import CONFIG, ROOT_RECORD
 

@@ -2,7 +2,7 @@
 
 from specbench.selection.bandits import BanditSelector, EpsilonGreedy, RandomSelector
 from specbench.selection.base import Feedback, Route, Selector
-from specbench.selection.etc import ExploreThenCommit
+from specbench.selection.explore_commit import ExploreThenCommit
 from specbench.selection.exp3 import EXP3
 from specbench.selection.fixed import Fixed
 from specbench.selection.hedge import Hedge

@@ -4,6 +4,56 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specbench.validate import COUNT, PATH, SEED, Rule, boolean, integer, list_of, mapping, number, text
+
+# selector.*: every selector's constructor arguments (conf/selector/), one table so that a key means one thing in
+# every selector that takes it. Names (an arm, a reward) are checked by the constructors.
+KEYS: dict[str, Rule] = {
+    "selector.name": text(),  # the method's name in the tables
+    # BanditSelector (bandits.py), the base of every bandit
+    "selector.reward": text(),  # bd | be
+    "selector.seed": SEED,
+    "selector.candidates": list_of(text(), null=True),
+    "selector.include_autoregressive": boolean(),
+    "selector.carry_over": boolean(),
+    "selector.decay": number(0, 1),
+    "selector.full_information": boolean(),
+    # RandomSelector, EpsilonGreedy (bandits.py)
+    "selector.per_query": boolean(),
+    "selector.epsilon": number(0, 1),
+    # UCB, DiscountedUCB, SlidingWindowUCB (ucb.py)
+    "selector.beta": number(0),
+    "selector.switch_cost": number(0),
+    "selector.gamma": number(0, 1),  # DiscountedUCB's discount, EXP3's exploration (exp3.py)
+    "selector.window": COUNT,
+    # ExploreThenCommit: pulls per arm, confidence
+    "selector.m": COUNT,
+    "selector.delta": number(0, 1, null=True, low_open=True),
+    # SequentialHalving (halving.py)
+    "selector.budget": COUNT,
+    # Hedge, TreeHedge (hedge.py)
+    "selector.eta": number(0, low_open=True, note=" (Hedge's learning rate, e.g. 0.5)"),
+    # Fixed (fixed.py)
+    "selector.arm": text(),
+    # PolicySelector (policy.py)
+    "selector.checkpoint": PATH,
+    "selector.sample": boolean(),
+    "selector.target": text(null=True),  # the run's target model, checked against the policy's
+    # TreeUCB, TreeHedge (trees.py)
+    "selector.always": list_of(text(), null=True),
+    "selector.size": integer(1, note=" (drafters the bandit adds to each tree)"),
+    # Router (trees.py)
+    "selector.lookup": text(),
+    "selector.min_match": integer(1, note=" (tokens of suffix match)"),
+    "selector.fallback": text(null=True),
+    "selector.tree": boolean(),
+    "selector.ucb": mapping(null=True, note=" (the fallback UCB's knobs)"),
+    "selector.ucb.beta": number(0),
+    "selector.ucb.switch_cost": number(0),
+    "selector.ucb.reward": text(),
+    "selector.ucb.seed": SEED,
+}
+
 
 @dataclass(frozen=True)
 class Feedback:

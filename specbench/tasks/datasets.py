@@ -18,6 +18,7 @@ from specbench.errors import SpecbenchError
 from specbench.tasks.files import hub_records, read_records, resolve_path
 from specbench.tasks.formats import FORMATS, Query, need
 from specbench.tasks.python_sources import python_function_records
+from specbench.validate import COUNT, PATH, SEED, Rule, boolean, integer, list_of, mapping, text
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,61 @@ def load_source(name: str, source: Mapping, limit: int | None = None, seed: int 
 
 
 SOURCE_SELECTION = ("limit", "offset", "shuffle")  # per-source overrides of the dataset's selection keys
+
+
+def source_keys(at: str, selection: bool = True) -> dict[str, Rule]:
+    """The keys of one source at ``at`` (``read_source``: a file or the hub, its format's parser options), and with
+    ``selection`` its own ``SOURCE_SELECTION`` (``load_dataset_config``)."""
+    keys = {
+        f"{at}.format": text(),  # a name of FORMATS, checked by read_source
+        f"{at}.path": PATH,
+        f"{at}.split": text(null=True),
+        f"{at}.task": text(null=True),
+        f"{at}.hub": mapping(null=True, note=" ({path, name, revision} of a hub dataset)"),
+        f"{at}.hub.path": text(),
+        f"{at}.hub.name": text(null=True),
+        f"{at}.hub.revision": text(null=True),
+        f"{at}.max_chars": integer(1, note=" (python_functions: the longest function source kept)"),
+        f"{at}.exclude_entry_points": PATH,
+        # the format parsers' own options (formats.py)
+        f"{at}.source_lang": text(),
+        f"{at}.target_lang": text(),
+        f"{at}.id_prefix": text(),
+        f"{at}.task_from_category": boolean(),
+    }
+    if selection:
+        keys.update({f"{at}.limit": integer(1, null=True, note=" (per source; null: all)"),
+                     f"{at}.offset": integer(0), f"{at}.shuffle": boolean()})
+    return keys
+
+
+# dataset.* (conf/dataset/): load_dataset_config's selection keys, its sources, load_shots' source, the prompt
+# options the session reads (max_input_tokens, max_turns, n_shot) and the single-source datasets' own keys that
+# their sources interpolate (path, split, hub, languages)
+KEYS: dict[str, Rule] = {
+    "dataset.name": text(),
+    "dataset.path": PATH,
+    "dataset.split": text(null=True),
+    "dataset.hub": mapping(null=True, note=" ({path, name, revision} of a hub dataset)"),
+    "dataset.hub.path": text(),
+    "dataset.hub.name": text(null=True),
+    "dataset.hub.revision": text(null=True),
+    "dataset.limit": integer(1, null=True, note=" (per source; null: all)"),
+    "dataset.offset": integer(0),
+    "dataset.shuffle": boolean(),
+    "dataset.interleave": boolean(),
+    "dataset.seed": SEED,
+    "dataset.categories": list_of(text(), null=True),
+    "dataset.max_input_tokens": integer(1, null=True, note=" (null: no truncation)"),
+    "dataset.max_turns": COUNT,
+    "dataset.n_shot": integer(0),
+    "dataset.source_lang": text(),
+    "dataset.target_lang": text(),
+    "dataset.sources.*": mapping(null=True, note=" (null: that source switched off)"),
+    **source_keys("dataset.sources.*"),
+    "dataset.shots": mapping(null=True, note=" (the source of n-shot examples)"),
+    **source_keys("dataset.shots", selection=False),
+}
 
 
 def load_dataset_config(cfg: Mapping) -> list[Query]:

@@ -22,7 +22,8 @@ Metrics and scales:
   otherwise the last number in the text.
 - **output_words** (every task), the number of whitespace-separated words in the output.
 
-``score(task, prediction, reference)`` builds the per-example quality dict of a record.
+``score(task, prediction, reference)`` builds the per-example quality dict of a record: the task's metric is
+named in the task registry (``tasks/registry.py``: ``TASKS``), its function here (``METRICS``).
 """
 
 from __future__ import annotations
@@ -33,9 +34,12 @@ import re
 import sacrebleu
 from rouge_score import rouge_scorer
 
+from specbench.tasks.registry import TASKS
+
 __all__ = [
     "bleu",
     "corpus_bleu",
+    "METRICS",
     "gsm8k_correct",
     "parse_gsm8k_reference",
     "parse_last_number",
@@ -151,18 +155,26 @@ def gsm8k_correct(prediction: str, reference_answer: str) -> float:
 # ---------------------------------------------------------------------------- per example
 
 
+def _bleu_scores(prediction: str, reference: str) -> dict[str, float]:
+    return {"bleu": bleu(prediction, reference)}
+
+
+def _gsm8k_scores(prediction: str, reference: str) -> dict[str, float]:
+    return {"accuracy": gsm8k_correct(prediction, reference)}
+
+
+# A task's metric (``Task.metric`` in the registry) -> its per-example scores of a prediction against a reference.
+METRICS = {"bleu": _bleu_scores, "rouge": rouge, "gsm8k": _gsm8k_scores}
+
+
 def score(task: str, prediction: str, reference: str | None) -> dict[str, float]:
-    """Per-example quality dict: ``output_words`` always, plus the task's metric when the
-    example has a reference (translation: ``bleu``; summarization: ``rouge1/rouge2/rougeL``;
+    """Per-example quality dict: ``output_words`` always, plus the task's metric (``TASKS[task].metric``) when
+    the example has a reference (translation: ``bleu``; summarization: ``rouge1/rouge2/rougeL``;
     math: ``accuracy``).  Other tasks (chat, Spec-Bench categories) get ``output_words`` only."""
     prediction = prediction or ""
     out: dict[str, float] = {}
-    if reference is not None:
-        if task == "translation":
-            out["bleu"] = bleu(prediction, reference)
-        elif task == "summarization":
-            out.update(rouge(prediction, reference))
-        elif task == "math":
-            out["accuracy"] = gsm8k_correct(prediction, reference)
+    metric = TASKS[task].metric if task in TASKS else None
+    if reference is not None and metric:
+        out.update(METRICS[metric](prediction, reference))
     out["output_words"] = float(len(prediction.split()))
     return out

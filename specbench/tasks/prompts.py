@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from specbench.errors import SpecbenchError
 from specbench.tasks.formats import Query
+from specbench.tasks.registry import template_of
 
 log = logging.getLogger(__name__)
 STYLES = ("chat", "plain")
@@ -33,7 +34,7 @@ def _fill(template: str, fields: Mapping, task: str) -> str:
 
 
 def render(query: Query, templates: Mapping[str, str], turn: int = 0, shots: Sequence[Query] = ()) -> str:
-    template = templates.get(query.kind, templates.get("default"))
+    template = templates.get(template_of(query.kind), templates.get("default"))
     if template is None:
         raise SpecbenchError(f"no prompt template for task '{query.kind}'",
                              f"add templates.<set>.{query.kind} (known: {', '.join(templates)})")
@@ -82,13 +83,24 @@ def check_templates(queries: Iterable[Query], templates: Mapping[str, str], max_
                              exc.fix)
 
 
-def build_prompt(query: Query, tokenizer, style: str, templates: Mapping[str, str], system: str | None = None, *,
-                 turn: int = 0, history: Sequence[tuple[str, str]] = (), shots: Sequence[Query] = (),
-                 chat_template: str | None = None) -> list[int]:
-    """Token ids of the prompt for ``query`` (its ``turn``-th user turn after ``history``:
-    ``(user text, model answer)`` pairs of the earlier turns). ``chat_template``: a Jinja chat
-    template used instead of the tokenizer's (style ``chat``)."""
-    text = render(query, templates, turn=turn, shots=shots if turn == 0 else ())
+@dataclass(frozen=True)
+class PromptFormat:
+    """How a target's prompts are written: ``style`` (``chat`` or ``plain``), the template set (task template
+    key -> template), the system prompt and ``chat_template`` (a Jinja chat template used instead of the
+    tokenizer's, style ``chat``)."""
+
+    style: str
+    templates: Mapping[str, str]
+    system: str | None = None
+    chat_template: str | None = None
+
+
+def build_prompt(query: Query, tokenizer, fmt: PromptFormat, *, turn: int = 0,
+                 history: Sequence[tuple[str, str]] = (), shots: Sequence[Query] = ()) -> list[int]:
+    """Token ids of the prompt for ``query`` in format ``fmt`` (its ``turn``-th user turn after ``history``:
+    ``(user text, model answer)`` pairs of the earlier turns)."""
+    style, system, chat_template = fmt.style, fmt.system, fmt.chat_template
+    text = render(query, fmt.templates, turn=turn, shots=shots if turn == 0 else ())
     if style == "chat":
         if not chat_template and not getattr(tokenizer, "chat_template", None):
             raise SpecbenchError("prompt style 'chat' but the tokenizer has no chat template",
@@ -121,9 +133,12 @@ class Prompter:
     shots: list
     chat_template: str | None = None
 
+    @property
+    def prompt_format(self) -> PromptFormat:
+        return PromptFormat(self.style, self.templates, self.system, self.chat_template)
+
     def __call__(self, query, turn: int = 0, history=()) -> list[int]:
-        return build_prompt(query, self.tokenizer, self.style, self.templates, self.system, turn=turn,
-                            history=history, shots=self.shots, chat_template=self.chat_template)
+        return build_prompt(query, self.tokenizer, self.prompt_format, turn=turn, history=history, shots=self.shots)
 
     def user_text(self, query, turn: int) -> str:
         return render(query, self.templates, turn=turn, shots=self.shots if turn == 0 else ())

@@ -115,9 +115,21 @@ def shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
     return n
 
 
-def loss_of(head: EagleHead, embed: nn.Module, logits: HeadLogits, batch: dict, feature_weight: float,
-            ce_weight: float, t2d: torch.Tensor | None, unroll: int = 1, unroll_weights: Sequence[float] | None = None,
-            feature_noise: float = 0.0, noise_gen: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
+@dataclass(frozen=True)
+class LossSpec:
+    """The weights of a head's loss: smooth-L1 on the next feature (``feature_weight``) plus cross-entropy to the
+    target's top-k (``ce_weight``); ``unroll`` steps weighted by ``unroll_weights``; ``feature_noise`` (see
+    ``loss_of``)."""
+
+    feature_weight: float
+    ce_weight: float
+    unroll: int = 1
+    unroll_weights: Sequence[float] | None = None
+    feature_noise: float = 0.0
+
+
+def loss_of(head: EagleHead, embed: nn.Module, logits: HeadLogits, batch: dict, spec: LossSpec,
+            t2d: torch.Tensor | None = None, noise_gen: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
     """Mean loss over the masked pairs of a batch ``[B, T]`` (one causal sequence per row).
 
     ``unroll`` > 1 (EAGLE-3's training-time test, over whole sequences): step 1 feeds the target's
@@ -130,9 +142,10 @@ def loss_of(head: EagleHead, embed: nn.Module, logits: HeadLogits, batch: dict, 
     ``feature_noise`` > 0: uniform noise in ``[-s, s)`` (EAGLE-1) added to every step's input
     features (drawn from ``noise_gen``). With ``unroll=1`` and no noise this is the one-step loss.
     """
+    feature_weight, ce_weight, unroll, feature_noise = spec.feature_weight, spec.ce_weight, spec.unroll, spec.feature_noise
     with torch.no_grad():
         emb = embed(batch["tok"])
-    weights = [1.0] * unroll if unroll_weights is None else [float(w) for w in unroll_weights]
+    weights = [1.0] * unroll if spec.unroll_weights is None else [float(w) for w in spec.unroll_weights]
     if len(weights) != unroll:
         raise ValueError(f"unroll_weights has {len(weights)} entries for unroll={unroll}")
     feat, total, stats = batch["feat"], None, {}

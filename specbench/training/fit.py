@@ -1,6 +1,6 @@
-"""The drafter's optimiser loop (``fit``), beside the policy's (``training/policy.py``).
+"""The drafter's optimiser loop (``fit``), beside the policy's (``training/reinforce.py``).
 
-A trainee (``training/drafter.py``: ``HeadTrainee``, ``ModelTrainee``, ``SmallTrainee``) owns its module, its
+A trainee (``training/trainees.py``: ``HeadTrainee``, ``ModelTrainee``, ``SmallTrainee``) owns its module, its
 batches and its loss; ``fit`` owns what every trainee shares: AdamW, the learning-rate schedule, gradient
 clipping at norm 1, a held-out pass per epoch, ``state.pt`` after every epoch (resumed to the same weights as
 an uninterrupted run) and the time budget.

@@ -12,7 +12,7 @@ import torch
 from specbench.decoding.cascade import ALWAYS, NEVER, RULES, Cascade
 from specbench.decoding.sampling import SamplingParams, logits_to_probs
 from specbench.drafters import AUTOREGRESSIVE, AutoregressiveArm
-from specbench.pipelines.session import alone_target
+from specbench.pipelines.session.core import alone_target
 from specbench.selection.base import Selector
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog. The quick brown", "abc abc abc abc"]

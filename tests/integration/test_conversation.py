@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 
 from specbench.configs import conf_dir
 from specbench.pipelines import evaluate
-from specbench.pipelines.session import Session
+from specbench.pipelines.session.core import Session
 
 TINY = ["target=tiny_llama", "pool=tiny", "dataset.limit=1", "decoding.max_new_tokens=5", "warmup.max_new_tokens=0",
         "methods=[autoregressive,fixed:early_exit_1]"]

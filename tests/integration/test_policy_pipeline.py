@@ -87,7 +87,7 @@ def test_collect_refuses_to_resume_rows_of_other_checkpoints(full_run, tmp_path)
     assert all(r["drafters"] == {} for r in rows)  # the tiny pool loads no checkpoint files
     (out / "rows.jsonl").write_text("".join(json.dumps({**r, "drafters": {"quantized": "old"}}) + "\n" for r in rows[:2]))
     with pytest.raises(SpecbenchError, match="rows collected with other drafter checkpoints than this run's "
-                                             "\(quantized changed since\)") as err:
+                                             r"\(quantized changed since\)") as err:
         collect.run(cfg_of("collect", TINY), out)
     assert "collect.overwrite=true" in err.value.fix
     collect.run(cfg_of("collect", TINY + ["collect.overwrite=true"]), out)
@@ -200,6 +200,12 @@ def test_collect_train_eval_through_the_cli(tmp_path):
     summary = pd.read_csv(tmp_path / "e" / "summary.csv")
     pol = summary[(summary.method == "policy") & (summary.task == "all")].iloc[0]
     assert pol.exact_match == 1.0 and pol.n_examples == 4
+    # issue 35: with no pool= the policy's own pool (the collection's, kept in its checkpoint) is used; eval's
+    # default pool (the SmolLM2 heads) would refuse the policy's arms
+    run("eval", *[o for o in TINY[:-2] if o != "pool=tiny"], "dataset.offset=1", "selector=policy",
+        f"policy.checkpoint={tmp_path / 'p' / 'policy.pt'}", f"hydra.run.dir={tmp_path / 'e_own_pool'}")
+    saved = (tmp_path / "e_own_pool" / "config.yaml").read_text()
+    assert "early_exit_1" in saved and "eagle_math" not in saved
     # issue 34: a policy retrained behind the same policy.checkpoint is not resumed under the old one's records
     run("train-policy", f"data={tmp_path / 'c'}", "train.epochs=2", "train.val_fraction=0.5", "train.seed=7",
         "reward.source=measured", f"hydra.run.dir={tmp_path / 'p2'}")

@@ -212,7 +212,7 @@ def test_an_eagle_head_is_profiled_from_the_target_states(tmp_path):
     context = pipeline.repeat_to(target.tokenizer("profile me, profile me")["input_ids"], 24)
     drafters = {name: d for name, d in pool.items() if d.drafts}
     got = pipeline.measure_drafters(target, drafters, context, 5, SamplingParams(), torch.Generator().manual_seed(0),
-                                    repeats=2, warmup=1, clock=Clock("cpu"))
+                                    pipeline.Readings(repeats=2, warmup=1, clock=Clock("cpu")))
     assert list(got) == ["eagle", "prompt_lookup"]
     assert got["eagle"]["drafted"] == 5 and got["eagle"]["seconds_per_token"] > 0
     assert got["prompt_lookup"]["drafted"] == 5  # the context repeats itself: a match to copy

@@ -283,7 +283,7 @@ def test_the_planned_count_of_an_unfinished_eval(tmp_path):
     cfg = OmegaConf.load(out / "config.yaml")
     selectors = sum(str(m).startswith(("selector:", "again:")) for m in cfg.methods)
     n_methods = 1 + len(cfg.pool.drafters) + selectors  # autoregressive, fixed:*, the selectors and A/A repeats
-    from specbench.reproduction.records import planned
+    from specbench.reproduction.inputs import planned
 
     assert planned(out, "eval") == 5 * n_methods  # 5 tasks x 1 query (the tiny scale)
 

@@ -10,7 +10,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from specbench.configs import conf_dir
-from specbench.training import drafter as drafter_training
+from specbench.training import trainees as drafter_training
 from specbench.training import responses
 from specbench.training.distill import Example, Teacher, pairs, shared_prefix, teach, teach_all
 from specbench.errors import SpecbenchError

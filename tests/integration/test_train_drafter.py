@@ -224,7 +224,7 @@ def test_small_drafter_generates_alone_through_the_loop(tiny_llama_target, tiny_
     from specbench.decoding.drafter import DecodeContext
     from specbench.drafters.base import ModelDrafter
     from specbench.drafters.small import SmallLM
-    from specbench.pipelines.session import alone_target
+    from specbench.pipelines.session.core import alone_target
 
     d2t = torch.arange(0, tiny_llama_target.vocab_size, 3)
     drafter = ModelDrafter("small", SmallLM(tiny_llama_target, 2, d2t).eval(), tiny_llama_target.vocab_size, 0.1)

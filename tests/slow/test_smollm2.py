@@ -11,7 +11,7 @@ from specbench.decoding.sampling import SamplingParams
 from specbench.drafters import build_pool
 from specbench.models import Target, load_model
 from specbench.selection import Fixed
-from specbench.tasks import build_prompt
+from specbench.tasks import PromptFormat, build_prompt
 from specbench.tasks.datasets import load_source
 from specbench.timing import Clock
 
@@ -35,7 +35,7 @@ def smollm2():
     })
     queries = [load_source("math", {"format": "gsm8k", "path": "embedded:gsm8k.jsonl", "task": "math"}, limit=1)[0],
                load_source("sum", {"format": "xsum", "path": "embedded:xsum.jsonl", "task": "summarization"}, limit=1)[0]]
-    prompts = [build_prompt(q, loaded.tokenizer, "chat", TEMPLATES) for q in queries]
+    prompts = [build_prompt(q, loaded.tokenizer, PromptFormat("chat", TEMPLATES)) for q in queries]
     return loaded, target, pool, prompts
 
 

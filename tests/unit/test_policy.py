@@ -8,7 +8,7 @@ import torch
 from specbench.errors import SpecbenchError
 from specbench.policy import (Policy, TrainConfig, check_arms_scored, check_compatible, load_checkpoint, reward,
                               reward_matrix, save_checkpoint, usable_arms)
-from specbench.training.policy import evaluate_choices, split_indices, train_policy
+from specbench.training.reinforce import evaluate_choices, split_indices, train_policy
 
 ARMS = ["autoregressive", "draft_a", "draft_b"]
 MEANS = torch.tensor([[0.8, 0.5, 0.2],   # cluster 0: autoregressive is best

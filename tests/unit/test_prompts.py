@@ -4,7 +4,7 @@ import pytest
 
 from specbench.errors import SpecbenchError
 from specbench.models.tiny import byte_tokenizer
-from specbench.tasks import Query, build_prompt, truncate_fields
+from specbench.tasks import PromptFormat, Query, build_prompt, truncate_fields
 
 TEMPLATES = {"chat": "{turn}", "summarization": "summarize: {document}", "default": "{turn}"}
 CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
@@ -20,9 +20,9 @@ def chat_tokenizer():
 
 def test_second_turn_contains_first_answer(chat_tokenizer):
     q = Query(id="q1", task="chat", fields={"turn": "Name a colour."}, turns=["Name a colour.", "Why that one?"])
-    first = chat_tokenizer.decode(build_prompt(q, chat_tokenizer, "chat", TEMPLATES))
+    first = chat_tokenizer.decode(build_prompt(q, chat_tokenizer, PromptFormat("chat", TEMPLATES)))
     assert first == "<user>Name a colour.\n<assistant>"
-    second = chat_tokenizer.decode(build_prompt(q, chat_tokenizer, "chat", TEMPLATES, turn=1,
+    second = chat_tokenizer.decode(build_prompt(q, chat_tokenizer, PromptFormat("chat", TEMPLATES), turn=1,
                                                 history=[("Name a colour.", "Teal, like the sea.")]))
     assert second == ("<user>Name a colour.\n<assistant>Teal, like the sea.\n<user>Why that one?\n<assistant>")
 
@@ -30,31 +30,31 @@ def test_second_turn_contains_first_answer(chat_tokenizer):
 def test_plain_style_joins_history():
     tok = byte_tokenizer()
     q = Query(id="q1", task="chat", fields={"turn": "A?"}, turns=["A?", "B?"])
-    text = tok.decode(build_prompt(q, tok, "plain", TEMPLATES, turn=1, history=[("A?", "yes")]))
+    text = tok.decode(build_prompt(q, tok, PromptFormat("plain", TEMPLATES), turn=1, history=[("A?", "yes")]))
     assert text == "A?\n\nyes\n\nB?"
 
 
 def test_system_message(chat_tokenizer):
     q = Query(id="q1", task="chat", fields={"turn": "Hi"}, turns=["Hi"])
-    text = chat_tokenizer.decode(build_prompt(q, chat_tokenizer, "chat", TEMPLATES, system="Be brief."))
+    text = chat_tokenizer.decode(build_prompt(q, chat_tokenizer, PromptFormat("chat", TEMPLATES, system="Be brief.")))
     assert text.startswith("<system>Be brief.\n<user>Hi\n")
 
 
 def test_chat_style_needs_a_chat_template():
     q = Query(id="q1", task="chat", fields={"turn": "Hi"}, turns=["Hi"])
     with pytest.raises(SpecbenchError, match="no chat template"):
-        build_prompt(q, byte_tokenizer(), "chat", TEMPLATES)
+        build_prompt(q, byte_tokenizer(), PromptFormat("chat", TEMPLATES))
 
 
 def test_unknown_style_and_missing_template():
     tok = byte_tokenizer()
     q = Query(id="x", task="summarization", fields={"document": "d"})
     with pytest.raises(SpecbenchError, match="unknown prompt style"):
-        build_prompt(q, tok, "fancy", TEMPLATES)
+        build_prompt(q, tok, PromptFormat("fancy", TEMPLATES))
     with pytest.raises(SpecbenchError, match="no prompt template for task 'summarization'"):
-        build_prompt(q, tok, "plain", {"chat": "{turn}"})
+        build_prompt(q, tok, PromptFormat("plain", {"chat": "{turn}"}))
     with pytest.raises(SpecbenchError, match="uses field 'question'"):
-        build_prompt(q, tok, "plain", {"summarization": "{question}"})
+        build_prompt(q, tok, PromptFormat("plain", {"summarization": "{question}"}))
 
 
 def test_truncation_is_logged(caplog):
@@ -81,19 +81,19 @@ def test_vicuna_prompt_is_fastchats_vicuna_v1_1():
     tok = byte_tokenizer(bos_token="<s>")
     assert not getattr(tok, "chat_template", None)
     q = Query(id="q1", task="writing", fields={"turn": "Hi"}, turns=["Hi", "More?"], kind="chat")
-    first = tok.decode(build_prompt(q, tok, prompt.style, TEMPLATES, prompt.system, chat_template=prompt.chat_template))
+    fmt = PromptFormat(prompt.style, TEMPLATES, prompt.system, chat_template=prompt.chat_template)
+    first = tok.decode(build_prompt(q, tok, fmt))
     system = ("A chat between a curious user and an artificial intelligence assistant. The assistant gives helpful, "
               "detailed, and polite answers to the user's questions.")
     assert first == f"<s>{system} USER: Hi ASSISTANT:"
-    second = tok.decode(build_prompt(q, tok, prompt.style, TEMPLATES, prompt.system, turn=1,
-                                     history=[("Hi", "Hello there.")], chat_template=prompt.chat_template))
+    second = tok.decode(build_prompt(q, tok, fmt, turn=1, history=[("Hi", "Hello there.")]))
     assert second == f"<s>{system} USER: Hi ASSISTANT: Hello there.</s>USER: More? ASSISTANT:"
 
 
 def test_config_chat_template_wins_over_the_tokenizers(chat_tokenizer):
     q = Query(id="q1", task="chat", fields={"turn": "Hi"}, turns=["Hi"])
-    text = chat_tokenizer.decode(build_prompt(q, chat_tokenizer, "chat", TEMPLATES,
-                                              chat_template="{% for m in messages %}[{{ m['content'] }}]{% endfor %}"))
+    fmt = PromptFormat("chat", TEMPLATES, chat_template="{% for m in messages %}[{{ m['content'] }}]{% endfor %}")
+    text = chat_tokenizer.decode(build_prompt(q, chat_tokenizer, fmt))
     assert text == "[Hi]"
 
 

@@ -17,7 +17,7 @@ from specbench.pipelines.collected import missing_shards
 from specbench.pipelines.session.prompting import CONTEXT_KEYS, Context
 from specbench.pipelines.session.run_dir import RunFiles, claim_run_dir, differences, settings
 from specbench.pipelines.train_policy import check_held_out
-from specbench.training.policy import held_out
+from specbench.training.reinforce import held_out
 from specbench.records import read_jsonl
 from specbench.tasks.datasets import load_source
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from specbench.reproduction import compare as C
-from specbench.reproduction import records as R
+from specbench.reproduction import inputs as R
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.layouts import CPU
 from tests.unit.test_reproduction import write_examples as _write_examples

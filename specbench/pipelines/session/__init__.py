@@ -9,18 +9,6 @@
 - ``schedule``: the order and the seeds of a run's generations;
 - ``run_records``: ``examples.jsonl`` + ``rounds.jsonl``, written as each generation finishes and resumed.
 
-``Session`` (and ``alone_target``, ``policy_checkpoint``) are importable from here; they load on first use, so a
-light import of one room (``run_dir`` for ``reproduce``) does not load the decoding stack.
+``Session`` lives in ``core`` (``from specbench.pipelines.session.core import Session``); this face re-exports
+nothing, so a light import of one room (``run_dir`` for ``reproduce``) does not load the decoding stack.
 """
-
-from __future__ import annotations
-
-_CORE = ("Session", "alone_target", "policy_checkpoint")
-
-
-def __getattr__(name: str):
-    if name in _CORE:
-        from specbench.pipelines.session import core
-
-        return getattr(core, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

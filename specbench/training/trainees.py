@@ -26,8 +26,40 @@ from specbench.models.devices import resolve_dtype
 from specbench.tasks import Prompter
 from specbench.records import atomic_write_text
 from specbench.tasks import truncate_fields
-from specbench.tasks.datasets import load_source
+from specbench.tasks.datasets import load_source, source_keys
 from specbench.training.responses import response_cache, target_responses
+from specbench.validate import COUNT, Rule, boolean, integer, list_of, mapping, number, text
+
+# train-drafter (conf/train_drafter.yaml): the drafter recipe, its train.* (train.epochs, lr, batch_size and seed:
+# shared with the policy's, typed in policy/model.py) and the held-out sets of held_out_metrics
+KEYS: dict[str, Rule] = {
+    "drafter.kind": text(),  # eagle | hf | small, checked by the trainee
+    "drafter.layers": COUNT,
+    "drafter.vocab": integer(1, null=True, note=" (null: the full vocabulary)"),
+    "drafter.model": text(null=True),
+    "train.loss": text(),
+    "train.responses": text(),
+    "train.max_new_tokens": COUNT,
+    "train.max_input_tokens": COUNT,
+    "train.max_tokens": COUNT,
+    "train.seq_len": COUNT,
+    "train.time_budget_s": number(0, null=True, low_open=True),
+    "train.feature_weight": number(0),
+    "train.ce_weight": number(0),
+    "train.top_k": COUNT,
+    "train.unroll": integer(1, 16),
+    "train.unroll_weights": list_of(number(0), null=True),
+    "train.feature_noise": number(0),
+    "train.val_examples": integer(0),
+    "train.prompt_positions": boolean(),
+    "train.precision": text(),
+    "train.lr_schedule": text(),
+    "train.generate_batch": COUNT,
+    "train.generate_only": boolean(),
+    "eval_sets": mapping(null=True, note=" (task -> a held-out source)"),
+    "eval_sets.*": mapping(null=True, note=" (null: that set switched off)"),
+    **source_keys("eval_sets.*"),
+}
 
 log = logging.getLogger(__name__)
 
@@ -155,10 +187,10 @@ class HeadTrainee:
 
     def loss(self, batch, training: bool = True):
         with autocast(self.precision, self.target.device):
-            return distill.loss_of(self.module, self.embed, self.logits, batch, float(self.tr.feature_weight),
-                                   float(self.tr.ce_weight), self.t2d, unroll=self.unroll,
-                                   unroll_weights=self.unroll_weights,
-                                   feature_noise=self.feature_noise if training else 0.0, noise_gen=self.noise_gen)
+            spec = distill.LossSpec(float(self.tr.feature_weight), float(self.tr.ce_weight), unroll=self.unroll,
+                                    unroll_weights=self.unroll_weights,
+                                    feature_noise=self.feature_noise if training else 0.0)
+            return distill.loss_of(self.module, self.embed, self.logits, batch, spec, self.t2d, self.noise_gen)
 
     def agreement(self, items: list[dict]) -> dict:
         return distill.agreement(self.module, self.embed, self.logits, items, depth=4, max_depth=5)

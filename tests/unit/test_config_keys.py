@@ -1,0 +1,162 @@
+"""Every YAML key has a typed home (issue 35): each root config of conf/, each root with each experiment written
+for it, and each option of each group is composed, and every leaf key must match a pattern of
+``specbench.validate.schema()`` (the ``KEYS`` table beside the class that reads it, or ``SCHEMA`` for the keys
+that belong to no class), or be one of the few exemptions below, each with its reason. Also: a key added to a
+class's table is enforced by ``validate``, with the key and the fix named, and a key has one home."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from specbench.configs import conf_dir, group_options
+from specbench.errors import SpecbenchError
+from specbench.validate import SCHEMA, TABLES, Rule, integer, schema, validate
+from tests.experiments import commands_for, experiments
+
+ROOTS = ["eval", "collect", "train_policy", "train_drafter", "cascades", "bench", "profile", "trace", "replay"]
+# groups whose options are composed alone, and where each lands (a drafter option lands in a pool)
+GROUPS = {p.name: "pool.drafters.x" if p.name == "drafter" else p.name
+          for p in sorted(Path(conf_dir()).iterdir()) if p.is_dir() and p.name not in ("experiment", "hydra")}
+
+# Keys that are not user settings typed here, each with its reason.
+EXEMPT = {
+    "selector._target_": "Hydra's instantiate target: the selector class (a bad one fails to import, by name)",
+    "pool.drafters.*._target_": "Hydra's instantiate target: the drafter builder (build_pool requires it)",
+    "selector_overrides.*": "merged into each selector of methods=; the keys are the selector's, whose "
+                            "constructor takes or refuses each one",
+}
+
+CONFIGS = ([(root, ()) for root in ROOTS]
+           + [(command, (f"experiment={name}",)) for name in experiments() for command in commands_for(name)]
+           + [(None, (f"+{group}@{at}={option}",)) for group, at in GROUPS.items() for option in group_options(group)])
+
+
+def _id(case) -> str:
+    root, overrides = case
+    return "+".join([root or "", *overrides]).strip("+")
+
+
+@functools.cache
+def composed(root: str | None, overrides: tuple[str, ...]):
+    with initialize_config_dir(config_dir=conf_dir(), version_base=None):
+        return compose(config_name=root, overrides=list(overrides))
+
+
+def leaves(node, prefix: str = ""):
+    """The dotted keys of a config's values (a list, a scalar, an empty or null mapping), unresolved."""
+    if isinstance(node, dict) and node:
+        for key, value in node.items():
+            yield from leaves(value, f"{prefix}.{key}" if prefix else str(key))
+    else:
+        yield prefix
+
+
+def matches(key: str, pattern: str) -> bool:
+    parts, want = key.split("."), pattern.split(".")
+    return len(parts) == len(want) and all(w in ("*", p) for p, w in zip(parts, want))
+
+
+def untyped(root, overrides) -> list[str]:
+    rules = schema()
+    keys = leaves(OmegaConf.to_container(composed(root, overrides), resolve=False))
+    return [k for k in keys if not any(matches(k, p) for p in rules) and not any(matches(k, p) for p in EXEMPT)]
+
+
+@pytest.mark.parametrize("case", CONFIGS, ids=_id)
+def test_every_yaml_key_has_a_typed_home(case):
+    missing = untyped(*case)
+    assert not missing, (f"{_id(case)}: no rule types {', '.join(missing)}: add each to the KEYS table beside the "
+                         "class that reads it (validate.TABLES), or to validate.SCHEMA if no class reads it")
+
+
+def test_each_exemption_is_still_needed():
+    keys = {k for case in CONFIGS for k in leaves(OmegaConf.to_container(composed(*case), resolve=False))}
+    stale = [p for p in EXEMPT if not any(matches(k, p) for k in keys)]
+    assert not stale, f"exemptions no config uses any more: {stale}"
+    typed = [p for p in EXEMPT if p in schema()]
+    assert not typed, f"exempt and typed at once: {typed}"
+
+
+def test_each_key_has_one_home():
+    tables = {module: importlib.import_module(module).KEYS for module in TABLES}
+    assert all(isinstance(rule, Rule) for keys in tables.values() for rule in keys.values())
+    homes: dict[str, list[str]] = {}
+    for module, keys in [("validate.SCHEMA", SCHEMA), *tables.items()]:
+        for pattern in keys:
+            homes.setdefault(pattern, []).append(module)
+    assert not {p: m for p, m in homes.items() if len(m) > 1}
+    assert len(schema()) == len(homes)
+
+
+def test_a_key_typed_twice_is_refused(monkeypatch):
+    base = importlib.import_module("specbench.selection.base")
+    monkeypatch.setitem(base.KEYS, "seed", integer(0))  # already validate.SCHEMA's
+    with pytest.raises(RuntimeError, match="seed is typed twice"):
+        schema()
+
+
+def test_a_key_added_to_a_class_table_is_enforced(monkeypatch):
+    """A new selector knob is checked as soon as it is in the selector table: no second list to update."""
+    cfg = composed("eval", ("selector=hedge", "+selector.horizon=0"))
+    validate(cfg)  # untyped: nothing checks it
+    base = importlib.import_module("specbench.selection.base")
+    monkeypatch.setitem(base.KEYS, "selector.horizon", integer(1, note=" (rounds)"))
+    with pytest.raises(SpecbenchError) as err:
+        validate(cfg)
+    assert "selector.horizon=0: expected an integer >= 1 (rounds)" in err.value.problem
+    assert "selector.horizon=<an integer >= 1>" in err.value.fix
+
+
+@pytest.mark.parametrize("overrides, problem, fix", [
+    # Hedge's learning rate: missing from the old single table, so only its constructor checked it
+    (("selector=hedge", "selector.eta=0"), "selector.eta=0: expected a finite number > 0", "selector.eta=<a finite"),
+    (("selector=tree_ucb", "selector.size=1.5"), "selector.size=1.5: expected an integer >= 1", "selector.size=<"),
+    (("selector=router", "selector.min_match=0"), "selector.min_match=0: expected an integer >= 1",
+     "selector.min_match=<an integer >= 1>"),
+    (("selector=router", "selector.ucb.beta=-1"), "selector.ucb.beta=-1: expected a finite number >= 0",
+     "selector.ucb.beta=<"),
+    (("pool.drafters.prompt_lookup.draft_length=0",),
+     "pool.drafters.prompt_lookup.draft_length=0: expected an integer >= 1 or null (null: decoding.draft_length)",
+     "pool.drafters.prompt_lookup.draft_length=<an integer >= 1 or null>"),
+    (("pool.drafters.prompt_lookup.cost=-1",),
+     "pool.drafters.prompt_lookup.cost=-1: expected a finite number >= 0 or measured or null",
+     "pool.drafters.prompt_lookup.cost=<"),
+    (("pool.drafters.prompt_lookup.max_ngram=0",), "pool.drafters.prompt_lookup.max_ngram=0: expected an integer >= 1",
+     "pool.drafters.prompt_lookup.max_ngram=<an integer >= 1>"),
+    (("target.context_keys=[1]",), "target.context_keys=[1]: expected a list, each a non-empty string",
+     "target.context_keys=<"),
+    (("dataset.sources.math.task=3",), "dataset.sources.math.task=3: expected a non-empty string or null",
+     "dataset.sources.math.task=<a non-empty string or null>"),
+    (("+dataset.sources.math.task_from_category=yes",),
+     "dataset.sources.math.task_from_category=yes: expected true or false",
+     "dataset.sources.math.task_from_category=<true or false>"),
+])
+def test_newly_typed_keys_refuse_bad_values_by_name(overrides, problem, fix):
+    with pytest.raises(SpecbenchError) as err:
+        validate(composed("eval", overrides))
+    assert problem in err.value.problem
+    assert fix in err.value.fix and err.value.fix.endswith("(on the command line or in the config)")
+
+
+def test_newly_typed_keys_of_other_commands():
+    with pytest.raises(SpecbenchError, match=r"profile.trees=\[\[2\]\]: expected a list of \[branches, depth\]"):
+        validate(composed("profile", ("profile.trees=[[2]]",)))
+    with pytest.raises(SpecbenchError, match="eval_sets.math.limit=0: expected an integer >= 1 or null"):
+        validate(composed("train_drafter", ("eval_sets.math.limit=0",)))
+    cost = composed("eval", ("pool.drafters.prompt_lookup.cost=measured",))
+    validate(cost)  # a name the cost rule takes besides numbers
+
+
+def test_validate_imports_no_table_until_it_runs():
+    """The door imports validate before anything loads: the tables (torch, transformers) come at the first check."""
+    code = "import sys, specbench.validate; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
