@@ -67,7 +67,7 @@ readme-demo: install
 bench: install
 	$(SPECBENCH) bench
 
-# make test: every test but the slow set (the real SmolLM2 model, the widest sampling laws, three of the five
+# make test: every test but the slow set (the real SmolLM2 model, the widest sampling laws, four of the five
 # cascade rules' sampling laws), within ~15 minutes
 # on 2 CPUs; make test-slow: the slow set; CI (.ci/run) runs both.
 test: install lint

@@ -49,6 +49,7 @@ def records(target, pool, prompts, arm, tiny_decode, tolerance):
     return out
 
 
+@pytest.mark.slow  # 25 s: the bf16 calibration end to end (make test-slow)
 def test_calibrated_bf16_forks_are_all_ties(bf16_llama, tiny_decode):
     target, pool, prompts = bf16_llama
     cal = certify.calibrate(target, prompts[:16], new_tokens=NEW_TOKENS, chunk=5)

@@ -314,6 +314,7 @@ def test_every_paper_model_has_a_stand_in_of_its_family():
             assert len({stand_in_of(r).family for r in refs}) == 1, (name, refs)
 
 
+@pytest.mark.slow  # 30 s: every paper step through reproduce (each experiment dry-runs in make test)
 def test_reproduce_paper_runs_every_step_and_ends_in_the_paper_report(stand_ins, tmp_path):
     """`make reproduce-paper`'s plan (`specbench reproduce --scale paper`) on the stand-ins: every step
     runs in its fixed directory, and `specbench report` on that root builds every paper-scale exhibit

@@ -240,13 +240,13 @@ def check(counts, law, runs=RUNS):
 # the law: drafters x settings x draft lengths
 # ---------------------------------------------------------------------------------------------
 
-GRID = [  # (drafter, setting, draft length); the first of each drafter is in the fast set
-    ("hf", "t1.3", 3), ("quantized_dynamic", "t0.7", 2), ("quantized_weight", "top_p0.9", 3),
+GRID = [  # (drafter, setting, draft length); only the first is in the fast set
+    ("quantized_dynamic", "t0.7", 2), ("hf", "t1.3", 3), ("quantized_weight", "top_p0.9", 3),
     ("hf", "t0.7", 2), ("hf", "top_p0.9", 2),
     ("quantized_dynamic", "t1.3", 3), ("quantized_dynamic", "top_p0.9", 3),
     ("quantized_weight", "t0.7", 2), ("quantized_weight", "t1.3", 2),
 ]
-FAST = 2  # hf and dynamic int8; the weight-int8 drafter (almost the target itself) runs in the slow set
+FAST = 1  # dynamic int8 (21 s for hf's case: in the slow set, with the weight-int8 drafter, almost the target itself)
 
 
 @pytest.mark.parametrize("arm, setting, draft_length", [

