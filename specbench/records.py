@@ -49,6 +49,10 @@ class Round:
     tree_size: int = 0
     member_accepted: dict[str, int] | None = None
     winners: list[str] | None = None
+    # Rounds a cost-model budget built (``selector=budget``): the accepted tokens it expected of the verified tree
+    # and the seconds it predicted for the round (drafting and verification), beside the measured ones above.
+    expected: float | None = None
+    predicted_s: float | None = None
 
 
 def round_row(query_id: str, task: str, method: str, rnd: Round) -> dict:

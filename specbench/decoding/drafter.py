@@ -27,6 +27,47 @@ class Draft:
     probs: torch.Tensor | None  # [len(tokens), V]: the distributions the tokens were drawn from
     raw: torch.Tensor | None = None  # [len(tokens), V]: the drafter's untempered softmax (cascade rules)
     match: int | None = None  # retrieval drafters: how many context tokens the draft's source matched (routing)
+    # A tree draft (dynamic draft trees, a retrieval drafter's several continuations): each token's parent index
+    # in ``tokens`` (-1: it follows the committed tokens); parents precede children; ``probs[i]`` is the
+    # distribution token ``i`` was drawn from (its parent's). None: a chain, token i follows token i - 1.
+    parents: list[int] | None = None
+    # the drafter's own estimate, per token, that the target accepts the path to it (a path probability, a
+    # retrieval frequency): what a cost-model budget calibrates and ranks nodes by. None: not estimated.
+    scores: list[float] | None = None
+
+    @property
+    def is_tree(self) -> bool:
+        return self.parents is not None
+
+    def depth(self) -> int:
+        """Tokens on its longest path (its length for a chain)."""
+        if self.parents is None:
+            return len(self.tokens)
+        depths: list[int] = []
+        for parent in self.parents:
+            depths.append(1 if parent < 0 else depths[parent] + 1)
+        return max(depths, default=0)
+
+
+def keep_tokens(draft: Draft, keep) -> Draft:
+    """``draft`` cut to the token indices ``keep`` (closed under parents: a kept token's parent is kept), in draft
+    order, re-indexed; a chain stays a chain when ``keep`` is one of its prefixes."""
+    keep = sorted(set(int(i) for i in keep))
+    if keep == list(range(len(draft.tokens))):
+        return draft
+    where = {old: new for new, old in enumerate(keep)}
+    parents = draft.parents if draft.parents is not None else list(range(-1, len(draft.tokens) - 1))
+    if any(parents[i] >= 0 and parents[i] not in where for i in keep):
+        raise ValueError(f"kept draft tokens {keep} leave out a parent (parents {parents})")
+    new_parents = [where[parents[i]] if parents[i] >= 0 else -1 for i in keep]
+    chain = draft.parents is None and new_parents == list(range(-1, len(keep) - 1))
+
+    def rows(x):
+        return None if x is None else x[keep] if keep else None
+
+    return Draft(tokens=[draft.tokens[i] for i in keep], probs=rows(draft.probs), raw=rows(draft.raw),
+                 match=draft.match, parents=None if chain else new_parents,
+                 scores=None if draft.scores is None else [draft.scores[i] for i in keep])
 
 
 def draft_ends(tok: int, prob: float, i: int, k: int, eos_ids, confidence_threshold: float) -> bool:

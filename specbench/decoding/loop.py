@@ -6,20 +6,21 @@ The loop holds no drafter-kind-specific code: it speaks the protocol of ``decodi
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from specbench.decoding.cascade import Cascade
 from specbench.decoding.certify import deciders
-from specbench.decoding.drafter import Draft, Drafter, DecodeContext, Verification, observations
+from specbench.decoding.drafter import Draft, Drafter, DecodeContext, Verification, keep_tokens, observations
 from specbench.decoding.sampling import SamplingParams, logits_to_probs
-from specbench.decoding.tree import build_tree, member_divergence, verify_tree_greedy, verify_tree_sampling
+from specbench.decoding.tree import (build_tree, chain_outcomes, draw_outcomes, member_divergence, verify_tree_greedy,
+                                    verify_tree_sampling)
 from specbench.decoding.verify import block_divergence, block_efficiency, verify_greedy, verify_sampling
 from specbench.errors import SpecbenchError
 from specbench.models.target import Target
 from specbench.records import Round
-from specbench.selection.base import Feedback, Route, Selector
+from specbench.selection.base import Feedback, Plan, Route, Selector
 from specbench.timing import Clock
 
 
@@ -128,11 +129,28 @@ def cascade_with_tree(who: str) -> SpecbenchError:
 
 
 def round_members(choice, draft_with: Callable[[str], object], plays: Callable[[object, int], bool],
-                  who: str) -> tuple[tuple[str, ...], dict[str, object], object | None]:
+                  who: str, cut: Callable[[object, object], object] | None = None
+                  ) -> tuple[tuple[str, ...], dict[str, object], object | None]:
     """A selector's choice (an arm, a tuple of arms, a ``Route``) -> the round's members, their drafts made by
     ``draft_with(name)``, and the routed-away draft (a ``Route``'s first arm, drafted but not played: its time
     still counts), or None. ``plays(drafted, min_match)``: whether a ``Route``'s first draft plays alone.
-    Shared by the loop and its replay (``decoding/replay.py``), so both resolve a choice alike."""
+    Shared by the loop and its replay (``decoding/replay.py``), so both resolve a choice alike.
+    A ``Plan`` (a cost-model budget) drafts its ``first`` drafters, then those ``more`` names, then keeps the tokens
+    ``prune`` names: ``cut(made, keep)`` cuts one member's draft (callers without ``cut`` cannot play a Plan); a
+    member left with no token is dropped, its drafting time counted with the routed-away draft's."""
+    if isinstance(choice, Plan):
+        if cut is None:
+            raise SpecbenchError(f"{who} builds each round from its drafters' drafts (a cost-model plan), which "
+                                 "this walk cannot replay", "evaluate it live (specbench eval)")
+        made = {m: draft_with(m) for m in dict.fromkeys(choice.first)}
+        for m in choice.more({name: d.draft for name, d in made.items()}):
+            if m not in made:
+                made[m] = draft_with(m)
+        keep = choice.prune({name: d.draft for name, d in made.items()})
+        kept = {m: cut(d, keep.get(m, ())) for m, d in made.items()}
+        members = tuple(m for m in kept if kept[m].draft.tokens) or tuple(kept)[:1]
+        dropped = [d for m, d in made.items() if m not in members]
+        return members, {m: kept[m] for m in members}, (_merged(dropped) if dropped else None)
     if isinstance(choice, Route):  # draft with the first arm; keep its draft only on a long enough match
         tried = draft_with(choice.first)
         if plays(tried, choice.min_match):
@@ -145,6 +163,15 @@ def round_members(choice, draft_with: Callable[[str], object], plays: Callable[[
     if not members:
         raise SpecbenchError(f"{who} chose no arm for a round", "a tree selector must name at least one drafter per round")
     return members, {m: draft_with(m) for m in members}, None
+
+
+def _merged(dropped: list) -> "_Drafted":
+    """Drafts made and then left out of the round, as one routed-away draft (their sync and propose times)."""
+    return _Drafted(Draft([], None), 0, 0, False, sum(d.t_sync for d in dropped), sum(d.t_propose for d in dropped))
+
+
+def _cut(made: "_Drafted", keep) -> "_Drafted":
+    return replace(made, draft=keep_tokens(made.draft, keep))
 
 
 def tree_label(members) -> str:
@@ -219,13 +246,15 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
             return _Drafted(draft, k, n if drafter.drafts else 0, first, tb - ta, clock.now() - tb)
 
         members, made, unused = round_members(
-            choice, draft_with, lambda d, n: bool(d.draft.tokens) and (d.draft.match or 0) >= n, type(selector).__name__)
+            choice, draft_with, lambda d, n: bool(d.draft.tokens) and (d.draft.match or 0) >= n, type(selector).__name__,
+            cut=_cut)
         routed_time = unused.t_sync + unused.t_propose if unused is not None else 0.0
         switched = prev_members is not None and members != prev_members
         first_use = any(d.first for d in made.values())
         t3 = clock.now()
         tree = None
-        if len(members) == 1:
+        single = len(members) == 1 and not made[members[0]].draft.is_tree
+        if single:
             arm = members[0]
             draft, k = made[arm].draft, made[arm].k
             scored = draft.tokens[:k]  # [k + 1, V] logits: a bonus row unless the draft has k + 1 tokens
@@ -248,10 +277,11 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
             n_max = made[arm].n_max
             bd = block_divergence(draft.tokens, draft.probs, p, n_max) if draft.tokens else 0.0
         else:
-            if lossy:  # a selector that returns several arms without declaring ``trees``
-                raise cascade_with_tree(type(selector).__name__)
-            arm = tree_label(members)
-            tree = build_tree({m: made[m].draft.tokens for m in members})
+            if lossy:  # a selector that returns several arms without declaring ``trees``, or a tree draft
+                raise cascade_with_tree(type(selector).__name__ if len(members) > 1 else f"drafter '{members[0]}'")
+            arm = tree_label(members) if len(members) > 1 else members[0]
+            tree = build_tree({m: made[m].draft.tokens for m in members},
+                              {m: made[m].draft.parents for m in members})
             scores = target.score_tree(tree, layers=layers)
             logits, states = scores.logits, scores.states
             p_all = logits_to_probs(logits, sampling)
@@ -300,22 +330,30 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
         t_sync = sum(d.t_sync for d in made.values())
         t_draft = sum(d.t_propose for d in made.values()) + routed_time + (0.0 if setup else t_sync)
         drafted = tree.size if tree is not None else len(made[arm].draft.tokens)
+        several = tree is not None and len(members) > 1
         rnd = Round(index=len(gen.rounds), arm=arm, drafted=drafted, accepted=accepted, n_max=n_max,
                     be=block_efficiency(accepted, n_max), bd=bd, emitted=len(new), t_select=t_select,
                     t_draft=t_draft, t_verify=t4 - t3, t_switch=t_sync if setup else 0.0, switched=switched,
                     first_use=first_use, deferred=deferred)
-        if tree is not None:
+        if isinstance(choice, Plan):
+            rnd.expected, rnd.predicted_s = choice.estimate()
+        if tree is None:
+            nodes = {arm: chain_outcomes(len(made[arm].draft.tokens), accepted)}
+        else:
+            nodes = {m: draw_outcomes(tree, m, verdict.path) for m in members}
+        if several:
             own = {m: min(verdict.agreement(tree, m), accepted) for m in members}
             rnd.members, rnd.tree_size = list(members), tree.size
             rnd.member_accepted, rnd.winners = own, verdict.winners(tree)
             selector.update_tree({m: Feedback(drafted=len(made[m].draft.tokens), accepted=own[m], n_max=made[m].n_max,
                                               be=block_efficiency(own[m], made[m].n_max), bd=mine[m],
                                               t_draft=made[m].t_propose, t_verify=rnd.t_verify,
-                                              t_switch=made[m].t_sync if made[m].first else 0.0)
+                                              t_switch=made[m].t_sync if made[m].first else 0.0, nodes=nodes[m])
                                   for m in members})
         else:
             selector.update(arm, Feedback(drafted=rnd.drafted, accepted=accepted, n_max=n_max, be=rnd.be, bd=bd,
-                                          t_draft=rnd.t_draft, t_verify=rnd.t_verify, t_switch=rnd.t_switch))
+                                          t_draft=rnd.t_draft, t_verify=rnd.t_verify, t_switch=rnd.t_switch,
+                                          nodes=nodes[arm]))
         gen.rounds.append(rnd)
         if selector.full_information:
             for name, side_bd in side.items():

@@ -28,6 +28,10 @@ KEYS: dict[str, Rule] = {
     "pool.drafters.*.checkpoint": PATH,
     "pool.drafters.*.model": text(),
     "pool.drafters.*.sub_vocabulary": boolean(),  # eagle
+    # eagle, suffix: a tree draft each round ({width, nodes}; null: a chain); checked by dynamic_tree.tree_shape
+    "pool.drafters.*.tree": mapping(null=True, note=" ({width, nodes}; null: a chain)"),
+    "pool.drafters.*.tree.width": COUNT,
+    "pool.drafters.*.tree.nodes": COUNT,
     "pool.drafters.*.aux_layers": list_of(integer(0), null=True),  # eagle3: the target layers the head reads
     # early_exit
     "pool.drafters.*.layers": COUNT,

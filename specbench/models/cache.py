@@ -146,16 +146,21 @@ class CachedLM:
 def tree_arguments(model: torch.nn.Module, cached: int, tree: torch.Tensor, depths: list[int], device) -> dict:
     """``attention_mask`` (4D, additive: 0 where allowed, the dtype's minimum elsewhere, so eager and SDPA
     attention read it alike) and ``position_ids`` for a tree of ``len(depths)`` new positions after ``cached``."""
-    dtype = next(model.parameters()).dtype
-    if not dtype.is_floating_point:
-        dtype = torch.float32
     q = tree.shape[0]
     allowed = torch.ones(q, cached + q, dtype=torch.bool, device=device)
     allowed[:, cached:] = tree.to(device)
-    mask = torch.zeros(q, cached + q, dtype=dtype, device=device)
+    return mask_arguments(model, allowed, [cached + d for d in depths])
+
+
+def mask_arguments(model: torch.nn.Module, allowed: torch.Tensor, positions: list[int]) -> dict:
+    """``attention_mask`` (4D, additive: 0 where ``allowed`` ``[q, kv]`` is True, the dtype's minimum elsewhere,
+    so eager and SDPA attention read it alike) and ``position_ids`` for ``q`` new positions."""
+    dtype = next(model.parameters()).dtype
+    if not dtype.is_floating_point:
+        dtype = torch.float32
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    positions = torch.tensor([[cached + d for d in depths]], device=device)
-    return {"attention_mask": mask[None, None], "position_ids": positions}
+    return {"attention_mask": mask[None, None], "position_ids": torch.tensor([positions], device=allowed.device)}
 
 
 def select_cache_positions(cache, start: int, rows: list[int]) -> None:

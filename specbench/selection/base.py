@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from specbench.validate import COUNT, PATH, SEED, Rule, boolean, integer, list_of, mapping, number, text
@@ -71,6 +72,23 @@ class Feedback:
     t_draft: float
     t_verify: float
     t_switch: float
+    # the arm's verified draft tokens whose parent was accepted (or that follow the committed tokens), each as
+    # (draft index, accepted): the observations a per-node acceptance calibration learns from
+    nodes: tuple[tuple[int, bool], ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A round built by a cost model (``selection/budget.py``): the loop drafts with ``first`` (cheap drafters),
+    asks ``more(drafts)`` which further drafters draft (given ``{name: Draft}`` so far), then
+    ``prune(drafts)`` which of all their tokens enter the verified tree (``{name: kept draft indices}``, each
+    kept set closed under parents). ``estimate()`` after pruning: ``(expected accepted tokens, predicted
+    seconds)`` of the round, recorded beside what it measured."""
+
+    first: tuple[str, ...]
+    more: Callable
+    prune: Callable
+    estimate: Callable
 
 
 @dataclass(frozen=True)

@@ -34,11 +34,12 @@ from specbench.decoding.drafter import Draft, Drafter, DecodeContext, Observatio
 from specbench.drafters.head_files import load_state, read_meta, resolve_checkpoint, vocab_fingerprint
 from specbench.drafters import shipped
 from specbench.drafters.base import check_confidence_threshold
+from specbench.drafters.dynamic_tree import TreeShape, ancestors, grow, tree_shape
 from specbench.drafters.eagle.head import EagleHead, HeadLogits
 from specbench.decoding.sampling import logits_to_probs, pick
 from specbench.decoding.verify import block_divergence
 from specbench.errors import SpecbenchError
-from specbench.models.cache import common_prefix, crop_cache
+from specbench.models.cache import common_prefix, crop_cache, mask_arguments
 from specbench.models.devices import resolve_dtype
 from specbench.models.target import Target
 from specbench.records import files_fingerprint
@@ -81,8 +82,9 @@ def load_head(checkpoint: str, target: Target, make_target: str | None = None, d
 
 class EagleDrafter(Drafter):
     def __init__(self, name: str, head: EagleHead, target: Target, d2t: torch.Tensor | None, cost: float,
-                 confidence_threshold: float = 0.0):
+                 confidence_threshold: float = 0.0, tree: TreeShape | None = None):
         self.name = name
+        self.tree = tree  # a dynamic draft tree per round (``drafters/dynamic_tree.py``); None: a chain
         self.cost = float(cost)
         self.confidence_threshold = check_confidence_threshold(confidence_threshold, name)
         self.head = head
@@ -134,6 +136,8 @@ class EagleDrafter(Drafter):
             return Draft(tokens=[], probs=None)
         h = self._hat
         self._hat = None
+        if self.tree is not None and k > 0:
+            return self._propose_tree(h, k, sampling, rng, eos_ids)
         out: list[int] = []
         rows: list[torch.Tensor] = []
         raw: list[torch.Tensor] = []
@@ -152,6 +156,32 @@ class EagleDrafter(Drafter):
                 break
             h = self._feed(h[None], [tok])[-1]
         return Draft(tokens=out, probs=torch.stack(rows) if rows else None, raw=torch.stack(raw) if raw else None)
+
+    def _propose_tree(self, h: torch.Tensor, k: int, sampling, rng, eos_ids) -> Draft:
+        """A dynamic draft tree: one head forward per depth over the frontier (tree attention inside the head: each
+        frontier node sees the committed pairs, its ancestors' pairs and its own, at its depth's position)."""
+        base = self.cache.get_seq_length()  # the committed pairs; tree pairs are cropped at the next sync
+        hidden: dict[int, torch.Tensor] = {-1: h}
+        slot: dict[int, int] = {}  # node -> its column among the tree pairs fed so far
+
+        def expand(frontier, tokens, parents, depths):
+            fed = len(slot)
+            allowed = torch.zeros(len(frontier), base + fed + len(frontier), dtype=torch.bool, device=h.device)
+            allowed[:, :base] = True
+            for row, node in enumerate(frontier):
+                for a in ancestors(parents, node):
+                    allowed[row, base + slot[a]] = True
+                allowed[row, base + fed + row] = True
+            features = torch.stack([hidden[parents[n]] for n in frontier])
+            ids = torch.tensor([[tokens[n] for n in frontier]], device=h.device)
+            mask = mask_arguments(self.head, allowed, [base + depths[n] - 1 for n in frontier])
+            out = self.head(features[None], self.embed(ids), self.cache, mask=mask)[0]
+            for row, node in enumerate(frontier):
+                hidden[node], slot[node] = out[row], fed + row
+            return self.logits.to_full(logits_to_probs(self.logits(out), sampling), 0.0)
+
+        first = self.logits.to_full(logits_to_probs(self.logits(h), sampling), 0.0)
+        return grow(first, expand, k, self.tree, sampling, rng, eos_ids)
 
     @torch.inference_mode()
     def chain(self, query: DecodeContext, context: list[int], draft: list[int]) -> torch.Tensor | None:
@@ -261,10 +291,12 @@ def head_cost(head: EagleHead, logits: HeadLogits, target: Target) -> float:
 
 def build(target: Target, name: str, checkpoint: str | None = None, cost: float | None = None,
           make_target: str | None = None, sub_vocabulary: bool = True,
-          confidence_threshold: float = 0.0, dtype: str | None = None) -> EagleDrafter:
+          confidence_threshold: float = 0.0, dtype: str | None = None, tree: dict | None = None) -> EagleDrafter:
     """``sub_vocabulary=false`` scores the whole vocabulary even when the head has a ``d2t`` (to measure
     what the sub-vocabulary saves); ``confidence_threshold``: a dynamic draft length (``draft_ends``);
-    ``dtype``: the head's (None: the target's; the LM head it scores through stays the target's)."""
+    ``dtype``: the head's (None: the target's; the LM head it scores through stays the target's); ``tree``:
+    ``{width, nodes}`` drafts a dynamic draft tree each round (null: a chain)."""
+    shape = tree_shape(tree, name)
     if target.is_encoder_decoder:
         raise SpecbenchError(f"drafter '{name}' (eagle) needs a decoder-only target",
                              "use early_exit, quantized or an hf drafter with encoder-decoder targets")
@@ -275,7 +307,7 @@ def build(target: Target, name: str, checkpoint: str | None = None, cost: float 
     head, d2t, _ = load_head(checkpoint, target, make_target, dtype=head_dtype)
     if not sub_vocabulary:
         d2t = None
-    drafter = EagleDrafter(name, head, target, d2t, cost=0.0, confidence_threshold=confidence_threshold)
+    drafter = EagleDrafter(name, head, target, d2t, cost=0.0, confidence_threshold=confidence_threshold, tree=shape)
     drafter.cost = head_cost(head, drafter.logits, target) if cost is None else float(cost)
     # every checkpoint it reads (a local or cache: directory, a package: head, a hub snapshot): resumes check it
     drafter.fingerprint = files_fingerprint(resolve_checkpoint(checkpoint, make_target))  # (run_records.Records)

@@ -50,12 +50,15 @@ class EagleHead(nn.Module):
         self.to(dtype=dtype or next(target_model.parameters()).dtype, device=next(target_model.parameters()).device)
         stack.to(device=next(target_model.parameters()).device)
 
-    def forward(self, features: torch.Tensor, embeddings: torch.Tensor, cache=None) -> torch.Tensor:
+    def forward(self, features: torch.Tensor, embeddings: torch.Tensor, cache=None, mask: dict | None = None
+                ) -> torch.Tensor:
         """``features`` ``[B, T, H]`` (``f_t``), ``embeddings`` ``[B, T, H]`` (of ``x_{t+1}``) -> ``[B, T, H]``,
-        in the head's dtype (inputs of another dtype, e.g. a bf16 target's, are cast)."""
+        in the head's dtype (inputs of another dtype, e.g. a bf16 target's, are cast). ``mask``: a token tree's
+        ``attention_mask`` and ``position_ids`` (``models.cache.mask_arguments``) for the new positions."""
         dtype = self.fc.weight.dtype
         x = self.fc(torch.cat([embeddings.to(dtype), features.to(dtype)], dim=-1))
         kwargs = {} if cache is None else {self._cache_kw: cache, "use_cache": True}
+        kwargs.update(mask or {})
         out = self._stack[0](inputs_embeds=x, **kwargs)
         return out.last_hidden_state
 

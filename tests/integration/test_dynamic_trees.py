@@ -1,0 +1,125 @@
+"""Dynamic draft trees inside a draft head (EAGLE-2 layout) on the tiny Llama target, fp32.
+
+- greedy decoding with a head's dynamic tree equals autoregressive decoding (full and sub-vocabulary heads,
+  several depths and sizes);
+- the tree's attention inside the head is right: every node's children were drawn from exactly the head's
+  distribution after a chain forward over that node's path;
+- greedy: width 1 is the chain (same rounds, same drafts); a wider tree keeps at least the chain's tokens a round
+  on a repetitive prompt where the head's top-1 often misses;
+- sampling with a dynamic tree reproduces the target's two-token law.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from specbench.decoding.drafter import AUTOREGRESSIVE, DecodeContext
+from specbench.decoding.sampling import SamplingParams, logits_to_probs
+from specbench.drafters import build_pool
+from specbench.drafters.dynamic_tree import ancestors
+from specbench.errors import SpecbenchError
+from tests.integration.test_eagle import PROMPTS, write_head
+
+
+@pytest.fixture(scope="module")
+def tree_pool(tiny_llama_target, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dyn")
+    target = tiny_llama_target
+    full = write_head(tmp, target, "full")
+    sub = write_head(tmp, target, "sub", d2t=torch.arange(3, 3 + 200))
+    kind = "specbench.drafters.eagle.build"
+    pool = build_pool(target, {
+        "chain": {"_target_": kind, "checkpoint": str(full)},
+        "width1": {"_target_": kind, "checkpoint": str(full), "tree": {"width": 1, "nodes": 8}},
+        "tree": {"_target_": kind, "checkpoint": str(full), "tree": {"width": 3, "nodes": 10}},
+        "tree_sub": {"_target_": kind, "checkpoint": str(sub), "tree": {"width": 2, "nodes": 6}},
+        "tree_wide": {"_target_": kind, "checkpoint": str(full), "tree": {"width": 4, "nodes": 24}},
+    })
+    return target, pool
+
+
+@pytest.mark.parametrize("draft_length", [1, 3, 5])
+@pytest.mark.parametrize("arm", ["tree", "tree_sub", "tree_wide"])
+def test_greedy_dynamic_tree_equals_autoregressive(tree_pool, tiny_decode, arm, draft_length):
+    target, pool = tree_pool
+    for text in PROMPTS:
+        prompt = target.tokenizer(text)["input_ids"]
+        ref = tiny_decode(target, pool, AUTOREGRESSIVE, prompt, max_new_tokens=30)
+        gen = tiny_decode(target, pool, arm, prompt, max_new_tokens=30, draft_length=draft_length)
+        assert gen.tokens == ref.tokens
+        assert gen.accepted > 0
+        if draft_length > 1:
+            assert max(r.drafted for r in gen.rounds) > draft_length  # real trees, not chains
+
+
+def test_width_one_is_the_chain(tree_pool, tiny_decode):
+    target, pool = tree_pool
+    prompt = target.tokenizer(PROMPTS[0])["input_ids"]
+    chain = tiny_decode(target, pool, "chain", prompt, max_new_tokens=30, draft_length=4)
+    one = tiny_decode(target, pool, "width1", prompt, max_new_tokens=30, draft_length=4)
+    assert [(r.drafted, r.accepted) for r in one.rounds] == [(r.drafted, r.accepted) for r in chain.rounds]
+
+
+def test_wider_tree_keeps_more_tokens_per_round(tree_pool, tiny_decode):
+    target, pool = tree_pool
+    prompt = target.tokenizer(PROMPTS[0])["input_ids"]
+    chain = tiny_decode(target, pool, "chain", prompt, max_new_tokens=40, draft_length=4)
+    wide = tiny_decode(target, pool, "tree_wide", prompt, max_new_tokens=40, draft_length=4)
+    assert wide.tokens == chain.tokens
+    assert len(wide.rounds) < len(chain.rounds)
+
+
+@pytest.mark.parametrize("arm", ["tree", "tree_sub"])
+def test_each_node_is_drawn_from_the_heads_chain_distribution(tree_pool, arm):
+    """Tree attention inside the head: the distribution a node's children came from equals the head's after a
+    plain chain forward over that node's path (the head's ``chain``), for every node."""
+    target, pool = tree_pool
+    head = pool[arm]
+    prompt = target.tokenizer(PROMPTS[1])["input_ids"]
+    query = DecodeContext()
+    pre = target.prefill(prompt, layers=(head.layer,))
+    query.record_states(pre.states, rows=len(target.tokens) - 1, start=0)
+    head.sync(query, target.tokens)
+    draft = head.propose(target.tokens, 4, SamplingParams(), torch.Generator().manual_seed(0))
+    assert draft.parents is not None and len(draft.tokens) > 4
+    for i, parent in enumerate(draft.parents):
+        path = [draft.tokens[a] for a in reversed(ancestors(draft.parents, i))] + [draft.tokens[i]]
+        hs = head.chain(query, target.tokens, path + [0])  # row j drafts position j: the last row follows the path
+        want = head.distributions(head.logits(hs[-1:]), SamplingParams())[0][0]
+        children = [c for c, p in enumerate(draft.parents) if p == i]
+        for c in children:
+            torch.testing.assert_close(draft.probs[c], want, atol=2e-5, rtol=1e-4)
+        # and the node's own score is the product of the head's probabilities along its path
+        first = head.distributions(head.logits(hs[:1]), SamplingParams())[0][0]
+        if parent < 0:
+            assert draft.scores[i] == pytest.approx(float(first[draft.tokens[i]]), rel=1e-4)
+
+
+def test_tree_config_is_checked(tiny_llama_target, tmp_path):
+    path = write_head(tmp_path, tiny_llama_target, "h")
+    for bad in ({"width": 0, "nodes": 4}, {"width": 2}, {"width": 2, "nodes": 3, "depth": 4}, "wide"):
+        with pytest.raises(SpecbenchError, match="tree"):
+            build_pool(tiny_llama_target, {"h": {"_target_": "specbench.drafters.eagle.build", "checkpoint": str(path),
+                                                 "tree": bad}})
+
+
+def test_sampling_law_with_dynamic_trees(tree_pool, tiny_decode):
+    from tests.integration.test_sampling_lossless import SAMPLING, check_law, exact_two_token_law
+
+    target, pool = tree_pool
+    prompt = target.tokenizer("ab" * 12)["input_ids"]
+    law = exact_two_token_law(target, prompt)
+    rng = torch.Generator().manual_seed(11)
+    counts: Counter = Counter()
+    accepted = 0
+    runs = 3000
+    for _ in range(runs):
+        gen = tiny_decode(target, pool, "tree_sub", prompt, max_new_tokens=2, draft_length=3, sampling=SAMPLING,
+                          eos_ids=frozenset(), rng=rng)
+        counts[tuple(gen.tokens)] += 1
+        accepted += gen.accepted
+    assert 0 < accepted < runs
+    check_law(counts, law, runs)
