@@ -96,6 +96,9 @@ class DecodeContext:
     encoder_ids: list[int] | None = None
     encoder_outputs: object = None
     side_observations: bool = False  # the selector wants side observations this query (``observe``)
+    # the stream this decode belongs to (an eval method's name), for drafters that remember earlier generations of
+    # the same stream (``drafters/suffix.py``); None: remember nothing (warm-ups, traces, direct calls)
+    stream: str | None = None
     _chunks: dict[int, list[torch.Tensor]] = field(default_factory=dict)
 
     def record_states(self, states: Mapping[int, torch.Tensor], rows: int, start: int) -> None:

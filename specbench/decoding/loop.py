@@ -97,6 +97,7 @@ class DecodeSpec:
     eos_ids: frozenset[int] = frozenset()
     clock: Clock = field(default_factory=Clock)
     cascade: Cascade | None = None
+    stream: str | None = None  # the generations this decode continues (an eval method): ``DecodeContext.stream``
 
 
 @dataclass(frozen=True)
@@ -213,7 +214,7 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
     selector.reset(query)
     t_reset = clock.now() - t_reset  # the selector's per-query work, counted in the first round's t_select
     ctx = DecodeContext(encoder_ids=target.encoder_ids, encoder_outputs=target.encoder_outputs,
-                side_observations=selector.full_information)
+                side_observations=selector.full_information, stream=spec.stream)
     if layers:  # the target's states at the committed positions it has seen (all but the last token)
         ctx.record_states(prefilled.states, rows=len(target.tokens) - 1, start=0)
     out: list[int] = []

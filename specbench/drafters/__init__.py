@@ -41,6 +41,10 @@ KEYS: dict[str, Rule] = {
     # prompt_lookup
     "pool.drafters.*.max_ngram": COUNT,
     "pool.drafters.*.min_ngram": COUNT,
+    # suffix (and prompt_lookup's max_ngram / min_ngram)
+    "pool.drafters.*.min_prob": number(0, 1, note=" (a continuation frequency)"),
+    "pool.drafters.*.memory": boolean(),
+    "pool.drafters.*.memory_tokens": COUNT,
     # quantized
     "pool.drafters.*.scheme": text(),
     "pool.drafters.*.skip": list_of(text(), null=True),

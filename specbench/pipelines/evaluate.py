@@ -145,7 +145,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                     for qi in conversation:
                         query, rng = s.queries[qi], s.rng(qi, mi)
                         for turn in range(turns_of(query, max_turns)):
-                            gen = s.decode(selectors[m.name], s.prompter(query, turn, history), rng, query=query)
+                            gen = s.decode(selectors[m.name], s.prompter(query, turn, history), rng,
+                                           replace(s.spec, stream=m.name), query=query)
                             text = s.text(gen.tokens)
                             history.append((s.prompter.user_text(query, turn), text))
                             ex_id = example_id(query, turn)

@@ -123,3 +123,62 @@ def test_sampling_law_with_dynamic_trees(tree_pool, tiny_decode):
         accepted += gen.accepted
     assert 0 < accepted < runs
     check_law(counts, law, runs)
+
+
+@pytest.fixture(scope="module")
+def retrieval_pool(tree_pool, tiny_llama_target):
+    target, pool = tree_pool
+    extra = build_pool(target, {
+        "suffix": {"_target_": "specbench.drafters.suffix.build", "tree": {"width": 3, "nodes": 12}},
+        "suffix_chain": {"_target_": "specbench.drafters.suffix.build", "tree": None},
+    })
+    return target, {**pool, **{k: v for k, v in extra.items() if k.startswith("suffix")}}
+
+
+def _decode_stream(target, pool, selector, prompt, stream, max_new_tokens=30, sampling=None, rng=None):
+    from specbench.decoding.loop import DecodeSpec, Limits, decode
+    from specbench.selection import Fixed
+    from specbench.timing import Clock
+
+    if isinstance(selector, str):
+        selector = Fixed(list(pool), selector)
+    spec = DecodeSpec(sampling or SamplingParams(), Limits(max_new_tokens=max_new_tokens, draft_length=6),
+                      frozenset({int(target.tokenizer.eos_token_id)}), Clock(), None, stream)
+    return decode(target, pool, selector, list(prompt), spec, rng or torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("arm", ["suffix", "suffix_chain"])
+def test_greedy_suffix_with_memory_equals_autoregressive(retrieval_pool, tiny_decode, arm):
+    """Two passes over the prompts in one stream: the second pass drafts from the memory of the first (far more
+    accepted tokens) and every output still equals autoregressive decoding."""
+    target, pool = retrieval_pool
+    prompts = [target.tokenizer(t)["input_ids"] for t in PROMPTS]
+    refs = [tiny_decode(target, pool, AUTOREGRESSIVE, p, max_new_tokens=30).tokens for p in prompts]
+    accepted = []
+    for _ in range(2):
+        total = 0
+        for p, ref in zip(prompts, refs):
+            gen = _decode_stream(target, pool, arm, p, stream=f"test:{arm}")
+            assert gen.tokens == ref
+            total += gen.accepted
+        accepted.append(total)
+    assert accepted[1] > accepted[0] + 10, accepted
+
+
+def test_sampling_law_retrieval_tree_first_then_head_tree(retrieval_pool):
+    """Production order: the retrieval drafter's deterministic branches first, then a head's sampled dynamic tree,
+    in one token tree: the target's two-token law holds."""
+    from specbench.selection import FixedTree
+    from tests.integration.test_sampling_lossless import SAMPLING, check_law, exact_two_token_law
+
+    target, pool = retrieval_pool
+    prompt = target.tokenizer("ab" * 12)["input_ids"]
+    law = exact_two_token_law(target, prompt)
+    rng = torch.Generator().manual_seed(5)
+    selector = FixedTree(list(pool), ["suffix", "tree_sub"])
+    counts: Counter = Counter()
+    runs = 3000
+    for _ in range(runs):
+        gen = _decode_stream(target, pool, selector, prompt, None, max_new_tokens=2, sampling=SAMPLING, rng=rng)
+        counts[tuple(gen.tokens)] += 1
+    check_law(counts, law, runs)
