@@ -18,7 +18,7 @@ PIP ?= $(PYTHON) -m pip
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install demo readme-demo trees-cpu trace-mixed test lint test-slow test-all bench clean metasd-cpu huang-cpu \
+.PHONY: install demo readme-demo trees-cpu budget-cpu trace-mixed test lint test-slow test-all bench clean metasd-cpu huang-cpu \
 	cascades-cpu huang-fig3 specialist-data specialist-levers specialists ship-heads small-drafter specialists-eval draft-confidence reproduce-cpu report paper-dry-run paper-drafters \
 	reproduce-paper
 
@@ -47,6 +47,14 @@ TREES_OUT ?= outputs/trees_cpu
 trees-cpu: install
 	$(SPECBENCH) eval experiment=trees_cpu hydra.run.dir=$(TREES_OUT)
 	$(PYTHON) -m specbench.reproduction.multi_drafter $(TREES_OUT)
+
+# Rounds that spend where tokens are (conf/experiment/budget_cpu.yaml: the retrieval drafter with memory, the head's
+# dynamic tree, the cost-model budget, SAM-Decoding's and SuffixDecoding's router rules) on trees_cpu's rows, then
+# their table with paired intervals and the cost model's check (multi_drafter.md). Resumable. About 50 minutes.
+BUDGET_OUT ?= outputs/budget_cpu
+budget-cpu: install
+	$(SPECBENCH) eval experiment=budget_cpu hydra.run.dir=$(BUDGET_OUT)
+	$(PYTHON) -m specbench.reproduction.multi_drafter $(BUDGET_OUT)
 
 # MetaSD's bandit claims over thousands of rounds: acceptance traces of the mixed stream (16 queries a task, 512
 # new tokens or EOS: conf/experiment/trace_mixed.yaml; resumable), a live eval of 4 of its queries a task at 128

@@ -136,6 +136,16 @@ def check_greedy(spec: DecodeSpec) -> None:
                              "trace with cascade=none")
 
 
+def check_chains(pool: Mapping[str, Drafter], lengths: Mapping[str, int]) -> None:
+    """Refuse drafters that draft trees (a dynamic draft tree, a retrieval tree): a trace records one chain each."""
+    trees = [name for name in lengths if getattr(pool[name], "tree", None) is not None]
+    if trees:
+        raise SpecbenchError(f"a trace records one chain draft per drafter and position; {', '.join(trees)} "
+                             f"draft{'s' if len(trees) == 1 else ''} a tree each round",
+                             "trace with tree=null on those drafters (pool.drafters.<name>.tree=null), or evaluate "
+                             "them live (specbench eval)")
+
+
 def check_decoder_only(target: Target) -> None:
     if target.is_encoder_decoder:
         raise SpecbenchError("specbench trace verifies every drafter's draft as one token tree, which needs a "
@@ -148,6 +158,7 @@ def trace(target: Target, pool: Mapping[str, Drafter], prompt_ids: list[int], sp
           lengths: Mapping[str, int], rng: torch.Generator, side_observations: bool = False) -> tuple[QueryTrace, Generation]:
     """Walk the greedy output of one prompt, recording every drafter of ``lengths`` at every position (module
     docstring). Returns the trace and the output as a ``Generation`` (its deciders certify it like eval's).
+    Drafters that draft trees are refused (``check_chains``).
 
     ``side_observations``: also record, for every drafter that observes under full information
     (``state_layers(True)``) and every other drafter's traced draft, the side observation its ``observe``
@@ -155,6 +166,7 @@ def trace(target: Target, pool: Mapping[str, Drafter], prompt_ids: list[int], sp
     full-information selectors replay to the round."""
     check_greedy(spec)
     check_decoder_only(target)
+    check_chains(pool, lengths)
     sampling, limits, eos_ids, clock = spec.sampling, spec.limits, spec.eos_ids, spec.clock
     drafters = {name: pool[name] for name in lengths}
     observers = {name: d for name, d in drafters.items() if side_observations and d.state_layers(True)}

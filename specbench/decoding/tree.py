@@ -32,6 +32,7 @@ not be lossless. A deterministic member's distinct siblings are one-hot candidat
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -172,14 +173,20 @@ def chain_outcomes(n: int, accepted: int) -> tuple[tuple[int, bool], ...]:
 
 
 def tree_attention(tree: TokenTree) -> torch.Tensor:
-    """``[n + 1, n + 1]`` bool: row ``r`` may attend column ``c`` (the root, the row's ancestors, itself)."""
-    n = tree.size
+    """``[n + 1, n + 1]`` bool: row ``r`` may attend column ``c`` (the root, the row's ancestors, itself). Built once
+    per tree shape (``parents``) and shared: callers must not write into it."""
+    return _attention(tree.parents)
+
+
+@functools.lru_cache(maxsize=256)
+def _attention(parents: tuple[int, ...]) -> torch.Tensor:
+    n = len(parents)
     allowed = torch.zeros(n + 1, n + 1, dtype=torch.bool)
     allowed[:, 0] = True
     for i in range(n):
         allowed[1 + i, 1 + i] = True
-        if tree.parents[i] >= 0:
-            allowed[1 + i] |= allowed[1 + tree.parents[i]]
+        if parents[i] >= 0:
+            allowed[1 + i] |= allowed[1 + parents[i]]
     return allowed
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from specbench.decoding.drafter import Draft, DecodeContext, Drafter
 from specbench.drafters.dynamic_tree import TreeShape, tree_shape
 from specbench.errors import SpecbenchError
+from specbench.models.cache import check_tree_attention
 
 KEY_LENGTHS = (3, 2, 1)  # the n-grams indexed: a match starts from the longest indexed key the text ends with
 MAX_OCCURRENCES = 256  # the most recent occurrences of a key examined per round
@@ -210,5 +211,7 @@ def build(target, name: str, max_ngram: int = 32, min_ngram: int = 1, min_prob: 
         raise SpecbenchError(f"drafter '{name}' (suffix) drafts a tree of continuations, which needs a decoder-only "
                              "target; this one is encoder-decoder",
                              f"set pool.drafters.{name}.tree=null (the most frequent continuation, a chain)")
+    if shape is not None and target is not None:
+        check_tree_attention(target.model, f"drafter '{name}' (tree)")
     return SuffixDrafter(name, max_ngram=max_ngram, min_ngram=min_ngram, min_prob=float(min_prob), tree=shape,
                          memory=bool(memory), memory_tokens=int(memory_tokens), cost=cost)

@@ -143,6 +143,21 @@ class CachedLM:
         return self.forward(tokens[len(self.cached):], last_only=True)[-1]
 
 
+TREE_ATTENTION = ("eager", "sdpa")  # the attention implementations that read a custom 4D mask
+
+
+def check_tree_attention(model: torch.nn.Module, who: str) -> None:
+    """Refuse, before decoding, a model whose attention implementation ignores a custom 4D mask (flash-attention
+    kernels take none): token trees would then attend across branches and break losslessness silently."""
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if impl is not None and impl not in TREE_ATTENTION:
+        raise SpecbenchError(f"{who} verifies or drafts token trees, which need an attention implementation that takes "
+                             f"a custom 4D mask ({' or '.join(TREE_ATTENTION)}); this model runs '{impl}'",
+                             "load the model with sdpa or eager attention (remove a flash-attention "
+                             "attn_implementation from its config.json: transformers then picks sdpa), or use chain "
+                             "methods (fixed:<drafter>, bandits) with tree=null on the drafters")
+
+
 def tree_arguments(model: torch.nn.Module, cached: int, tree: torch.Tensor, depths: list[int], device) -> dict:
     """``attention_mask`` (4D, additive: 0 where allowed, the dtype's minimum elsewhere, so eager and SDPA
     attention read it alike) and ``position_ids`` for a tree of ``len(depths)`` new positions after ``cached``."""
@@ -164,24 +179,32 @@ def mask_arguments(model: torch.nn.Module, allowed: torch.Tensor, positions: lis
 
 
 def select_cache_positions(cache, start: int, rows: list[int]) -> None:
-    """Keep positions ``0 .. start - 1`` and ``rows`` of every layer of a dynamic KV cache (transformers 5
-    ``cache.layers``, 4.x ``key_cache`` / ``value_cache``)."""
-    def pick(x: torch.Tensor) -> torch.Tensor:
-        idx = torch.tensor(rows, device=x.device)
-        return torch.cat([x[..., :start, :], x.index_select(-2, idx)], dim=-2)
+    """Keep positions ``0 .. start - 1`` and ``rows`` (each >= ``start``, increasing) of every layer of a dynamic KV
+    cache (transformers 5 ``cache.layers``, 4.x ``key_cache`` / ``value_cache``): only the rows move (into
+    ``start ..``, in place), then the cache is cut after them; the prefix is never copied."""
+    idx = None
+    end = start + len(rows)
+
+    def move(x: torch.Tensor) -> torch.Tensor:
+        nonlocal idx
+        if idx is None or idx.device != x.device:
+            idx = torch.tensor(rows, device=x.device)
+        with torch.inference_mode():
+            x[..., start:end, :] = x.index_select(-2, idx)
+        return x[..., :end, :]
 
     layers = getattr(cache, "layers", None)
     if layers is None:  # transformers 4.x
         for i, (k, v) in enumerate(zip(cache.key_cache, cache.value_cache)):
             if k.numel():
-                cache.key_cache[i], cache.value_cache[i] = pick(k), pick(v)
+                cache.key_cache[i], cache.value_cache[i] = move(k), move(v)
         return
     if any(hasattr(layer, "cumulative_length") for layer in layers):
         raise SpecbenchError("tree verification needs a full KV cache, and this model keeps a sliding window",
                              "verify one draft per round (a fixed:<drafter> or bandit method) with this target")
     for layer in layers:
         if layer.keys is not None and layer.keys.numel():
-            layer.keys, layer.values = pick(layer.keys), pick(layer.values)
+            layer.keys, layer.values = move(layer.keys), move(layer.values)
 
 
 def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -119,12 +119,31 @@ def write(run_dir: Path) -> Path:
         lines += ["## The per-round oracle in hindsight (acceptance, from the tree:* rounds)", "",
                   to_markdown(po, floatfmt=".3f"), ""]
     lines += ["## Verdicts", ""] + [f"- {v.line()}" for v in verdicts] + [""]
+    lines += cost_model_lines(run_dir)
     out = Path(run_dir) / "multi_drafter.md"
     atomic_write_text(out, "\n".join(lines))
     print_table(md, title=f"multi-drafter methods vs the best single drafter ({facts['best_single']})")
     for v in verdicts:
         print(f"- {v.line()}")
     return out
+
+
+def cost_model_lines(run_dir: Path) -> list[str]:
+    """The cost model's check (``reproduction/cost_model.py``) and a budget's own calibration, as page lines."""
+    from specbench.reproduction import cost_model
+
+    lines = ["## The cost model: predicted against measured seconds per token", "",
+             "Verification `a + b * nodes` fitted over every round, each drafter's mean drafting seconds a round, each "
+             "method's mean selection/switching seconds a round and per-query overhead; fitted on half of the queries "
+             "and predicting the other half, both ways (`python -m specbench.reproduction.cost_model RUN_DIR`).", "",
+             to_markdown(cost_model.check(run_dir), floatfmt=".4f"), ""]
+    cal = cost_model.budget_calibration(run_dir)
+    if cal is not None:
+        lines += ["## The budget's own estimates against its rounds", "",
+                  "Expected accepted tokens a round (its calibrated node estimates) and the seconds it predicted for "
+                  "drafting and verification, against what the same rounds measured.", "",
+                  to_markdown(cal, floatfmt=".3f"), ""]
+    return lines
 
 
 def trees_exhibit(root: Path, published, layout) -> Exhibit:

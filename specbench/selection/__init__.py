@@ -1,7 +1,8 @@
 """Drafter selectors: per query (fixed, oracle, policy) or per round (bandits)."""
 
 from specbench.selection.bandits import BanditSelector, EpsilonGreedy, RandomSelector
-from specbench.selection.base import Feedback, Route, Selector
+from specbench.selection.base import Feedback, Plan, Route, Selector
+from specbench.selection.budget import Budget
 from specbench.selection.explore_commit import ExploreThenCommit
 from specbench.selection.exp3 import EXP3
 from specbench.selection.fixed import Fixed
@@ -11,6 +12,6 @@ from specbench.selection.policy import PolicySelector
 from specbench.selection.trees import FixedTree, Router, TreeHedge, TreeUCB
 from specbench.selection.ucb import UCB, DiscountedUCB, SlidingWindowUCB
 
-__all__ = ["BanditSelector", "DiscountedUCB", "EXP3", "EpsilonGreedy", "ExploreThenCommit", "Feedback", "Fixed", "FixedTree",
+__all__ = ["BanditSelector", "Budget", "Plan", "DiscountedUCB", "EXP3", "EpsilonGreedy", "ExploreThenCommit", "Feedback", "Fixed", "FixedTree",
            "Hedge", "PolicySelector", "RandomSelector", "Route", "Router", "Selector", "SequentialHalving", "SlidingWindowUCB",
            "TreeHedge", "TreeUCB", "UCB"]

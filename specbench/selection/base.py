@@ -45,7 +45,15 @@ KEYS: dict[str, Rule] = {
     "selector.size": integer(1, note=" (drafters the bandit adds to each tree)"),
     # Router (trees.py)
     "selector.lookup": text(),
+    # budget (selection/budget.py)
+    "selector.retrieval": text(),
+    "selector.models": list_of(text(), null=True),
+    "selector.max_nodes": COUNT,
+    "selector.node_cost": number(0),
+    "selector.prior": number(0),
+    "selector.optimism": number(0),
     "selector.min_match": integer(1, note=" (tokens of suffix match)"),
+    "selector.min_expected": number(0, null=True, note=" (expected accepted tokens of the retrieval draft)"),
     "selector.fallback": text(null=True),
     "selector.tree": boolean(),
     "selector.ucb": mapping(null=True, note=" (the fallback UCB's knobs)"),
@@ -101,6 +109,9 @@ class Route:
     first: str
     then: str | tuple[str, ...]
     min_match: int
+    # SuffixDecoding's hybrid: the first draft plays only when its expected accepted tokens (the sum of its own
+    # per-token scores, ``Draft.scores``) are at least this too; None: the match length alone decides
+    min_expected: float | None = None
 
 
 class Selector:

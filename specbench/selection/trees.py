@@ -10,7 +10,9 @@
   member's, so choosing a weak extra member costs only its drafting and a larger verification.
 - ``Router`` (the SAM-Decoding rule): prompt lookup's draft when its suffix match is at least
   ``min_match`` tokens long, else the ``fallback`` drafter's (a named arm, or, when ``fallback`` is
-  null, the one UCB picks among the other drafters, learning from the rounds it plays). With ``tree``
+  null, the one UCB picks among the other drafters, learning from the rounds it plays); with ``min_expected``
+  (SuffixDecoding's hybrid) the retrieval draft must also expect at least that many accepted tokens by its own
+  scores (a retrieval drafter's frequencies: ``drafters/suffix.py``). With ``tree``
   the fallback round verifies prompt lookup's (short-match) draft and the fallback's in one tree.
 """
 
@@ -131,7 +133,8 @@ class Router(Selector):
     rounds it plays."""
 
     def __init__(self, arms: list[str], lookup: str = "prompt_lookup", min_match: int = 2,
-                 fallback: str | None = None, ucb: dict | None = None, tree: bool = False):
+                 fallback: str | None = None, ucb: dict | None = None, tree: bool = False,
+                 min_expected: float | None = None):
         super().__init__(arms)
         self.tree = self.trees = bool(tree)
         self.lookup = _check_arms("router", [lookup], self.arms, "lookup")[0]
@@ -139,6 +142,12 @@ class Router(Selector):
             raise SpecbenchError(f"router: min_match {min_match!r} must be a whole number of tokens >= 1",
                                  "set min_match to 1 or more (the suffix length prompt lookup must match)")
         self.min_match = min_match
+        if min_expected is not None and (isinstance(min_expected, bool) or not isinstance(min_expected, (int, float))
+                                         or min_expected < 0):
+            raise SpecbenchError(f"router: min_expected {min_expected!r} must be a number of tokens >= 0 or null",
+                                 "set min_expected to the model drafter's draft length (SuffixDecoding's hybrid), or "
+                                 "null to route by the match length alone")
+        self.min_expected = None if min_expected is None else float(min_expected)
         self.inner: UCB | None = None
         if fallback is not None:
             self.fallback = _check_arms("router", [fallback], self.arms, "fallback")[0]
@@ -157,7 +166,7 @@ class Router(Selector):
 
     def select(self) -> Route:
         then = self.fallback if self.inner is None else self.inner.select()
-        return Route(self.lookup, (self.lookup, then) if self.tree else then, self.min_match)
+        return Route(self.lookup, (self.lookup, then) if self.tree else then, self.min_match, self.min_expected)
 
     def update(self, arm: str, feedback: Feedback) -> None:
         if self.inner is not None and arm in self.inner.candidates:

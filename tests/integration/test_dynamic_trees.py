@@ -182,3 +182,101 @@ def test_sampling_law_retrieval_tree_first_then_head_tree(retrieval_pool):
         gen = _decode_stream(target, pool, selector, prompt, None, max_new_tokens=2, sampling=SAMPLING, rng=rng)
         counts[tuple(gen.tokens)] += 1
     check_law(counts, law, runs)
+
+
+def test_budget_greedy_equals_autoregressive_and_records_its_plan(retrieval_pool, tiny_decode):
+    from specbench.selection import Budget
+
+    target, pool = retrieval_pool
+    selector = Budget(list(pool), retrieval="suffix", models=["tree", "chain"], max_nodes=10)
+    played = set()
+    for _ in range(2):
+        for text in PROMPTS:
+            prompt = target.tokenizer(text)["input_ids"]
+            ref = tiny_decode(target, pool, AUTOREGRESSIVE, prompt, max_new_tokens=30)
+            gen = _decode_stream(target, pool, selector, prompt, stream="budget")
+            assert gen.tokens == ref.tokens
+            assert all(r.expected is not None and r.predicted_s > 0 for r in gen.rounds)
+            assert all(r.drafted <= 10 for r in gen.rounds)
+            played |= {r.arm for r in gen.rounds}
+    assert any(a.startswith("tree:") or a in ("tree", "chain") for a in played), played
+    cal = selector.calibration["tree"]
+    assert sum(cal.trials.values()) > 0  # every verified node whose parent was accepted is an observation
+
+
+def test_budget_sampling_law(retrieval_pool):
+    from specbench.selection import Budget
+    from tests.integration.test_sampling_lossless import SAMPLING, check_law, exact_two_token_law
+
+    target, pool = retrieval_pool
+    prompt = target.tokenizer("ab" * 12)["input_ids"]
+    law = exact_two_token_law(target, prompt)
+    rng = torch.Generator().manual_seed(3)
+    selector = Budget(list(pool), retrieval="suffix", models=["tree_sub"], optimism=5.0)
+    counts: Counter = Counter()
+    runs = 3000
+    for _ in range(runs):
+        gen = _decode_stream(target, pool, selector, prompt, None, max_new_tokens=2, sampling=SAMPLING, rng=rng)
+        counts[tuple(gen.tokens)] += 1
+    check_law(counts, law, runs)
+
+
+def test_budget_refuses_unknown_drafters(retrieval_pool):
+    from specbench.selection import Budget
+
+    _, pool = retrieval_pool
+    with pytest.raises(SpecbenchError, match="retrieval"):
+        Budget(list(pool), retrieval="nope")
+    with pytest.raises(SpecbenchError, match="model drafter"):
+        Budget(list(pool), retrieval="suffix", models=["autoregressive"])
+
+
+def test_flash_attention_is_refused_before_decoding():
+    """Trees need a custom 4D mask: a model running a flash-attention kernel is refused before decoding (tree
+    selectors by check_trees; tree drafters at build, through the same check), eager and sdpa pass."""
+    from types import SimpleNamespace
+
+    from specbench.decoding.loop import check_trees
+    from specbench.models.cache import check_tree_attention
+    from specbench.selection import FixedTree
+
+    def model(impl):
+        return SimpleNamespace(config=SimpleNamespace(_attn_implementation=impl))
+
+    for impl in ("eager", "sdpa"):
+        check_tree_attention(model(impl), "x")
+    with pytest.raises(SpecbenchError, match="4D mask") as err:
+        check_tree_attention(model("flash_attention_2"), "drafter 'h' (tree)")
+    assert "sdpa" in err.value.fix
+    target = SimpleNamespace(is_encoder_decoder=False, model=model("flash_attention_2"))
+    with pytest.raises(SpecbenchError, match="method 'tree:a.b'.*4D mask"):
+        check_trees(FixedTree(["a", "b", AUTOREGRESSIVE], ["a", "b"]), target, "tree:a+b")
+    check_trees(FixedTree(["a", "b", AUTOREGRESSIVE], ["a"]), target, "fixed:a")  # one draft a round: no tree
+
+
+def test_router_by_expected_tokens(retrieval_pool, tiny_decode):
+    """SuffixDecoding's hybrid: the retrieval draft plays only when its own expected accepted tokens reach the bar;
+    with an unreachable bar every round falls back to the head, and outputs stay exact either way."""
+    from specbench.selection import Router
+
+    target, pool = retrieval_pool
+    prompt = target.tokenizer(PROMPTS[0])["input_ids"]
+    ref = tiny_decode(target, pool, AUTOREGRESSIVE, prompt, max_new_tokens=30)
+    arms = {}
+    for bar in (0.0, 1000.0):
+        router = Router(list(pool), lookup="suffix_chain", min_match=1, fallback="chain", min_expected=bar)
+        gen = _decode_stream(target, pool, router, prompt, None)
+        assert gen.tokens == ref.tokens
+        arms[bar] = {r.arm for r in gen.rounds}
+    assert "suffix_chain" in arms[0.0] and arms[1000.0] == {"chain"}
+    with pytest.raises(SpecbenchError, match="min_expected"):
+        Router(list(pool), lookup="suffix", fallback="chain", min_expected=-1)
+
+
+def test_trace_refuses_tree_drafters(retrieval_pool):
+    from specbench.decoding.trace import check_chains
+
+    _, pool = retrieval_pool
+    with pytest.raises(SpecbenchError, match="tree=null"):
+        check_chains(pool, {"suffix": 4, "chain": 4})
+    check_chains(pool, {"suffix_chain": 4, "chain": 4})

@@ -39,7 +39,7 @@ from specbench.drafters.eagle.head import EagleHead, HeadLogits
 from specbench.decoding.sampling import logits_to_probs, pick
 from specbench.decoding.verify import block_divergence
 from specbench.errors import SpecbenchError
-from specbench.models.cache import common_prefix, crop_cache, mask_arguments
+from specbench.models.cache import check_tree_attention, common_prefix, crop_cache, mask_arguments
 from specbench.models.devices import resolve_dtype
 from specbench.models.target import Target
 from specbench.records import files_fingerprint
@@ -297,6 +297,8 @@ def build(target: Target, name: str, checkpoint: str | None = None, cost: float 
     ``dtype``: the head's (None: the target's; the LM head it scores through stays the target's); ``tree``:
     ``{width, nodes}`` drafts a dynamic draft tree each round (null: a chain)."""
     shape = tree_shape(tree, name)
+    if shape is not None:
+        check_tree_attention(target.model, f"drafter '{name}' (tree)")
     if target.is_encoder_decoder:
         raise SpecbenchError(f"drafter '{name}' (eagle) needs a decoder-only target",
                              "use early_exit, quantized or an hf drafter with encoder-decoder targets")

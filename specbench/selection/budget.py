@@ -1,0 +1,257 @@
+"""``Budget``: a cost model that builds each round (``selector=budget``).
+
+Each round it drafts with the retrieval drafter first (nearly free), then decides whether a model drafter (a head
+with its dynamic tree) drafts too, then which of all drafted tokens the target verifies, to maximise expected
+accepted tokens per predicted second:
+
+- **Acceptance estimates per node.** A drafter's own score of a token (``Draft.scores``: a path probability or a
+  retrieval frequency) gives a *local* score (the node's over its parent's); a calibration table per drafter maps
+  it (10 bins; drafters without scores: by depth) to the chance the target accepts the token given its parent was
+  accepted, a Beta posterior whose prior mean is the score itself (``prior`` pseudo-rounds). Every verified token
+  whose parent was accepted is one observation (``Feedback.nodes``). A node's estimate is the product along its
+  path: its expected contribution to the round's accepted tokens.
+- **Costs, measured online.** Verification seconds ``a + b * nodes`` by least squares over the rounds played
+  (until it has 8 rounds of varied sizes: ``b = node_cost * a``, the profiled 0.025 of a step per node); each
+  drafter's drafting seconds a round as a running mean.
+- **Who drafts.** A model drafter drafts when ``(1 + E_r + G_m) / (t_v(n_r + n_m) + d_r + d_m)`` beats
+  ``(1 + E_r) / (t_v(n_r) + d_r)``: ``E_r`` the retrieval draft's expected tokens, ``G_m`` the model's marginal
+  tokens (a running mean of what its draft added beyond the retrieval draft's own accepted length, kept apart
+  for rounds whose retrieval draft was empty and the rest; optimistic at first), ``n_m`` its running mean of
+  verified nodes.
+- **Which nodes.** Greedy: nodes in decreasing estimate (a child never outranks its parent), each kept while its
+  estimate per second of verification beats the round's running rate, at most ``max_nodes``. Under sampling
+  nothing is cut by value (a verified candidate must be an unconditioned draw: ``decoding/tree.py``), so only
+  the choice of drafters is made.
+
+The round's expected accepted tokens and predicted seconds are recorded (``Round.expected``, ``Round.predicted_s``)
+beside the measured ones. Statistics carry across the queries of a run (the calibration is the run's own).
+"""
+
+from __future__ import annotations
+
+from specbench.arms import AUTOREGRESSIVE
+from specbench.errors import SpecbenchError
+from specbench.selection.base import Feedback, Plan, Selector
+
+BINS = 10
+MIN_FIT = 8  # rounds before the verification cost's slope is fitted
+
+
+class Calibration:
+    """Beta posteriors of acceptance by (kind, bin): the prior mean is the bin's score (or 0.5 for depth bins)."""
+
+    def __init__(self, prior: float):
+        self.prior = prior
+        self.hits: dict[tuple, float] = {}
+        self.trials: dict[tuple, float] = {}
+
+    @staticmethod
+    def key(local: float | None, depth: int) -> tuple:
+        if local is None:
+            return ("depth", min(depth, BINS))
+        return ("score", min(int(max(local, 0.0) * BINS), BINS - 1))
+
+    def estimate(self, key: tuple) -> float:
+        mean = 0.5 if key[0] == "depth" else (key[1] + 0.5) / BINS
+        return (self.hits.get(key, 0.0) + self.prior * mean) / (self.trials.get(key, 0.0) + self.prior)
+
+    def observe(self, key: tuple, accepted: bool) -> None:
+        self.hits[key] = self.hits.get(key, 0.0) + float(accepted)
+        self.trials[key] = self.trials.get(key, 0.0) + 1.0
+
+
+class VerifyCost:
+    """Seconds of a verification forward over ``n`` nodes: ``a + b n`` fitted online (prior slope ``node_cost * a``)."""
+
+    def __init__(self, node_cost: float):
+        self.node_cost = node_cost
+        self.s = [0.0] * 5  # count, sum n, sum n^2, sum t, sum n t
+
+    def observe(self, n: int, t: float) -> None:
+        for i, v in enumerate((1.0, n, n * n, t, n * t)):
+            self.s[i] += v
+
+    def coefficients(self) -> tuple[float, float]:
+        c, sn, snn, st, snt = self.s
+        if c == 0:
+            return 0.03, 0.03 * self.node_cost  # before any round: a nominal step (only ratios matter)
+        var = snn / c - (sn / c) ** 2
+        if c >= MIN_FIT and var > 1.0:
+            b = max((snt / c - (sn / c) * (st / c)) / var, 0.0)
+            return max(st / c - b * sn / c, 1e-6), b
+        a = (st / c) / (1.0 + self.node_cost * sn / c)
+        return a, self.node_cost * a
+
+    def __call__(self, n: int) -> float:
+        a, b = self.coefficients()
+        return a + b * n
+
+
+def _running(old: float | None, new: float, weight: float = 0.1) -> float:
+    return new if old is None else (1 - weight) * old + weight * new
+
+
+class Budget(Selector):
+    trees = True
+
+    def __init__(self, arms: list[str], retrieval: str = "suffix", models: list[str] | None = None,
+                 max_nodes: int = 24, node_cost: float = 0.025, prior: float = 2.0, optimism: float = 2.0):
+        super().__init__(arms)
+        drafters = [a for a in self.arms if a != AUTOREGRESSIVE]
+        if retrieval not in drafters:
+            raise SpecbenchError(f"budget: no drafter named '{retrieval}' in the pool (retrieval)",
+                                 f"set selector.retrieval to one of: {', '.join(drafters)}")
+        self.retrieval = retrieval
+        models = [m for m in drafters if m != retrieval] if models is None else [str(m) for m in models]
+        unknown = [m for m in models if m not in drafters or m == retrieval]
+        if unknown:
+            raise SpecbenchError(f"budget: {', '.join(unknown)} cannot be a model drafter here (not in the pool, the "
+                                 "autoregressive arm or the retrieval drafter)",
+                                 f"list drafters from: {', '.join(m for m in drafters if m != retrieval)}")
+        for key, value, low in (("max_nodes", max_nodes, 1), ("node_cost", node_cost, 0), ("prior", prior, 0),
+                                ("optimism", optimism, 0)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
+                raise SpecbenchError(f"budget: {key} {value!r} must be a number >= {low}",
+                                     f"set selector.{key} (defaults: max_nodes 24, node_cost 0.025, prior 2, "
+                                     "optimism 2)")
+        self.models = models
+        self.max_nodes = int(max_nodes)
+        self.calibration = {name: Calibration(float(prior)) for name in drafters}
+        self.verify_cost = VerifyCost(float(node_cost))
+        self.t_draft: dict[str, float | None] = {name: None for name in drafters}
+        # marginal accepted tokens a model drafter adds, by whether the retrieval draft was empty (True) or not
+        self.gain: dict[tuple[str, bool], float] = {(m, e): float(optimism) for m in models for e in (True, False)}
+        self.nodes: dict[str, float | None] = {m: None for m in models}
+        self._keys: dict[str, list[tuple]] = {}
+        self._round: tuple[float, int, float] = (0.0, 0, 0.0)
+        self._empty = True  # this round's retrieval draft was empty
+
+    def playable(self) -> list[str]:
+        return [self.retrieval, *self.models]
+
+    # -- one round -------------------------------------------------------------------------------
+    def select(self) -> Plan:
+        self._keys = {}
+        return Plan((self.retrieval,), self._more, self._prune, self._estimate)
+
+    def _node_estimates(self, name: str, draft) -> tuple[list[float], list[tuple]]:
+        """Each draft token's estimated chance of being accepted (product along its path), and its calibration key."""
+        n = len(draft.tokens)
+        parents = draft.parents if draft.parents is not None else list(range(-1, n - 1))
+        cal = self.calibration[name]
+        est, keys, depth = [], [], []
+        for i, parent in enumerate(parents):
+            depth.append(1 if parent < 0 else depth[parent] + 1)
+            local = None
+            if draft.scores is not None:
+                above = 1.0 if parent < 0 else draft.scores[parent]
+                local = draft.scores[i] / above if above > 0 else 0.0
+            key = cal.key(local, depth[i])
+            keys.append(key)
+            est.append((1.0 if parent < 0 else est[parent]) * cal.estimate(key))
+        return est, keys
+
+    def _more(self, drafts) -> tuple[str, ...]:
+        if not self.models:
+            return ()
+        ret = drafts[self.retrieval]
+        est, _ = self._node_estimates(self.retrieval, ret)
+        e_r, n_r = sum(est), len(ret.tokens)
+        self._empty = n_r == 0
+        d_r = self.t_draft[self.retrieval] or 0.0
+        base = (1.0 + e_r) / (self.verify_cost(n_r) + d_r)
+        best, best_rate = None, base
+        for m in self.models:
+            d_m = self.t_draft[m]
+            if d_m is None:  # never drafted: try it
+                return (m,)
+            n_m = self.nodes[m] if self.nodes[m] is not None else 4.0
+            rate = (1.0 + e_r + self.gain[(m, self._empty)]) / (self.verify_cost(n_r + n_m) + d_r + d_m)
+            if rate > best_rate:
+                best, best_rate = m, rate
+        return () if best is None else (best,)
+
+    def _prune(self, drafts, greedy: bool = True) -> dict[str, list[int]]:
+        spent = sum(self.t_draft[m] or 0.0 for m in drafts)
+        scored = {m: self._node_estimates(m, d) for m, d in drafts.items()}
+        if not greedy:  # keep every draw (no cut by value keeps the law)
+            keep = {m: list(range(len(d.tokens))) for m, d in drafts.items()}
+        else:
+            a, b = self.verify_cost.coefficients()
+            order = sorted(((e, m, i) for m, (est, _) in scored.items() for i, e in enumerate(est)),
+                           key=lambda x: (-x[0], self._depth(drafts[x[1]], x[2]), x[1], x[2]))
+            keep = {m: [] for m in drafts}
+            paths: set[tuple[int, ...]] = set()
+            expected, n = 0.0, 0
+            for e, m, i in order:
+                path = self._path(drafts[m], i)
+                if path in paths:  # another member's node with the same path: merged, free
+                    keep[m].append(i)
+                    continue
+                parents = drafts[m].parents
+                parent = (i - 1) if parents is None else parents[i]
+                if parent >= 0 and parent not in keep[m]:
+                    continue
+                if n >= self.max_nodes or e * (a + b * n + spent) < b * (1.0 + expected):
+                    continue
+                keep[m].append(i)
+                paths.add(path)
+                expected, n = expected + e, n + 1
+        total_expected, total_n = 0.0, 0
+        seen: set[tuple[int, ...]] = set()
+        for m, kept in keep.items():
+            kept.sort()
+            est, keys = scored[m]
+            self._keys[m] = [keys[i] for i in kept]  # in the cut draft's own indices
+            for i in kept:
+                path = self._path(drafts[m], i)
+                if path not in seen:
+                    seen.add(path)
+                    total_expected += est[i]
+                    total_n += 1
+        self._round = (total_expected, total_n, self.verify_cost(total_n) + spent)
+        return keep
+
+    @staticmethod
+    def _path(draft, i: int) -> tuple[int, ...]:
+        out = []
+        while i >= 0:
+            out.append(draft.tokens[i])
+            i = (i - 1) if draft.parents is None else draft.parents[i]
+        return tuple(reversed(out))
+
+    @staticmethod
+    def _depth(draft, i: int) -> int:
+        d = 0
+        while i >= 0:
+            d += 1
+            i = (i - 1) if draft.parents is None else draft.parents[i]
+        return d
+
+    def _estimate(self) -> tuple[float, float]:
+        return self._round[0], self._round[2]
+
+    # -- learning --------------------------------------------------------------------------------
+    def _learn(self, name: str, fb: Feedback, base: int) -> None:
+        """One member's feedback; ``base``: the retrieval draft's own accepted tokens this round (0 when absent)."""
+        keys = self._keys.get(name, [])
+        for i, accepted in fb.nodes:
+            if i < len(keys):
+                self.calibration[name].observe(keys[i], accepted)
+        if name in self.t_draft:
+            self.t_draft[name] = _running(self.t_draft[name], fb.t_draft)
+        if name in self.nodes:
+            key = (name, self._empty)
+            self.gain[key] = _running(self.gain[key], float(max(fb.accepted - base, 0)))
+            self.nodes[name] = _running(self.nodes[name], float(fb.drafted))
+
+    def update(self, arm: str, feedback: Feedback) -> None:
+        self._learn(arm, feedback, 0)
+        self.verify_cost.observe(self._round[1], feedback.t_verify)
+
+    def update_tree(self, feedback: dict[str, Feedback]) -> None:
+        base = feedback[self.retrieval].accepted if self.retrieval in feedback else 0
+        for name, fb in feedback.items():
+            self._learn(name, fb, base)
+        if feedback:
+            self.verify_cost.observe(self._round[1], next(iter(feedback.values())).t_verify)
