@@ -48,12 +48,12 @@ trees-cpu: install
 	$(SPECBENCH) eval experiment=trees_cpu hydra.run.dir=$(TREES_OUT)
 	$(PYTHON) -m specbench.reproduction.multi_drafter $(TREES_OUT)
 
-# Rounds that spend where tokens are (conf/experiment/budget_cpu.yaml: the retrieval drafter with memory, the head's
+# Rounds that spend where tokens are (conf/experiment/trees_budget_cpu.yaml: the retrieval drafter with memory, the head's
 # dynamic tree, the cost-model budget, SAM-Decoding's and SuffixDecoding's router rules) on trees_cpu's rows, then
 # their table with paired intervals and the cost model's check (multi_drafter.md). Resumable. About 50 minutes.
 BUDGET_OUT ?= outputs/budget_cpu
 budget-cpu: install
-	$(SPECBENCH) eval experiment=budget_cpu hydra.run.dir=$(BUDGET_OUT)
+	$(SPECBENCH) eval experiment=trees_budget_cpu hydra.run.dir=$(BUDGET_OUT)
 	$(PYTHON) -m specbench.reproduction.multi_drafter $(BUDGET_OUT)
 
 # MetaSD's bandit claims over thousands of rounds: acceptance traces of the mixed stream (16 queries a task, 512

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping, Callable
 from dataclasses import dataclass
 
 from hydra.errors import InstantiationException
@@ -48,7 +48,8 @@ def parse_methods(specs, pool: dict, selector_cfg, root: DictConfig | None = Non
     """``autoregressive`` | ``fixed:<arm>`` | ``fixed:*`` (every drafter) | ``tree:<a>+<b>[+...]`` (their drafts
     verified as one token tree each round) | ``tree:*`` (the whole pool's) | ``selector`` (the composed
     ``selector`` config) | ``selector:<name>`` (``conf/selector/<name>.yaml``, so one run can compare
-    several selectors; ``root.selector_overrides`` is merged into each) | ``again:<spec>`` (the methods of
+    several selectors; ``root.selector_overrides`` is merged into each, but for its entries ``<name>: {...}``,
+    which go to that option alone) | ``again:<spec>`` (the methods of
     ``<spec>`` run a second time, named ``again:<name>``: an A/A pair that measures run-to-run noise). The
     autoregressive baseline is always first."""
     arms = list(pool)
@@ -70,10 +71,15 @@ def parse_methods(specs, pool: dict, selector_cfg, root: DictConfig | None = Non
             # one config per spec: a selector:<name> before a plain `selector` must not stand in for the composed one
             chosen_cfg = selector_cfg
             if spec.startswith("selector:"):
-                chosen_cfg = load_selector_config(spec.split(":", 1)[1], root)
+                option = spec.split(":", 1)[1]
+                chosen_cfg = load_selector_config(option, root)
                 extra = (root.get("selector_overrides") if root is not None else None) or {}
-                if extra:
-                    chosen_cfg = OmegaConf.merge(chosen_cfg, extra)
+                # keys naming a selector option with a mapping are that option's own overrides; the rest apply to all
+                common = {k: v for k, v in extra.items() if not isinstance(v, Mapping)}
+                own = extra.get(option) if isinstance(extra.get(option), Mapping) else {}
+                for more in (common, own):
+                    if more:
+                        chosen_cfg = OmegaConf.merge(chosen_cfg, more)
             elif chosen_cfg is None:
                 continue
             name = str(chosen_cfg.get("name") or chosen_cfg._target_.rsplit(".", 1)[-1].lower())

@@ -10,7 +10,8 @@ accepted tokens per predicted second:
   accepted, a Beta posterior whose prior mean is the score itself (``prior`` pseudo-rounds). Every verified token
   whose parent was accepted is one observation (``Feedback.nodes``). A node's estimate is the product along its
   path: its expected contribution to the round's accepted tokens.
-- **Costs, measured online.** Verification seconds ``a + b * nodes`` by least squares over the rounds played
+- **Costs, measured online** (or given: ``costs``, which makes every decision independent of the clock).
+  Verification seconds ``a + b * nodes`` by least squares over the rounds played
   (until it has 8 rounds of varied sizes: ``b = node_cost * a``, the profiled 0.025 of a step per node); each
   drafter's drafting seconds a round as a running mean.
 - **Who drafts.** A model drafter drafts when ``(1 + E_r + G_m) / (t_v(n_r + n_m) + d_r + d_m)`` beats
@@ -66,12 +67,15 @@ class VerifyCost:
     def __init__(self, node_cost: float):
         self.node_cost = node_cost
         self.s = [0.0] * 5  # count, sum n, sum n^2, sum t, sum n t
+        self.fixed: tuple[float, float] | None = None  # given coefficients: nothing is fitted
 
     def observe(self, n: int, t: float) -> None:
         for i, v in enumerate((1.0, n, n * n, t, n * t)):
             self.s[i] += v
 
     def coefficients(self) -> tuple[float, float]:
+        if self.fixed is not None:
+            return self.fixed
         c, sn, snn, st, snt = self.s
         if c == 0:
             return 0.03, 0.03 * self.node_cost  # before any round: a nominal step (only ratios matter)
@@ -87,6 +91,25 @@ class VerifyCost:
         return a + b * n
 
 
+def fixed_costs(costs, drafters: list[str]) -> tuple[tuple[float, float], dict[str, float]] | None:
+    """``costs`` (``{verify: [a, b], draft: {drafter: seconds}}`` or None) checked: verification ``a + b * nodes``
+    seconds and each drafter's drafting seconds a round, given instead of measured."""
+    if costs is None:
+        return None
+    fix = ("set selector.costs to {verify: [seconds a forward, seconds a node], draft: {<drafter>: seconds a round}}, "
+           "or null to measure them online")
+    try:
+        a, b = (float(x) for x in costs["verify"])
+        draft = {str(k): float(v) for k, v in (costs.get("draft") or {}).items()}
+    except (TypeError, ValueError, KeyError, AttributeError):
+        raise SpecbenchError(f"budget: costs {costs!r} is not {{verify: [a, b], draft: {{drafter: seconds}}}}", fix)
+    unknown = [k for k in draft if k not in drafters]
+    if a <= 0 or b < 0 or any(v < 0 for v in draft.values()) or unknown:
+        raise SpecbenchError(f"budget: costs need a > 0, b >= 0, drafting seconds >= 0 for drafters of the pool "
+                             f"(got verify [{a}, {b}], draft {draft})", fix)
+    return (a, b), {d: draft.get(d, 0.0) for d in drafters}
+
+
 def _running(old: float | None, new: float, weight: float = 0.1) -> float:
     return new if old is None else (1 - weight) * old + weight * new
 
@@ -95,7 +118,8 @@ class Budget(Selector):
     trees = True
 
     def __init__(self, arms: list[str], retrieval: str = "suffix", models: list[str] | None = None,
-                 max_nodes: int = 24, node_cost: float = 0.025, prior: float = 2.0, optimism: float = 2.0):
+                 max_nodes: int = 24, node_cost: float = 0.025, prior: float = 2.0, optimism: float = 2.0,
+                 costs: dict | None = None):
         super().__init__(arms)
         drafters = [a for a in self.arms if a != AUTOREGRESSIVE]
         if retrieval not in drafters:
@@ -119,6 +143,10 @@ class Budget(Selector):
         self.calibration = {name: Calibration(float(prior)) for name in drafters}
         self.verify_cost = VerifyCost(float(node_cost))
         self.t_draft: dict[str, float | None] = {name: None for name in drafters}
+        self.fixed = fixed_costs(costs, drafters)
+        if self.fixed is not None:  # given costs: decisions read no clock (reproducible; seeded synthetic tests)
+            self.verify_cost.fixed = self.fixed[0]
+            self.t_draft.update(self.fixed[1])
         # marginal accepted tokens a model drafter adds, by whether the retrieval draft was empty (True) or not
         self.gain: dict[tuple[str, bool], float] = {(m, e): float(optimism) for m in models for e in (True, False)}
         self.nodes: dict[str, float | None] = {m: None for m in models}
@@ -238,7 +266,7 @@ class Budget(Selector):
         for i, accepted in fb.nodes:
             if i < len(keys):
                 self.calibration[name].observe(keys[i], accepted)
-        if name in self.t_draft:
+        if name in self.t_draft and self.fixed is None:
             self.t_draft[name] = _running(self.t_draft[name], fb.t_draft)
         if name in self.nodes:
             key = (name, self._empty)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specbench.decoding import certify, loop
+from specbench.decoding import certify, rounds
 from specbench.decoding.verify import Verdict, verify_greedy
 from specbench.drafters import build_pool
 from specbench.models import Target, load_model
@@ -76,7 +76,7 @@ def test_a_verifier_that_accepts_one_token_too_many_is_a_defect(bf16_llama, tiny
             return Verdict(accepted=n, tokens=list(draft[:n]) + [int(torch.argmax(logits[n]))])
         return right
 
-    monkeypatch.setattr(loop, "verify_greedy", too_generous)
+    monkeypatch.setattr(rounds, "verify_greedy", too_generous)
     broken = records(target, pool, prompts, "early_exit", tiny_decode, tol)
     verdicts = list(tables.forks(base + broken).verdict)
     assert verdicts and set(verdicts) == {certify.DEFECT}

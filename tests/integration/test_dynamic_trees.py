@@ -76,7 +76,11 @@ def test_wider_tree_keeps_more_tokens_per_round(tree_pool, tiny_decode):
 def test_each_node_is_drawn_from_the_heads_chain_distribution(tree_pool, arm):
     """Tree attention inside the head: the distribution a node's children came from equals the head's after a
     plain chain forward over that node's path (the head's ``chain``), for every node."""
-    target, pool = tree_pool
+    with torch.inference_mode():
+        _check_node_distributions(*tree_pool, arm)
+
+
+def _check_node_distributions(target, pool, arm):
     head = pool[arm]
     prompt = target.tokenizer(PROMPTS[1])["input_ids"]
     query = DecodeContext()

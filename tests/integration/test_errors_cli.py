@@ -210,7 +210,7 @@ def test_eval_help_lists_config_groups_and_options():
     assert "Config groups" in text
     targets = ", ".join(t + ("*" if t == "smollm2_135m" else "") for t in group_options("target"))
     for line in (f"target: {targets}", "decoding: greedy*, sampling",
-                 "cascade: chow", "selector: discounted_ucb", "experiment: cascades_cpu"):
+                 "cascade: chow", "selector: budget, discounted_ucb", "experiment: cascades_cpu"):
         assert line in text, line
     code, _, out = run("train-policy", "--help")
     assert code == 0 and "conf/train_policy.yaml" in " ".join(out.split())

@@ -87,6 +87,9 @@ def selector_configs() -> dict[str, dict]:
     return out
 
 
+LIVE_ONLY = ("budget",)
+
+
 def selectors(arms: list[str]):
     made = {f"fixed:{a}": (lambda a=a: Fixed(arms, a)) for a in arms}
     made["tree:prompt_lookup+eagle"] = lambda: FixedTree(arms, ["prompt_lookup", "eagle"])
@@ -96,8 +99,28 @@ def selectors(arms: list[str]):
         plain = OmegaConf.to_container(OmegaConf.create(scfg), resolve=True)
         if name == "fixed":
             plain["arm"] = "eagle"
+        if name in LIVE_ONLY:  # builds rounds from the drafts' own scores (test_budget_and_expected_routes_...)
+            continue
+        if name in ("router_sam", "router_suffix"):  # the real pool's names; a route by expected tokens is live only
+            plain.update(lookup="prompt_lookup", fallback="eagle", min_expected=None)
         made[f"selector:{name}"] = lambda plain=plain: make_selector(plain, arms)
     return made
+
+
+def test_budget_and_expected_routes_are_not_replayed(exact_pool, traced):
+    """A cost-model budget (its rounds are built from the drafts' own scores) and a route by expected tokens need
+    what a trace does not keep: the replay refuses them with a clear error instead of guessing."""
+    from specbench.errors import SpecbenchError
+    from specbench.selection import Budget, Router
+
+    _, pool = exact_pool
+    arms = list(pool)
+    lengths = {n: pool[n].draft_length or 4 for n in trace_lengths(pool, 4, None)}
+    _, qt, _ = traced[0]
+    for sel in (Budget(arms, retrieval="prompt_lookup"),
+                Router(arms, lookup="prompt_lookup", fallback="eagle", min_expected=2.0)):
+        with pytest.raises(SpecbenchError, match="live"):
+            replay(qt, sel, Limits(max_new_tokens=MAX_NEW, draft_length=4), COSTS, lengths)
 
 
 def test_the_trace_follows_the_autoregressive_output(exact_pool, traced, tiny_decode):
@@ -148,6 +171,10 @@ def test_selectors_not_marked_randomized_give_the_same_rounds_for_every_seed(exa
         plain = OmegaConf.to_container(OmegaConf.create(scfg), resolve=True)
         if name == "fixed":
             plain["arm"] = "eagle"
+        if name in LIVE_ONLY:
+            continue
+        if name in ("router_sam", "router_suffix"):
+            plain.update(lookup="prompt_lookup", fallback="eagle", min_expected=None)
         m = Method(name, lambda plain=plain: make_selector(plain, arms), plain)
         runs = []
         for seed in (0, 7):

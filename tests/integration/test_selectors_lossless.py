@@ -21,6 +21,11 @@ PROMPTS = ["The quick brown fox jumps over the lazy dog. The quick brown", "abc 
 MAX_NEW = 24
 DRAFT_LENGTH = 3
 SELECTORS = group_options("selector")
+# options whose drafter names are the real pools' (quantized, the retrieval drafter with memory, the generalist
+# head): the tiny pool's own (prompt lookup has no scores, so router_suffix's bar is 0 here)
+TINY_NAMES = {"fixed": {"arm": "quantized_dynamic"}, "budget": {"retrieval": "prompt_lookup"},
+              "router_sam": {"lookup": "prompt_lookup", "fallback": "hf", "min_match": 1},
+              "router_suffix": {"lookup": "prompt_lookup", "fallback": "hf", "min_expected": 0.0}}
 
 
 def test_every_selector_config_is_covered():
@@ -58,9 +63,9 @@ def autoregressive(tiny_setup, tiny_decode):
 def test_selector_config_decodes_like_autoregressive(tiny_setup, tiny_decode, autoregressive, tmp_path, name):
     setup = tiny_setup
     root = policy_root(setup, tmp_path) if name == "policy" else None
-    if name == "fixed":  # its arm names a pool key of the real pools (quantized); the tiny pool's own
+    if name in TINY_NAMES:  # the options name pool keys of the real pools: the tiny pool's own
         from omegaconf import OmegaConf
-        root = OmegaConf.create({"selector_overrides": {"arm": "quantized_dynamic"}})
+        root = OmegaConf.create({"selector_overrides": TINY_NAMES[name]})
     methods = parse_methods([f"selector:{name}"], setup.pool, None, root=root)
     assert [m.name for m in methods][0] == "autoregressive" and len(methods) == 2
     selector = methods[1].make_selector()  # one selector for the whole stream, as a run keeps per method

@@ -95,6 +95,21 @@ def stand_in_drafters(cfg) -> None:
         cfg.methods = list(dict.fromkeys(methods))
     if cfg.get("selector") is not None and cfg.selector.get("fallback"):
         cfg.selector.fallback = sub(str(cfg.selector.fallback))
+    # a retrieval drafter the tiny pool lacks (the suffix drafter): prompt lookup stands in
+    if cfg.get("selector") is not None and "costs" in cfg.selector:  # a cost-model budget: given costs, no clock
+        cfg.selector.costs = {"verify": [0.01, 0.001], "draft": {a: 0.002 for a in arms}}
+    for key in ("retrieval", "lookup"):
+        if cfg.get("selector") is not None and cfg.selector.get(key) and str(cfg.selector[key]) not in arms:
+            cfg.selector[key] = "prompt_lookup"
+    for m in (str(x) for x in cfg.get("methods") or []):  # selector:<name> methods naming such drafters
+        if m.startswith("selector:"):
+            from specbench.configs import load_option
+
+            option = load_option("selector", m[9:])
+            own = {k: ("prompt_lookup" if k != "fallback" else sub(str(option[k])))
+                   for k in ("retrieval", "lookup", "fallback") if option.get(k) and str(option[k]) not in arms}
+            if own:
+                cfg.selector_overrides = {**(cfg.get("selector_overrides") or {}), m[9:]: own}
 
 
 # The fixture's scenarios were captured on the embedded suite's first four tasks; the code task (HumanEval,

@@ -86,7 +86,8 @@ def test_load_option_is_what_hydra_composes(group, name):
 def test_selector_options_share_the_bandit_base():
     assert "base" not in group_options("selector") and "bandit" not in group_options("selector")
     base = OmegaConf.to_container(OmegaConf.load(Path(conf_dir()) / "selector" / "base" / "bandit.yaml"))
-    bandits = [n for n in group_options("selector") if n not in ("fixed", "policy", "router", "router_tree")]
+    bandits = [n for n in group_options("selector")
+               if n not in ("fixed", "policy", "router", "router_tree", "router_sam", "router_suffix", "budget")]
     assert len(bandits) == 15  # 12 bandits, hedge, and the tree subset selectors tree_ucb and tree_hedge
     for name in bandits:
         cfg = load_option("selector", name)
