@@ -42,7 +42,7 @@ class Round:
     deferred: int = 0  # drafted positions a cascade rule deferred to the target (0: no cascade rule)
     first_use: bool = False  # the drafter did its per-query setup in this round (timed in t_switch)
     # Tree rounds (several drafts verified in one forward; ``arm`` is ``tree:<a>+<b>``): the drafters whose
-    # drafts entered the tree, its node count, the accepted length each draft had along the tree's rows (greedy:
+    # drafts entered the tree, its node count (also set, alone, when one drafter's own draft was a tree), the accepted length each draft had along the tree's rows (greedy:
     # exactly what it would have had alone; sampling: how far it followed the accepted path), and the
     # members whose draft reached the round's accepted length (they share the credit). None / 0 otherwise.
     members: list[str] | None = None

@@ -281,6 +281,8 @@ def feedback(w: Walk, choice, members, made: Mapping[str, Drafted], v: Verified,
                 t_switch=t_sync if setup else 0.0, switched=switched, first_use=first_use, deferred=v.deferred)
     if isinstance(choice, Plan):
         rnd.expected, rnd.predicted_s = choice.estimate()
+    if v.tree is not None:  # a tree round, of several drafters' drafts or of one drafter's own tree
+        rnd.tree_size = v.tree.size
     if v.tree is None:
         nodes = {v.arm: chain_outcomes(len(made[v.arm].draft.tokens), accepted)}
     else:
@@ -317,8 +319,11 @@ def play_round(w: Walk) -> bool:
     t4 = clock.now()
     side = side_observations(w, v, members, context, room)
     t5 = clock.now()
-    times = {"select": (t1 - t0) + (t5 - t4) + (0.0 if gen.rounds else w.t_reset), "verify": t4 - t3,
-             "routed": unused.t_sync + unused.t_propose if unused is not None else 0.0}
+    routed = unused.t_sync + unused.t_propose if unused is not None else 0.0
+    # what the drafting phase spent outside the drafters (a plan's own decisions): the selector's time
+    planning = max((t3 - t1) - routed - sum(d.t_sync + d.t_propose for d in made.values()), 0.0)
+    times = {"select": (t1 - t0) + planning + (t5 - t4) + (0.0 if gen.rounds else w.t_reset), "verify": t4 - t3,
+             "routed": routed}
     gen.rounds.append(feedback(w, choice, members, made, v, times))
     for name, side_bd in side.items():
         w.selector.observe(name, side_bd)

@@ -80,6 +80,26 @@ def check(run_dir: Path) -> pd.DataFrame:
     return table.reset_index()
 
 
+def tree_overhead(run_dir: Path, chains: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """What a tree round's verification costs beyond a chain's of as many nodes: ``t_verify`` against the line
+    ``a + b * nodes`` fitted on chain rounds alone, by round kind (the mask, the all-row softmax, the members'
+    Block Divergence, the cache compaction); in ms and in target steps (``a``). ``chains``: the methods whose
+    rounds fit the chain line (default: every round that verified no tree)."""
+    run_dir = Path(run_dir)
+    rounds = load_round_values(run_dir.parent, run_dir.name, None, FIELDS + ("tree_size",))
+    if rounds.empty:
+        raise SpecbenchError(f"{run_dir}: no rounds", "point at a finished `specbench eval` run")
+    tree = rounds.arm.astype(str).str.startswith("tree:") | (rounds.tree_size.fillna(0) > 0)
+    chain = rounds[~tree & (rounds.drafted > 0) & (rounds.method.isin(chains) if chains else True)]
+    b, a = np.polyfit(chain.drafted.to_numpy(float), chain.t_verify.to_numpy(float), 1)
+    kind = np.where(tree, "tree", np.where(rounds.index.isin(chain.index), "chain", "other"))
+    rounds = rounds.assign(residual=rounds.t_verify - (a + b * rounds.drafted), kind=kind)
+    g = rounds[(rounds.drafted > 0) & (rounds.kind != "other")].groupby("kind")
+    return pd.DataFrame({"rounds": g.size(), "mean nodes": g.drafted.mean(),
+                         "verify beyond the chain line (ms)": 1000 * g.residual.mean(),
+                         "in target steps": g.residual.mean() / a}).reset_index()
+
+
 def budget_calibration(run_dir: Path) -> pd.DataFrame | None:
     """For methods whose rounds a budget built: mean expected and realised accepted tokens a round, and the sum of
     its predicted round seconds against the measured drafting and verification seconds."""
@@ -100,6 +120,7 @@ if __name__ == "__main__":
         sys.exit("usage: python -m specbench.reproduction.cost_model RUN_DIR")
     try:
         print(check(Path(sys.argv[1])).to_string(index=False))
+        print(tree_overhead(Path(sys.argv[1])).to_string(index=False))
         cal = budget_calibration(Path(sys.argv[1]))
         if cal is not None:
             print(cal.to_string(index=False))

@@ -137,6 +137,9 @@ def cost_model_lines(run_dir: Path) -> list[str]:
              "method's mean selection/switching seconds a round and per-query overhead; fitted on half of the queries "
              "and predicting the other half, both ways (`python -m specbench.reproduction.cost_model RUN_DIR`).", "",
              to_markdown(cost_model.check(run_dir), floatfmt=".4f"), ""]
+    lines += ["What a tree round's verification costs beyond a chain's of as many nodes (mask, all-row softmax, "
+              "members' Block Divergence, cache compaction), against the chain rounds' own line:", "",
+              to_markdown(cost_model.tree_overhead(run_dir), floatfmt=".3f"), ""]
     cal = cost_model.budget_calibration(run_dir)
     if cal is not None:
         lines += ["## The budget's own estimates against its rounds", "",

@@ -110,6 +110,7 @@ def test_tree_config_is_checked(tiny_llama_target, tmp_path):
                                                  "tree": bad}})
 
 
+@pytest.mark.slow  # 15 s
 def test_sampling_law_with_dynamic_trees(tree_pool, tiny_decode):
     from tests.integration.test_sampling_lossless import SAMPLING, check_law, exact_two_token_law
 
@@ -169,6 +170,7 @@ def test_greedy_suffix_with_memory_equals_autoregressive(retrieval_pool, tiny_de
     assert accepted[1] > accepted[0] + 10, accepted
 
 
+@pytest.mark.slow
 def test_sampling_law_retrieval_tree_first_then_head_tree(retrieval_pool):
     """Production order: the retrieval drafter's deterministic branches first, then a head's sampled dynamic tree,
     in one token tree: the target's two-token law holds."""
@@ -208,6 +210,7 @@ def test_budget_greedy_equals_autoregressive_and_records_its_plan(retrieval_pool
     assert sum(cal.trials.values()) > 0  # every verified node whose parent was accepted is an observation
 
 
+@pytest.mark.slow
 def test_budget_sampling_law(retrieval_pool):
     from specbench.selection import Budget
     from tests.integration.test_sampling_lossless import SAMPLING, check_law, exact_two_token_law

@@ -138,3 +138,61 @@ def test_greedy_tree_walk_and_member_agreement():
     assert verdict.tokens == [1, 4, 0] and verdict.accepted == 2
     assert {m: verdict.agreement(tree, m) for m in tree.paths} == {"a": 1, "b": 2, "c": 0, "d": 0}
     assert verdict.winners(tree) == ["b"]
+
+
+# -- one node in production order: the deterministic (retrieval) candidate first, then two model drafters whose
+#    draws often coincide; the law test must catch each natural mistake (a statistic far past its critical value)
+P_NODE = torch.tensor([0.40, 0.30, 0.20, 0.10])
+Q1 = torch.tensor([0.10, 0.60, 0.25, 0.05])
+Q2 = torch.tensor([0.05, 0.55, 0.35, 0.05])
+ONE_HOT = 1  # the retrieval drafter's token: also the model drafters' favourite
+DRAWS = 20_000
+
+
+def node_tree_and_q(rng: torch.Generator):
+    """A depth-1 tree: the one-hot candidate first, then one draw from each model drafter (as the loop orders them)."""
+    drafts = {"retrieval": [ONE_HOT], "m1": [int(torch.multinomial(Q1, 1, generator=rng))],
+              "m2": [int(torch.multinomial(Q2, 1, generator=rng))]}
+    return build_tree(drafts), {"retrieval": None, "m1": Q1[None], "m2": Q2[None]}
+
+
+def production(rng):
+    tree, q = node_tree_and_q(rng)
+    return verify_tree_sampling(tree, q, torch.stack([P_NODE] * (tree.size + 1)), rng).tokens[0]
+
+
+def mutant(kind: str):
+    """The node's recursive rejection with one mistake: ``skip_tried`` (a token already rejected is not tried
+    again), ``p_residual`` (the residual taken from p, not from the running residual), ``final_from_p`` (after
+    every rejection the token is drawn from p)."""
+    def run(rng):
+        tree, q = node_tree_and_q(rng)
+        dist, tried = P_NODE.clone(), set()
+        for member in ("retrieval", "m1", "m2"):
+            x = tree.tokens[tree.paths[member][0]]
+            qm = q[member][0] if q[member] is not None else torch.nn.functional.one_hot(torch.tensor(x), 4).float()
+            if kind == "skip_tried" and x in tried:
+                continue
+            tried.add(x)
+            if float(torch.rand(1, generator=rng)) * float(qm[x]) < float(dist[x]):
+                return x
+            base = P_NODE if kind == "p_residual" else dist
+            left = torch.clamp(base - qm, min=0)
+            dist = left / left.sum() if left.sum() > 0 else base
+        final = P_NODE if kind == "final_from_p" else dist
+        return int(torch.multinomial(final, 1, generator=rng))
+    return run
+
+
+def node_statistic(run) -> float:
+    rng = torch.Generator().manual_seed(13)
+    counts = Counter(run(rng) for _ in range(DRAWS))
+    return sum((counts.get(v, 0) - float(P_NODE[v]) * DRAWS) ** 2 / (float(P_NODE[v]) * DRAWS) for v in range(4))
+
+
+def test_node_law_in_production_order_and_its_mutations_are_caught():
+    critical = chi2_critical(3)
+    assert node_statistic(production) < critical
+    for kind in ("skip_tried", "p_residual", "final_from_p"):
+        stat = node_statistic(mutant(kind))
+        assert stat > 3 * critical, f"the law test misses the mutation {kind}: {stat:.1f} against {critical:.1f}"

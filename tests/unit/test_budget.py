@@ -1,0 +1,105 @@
+"""The cost-model budget's pieces on seeded synthetic drafts (no model): its acceptance calibration converges to
+the true acceptance of a miscalibrated drafter, its verification-cost fit recovers a + b * nodes, it keeps the
+nodes whose estimate pays for their verification, and it adds a model drafter only where its marginal tokens
+pay for its drafting."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from specbench.decoding.drafter import Draft
+from specbench.errors import SpecbenchError
+from specbench.selection import Budget
+from specbench.selection.base import Feedback
+from specbench.selection.budget import BINS, Calibration, VerifyCost
+
+ARMS = ["autoregressive", "ret", "head"]
+
+
+def synthetic_draft(rng: random.Random, depth: int) -> Draft:
+    """A chain whose local scores are uniform in [0, 1] (path scores are their products)."""
+    scores, path = [], 1.0
+    for _ in range(depth):
+        path *= rng.random()
+        scores.append(path)
+    return Draft(list(range(depth)), None, scores=scores)
+
+
+def test_calibration_learns_a_miscalibrated_drafter():
+    """True acceptance given the parent is local_score ** 2 (the drafter is overconfident); after 3,000 rounds every
+    bin's estimate is within 0.05 of the truth at its centre, though its prior said local_score."""
+    rng = random.Random(0)
+    budget = Budget(ARMS, retrieval="ret", models=["head"], costs={"verify": [0.03, 0.001], "draft": {}})
+    for _ in range(3000):
+        plan = budget.select()
+        drafts = {"ret": synthetic_draft(rng, 4)}
+        plan.more(drafts)
+        keep = plan.prune(drafts, False)  # keep all: every node is observed while its parent is accepted
+        draft = drafts["ret"]
+        nodes, alive, parent_score = [], True, 1.0
+        for i in keep["ret"]:
+            if not alive:
+                break
+            local = draft.scores[i] / parent_score
+            ok = rng.random() < local ** 2
+            nodes.append((i, ok))
+            alive, parent_score = ok, draft.scores[i]
+        budget.update("ret", Feedback(drafted=4, accepted=sum(ok for _, ok in nodes), n_max=4, be=0.0, bd=0.0,
+                                      t_draft=0.0, t_verify=0.03, t_switch=0.0, nodes=tuple(nodes)))
+    cal = budget.calibration["ret"]
+    for b in range(BINS):
+        centre = (b + 0.5) / BINS
+        if cal.trials.get(("score", b), 0) > 100:
+            assert cal.estimate(("score", b)) == pytest.approx(centre ** 2, abs=0.05), b
+
+
+def test_verify_cost_fit_recovers_the_line():
+    rng = random.Random(1)
+    cost = VerifyCost(node_cost=0.5)  # a wrong prior slope, replaced once the rounds vary in size
+    for _ in range(200):
+        n = rng.randint(1, 20)
+        cost.observe(n, 0.030 + 0.0008 * n + rng.gauss(0, 0.0005))
+    a, b = cost.coefficients()
+    assert a == pytest.approx(0.030, abs=0.001) and b == pytest.approx(0.0008, abs=0.0001)
+    assert VerifyCost(0.025).coefficients()[1] == pytest.approx(0.025 * VerifyCost(0.025).coefficients()[0])
+
+
+def test_prune_keeps_nodes_that_pay_for_their_verification():
+    """Given costs (a = 1 s, b = 0.1 s a node) and estimates equal to the drafter's own scores (a huge prior), a node
+    is kept while estimate / b beats the round's expected tokens per second so far: a chain of path estimates 0.95,
+    0.5225, 0.287, 0.043 keeps three (0.287 / 0.1 = 2.87 > (1 + 1.4725) / 1.2 = 2.06; then 0.43 < 2.76 / 1.3)."""
+    budget = Budget(ARMS, retrieval="ret", models=[], prior=1e9, costs={"verify": [1.0, 0.1], "draft": {"ret": 0.0}})
+    plan = budget.select()
+    s0 = 0.95  # local scores 0.95, 0.55, 0.55, 0.15: the centres of their bins
+    draft = Draft([1, 2, 3, 4], None, scores=[s0, s0 * 0.55, s0 * 0.55 ** 2, s0 * 0.55 ** 2 * 0.15])
+    assert plan.prune({"ret": draft}, True) == {"ret": [0, 1, 2]}
+    expected, seconds = plan.estimate()
+    assert expected == pytest.approx(s0 * (1 + 0.55 + 0.55 ** 2)) and seconds == pytest.approx(1.3)
+    # under sampling nothing is cut by value
+    assert budget.select().prune({"ret": draft}, False) == {"ret": [0, 1, 2, 3]}
+
+
+def test_a_model_drafts_only_where_its_marginal_tokens_pay():
+    costs = {"verify": [0.04, 0.001], "draft": {"ret": 0.0, "head": 0.012}}
+    budget = Budget(ARMS, retrieval="ret", models=["head"], costs=costs, optimism=0.0)
+    empty, strong = Draft([], None, scores=[]), Draft([1, 2, 3], None, scores=[0.95, 0.9, 0.85])
+    for _ in range(50):  # the head adds 2 tokens when retrieval has nothing, 0 beside a strong retrieval draft
+        plan = budget.select()
+        plan.more({"ret": empty})
+        plan.prune({"ret": empty, "head": Draft([5], None)}, True)
+        budget.update_tree({"ret": Feedback(0, 0, 4, 0, 0, 0, 0.04, 0, ()),
+                            "head": Feedback(2, 2, 4, 0, 0, 0.012, 0.04, 0, ())})
+        budget._empty = False  # a round beside a (strong) retrieval draft
+        budget.update_tree({"ret": Feedback(3, 3, 4, 0, 0, 0, 0.04, 0, ()),
+                            "head": Feedback(2, 1, 4, 0, 0, 0.012, 0.04, 0, ())})
+    assert budget.select().more({"ret": empty}) == ("head",)  # 2.5 tokens / 0.053 s beats 1 / 0.04 s
+    assert budget.select().more({"ret": strong}) == ()  # nothing to add beside it: drafting would only cost
+
+
+def test_bad_costs_are_refused():
+    for bad in ({"verify": [0, 1]}, {"verify": "x"}, {"verify": [0.1, 0.0], "draft": {"nope": 1.0}}):
+        with pytest.raises(SpecbenchError, match="costs"):
+            Budget(ARMS, retrieval="ret", costs=bad)
+    assert Calibration.key(None, 3) == ("depth", 3)
