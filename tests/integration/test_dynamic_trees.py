@@ -110,24 +110,31 @@ def test_tree_config_is_checked(tiny_llama_target, tmp_path):
                                                  "tree": bad}})
 
 
-@pytest.mark.slow  # 15 s
-def test_sampling_law_with_dynamic_trees(tree_pool, tiny_decode):
+def two_token_law(target, pool, selector, seed: int, runs: int = 3000) -> int:
+    """Decode two sampled tokens ``runs`` times with ``selector`` after a repetitive prompt (the pass-through head's
+    guesses then overlap the target's top tokens) and check their law against the target's exact one; returns the
+    draft tokens accepted in all."""
     from tests.integration.test_sampling_lossless import SAMPLING, check_law, exact_two_token_law
 
-    target, pool = tree_pool
     prompt = target.tokenizer("ab" * 12)["input_ids"]
     law = exact_two_token_law(target, prompt)
-    rng = torch.Generator().manual_seed(11)
+    rng = torch.Generator().manual_seed(seed)
     counts: Counter = Counter()
     accepted = 0
-    runs = 3000
     for _ in range(runs):
-        gen = tiny_decode(target, pool, "tree_sub", prompt, max_new_tokens=2, draft_length=3, sampling=SAMPLING,
-                          eos_ids=frozenset(), rng=rng)
+        gen = _decode_stream(target, pool, selector, prompt, None, max_new_tokens=2, sampling=SAMPLING, rng=rng,
+                             draft_length=3)
         counts[tuple(gen.tokens)] += 1
         accepted += gen.accepted
-    assert 0 < accepted < runs
     check_law(counts, law, runs)
+    return accepted
+
+
+@pytest.mark.slow  # 15 s
+def test_sampling_law_with_dynamic_trees(tree_pool):
+    target, pool = tree_pool
+    accepted = two_token_law(target, pool, "tree_sub", seed=11)
+    assert 0 < accepted < 3000  # both verification branches are exercised
 
 
 @pytest.fixture(scope="module")
@@ -140,14 +147,14 @@ def retrieval_pool(tree_pool, tiny_llama_target):
     return target, {**pool, **{k: v for k, v in extra.items() if k.startswith("suffix")}}
 
 
-def _decode_stream(target, pool, selector, prompt, stream, max_new_tokens=30, sampling=None, rng=None):
+def _decode_stream(target, pool, selector, prompt, stream, max_new_tokens=30, sampling=None, rng=None, draft_length=6):
     from specbench.decoding.loop import DecodeSpec, Limits, decode
     from specbench.selection import Fixed
     from specbench.timing import Clock
 
     if isinstance(selector, str):
         selector = Fixed(list(pool), selector)
-    spec = DecodeSpec(sampling or SamplingParams(), Limits(max_new_tokens=max_new_tokens, draft_length=6),
+    spec = DecodeSpec(sampling or SamplingParams(), Limits(max_new_tokens=max_new_tokens, draft_length=draft_length),
                       frozenset({int(target.tokenizer.eos_token_id)}), Clock(), None, stream)
     return decode(target, pool, selector, list(prompt), spec, rng or torch.Generator().manual_seed(0))
 
@@ -175,19 +182,9 @@ def test_sampling_law_retrieval_tree_first_then_head_tree(retrieval_pool):
     """Production order: the retrieval drafter's deterministic branches first, then a head's sampled dynamic tree,
     in one token tree: the target's two-token law holds."""
     from specbench.selection import FixedTree
-    from tests.integration.test_sampling_lossless import SAMPLING, check_law, exact_two_token_law
 
     target, pool = retrieval_pool
-    prompt = target.tokenizer("ab" * 12)["input_ids"]
-    law = exact_two_token_law(target, prompt)
-    rng = torch.Generator().manual_seed(5)
-    selector = FixedTree(list(pool), ["suffix", "tree_sub"])
-    counts: Counter = Counter()
-    runs = 3000
-    for _ in range(runs):
-        gen = _decode_stream(target, pool, selector, prompt, None, max_new_tokens=2, sampling=SAMPLING, rng=rng)
-        counts[tuple(gen.tokens)] += 1
-    check_law(counts, law, runs)
+    two_token_law(target, pool, FixedTree(list(pool), ["suffix", "tree_sub"]), seed=5)
 
 
 def test_budget_greedy_equals_autoregressive_and_records_its_plan(retrieval_pool, tiny_decode):
@@ -213,19 +210,9 @@ def test_budget_greedy_equals_autoregressive_and_records_its_plan(retrieval_pool
 @pytest.mark.slow
 def test_budget_sampling_law(retrieval_pool):
     from specbench.selection import Budget
-    from tests.integration.test_sampling_lossless import SAMPLING, check_law, exact_two_token_law
 
     target, pool = retrieval_pool
-    prompt = target.tokenizer("ab" * 12)["input_ids"]
-    law = exact_two_token_law(target, prompt)
-    rng = torch.Generator().manual_seed(3)
-    selector = Budget(list(pool), retrieval="suffix", models=["tree_sub"], optimism=5.0)
-    counts: Counter = Counter()
-    runs = 3000
-    for _ in range(runs):
-        gen = _decode_stream(target, pool, selector, prompt, None, max_new_tokens=2, sampling=SAMPLING, rng=rng)
-        counts[tuple(gen.tokens)] += 1
-    check_law(counts, law, runs)
+    two_token_law(target, pool, Budget(list(pool), retrieval="suffix", models=["tree_sub"], optimism=5.0), seed=3)
 
 
 def test_budget_refuses_unknown_drafters(retrieval_pool):
