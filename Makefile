@@ -78,7 +78,8 @@ bench: install
 	$(SPECBENCH) bench
 
 # make test: every test but the slow set (the real SmolLM2 model, the widest sampling laws, four of the five
-# cascade rules' sampling laws, the dynamic trees' and the budget's two-token laws), within ~15 minutes
+# cascade rules' sampling laws, the dynamic trees' and the budget's two-token laws, the long bandit regression
+# scenarios), within ~15 minutes
 # on 2 CPUs; make test-slow: the slow set; CI (.ci/run) runs both.
 test: install lint
 	$(PYTHON) -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS) tests

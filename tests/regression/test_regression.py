@@ -45,7 +45,9 @@ def test_long_scenarios_differ_from_each_other_and_leave_exploration():
         assert len({a for g in bandits for a in g["arms"]}) >= 2, key
 
 
-@pytest.mark.parametrize("key", sorted(SCENARIOS))
+# the long bandit scenarios (7-8 s each) run in the slow set, which CI runs too
+@pytest.mark.parametrize("key", [pytest.param(k, marks=pytest.mark.slow) if k.startswith("long_") else k
+                                 for k in sorted(SCENARIOS)])
 def test_results_unchanged(key, tmp_path):
     if sampled(key) and cpu_name() != SAMPLED_ON:
         pytest.skip(f"{key} samples, and was captured on {SAMPLED_ON}, not on this {cpu_name()} "
