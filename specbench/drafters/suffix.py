@@ -140,7 +140,7 @@ class SuffixDrafter(Drafter):
         return n
 
     def propose(self, tokens, k, sampling, rng, eos_ids=frozenset(), stop_below=0.0) -> Draft:
-        if not self._live or self._live[len(self._prefix):] != list(tokens):
+        if len(self._live) != len(self._prefix) + len(tokens):
             self.catch_up(tokens)  # a direct call (the loop syncs first)
         found, match = self._occurrences()
         if not found or k < 1:

@@ -176,19 +176,18 @@ class Budget(Selector):
         self._keys = {}
         return Plan((self.retrieval,), self._more, self._prune, self._estimate)
 
-    def _node_estimates(self, name: str, draft) -> tuple[list[float], list[tuple]]:
-        """Each draft token's estimated chance of being accepted (product along its path), and its calibration key."""
-        n = len(draft.tokens)
-        parents = draft.parents if draft.parents is not None else list(range(-1, n - 1))
+    def _node_estimates(self, name: str, draft, shape=None) -> tuple[list[float], list[tuple]]:
+        """Each draft token's estimated chance of being accepted (product along its path), and its calibration key
+        (``shape``: the draft's ``_shape`` when already computed)."""
+        parents, depths, _ = shape or _shape(draft)
         cal = self.calibration[name]
-        est, keys, depth = [], [], []
+        est, keys = [], []
         for i, parent in enumerate(parents):
-            depth.append(1 if parent < 0 else depth[parent] + 1)
             local = None
             if draft.scores is not None:
                 above = 1.0 if parent < 0 else draft.scores[parent]
                 local = draft.scores[i] / above if above > 0 else 0.0
-            key = cal.key(local, depth[i])
+            key = cal.key(local, depths[i])
             keys.append(key)
             est.append((1.0 if parent < 0 else est[parent]) * cal.estimate(key))
         return est, keys
@@ -215,8 +214,8 @@ class Budget(Selector):
 
     def _prune(self, drafts, greedy: bool = True) -> dict[str, list[int]]:
         spent = sum(self.t_draft[m] or 0.0 for m in drafts)
-        scored = {m: self._node_estimates(m, d) for m, d in drafts.items()}
         shape = {m: _shape(d) for m, d in drafts.items()}  # (parents, depths, paths) of each draft
+        scored = {m: self._node_estimates(m, d, shape[m]) for m, d in drafts.items()}
         if not greedy:  # keep every draw (no cut by value keeps the law)
             keep = {m: list(range(len(d.tokens))) for m, d in drafts.items()}
         else:
