@@ -28,7 +28,8 @@ KEYS: dict[str, Rule] = {
     "pool.drafters.*.checkpoint": PATH,
     "pool.drafters.*.model": text(),
     "pool.drafters.*.sub_vocabulary": boolean(),  # eagle
-    # eagle, suffix: a tree draft each round ({width, nodes}; null: a chain); checked by dynamic_tree.tree_shape
+    # a tree draft each round ({width, nodes}; null: a chain; every kind but prompt_lookup and eagle3); checked by
+    # dynamic_tree.tree_shape
     "pool.drafters.*.tree": mapping(null=True, note=" ({width, nodes}; null: a chain)"),
     "pool.drafters.*.tree.width": COUNT,
     "pool.drafters.*.tree.nodes": COUNT,

@@ -6,8 +6,9 @@ import torch
 
 from specbench.decoding.drafter import AUTOREGRESSIVE, AutoregressiveArm, Draft, Drafter, DecodeContext, draft_ends
 from specbench.decoding.sampling import logits_to_probs, pick
+from specbench.drafters.dynamic_tree import TreeShape, ancestors, grow, tree_shape
 from specbench.errors import SpecbenchError
-from specbench.models.cache import CachedLM
+from specbench.models.cache import CachedLM, check_tree_attention
 
 
 def check_confidence_threshold(value, name: str) -> float:
@@ -31,16 +32,20 @@ class ModelDrafter(Drafter):
     (0 = always draft ``k``; a probability in [0, 1], else a ``SpecbenchError``). Verification is unchanged, so decoding stays lossless.
     ``shares_encoder``: the module's encoder is the target's own (an early exit of an
     encoder-decoder target), so a query reuses the target's encoder output instead of encoding again.
+    ``tree``: a dynamic draft tree each round (``drafters/dynamic_tree.py``: one forward per depth over the
+    frontier, tree attention inside the drafter); None: a chain. A tree draft ignores ``confidence_threshold``
+    (its size is ``tree.nodes``), and a sequential cascade's deferral (``stop_below``) drafts a chain.
     """
 
     shares_encoder: bool = False
 
     def __init__(self, name: str, model: torch.nn.Module, vocab_size: int, cost: float,
-                 confidence_threshold: float = 0.0):
+                 confidence_threshold: float = 0.0, tree: TreeShape | None = None):
         self.name = name
         self.cost = cost
         self.confidence_threshold = check_confidence_threshold(confidence_threshold, name)
         self.lm = CachedLM(model, vocab_size=vocab_size)
+        self.tree = tree
         self._next_logits: torch.Tensor | None = None
 
     def begin(self, query: DecodeContext) -> None:
@@ -58,6 +63,8 @@ class ModelDrafter(Drafter):
             self.catch_up(tokens)
         logits = self._next_logits
         self._next_logits = None
+        if self.tree is not None and k > 0 and not stop_below:
+            return self._propose_tree(logits, k, sampling, rng, eos_ids)
         out: list[int] = []
         rows: list[torch.Tensor] = []
         raw: list[torch.Tensor] = []
@@ -75,10 +82,50 @@ class ModelDrafter(Drafter):
             logits = self.lm.forward([tok], last_only=True)[-1]
         return Draft(tokens=out, probs=torch.stack(rows) if rows else None, raw=torch.stack(raw) if raw else None)
 
+    def _propose_tree(self, logits: torch.Tensor, k: int, sampling, rng, eos_ids) -> Draft:
+        """A dynamic draft tree: one forward per depth over the frontier; each frontier node sees the committed
+        tokens, its ancestors (cached by earlier depths) and itself, at position ``committed + depth - 1``. The tree's
+        cache rows are dropped afterwards (the next sync feeds the accepted tokens as a chain)."""
+        lm = self.lm
+        base = len(lm.cached)
+        slot: dict[int, int] = {}  # node -> its row among the tree rows fed so far
+
+        def expand(frontier, tokens, parents, depths):
+            fed = len(slot)
+            attend = torch.zeros(len(frontier), base + fed + len(frontier), dtype=torch.bool)
+            attend[:, :base] = True
+            for row, node in enumerate(frontier):
+                for a in ancestors(parents, node):
+                    attend[row, base + slot[a]] = True
+                attend[row, base + fed + row] = True
+                slot[node] = fed + row
+            out = lm.forward([tokens[n] for n in frontier], attend=attend,
+                             positions=[base + depths[n] - 1 for n in frontier])
+            return logits_to_probs(out, sampling)
+
+        try:
+            return grow(logits_to_probs(logits, sampling), expand, k, self.tree, sampling, rng, eos_ids)
+        finally:
+            lm.crop(base)
+
+
+def with_tree(drafter: ModelDrafter, tree, name: str) -> ModelDrafter:
+    """``drafter`` drafting a dynamic tree of shape ``tree`` (a drafter config's ``{width, nodes}``; None: a chain),
+    refused before decoding for a drafter that cannot attend a tree: an encoder-decoder model (its attention mask
+    is the encoder's) or an attention implementation without custom 4D masks."""
+    shape = tree_shape(tree, name)
+    if shape is not None:
+        if drafter.lm.is_encoder_decoder:
+            raise SpecbenchError(f"drafter '{name}': dynamic draft trees need a decoder-only drafter",
+                                 f"set pool.drafters.{name}.tree to null (a chain) for an encoder-decoder drafter")
+        check_tree_attention(drafter.lm.model, f"drafter '{name}' (tree)")
+    drafter.tree = shape
+    return drafter
+
 
 def param_count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
 __all__ = ["AUTOREGRESSIVE", "AutoregressiveArm", "Draft", "Drafter", "ModelDrafter", "check_confidence_threshold",
-           "param_count"]
+           "param_count", "with_tree"]

@@ -21,7 +21,7 @@ import torch
 from specbench.decoding.drafter import ObservationGroup, Verification
 from specbench.decoding.sampling import logits_to_probs
 from specbench.decoding.verify import block_divergence
-from specbench.drafters.base import ModelDrafter, param_count
+from specbench.drafters.base import ModelDrafter, param_count, with_tree
 from specbench.errors import SpecbenchError
 from specbench.models.cache import fit_vocab
 from specbench.models.target import Target
@@ -144,7 +144,7 @@ def truncated_model(model: torch.nn.Module, layers: int, layers_key: str) -> tor
 
 def build(target: Target, name: str, layers: int, layers_key: str = "num_hidden_layers",
           cost: float | None = None, confidence_threshold: float = 0.0, final_norm: str = "model.norm",
-          head_scale: float = 1.0) -> EarlyExitDrafter:
+          head_scale: float = 1.0, tree: dict | None = None) -> EarlyExitDrafter:
     small = truncated_model(target.model, int(layers), layers_key)
     if cost is None:
         cost = param_count(small) / param_count(target.model)
@@ -155,4 +155,4 @@ def build(target: Target, name: str, layers: int, layers_key: str = "num_hidden_
                              "set target.final_norm to the path of the final norm "
                              "(model.norm for Llama-style models, decoder.final_layer_norm for T5)") from None
     read_out = ExitHead(norm, target.model.get_output_embeddings(), target.vocab_size, float(head_scale))
-    return EarlyExitDrafter(name, small, cost, int(layers), read_out, confidence_threshold)
+    return with_tree(EarlyExitDrafter(name, small, cost, int(layers), read_out, confidence_threshold), tree, name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specbench.drafters.base import ModelDrafter, param_count
+from specbench.drafters.base import ModelDrafter, param_count, with_tree
 from specbench.drafters.head_files import vocab_fingerprint
 from specbench.errors import SpecbenchError
 from specbench.models.loading import LoadedModel, load_model, resolve_cached
@@ -64,9 +64,10 @@ def check_trained_for(path: Path, target: Target, name: str) -> None:
 
 def build(target: Target, name: str, model: str, dtype: str | None = None, device: str | None = None,
           cost: float | None = None, confidence_threshold: float = 0.0,
-          make_target: str | None = None) -> ModelDrafter:
+          make_target: str | None = None, tree: dict | None = None) -> ModelDrafter:
     """``model``: a hub id, a local directory, ``embedded:<entry>``, or ``cache:<path>`` (under
-    ``$SPECBENCH_CACHE``, where ``train-drafter`` writes; ``make_target`` names what builds it)."""
+    ``$SPECBENCH_CACHE``, where ``train-drafter`` writes; ``make_target`` names what builds it). ``tree``:
+    ``{width, nodes}`` drafts a dynamic draft tree each round (decoder-only drafters; null: a chain)."""
     local = resolve_cached(model, make_target)
     if local is not None and (local / MODEL_META).exists():
         check_trained_for(local, target, name)
@@ -79,7 +80,7 @@ def build(target: Target, name: str, model: str, dtype: str | None = None, devic
     # a local / cache: checkpoint by its files; a hub model by the snapshot it resolved to (a moved branch is another
     # model); resumes check it (run_records.Records)
     drafter.fingerprint = files_fingerprint(local) or hub_fingerprint(model, loaded.model)
-    return drafter
+    return with_tree(drafter, tree, name)
 
 
 def hub_fingerprint(model: str, module) -> str | None:

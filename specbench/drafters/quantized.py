@@ -23,7 +23,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from specbench.drafters.base import ModelDrafter
+from specbench.drafters.base import ModelDrafter, with_tree
 from specbench.errors import SpecbenchError
 from specbench.models.target import Target
 
@@ -130,7 +130,7 @@ def weight_bytes(model: torch.nn.Module) -> float:
 
 
 def build(target: Target, name: str, scheme: str = "dynamic_int8", skip: list[str] | None = None,
-          cost: float | None = None, confidence_threshold: float = 0.0) -> ModelDrafter:
+          cost: float | None = None, confidence_threshold: float = 0.0, tree: dict | None = None) -> ModelDrafter:
     qmodel = quantize(target.model, scheme, skip)
     if cost is None:  # against the target's own bytes (its dtype: 2 per weight in bf16 / fp16)
         cost = weight_bytes(qmodel) / weight_bytes(target.model)
@@ -138,4 +138,4 @@ def build(target: Target, name: str, scheme: str = "dynamic_int8", skip: list[st
     # dynamic int8 scales each forward's whole input at once: a catch-up over many tokens computes other
     # probabilities than one token at a time, so a trace replays its Block Divergence only approximately
     drafter.history_free = scheme != "dynamic_int8"
-    return drafter
+    return with_tree(drafter, tree, name)

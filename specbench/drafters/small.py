@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbench.drafters.base import ModelDrafter
+from specbench.drafters.base import ModelDrafter, with_tree
 from specbench.drafters.early_exit import truncated_model
 from specbench.drafters import shipped
 from specbench.drafters.eagle.head import HeadLogits
@@ -161,8 +161,9 @@ def load(checkpoint: str, target: Target, make_target: str | None = None, layers
 
 def build(target: Target, name: str, checkpoint: str | None = None, cost: float | None = None,
           make_target: str | None = None, layers_key: str = "num_hidden_layers", confidence_threshold: float = 0.0,
-          dtype: str | None = None) -> ModelDrafter:
-    """A ``ModelDrafter`` over the small model of ``checkpoint`` (``package:<name>``, ``cache:<path>``, a directory)."""
+          dtype: str | None = None, tree: dict | None = None) -> ModelDrafter:
+    """A ``ModelDrafter`` over the small model of ``checkpoint`` (``package:<name>``, ``cache:<path>``, a directory);
+    ``tree``: ``{width, nodes}`` drafts a dynamic draft tree each round (null: a chain)."""
     if not checkpoint:
         raise SpecbenchError(f"drafter '{name}' (small) has no checkpoint",
                              f"set its checkpoint, or build one with `{make_target or 'make small-drafter'}`")
@@ -173,4 +174,4 @@ def build(target: Target, name: str, checkpoint: str | None = None, cost: float 
     drafter = ModelDrafter(name, model, target.vocab_size, cost_of(model, target) if cost is None else float(cost),
                            confidence_threshold)
     drafter.fingerprint = files_fingerprint(path)  # resumes check it (run_records.Records)
-    return drafter
+    return with_tree(drafter, tree, name)

@@ -81,7 +81,8 @@ class CachedLM:
 
     @torch.inference_mode()
     def forward(self, ids: list[int], last_only: bool = False, hidden: bool = False,
-                tree: torch.Tensor | None = None, depths: list[int] | None = None):
+                tree: torch.Tensor | None = None, depths: list[int] | None = None,
+                attend: torch.Tensor | None = None, positions: list[int] | None = None):
         """Append ``ids`` to the cache; return float32 logits ``[len(ids), V]`` (``[1, V]`` with
         ``last_only``, which skips the LM head on the other positions where the model allows).
 
@@ -92,11 +93,17 @@ class CachedLM:
         (each new position's offset from the first), the new positions form a token tree: each sees every
         cached position and the new ones ``tree`` allows, at position ``cached + depth`` (decoder-only
         models that take a 4D attention mask and ``position_ids``, the Llama family among them).
+
+        With ``attend`` (``[len(ids), cached + len(ids)]`` bool) and ``positions`` instead, each new position sees
+        exactly the cached and new positions ``attend`` allows (a dynamic draft tree grown over several forwards,
+        whose earlier depths are already cached: ``drafters/base.py``).
         """
         x = torch.tensor([ids], device=self.device)
         kwargs = {self._cache_kw: self.cache, "use_cache": True}
         if tree is not None:
             kwargs.update(tree_arguments(self.model, len(self.cached), tree, depths, self.device))
+        elif attend is not None:
+            kwargs.update(mask_arguments(self.model, attend.to(self.device), positions))
         if last_only and self._keep_kw:
             kwargs[self._keep_kw] = 1
         if hidden:
