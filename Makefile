@@ -18,7 +18,7 @@ PIP ?= $(PYTHON) -m pip
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install demo readme-demo trees-cpu budget-cpu trace-mixed test lint test-slow test-all bench clean metasd-cpu huang-cpu \
+.PHONY: install demo readme-demo trees-cpu budget-cpu trees-own-task-cpu trace-mixed test lint test-slow test-all bench clean metasd-cpu huang-cpu \
 	cascades-cpu huang-fig3 specialist-data specialist-levers specialists ship-heads small-drafter specialists-eval draft-confidence reproduce-cpu report paper-dry-run paper-drafters \
 	reproduce-paper
 
@@ -57,6 +57,15 @@ budget-cpu: install
 	$(SPECBENCH) eval experiment=trees_budget_cpu hydra.run.dir=$(BUDGET_OUT)
 	$(PYTHON) -m specbench.reproduction.multi_drafter $(BUDGET_OUT)
 	cp $(BUDGET_OUT)/multi_drafter.md docs/budget-cpu.md  # the generated page the docs quote
+
+# A drafter's dynamic tree against its chain on its own task (conf/experiment/trees_own_task_cpu.yaml: the math head
+# and the small drafter on held-out GSM8K questions; resumable), then its table with each tree against its chain (paired intervals; multi_drafter.md, copied to
+# docs/trees-own-task-cpu.md). About 10 minutes.
+OWN_TASK_OUT ?= outputs/trees_own_task_cpu
+trees-own-task-cpu: install
+	$(SPECBENCH) eval experiment=trees_own_task_cpu hydra.run.dir=$(OWN_TASK_OUT)
+	$(PYTHON) -m specbench.reproduction.multi_drafter $(OWN_TASK_OUT)
+	cp $(OWN_TASK_OUT)/multi_drafter.md docs/trees-own-task-cpu.md  # the generated page the docs quote
 
 # MetaSD's bandit claims over thousands of rounds: acceptance traces of the mixed stream (16 queries a task, 512
 # new tokens or EOS: conf/experiment/trace_mixed.yaml; resumable), a live eval of 4 of its queries a task at 128

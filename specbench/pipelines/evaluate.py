@@ -8,6 +8,7 @@ appended as each generation finishes; rerunning into the same directory skips fi
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +21,7 @@ from specbench.decoding.loop import check_trees
 from specbench.arms import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
 from specbench.pipelines import tables, spec_bench
+from specbench.pipelines.cost_cache import startup_costs
 from specbench.pipelines.methods import Method, parse_methods
 from specbench.pipelines.session.run_dir import RECORDS
 from specbench.pipelines.session.run_records import Records
@@ -110,7 +112,8 @@ def use_policy_pool(cfg: DictConfig, output_dir: str | Path) -> None:
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     use_policy_pool(cfg, output_dir)
     s = Session.open(cfg, output_dir, RECORDS, "eval")
-    methods = parse_methods(cfg.methods, s.pool, cfg.get("selector"), cfg)
+    methods = parse_methods(cfg.methods, s.pool, cfg.get("selector"), cfg, functools.cache(lambda: startup_costs(
+        s.target, s.pool, s.prompter(s.queries[0]), s.limits.draft_length, s.sampling, s.clock)))
     max_turns = int(cfg.dataset.get("max_turns") or 1)
     records = s.records()
     todo = [(qi, mi) for qi, q in enumerate(s.queries) for mi in range(len(methods))

@@ -13,6 +13,7 @@ from specbench.configs import group_options, load_option
 from specbench.arms import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
 from specbench.selection import Fixed, FixedTree, Selector
+from specbench.selection.budget import PROFILE
 
 
 AGAIN = "again:"  # a method run a second time in the same run (A/A: the noise between two runs of one method)
@@ -44,12 +45,14 @@ class Method:
         return self.config is not None and bool(getattr(self.make_selector(), "randomized", False))
 
 
-def parse_methods(specs, pool: dict, selector_cfg, root: DictConfig | None = None) -> list[Method]:
+def parse_methods(specs, pool: dict, selector_cfg, root: DictConfig | None = None,
+                  costs: Callable[[], dict] | None = None) -> list[Method]:
     """``autoregressive`` | ``fixed:<arm>`` | ``fixed:*`` (every drafter) | ``tree:<a>+<b>[+...]`` (their drafts
     verified as one token tree each round) | ``tree:*`` (the whole pool's) | ``selector`` (the composed
     ``selector`` config) | ``selector:<name>`` (``conf/selector/<name>.yaml``, so one run can compare
     several selectors; ``root.selector_overrides`` is merged into each, but for its entries ``<name>: {...}``,
-    which go to that option alone) | ``again:<spec>`` (the methods of
+    which go to that option alone; a selector whose ``costs`` is ``profile`` gets ``costs()``, the start-up cost
+    profile, measured once) | ``again:<spec>`` (the methods of
     ``<spec>`` run a second time, named ``again:<name>``: an A/A pair that measures run-to-run noise). The
     autoregressive baseline is always first."""
     arms = list(pool)
@@ -64,7 +67,7 @@ def parse_methods(specs, pool: dict, selector_cfg, root: DictConfig | None = Non
             if not inner or inner.startswith(AGAIN):
                 raise SpecbenchError(f"method '{spec}' names no method to run again",
                                      "use again:<method>, e.g. again:autoregressive or again:fixed:prompt_lookup")
-            found = parse_methods([inner], pool, selector_cfg, root)
+            found = parse_methods([inner], pool, selector_cfg, root, costs)
             new = [Method(AGAIN + m.name, m.make_selector, m.config) for m in found
                    if m.name != AUTOREGRESSIVE or inner == AUTOREGRESSIVE]
         elif spec == "selector" or spec.startswith("selector:"):
@@ -84,6 +87,8 @@ def parse_methods(specs, pool: dict, selector_cfg, root: DictConfig | None = Non
                 continue
             name = str(chosen_cfg.get("name") or chosen_cfg._target_.rsplit(".", 1)[-1].lower())
             scfg = {k: v for k, v in OmegaConf.to_container(chosen_cfg, resolve=True).items() if k != "name"}
+            if scfg.get("costs") == PROFILE and costs is not None:
+                scfg["costs"] = costs()
             make_selector(scfg, arms)  # validates the config now, before any decoding
             new = [Method(name, lambda scfg=scfg: make_selector(scfg, arms), scfg)]
         elif spec.startswith("fixed:"):

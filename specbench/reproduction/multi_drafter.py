@@ -11,7 +11,9 @@ Read from a run directory (``examples.jsonl``, ``rounds.jsonl``), nothing re-tim
   per-task oracle" are judged on them;
 - for a ``tree:*`` method (the whole pool in every round's tree): the per-round oracle's acceptance, the
   mean tokens per round when each round keeps the best drafter's draft (its time needs a replay with the
-  cost profile: not estimated here).
+  cost profile: not estimated here);
+- each drafter with a dynamic tree against the same drafter drafting a chain (two pool entries whose configs differ
+  only in ``tree`` and ``draft_length``, both run as ``fixed:``): tokens a round and the paired speed ratio.
 
     python -m specbench.reproduction.multi_drafter outputs/trees_cpu     (make trees-cpu)
 """
@@ -32,7 +34,7 @@ from specbench.reproduction import compare
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.exhibit import Exhibit, ExhibitSpec
 from specbench.reproduction.inputs import NotRun, load_examples, load_round_values
-from specbench.reproduction.runs import EXAMPLES, METASD_TREES
+from specbench.reproduction.runs import CONFIG, EXAMPLES, METASD_TREES
 from specbench.records import atomic_write_text
 
 TASK_ORACLE = "oracle"  # pipelines.tables.with_oracle's method name: the best fixed drafter per task
@@ -107,6 +109,41 @@ def _per_round_oracle(rounds: pd.DataFrame) -> dict[str, float] | None:
     return out
 
 
+def tree_pairs(drafters: dict) -> list[tuple[str, str]]:
+    """(tree drafter, chain drafter) for every pool entry with a ``tree`` whose config, ``tree`` and ``draft_length``
+    aside, equals another entry's without one."""
+    def rest(cfg: dict) -> dict:
+        return {k: v for k, v in cfg.items() if k not in ("tree", "draft_length")}
+
+    chains = [n for n, c in drafters.items() if isinstance(c, dict) and not c.get("tree")]
+    return [(n, chain) for n, c in drafters.items() if isinstance(c, dict) and c.get("tree")
+            for chain in chains if rest(drafters[chain]) == rest(c)]
+
+
+def tree_lines(run_dir: Path, table: pd.DataFrame) -> list[str]:
+    """Each drafter's dynamic tree against its chain in this run (nothing when the pool has no such pair)."""
+    from omegaconf import OmegaConf
+
+    config = Path(run_dir) / CONFIG
+    if not config.is_file():
+        return []
+    drafters = OmegaConf.to_container(OmegaConf.load(config), resolve=False).get("pool", {}).get("drafters") or {}
+    ran = set(table.method)
+    pairs = [(t, c) for t, c in tree_pairs(drafters) if {f"fixed:{t}", f"fixed:{c}"} <= ran]
+    if not pairs:
+        return []
+    ex = load_examples(Path(run_dir).parent, Path(run_dir).name)
+    mat = table.set_index("method").mat
+    rows = []
+    for t, c in pairs:
+        v = compare.faster_on(ex, f"{t}'s dynamic tree is faster than its chain ({c})", f"fixed:{t}", f"fixed:{c}")
+        rows.append({"tree": t, "shape": str(drafters[t]["tree"]), "chain": c, "tokens a round (tree)": mat[f"fixed:{t}"],
+                     "tokens a round (chain)": mat[f"fixed:{c}"], "speed tree / chain": v.effect,
+                     "95% CI": _ci(v), "n": v.n})
+    return ["## Dynamic trees against their chains (the same drafter, paired per query)", "",
+            to_markdown(pd.DataFrame(rows), floatfmt=".3f"), ""]
+
+
 def write(run_dir: Path) -> Path:
     table, verdicts, facts = tables_of(run_dir)
     md = to_markdown(table, floatfmt=".3f")
@@ -118,6 +155,7 @@ def write(run_dir: Path) -> Path:
         po = pd.DataFrame([{"drafting": k, "tokens per round": v} for k, v in facts["per_round_oracle_mat"].items()])
         lines += ["## The per-round oracle in hindsight (acceptance, from the tree:* rounds)", "",
                   to_markdown(po, floatfmt=".3f"), ""]
+    lines += tree_lines(run_dir, table)
     lines += ["## Verdicts", ""] + [f"- {v.line()}" for v in verdicts] + [""]
     lines += cost_model_lines(run_dir)
     out = Path(run_dir) / "multi_drafter.md"

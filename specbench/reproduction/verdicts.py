@@ -15,7 +15,9 @@ of 1, or a threshold such as 0.95 of the oracle) is
   (``missing``).
 
 Each judged verdict also carries a bootstrap p-value for its claim (``p``: twice the share of resampled effects
-on the null's side of x, so ``p < 1 - LEVEL`` exactly when the interval excludes x on the claim's side). A report
+on the null's side of x, so ``p < 1 - LEVEL`` exactly when the interval excludes x on the claim's side); where
+fewer than ``TAIL`` of the interval's resamples fall there, more are drawn (``adaptive_p``, up to
+``MAX_RESAMPLES``), so a p-value resolves far below the 2 / 2000 floor of the interval's own resamples. A report
 judges many claims at once, so :func:`holm` applies Holm's step-down correction across all of them: a verdict
 held at its own level stays held only if its p-value passes Holm's threshold at the family-wise level
 ``1 - LEVEL``; one that does not becomes ``inconclusive`` and says so.
@@ -34,7 +36,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 LEVEL = 0.95  # two-sided confidence level of every interval
-RESAMPLES = 2000  # bootstrap resamples of the queries
+RESAMPLES = 2000  # bootstrap resamples of the queries (the interval)
+# p-values resample further where few resamples fall on the null's side (``adaptive_p``): up to this many, so a
+# p-value resolves down to 2 / MAX_RESAMPLES = 1e-5, below Holm's first threshold over up to 5,000 claims
+MAX_RESAMPLES = 200_000
+TAIL = 20  # resamples on the null's side that make a p-value resolved (its relative error about 1 / sqrt(TAIL))
+CHUNK = 20_000  # resamples drawn at once (memory: CHUNK x n indices)
 SEED = 0  # numpy Generator seed: the same data give the same interval
 MIN_N = 16  # fewer paired queries than this: not judged (a speed claim's task cell holds 16 queries)
 
@@ -123,6 +130,7 @@ class Bootstrap:
     resamples: int = RESAMPLES
     seed: int = SEED
     min_n: int = MIN_N
+    max_resamples: int = MAX_RESAMPLES  # p-values only (``adaptive_p``)
 
 
 DEFAULT = Bootstrap()
@@ -166,6 +174,25 @@ def p_value(vals: np.ndarray, threshold: float) -> float:
     return float(min(1.0, 2 * max(np.mean(vals <= threshold), 1 / len(vals))))
 
 
+def adaptive_p(columns: Mapping[str, Sequence[float]], stat: Stat, threshold: float, vals: np.ndarray,
+               boot: "Bootstrap") -> float:
+    """:func:`p_value` of "effect > threshold" from ``vals`` (the interval's resamples), resampled further while fewer
+    than ``TAIL`` resampled effects lie at or below the threshold (fresh seeds, in chunks of at most ``CHUNK``), up
+    to ``boot.max_resamples``. p is twice the share at or below the threshold, at least one resample's
+    worth: it resolves down to ``2 / boot.max_resamples`` where the interval's own resamples floor it at 2 / 2000."""
+    below, total = int(np.sum(vals <= threshold)), len(vals)
+    seed = boot.seed + 1
+    while below < TAIL and 0 < total < boot.max_resamples:
+        _, more = resample(columns, stat, min(CHUNK, 9 * total, boot.max_resamples - total), seed)
+        seed += 1
+        if not len(more):
+            break
+        below, total = below + int(np.sum(more <= threshold)), total + len(more)
+    if not total:
+        return math.nan
+    return float(min(1.0, 2 * max(below / total, 1 / total)))
+
+
 def judge(claim: str, columns: Mapping[str, Sequence[float]], stat: Stat, threshold: float, label: str, *,
           at_least: bool = False, detail: str = "", boot: Bootstrap = DEFAULT) -> Verdict:
     """The claim "``stat`` > ``threshold``" (``at_least``: "``stat`` >= ``threshold``", e.g. 0.95 of the
@@ -180,7 +207,7 @@ def judge(claim: str, columns: Mapping[str, Sequence[float]], stat: Stat, thresh
         if len(vals):
             a = (1 - level) / 2
             lo, hi = (float(x) for x in np.quantile(vals, [a, 1 - a]))
-            p = p_value(vals, threshold)
+            p = adaptive_p(columns, stat, threshold, vals, boot)
     if n < min_n:  # shown, never judged
         return Verdict(claim, None, f"fewer than {min_n} paired queries" + (f"; {detail}" if detail else ""),
                        n=n, label=label, level=level, reason=f"n < {min_n}", effect=point if n else None,
@@ -350,7 +377,8 @@ def holm(verdicts: Sequence[Verdict], alpha: float = FAMILY_LEVEL) -> list[Verdi
         v = verdicts[i]
         limit = alpha / (m - rank)
         stopped = stopped or v.p > limit
-        note = f"Holm over {m} tested claims: p={v.p:.4f}, {'above' if stopped else 'within'} its threshold {limit:.4f}"
+        note = (f"Holm over {m} tested claims: p={v.p:.2g}, {'above' if stopped else 'within'} its threshold "
+                f"{limit:.2g}")
         if v.held is True and stopped:
             out[i] = replace(v, held=None, reason=INCONCLUSIVE,
                              detail=f"held at its own {v.level:.0%} level, not after the family-wise correction; "

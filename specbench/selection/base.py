@@ -52,7 +52,9 @@ KEYS: dict[str, Rule] = {
     "selector.node_cost": number(0),
     "selector.prior": number(0),
     "selector.optimism": number(0),
-    "selector.costs": mapping(null=True, note=" ({verify: [a, b], draft: {drafter: seconds}}; null: measured)"),
+    "selector.costs": Rule(lambda v: isinstance(v, dict) or v == "profile", "a mapping or 'profile'", null=True,
+                           note=" ({verify: [a, b], draft: {drafter: seconds}}; profile: measured at start-up and "
+                                "cached; null: measured online)"),
     "selector.costs.verify": list_of(number(0)),
     "selector.costs.draft": mapping(),
     "selector.costs.draft.*": number(0),

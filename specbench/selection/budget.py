@@ -38,6 +38,7 @@ from specbench.selection.base import Feedback, Plan, Selector
 
 BINS = 10
 MIN_FIT = 8  # rounds before the verification cost's slope is fitted
+PROFILE = "profile"  # costs: measured at start-up on the run's machine, target and pool, cached (pipelines/cost_cache.py)
 
 
 class Calibration:
@@ -99,7 +100,10 @@ def fixed_costs(costs, drafters: list[str]) -> tuple[tuple[float, float], dict[s
     if costs is None:
         return None
     fix = ("set selector.costs to {verify: [seconds a forward, seconds a node], draft: {<drafter>: seconds a round}}, "
-           "or null to measure them online")
+           f"'{PROFILE}' (measured at start-up, cached per machine) or null to measure them online")
+    if costs == PROFILE:
+        raise SpecbenchError(f"budget: costs: {PROFILE} is measured by the command that runs the budget (specbench "
+                             "eval) before it builds the selector; nothing measured it here", fix)
     try:
         a, b = (float(x) for x in costs["verify"])
         draft = {str(k): float(v) for k, v in (costs.get("draft") or {}).items()}

@@ -470,3 +470,43 @@ def test_aa_pairs_give_a_noise_floor_a_false_positive_rate_and_explain_small_hel
     big = V.faster("much faster", *timed(1.5, n=16, noise=0.0))
     assert small.held is True and big.held is True
     assert explained([small, big], t) == (1, 2)
+
+
+def test_p_values_resolve_below_holms_threshold_over_100_claims():
+    """A large true effect at n = 16 among 99 null claims: its p-value resolves below Holm's first threshold at
+    m = 100 (0.05 / 100), where the interval's own 2,000 resamples floor every p-value at 0.001, so it stays held."""
+    strong = V.faster("clearly faster", *timed(1.3, n=16, noise=0.05, seed=1))
+    assert strong.p < 0.05 / 100
+    assert V.p_value(np.full(2000, 2.0), 1.0) == 0.001  # the floor the resampling lifts
+    nulls = [V.faster(f"null {i}", *timed(1.0, n=16, noise=0.05, seed=100 + i)) for i in range(99)]
+    out = V.holm([strong, *nulls])
+    assert out[0].held is True and "Holm over 100 tested claims" in out[0].detail
+    assert sum(v.held is True for v in out[1:]) <= 2
+
+
+def test_adaptive_p_agrees_with_many_resamples():
+    """Where few of the interval's resamples fall on the null's side, the resampled p-value is within a factor 2 of
+    the one of 200,000 resamples drawn at once (its Monte Carlo error with 20 resamples in the tail is about 25%);
+    where many do, it is the interval's own."""
+    stat = V.speed_ratio()
+    for speedup, noise, seed in ((1.06, 0.06, 7), (1.1, 0.1, 3), (1.02, 0.1, 5)):
+        (ms, mt), (bs, bt) = timed(speedup, n=16, noise=noise, seed=seed)
+        cols = {"a_s": ms, "a_t": mt, "b_s": bs, "b_t": bt}
+        _, vals = V.resample(cols, stat)
+        p = V.adaptive_p(cols, stat, 1.0, vals, V.DEFAULT)
+        _, many = V.resample(cols, stat, 200_000, seed=99)
+        truth = 2 * np.mean(many <= 1.0)
+        if np.sum(vals <= 1.0) >= V.TAIL:
+            assert p == V.p_value(vals, 1.0)
+        else:
+            assert truth / 2 - 2e-5 <= p <= 2 * truth + 2e-5, (p, truth)
+
+
+def test_tree_pairs_match_a_tree_drafter_to_its_chain_by_config():
+    from specbench.reproduction.multi_drafter import tree_pairs
+
+    head = {"_target_": "specbench.drafters.eagle.build", "checkpoint": "package:eagle_math", "tree": None}
+    drafters = {"chain": head, "tree": {**head, "tree": {"width": 3, "nodes": 8}, "draft_length": 2},
+                "other": {**head, "checkpoint": "package:eagle_code", "tree": {"width": 3, "nodes": 8}},
+                "lookup": {"_target_": "specbench.drafters.prompt_lookup.build"}}
+    assert tree_pairs(drafters) == [("tree", "chain")]
