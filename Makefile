@@ -90,14 +90,19 @@ bench: install
 # cascade rules' sampling laws, the dynamic trees' and the budget's two-token laws, the long bandit regression
 # scenarios), within ~15 minutes
 # on 2 CPUs; make test-slow: the slow set; CI (.ci/run) runs both.
+# The tests run on every core (pytest-xdist; TEST_WORKERS=0 runs them in one process): each worker runs torch on
+# one thread (tests/conftest.py), and a test file stays on one worker (its module fixtures load once).
+TEST_WORKERS ?= auto
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 test: install lint
-	$(PYTHON) -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS) tests
+	$(PYTHON) -m pytest -q -p no:cacheprovider -m "not slow" $(XDIST) $(PYTEST_ARGS) tests
 
 lint: install  ## ruff (pyproject.toml [tool.ruff]: the rules that find bugs)
 	$(PYTHON) -m ruff check specbench tests
 
 test-slow: install
-	$(PYTHON) -m pytest -q -p no:cacheprovider -m slow $(PYTEST_ARGS) tests
+	$(PYTHON) -m pytest -q -p no:cacheprovider -m slow $(XDIST) $(PYTEST_ARGS) tests
 
 test-all: test test-slow
 

@@ -12,7 +12,10 @@ drafter's side observation off the played draft's rows (``Drafter.observe``): a 
 ``side_observations`` holds that value for every (observer, played drafter) pair and the replay gives it;
 without them (or for a draft cut shorter than traced) the observer gets its own draft's Block Divergence at
 the position (what it would have had, played: counted in ``Replayed.counterfactual``), and full-information
-selectors then replay counterfactually, not to the round.
+selectors then replay counterfactually, not to the round. A trace with side observations also holds what they
+cost (``DrafterTrace.t_observe``: every observer's ``observe`` of the played draft, timed), which the replay adds to
+the round (its ``t_select``, where the live loop books it); a counterfactual replay has no such time and is
+optimistic.
 
 Drafters whose distributions depend on how they caught up, not only on the committed tokens, replay
 approximately: dynamic int8 quantization scales each forward's whole input at once, so a catch-up over many
@@ -244,6 +247,10 @@ def replay(trace: QueryTrace, selector: Selector, limits: Limits, costs: Costs, 
         gen.rounds.append(rnd)
         if observable and tree is None and drafted:
             traced_draft = len(made[arm].draft) == len(trace.drafters[arm].drafts[t])
+            t_observe = trace.drafters[arm].t_observe
+            if t_observe is not None:  # what the live loop pays for its observers' side observations (its t_select)
+                rnd.t_select += t_observe[t]
+                seconds += t_observe[t]
             for name in observable:
                 if name not in members:
                     dt = trace.drafters[name]

@@ -60,6 +60,9 @@ class DrafterTrace:
     # ``observe`` returns when that drafter's traced draft is verified} (what the loop hands a full-information selector)
     side: list[dict[str, float]] | None = None
     history_free: bool = True  # ``Drafter.history_free``: False means its rewards replay approximately
+    # with side observations traced: per position, the seconds every observer's ``observe`` of this drafter's draft
+    # took (what a full-information round that plays it pays on top of its verification; the replay charges it)
+    t_observe: list[float] | None = None
 
     def draft(self, t: int, k: int) -> list[int]:
         return self.drafts[t][:k] if k > 0 else []
@@ -180,7 +183,8 @@ def trace(target: Target, pool: Mapping[str, Drafter], prompt_ids: list[int], sp
     if layers:
         ctx.record_states(prefilled.states, rows=len(target.tokens) - 1, start=0)
     traces = {name: DrafterTrace(k=int(lengths[name]), observable=bool(d.state_layers(True)),
-                                 side=[] if name in observers else None, history_free=d.history_free)
+                                 side=[] if name in observers else None, history_free=d.history_free,
+                                 t_observe=[] if observers else None)
               for name, d in drafters.items()}
     out: list[int] = []
     gen = Generation(tokens=out, deciders=[])
@@ -214,7 +218,8 @@ def trace(target: Target, pool: Mapping[str, Drafter], prompt_ids: list[int], sp
             traces[name].accepted.append(accepted)
             traces[name].overlap.append(overlaps(draft, p[rows]) if path else [])
         if observers:
-            observe_all(observers, traces, TreeStep(tree, drafts, p, scores.states), target.tokens, ctx, spec, room)
+            observe_all(observers, traces, TreeStep(tree, drafts, p, scores.states), target.tokens, ctx, spec, room,
+                        clock)
         token = best[0]
         gen.deciders.extend(deciders(logits, 1))
         out.append(token)
@@ -236,21 +241,26 @@ def trace(target: Target, pool: Mapping[str, Drafter], prompt_ids: list[int], sp
 
 
 def observe_all(observers: Mapping[str, Drafter], traces: Mapping[str, DrafterTrace], step: TreeStep,
-                tokens: list[int], ctx: DecodeContext, spec: DecodeSpec, room: int) -> None:
+                tokens: list[int], ctx: DecodeContext, spec: DecodeSpec, room: int, clock) -> None:
     """Each observer's side observation of each other drafter's draft verified alone (the loop's ``Verification``
-    over that draft's rows of the tree forward), appended to the observer's ``side``."""
+    over that draft's rows of the tree forward), appended to the observer's ``side``; the seconds they took together,
+    appended to the played drafter's ``t_observe``."""
     seen = {name: {} for name in observers}
     tree, p, states = step.tree, step.p, step.states
     for played, draft in step.drafts.items():
         path = tree.paths[played]
         if not path:
+            traces[played].t_observe.append(0.0)
             continue
         rows = [tree.parent_row(node) for node in path]
         v = Verification(draft=list(draft.tokens), p=p[rows], accepted=traces[played].accepted[-1], played=played,
                          sampling=spec.sampling, states={layer: x[[0, *(1 + n for n in path)]] for layer, x in states.items()},
                          context=list(tokens), query=ctx, draft_length=spec.limits.draft_length,
                          room=room, eos_ids=spec.eos_ids)
-        for name, obs in observations(observers, v).items():
+        t0 = clock.boundary()
+        observed = observations(observers, v)
+        traces[played].t_observe.append(round(clock.boundary() - t0, 7))
+        for name, obs in observed.items():
             if obs is not None and name != played:
                 seen[name][played] = round(float(obs), DIGITS)
     for name, values in seen.items():

@@ -100,13 +100,13 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                 for row, qt, query in queries:
                     gen = replay(qt, selector, limits, costs, lengths, query)
                     n_rounds += len(gen.rounds)
-                    rec = summary_row(m.name, seed, row, gen, best.get(row["query_id"]))
+                    rec = summary_row(m.name, seed, row, gen, best.get(row["query_id"]), selector.fixed_members)
                     per_seed.append(rec)
                     sd_w.write(rec)
                     if best.get(row["query_id"]):
                         for rnd in gen.rounds:
                             cell = convergence[m.name][rnd.index]
-                            cell[0] += on_arm(rnd, best[row["query_id"]])
+                            cell[0] += on_arm(rnd, best[row["query_id"]], selector.fixed_members)
                             cell[1] += 1
                     if seed == 0:
                         rd_w.write_many({**round_row(row["query_id"], row["task"], m.name, r), "replayed": True}
@@ -157,20 +157,27 @@ def draft_lengths(cfg: DictConfig, first: dict) -> dict[str, int]:
     return out
 
 
-def on_arm(rnd, arm: str) -> int:
-    return int(rnd.arm == arm or (rnd.members is not None and arm in rnd.members))
+def on_arm(rnd, arm: str, fixed: tuple[str, ...] = ()) -> int:
+    """Whether the round chose ``arm``: played it, or chose it into its tree (``fixed``: the members every round's tree
+    holds by construction, which count as no choice)."""
+    if rnd.members is not None:
+        return int(arm in rnd.members and arm not in fixed)
+    return int(rnd.arm == arm)
 
 
-def summary_row(method: str, seed: int, row: dict, gen, best: str | None) -> dict:
+def summary_row(method: str, seed: int, row: dict, gen, best: str | None, fixed: tuple[str, ...] = ()) -> dict:
     rounds = gen.rounds
     late = [r for r in rounds if r.index >= LATE]
     early = rounds[:LATE]
+
+    def share(rs) -> float | None:
+        return sum(on_arm(r, best, fixed) for r in rs) / len(rs) if best and rs else None
+
     return {"method": method, "seed": seed, "query_id": row["query_id"], "task": row["task"],
             "new_tokens": len(gen.tokens), "seconds": gen.seconds, "rounds": len(rounds),
             "accepted": gen.accepted, "drafted": gen.drafted, "switches": gen.switches,
-            "best_arm": best, "best_share": (sum(on_arm(r, best) for r in rounds) / len(rounds)) if best and rounds else None,
-            "best_share_early": (sum(on_arm(r, best) for r in early) / len(early)) if best and early else None,
-            "best_share_late": (sum(on_arm(r, best) for r in late) / len(late)) if best and late else None,
+            "best_arm": best, "best_share": share(rounds), "best_share_early": share(early),
+            "best_share_late": share(late), "counterfactual": getattr(gen, "counterfactual", 0),
             "bd": statistics.fmean(r.bd for r in rounds) if rounds else 0.0,
             "be": statistics.fmean(r.be for r in rounds) if rounds else 0.0}
 
@@ -222,8 +229,20 @@ def method_table(per_seed: list[dict]) -> pd.DataFrame:
             "vs_round_oracle": float((round_oracle.reindex(mq.index) / mq.spt).mean()) if len(round_oracle) else float("nan"),
             "best_share": sub.best_share.mean(), "best_share_late": sub.best_share_late.mean(),
             "switches": sub.switches.mean(), "rounds": sub.rounds.mean(),
+            "counterfactual": sub.counterfactual.sum() / max(sub.rounds.sum(), 1),
             "accepted_per_round": sub.accepted.sum() / max(sub.rounds.sum(), 1)})
     return pd.DataFrame(rows)
+
+
+def approximate_note(rows) -> str:
+    """The traced drafters whose rewards replay approximately (not history-free: e.g. dynamic int8), named."""
+    names = sorted({name for r in rows for name, d in (r["trace"].get("drafters") or {}).items()
+                    if isinstance(d, dict) and d.get("history_free") is False})
+    if not names:
+        return ""
+    return (f" Approximate: {', '.join(names)} (not history-free: a catch-up over many tokens computes other "
+            "probabilities than one token at a time, so their drafts, acceptances and Block Divergence replay only "
+            "approximately).")
 
 
 def write_outputs(out: Path, per_seed, convergence, rows, n_rounds: int, elapsed: float, cfg: DictConfig) -> None:
@@ -233,8 +252,12 @@ def write_outputs(out: Path, per_seed, convergence, rows, n_rounds: int, elapsed
     note = (f"Replayed over {len(rows)} traced queries ({positions:,} positions) from {cfg.traces}: {n_rounds:,} rounds in "
             f"{elapsed:.1f} s ({n_rounds / max(elapsed, 1e-9):,.0f} rounds/s). Times are predicted by the trace's cost "
             "curves. vs_query_oracle: mean over queries of (the query's fastest fixed drafter's seconds per token / the "
-            "method's); vs_round_oracle: the same against oracle:round. best_share: share of rounds on the query's "
-            f"fastest drafter (tree rounds: in the tree); _late: rounds from index {LATE} on.")
+            "method's); vs_round_oracle: the same against oracle:round. best_share: share of rounds that chose the "
+            "query's fastest drafter (tree rounds: chose it into the tree; members every tree holds by construction "
+            f"count as no choice); _late: rounds from index {LATE} on. counterfactual: side observations a round given "
+            "as the observer's own draft's Block Divergence, because the trace did not hold the live one "
+            "(trace.side_observations off, or a draft cut shorter than traced): such runs replay with better "
+            "information than live." + approximate_note(rows))
     atomic_write_text(out / "seeds.md", f"# specbench replay (every seed)\n\n{note}\n\n{tables.to_markdown(table)}\n")
     conv = pd.DataFrame([{"method": m, "round": r, "share": hit / n, "n": n}
                          for m, cells in convergence.items() for r, (hit, n) in sorted(cells.items())])

@@ -133,6 +133,9 @@ class Selector:
     trees: bool = False  # may choose several arms a round (a token tree): decoder-only targets only
     embedding_pooling: str | None = None  # set by selectors that read the query's embedding (``set_embedding``)
     randomized: bool = False  # draws from its own seeded rng (a replay runs it once per seed; the others are deterministic)
+    # arms in every round's tree by construction, never by choice (a subset selector's ``always``, a fixed tree's
+    # members): a round's share on the best drafter counts only the members it chose
+    fixed_members: tuple[str, ...] = ()
 
     def __init__(self, arms: list[str]):
         self.arms = list(arms)

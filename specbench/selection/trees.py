@@ -53,6 +53,10 @@ class FixedTree(Selector):
     def playable(self) -> list[str]:
         return list(self.members)
 
+    @property
+    def fixed_members(self) -> tuple[str, ...]:
+        return self.members
+
 
 def _split(kind: str, arms: list[str], always, candidates) -> tuple[list[str], list[str]]:
     fixed = _check_arms(kind, always, arms, "always")
@@ -89,6 +93,10 @@ class _TreeSubset:
 
     def playable(self) -> list[str]:
         return list(self.always) + list(self.candidates)
+
+    @property
+    def fixed_members(self) -> tuple[str, ...]:
+        return self.always
 
     def update_tree(self, feedback: dict[str, Feedback]) -> None:
         self.t += 1

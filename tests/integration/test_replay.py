@@ -231,6 +231,39 @@ def test_the_replay_clock_on_a_hand_made_trace():
     assert b.seconds == pytest.approx(0.5 + 7 * 0.018 + 0.016 + 0.014 + 0.012)  # drafts cut by the room at the end
 
 
+def test_the_replay_clock_charges_traced_side_observations():
+    """A full-information round pays its observers' side observations live (in its t_select): with them traced
+    (``t_observe``), the replay adds them; without them it counts each observation as counterfactual, charges
+    nothing, and says so (``Replayed.counterfactual``)."""
+    from specbench.selection import Fixed as _Fixed
+
+    class Watching(_Fixed):
+        full_information = True
+
+        def observe(self, arm, value):
+            self.seen.append((arm, value))
+
+    costs = Costs(q=(1, 10), contexts=(10,), seconds=((0.012, 0.030),), catch_up={"A": ((1, 0.001), (10, 0.010))})
+    arms = [AUTOREGRESSIVE, "A", "B"]
+    limits, lengths = Limits(max_new_tokens=10, draft_length=3), {"A": 3, "B": 3}
+    plain = replay(hand_trace(), _Fixed(arms, "A"), limits, costs, lengths)
+    qt = hand_trace()
+    qt.drafters["B"].observable = True
+    qt.drafters["B"].side = [{"A": 0.25}] * 10
+    qt.drafters["A"].t_observe = [0.005] * 10
+    sel = Watching(arms, "A")
+    sel.seen = []
+    watched = replay(qt, sel, limits, costs, lengths)
+    assert len(watched.rounds) == 3 and sel.seen == [("B", 0.25)] * 3 and watched.counterfactual == 0
+    assert watched.seconds == pytest.approx(plain.seconds + 3 * 0.005)
+    assert [r.t_select for r in watched.rounds] == pytest.approx([0.005] * 3)
+    qt.drafters["B"].side, qt.drafters["A"].t_observe = None, None  # traced without side observations
+    sel.seen = []
+    blind = replay(qt, sel, limits, costs, lengths)
+    assert blind.counterfactual == 3 and blind.seconds == pytest.approx(plain.seconds)
+    assert sel.seen == [("B", pytest.approx(0.1))] * 3  # B's own draft's Block Divergence, not the live one
+
+
 TRACE = ["target=tiny_llama", "pool=tiny", "dataset.limit=1", "decoding.max_new_tokens=24", "warmup.max_new_tokens=2",
          "trace.costs.contexts=[16]", "trace.costs.repeats=1", "trace.costs.warmup=0", "trace.costs.catch_up=[1,4]"]
 
@@ -242,7 +275,8 @@ def jsonl(path):
 def untimed_trace(row: dict) -> dict:
     tr = dict(row["trace"])
     tr.pop("t_prefill")
-    tr["drafters"] = {n: {k: v for k, v in d.items() if k not in ("t_propose", "t_setup")} for n, d in tr["drafters"].items()}
+    tr["drafters"] = {n: {k: v for k, v in d.items() if k not in ("t_propose", "t_setup", "t_observe")}
+                      for n, d in tr["drafters"].items()}
     return {**row, "trace": tr}
 
 
@@ -389,3 +423,19 @@ def test_a_collection_replayed_from_a_trace_equals_the_live_one(trace_run, tmp_p
     with pytest.raises(SpecbenchError, match="drafter 'prompt_lookup' drafts 9 tokens a round; the trace holds"):
         collect_pipeline.run(cfg_of("collect", [*args, "pool.drafters.prompt_lookup.draft_length=9",
                                                 f"collect.trace={trace_run}"]), tmp_path / "k9")
+
+
+def test_share_on_the_best_drafter_counts_only_chosen_members():
+    """A tree round holds its always-members by construction: such a member on the best drafter is no choice, so it
+    counts as no hit; a member the selector chose (or a played arm) does."""
+    from types import SimpleNamespace
+
+    from specbench.pipelines.replay import on_arm
+    from specbench.selection import FixedTree, TreeUCB
+
+    arms = [AUTOREGRESSIVE, "lookup", "head", "other"]
+    tree = SimpleNamespace(arm="tree:lookup+head", members=["lookup", "head"])
+    ucb = TreeUCB(arms, always=["lookup"])
+    assert on_arm(tree, "lookup", ucb.fixed_members) == 0 and on_arm(tree, "head", ucb.fixed_members) == 1
+    assert on_arm(tree, "head", FixedTree(arms, ["lookup", "head"]).fixed_members) == 0
+    assert on_arm(SimpleNamespace(arm="head", members=None), "head", ucb.fixed_members) == 1
