@@ -196,3 +196,28 @@ def test_node_law_in_production_order_and_its_mutations_are_caught():
     for kind in ("skip_tried", "p_residual", "final_from_p"):
         stat = node_statistic(mutant(kind))
         assert stat > 3 * critical, f"the law test misses the mutation {kind}: {stat:.1f} against {critical:.1f}"
+
+
+# -- the same node with a dynamic tree: the retrieval candidate first, then a model drafter's three siblings drawn
+#    i.i.d. with replacement from its q (drafters/dynamic_tree.py); drafting-side mistakes must be caught too
+def dynamic_node(siblings):
+    def run(rng):
+        draws = siblings(rng)
+        tree = build_tree({"retrieval": [ONE_HOT], "head": draws}, {"head": [-1] * len(draws)})
+        q = {"retrieval": None, "head": Q1[None].expand(len(draws), -1)}
+        return verify_tree_sampling(tree, q, torch.stack([P_NODE] * (tree.size + 1)), rng).tokens[0]
+    return run
+
+
+def test_dynamic_tree_node_law_and_its_drafting_mistakes_are_caught():
+    """Production: three draws with replacement (a token drawn twice is tried twice). Mistakes: dropping repeated
+    draws (``unique``), or keeping the drafter's top three tokens instead of draws (``top``, as greedy does)."""
+    critical = chi2_critical(3)
+    draws = dynamic_node(lambda rng: torch.multinomial(Q1, 3, replacement=True, generator=rng).tolist())
+    assert node_statistic(draws) < critical
+    mistakes = {"unique": lambda rng: list(dict.fromkeys(torch.multinomial(Q1, 3, replacement=True,
+                                                                             generator=rng).tolist())),
+                "top": lambda rng: torch.topk(Q1, 3).indices.tolist()}
+    for kind, siblings in mistakes.items():
+        stat = node_statistic(dynamic_node(siblings))
+        assert stat > 3 * critical, f"the law test misses the mistake {kind}: {stat:.1f} against {critical:.1f}"
