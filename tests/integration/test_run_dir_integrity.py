@@ -68,6 +68,29 @@ def test_a_second_writer_is_refused_naming_the_holder(tmp_path):
     assert (d / "examples.jsonl").read_text() == "{}\n"  # nothing appended
 
 
+def test_a_refused_run_leaves_the_holders_hydra_record_and_a_run_writes_its_own(tmp_path):
+    """Issue 45 case 1: Hydra used to write .hydra/ before the lock, so a refused run rewrote the holder's record; it
+    is now written by the run once it holds the directory."""
+    d = tmp_path / "held"
+    ok = specbench("eval", *QUICK, f"hydra.run.dir={d}")
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    overrides = (d / ".hydra" / "overrides.yaml").read_text()
+    assert "dataset.limit=1" in overrides and (d / ".hydra" / "config.yaml").is_file()
+    assert (d / ".hydra" / "hydra.yaml").is_file()
+    lock_run_dir(d, "eval")  # now held, as by a running eval
+    res = specbench("eval", *QUICK, "seed=7", f"hydra.run.dir={d}")
+    assert res.returncode == 2 and "is being written by another specbench run" in res.stderr
+    assert (d / ".hydra" / "overrides.yaml").read_text() == overrides  # the refused run changed nothing
+
+
+def test_default_run_directories_are_unique_to_the_microsecond():
+    from omegaconf import OmegaConf
+
+    run_dirs = OmegaConf.to_container(OmegaConf.load(Path(conf_dir()) / "hydra" / "run_dirs.yaml"), resolve=False)
+    assert run_dirs["run"]["dir"].endswith("%f}") and run_dirs["sweep"]["dir"].endswith("%f}")
+    assert run_dirs["output_subdir"] is None
+
+
 def test_a_refused_run_leaves_the_holders_fresh_directory(tmp_path):
     d = tmp_path / "fresh"
     lock_run_dir(d, "eval")  # held, nothing written yet (the holder is still loading its models)

@@ -138,12 +138,34 @@ def start_run(cfg: DictConfig, output_dir: str | Path, files: RunFiles | None = 
     lock_run_dir(out, command or hydra_command())
     if files is not None:
         claim_run_dir(out, cfg, files)
+    save_hydra_record(cfg, out)
     save_config(cfg, out / "config.yaml")
     if files is not None and files.settings != "config.yaml":
         save_config(OmegaConf.create(settings(cfg)), out / files.settings)
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
     return out
+
+
+HYDRA_DIR = ".hydra"  # Hydra's record of a run (config, hydra settings, overrides), written once the run holds out
+
+
+def save_hydra_record(cfg: DictConfig, out: Path) -> None:
+    """Inside a Hydra app: its ``.hydra/`` record (``config.yaml``, ``hydra.yaml``, ``overrides.yaml``), which Hydra
+    itself no longer writes (``hydra.output_subdir: null``, conf/hydra/run_dirs.yaml) because it would write it before
+    the run takes its directory: a refused run would overwrite the holder's record."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None
+    except ImportError:  # pragma: no cover - hydra is a dependency
+        hydra_cfg = None
+    if hydra_cfg is None:
+        return
+    record = out / HYDRA_DIR
+    save_config(cfg, record / "config.yaml")
+    save_config(OmegaConf.create({"hydra": OmegaConf.to_container(hydra_cfg, resolve=False)}), record / "hydra.yaml")
+    save_config(OmegaConf.create(list(hydra_cfg.overrides.task)), record / "overrides.yaml")
 
 
 class RunDirTaken(SpecbenchError):
