@@ -205,6 +205,37 @@ def current_umask() -> int:
     return mask
 
 
+def save_tensors(tensors: dict, path: Path) -> None:
+    """``safetensors`` ``save_file`` through :func:`atomic_path`: never torn, and the file mode a plain write under the
+    user's umask gives (safetensors' own writer leaves 0600)."""
+    from safetensors.torch import save_file
+
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp))
+
+
+def plain_modes(directory: Path) -> None:
+    """Give every file under ``directory`` (a library's writes: ``save_pretrained``) the mode a plain write under the
+    user's umask gives (0644 under umask 022), and every directory 0755."""
+    mask = current_umask()
+    for p in [Path(directory), *Path(directory).rglob("*")]:
+        if p.is_symlink():
+            continue
+        os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
+
+
+def sweep_temporaries(directory: Path) -> list[Path]:
+    """Remove the temporary files :func:`atomic_path` left in ``directory`` when a process was killed inside a
+    write (SIGKILL skips every cleanup): ``.<name>.<random>.tmp``. Call it only while holding the directory (its
+    run lock), so that no live write is swept."""
+    removed = []
+    for p in Path(directory).glob(".*.tmp"):
+        if p.is_file():
+            p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
+
+
 def atomic_write_text(path: Path, text: str, encoding: str = "utf-8") -> None:
     """Write ``text`` to ``path`` through :func:`atomic_path`."""
     with atomic_path(path) as tmp:

@@ -14,6 +14,7 @@ import torch
 from specbench.drafters import shipped
 from specbench.errors import SpecbenchError
 from specbench.models.loading import resolve_cached
+from specbench.records import atomic_write_text, save_tensors
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -97,13 +98,11 @@ def read_meta(path: Path) -> dict:
 def save_head(head: torch.nn.Module, d2t: torch.Tensor | None, path: Path, meta: dict) -> None:
     """An ``EagleHead``'s own tensors (and ``d2t``) as ``model.safetensors``, its layer config with ``meta`` under
     ``specbench`` as ``config.json``."""
-    from safetensors.torch import save_file
-
     path.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
     if d2t is not None:
         tensors["d2t"] = d2t.detach().cpu().to(torch.int64)
-    save_file(tensors, str(path / WEIGHTS_FILE))
+    save_tensors(tensors, path / WEIGHTS_FILE)
     config = head._stack[0].config.to_dict()
     config["specbench"] = meta
-    (path / CONFIG_FILE).write_text(json.dumps(config, indent=1, default=str))
+    atomic_write_text(path / CONFIG_FILE, json.dumps(config, indent=1, default=str))

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from specbench.errors import SpecbenchError
-from specbench.records import atomic_path, atomic_write_text
+from specbench.records import atomic_write_text, save_tensors
 
 PREFIX = "package:"
 COPIED = ("metrics.json", "history.csv", "loss.png")
@@ -91,7 +91,7 @@ def resolve_package(name: str, make_target: str | None = None) -> Path:
 def ship(src: Path, dst: Path) -> Path:
     """Export the train-drafter checkpoint ``src`` (an eagle head, or a small drafter: its layers and norm) into
     ``dst`` as package data."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     src, dst = Path(src), Path(dst)
     for need in ("model.safetensors", "config.json", "signature.json"):
@@ -105,8 +105,7 @@ def ship(src: Path, dst: Path) -> Path:
     config.setdefault("specbench", {})["shipped"] = {"dtype": str(SHIPPED_DTYPE).removeprefix("torch."),
                                                      "from": src.name}
     dst.mkdir(parents=True, exist_ok=True)
-    with atomic_path(dst / "model.safetensors") as tmp:
-        save_file(kept, str(tmp))
+    save_tensors(kept, dst / "model.safetensors")
     atomic_write_text(dst / "config.json", json.dumps(config, indent=1, default=str))
     atomic_write_text(dst / RECIPE, (src / "signature.json").read_text())
     for name in COPIED:

@@ -32,7 +32,7 @@ from specbench.drafters.head_files import (CONFIG_FILE, WEIGHTS_FILE, load_state
 from specbench.errors import SpecbenchError
 from specbench.models.cache import cache_argument
 from specbench.models.target import Target
-from specbench.records import files_fingerprint
+from specbench.records import atomic_write_text, files_fingerprint, save_tensors
 
 KIND = "small"
 OWN = ("layers.", "norm.")  # the trained tensors' key prefixes (the rest is the target's)
@@ -127,15 +127,13 @@ def cost_of(model: SmallLM, target: Target) -> float:
 def save(model: SmallLM, path: Path, meta: dict) -> None:
     """The trained tensors (+ ``d2t``) as ``model.safetensors``; ``config.json``: the kind, the layer count, the
     target's vocabulary and ``meta`` under ``specbench``."""
-    from safetensors.torch import save_file
-
     path.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().contiguous().cpu() for k, v in model.own_state().items()}
     if model.d2t is not None:
         tensors["d2t"] = model.d2t.detach().cpu().to(torch.int64)
-    save_file(tensors, str(path / WEIGHTS_FILE))
+    save_tensors(tensors, path / WEIGHTS_FILE)
     config = {"specbench": {"kind": KIND, "layers": len(model.stack.layers), **meta}}
-    (path / CONFIG_FILE).write_text(json.dumps(config, indent=1, default=str))
+    atomic_write_text(path / CONFIG_FILE, json.dumps(config, indent=1, default=str))
 
 
 def load(checkpoint: str, target: Target, make_target: str | None = None, layers_key: str = "num_hidden_layers",

@@ -21,7 +21,7 @@ import torch
 from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
-from specbench.errors import SpecbenchError
+from specbench.errors import SpecbenchError, inside
 from specbench.models.devices import DTYPE_KW, check_dtype_supported, resolve_device, resolve_dtype
 from specbench.models.store import cache_dir, smollm2_dir
 from specbench.models.tiny import TINY_SPECS, build_tiny
@@ -46,7 +46,8 @@ def resolve_cached(name: str, make_target: str | None = None) -> Path | None:
     what builds it); a local directory -> its path; anything else (hub id, embedded) -> None."""
     name = str(name)
     if name.startswith("cache:"):
-        path = cache_dir() / name[len("cache:"):]
+        path = inside(cache_dir(), name[len("cache:"):], "the cache: path",
+                      "write cache:<a path inside $SPECBENCH_CACHE>, e.g. cache:drafters/<name>, or a directory")
         if not path.is_dir():
             fix = f"build it with `{make_target}`" if make_target else "train one with `specbench train-drafter`"
             raise SpecbenchError(f"{name} ({path}) not found", fix)

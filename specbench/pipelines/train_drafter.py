@@ -44,7 +44,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from specbench.drafters.head_files import vocab_fingerprint
-from specbench.errors import SpecbenchError
+from specbench.errors import SpecbenchError, plain_name
 from specbench.models.store import cache_dir, make_cache_dir
 from specbench.pipelines import tables
 from specbench.pipelines.session.prompting import eos_ids_of, load_inputs
@@ -61,8 +61,9 @@ log = logging.getLogger(__name__)
 def checkpoint_dir(cfg: DictConfig) -> Path:
     if cfg.get("out"):
         return Path(str(cfg.out))
-    name = cfg.get("name") or cfg.dataset.get("name") or "head"
-    return cache_dir() / "drafters" / str(name)
+    name = plain_name(cfg.get("name") or cfg.dataset.get("name") or "head", "name",
+                      "name the drafter with one plain name (e.g. name=my_head), or write it elsewhere with out=<dir>")
+    return cache_dir() / "drafters" / name
 
 
 STATE = "state.pt"  # the training state beside the checkpoint, written after every epoch (training/fit.py)

@@ -67,14 +67,22 @@ def load_verdicts(out: Path) -> list[V.Verdict]:
         raise SpecbenchError(f"{out} holds no replayed verdicts ({VERDICTS_DATA} is missing)",
                              "run `make trace-mixed` (it writes outputs/long_horizon), or "
                              "`python -m specbench.reproduction.long_horizon TRACE_RUN OUT` on an existing trace")
+    again = "write it again: python -m specbench.reproduction.long_horizon TRACE_RUN OUT"
     try:
         rows = json.loads(path.read_text(encoding="utf-8"))
-        fields = {f.name for f in dataclasses.fields(V.Verdict)}
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise SpecbenchError(f"{path} is damaged ({exc})", again) from None
+    # validated by shape, not by what the constructor happens to raise: a non-empty list of verdict objects
+    fields = {f.name for f in dataclasses.fields(V.Verdict)}
+    required = {f.name for f in dataclasses.fields(V.Verdict) if f.default is dataclasses.MISSING}
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) and required <= set(r) for r in rows):
+        raise SpecbenchError(f"{path} is not a list of verdicts (each with {', '.join(sorted(required))}); it holds "
+                             f"{type(rows).__name__} {str(rows)[:60]}", again)
+    try:
         return [V.Verdict(**{k: (tuple(v) if k == "interval" and v is not None else v) for k, v in row.items()
                              if k in fields}) for row in rows]
-    except (ValueError, TypeError, UnicodeDecodeError) as exc:
-        raise SpecbenchError(f"{path} is damaged ({exc})",
-                             "write it again: python -m specbench.reproduction.long_horizon TRACE_RUN OUT") from None
+    except (ValueError, TypeError) as exc:
+        raise SpecbenchError(f"{path} is damaged ({exc})", again) from None
 
 
 def exhibit(out: Path):

@@ -24,7 +24,7 @@ from specbench.errors import SpecbenchError
 from specbench.models import Target, load_model
 from specbench.models.devices import resolve_dtype
 from specbench.tasks import Prompter
-from specbench.records import atomic_write_text
+from specbench.records import atomic_write_text, plain_modes
 from specbench.tasks import truncate_fields
 from specbench.tasks.datasets import load_source, source_keys
 from specbench.training.responses import response_cache, target_responses
@@ -257,6 +257,7 @@ class ModelTrainee:
         self.module.save_pretrained(path)
         self.loaded.tokenizer.save_pretrained(path)
         atomic_write_text(path / MODEL_META, json.dumps(meta, indent=1, default=str))
+        plain_modes(path)  # the library's writers may leave 0600
 
 
 class SmallTrainee(ModelTrainee):

@@ -18,7 +18,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from specbench.errors import SpecbenchError
-from specbench.records import atomic_path
+from specbench.records import atomic_path, sweep_temporaries
 from specbench.pipelines.session.settings import resolve_target_dtype
 from specbench.validate import validate
 
@@ -217,6 +217,8 @@ def lock_run_dir(path: str | Path, command: str | None, fix: str | None = None, 
     - One command per directory: the file records the command that first wrote the directory, and a run
       of another command into it is refused (it would replace that command's files). ``command`` None
       (a pipeline called outside the CLI without naming itself) locks without checking the owner.
+    - A fresh hold sweeps the temporary files an atomic write left when its process was killed inside it
+      (``records.sweep_temporaries``: nothing else can be writing them now).
     Reentrant: the process that holds the directory may take it again (a resume in the same process).
     """
     out = Path(path)
@@ -235,6 +237,9 @@ def lock_run_dir(path: str | Path, command: str | None, fix: str | None = None, 
     os.pwrite(fd, data, 0)  # in place (the lock is on this file), then cut: never an empty claim
     os.ftruncate(fd, len(data))
     _HELD[os.path.realpath(file)] = (fd, owner or command)
+    if held is None:
+        for stale in sweep_temporaries(out):
+            log.info("removed %s, left by a write that was killed", stale)
     return out
 
 

@@ -1,0 +1,89 @@
+"""Issue 45 (trust, round 4), one test per mechanism, no model loaded: every write of tensors goes through one door
+that gives the file a plain mode; a directory taken by a run is swept of the temporary files a killed write left;
+names that become paths stay under their root; loaded files are checked by shape."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+
+from specbench.errors import SpecbenchError, inside, plain_name
+from specbench.records import atomic_path, current_umask, plain_modes, save_tensors
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_tensors_and_library_writes_get_plain_modes(tmp_path):
+    """safetensors' own writer leaves 0600; the door gives the mode a plain write under the umask gives."""
+    want = 0o666 & ~current_umask()
+    save_tensors({"w": torch.zeros(2)}, tmp_path / "model.safetensors")
+    assert mode(tmp_path / "model.safetensors") == want
+    lib = tmp_path / "pretrained"
+    (lib / "sub").mkdir(parents=True)
+    (lib / "sub" / "weights.bin").write_bytes(b"x")
+    os.chmod(lib / "sub" / "weights.bin", 0o600)
+    os.chmod(lib / "sub", 0o700)
+    plain_modes(lib)
+    assert mode(lib / "sub" / "weights.bin") == want and mode(lib / "sub") == 0o777 & ~current_umask()
+
+
+def test_a_taken_directory_is_swept_of_a_killed_writes_temporaries(tmp_path):
+    from specbench.pipelines.session.run_dir import lock_run_dir
+
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    with pytest.raises(KeyboardInterrupt):  # a write interrupted after creating its temporary
+        with atomic_path(d / "state.pt") as tmp:
+            tmp.write_bytes(b"half")
+            raise KeyboardInterrupt
+    left = d / ".state.pt.abc123.tmp"  # what a SIGKILL (no cleanup at all) leaves
+    left.write_bytes(b"half")
+    (d / "notes.tmp").write_text("a user's file, not ours")
+    lock_run_dir(d, None)
+    assert not left.exists() and (d / "notes.tmp").exists()
+    assert not list(d.glob(".state.pt.*"))
+
+
+@pytest.mark.parametrize("bad", ["../../escape_head", "a/b", ".hidden", "", "..", "a\\b"])
+def test_names_that_become_paths_are_one_plain_name(bad):
+    with pytest.raises(SpecbenchError, match="one plain name"):
+        plain_name(bad, "name", "fix")
+    assert plain_name("eagle_math", "name", "fix") == "eagle_math"
+
+
+def test_cache_paths_stay_inside_the_cache(tmp_path):
+    from specbench.models.loading import resolve_cached
+
+    assert inside(tmp_path, "drafters/h", "the cache: path", "fix") == tmp_path / "drafters" / "h"
+    for bad in ("../outside", "drafters/../../x", "/etc"):
+        with pytest.raises(SpecbenchError, match="must be a path inside"):
+            inside(tmp_path, bad, "the cache: path", "fix")
+    with pytest.raises(SpecbenchError, match="must be a path inside"):
+        resolve_cached("cache:../../elsewhere")
+
+
+def test_train_drafter_refuses_a_name_that_leaves_the_cache():
+    from omegaconf import OmegaConf
+
+    from specbench.pipelines.train_drafter import checkpoint_dir
+
+    with pytest.raises(SpecbenchError, match="name='../../escape_head' must be one plain name"):
+        checkpoint_dir(OmegaConf.create({"name": "../../escape_head", "dataset": {"name": "d"}}))
+
+
+@pytest.mark.parametrize("content", ["{}", "[]", "[1, 2]", '[{"claim": "c"}]', '{"claim": "c", "held": true}'])
+def test_replayed_verdicts_are_checked_by_shape(tmp_path, content):
+    from specbench.reproduction.long_horizon import VERDICTS_DATA, load_verdicts
+
+    (tmp_path / VERDICTS_DATA).write_text(content)
+    with pytest.raises(SpecbenchError, match="is not a list of verdicts"):
+        load_verdicts(tmp_path)
+    (tmp_path / VERDICTS_DATA).write_text(json.dumps([{"claim": "c", "held": True, "detail": ""}]))
+    assert load_verdicts(tmp_path)[0].held is True
