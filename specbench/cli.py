@@ -219,13 +219,15 @@ def collect(ctx: typer.Context) -> None:
 def merge(sources: list[str] = typer.Argument(..., help="collect output directories (shards)"),
           out: str = typer.Option(..., "--out", help="directory to write the merged rows.jsonl into"),
           overwrite: bool = typer.Option(False, "--overwrite",
-                                         help="replace the rows of a collection already in --out")) -> None:
+                                         help="replace the rows of a collection already in --out"),
+          allow_incomplete: bool = typer.Option(False, "--allow-incomplete",
+                                                help="merge a collection that stopped early (else refused)")) -> None:
     """Join the rows of several `specbench collect` shards into one directory."""
     from specbench.pipelines import collected
 
     try:
         check_output_directory(Path(out), "--out")
-        path = collected.merge(sources, out, overwrite=overwrite)
+        path = collected.merge(sources, out, overwrite=overwrite, allow_incomplete=allow_incomplete)
     except SpecbenchError as exc:
         _fail(exc)
     except OSError as exc:  # a write that fails late: full disk, a read-only mount seen only by writes

@@ -236,6 +236,26 @@ def sweep_temporaries(directory: Path) -> list[Path]:
     return removed
 
 
+PLAN_FILE = "plan.json"  # what a multi-part run set out to write: readers check it is all there (``unfinished``)
+
+
+def write_plan(out: Path, what: str, parts: list[str]) -> None:
+    """``plan.json`` in ``out``: ``parts`` (e.g. query ids), the whole of what this run (``what``) will write."""
+    atomic_write_text(Path(out) / PLAN_FILE, json.dumps({"what": what, "parts": [str(p) for p in parts]}))
+
+
+def unfinished(out: Path, have) -> list[str]:
+    """The planned parts of ``out`` (its ``plan.json``) that ``have`` lacks, in plan order; [] when all are there or
+    the run kept no plan (made before plans were written)."""
+    path = Path(out) / PLAN_FILE
+    try:
+        parts = json.loads(path.read_text(encoding="utf-8")).get("parts")
+    except (OSError, ValueError, AttributeError):
+        return []
+    done = {str(h) for h in have}
+    return [p for p in parts or [] if p not in done] if isinstance(parts, list) else []
+
+
 def atomic_write_text(path: Path, text: str, encoding: str = "utf-8") -> None:
     """Write ``text`` to ``path`` through :func:`atomic_path`."""
     with atomic_path(path) as tmp:

@@ -123,12 +123,14 @@ def incomplete(paths: Iterable[str | Path]) -> list[str]:
     return problems
 
 
-def merge(sources: list[str], out: str | Path, overwrite: bool = False) -> Path:
+def merge(sources: list[str], out: str | Path, overwrite: bool = False, allow_incomplete: bool = False) -> Path:
     """Join the rows of several collect directories (shards) into ``out/rows.jsonl``.
 
     The directories must hold the same collect settings (``collect_config.yaml``, shard settings
     aside) and no query twice. ``out`` must not hold a collection already unless ``overwrite`` (its
-    rows are then replaced). Shard files missing from a sharded collection are logged as a warning.
+    rows are then replaced). An incomplete collection (shard files missing, a shard with fewer rows than its plan:
+    stopped early or still being collected: :func:`incomplete`) is refused unless ``allow_incomplete`` (then
+    logged as a warning).
     """
     out = Path(out)
     sigs = [collection_settings(src) for src in sources]
@@ -142,10 +144,14 @@ def merge(sources: list[str], out: str | Path, overwrite: bool = False) -> Path:
         raise SpecbenchError(f"{out} already holds a collection ({', '.join(p.name for p in existing)}): merging "
                              "into it would replace its rows",
                              "merge into a new directory (--out <new dir>), or pass --overwrite to replace them")
-    missing = missing_shards(sources)
-    if missing:
-        log.warning("merging an incomplete collection: shard file(s) %s are missing (collect them with "
-                    "collect.shard=<i> collect.num_shards=<n> and merge again)", ", ".join(missing))
+    problems = incomplete(sources)
+    if problems and not allow_incomplete:
+        raise SpecbenchError(f"the collection in {', '.join(map(str, sources))} is incomplete: " + "; ".join(problems)
+                             + " (a collect that stopped early or is still running)",
+                             "finish it (rerun each collect into its directory: it resumes; collect missing shards with "
+                             "collect.shard=<i> collect.num_shards=<n>), or merge what is there with --allow-incomplete")
+    if problems:
+        log.warning("merging an incomplete collection (--allow-incomplete): %s", "; ".join(problems))
     rows = read_rows(sources)
     out.mkdir(parents=True, exist_ok=True)
     for f in existing + ([out / PLAN_FILE] if (out / PLAN_FILE).exists() else []):

@@ -43,7 +43,7 @@ from specbench.pipelines.methods import Method, load_selector_config, parse_meth
 from specbench.pipelines.session.run_dir import RunFiles, start_run
 from specbench.pipelines.trace import load_traces
 from specbench.records import JsonlWriter, atomic_write_text, read_jsonl, round_row
-from specbench.validate import COUNT, PATH, Rule, integer
+from specbench.validate import COUNT, PATH, Rule, boolean, integer
 
 # replay.* and the command's own inputs (conf/replay.yaml)
 KEYS: dict[str, Rule] = {
@@ -51,6 +51,7 @@ KEYS: dict[str, Rule] = {
     "seeds": COUNT,
     "replay.max_new_tokens": integer(1, null=True, note=" (null: the trace's)"),
     "replay.draft_length": integer(1, null=True, note=" (null: the trace run's)"),
+    "replay.partial": boolean(),
 }
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ LATE = 100  # the share on the best arm is also reported from this round index o
 
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     out = start_run(cfg, output_dir, FILES, "replay")
-    rows, cost_dict = load_traces(cfg.traces)
+    rows, cost_dict = load_traces(cfg.traces, partial=bool(cfg.replay.get("partial")))
     costs = costs_of(cfg, cost_dict)
     first = rows[0]
     arms = list(first["arms"])

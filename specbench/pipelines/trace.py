@@ -35,7 +35,7 @@ from specbench.pipelines.profile import interleaved, measure_verify, profile_dic
 from specbench.pipelines.session.prompting import example_id, prompt_fingerprint
 from specbench.pipelines.session.run_dir import RECORDS, RunFiles
 from specbench.pipelines.session.core import Session
-from specbench.records import JsonlWriter, atomic_write_text, read_jsonl
+from specbench.records import JsonlWriter, atomic_write_text, read_jsonl, unfinished, write_plan
 from specbench.timing import Clock
 from specbench.validate import COUNT, Rule, boolean, integer, list_of, nonempty_list_of
 
@@ -69,6 +69,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         raise SpecbenchError("the pool has no drafter to trace (only the autoregressive arm)",
                              "choose a pool with drafters, e.g. pool=smollm2_default")
     records = s.records()
+    write_plan(s.out, "trace", [example_id(q, 0) for q in s.queries])  # replay checks the trace is finished
     todo = [(i, q) for i, q in enumerate(s.queries) if (example_id(q, 0), METHOD) not in records.done]
     if todo:
         warm = s.warmup_limits
@@ -150,9 +151,10 @@ def measure_catch_up(s: Session, drafters: dict, context: list[int], ns: list[in
 
 # -- reading and summarising ------------------------------------------------------------------------
 
-def load_traces(run: str | Path) -> tuple[list[dict], dict]:
+def load_traces(run: str | Path, partial: bool = False) -> tuple[list[dict], dict]:
     """``(records, costs)`` of a trace run directory: each finished query's ``examples.jsonl`` record merged with
-    its (last) ``traces.jsonl`` line, in the order of the examples; and ``costs.json``."""
+    its (last) ``traces.jsonl`` line, in the order of the examples; and ``costs.json``. Without ``partial``, a trace
+    that has not finished every query it planned (``plan.json``: stopped, or still running) is refused."""
     run = Path(run)
     if not run.is_dir():
         raise SpecbenchError(f"no trace run directory at {run}", "point traces= at a `specbench trace` run directory")
@@ -164,6 +166,13 @@ def load_traces(run: str | Path) -> tuple[list[dict], dict]:
         raise SpecbenchError(f"{run} holds no finished trace (examples.jsonl and traces.jsonl of `specbench trace`)",
                              f"point traces= at a `specbench trace` run directory (it holds traces.jsonl), or trace into "
                              f"it first: specbench trace hydra.run.dir={run} ...")
+    missing = [] if partial else unfinished(run, (r["query_id"] for r in records))
+    if missing:
+        raise SpecbenchError(f"{run} holds {len(records)} of the {len(records) + len(missing)} queries its trace planned "
+                             f"(missing {', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): it stopped "
+                             "early or is still running",
+                             f"finish it (rerun the same trace into {run}: it resumes), or replay the finished queries "
+                             "with replay.partial=true")
     costs_path = run / COSTS
     if not costs_path.exists():
         raise SpecbenchError(f"{costs_path} is missing: the trace run stopped before measuring its cost curves",
@@ -173,7 +182,7 @@ def load_traces(run: str | Path) -> tuple[list[dict], dict]:
 
 def write_summary(out: Path, lengths: dict[str, int]) -> None:
     """trace.md: positions traced and the cost of tracing per drafter (seconds per 1,000 positions)."""
-    rows, _ = load_traces(out)
+    rows, _ = load_traces(out, partial=True)  # the trace's own summary, finished or not
     traces = [QueryTrace.from_dict(r["trace"]) for r in rows]
     positions = sum(t.positions for t in traces)
     seconds = sum(r["seconds"] for r in rows)

@@ -189,15 +189,20 @@ def test_merge_refuses_an_existing_collection_without_overwrite(shards, tmp_path
     assert [r["query_id"] for r in collected.read_rows([out])] == ["gsm8k-0", "gsm8k-1"]
 
 
-def test_merging_some_shards_warns_naming_the_missing_ones(shards, tmp_path, caplog):
-    with caplog.at_level(logging.WARNING):
+def test_merging_some_shards_is_refused_naming_the_missing_ones(shards, tmp_path, caplog):
+    """Issue 45: merging some shards is refused (it was a warning), unless --allow-incomplete, which warns."""
+    with pytest.raises(SpecbenchError, match="rows-00001-of-00002.jsonl missing"):
         collected.merge([str(shards / "s0")], tmp_path / "m")
+    with caplog.at_level(logging.WARNING):
+        collected.merge([str(shards / "s0")], tmp_path / "m", allow_incomplete=True)
     assert "rows-00001-of-00002.jsonl" in caplog.text and "missing" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         collected.merge([str(shards / "s0"), str(shards / "s1")], tmp_path / "all")
     assert "missing" not in caplog.text
     res = specbench("merge", str(shards / "s1"), "--out", str(tmp_path / "cli"))
+    assert res.returncode == 2 and "rows-00000-of-00002.jsonl" in res.stderr and "--allow-incomplete" in res.stderr
+    res = specbench("merge", str(shards / "s1"), "--out", str(tmp_path / "cli"), "--allow-incomplete")
     assert res.returncode == 0 and "rows-00000-of-00002.jsonl" in res.stderr
 
 

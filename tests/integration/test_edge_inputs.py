@@ -67,7 +67,7 @@ def test_merge_out_unwritable(tmp_path, monkeypatch):
     assert_clear_error(code, err, f"error: --out {out} cannot be made: {out.parent} is not writable")
     monkeypatch.setattr(os, "access", real_access)
 
-    def merge(sources, out, overwrite=False):  # the write itself fails (a read-only mount, as root sees one)
+    def merge(sources, out, overwrite=False, allow_incomplete=False):  # the write itself fails (a read-only mount, as root sees one)
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(out))
     monkeypatch.setattr(collected, "merge", merge)
     code, err, _ = run("merge", str(src), "--out", str(out))

@@ -439,3 +439,25 @@ def test_share_on_the_best_drafter_counts_only_chosen_members():
     assert on_arm(tree, "lookup", ucb.fixed_members) == 0 and on_arm(tree, "head", ucb.fixed_members) == 1
     assert on_arm(tree, "head", FixedTree(arms, ["lookup", "head"]).fixed_members) == 0
     assert on_arm(SimpleNamespace(arm="head", members=None), "head", ucb.fixed_members) == 1
+
+
+def test_a_trace_that_has_not_finished_its_plan_is_replayed_only_on_request(trace_run, tmp_path):
+    """Issue 45 case 3: a trace with some of its planned queries (stopped, or still running) was replayed as if
+    whole; it is refused naming what is missing, and replay.partial=true replays the finished ones."""
+    import shutil
+
+    from specbench.records import PLAN_FILE
+
+    part = tmp_path / "part"
+    shutil.copytree(trace_run, part)
+    plan = json.loads((part / PLAN_FILE).read_text())
+    n = len(plan["parts"])
+    assert plan["what"] == "trace" and n >= 1
+    plan["parts"] += ["gsm8k-98", "gsm8k-99"]  # two planned queries not traced yet
+    (part / PLAN_FILE).write_text(json.dumps(plan))
+    args = [f"traces={part}", "seeds=1", "methods=[autoregressive,fixed:*]"]
+    with pytest.raises(SpecbenchError, match=f"holds {n} of the {n + 2} queries its trace planned.*gsm8k-98") as err:
+        replay_pipeline.run(cfg_of("replay", args), tmp_path / "r")
+    assert "replay.partial=true" in err.value.fix
+    replay_pipeline.run(cfg_of("replay", [*args, "replay.partial=true"]), tmp_path / "r2")
+    assert (tmp_path / "r2" / "summary.csv").exists()

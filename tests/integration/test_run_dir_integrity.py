@@ -329,7 +329,10 @@ def test_train_policy_refuses_a_collect_that_stopped_early(tmp_path):
     with pytest.raises(SpecbenchError, match=f"has {len(rows) - 1} of its {len(rows)} rows"):
         train_policy.run(cfg_of("train_policy", [f"data={cl}", "train.val_fraction=0.5"]), tmp_path / "tp")
     merged = tmp_path / "m"
-    collected.merge([str(cl)], merged)  # the merged collection keeps the size, and is refused the same way
+    with pytest.raises(SpecbenchError, match="is incomplete") as err:  # issue 45: merge looks too
+        collected.merge([str(cl)], merged)
+    assert "--allow-incomplete" in err.value.fix
+    collected.merge([str(cl)], merged, allow_incomplete=True)  # kept the size: refused the same way downstream
     with pytest.raises(SpecbenchError, match="incomplete"):
         train_policy.run(cfg_of("train_policy", [f"data={merged}", "train.val_fraction=0.5"]), tmp_path / "tp3")
 
