@@ -287,6 +287,8 @@ def report(root: str = typer.Argument("outputs/reproduce", help="the root that `
         if readme and not publish:
             raise SpecbenchError("--readme needs --publish (the README links the published copy)",
                                  "add --publish docs/reproduction")
+        if readme:  # checked before anything is written or published
+            render.check_readme(Path(readme))
         path = render.write(root, out, layout, long_horizon=long_horizon)
         if publish:
             typer.echo(f"published: {render.publish(path, publish)}")

@@ -165,8 +165,9 @@ def hydra_error(exc: Exception, config_name: str) -> SpecbenchError:
     lines = [line.strip() for line in str(exc).split("Config search path:")[0].splitlines() if line.strip()]
     if isinstance(exc, OverrideParseException):
         return SpecbenchError(f"cannot read the override: {' '.join(x for x in lines if not x.startswith('See '))}",
-                              "write each override as KEY=VALUE (a list: KEY=[a,b]; quote values with spaces or "
-                              "brackets); see https://hydra.cc/docs/advanced/override_grammar/basic/")
+                              "write each override as KEY=VALUE (a list: KEY=[a,b]; quote values with spaces, brackets "
+                              "or letters outside ASCII, e.g. \"name='k\u00f6pf'\"); see "
+                              "https://hydra.cc/docs/advanced/override_grammar/basic/")
     cause = exc.__cause__
     quoted = re.search(r"'([^']+)'", lines[0]) if lines else None
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and quoted:  # a key the config does not have

@@ -115,13 +115,19 @@ class JsonlWriter:
 
     def write_many(self, records) -> None:
         """Append dataclass instances or dicts, one line each, then flush."""
-        for rec in records:
-            row = asdict(rec) if hasattr(rec, "__dataclass_fields__") else rec
-            self._fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-        self._fh.flush()
+        try:
+            for rec in records:
+                row = asdict(rec) if hasattr(rec, "__dataclass_fields__") else rec
+                self._fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+            self._fh.flush()
+        except OSError as exc:  # write() errors name no file (a full disk): name it
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
 
     def close(self) -> None:
-        self._fh.close()
+        try:
+            self._fh.close()
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
 
     def __enter__(self):
         return self

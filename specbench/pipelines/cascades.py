@@ -134,6 +134,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
             log.error("cascades stopped early: writing the curves of the generations it finished in %s", s.out)
             try:
                 write_curves(records, s.out, f"{cfg.target.model} in {cfg.target.dtype}", name, stopped=True)
+            except OSError as exc:  # a full disk: one line (the error that stopped the run follows, as error/fix)
+                log.error("could not write the curves of the finished generations: %s", exc)
             except Exception:  # noqa: BLE001 - never hide the error that stopped the run
                 log.exception("could not write the curves of the finished generations")
         raise

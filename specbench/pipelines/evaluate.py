@@ -109,8 +109,20 @@ def use_policy_pool(cfg: DictConfig, output_dir: str | Path) -> None:
         cfg.pool = pool
 
 
+def check_methods_early(cfg: DictConfig) -> None:
+    """The methods against the pool's drafter names, before any model loads (a typo in a tree member, a router's
+    fallback or a fixed arm is answered in seconds, not after the target loads). Skipped for a policy, whose pool
+    may come from its checkpoint (``use_policy_pool``)."""
+    if policy_checkpoint(cfg) is not None:
+        return
+    names = [AUTOREGRESSIVE, *(cfg.pool.get("drafters") or {})]
+    parse_methods(cfg.methods, {name: None for name in names}, cfg.get("selector"), cfg,
+                  lambda: {"verify": [1.0, 0.0], "draft": {}})  # costs: profile is measured later
+
+
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     use_policy_pool(cfg, output_dir)
+    check_methods_early(cfg)
     s = Session.open(cfg, output_dir, RECORDS, "eval")
     methods = parse_methods(cfg.methods, s.pool, cfg.get("selector"), cfg, functools.cache(lambda: startup_costs(
         s.target, s.pool, s.prompter(s.queries[0]), s.limits.draft_length, s.sampling, s.clock)))
@@ -166,6 +178,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
             log.error("eval stopped early: writing the summary of the %d generations it finished in %s", finished, s.out)
             try:
                 write_summary(s, cfg, records, partial=True)
+            except OSError as exc:  # a full disk: one line (the error that stopped the run follows, as error/fix)
+                log.error("could not write the summary of the finished generations: %s", exc)
             except Exception:  # noqa: BLE001 - never hide the error that stopped the run
                 log.exception("could not write the summary of the finished generations")
         raise

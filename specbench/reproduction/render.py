@@ -241,15 +241,25 @@ def include_demo(run_dir: Path, readme: Path) -> Path:
     return replace_block(readme, DEMO_BEGIN, DEMO_END, body)
 
 
+def check_readme(readme: Path) -> str:
+    """``readme``'s text, refused (a ``SpecbenchError``) unless it holds the generated-report block."""
+    readme = Path(readme)
+    if not readme.is_file():
+        raise SpecbenchError(f"--readme {readme}: no such file",
+                             "point --readme at the README that holds the generated-report block, e.g. README.md")
+    text = readme.read_text(encoding="utf-8")
+    if README_BEGIN not in text or README_END not in text or text.index(README_BEGIN) > text.index(README_END):
+        raise SpecbenchError(f"{readme} has no generated-report block",
+                             f"put the two marker lines where the report goes:\n{README_BEGIN}\n{README_END}")
+    return text
+
+
 def include_in_readme(report_dir: Path, readme: Path, links: str) -> Path:
     """Replace the block between the README's markers by the report's compact index (``SUMMARY.md``: one row
     per exhibit, its verdicts counted; the full index is ``REPORT.md``), its links pointing into ``links`` (the
     published copy, relative to the README): generated, not retyped."""
     readme = Path(readme)
-    text = readme.read_text(encoding="utf-8") if readme.exists() else ""
-    if README_BEGIN not in text or README_END not in text or text.index(README_BEGIN) > text.index(README_END):
-        raise SpecbenchError(f"{readme} has no generated-report block",
-                             f"put the two marker lines where the report goes:\n{README_BEGIN}\n{README_END}")
+    check_readme(readme)
     summary = Path(report_dir) / SUMMARY
     index = (summary.read_text(encoding="utf-8").splitlines() if summary.exists() else
              (Path(report_dir) / "REPORT.md").read_text(encoding="utf-8").splitlines()[1:])  # an older report

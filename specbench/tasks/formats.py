@@ -56,7 +56,10 @@ class Query:
 
 
 def need(row: Mapping, key: str, where: str):
-    if not isinstance(row, Mapping) or key not in row or row[key] is None:
+    if isinstance(row, Mapping) and key in row and row[key] is None:  # the field is there, its value is not
+        raise SpecbenchError(f"{where}: record's field '{key}' is null",
+                             f"give '{key}' a value in that record, or leave the record out of the data file")
+    if not isinstance(row, Mapping) or key not in row:
         have = sorted(row) if isinstance(row, Mapping) else type(row).__name__
         raise SpecbenchError(f"{where}: record has no field '{key}' (it has: {have})",
                              "fix the record, or pick the dataset format that matches this file")

@@ -419,3 +419,18 @@ def test_cascades_curves_of_a_run_stopped_before_a_tasks_baseline(cascade_run, t
     cascades.write_curves(Stub(), tmp_path, "tiny", "quantized", stopped=True)
     assert (tmp_path / "curves.csv").exists() and (tmp_path / "best.csv").exists()
     assert "not judged" in (tmp_path / "curves.md").read_text()
+
+
+def test_a_typo_in_a_method_is_refused_before_any_model_loads(tmp_path, monkeypatch):
+    """Issue 45 case 10: a typo in a tree member or a router's fallback was refused only after the target loaded."""
+    from specbench.pipelines.session import core
+
+    def never(*args, **kwargs):
+        raise AssertionError("the session (target, pool) was opened before the methods were checked")
+
+    monkeypatch.setattr(core.Session, "open", classmethod(never))
+    for methods, problem in (("methods=[tree:prompt_lookup+quantised]", "no arm named quantised"),
+                             ("methods=[selector]", "no drafter named 'suffx'")):
+        extra = ["selector=budget", "selector.retrieval=suffx"] if methods == "methods=[selector]" else []
+        with pytest.raises(SpecbenchError, match=problem):
+            evaluate.run(cfg_of("eval", [*TWO[:-1], methods, *extra]), tmp_path / "e")

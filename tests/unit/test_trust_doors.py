@@ -87,3 +87,47 @@ def test_replayed_verdicts_are_checked_by_shape(tmp_path, content):
         load_verdicts(tmp_path)
     (tmp_path / VERDICTS_DATA).write_text(json.dumps([{"claim": "c", "held": True, "detail": ""}]))
     assert load_verdicts(tmp_path)[0].held is True
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_disk_names_the_records_file():
+    """Issue 45 case 4: write() errors carry no file name, so a full disk's error named none."""
+    import errno
+
+    from specbench.cli import os_failure
+    from specbench.records import JsonlWriter
+
+    writer = JsonlWriter(Path("/dev/full"))  # every write: ENOSPC
+    with pytest.raises(OSError) as err:
+        writer.write({"query_id": "q"})
+    assert err.value.errno == errno.ENOSPC and err.value.filename == "/dev/full"
+    assert "no space left on the device writing /dev/full" in os_failure(err.value, "elsewhere").problem
+    with pytest.raises(OSError):
+        writer.close()  # the unflushed line fails again, named too
+
+
+def test_fix_lines_never_offer_what_is_already_set_or_cannot_work(tmp_path):
+    """Issue 45 case 9: a null field was reported as missing (listing it among the fields it has); a prompt too long
+    under decoding.fit_context=true offered decoding.fit_context=true; --readme was checked after --publish wrote."""
+    from specbench.pipelines.session.prompting import Context
+    from specbench.reproduction.render import check_readme
+    from specbench.tasks.formats import need
+
+    with pytest.raises(SpecbenchError, match="field 'question' is null") as err:
+        need({"question": None, "answer": "4"}, "question", "g.jsonl:1")
+    assert "give 'question' a value" in err.value.fix
+    ctx = Context(100, "max_position_embeddings", "m")
+    with pytest.raises(SpecbenchError) as err:
+        ctx.check("q", 200, 8)
+    assert "decoding.fit_context=true" in err.value.fix
+    with pytest.raises(SpecbenchError) as err:
+        ctx.check("q", 200, 8, fitting=True)
+    assert "fit_context" not in err.value.fix and "max_input_tokens" in err.value.fix
+    with pytest.raises(SpecbenchError) as err:
+        ctx.check("q", 200, 8, encoder_decoder=True)
+    assert "fit_context" not in err.value.fix  # it never shortens an encoder-decoder generation
+    with pytest.raises(SpecbenchError, match="no such file"):
+        check_readme(tmp_path / "missing" / "README.md")
+    (tmp_path / "README.md").write_text("# no markers\n")
+    with pytest.raises(SpecbenchError, match="has no generated-report block"):
+        check_readme(tmp_path / "README.md")

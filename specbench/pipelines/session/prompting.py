@@ -73,10 +73,11 @@ class Context:
         room = None if self.limit is None else self.limit - prompt_len
         if shorten and not encoder_decoder and room is not None and 1 <= room < limits.max_new_tokens:
             return replace(limits, max_new_tokens=room)
-        self.check(query_id, prompt_len, limits.max_new_tokens, encoder_decoder)
+        self.check(query_id, prompt_len, limits.max_new_tokens, encoder_decoder, shorten)
         return limits
 
-    def check(self, query_id: str, prompt_len: int, max_new_tokens: int, encoder_decoder: bool = False) -> None:
+    def check(self, query_id: str, prompt_len: int, max_new_tokens: int, encoder_decoder: bool = False,
+              fitting: bool = False) -> None:
         """SpecbenchError unless the prompt (the encoder input of an encoder-decoder model) and the
         ``max_new_tokens`` it may generate fit in ``limit`` positions."""
         if self.limit is None:
@@ -92,8 +93,10 @@ class Context:
                if self.key == "target.context_limit" else f" ({self.key} in its model config)"),
             f"cut long inputs with dataset.max_input_tokens=<n> (each document / source / question / turn is "
             f"truncated to n tokens; the prompt template adds its own, and {max(room, 0):,} positions are left for "
-            f"the whole prompt), lower max_new_tokens, let each generation stop at the context's end with "
-            f"decoding.fit_context=true, or leave that record out of the data file")
+            f"the whole prompt), lower max_new_tokens, "
+            + ("" if fitting or encoder_decoder else
+               "let each generation stop at the context's end with decoding.fit_context=true, ")
+            + "or leave that record out of the data file")
 
 
 def prompt_fingerprint(ids) -> str:
