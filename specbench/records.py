@@ -81,6 +81,9 @@ class ExampleRecord:
     t_select: float = 0.0
     category: str | None = None
     turn: int = 1
+    # a conversation_length run: the chat this generation is a turn of (its first query's id) and which turn (1-based)
+    conversation: str | None = None
+    conversation_turn: int | None = None
     reference: str | None = None
     quality: dict = field(default_factory=dict)
     deferred: int = 0  # sum of the rounds' deferred positions (cascade rules)

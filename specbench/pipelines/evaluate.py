@@ -167,8 +167,10 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                             ex_id = example_id(query, turn)
                             if (ex_id, m.name) in records.done:  # redone only to rebuild the chat history
                                 continue
+                            chat = ({"conversation": s.queries[conversation[0]].id, "conversation_turn": len(history)}
+                                    if size > 1 else {})  # the chat this generation is a turn of, and which turn
                             records.write(query, ex_id, m.name, gen, text, query.reference if turn == 0 else None,
-                                          turn=turn + 1)
+                                          turn=turn + 1, **chat)
                         if (qi, mi) in todo_set:
                             bar.update(1)
     except BaseException:

@@ -50,14 +50,14 @@ def answers(examples: Iterable[dict], rounds: Iterable[dict], model: str) -> dic
     for r in rounds:
         steps[(r["query_id"], r["method"])].append(int(r["emitted"]))
     turns: dict[str, dict[str, list[dict]]] = defaultdict(dict)
-    for e in examples:
-        base, _ = question_of(e["query_id"])
+    for e in examples:  # a conversation_length run's chat is one multi-turn answer, under its first question
+        base, _ = question_of(e.get("conversation") or e["query_id"])
         turns[e["method"]].setdefault(base, []).append(e)
     out: dict[str, list[dict]] = {}
     for method, questions in turns.items():
         lines = []
         for base, exs in questions.items():
-            exs = sorted(exs, key=lambda e: int(e.get("turn") or 1))
+            exs = sorted(exs, key=lambda e: int(e.get("conversation_turn") or e.get("turn") or 1))
             lengths = [n for e in exs for n in _own_steps(steps.get((e["query_id"], method), []), e)]
             lines.append({
                 "question_id": question_of(base)[1], "category": exs[0].get("category") or exs[0]["task"],

@@ -43,3 +43,21 @@ def test_a_conversation_carries_each_answer_into_the_next_task(tmp_path):
     # each later prompt holds the whole conversation before it
     assert all(len(b) > len(a) for a, b in zip(prompts, prompts[1:]))
     assert prompts[1] != s.prompter(s.queries[1])
+
+
+def test_a_conversations_records_and_answer_files_say_what_it_is(tmp_path):
+    """Issue 45 case 8: each record names its conversation and its turn in it, and the Spec-Bench answer file keeps
+    the conversation as one multi-turn answer (its turns in order) instead of stand-alone one-turn answers."""
+    from specbench.pipelines.spec_bench import answers
+
+    cfg = config("conversation_length=3", "~dataset.sources.code", "~dataset.sources.chat")
+    evaluate.run(cfg, tmp_path / "run")
+    examples = [json.loads(x) for x in (tmp_path / "run" / "examples.jsonl").read_text().splitlines()]
+    rounds = [json.loads(x) for x in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
+    ar = [e for e in examples if e["method"] == "autoregressive"]
+    assert len(ar) == 3 and len({e["conversation"] for e in ar}) == 1
+    assert sorted(e["conversation_turn"] for e in ar) == [1, 2, 3]
+    lines = answers(examples, rounds, "tiny")["autoregressive"]
+    assert len(lines) == 1
+    by_turn = sorted(ar, key=lambda e: e["conversation_turn"])
+    assert lines[0]["choices"][0]["turns"] == [e["text"] for e in by_turn]
