@@ -118,13 +118,15 @@ def side_observations(v: Verification, exits: list[EarlyExitDrafter]) -> dict[st
     return {e.name: block_divergence(v.draft, q[i * k:(i + 1) * k], v.p, k) for i, e in enumerate(exits)}
 
 
-def truncated_model(model: torch.nn.Module, layers: int, layers_key: str) -> torch.nn.Module:
+def truncated_model(model: torch.nn.Module, layers: int, layers_key: str, who: str = "early_exit layers") -> torch.nn.Module:
+    """The target's first ``layers`` layers as a model of its own class (its tensors shared); ``who``: the setting
+    that asked for them, for the error."""
     total = getattr(model.config, layers_key, None)
     if total is None:
         raise SpecbenchError(f"the target's config has no field '{layers_key}'",
                              "set target.layers_key to the config field that holds the layer count")
     if not 1 <= layers < total:
-        raise SpecbenchError(f"early_exit layers={layers} is out of range for a {total}-layer target",
+        raise SpecbenchError(f"{who}={layers} is out of range for a {total}-layer target",
                              f"pick layers between 1 and {total - 1}")
     config = copy.deepcopy(model.config)
     setattr(config, layers_key, layers)

@@ -52,7 +52,8 @@ class SmallLM(nn.Module):
         if target.is_encoder_decoder:
             raise SpecbenchError("the small drafter is built from a decoder-only target's layers",
                                  "use an hf drafter (e.g. t5-small) with an encoder-decoder target")
-        small = truncated_model(target.model, int(layers), layers_key)  # bound to the target's tensors
+        small = truncated_model(target.model, int(layers), layers_key,  # bound to the target's tensors
+                                "the small drafter's layers (drafter.layers)")
         stack = small.base_model
         stack.layers = copy.deepcopy(stack.layers)  # own copies: the embedding and rotary stay shared
         stack.norm = copy.deepcopy(stack.norm)

@@ -163,6 +163,13 @@ def load_traces(run: str | Path, partial: bool = False) -> tuple[list[dict], dic
     lines = {r.get("query_id"): r for r in read_jsonl(run / TRACES)} if (run / TRACES).exists() else {}
     records = [{**e, **lines[e["query_id"]]} for e in examples if e["query_id"] in lines]
     if not records:
+        from specbench.pipelines.session.run_dir import run_command
+
+        owner = run_command(run)
+        if owner and owner != "trace":  # tracing into it would be refused: it is that command's directory
+            raise SpecbenchError(f"{run} is a `specbench {owner}` run directory, not a trace",
+                                 "trace into a new directory (specbench trace hydra.run.dir=<new dir> ...) and point "
+                                 "traces= at it")
         raise SpecbenchError(f"{run} holds no finished trace (examples.jsonl and traces.jsonl of `specbench trace`)",
                              f"point traces= at a `specbench trace` run directory (it holds traces.jsonl), or trace into "
                              f"it first: specbench trace hydra.run.dir={run} ...")

@@ -131,3 +131,19 @@ def test_fix_lines_never_offer_what_is_already_set_or_cannot_work(tmp_path):
     (tmp_path / "README.md").write_text("# no markers\n")
     with pytest.raises(SpecbenchError, match="has no generated-report block"):
         check_readme(tmp_path / "README.md")
+
+
+def test_nits_name_the_right_setting_and_a_fix_that_works(tmp_path, tiny_llama_target):
+    """Issue 45 case 10: replay traces=<an eval run> offered "trace into it first", which the eval directory then
+    refuses; the small drafter's layer count was reported as an early-exit setting."""
+    from specbench.drafters.small import SmallLM
+    from specbench.pipelines.session.run_dir import lock_run_dir
+    from specbench.pipelines.trace import load_traces
+
+    d = tmp_path / "ev"
+    lock_run_dir(d, "eval")
+    with pytest.raises(SpecbenchError, match="is a `specbench eval` run directory, not a trace") as err:
+        load_traces(d)
+    assert "trace into a new directory" in err.value.fix
+    with pytest.raises(SpecbenchError, match=r"the small drafter's layers \(drafter.layers\)=100 is out of range"):
+        SmallLM(tiny_llama_target, 100, None)
