@@ -98,8 +98,9 @@ XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test: install lint
 	$(PYTHON) -m pytest -q -p no:cacheprovider -m "not slow" $(XDIST) $(PYTEST_ARGS) tests
 
-lint: install  ## ruff (pyproject.toml [tool.ruff]: the rules that find bugs)
+lint: install  ## ruff (pyproject.toml [tool.ruff]): the lint rules, and the format the code is kept in
 	$(PYTHON) -m ruff check specbench tests
+	$(PYTHON) -m ruff format --check specbench tests
 
 test-slow: install
 	$(PYTHON) -m pytest -q -p no:cacheprovider -m slow $(XDIST) $(PYTEST_ARGS) tests

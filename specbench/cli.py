@@ -21,13 +21,24 @@ import typer
 from specbench.configs import check_experiment_command, conf_dir, config_help, hydra_error, hydra_overrides
 from specbench.errors import SpecbenchError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Multi-drafter speculative decoding: collect rewards, train drafter policies, evaluate.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Multi-drafter speculative decoding: collect rewards, train drafter policies, evaluate.",
+)
 HYDRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": ["--help"]}
 # OSError numbers that mean "this path cannot be written (or read) here": a read-only directory or file
 # system, a full disk, a file where a directory should be
-PATH_ERRORS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR, errno.ENOENT,
-               errno.EISDIR)
+PATH_ERRORS = (
+    errno.EACCES,
+    errno.EPERM,
+    errno.EROFS,
+    errno.ENOSPC,
+    errno.EDQUOT,
+    errno.ENOTDIR,
+    errno.ENOENT,
+    errno.EISDIR,
+)
 FULL = (errno.ENOSPC, errno.EDQUOT)
 RESUME = "then rerun the same command: it resumes from its records (what was written is kept whole)"
 
@@ -41,22 +52,35 @@ def os_failure(exc: BaseException, elsewhere: str) -> SpecbenchError | None:
     while e is not None and all(e is not c for c in chain):
         chain.append(e)
         e = e.__cause__ or e.__context__
-    for e in chain:  # a full disk anywhere in the chain names itself first (a wrapped ENOSPC says more than its wrapper)
+    for e in (
+        chain
+    ):  # a full disk anywhere in the chain names itself first (a wrapped ENOSPC says more than its wrapper)
         if isinstance(e, OSError) and e.errno in FULL:
             where = f" writing {e.filename}" if e.filename else ""
-            return SpecbenchError(f"no space left on the device{where} ({e.strerror or 'disk full or quota reached'})",
-                                  f"free some space (or raise the quota), {RESUME}; or {elsewhere}")
+            return SpecbenchError(
+                f"no space left on the device{where} ({e.strerror or 'disk full or quota reached'})",
+                f"free some space (or raise the quota), {RESUME}; or {elsewhere}",
+            )
     for e in chain:
         if isinstance(e, RuntimeError) and ("unexpected pos" in str(e) or "file write failed" in str(e)):
-            return SpecbenchError(f"a checkpoint write failed ({str(e).splitlines()[0][:160]}): the disk is most "
-                                  "likely full", f"free some space, {RESUME}; or {elsewhere}")
-        if isinstance(e, OSError) and e.errno == errno.EEXIST and e.filename and Path(e.filename).exists() \
-                and not Path(e.filename).is_dir():  # mkdir(exist_ok=True) on a file
+            return SpecbenchError(
+                f"a checkpoint write failed ({str(e).splitlines()[0][:160]}): the disk is most likely full",
+                f"free some space, {RESUME}; or {elsewhere}",
+            )
+        if (
+            isinstance(e, OSError)
+            and e.errno == errno.EEXIST
+            and e.filename
+            and Path(e.filename).exists()
+            and not Path(e.filename).is_dir()
+        ):  # mkdir(exist_ok=True) on a file
             return SpecbenchError(f"{e.filename} is a file, not a directory", elsewhere)
         if isinstance(e, OSError) and e.errno in PATH_ERRORS and e.filename:
-            return SpecbenchError(f"{e.strerror}: {e.filename}",
-                                  f"check that path (permissions, a file where a directory should be, a missing "
-                                  f"parent), or {elsewhere}")
+            return SpecbenchError(
+                f"{e.strerror}: {e.filename}",
+                f"check that path (permissions, a file where a directory should be, a missing "
+                f"parent), or {elsewhere}",
+            )
     return None
 
 
@@ -94,7 +118,9 @@ def hydra_run(config_name: str, pipeline: str, args: list[str]) -> None:
         with discard_if_unused(Path(out)):
             try:
                 check_experiment_command(HydraConfig.get().runtime.choices.get("experiment"), config_name)
-                validate(cfg, schema(LIGHT_TABLES))  # the keys whose tables load no more than torch, answered at once
+                validate(
+                    cfg, schema(LIGHT_TABLES)
+                )  # the keys whose tables load no more than torch, answered at once
                 module = importlib.import_module(f"specbench.pipelines.{pipeline}")
                 validate(cfg)  # every typed key, before the pipeline's own first checks (its door repeats it)
                 return module.run(cfg, out)
@@ -120,13 +146,25 @@ def _fail_or_raise(exc: Exception, config_name: str) -> None:
         _fail(exc)
     if isinstance(exc, (ConfigCompositionException, OverrideParseException)):
         _fail(hydra_error(exc, config_name))
-    if isinstance(exc, OSError) and exc.errno == errno.EEXIST and exc.filename and Path(exc.filename).exists() \
-            and not Path(exc.filename).is_dir():  # mkdir(exist_ok=True) on a file: hydra.run.dir=<a file>
-        _fail(SpecbenchError(f"{exc.filename} is a file, not a directory",
-                             "write the run elsewhere: hydra.run.dir=<a directory> (a new one, or one of "
-                             "this command's run directories)"))
-    where = "out=<a writable directory> (or name=<name>)" if config_name == "train_drafter" \
-        else "hydra.run.dir=<a writable directory>"  # train-drafter writes its head to out=
+    if (
+        isinstance(exc, OSError)
+        and exc.errno == errno.EEXIST
+        and exc.filename
+        and Path(exc.filename).exists()
+        and not Path(exc.filename).is_dir()
+    ):  # mkdir(exist_ok=True) on a file: hydra.run.dir=<a file>
+        _fail(
+            SpecbenchError(
+                f"{exc.filename} is a file, not a directory",
+                "write the run elsewhere: hydra.run.dir=<a directory> (a new one, or one of "
+                "this command's run directories)",
+            )
+        )
+    where = (
+        "out=<a writable directory> (or name=<name>)"
+        if config_name == "train_drafter"
+        else "hydra.run.dir=<a writable directory>"
+    )  # train-drafter writes its head to out=
     mapped = os_failure(exc, f"write the run elsewhere: {where}")
     if mapped is not None:
         _fail(mapped)
@@ -151,8 +189,9 @@ def _hydra_raises() -> Iterator[None]:
 def _unused(out: Path) -> bool:
     """``out`` holds no result: nothing but configs, logs (Hydra's ``.hydra/``, ``config.yaml``,
     the job log) and empty files."""
-    return out.is_dir() and all(p.is_dir() or p.suffix in (".yaml", ".log") or p.stat().st_size == 0
-                                for p in out.rglob("*"))
+    return out.is_dir() and all(
+        p.is_dir() or p.suffix in (".yaml", ".log") or p.stat().st_size == 0 for p in out.rglob("*")
+    )
 
 
 @contextmanager
@@ -166,8 +205,9 @@ def discard_if_unused(out: Path) -> Iterator[None]:
         # a directory another process holds (RunDirTaken) is that process's, however empty it looks; the class
         # exists only once run_dir was imported (looked up, not imported: bad input stops before the models load)
         run_dir = sys.modules.get("specbench.pipelines.session.run_dir")
-        taken = run_dir is not None and (isinstance(exc, run_dir.RunDirTaken)
-                                         or isinstance(exc.__context__, run_dir.RunDirTaken))  # reported as exit 2
+        taken = run_dir is not None and (
+            isinstance(exc, run_dir.RunDirTaken) or isinstance(exc.__context__, run_dir.RunDirTaken)
+        )  # reported as exit 2
         if fresh and _unused(out) and not taken:
             shutil.rmtree(out, ignore_errors=True)
         raise
@@ -216,12 +256,16 @@ def collect(ctx: typer.Context) -> None:
 
 
 @app.command("merge")
-def merge(sources: list[str] = typer.Argument(..., help="collect output directories (shards)"),
-          out: str = typer.Option(..., "--out", help="directory to write the merged rows.jsonl into"),
-          overwrite: bool = typer.Option(False, "--overwrite",
-                                         help="replace the rows of a collection already in --out"),
-          allow_incomplete: bool = typer.Option(False, "--allow-incomplete",
-                                                help="merge a collection that stopped early (else refused)")) -> None:
+def merge(
+    sources: list[str] = typer.Argument(..., help="collect output directories (shards)"),
+    out: str = typer.Option(..., "--out", help="directory to write the merged rows.jsonl into"),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="replace the rows of a collection already in --out"
+    ),
+    allow_incomplete: bool = typer.Option(
+        False, "--allow-incomplete", help="merge a collection that stopped early (else refused)"
+    ),
+) -> None:
     """Join the rows of several `specbench collect` shards into one directory."""
     from specbench.pipelines import collected
 
@@ -233,9 +277,13 @@ def merge(sources: list[str] = typer.Argument(..., help="collect output director
     except OSError as exc:  # a write that fails late: full disk, a read-only mount seen only by writes
         if exc.errno not in PATH_ERRORS + (errno.EEXIST,):  # PATH_ERRORS holds ENOSPC and EDQUOT
             raise
-        _fail(SpecbenchError(f"cannot write the merged rows into {out}: {exc.strerror}"
-                             + (f": {exc.filename}" if exc.filename else ""),
-                             "pass a writable directory: --out <a new or writable directory>"))
+        _fail(
+            SpecbenchError(
+                f"cannot write the merged rows into {out}: {exc.strerror}"
+                + (f": {exc.filename}" if exc.filename else ""),
+                "pass a writable directory: --out <a new or writable directory>",
+            )
+        )
     typer.echo(f"merged rows: {path}")
 
 
@@ -249,7 +297,9 @@ def check_output_directory(path: Path, option: str) -> None:
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
-        raise SpecbenchError(f"{option} {path}: {existing} is a file, so no directory can be made under it", fix)
+        raise SpecbenchError(
+            f"{option} {path}: {existing} is a file, so no directory can be made under it", fix
+        )
     if not os.access(existing, os.W_OK | os.X_OK):
         what = "is not writable" if existing == path else f"cannot be made: {existing} is not writable"
         raise SpecbenchError(f"{option} {path} {what}", fix)
@@ -268,25 +318,40 @@ def train_drafter(ctx: typer.Context) -> None:
 
 
 @app.command("report")
-def report(root: str = typer.Argument("outputs/reproduce", help="the root that `specbench reproduce` wrote its runs to"),
-           out: str = typer.Option(None, "--out", help="report directory (default: ROOT/report)"),
-           publish: str = typer.Option(None, "--publish",
-                                       help="also copy the report here (docs/reproduction: the README links it)"),
-           layout: str = typer.Option(None, "--layout",
-                                      help="cpu | paper (default: the one `specbench reproduce` recorded in ROOT)"),
-           readme: str = typer.Option(None, "--readme", help="with --publish: also write the report's index into this "
-                                                             "file, between its generated-report markers"),
-           long_horizon: str = typer.Option(None, "--long-horizon",
-                                            help="the long-horizon replays of `make trace-mixed` (outputs/long_horizon): "
-                                                 "their verdicts join the report")) -> None:
+def report(
+    root: str = typer.Argument(
+        "outputs/reproduce", help="the root that `specbench reproduce` wrote its runs to"
+    ),
+    out: str = typer.Option(None, "--out", help="report directory (default: ROOT/report)"),
+    publish: str = typer.Option(
+        None, "--publish", help="also copy the report here (docs/reproduction: the README links it)"
+    ),
+    layout: str = typer.Option(
+        None, "--layout", help="cpu | paper (default: the one `specbench reproduce` recorded in ROOT)"
+    ),
+    readme: str = typer.Option(
+        None,
+        "--readme",
+        help="with --publish: also write the report's index into this "
+        "file, between its generated-report markers",
+    ),
+    long_horizon: str = typer.Option(
+        None,
+        "--long-horizon",
+        help="the long-horizon replays of `make trace-mixed` (outputs/long_horizon): "
+        "their verdicts join the report",
+    ),
+) -> None:
     """Each paper's tables and figures from the run directories under ROOT, published numbers beside ours,
     and each claim checked (REPORT.md)."""
     from specbench.reproduction import render
 
     try:
         if readme and not publish:
-            raise SpecbenchError("--readme needs --publish (the README links the published copy)",
-                                 "add --publish docs/reproduction")
+            raise SpecbenchError(
+                "--readme needs --publish (the README links the published copy)",
+                "add --publish docs/reproduction",
+            )
         if readme:  # checked before anything is written or published
             render.check_readme(Path(readme))
         path = render.write(root, out, layout, long_horizon=long_horizon)
@@ -305,19 +370,33 @@ def report(root: str = typer.Argument("outputs/reproduce", help="the root that `
 
 
 @app.command("reproduce", context_settings=HYDRA_ARGS)
-def reproduce(ctx: typer.Context,
-              root: str = typer.Option("outputs/reproduce", "--root", help="where the runs and the report go"),
-              scale: str = typer.Option(None, "--scale", help="cpu (default): the CPU-scale plan; tiny: a dry run "
-                                                              "of it on tiny models; paper: the paper-scale "
-                                                              "experiments (GPU)"),
-              profile: str = typer.Option(None, "--profile", hidden=True, help="deprecated: the old name of --scale"),
-              paper: list[str] = typer.Option(None, "--paper", help="only these papers (huang, metasd, cascades; "
-                                                                    "paper scale: also spec_bench)"),
-              questions: str = typer.Option(None, "--questions", help="Spec-Bench's question.jsonl (paper scale; "
-                                                                      "default data/spec_bench/question.jsonl)"),
-              redo: bool = typer.Option(False, "--redo", help="run again the finished steps whose settings (or upstream "
-                                                              "steps) differ from this call's, deleting their old "
-                                                              "records (without it such a call is refused)")) -> None:
+def reproduce(
+    ctx: typer.Context,
+    root: str = typer.Option("outputs/reproduce", "--root", help="where the runs and the report go"),
+    scale: str = typer.Option(
+        None,
+        "--scale",
+        help="cpu (default): the CPU-scale plan; tiny: a dry run "
+        "of it on tiny models; paper: the paper-scale "
+        "experiments (GPU)",
+    ),
+    profile: str = typer.Option(None, "--profile", hidden=True, help="deprecated: the old name of --scale"),
+    paper: list[str] = typer.Option(
+        None, "--paper", help="only these papers (huang, metasd, cascades; paper scale: also spec_bench)"
+    ),
+    questions: str = typer.Option(
+        None,
+        "--questions",
+        help="Spec-Bench's question.jsonl (paper scale; default data/spec_bench/question.jsonl)",
+    ),
+    redo: bool = typer.Option(
+        False,
+        "--redo",
+        help="run again the finished steps whose settings (or upstream "
+        "steps) differ from this call's, deleting their old "
+        "records (without it such a call is refused)",
+    ),
+) -> None:
     """Every reproduction of a scale end to end (resumable), then `specbench report`; extra Hydra
     overrides apply to every decoding step (eval, collect, cascades). Every step's config is validated
     before anything runs; a finished step whose settings differ is refused unless --redo."""
@@ -326,11 +405,22 @@ def reproduce(ctx: typer.Context,
     try:
         if profile is not None:
             if scale is not None and scale != profile:
-                raise SpecbenchError(f"--scale {scale} and --profile {profile} disagree (--profile is the old name of "
-                                     "--scale)", f"drop --profile: --scale {scale}")
-            logging.getLogger(__name__).warning("--profile is deprecated: use --scale %s (the same option)", profile)
-        plan.run(root, scale=scale or profile or "cpu", papers=paper or None, extra=list(ctx.args),
-                 questions=questions or plan.QUESTIONS, redo=redo)
+                raise SpecbenchError(
+                    f"--scale {scale} and --profile {profile} disagree (--profile is the old name of "
+                    "--scale)",
+                    f"drop --profile: --scale {scale}",
+                )
+            logging.getLogger(__name__).warning(
+                "--profile is deprecated: use --scale %s (the same option)", profile
+            )
+        plan.run(
+            root,
+            scale=scale or profile or "cpu",
+            papers=paper or None,
+            extra=list(ctx.args),
+            questions=questions or plan.QUESTIONS,
+            redo=redo,
+        )
     except SpecbenchError as exc:
         _fail(exc)
     except (OSError, RuntimeError) as exc:

@@ -17,8 +17,10 @@ from specbench.errors import SpecbenchError
 def conf_dir() -> str:
     path = Path(os.environ.get("SPECBENCH_CONF", Path(__file__).resolve().parent.parent / "conf"))
     if not (path / "eval.yaml").exists():
-        raise SpecbenchError(f"config directory {path} not found",
-                             "install specbench from its repository with `pip install -e .`, or set SPECBENCH_CONF")
+        raise SpecbenchError(
+            f"config directory {path} not found",
+            "install specbench from its repository with `pip install -e .`, or set SPECBENCH_CONF",
+        )
     return str(path)
 
 
@@ -41,17 +43,22 @@ def config_help(config_name: str, experiments: bool = False) -> str:
             group, option = next(iter(entry.items()))
             if not str(group).startswith(("hydra", "override ")):
                 chosen[str(group)] = None if option is None else str(option)
-    lines = [f"{group}: " + ", ".join(o + ("*" if o == chosen[group] else "") for o in group_options(group))
-             for group in chosen]
+    lines = [
+        f"{group}: " + ", ".join(o + ("*" if o == chosen[group] else "") for o in group_options(group))
+        for group in chosen
+    ]
     if experiments and "experiment" not in chosen:
         lines.append("experiment: " + ", ".join(group_options("experiment")))
-    keys = (f"Any key of conf/{config_name}.yaml or of a group can be set too (KEY=VALUE); add --cfg job to print "
-            "the composed config instead of running it.")
+    keys = (
+        f"Any key of conf/{config_name}.yaml or of a group can be set too (KEY=VALUE); add --cfg job to print "
+        "the composed config instead of running it."
+    )
     if not lines:
         return keys
-    return ("Config groups (GROUP=OPTION on the command line, * the default; experiment=NAME, or +experiment=NAME, "
-            "applies a preset):\n"
-            + "\n".join(f"  {line}" for line in lines) + "\n\n" + keys)
+    return (
+        "Config groups (GROUP=OPTION on the command line, * the default; experiment=NAME, or +experiment=NAME, "
+        "applies a preset):\n" + "\n".join(f"  {line}" for line in lines) + "\n\n" + keys
+    )
 
 
 EXPERIMENT = re.compile(r"^\+{0,2}experiment=")
@@ -72,10 +79,12 @@ def hydra_overrides(overrides) -> list[str]:
             o = f"experiment={name}"
         out.append(o)
     if len(chosen) > 1:
-        raise SpecbenchError(f"{len(chosen)} experiments given ({', '.join(chosen)}): a run takes one preset, and "
-                             "Hydra would keep only the last without a word",
-                             f"keep one experiment=NAME and give the other's settings as overrides (conf/experiment/"
-                             f"{chosen[0]}.yaml shows them)")
+        raise SpecbenchError(
+            f"{len(chosen)} experiments given ({', '.join(chosen)}): a run takes one preset, and "
+            "Hydra would keep only the last without a word",
+            f"keep one experiment=NAME and give the other's settings as overrides (conf/experiment/"
+            f"{chosen[0]}.yaml shows them)",
+        )
     return out
 
 
@@ -108,8 +117,11 @@ def check_experiment_command(name: str | None, config_name: str) -> None:
     command = config_name.replace("_", "-")
     if commands and command not in commands:
         runs = " or ".join(f"`specbench {c} experiment={name} ...`" for c in commands)
-        raise SpecbenchError(f"experiment '{name}' is written for {', '.join(commands)}, not {command} "
-                             f"(conf/experiment/{name}.yaml, its '# @commands' line)", f"run {runs}")
+        raise SpecbenchError(
+            f"experiment '{name}' is written for {', '.join(commands)}, not {command} "
+            f"(conf/experiment/{name}.yaml, its '# @commands' line)",
+            f"run {runs}",
+        )
 
 
 @contextmanager
@@ -138,8 +150,10 @@ def load_option(group: str, name: str) -> DictConfig:
     group = group.strip("/")
     options = group_options(group)
     if name not in options:
-        raise SpecbenchError(f"no {group} config named '{name}'",
-                             f"use one of: {', '.join(options)}" if options else f"add conf/{group}/{name}.yaml")
+        raise SpecbenchError(
+            f"no {group} config named '{name}'",
+            f"use one of: {', '.join(options)}" if options else f"add conf/{group}/{name}.yaml",
+        )
     try:
         with composing():
             cfg = compose(config_name=None, overrides=[f"+{group}={name}"])
@@ -147,9 +161,14 @@ def load_option(group: str, name: str) -> DictConfig:
         raise hydra_error(exc, "eval") from exc
     node = OmegaConf.select(cfg, group.replace("/", "."))
     if not isinstance(node, DictConfig):
-        raise SpecbenchError(f"conf/{group}/{name}.yaml does not land at '{group.replace('/', '.')}' (its # @package "
-                             "header moves it)", f"drop the header, or set the option with {group}={name} instead")
-    return OmegaConf.create(OmegaConf.to_container(node, resolve=False))  # a plain (not struct) copy of its own
+        raise SpecbenchError(
+            f"conf/{group}/{name}.yaml does not land at '{group.replace('/', '.')}' (its # @package "
+            "header moves it)",
+            f"drop the header, or set the option with {group}={name} instead",
+        )
+    return OmegaConf.create(
+        OmegaConf.to_container(node, resolve=False)
+    )  # a plain (not struct) copy of its own
 
 
 def hydra_error(exc: Exception, config_name: str) -> SpecbenchError:
@@ -164,18 +183,24 @@ def hydra_error(exc: Exception, config_name: str) -> SpecbenchError:
         return SpecbenchError(f"no {group} config named '{name}'", f"use one of: {', '.join(exc.options)}")
     lines = [line.strip() for line in str(exc).split("Config search path:")[0].splitlines() if line.strip()]
     if isinstance(exc, OverrideParseException):
-        return SpecbenchError(f"cannot read the override: {' '.join(x for x in lines if not x.startswith('See '))}",
-                              "write each override as KEY=VALUE (a list: KEY=[a,b]; quote values with spaces, brackets "
-                              "or letters outside ASCII, e.g. \"name='k\u00f6pf'\"); see "
-                              "https://hydra.cc/docs/advanced/override_grammar/basic/")
+        return SpecbenchError(
+            f"cannot read the override: {' '.join(x for x in lines if not x.startswith('See '))}",
+            "write each override as KEY=VALUE (a list: KEY=[a,b]; quote values with spaces, brackets "
+            "or letters outside ASCII, e.g. \"name='k\u00f6pf'\"); see "
+            "https://hydra.cc/docs/advanced/override_grammar/basic/",
+        )
     cause = exc.__cause__
     quoted = re.search(r"'([^']+)'", lines[0]) if lines else None
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and quoted:  # a key the config does not have
         parent = getattr(cause, "parent_node", None)
         keys = [str(k) for k in parent.keys() if k != "hydra"] if hasattr(parent, "keys") else []
-        where = f" ({cause.full_key.rpartition('.')[0] or 'the config'} has: {', '.join(keys)})" if keys else ""
-        return SpecbenchError(f"unknown config key '{quoted.group(1)}'{where}",
-                              f"check the spelling ({helps}); to add a new key on purpose, prefix it with +")
+        where = (
+            f" ({cause.full_key.rpartition('.')[0] or 'the config'} has: {', '.join(keys)})" if keys else ""
+        )
+        return SpecbenchError(
+            f"unknown config key '{quoted.group(1)}'{where}",
+            f"check the spelling ({helps}); to add a new key on purpose, prefix it with +",
+        )
     problem = lines[0].rstrip(".") if lines else type(exc).__name__
     fix = " ".join(lines[1:]) or helps
     return SpecbenchError(problem[:1].lower() + problem[1:], fix[:1].lower() + fix[1:])

@@ -19,8 +19,11 @@ def plain_name(value, key: str, fix: str) -> str:
     naming ``key``, so that no value writes or reads outside that root."""
     name = str(value)
     if not name or name.startswith(".") or any(c in name for c in ("/", "\\", "\0")):
-        raise SpecbenchError(f"{key}={value!r} must be one plain name (no '/', no '..', not starting with '.'): it names "
-                             "a directory under a managed root, and this one would leave it or hide", fix)
+        raise SpecbenchError(
+            f"{key}={value!r} must be one plain name (no '/', no '..', not starting with '.'): it names "
+            "a directory under a managed root, and this one would leave it or hide",
+            fix,
+        )
     return name
 
 

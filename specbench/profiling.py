@@ -36,6 +36,7 @@ def how(dtype: str = "<its dtype>") -> str:
 
 # -- profiles --------------------------------------------------------------------------------------
 
+
 def relative(seconds: Sequence[float]) -> list[float]:
     """Times relative to the first one (the one-token step): ``[t(q) / t(q_0) for q]``."""
     return [s / seconds[0] for s in seconds]
@@ -49,7 +50,11 @@ def torch_dtype_name(dtype) -> str:
 def identity(target) -> dict:
     """What a profile must match to describe a run's costs: the target model, its dtype, the device kind."""
     param = next(target.model.parameters())
-    return {"target": str(target.loaded.name), "dtype": torch_dtype_name(param.dtype), "device": target.device.type}
+    return {
+        "target": str(target.loaded.name),
+        "dtype": torch_dtype_name(param.dtype),
+        "device": target.device.type,
+    }
 
 
 def profile_file(path: str | Path) -> Path:
@@ -62,16 +67,25 @@ def load_profile(path: str | Path) -> dict:
     """The profile at ``path`` (a ``profile.json`` or the run directory holding it)."""
     file = profile_file(path)
     if not file.is_file():
-        raise SpecbenchError(f"profile_path={path}: no {PROFILE_FILE} there",
-                             f"measure one with `{how()}` and set profile_path to its run directory")
+        raise SpecbenchError(
+            f"profile_path={path}: no {PROFILE_FILE} there",
+            f"measure one with `{how()}` and set profile_path to its run directory",
+        )
     try:
         profile = json.loads(file.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SpecbenchError(f"{file}: not a readable profile ({exc})",
-                             f"measure it again with `{how()}`") from exc
-    if not isinstance(profile, dict) or not isinstance(profile.get("drafters"), dict) or "target" not in profile:
-        raise SpecbenchError(f"{file}: not a profile written by `specbench profile` (no target or drafters)",
-                             f"measure one with `{how()}`")
+        raise SpecbenchError(
+            f"{file}: not a readable profile ({exc})", f"measure it again with `{how()}`"
+        ) from exc
+    if (
+        not isinstance(profile, dict)
+        or not isinstance(profile.get("drafters"), dict)
+        or "target" not in profile
+    ):
+        raise SpecbenchError(
+            f"{file}: not a profile written by `specbench profile` (no target or drafters)",
+            f"measure one with `{how()}`",
+        )
     profile["_file"] = str(file)
     return profile
 
@@ -81,26 +95,35 @@ def measured_cost(profile: Mapping | None, name: str, target) -> float:
     mine = identity(target)
     fix = how(mine["dtype"])
     if profile is None:
-        raise SpecbenchError(f"drafter '{name}' has cost: measured, but no profile is given (profile_path is null)",
-                             f"measure one with `{fix}` and pass profile_path=<its run directory>, or give the "
-                             f"drafter a number (pool.drafters.{name}.cost=<relative cost>)")
+        raise SpecbenchError(
+            f"drafter '{name}' has cost: measured, but no profile is given (profile_path is null)",
+            f"measure one with `{fix}` and pass profile_path=<its run directory>, or give the "
+            f"drafter a number (pool.drafters.{name}.cost=<relative cost>)",
+        )
     file = profile.get("_file", "the profile")
     theirs = {key: profile.get(key) for key in mine}
     if theirs != mine:
+
         def show(d: Mapping) -> str:
             return f"{d['target']} ({d['dtype']}, {d['device']})"
-        raise SpecbenchError(f"{file} was measured on {show(theirs)}, not on this run's target {show(mine)}",
-                             f"measure this target with `{fix}` and point profile_path at that run")
+
+        raise SpecbenchError(
+            f"{file} was measured on {show(theirs)}, not on this run's target {show(mine)}",
+            f"measure this target with `{fix}` and point profile_path at that run",
+        )
     entry = profile["drafters"].get(name)
     cost = entry.get("c_draft") if isinstance(entry, Mapping) else None
     if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost < 0:
         has = ", ".join(profile["drafters"]) or "none"
-        raise SpecbenchError(f"{file} has no measured cost of drafter '{name}' (its drafters: {has})",
-                             f"profile a pool that includes '{name}' with `{fix}` and point profile_path at it")
+        raise SpecbenchError(
+            f"{file} has no measured cost of drafter '{name}' (its drafters: {has})",
+            f"profile a pool that includes '{name}' with `{fix}` and point profile_path at it",
+        )
     return float(cost)
 
 
 # -- best draft length -----------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Acceptance:
@@ -166,7 +189,7 @@ def expected_accepted(acc: Acceptance, k: int) -> tuple[float, bool]:
         return sum(min(a, k) for a in acc.counts) / n, False
     at_k = sum(acc.counts) / n  # every a <= K
     p_all = sum(a >= acc.K for a in acc.counts) / n
-    return at_k + p_all * sum(acc.alpha ** i for i in range(1, k - acc.K + 1)), True
+    return at_k + p_all * sum(acc.alpha**i for i in range(1, k - acc.K + 1)), True
 
 
 def predicted_speedup(expected: float, verify: float, k: int, c_draft: float) -> float:
@@ -174,8 +197,9 @@ def predicted_speedup(expected: float, verify: float, k: int, c_draft: float) ->
     return (expected + 1.0) / (verify + k * c_draft)
 
 
-def best_draft_length(acc: Acceptance, c_verify: Mapping[int, float], c_draft: float,
-                      ks: Iterable[int] = DRAFT_LENGTHS) -> list[dict]:
+def best_draft_length(
+    acc: Acceptance, c_verify: Mapping[int, float], c_draft: float, ks: Iterable[int] = DRAFT_LENGTHS
+) -> list[dict]:
     """One row per draft length ``k`` of ``ks`` whose verification (``q = k + 1`` new tokens) ``c_verify``
     holds: ``k``, ``expected_accepted``, ``verify_cost`` (``c_verify(k + 1)``), ``draft_cost``
     (``k * c_draft``), ``predicted_speedup``, ``extrapolated`` (``k > K``), and ``best`` (true on the
@@ -186,9 +210,17 @@ def best_draft_length(acc: Acceptance, c_verify: Mapping[int, float], c_draft: f
             continue
         expected, extrapolated = expected_accepted(acc, k)
         verify = float(c_verify[k + 1])
-        rows.append({"k": k, "expected_accepted": expected, "verify_cost": verify, "draft_cost": k * c_draft,
-                     "predicted_speedup": predicted_speedup(expected, verify, k, c_draft),
-                     "extrapolated": extrapolated, "best": False})
+        rows.append(
+            {
+                "k": k,
+                "expected_accepted": expected,
+                "verify_cost": verify,
+                "draft_cost": k * c_draft,
+                "predicted_speedup": predicted_speedup(expected, verify, k, c_draft),
+                "extrapolated": extrapolated,
+                "best": False,
+            }
+        )
     if rows:
         max(rows, key=lambda r: (r["predicted_speedup"], -r["k"]))["best"] = True
     return rows

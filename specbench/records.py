@@ -87,12 +87,16 @@ class ExampleRecord:
     reference: str | None = None
     quality: dict = field(default_factory=dict)
     deferred: int = 0  # sum of the rounds' deferred positions (cascade rules)
-    agreement: dict = field(default_factory=dict)  # vs the autoregressive output of the same query, when known
+    agreement: dict = field(
+        default_factory=dict
+    )  # vs the autoregressive output of the same query, when known
     # Greedy lossless decoding: per output position [id1, id2, logit1, logit2] of the row that chose it, and
     # the run's tie tolerance (decoding/certify.py): what a fork from the autoregressive output is judged by.
     deciders: list | None = None
     tie_tolerance: float | None = None
-    prompt_sha: str | None = None  # fingerprint of the prompt ids: a fork after a differing prompt is inherited
+    prompt_sha: str | None = (
+        None  # fingerprint of the prompt ids: a fork after a differing prompt is inherited
+    )
     # What a resume checks and what the summary pairs by (pipelines/session/run_records.py Records): the query's content
     # fingerprint, the fingerprints of the pool's drafter checkpoints, and the id of the process that timed it.
     query_sha: str | None = None
@@ -101,7 +105,9 @@ class ExampleRecord:
 
 
 # the fields every examples.jsonl line must have (the others have defaults)
-EXAMPLE_KEYS = tuple(f.name for f in fields(ExampleRecord) if f.default is MISSING and f.default_factory is MISSING)
+EXAMPLE_KEYS = tuple(
+    f.name for f in fields(ExampleRecord) if f.default is MISSING and f.default_factory is MISSING
+)
 
 
 class JsonlWriter:
@@ -168,20 +174,30 @@ def read_jsonl(path: Path) -> Iterator[dict]:
                 record = json.loads(raw.decode("utf-8"))
             except (UnicodeDecodeError, json.JSONDecodeError) as exc:
                 if not raw.endswith(b"\n"):  # only the last line can lack its newline
-                    log.warning("%s:%d: skipping a torn last line (a run stopped while writing it)", path, lineno)
+                    log.warning(
+                        "%s:%d: skipping a torn last line (a run stopped while writing it)", path, lineno
+                    )
                     return
-                what = (f"not UTF-8 text ({exc.reason} at byte {exc.start} of the line)"
-                        if isinstance(exc, UnicodeDecodeError) else f"line {lineno} is not a JSON record ({exc})")
-                raise SpecbenchError(f"{path}:{lineno}: {what}: the file is corrupted (an interrupted run leaves at "
-                                     "most a torn last line)",
-                                     f"repair or delete line {lineno} of {path}, or rerun into a new directory") from exc
+                what = (
+                    f"not UTF-8 text ({exc.reason} at byte {exc.start} of the line)"
+                    if isinstance(exc, UnicodeDecodeError)
+                    else f"line {lineno} is not a JSON record ({exc})"
+                )
+                raise SpecbenchError(
+                    f"{path}:{lineno}: {what}: the file is corrupted (an interrupted run leaves at "
+                    "most a torn last line)",
+                    f"repair or delete line {lineno} of {path}, or rerun into a new directory",
+                ) from exc
             if not isinstance(record, dict):
-                raise SpecbenchError(f"{path}:{lineno}: line {lineno} is not a JSON object: the file is corrupted",
-                                     f"repair or delete line {lineno} of {path}, or rerun into a new directory")
+                raise SpecbenchError(
+                    f"{path}:{lineno}: line {lineno} is not a JSON object: the file is corrupted",
+                    f"repair or delete line {lineno} of {path}, or rerun into a new directory",
+                )
             yield record
 
 
 # -- files replaced whole ------------------------------------------------------------------------------
+
 
 @contextmanager
 def atomic_path(path: Path):
@@ -245,7 +261,9 @@ def sweep_temporaries(directory: Path) -> list[Path]:
     return removed
 
 
-PLAN_FILE = "plan.json"  # what a multi-part run set out to write: readers check it is all there (``unfinished``)
+PLAN_FILE = (
+    "plan.json"  # what a multi-part run set out to write: readers check it is all there (``unfinished``)
+)
 
 
 def write_plan(out: Path, what: str, parts: list[str]) -> None:
@@ -287,9 +305,17 @@ def files_fingerprint(path: str | Path | None) -> str | None:
     import hashlib
 
     path = Path(path)
-    files = [path] if path.is_file() else sorted(
-        p for p in path.rglob("*") if p.is_file() and p.name != "state.pt"
-        and (p.suffix in WEIGHT_SUFFIXES or p.name in ("config.json", "specbench.json")))
+    files = (
+        [path]
+        if path.is_file()
+        else sorted(
+            p
+            for p in path.rglob("*")
+            if p.is_file()
+            and p.name != "state.pt"
+            and (p.suffix in WEIGHT_SUFFIXES or p.name in ("config.json", "specbench.json"))
+        )
+    )
     h = hashlib.sha256()
     for f in files:
         st = f.stat()

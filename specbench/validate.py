@@ -51,17 +51,30 @@ def _within(x, low, high, low_open: bool) -> bool:
 
 def integer(low: int | None = None, high: int | None = None, null: bool = False, note: str = "") -> Rule:
     """An int (not a bool, not 2.9: a float is never silently cut to an int)."""
+
     def test(v) -> bool:
         return isinstance(v, int) and not isinstance(v, bool) and _within(v, low, high, False)
+
     return Rule(test, f"an integer{_bounds(low, high, False)}", null, note)
 
 
-def number(low: float | None = None, high: float | None = None, null: bool = False, low_open: bool = False,
-           note: str = "") -> Rule:
+def number(
+    low: float | None = None,
+    high: float | None = None,
+    null: bool = False,
+    low_open: bool = False,
+    note: str = "",
+) -> Rule:
     """A finite int or float (not nan, not inf, not a bool)."""
+
     def test(v) -> bool:
-        return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                and _within(v, low, high, low_open))
+        return (
+            isinstance(v, (int, float))
+            and not isinstance(v, bool)
+            and math.isfinite(v)
+            and _within(v, low, high, low_open)
+        )
+
     return Rule(test, f"a finite number{_bounds(low, high, low_open)}", null, note)
 
 
@@ -79,11 +92,15 @@ def mapping(null: bool = False, note: str = "", expect: str = "a mapping") -> Ru
 
 
 def list_of(item: Rule, null: bool = False) -> Rule:
-    return Rule(lambda v: isinstance(v, list) and all(item.ok(x) for x in v), f"a list, each {item.expect}", null)
+    return Rule(
+        lambda v: isinstance(v, list) and all(item.ok(x) for x in v), f"a list, each {item.expect}", null
+    )
 
 
 def nonempty_list_of(item: Rule, note: str = "") -> Rule:
-    return Rule(lambda v: list_of(item).ok(v) and len(v) > 0, f"a non-empty list, each {item.expect}", note=note)
+    return Rule(
+        lambda v: list_of(item).ok(v) and len(v) > 0, f"a non-empty list, each {item.expect}", note=note
+    )
 
 
 def one_or_list(item: Rule, null: bool = False) -> Rule:
@@ -108,7 +125,9 @@ SCHEMA: dict[str, Rule] = {
     "warmup.max_new_tokens": integer(0, note=" (0: no warm-up)"),
     "timing.phases": boolean(),
     "methods": list_of(text()),
-    "selector_overrides": mapping(null=True, note=" (merged into each selector of methods=, e.g. {carry_over: true})"),
+    "selector_overrides": mapping(
+        null=True, note=" (merged into each selector of methods=, e.g. {carry_over: true})"
+    ),
     "conversation_length": integer(1, note=" (queries per conversation)"),
     "policy.checkpoint": PATH,
     "overwrite": boolean(),
@@ -144,8 +163,13 @@ TABLES = (
 
 # the tables whose modules load no more than torch (no transformers, no pipeline): what the command line checks
 # before it imports the pipeline (cli.hydra_run), so that a bad value of these keys is answered in about a second
-LIGHT_TABLES = ("specbench.decoding.sampling", "specbench.decoding.cascade", "specbench.selection.base",
-                "specbench.tasks.datasets", "specbench.policy.model")
+LIGHT_TABLES = (
+    "specbench.decoding.sampling",
+    "specbench.decoding.cascade",
+    "specbench.selection.base",
+    "specbench.tasks.datasets",
+    "specbench.policy.model",
+)
 
 
 def schema(tables: tuple[str, ...] = TABLES) -> dict[str, Rule]:
@@ -155,7 +179,9 @@ def schema(tables: tuple[str, ...] = TABLES) -> dict[str, Rule]:
     for module in tables:
         for pattern, rule in importlib.import_module(module).KEYS.items():
             if pattern in full:
-                raise RuntimeError(f"config key {pattern} is typed twice ({module}.KEYS and an earlier table)")
+                raise RuntimeError(
+                    f"config key {pattern} is typed twice ({module}.KEYS and an earlier table)"
+                )
             full[pattern] = rule
     return full
 
@@ -175,7 +201,9 @@ def validate(cfg: DictConfig, rules: dict[str, Rule] | None = None) -> None:
                 value = OmegaConf.select(cfg, key, throw_on_missing=True)
                 if isinstance(value, ListConfig):
                     value = OmegaConf.to_container(value, resolve=True)
-                elif isinstance(value, DictConfig):  # a mapping's own keys are checked (and resolved) by theirs
+                elif isinstance(
+                    value, DictConfig
+                ):  # a mapping's own keys are checked (and resolved) by theirs
                     value = OmegaConf.to_container(value, resolve=False)
             except InterpolationToMissingValueError:  # points at a ??? value, reported above
                 continue
@@ -187,7 +215,9 @@ def validate(cfg: DictConfig, rules: dict[str, Rule] | None = None) -> None:
                 problems.append(f"{key}={_show(value)}: expected {rule.expected}{rule.note}")
                 fixes.append(f"{key}=<{rule.expected}>")
     if problems:
-        raise SpecbenchError("\n       ".join(problems), "set " + " ".join(fixes) + " (on the command line or in the config)")
+        raise SpecbenchError(
+            "\n       ".join(problems), "set " + " ".join(fixes) + " (on the command line or in the config)"
+        )
 
 
 def _expand(cfg: DictConfig, pattern: str) -> list[str]:

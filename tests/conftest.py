@@ -46,10 +46,18 @@ def private_cache(tmp_path_factory):
 # family -> config field holding the decoder layer count, embedded drafter model of the same family, and
 # the early-exit head path (final norm module, scale before the LM head), as in conf/target/<family>.yaml
 TINY_FAMILIES: dict[str, dict[str, str]] = {
-    "tiny_llama": {"layers_key": "num_hidden_layers", "draft_model": "embedded:tiny_llama_draft",
-                   "final_norm": "model.norm", "head_scale": 1.0},
-    "tiny_t5": {"layers_key": "num_decoder_layers", "draft_model": "embedded:tiny_t5_draft",
-                "final_norm": "decoder.final_layer_norm", "head_scale": 0.125},
+    "tiny_llama": {
+        "layers_key": "num_hidden_layers",
+        "draft_model": "embedded:tiny_llama_draft",
+        "final_norm": "model.norm",
+        "head_scale": 1.0,
+    },
+    "tiny_t5": {
+        "layers_key": "num_decoder_layers",
+        "draft_model": "embedded:tiny_t5_draft",
+        "final_norm": "decoder.final_layer_norm",
+        "head_scale": 0.125,
+    },
 }
 
 # Every drafter kind of the toolkit (pool key -> kind); the autoregressive arm is always added by build_pool.
@@ -63,9 +71,13 @@ def tiny_drafter_configs(family: str, kinds=TINY_DRAFTER_KINDS) -> dict[str, dic
         "quantized_dynamic": {"_target_": "specbench.drafters.quantized.build"},
         "quantized_weight": {"_target_": "specbench.drafters.quantized.build", "scheme": "weight_int8"},
         "prompt_lookup": {"_target_": "specbench.drafters.prompt_lookup.build"},
-        "early_exit": {"_target_": "specbench.drafters.early_exit.build", "layers": 1,
-                       "layers_key": spec["layers_key"], "final_norm": spec["final_norm"],
-                       "head_scale": spec["head_scale"]},
+        "early_exit": {
+            "_target_": "specbench.drafters.early_exit.build",
+            "layers": 1,
+            "layers_key": spec["layers_key"],
+            "final_norm": spec["final_norm"],
+            "head_scale": spec["head_scale"],
+        },
         "hf": {"_target_": "specbench.drafters.hf.build", "model": spec["draft_model"]},
     }
     return {k: dict(every[k]) for k in kinds}
@@ -140,12 +152,26 @@ def tiny_t5_pool(tiny_t5_target):
 def tiny_setup(request) -> TinySetup:
     """Parametrized over the tiny families: target plus a pool with every drafter kind."""
     family = request.param
-    return TinySetup(family=family, target=request.getfixturevalue(f"{family}_target"),
-                     pool=request.getfixturevalue(f"{family}_pool"))
+    return TinySetup(
+        family=family,
+        target=request.getfixturevalue(f"{family}_target"),
+        pool=request.getfixturevalue(f"{family}_pool"),
+    )
 
 
-def run_tiny_decode(target, pool, arm_or_selector, prompt_ids, *, max_new_tokens=40, draft_length=4,
-                    eos_ids=None, sampling=None, rng=None, cascade=None):
+def run_tiny_decode(
+    target,
+    pool,
+    arm_or_selector,
+    prompt_ids,
+    *,
+    max_new_tokens=40,
+    draft_length=4,
+    eos_ids=None,
+    sampling=None,
+    rng=None,
+    cascade=None,
+):
     """``specbench.decoding.loop.decode`` with test defaults (greedy, seeded rng, target's EOS).
 
     ``arm_or_selector`` is a pool key (a ``Fixed`` selector is built) or a ``Selector``; ``cascade`` a
@@ -159,11 +185,21 @@ def run_tiny_decode(target, pool, arm_or_selector, prompt_ids, *, max_new_tokens
     selector = Fixed(list(pool), arm_or_selector) if isinstance(arm_or_selector, str) else arm_or_selector
     if eos_ids is None:
         eos_ids = frozenset({int(target.tokenizer.eos_token_id)})
-    spec = DecodeSpec(sampling if sampling is not None else SamplingParams(),
-                      Limits(max_new_tokens=max_new_tokens, draft_length=draft_length), frozenset(eos_ids), Clock(),
-                      cascade)
-    return decode(target, pool, selector, list(prompt_ids), spec,
-                  rng if rng is not None else torch.Generator().manual_seed(0))
+    spec = DecodeSpec(
+        sampling if sampling is not None else SamplingParams(),
+        Limits(max_new_tokens=max_new_tokens, draft_length=draft_length),
+        frozenset(eos_ids),
+        Clock(),
+        cascade,
+    )
+    return decode(
+        target,
+        pool,
+        selector,
+        list(prompt_ids),
+        spec,
+        rng if rng is not None else torch.Generator().manual_seed(0),
+    )
 
 
 @pytest.fixture(scope="session")
@@ -184,5 +220,9 @@ def write_tiny_shipped(target, directory) -> None:
     meta = {"target": "embedded:tiny_llama", "vocab": vocab_fingerprint(target.tokenizer)}
     for i, task in enumerate(["math", "summarization", "translation", "chat", "code", "general"]):
         torch.manual_seed(i)
-        save_head(EagleHead(target.model, layers=1), None, directory / f"eagle_{task}", {"kind": "eagle", **meta})
-    small.save(small.SmallLM(target, 1, torch.arange(0, target.vocab_size, 2)), directory / "small_general", meta)
+        save_head(
+            EagleHead(target.model, layers=1), None, directory / f"eagle_{task}", {"kind": "eagle", **meta}
+        )
+    small.save(
+        small.SmallLM(target, 1, torch.arange(0, target.vocab_size, 2)), directory / "small_general", meta
+    )

@@ -10,11 +10,22 @@ from hydra import compose, initialize_config_dir
 
 from specbench.configs import conf_dir
 
-COMMANDS = {"cascades": ["cascades"], "huang_fig3": ["trace", "collect"], "huang": ["collect", "eval"],
-            "metasd": ["eval"], "specialists": ["eval"],
-            "reproduce_huang": ["collect", "eval"], "reproduce_metasd": ["eval"], "spec_bench": ["eval"],
-            "drafter": ["train_drafter"], "draft_confidence": ["eval"], "demo": ["eval"], "trees": ["eval"],
-            "trace": ["trace"], "replay": ["eval"]}
+COMMANDS = {
+    "cascades": ["cascades"],
+    "huang_fig3": ["trace", "collect"],
+    "huang": ["collect", "eval"],
+    "metasd": ["eval"],
+    "specialists": ["eval"],
+    "reproduce_huang": ["collect", "eval"],
+    "reproduce_metasd": ["eval"],
+    "spec_bench": ["eval"],
+    "drafter": ["train_drafter"],
+    "draft_confidence": ["eval"],
+    "demo": ["eval"],
+    "trees": ["eval"],
+    "trace": ["trace"],
+    "replay": ["eval"],
+}
 
 
 def experiments() -> list[str]:

@@ -76,10 +76,28 @@ KEYS: dict[str, Rule] = {
     "cascade.alpha": number(),
 }
 # alpha that always defers (lossless) and alpha that never defers (keep every draft token)
-ALWAYS = {"none": 0.0, "chow": -1.0, "diff": -1.0, "opt": -2.0, "sequential": -1.0, "token_v1": -1.0,
-          "token_v2": -1.0, "token_v3": -1.0, "lossy_sd": 0.0}
-NEVER = {"none": 0.0, "chow": 1.0, "diff": 1.0, "opt": 1.0, "sequential": 1.0, "token_v1": 1.0, "token_v2": 1.0,
-         "token_v3": 1.0, "lossy_sd": 1.0}
+ALWAYS = {
+    "none": 0.0,
+    "chow": -1.0,
+    "diff": -1.0,
+    "opt": -2.0,
+    "sequential": -1.0,
+    "token_v1": -1.0,
+    "token_v2": -1.0,
+    "token_v3": -1.0,
+    "lossy_sd": 0.0,
+}
+NEVER = {
+    "none": 0.0,
+    "chow": 1.0,
+    "diff": 1.0,
+    "opt": 1.0,
+    "sequential": 1.0,
+    "token_v1": 1.0,
+    "token_v2": 1.0,
+    "token_v3": 1.0,
+    "lossy_sd": 1.0,
+}
 
 
 # --------------------------------------------------------------------------------- pure functions
@@ -141,8 +159,11 @@ def token_mixture(q: torch.Tensor, p: torch.Tensor, in_set: torch.Tensor) -> tor
 def lossy_accept_prob(q_x: torch.Tensor, p_x: torch.Tensor, alpha: float) -> torch.Tensor:
     """min(1, p(x) / ((1 - alpha) q(x))) per drafted token; 1 everywhere at alpha = 1."""
     scale = (1.0 - alpha) * q_x
-    return torch.where(scale > 0, torch.clamp(p_x / torch.where(scale > 0, scale, torch.ones_like(scale)), max=1.0),
-                       torch.ones_like(p_x))
+    return torch.where(
+        scale > 0,
+        torch.clamp(p_x / torch.where(scale > 0, scale, torch.ones_like(scale)), max=1.0),
+        torch.ones_like(p_x),
+    )
 
 
 def keep_mask(rule: str, alpha: float, draft: list[int], q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
@@ -165,8 +186,9 @@ def keep_mask(rule: str, alpha: float, draft: list[int], q: torch.Tensor, p: tor
     raise SpecbenchError(f"unknown cascade rule '{rule}'", f"use one of: {', '.join(RULES)}")
 
 
-def cascade_target(rule: str, alpha: float, q: torch.Tensor, p: torch.Tensor, q_raw: torch.Tensor,
-                   p_raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def cascade_target(
+    rule: str, alpha: float, q: torch.Tensor, p: torch.Tensor, q_raw: torch.Tensor, p_raw: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(pi ``[k, V]``, mask) for the mixture and token rules.
 
     ``q``, ``p``: tempered rows at the drafted positions; ``q_raw``, ``p_raw``: untempered rows
@@ -207,13 +229,17 @@ class Cascade:
 
     def __post_init__(self):
         if self.rule not in RULES:
-            raise SpecbenchError(f"unknown cascade rule '{self.rule}'",
-                                 f"set cascade.rule to one of: {', '.join(RULES)} (or cascade=<rule>)")
+            raise SpecbenchError(
+                f"unknown cascade rule '{self.rule}'",
+                f"set cascade.rule to one of: {', '.join(RULES)} (or cascade=<rule>)",
+            )
         lo, hi = ALWAYS[self.rule], NEVER[self.rule]
         alpha = float(self.alpha)
         if self.rule != "none" and not lo <= alpha <= hi:
-            raise SpecbenchError(f"cascade alpha {self.alpha} is out of range for rule '{self.rule}'",
-                                 f"set cascade.alpha between {lo} (always defer: lossless) and {hi} (never defer)")
+            raise SpecbenchError(
+                f"cascade alpha {self.alpha} is out of range for rule '{self.rule}'",
+                f"set cascade.alpha between {lo} (always defer: lossless) and {hi} (never defer)",
+            )
         object.__setattr__(self, "alpha", alpha)
 
     @property
@@ -242,15 +268,26 @@ class Cascade:
         n = unsure.index(True) if True in unsure else len(draft.tokens)
         if n == len(draft.tokens):
             return draft
-        return type(draft)(tokens=draft.tokens[:n], probs=draft.probs[:n] if n else None,
-                           raw=draft.raw[:n] if n else None, match=draft.match)
+        return type(draft)(
+            tokens=draft.tokens[:n],
+            probs=draft.probs[:n] if n else None,
+            raw=draft.raw[:n] if n else None,
+            match=draft.match,
+        )
 
     @property
     def label(self) -> str:
         return "sd" if self.lossless else f"{self.rule}@{self.alpha:g}"
 
-    def verify(self, draft: list[int], q: torch.Tensor | None, q_raw: torch.Tensor | None,
-               target_logits: torch.Tensor, sampling: SamplingParams, rng: torch.Generator) -> tuple[Verdict, int]:
+    def verify(
+        self,
+        draft: list[int],
+        q: torch.Tensor | None,
+        q_raw: torch.Tensor | None,
+        target_logits: torch.Tensor,
+        sampling: SamplingParams,
+        rng: torch.Generator,
+    ) -> tuple[Verdict, int]:
         """Verify a draft of ``k`` tokens; return the verdict and the number of deferred positions.
 
         ``q`` ``[k, V]``: the tempered distributions the draft was drawn from (``None``: a
@@ -279,7 +316,9 @@ class Cascade:
         q_t = one_hot(draft, vocab, logits.device) if q is None else q.to(logits.device).float()
         if self.rule == "lossy_sd":
             idx = torch.tensor(draft, device=logits.device).unsqueeze(-1)
-            sure = lossy_accept_prob(q_t.gather(-1, idx).squeeze(-1), p[:k].gather(-1, idx).squeeze(-1), self.alpha)
+            sure = lossy_accept_prob(
+                q_t.gather(-1, idx).squeeze(-1), p[:k].gather(-1, idx).squeeze(-1), self.alpha
+            )
             deferred = int((sure < 1.0).sum())
             if self.alpha >= 1.0:
                 if logits.shape[0] == k:

@@ -87,8 +87,9 @@ def _margin(decider, mine: int | None, other: int | None) -> float | None:
     return None if a is None or b is None else a - b
 
 
-def classify(base_ids: Sequence[int], base_deciders, ids: Sequence[int], method_deciders,
-             tolerance: float) -> Fork | None:
+def classify(
+    base_ids: Sequence[int], base_deciders, ids: Sequence[int], method_deciders, tolerance: float
+) -> Fork | None:
     """The fork between two greedy outputs of the same prompt (None when they are identical).
 
     A fork where one output simply ended (an EOS or the length limit) before the other differs at
@@ -103,10 +104,21 @@ def classify(base_ids: Sequence[int], base_deciders, ids: Sequence[int], method_
     base_row = base_deciders[j] if base_deciders and j < len(base_deciders) else None
     row = method_deciders[j] if method_deciders and j < len(method_deciders) else None
     base_margin, margin = _margin(base_row, a, b), _margin(row, b, a)
-    tie = (base_margin is not None and margin is not None and base_margin >= 0 and margin >= 0
-           and base_margin + margin <= 2 * tolerance)
-    return Fork(position=j, base_token=a, token=b, base_margin=base_margin, margin=margin,
-                verdict=TIE if tie else DEFECT)
+    tie = (
+        base_margin is not None
+        and margin is not None
+        and base_margin >= 0
+        and margin >= 0
+        and base_margin + margin <= 2 * tolerance
+    )
+    return Fork(
+        position=j,
+        base_token=a,
+        token=b,
+        base_margin=base_margin,
+        margin=margin,
+        verdict=TIE if tie else DEFECT,
+    )
 
 
 # Used for a target whose YAML sets no ``tie_tolerance`` for its dtype: SmolLM2-135M's measured values
@@ -152,7 +164,7 @@ def calibrate(target, prompts: Sequence[Sequence[int]], new_tokens: int = 32, ch
         # score(draft) feeds [last committed, *draft]: the rows predict the tokens after each fed one
         fed = 0
         while fed < len(tokens):
-            draft = tokens[fed: fed + chunk - 1]
+            draft = tokens[fed : fed + chunk - 1]
             rows = target.score(draft).logits.float()
             for i in range(min(len(draft) + 1, len(tokens) - fed)):
                 diff = float((rows[i] - steps[fed + i]).abs().max())
@@ -160,12 +172,19 @@ def calibrate(target, prompts: Sequence[Sequence[int]], new_tokens: int = 32, ch
                 agree += int(torch.argmax(rows[i])) == tokens[fed + i]
                 positions += 1
                 max_logit = max(max_logit, float(steps[fed + i].abs().max()))
-            commit = tokens[fed: fed + len(draft) + 1]
+            commit = tokens[fed : fed + len(draft) + 1]
             target.commit(commit)
             fed += len(commit)
     ordered = sorted(row_max)
     pick = ordered[min(len(ordered) - 1, int(0.999 * len(ordered)))] if ordered else float("nan")
-    return {"max_abs": max(row_max) if row_max else float("nan"), "p999_abs": pick,
-            "mean_abs": sum(row_max) / len(row_max) if row_max else float("nan"),
-            "argmax_agree": agree, "positions": positions, "max_logit": max_logit,
-            "chunk": chunk, "new_tokens": new_tokens, "prompts": len(prompts)}
+    return {
+        "max_abs": max(row_max) if row_max else float("nan"),
+        "p999_abs": pick,
+        "mean_abs": sum(row_max) / len(row_max) if row_max else float("nan"),
+        "argmax_agree": agree,
+        "positions": positions,
+        "max_logit": max_logit,
+        "chunk": chunk,
+        "new_tokens": new_tokens,
+        "prompts": len(prompts),
+    }

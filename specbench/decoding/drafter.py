@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specbench.arms import AUTOREGRESSIVE  # the pool key of the no-draft arm (ground floor: selection uses it too)
+from specbench.arms import (
+    AUTOREGRESSIVE,
+)  # the pool key of the no-draft arm (ground floor: selection uses it too)
 from specbench.decoding.sampling import SamplingParams
-
 
 
 @dataclass
@@ -26,7 +27,9 @@ class Draft:
     tokens: list[int]
     probs: torch.Tensor | None  # [len(tokens), V]: the distributions the tokens were drawn from
     raw: torch.Tensor | None = None  # [len(tokens), V]: the drafter's untempered softmax (cascade rules)
-    match: int | None = None  # retrieval drafters: how many context tokens the draft's source matched (routing)
+    match: int | None = (
+        None  # retrieval drafters: how many context tokens the draft's source matched (routing)
+    )
     # A tree draft (dynamic draft trees, a retrieval drafter's several continuations): each token's parent index
     # in ``tokens`` (-1: it follows the committed tokens); parents precede children; ``probs[i]`` is the
     # distribution token ``i`` was drawn from (its parent's). None: a chain, token i follows token i - 1.
@@ -65,9 +68,14 @@ def keep_tokens(draft: Draft, keep) -> Draft:
     def rows(x):
         return None if x is None else x[keep] if keep else None
 
-    return Draft(tokens=[draft.tokens[i] for i in keep], probs=rows(draft.probs), raw=rows(draft.raw),
-                 match=draft.match, parents=None if chain else new_parents,
-                 scores=None if draft.scores is None else [draft.scores[i] for i in keep])
+    return Draft(
+        tokens=[draft.tokens[i] for i in keep],
+        probs=rows(draft.probs),
+        raw=rows(draft.raw),
+        match=draft.match,
+        parents=None if chain else new_parents,
+        scores=None if draft.scores is None else [draft.scores[i] for i in keep],
+    )
 
 
 def draft_ends(tok: int, prob: float, i: int, k: int, eos_ids, confidence_threshold: float) -> bool:
@@ -203,7 +211,9 @@ class Drafter:
     # up with them (one token at a time or many at once): what makes a trace replay it exactly (decoding/trace.py)
     history_free: bool = True
     drafts: bool = True
-    group: ObservationGroup | None = None  # the drafters it shares observation work with (``ObservationGroup``)
+    group: ObservationGroup | None = (
+        None  # the drafters it shares observation work with (``ObservationGroup``)
+    )
 
     _query: DecodeContext | None = None
 
@@ -223,8 +233,15 @@ class Drafter:
     def catch_up(self, tokens: list[int]) -> None:
         """Bring the drafter's own state (a KV cache) up to the committed ``tokens``."""
 
-    def propose(self, tokens: list[int], k: int, sampling: SamplingParams, rng: torch.Generator,
-                eos_ids: frozenset[int] = frozenset(), stop_below: float = 0.0) -> Draft:
+    def propose(
+        self,
+        tokens: list[int],
+        k: int,
+        sampling: SamplingParams,
+        rng: torch.Generator,
+        eos_ids: frozenset[int] = frozenset(),
+        stop_below: float = 0.0,
+    ) -> Draft:
         """Up to ``k`` draft tokens after the committed ``tokens``. ``stop_below``: end the draft before a position
         whose largest untempered probability is below it (where a sequential cascade defers to the target, which
         then gives that token: ``Cascade.stop_below``); drafters without a distribution ignore it."""

@@ -21,8 +21,17 @@ from specbench.records import Round
 from specbench.selection.base import Selector
 from specbench.timing import Clock
 
-__all__ = ["DecodeSpec", "Generation", "Limits", "cascade_with_tree", "check_trees", "decode", "listeners",
-           "round_members", "tree_label"]
+__all__ = [
+    "DecodeSpec",
+    "Generation",
+    "Limits",
+    "cascade_with_tree",
+    "check_trees",
+    "decode",
+    "listeners",
+    "round_members",
+    "tree_label",
+]
 
 
 @dataclass(frozen=True)
@@ -31,17 +40,25 @@ class Limits:
     draft_length: int = 4
 
     def __post_init__(self):
-        for name, value, key in (("draft length", self.draft_length, "decoding.draft_length"),
-                                 ("max_new_tokens", self.max_new_tokens, "decoding.max_new_tokens")):
+        for name, value, key in (
+            ("draft length", self.draft_length, "decoding.draft_length"),
+            ("max_new_tokens", self.max_new_tokens, "decoding.max_new_tokens"),
+        ):
             if isinstance(value, bool) or not isinstance(value, int):  # 2.9 must not run as 2
-                raise SpecbenchError(f"{name} must be a whole number of tokens, got {value!r}",
-                                     f"set {key} to a positive integer")
+                raise SpecbenchError(
+                    f"{name} must be a whole number of tokens, got {value!r}",
+                    f"set {key} to a positive integer",
+                )
         if self.draft_length < 1:
-            raise SpecbenchError(f"draft length must be at least 1, got {self.draft_length}",
-                                 "set decoding.draft_length to 1 or more (use the autoregressive arm for no draft)")
+            raise SpecbenchError(
+                f"draft length must be at least 1, got {self.draft_length}",
+                "set decoding.draft_length to 1 or more (use the autoregressive arm for no draft)",
+            )
         if self.max_new_tokens < 1:
-            raise SpecbenchError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}",
-                                 "set decoding.max_new_tokens to 1 or more")
+            raise SpecbenchError(
+                f"max_new_tokens must be at least 1, got {self.max_new_tokens}",
+                "set decoding.max_new_tokens to 1 or more",
+            )
 
 
 @dataclass
@@ -98,7 +115,9 @@ class DecodeSpec:
     eos_ids: frozenset[int] = frozenset()
     clock: Clock = field(default_factory=Clock)
     cascade: Cascade | None = None
-    stream: str | None = None  # the generations this decode continues (an eval method): ``DecodeContext.stream``
+    stream: str | None = (
+        None  # the generations this decode continues (an eval method): ``DecodeContext.stream``
+    )
 
 
 def check_trees(selector: Selector, target: Target, method: str | None = None) -> None:
@@ -106,16 +125,25 @@ def check_trees(selector: Selector, target: Target, method: str | None = None) -
     whose attention ignores a custom 4D mask (``check_tree_attention``)."""
     if selector.trees and target.is_encoder_decoder:
         what = f"method '{method}'" if method else type(selector).__name__
-        raise SpecbenchError(f"{what} verifies several drafts as a token tree, which needs a decoder-only target; "
-                             f"this one is encoder-decoder ({type(target.model).__name__} places decoder tokens by "
-                             "cache position, not by position_ids)",
-                             "use fixed:<drafter> or a bandit selector (one draft a round) with this target")
+        raise SpecbenchError(
+            f"{what} verifies several drafts as a token tree, which needs a decoder-only target; "
+            f"this one is encoder-decoder ({type(target.model).__name__} places decoder tokens by "
+            "cache position, not by position_ids)",
+            "use fixed:<drafter> or a bandit selector (one draft a round) with this target",
+        )
     if selector.trees:
         check_tree_attention(target.model, f"method '{method}'" if method else type(selector).__name__)
 
 
-def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prompt_ids: list[int], spec: DecodeSpec,
-           rng: torch.Generator, query=None) -> Generation:
+def decode(
+    target: Target,
+    pool: Mapping[str, Drafter],
+    selector: Selector,
+    prompt_ids: list[int],
+    spec: DecodeSpec,
+    rng: torch.Generator,
+    query=None,
+) -> Generation:
     """Generate up to ``spec.limits.max_new_tokens`` tokens for one prompt (batch size 1), drawing every random
     choice from ``rng``.
 
@@ -147,8 +175,12 @@ def decode(target: Target, pool: Mapping[str, Drafter], selector: Selector, prom
         selector.set_embedding(prefilled.embedding)
     selector.reset(query)
     t_reset = clock.now() - t_reset  # the selector's per-query work, counted in the first round's t_select
-    ctx = DecodeContext(encoder_ids=target.encoder_ids, encoder_outputs=target.encoder_outputs,
-                        side_observations=selector.full_information, stream=spec.stream)
+    ctx = DecodeContext(
+        encoder_ids=target.encoder_ids,
+        encoder_outputs=target.encoder_outputs,
+        side_observations=selector.full_information,
+        stream=spec.stream,
+    )
     if layers:  # the target's states at the committed positions it has seen (all but the last token)
         ctx.record_states(prefilled.states, rows=len(target.tokens) - 1, start=0)
     certify = sampling.greedy and (cascade is None or cascade.lossless)

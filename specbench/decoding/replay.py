@@ -70,13 +70,22 @@ class Costs:
             contexts = tuple(int(c) for c in d["contexts"])
             seconds = tuple(tuple(float(s) for s in d["seconds"][str(c)]) for c in contexts)
         except (KeyError, TypeError, ValueError) as exc:
-            raise SpecbenchError(f"the cost profile has no usable q / contexts / seconds ({exc!r})",
-                                 "point profile_path at a `specbench profile` run, or trace again") from exc
+            raise SpecbenchError(
+                f"the cost profile has no usable q / contexts / seconds ({exc!r})",
+                "point profile_path at a `specbench profile` run, or trace again",
+            ) from exc
         if not q or not contexts or any(len(s) != len(q) for s in seconds):
-            raise SpecbenchError("the cost profile's seconds do not match its q and contexts",
-                                 "point profile_path at a `specbench profile` run, or trace again")
+            raise SpecbenchError(
+                "the cost profile's seconds do not match its q and contexts",
+                "point profile_path at a `specbench profile` run, or trace again",
+            )
         ups = catch_up if catch_up is not None else d.get("catch_up") or {}
-        return cls(q, contexts, seconds, {name: tuple((int(n), float(s)) for n, s in pairs) for name, pairs in ups.items()})
+        return cls(
+            q,
+            contexts,
+            seconds,
+            {name: tuple((int(n), float(s)) for n, s in pairs) for name, pairs in ups.items()},
+        )
 
     def verify(self, q: int, context: int) -> float:
         """Seconds of one target forward over ``q`` new tokens after ``context`` tokens."""
@@ -149,26 +158,42 @@ class _Member:
     match: int | None  # retrieval drafters: the context match of its traced draft (routing)
 
 
-def replay(trace: QueryTrace, selector: Selector, limits: Limits, costs: Costs, draft_lengths: Mapping[str, int],
-           query=None) -> Generation:
+def replay(
+    trace: QueryTrace,
+    selector: Selector,
+    limits: Limits,
+    costs: Costs,
+    draft_lengths: Mapping[str, int],
+    query=None,
+) -> Generation:
     """Replay ``selector`` over one query's trace (module docstring): a ``Generation`` whose rounds carry the
     same fields as the loop's, with predicted times. ``draft_lengths``: each arm's draft length in the
     replayed run (at most its trace length)."""
     if selector.embedding_pooling is not None:
-        raise SpecbenchError(f"{type(selector).__name__} reads the query's embedding, which a trace does not record",
-                             "evaluate context-aware selectors (selector=policy) live with specbench eval")
+        raise SpecbenchError(
+            f"{type(selector).__name__} reads the query's embedding, which a trace does not record",
+            "evaluate context-aware selectors (selector=policy) live with specbench eval",
+        )
     if limits.max_new_tokens > trace.max_new_tokens and trace.stop != "eos":
-        raise SpecbenchError(f"the replay asks for {limits.max_new_tokens} new tokens; the trace holds "
-                             f"{trace.max_new_tokens}", "replay with replay.max_new_tokens at most the trace's")
+        raise SpecbenchError(
+            f"the replay asks for {limits.max_new_tokens} new tokens; the trace holds {trace.max_new_tokens}",
+            "replay with replay.max_new_tokens at most the trace's",
+        )
     output, eos_ids = trace.output, frozenset(trace.eos_ids)
-    view = TraceView(trace, costs, draft_lengths, limits.max_new_tokens) if getattr(selector, "sees_trace", False) else None
+    view = (
+        TraceView(trace, costs, draft_lengths, limits.max_new_tokens)
+        if getattr(selector, "sees_trace", False)
+        else None
+    )
     if view is not None:
         selector.view = view
     selector.reset(query)
     observable = [n for n, dt in trace.drafters.items() if dt.observable] if selector.full_information else []
     out: list[int] = []
     gen = Replayed(tokens=out)
-    synced: dict[str, int] = view.synced if view is not None else {}  # arm -> position last synced at (first use: absent)
+    synced: dict[str, int] = (
+        view.synced if view is not None else {}
+    )  # arm -> position last synced at (first use: absent)
     prev_members: tuple[str, ...] | None = None
     seconds = trace.t_prefill
     while len(out) < limits.max_new_tokens:
@@ -185,23 +210,30 @@ def replay(trace: QueryTrace, selector: Selector, limits: Limits, costs: Costs, 
                 return _Member([], 0, 0, False, 0.0, 0.0, None)
             dt = trace.drafters.get(name)
             if dt is None:
-                raise SpecbenchError(f"the selector played '{name}', which the trace does not hold",
-                                     f"replay with arms of the traced pool: {', '.join(trace.drafters)}")
+                raise SpecbenchError(
+                    f"the selector played '{name}', which the trace does not hold",
+                    f"replay with arms of the traced pool: {', '.join(trace.drafters)}",
+                )
             k = min(draft_lengths[name], room)
             first = name not in synced
             t_sync = dt.t_setup + costs.sync(name, t) if first else costs.sync(name, t - synced[name])
             synced[name] = t
             draft = dt.draft(t, k)
-            return _Member(draft, k, k, first, t_sync, dt.seconds(t, len(draft)) if k > 0 else 0.0, dt.match[t])
+            return _Member(
+                draft, k, k, first, t_sync, dt.seconds(t, len(draft)) if k > 0 else 0.0, dt.match[t]
+            )
 
-        members, made, unused = round_members(choice, draft_with, lambda d, n: bool(d.draft) and (d.match or 0) >= n,
-                                              type(selector).__name__)
+        members, made, unused = round_members(
+            choice, draft_with, lambda d, n: bool(d.draft) and (d.match or 0) >= n, type(selector).__name__
+        )
         routed = unused.t_sync + unused.t_propose if unused is not None else 0.0
         switched = prev_members is not None and members != prev_members
         first_use = any(d.first for d in made.values())
         own = {m: (trace.drafters[m].accepted_of(t, len(d.draft)) if d.draft else 0) for m, d in made.items()}
-        mine = {m: (trace.drafters[m].divergence(t, len(d.draft), d.n_max) if d.draft else 0.0)
-                for m, d in made.items()}
+        mine = {
+            m: (trace.drafters[m].divergence(t, len(d.draft), d.n_max) if d.draft else 0.0)
+            for m, d in made.items()
+        }
         tree = None
         if len(members) == 1:
             arm = members[0]
@@ -212,15 +244,18 @@ def replay(trace: QueryTrace, selector: Selector, limits: Limits, costs: Costs, 
             tree = build_tree({m: made[m].draft for m in members})
             drafted, n_max = tree.size, max(d.n_max for d in made.values())
             accepted_raw, bd = max(own.values()), max(mine.values())
-        new = list(output[t: t + accepted_raw + 1])
+        new = list(output[t : t + accepted_raw + 1])
         for i, tok in enumerate(new):
             if tok in eos_ids:
                 new = new[: i + 1]
                 gen.stop = "eos"
                 break
         if len(new) < accepted_raw + 1 and gen.stop != "eos":
-            raise SpecbenchError(f"the trace ends at {len(output)} tokens without an EOS, before the replay's round at "
-                                 f"position {t} could emit {accepted_raw + 1}", "trace with more new tokens")
+            raise SpecbenchError(
+                f"the trace ends at {len(output)} tokens without an EOS, before the replay's round at "
+                f"position {t} could emit {accepted_raw + 1}",
+                "trace with more new tokens",
+            )
         accepted = min(accepted_raw, len(new))
         out.extend(new)
         done = gen.stop == "eos" or len(out) >= limits.max_new_tokens
@@ -228,27 +263,63 @@ def replay(trace: QueryTrace, selector: Selector, limits: Limits, costs: Costs, 
         setup = switched or first_use
         t_sync = sum(d.t_sync for d in made.values())
         t_draft = sum(d.t_propose for d in made.values()) + routed + (0.0 if setup else t_sync)
-        rnd = Round(index=len(gen.rounds), arm=arm, drafted=drafted, accepted=accepted, n_max=n_max,
-                    be=block_efficiency(accepted, n_max), bd=bd, emitted=len(new), t_select=0.0, t_draft=t_draft,
-                    t_verify=t_verify, t_switch=t_sync if setup else 0.0, switched=switched, first_use=first_use)
+        rnd = Round(
+            index=len(gen.rounds),
+            arm=arm,
+            drafted=drafted,
+            accepted=accepted,
+            n_max=n_max,
+            be=block_efficiency(accepted, n_max),
+            bd=bd,
+            emitted=len(new),
+            t_select=0.0,
+            t_draft=t_draft,
+            t_verify=t_verify,
+            t_switch=t_sync if setup else 0.0,
+            switched=switched,
+            first_use=first_use,
+        )
         if tree is not None:
             mem = {m: min(own[m], accepted) for m in members}
             rnd.members, rnd.tree_size = list(members), tree.size
             rnd.member_accepted = mem
             rnd.winners = [m for m in tree.paths if accepted_raw and own[m] == accepted_raw]
-            selector.update_tree({m: Feedback(drafted=len(made[m].draft), accepted=mem[m], n_max=made[m].n_max,
-                                              be=block_efficiency(mem[m], made[m].n_max), bd=mine[m],
-                                              t_draft=made[m].t_propose, t_verify=t_verify,
-                                              t_switch=made[m].t_sync if made[m].first else 0.0)
-                                  for m in members})
+            selector.update_tree(
+                {
+                    m: Feedback(
+                        drafted=len(made[m].draft),
+                        accepted=mem[m],
+                        n_max=made[m].n_max,
+                        be=block_efficiency(mem[m], made[m].n_max),
+                        bd=mine[m],
+                        t_draft=made[m].t_propose,
+                        t_verify=t_verify,
+                        t_switch=made[m].t_sync if made[m].first else 0.0,
+                    )
+                    for m in members
+                }
+            )
         else:
-            selector.update(arm, Feedback(drafted=drafted, accepted=accepted, n_max=n_max, be=rnd.be, bd=bd,
-                                          t_draft=t_draft, t_verify=t_verify, t_switch=rnd.t_switch))
+            selector.update(
+                arm,
+                Feedback(
+                    drafted=drafted,
+                    accepted=accepted,
+                    n_max=n_max,
+                    be=rnd.be,
+                    bd=bd,
+                    t_draft=t_draft,
+                    t_verify=t_verify,
+                    t_switch=rnd.t_switch,
+                ),
+            )
         gen.rounds.append(rnd)
         if observable and tree is None and drafted:
             traced_draft = len(made[arm].draft) == len(trace.drafters[arm].drafts[t])
             t_observe = trace.drafters[arm].t_observe
-            if t_observe is not None:  # what the live loop pays for its observers' side observations (its t_select)
+            if (
+                t_observe is not None
+            ):  # what the live loop pays for its observers' side observations (its t_select)
                 rnd.t_select += t_observe[t]
                 seconds += t_observe[t]
             for name in observable:

@@ -14,8 +14,15 @@ import torch
 from specbench.decoding.certify import deciders
 from specbench.decoding.drafter import Draft, Drafter, DecodeContext, Verification, keep_tokens, observations
 from specbench.decoding.sampling import logits_to_probs
-from specbench.decoding.tree import (TokenTree, build_tree, chain_outcomes, draw_outcomes, member_divergence,
-                                    verify_tree_greedy, verify_tree_sampling)
+from specbench.decoding.tree import (
+    TokenTree,
+    build_tree,
+    chain_outcomes,
+    draw_outcomes,
+    member_divergence,
+    verify_tree_greedy,
+    verify_tree_sampling,
+)
 from specbench.decoding.verify import block_divergence, block_efficiency, verify_greedy, verify_sampling
 from specbench.errors import SpecbenchError
 from specbench.models.target import Target
@@ -37,9 +44,11 @@ class Drafted:
 
 
 def cascade_with_tree(who: str) -> SpecbenchError:
-    return SpecbenchError(f"a speculative-cascade rule verifies one draft per round, and {who} verifies several "
-                          "drafts as a token tree",
-                          "use cascade=none with tree methods, or fixed:<drafter> methods with the cascade")
+    return SpecbenchError(
+        f"a speculative-cascade rule verifies one draft per round, and {who} verifies several "
+        "drafts as a token tree",
+        "use cascade=none with tree methods, or fixed:<drafter> methods with the cascade",
+    )
 
 
 def expected_tokens(made) -> float:
@@ -48,14 +57,22 @@ def expected_tokens(made) -> float:
     draft = getattr(made, "draft", None)
     scores = getattr(draft, "scores", None)
     if scores is None and not isinstance(draft, Draft):
-        raise SpecbenchError("a route by expected accepted tokens (min_expected) needs the drafts' own scores, "
-                             "which this walk does not have", "evaluate that router live (specbench eval)")
+        raise SpecbenchError(
+            "a route by expected accepted tokens (min_expected) needs the drafts' own scores, "
+            "which this walk does not have",
+            "evaluate that router live (specbench eval)",
+        )
     return float(sum(scores or ()))
 
 
-def round_members(choice, draft_with: Callable[[str], object], plays: Callable[[object, int], bool],
-                  who: str, cut: Callable[[object, object], object] | None = None, greedy: bool = True
-                  ) -> tuple[tuple[str, ...], dict[str, object], object | None]:
+def round_members(
+    choice,
+    draft_with: Callable[[str], object],
+    plays: Callable[[object, int], bool],
+    who: str,
+    cut: Callable[[object, object], object] | None = None,
+    greedy: bool = True,
+) -> tuple[tuple[str, ...], dict[str, object], object | None]:
     """A selector's choice (an arm, a tuple of arms, a ``Route``) -> the round's members, their drafts made by
     ``draft_with(name)``, and the routed-away draft (a ``Route``'s first arm, drafted but not played: its time
     still counts), or None. ``plays(drafted, min_match)``: whether a ``Route``'s first draft plays alone (and, with
@@ -66,8 +83,11 @@ def round_members(choice, draft_with: Callable[[str], object], plays: Callable[[
     member left with no token is dropped, its drafting time counted with the routed-away draft's."""
     if isinstance(choice, Plan):
         if cut is None:
-            raise SpecbenchError(f"{who} builds each round from its drafters' drafts (a cost-model plan), which "
-                                 "this walk cannot replay", "evaluate it live (specbench eval)")
+            raise SpecbenchError(
+                f"{who} builds each round from its drafters' drafts (a cost-model plan), which "
+                "this walk cannot replay",
+                "evaluate it live (specbench eval)",
+            )
         made = {m: draft_with(m) for m in dict.fromkeys(choice.first)}
         for m in choice.more({name: d.draft for name, d in made.items()}):
             if m not in made:
@@ -79,7 +99,9 @@ def round_members(choice, draft_with: Callable[[str], object], plays: Callable[[
         return members, {m: kept[m] for m in members}, (_merged(dropped) if dropped else None)
     if isinstance(choice, Route):  # draft with the first arm; keep its draft only on a long enough match
         tried = draft_with(choice.first)
-        if plays(tried, choice.min_match) and (choice.min_expected is None or expected_tokens(tried) >= choice.min_expected):
+        if plays(tried, choice.min_match) and (
+            choice.min_expected is None or expected_tokens(tried) >= choice.min_expected
+        ):
             return (choice.first,), {choice.first: tried}, None
         # the fallback: one arm, or a tree (which may keep the first arm's draft, already made)
         then = (choice.then,) if isinstance(choice.then, str) else tuple(dict.fromkeys(choice.then))
@@ -87,13 +109,17 @@ def round_members(choice, draft_with: Callable[[str], object], plays: Callable[[
         return tuple(made), made, (None if choice.first in made else tried)
     members = (choice,) if isinstance(choice, str) else tuple(dict.fromkeys(choice))
     if not members:
-        raise SpecbenchError(f"{who} chose no arm for a round", "a tree selector must name at least one drafter per round")
+        raise SpecbenchError(
+            f"{who} chose no arm for a round", "a tree selector must name at least one drafter per round"
+        )
     return members, {m: draft_with(m) for m in members}, None
 
 
 def _merged(dropped: list) -> "Drafted":
     """Drafts made and then left out of the round, as one routed-away draft (their sync and propose times)."""
-    return Drafted(Draft([], None), 0, 0, False, sum(d.t_sync for d in dropped), sum(d.t_propose for d in dropped))
+    return Drafted(
+        Draft([], None), 0, 0, False, sum(d.t_sync for d in dropped), sum(d.t_propose for d in dropped)
+    )
 
 
 def _cut(made: "Drafted", keep) -> "Drafted":
@@ -173,13 +199,23 @@ def draft(w: Walk, choice, room: int) -> tuple[tuple[str, ...], dict[str, Drafte
         n = k + 1 if lossy else k
         # a sequential cascade stops drafting where it defers: the target's row after the draft gives that token
         stop = {"stop_below": cascade.stop_below} if lossy and cascade.sequential else {}
-        made = drafter.propose(w.target.tokens, n, sampling, w.rng, w.spec.eos_ids, **stop) if n > 0 else Draft([], None)
+        made = (
+            drafter.propose(w.target.tokens, n, sampling, w.rng, w.spec.eos_ids, **stop)
+            if n > 0
+            else Draft([], None)
+        )
         if stop:
             made = cascade.cut(made)
         return Drafted(made, k, n if drafter.drafts else 0, first, tb - ta, clock.now() - tb)
 
-    return round_members(choice, draft_with, lambda d, n: bool(d.draft.tokens) and (d.draft.match or 0) >= n,
-                         type(w.selector).__name__, cut=_cut, greedy=sampling.greedy)
+    return round_members(
+        choice,
+        draft_with,
+        lambda d, n: bool(d.draft.tokens) and (d.draft.match or 0) >= n,
+        type(w.selector).__name__,
+        cut=_cut,
+        greedy=sampling.greedy,
+    )
 
 
 def verify(w: Walk, members: tuple[str, ...], made: Mapping[str, Drafted]) -> Verified:
@@ -225,10 +261,19 @@ def verify_tree(w: Walk, members: tuple[str, ...], made: Mapping[str, Drafted]) 
         tv = verify_tree_sampling(tree, {m: made[m].draft.probs for m in members}, p_all, w.rng)
     rows = tree.rows(tv.path)
     mine = {m: member_divergence(tree, m, made[m].draft.probs, p_all, made[m].n_max) for m in members}
-    return Verified(tree_label(members) if len(members) > 1 else members[0], tv.tokens, tv, logits[rows],
-                    p_all[rows[:-1]], {layer: x[rows] for layer, x in scores.states.items()},
-                    [tree.tokens[n] for n in tv.path], max(d.n_max for d in made.values()), max(mine.values()),
-                    tree=tree, mine=mine)
+    return Verified(
+        tree_label(members) if len(members) > 1 else members[0],
+        tv.tokens,
+        tv,
+        logits[rows],
+        p_all[rows[:-1]],
+        {layer: x[rows] for layer, x in scores.states.items()},
+        [tree.tokens[n] for n in tv.path],
+        max(d.n_max for d in made.values()),
+        max(mine.values()),
+        tree=tree,
+        mine=mine,
+    )
 
 
 def commit(w: Walk, v: Verified) -> bool:
@@ -260,11 +305,24 @@ def side_observations(w: Walk, v: Verified, members, context: list[int], room: i
     if not (w.watching and w.selector.full_information):
         return {}
     limits = w.spec.limits
-    seen = Verification(draft=v.path_draft, p=v.p, accepted=v.accepted, played=v.arm, sampling=w.spec.sampling,
-                        states=v.states, context=context, query=w.ctx, draft_length=limits.draft_length, room=room,
-                        eos_ids=w.spec.eos_ids)
-    return {name: obs for name, obs in observations(w.watching, seen).items()  # each group's work once
-            if obs is not None and name not in members}
+    seen = Verification(
+        draft=v.path_draft,
+        p=v.p,
+        accepted=v.accepted,
+        played=v.arm,
+        sampling=w.spec.sampling,
+        states=v.states,
+        context=context,
+        query=w.ctx,
+        draft_length=limits.draft_length,
+        room=room,
+        eos_ids=w.spec.eos_ids,
+    )
+    return {
+        name: obs
+        for name, obs in observations(w.watching, seen).items()  # each group's work once
+        if obs is not None and name not in members
+    }
 
 
 def feedback(w: Walk, choice, members, made: Mapping[str, Drafted], v: Verified, times: dict) -> Round:
@@ -275,10 +333,23 @@ def feedback(w: Walk, choice, members, made: Mapping[str, Drafted], v: Verified,
     t_sync = sum(d.t_sync for d in made.values())
     t_draft = sum(d.t_propose for d in made.values()) + times["routed"] + (0.0 if setup else t_sync)
     accepted = v.accepted
-    rnd = Round(index=len(w.gen.rounds), arm=v.arm, drafted=v.tree.size if v.tree is not None else
-                len(made[v.arm].draft.tokens), accepted=accepted, n_max=v.n_max, be=block_efficiency(accepted, v.n_max),
-                bd=v.bd, emitted=len(v.new), t_select=times["select"], t_draft=t_draft, t_verify=times["verify"],
-                t_switch=t_sync if setup else 0.0, switched=switched, first_use=first_use, deferred=v.deferred)
+    rnd = Round(
+        index=len(w.gen.rounds),
+        arm=v.arm,
+        drafted=v.tree.size if v.tree is not None else len(made[v.arm].draft.tokens),
+        accepted=accepted,
+        n_max=v.n_max,
+        be=block_efficiency(accepted, v.n_max),
+        bd=v.bd,
+        emitted=len(v.new),
+        t_select=times["select"],
+        t_draft=t_draft,
+        t_verify=times["verify"],
+        t_switch=t_sync if setup else 0.0,
+        switched=switched,
+        first_use=first_use,
+        deferred=v.deferred,
+    )
     if isinstance(choice, Plan):
         rnd.expected, rnd.predicted_s = choice.estimate()
     if v.tree is not None:  # a tree round, of several drafters' drafts or of one drafter's own tree
@@ -291,15 +362,37 @@ def feedback(w: Walk, choice, members, made: Mapping[str, Drafted], v: Verified,
         own = {m: min(v.verdict.agreement(v.tree, m), accepted) for m in members}
         rnd.members, rnd.tree_size = list(members), v.tree.size
         rnd.member_accepted, rnd.winners = own, v.verdict.winners(v.tree)
-        w.selector.update_tree({m: Feedback(drafted=len(made[m].draft.tokens), accepted=own[m], n_max=made[m].n_max,
-                                            be=block_efficiency(own[m], made[m].n_max), bd=v.mine[m],
-                                            t_draft=made[m].t_propose, t_verify=rnd.t_verify,
-                                            t_switch=made[m].t_sync if made[m].first else 0.0, nodes=nodes[m])
-                                for m in members})
+        w.selector.update_tree(
+            {
+                m: Feedback(
+                    drafted=len(made[m].draft.tokens),
+                    accepted=own[m],
+                    n_max=made[m].n_max,
+                    be=block_efficiency(own[m], made[m].n_max),
+                    bd=v.mine[m],
+                    t_draft=made[m].t_propose,
+                    t_verify=rnd.t_verify,
+                    t_switch=made[m].t_sync if made[m].first else 0.0,
+                    nodes=nodes[m],
+                )
+                for m in members
+            }
+        )
     else:
-        w.selector.update(v.arm, Feedback(drafted=rnd.drafted, accepted=accepted, n_max=v.n_max, be=rnd.be, bd=v.bd,
-                                          t_draft=rnd.t_draft, t_verify=rnd.t_verify, t_switch=rnd.t_switch,
-                                          nodes=nodes[v.arm]))
+        w.selector.update(
+            v.arm,
+            Feedback(
+                drafted=rnd.drafted,
+                accepted=accepted,
+                n_max=v.n_max,
+                be=rnd.be,
+                bd=v.bd,
+                t_draft=rnd.t_draft,
+                t_verify=rnd.t_verify,
+                t_switch=rnd.t_switch,
+                nodes=nodes[v.arm],
+            ),
+        )
     return rnd
 
 
@@ -322,8 +415,11 @@ def play_round(w: Walk) -> bool:
     routed = unused.t_sync + unused.t_propose if unused is not None else 0.0
     # what the drafting phase spent outside the drafters (a plan's own decisions): the selector's time
     planning = max((t3 - t1) - routed - sum(d.t_sync + d.t_propose for d in made.values()), 0.0)
-    times = {"select": (t1 - t0) + planning + (t5 - t4) + (0.0 if gen.rounds else w.t_reset), "verify": t4 - t3,
-             "routed": routed}
+    times = {
+        "select": (t1 - t0) + planning + (t5 - t4) + (0.0 if gen.rounds else w.t_reset),
+        "verify": t4 - t3,
+        "routed": routed,
+    }
     gen.rounds.append(feedback(w, choice, members, made, v, times))
     for name, side_bd in side.items():
         w.selector.observe(name, side_bd)

@@ -16,9 +16,11 @@ MIN_TEMPERATURE = 1e-6
 
 # decoding.*: SamplingParams' three, and the loop's limits (DecodeSpec, built from the same section)
 KEYS: dict[str, Rule] = {
-    "decoding.temperature": Rule(lambda v: number(0).ok(v) and (v == 0 or v >= MIN_TEMPERATURE),
-                                 f"a finite number >= 0: 0 (greedy) or at least {MIN_TEMPERATURE:g}",
-                                 note=f" (below {MIN_TEMPERATURE:g} the scaled logits overflow float32)"),
+    "decoding.temperature": Rule(
+        lambda v: number(0).ok(v) and (v == 0 or v >= MIN_TEMPERATURE),
+        f"a finite number >= 0: 0 (greedy) or at least {MIN_TEMPERATURE:g}",
+        note=f" (below {MIN_TEMPERATURE:g} the scaled logits overflow float32)",
+    ),
     "decoding.top_k": integer(0, note=" (0: off)"),
     "decoding.top_p": number(0, 1, low_open=True),
     "decoding.max_new_tokens": COUNT,
@@ -42,12 +44,16 @@ class SamplingParams:
 
     def __post_init__(self):
         if self.temperature < 0:
-            raise SpecbenchError(f"temperature must be >= 0, got {self.temperature}",
-                                 "set decoding.temperature to 0 (greedy) or a positive value")
+            raise SpecbenchError(
+                f"temperature must be >= 0, got {self.temperature}",
+                "set decoding.temperature to 0 (greedy) or a positive value",
+            )
         if 0 < self.temperature < MIN_TEMPERATURE:
-            raise SpecbenchError(f"temperature {self.temperature:g} is below the smallest positive temperature, "
-                                 f"{MIN_TEMPERATURE:g} (logits divided by it overflow float32)",
-                                 f"set decoding.temperature=0 for greedy decoding, or a value >= {MIN_TEMPERATURE:g}")
+            raise SpecbenchError(
+                f"temperature {self.temperature:g} is below the smallest positive temperature, "
+                f"{MIN_TEMPERATURE:g} (logits divided by it overflow float32)",
+                f"set decoding.temperature=0 for greedy decoding, or a value >= {MIN_TEMPERATURE:g}",
+            )
         if self.top_k < 0:
             raise SpecbenchError(f"top_k must be >= 0 (0 = off), got {self.top_k}", "set decoding.top_k")
         if not 0.0 < self.top_p <= 1.0:

@@ -107,8 +107,10 @@ class QueryTrace:
     @classmethod
     def from_dict(cls, d: Mapping) -> "QueryTrace":
         if d.get("format") != FORMAT:
-            raise SpecbenchError(f"a trace record has format {d.get('format')!r}; this specbench reads format {FORMAT}",
-                                 "trace again with this version of specbench (a new run directory)")
+            raise SpecbenchError(
+                f"a trace record has format {d.get('format')!r}; this specbench reads format {FORMAT}",
+                "trace again with this version of specbench (a new run directory)",
+            )
         drafters = {name: DrafterTrace(**dt) for name, dt in d["drafters"].items()}
         return cls(**{**d, "drafters": drafters})
 
@@ -126,39 +128,56 @@ class TreeStep:
 
 def trace_lengths(pool: Mapping[str, Drafter], draft_length: int, at_least: int | None) -> dict[str, int]:
     """Each drafting arm's trace length: its own draft length (or the run's), raised to ``at_least`` when set."""
-    return {name: max(d.draft_length or draft_length, int(at_least or 0)) for name, d in pool.items() if d.drafts}
+    return {
+        name: max(d.draft_length or draft_length, int(at_least or 0)) for name, d in pool.items() if d.drafts
+    }
 
 
 def check_greedy(spec: DecodeSpec) -> None:
     if not spec.sampling.greedy:
-        raise SpecbenchError("a trace records greedy decoding (the target's output and every draft are then fixed); "
-                             f"this run samples at temperature {spec.sampling.temperature:g}",
-                             "trace with decoding=greedy (temperature 0)")
+        raise SpecbenchError(
+            "a trace records greedy decoding (the target's output and every draft are then fixed); "
+            f"this run samples at temperature {spec.sampling.temperature:g}",
+            "trace with decoding=greedy (temperature 0)",
+        )
     if spec.cascade is not None and not spec.cascade.lossless:
-        raise SpecbenchError("a trace records lossless verification; a cascade rule changes the output",
-                             "trace with cascade=none")
+        raise SpecbenchError(
+            "a trace records lossless verification; a cascade rule changes the output",
+            "trace with cascade=none",
+        )
 
 
 def check_chains(pool: Mapping[str, Drafter], lengths: Mapping[str, int]) -> None:
     """Refuse drafters that draft trees (a dynamic draft tree, a retrieval tree): a trace records one chain each."""
     trees = [name for name in lengths if getattr(pool[name], "tree", None) is not None]
     if trees:
-        raise SpecbenchError(f"a trace records one chain draft per drafter and position; {', '.join(trees)} "
-                             f"draft{'s' if len(trees) == 1 else ''} a tree each round",
-                             "trace with tree=null on those drafters (pool.drafters.<name>.tree=null), or evaluate "
-                             "them live (specbench eval)")
+        raise SpecbenchError(
+            f"a trace records one chain draft per drafter and position; {', '.join(trees)} "
+            f"draft{'s' if len(trees) == 1 else ''} a tree each round",
+            "trace with tree=null on those drafters (pool.drafters.<name>.tree=null), or evaluate "
+            "them live (specbench eval)",
+        )
 
 
 def check_decoder_only(target: Target) -> None:
     if target.is_encoder_decoder:
-        raise SpecbenchError("specbench trace verifies every drafter's draft as one token tree, which needs a "
-                             f"decoder-only target; this one is encoder-decoder ({type(target.model).__name__})",
-                             "trace a decoder-only target (eval measures encoder-decoder targets live)")
+        raise SpecbenchError(
+            "specbench trace verifies every drafter's draft as one token tree, which needs a "
+            f"decoder-only target; this one is encoder-decoder ({type(target.model).__name__})",
+            "trace a decoder-only target (eval measures encoder-decoder targets live)",
+        )
 
 
 @torch.inference_mode()
-def trace(target: Target, pool: Mapping[str, Drafter], prompt_ids: list[int], spec: DecodeSpec,
-          lengths: Mapping[str, int], rng: torch.Generator, side_observations: bool = False) -> tuple[QueryTrace, Generation]:
+def trace(
+    target: Target,
+    pool: Mapping[str, Drafter],
+    prompt_ids: list[int],
+    spec: DecodeSpec,
+    lengths: Mapping[str, int],
+    rng: torch.Generator,
+    side_observations: bool = False,
+) -> tuple[QueryTrace, Generation]:
     """Walk the greedy output of one prompt, recording every drafter of ``lengths`` at every position (module
     docstring). Returns the trace and the output as a ``Generation`` (its deciders certify it like eval's).
     Drafters that draft trees are refused (``check_chains``).
@@ -173,19 +192,32 @@ def trace(target: Target, pool: Mapping[str, Drafter], prompt_ids: list[int], sp
     sampling, limits, eos_ids, clock = spec.sampling, spec.limits, spec.eos_ids, spec.clock
     drafters = {name: pool[name] for name in lengths}
     observers = {name: d for name, d in drafters.items() if side_observations and d.state_layers(True)}
-    layers = tuple(sorted({layer for d in drafters.values() for layer in d.state_layers(False)}
-                          | {layer for d in observers.values() for layer in d.state_layers(True)}))
+    layers = tuple(
+        sorted(
+            {layer for d in drafters.values() for layer in d.state_layers(False)}
+            | {layer for d in observers.values() for layer in d.state_layers(True)}
+        )
+    )
     t0 = clock.boundary()
     prefilled = target.prefill(prompt_ids, layers=layers)
     t_prefill = clock.now() - t0
-    ctx = DecodeContext(encoder_ids=target.encoder_ids, encoder_outputs=target.encoder_outputs,
-                        side_observations=bool(observers))
+    ctx = DecodeContext(
+        encoder_ids=target.encoder_ids,
+        encoder_outputs=target.encoder_outputs,
+        side_observations=bool(observers),
+    )
     if layers:
         ctx.record_states(prefilled.states, rows=len(target.tokens) - 1, start=0)
-    traces = {name: DrafterTrace(k=int(lengths[name]), observable=bool(d.state_layers(True)),
-                                 side=[] if name in observers else None, history_free=d.history_free,
-                                 t_observe=[] if observers else None)
-              for name, d in drafters.items()}
+    traces = {
+        name: DrafterTrace(
+            k=int(lengths[name]),
+            observable=bool(d.state_layers(True)),
+            side=[] if name in observers else None,
+            history_free=d.history_free,
+            t_observe=[] if observers else None,
+        )
+        for name, d in drafters.items()
+    }
     out: list[int] = []
     gen = Generation(tokens=out, deciders=[])
     while len(out) < limits.max_new_tokens:
@@ -218,8 +250,16 @@ def trace(target: Target, pool: Mapping[str, Drafter], prompt_ids: list[int], sp
             traces[name].accepted.append(accepted)
             traces[name].overlap.append(overlaps(draft, p[rows]) if path else [])
         if observers:
-            observe_all(observers, traces, TreeStep(tree, drafts, p, scores.states), target.tokens, ctx, spec, room,
-                        clock)
+            observe_all(
+                observers,
+                traces,
+                TreeStep(tree, drafts, p, scores.states),
+                target.tokens,
+                ctx,
+                spec,
+                room,
+                clock,
+            )
         token = best[0]
         gen.deciders.extend(deciders(logits, 1))
         out.append(token)
@@ -234,14 +274,28 @@ def trace(target: Target, pool: Mapping[str, Drafter], prompt_ids: list[int], sp
             ctx.record_states({layer: x[:1] for layer, x in scores.states.items()}, rows=1, start=last)
     gen.target_calls = target.calls
     gen.seconds = clock.boundary() - t0
-    result = QueryTrace(prompt_len=len(prompt_ids), output=list(out), stop=gen.stop,
-                        max_new_tokens=limits.max_new_tokens, t_prefill=t_prefill, drafters=traces,
-                        eos_ids=sorted(int(e) for e in eos_ids))
+    result = QueryTrace(
+        prompt_len=len(prompt_ids),
+        output=list(out),
+        stop=gen.stop,
+        max_new_tokens=limits.max_new_tokens,
+        t_prefill=t_prefill,
+        drafters=traces,
+        eos_ids=sorted(int(e) for e in eos_ids),
+    )
     return result, gen
 
 
-def observe_all(observers: Mapping[str, Drafter], traces: Mapping[str, DrafterTrace], step: TreeStep,
-                tokens: list[int], ctx: DecodeContext, spec: DecodeSpec, room: int, clock) -> None:
+def observe_all(
+    observers: Mapping[str, Drafter],
+    traces: Mapping[str, DrafterTrace],
+    step: TreeStep,
+    tokens: list[int],
+    ctx: DecodeContext,
+    spec: DecodeSpec,
+    room: int,
+    clock,
+) -> None:
     """Each observer's side observation of each other drafter's draft verified alone (the loop's ``Verification``
     over that draft's rows of the tree forward), appended to the observer's ``side``; the seconds they took together,
     appended to the played drafter's ``t_observe``."""
@@ -253,10 +307,19 @@ def observe_all(observers: Mapping[str, Drafter], traces: Mapping[str, DrafterTr
             traces[played].t_observe.append(0.0)
             continue
         rows = [tree.parent_row(node) for node in path]
-        v = Verification(draft=list(draft.tokens), p=p[rows], accepted=traces[played].accepted[-1], played=played,
-                         sampling=spec.sampling, states={layer: x[[0, *(1 + n for n in path)]] for layer, x in states.items()},
-                         context=list(tokens), query=ctx, draft_length=spec.limits.draft_length,
-                         room=room, eos_ids=spec.eos_ids)
+        v = Verification(
+            draft=list(draft.tokens),
+            p=p[rows],
+            accepted=traces[played].accepted[-1],
+            played=played,
+            sampling=spec.sampling,
+            states={layer: x[[0, *(1 + n for n in path)]] for layer, x in states.items()},
+            context=list(tokens),
+            query=ctx,
+            draft_length=spec.limits.draft_length,
+            room=room,
+            eos_ids=spec.eos_ids,
+        )
         t0 = clock.boundary()
         observed = observations(observers, v)
         traces[played].t_observe.append(round(clock.boundary() - t0, 7))

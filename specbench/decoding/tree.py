@@ -61,7 +61,9 @@ class TokenTree:
     def __post_init__(self):
         if self.draws is None:  # a tree of chains given by its paths alone
             object.__setattr__(self, "draws", dict(self.paths))
-            object.__setattr__(self, "links", {m: tuple(range(-1, len(p) - 1)) for m, p in self.paths.items()})
+            object.__setattr__(
+                self, "links", {m: tuple(range(-1, len(p) - 1)) for m, p in self.paths.items()}
+            )
             object.__setattr__(self, "primary", {m: tuple(range(len(p))) for m, p in self.paths.items()})
 
     def nodes_of(self, member: str) -> frozenset[int]:
@@ -123,12 +125,15 @@ def primary_indices(links: Sequence[int]) -> tuple[int, ...]:
 
 def check_links(name: str, n: int, links: Sequence[int]) -> None:
     if len(links) != n or any(not -1 <= parent < i for i, parent in enumerate(links)):
-        raise ValueError(f"draft of '{name}': parents {list(links)} do not describe a tree over its {n} tokens "
-                         "(each parent must precede its child; -1 for a child of the root)")
+        raise ValueError(
+            f"draft of '{name}': parents {list(links)} do not describe a tree over its {n} tokens "
+            "(each parent must precede its child; -1 for a child of the root)"
+        )
 
 
-def build_tree(drafts: Mapping[str, Sequence[int]], parents: Mapping[str, Sequence[int] | None] | None = None
-               ) -> TokenTree:
+def build_tree(
+    drafts: Mapping[str, Sequence[int]], parents: Mapping[str, Sequence[int] | None] | None = None
+) -> TokenTree:
     """Merge drafts into a trie: shared prefixes become shared nodes (scored once). ``parents[name]`` (when
     given and not None): that member's draft is a tree, each token's parent draft index (-1: the root)."""
     tokens: list[int] = []
@@ -238,8 +243,13 @@ def verify_tree_greedy(tree: TokenTree, logits: torch.Tensor) -> TreeVerdict:
 ResidualRule = Callable[[torch.Tensor, torch.Tensor | None, int], torch.Tensor]
 
 
-def verify_tree_sampling(tree: TokenTree, q: Mapping[str, torch.Tensor | None], p: torch.Tensor,
-                         rng: torch.Generator, residual_rule: ResidualRule = residual) -> TreeVerdict:
+def verify_tree_sampling(
+    tree: TokenTree,
+    q: Mapping[str, torch.Tensor | None],
+    p: torch.Tensor,
+    rng: torch.Generator,
+    residual_rule: ResidualRule = residual,
+) -> TreeVerdict:
     """Multi-step speculative sampling over the trie (SpecInfer): lossless w.r.t. ``p`` ``[n + 1, V]``.
 
     ``q[name]`` ``[len(draft), V]``: the distributions member ``name``'s tokens were drawn from (None for a
@@ -247,7 +257,9 @@ def verify_tree_sampling(tree: TokenTree, q: Mapping[str, torch.Tensor | None], 
     is the target distribution after a rejected candidate (``verify.residual``; a test swaps it to
     show that skipping the correction breaks the law).
     """
-    children: dict[tuple[str, int], list[int]] = {}  # (member, parent draw) -> its child draws, in draft order
+    children: dict[
+        tuple[str, int], list[int]
+    ] = {}  # (member, parent draw) -> its child draws, in draft order
     for m, own in tree.links.items():
         for i, link in enumerate(own):
             children.setdefault((m, link), []).append(i)
@@ -272,12 +284,16 @@ def verify_tree_sampling(tree: TokenTree, q: Mapping[str, torch.Tensor | None], 
             token = int(torch.multinomial(dist, 1, generator=rng))
             return TreeVerdict(tuple(path), [tree.tokens[n] for n in path] + [token], len(path))
         path.append(chosen)
-        on = {m: [i for at in on[m] for i in children.get((m, at), ()) if tree.draws[m][i] == chosen]
-              for m in tree.draws}
+        on = {
+            m: [i for at in on[m] for i in children.get((m, at), ()) if tree.draws[m][i] == chosen]
+            for m in tree.draws
+        }
         row = 1 + chosen
 
 
-def member_divergence(tree: TokenTree, member: str, q: torch.Tensor | None, p: torch.Tensor, n_max: int) -> float:
+def member_divergence(
+    tree: TokenTree, member: str, q: torch.Tensor | None, p: torch.Tensor, n_max: int
+) -> float:
     """The Block Divergence ``member``'s draft would have had alone, read off the tree forward's rows along
     its own path (``p`` ``[n + 1, V]``): the same rows a chain forward over its draft computes."""
     path = tree.paths[member]

@@ -51,7 +51,9 @@ def residual(p: torch.Tensor, q: torch.Tensor | None, token: int) -> torch.Tenso
     return res / total
 
 
-def verify_sampling(draft: list[int], q: torch.Tensor | None, p: torch.Tensor, rng: torch.Generator) -> Verdict:
+def verify_sampling(
+    draft: list[int], q: torch.Tensor | None, p: torch.Tensor, rng: torch.Generator
+) -> Verdict:
     """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): lossless w.r.t. ``p``.
 
     ``q`` ``[k, V]`` must be exactly the distributions the draft tokens were drawn from (``None``

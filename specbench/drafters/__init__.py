@@ -18,12 +18,20 @@ from specbench.validate import COUNT, PATH, Rule, boolean, integer, list_of, map
 KEYS: dict[str, Rule] = {
     "pool.drafters": mapping(null=True, note=" (drafter name -> its config; null: no drafter)"),
     "pool.drafters.*.draft_length": integer(1, null=True, note=" (null: decoding.draft_length)"),
-    "pool.drafters.*.cost": Rule(lambda v: v == MEASURED or number(0).ok(v), f"a finite number >= 0 or {MEASURED}",
-                                 null=True, note=" (c_draft; null: the kind's own estimate; measured: profile_path's)"),
-    "pool.drafters.*.confidence_threshold": number(0, 1, note=" (a drafter probability: 0 drafts every token)"),
+    "pool.drafters.*.cost": Rule(
+        lambda v: v == MEASURED or number(0).ok(v),
+        f"a finite number >= 0 or {MEASURED}",
+        null=True,
+        note=" (c_draft; null: the kind's own estimate; measured: profile_path's)",
+    ),
+    "pool.drafters.*.confidence_threshold": number(
+        0, 1, note=" (a drafter probability: 0 drafts every token)"
+    ),
     "pool.drafters.*.dtype": text(null=True),
     "pool.drafters.*.device": text(null=True),
-    "pool.drafters.*.make_target": text(null=True),  # the command that builds a missing checkpoint, for its error
+    "pool.drafters.*.make_target": text(
+        null=True
+    ),  # the command that builds a missing checkpoint, for its error
     # eagle, eagle3, small: the head's checkpoint; hf: the model
     "pool.drafters.*.checkpoint": PATH,
     "pool.drafters.*.model": text(),
@@ -65,19 +73,26 @@ def build_pool(target, drafters: Mapping, profile=None, measuring: bool = False)
     loaded_profile = None
     for name, cfg in (drafters or {}).items():
         if name == AUTOREGRESSIVE:
-            raise SpecbenchError(f"'{AUTOREGRESSIVE}' is reserved for the no-draft arm",
-                                 "rename that drafter in the pool config")
+            raise SpecbenchError(
+                f"'{AUTOREGRESSIVE}' is reserved for the no-draft arm",
+                "rename that drafter in the pool config",
+            )
         if not isinstance(cfg, Mapping) or "_target_" not in cfg:
-            raise SpecbenchError(f"drafter '{name}' in the pool has no _target_ (got {cfg!r})",
-                                 "compose it from conf/drafter/ (e.g. /drafter@drafters.NAME: quantized)")
+            raise SpecbenchError(
+                f"drafter '{name}' in the pool has no _target_ (got {cfg!r})",
+                "compose it from conf/drafter/ (e.g. /drafter@drafters.NAME: quantized)",
+            )
         draft_length = cfg.get("draft_length")
         if "draft_length" in cfg:  # the loop's setting, not the builder's: set on the built drafter
             cfg = {k: cfg[k] for k in cfg if k != "draft_length"}
-        if draft_length is not None and (isinstance(draft_length, bool) or not isinstance(draft_length, int)
-                                         or draft_length < 1):
-            raise SpecbenchError(f"drafter '{name}': draft_length must be a whole number >= 1, got {draft_length!r}",
-                                 f"set pool.drafters.{name}.draft_length to a positive integer, or null for "
-                                 "decoding.draft_length")
+        if draft_length is not None and (
+            isinstance(draft_length, bool) or not isinstance(draft_length, int) or draft_length < 1
+        ):
+            raise SpecbenchError(
+                f"drafter '{name}': draft_length must be a whole number >= 1, got {draft_length!r}",
+                f"set pool.drafters.{name}.draft_length to a positive integer, or null for "
+                "decoding.draft_length",
+            )
         extra = {}
         if cfg.get("cost") == MEASURED:  # read before instantiating: the builders take a number (or null)
             if not measuring and profile is not None and loaded_profile is None:
@@ -89,8 +104,10 @@ def build_pool(target, drafters: Mapping, profile=None, measuring: bool = False)
             cause = exc.__cause__
             if isinstance(cause, SpecbenchError):
                 raise cause from None
-            raise SpecbenchError(f"could not build drafter '{name}': {exc}",
-                                 "check its keys against conf/drafter/ and the builder's arguments") from exc
+            raise SpecbenchError(
+                f"could not build drafter '{name}': {exc}",
+                "check its keys against conf/drafter/ and the builder's arguments",
+            ) from exc
         pool[name].draft_length = draft_length
     return pool
 

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from specbench.decoding.drafter import AUTOREGRESSIVE, AutoregressiveArm, Draft, Drafter, DecodeContext, draft_ends
+from specbench.decoding.drafter import (
+    AUTOREGRESSIVE,
+    AutoregressiveArm,
+    Draft,
+    Drafter,
+    DecodeContext,
+    draft_ends,
+)
 from specbench.decoding.sampling import logits_to_probs, pick
 from specbench.drafters.dynamic_tree import TreeShape, ancestors, grow, tree_shape
 from specbench.errors import SpecbenchError
@@ -19,9 +26,11 @@ def check_confidence_threshold(value, name: str) -> float:
     except (TypeError, ValueError):
         threshold = float("nan")
     if not 0.0 <= threshold <= 1.0:  # nan fails too
-        raise SpecbenchError(f"drafter '{name}': confidence_threshold={value} is not a probability in [0, 1]",
-                             f"set pool.drafters.{name}.confidence_threshold=<a number in [0, 1]> "
-                             "(0 drafts every token of the draft length)")
+        raise SpecbenchError(
+            f"drafter '{name}': confidence_threshold={value} is not a probability in [0, 1]",
+            f"set pool.drafters.{name}.confidence_threshold=<a number in [0, 1]> "
+            "(0 drafts every token of the draft length)",
+        )
     return threshold
 
 
@@ -39,8 +48,15 @@ class ModelDrafter(Drafter):
 
     shares_encoder: bool = False
 
-    def __init__(self, name: str, model: torch.nn.Module, vocab_size: int, cost: float,
-                 confidence_threshold: float = 0.0, tree: TreeShape | None = None):
+    def __init__(
+        self,
+        name: str,
+        model: torch.nn.Module,
+        vocab_size: int,
+        cost: float,
+        confidence_threshold: float = 0.0,
+        tree: TreeShape | None = None,
+    ):
         self.name = name
         self.cost = cost
         self.confidence_threshold = check_confidence_threshold(confidence_threshold, name)
@@ -80,7 +96,9 @@ class ModelDrafter(Drafter):
             if draft_ends(tok, float(probs[tok]), i, k, eos_ids, self.confidence_threshold):
                 break
             logits = self.lm.forward([tok], last_only=True)[-1]
-        return Draft(tokens=out, probs=torch.stack(rows) if rows else None, raw=torch.stack(raw) if raw else None)
+        return Draft(
+            tokens=out, probs=torch.stack(rows) if rows else None, raw=torch.stack(raw) if raw else None
+        )
 
     def _propose_tree(self, logits: torch.Tensor, k: int, sampling, rng, eos_ids) -> Draft:
         """A dynamic draft tree: one forward per depth over the frontier; each frontier node sees the committed
@@ -99,8 +117,11 @@ class ModelDrafter(Drafter):
                     attend[row, base + slot[a]] = True
                 attend[row, base + fed + row] = True
                 slot[node] = fed + row
-            out = lm.forward([tokens[n] for n in frontier], attend=attend,
-                             positions=[base + depths[n] - 1 for n in frontier])
+            out = lm.forward(
+                [tokens[n] for n in frontier],
+                attend=attend,
+                positions=[base + depths[n] - 1 for n in frontier],
+            )
             return logits_to_probs(out, sampling)
 
         try:
@@ -116,8 +137,10 @@ def with_tree(drafter: ModelDrafter, tree, name: str) -> ModelDrafter:
     shape = tree_shape(tree, name)
     if shape is not None:
         if drafter.lm.is_encoder_decoder:
-            raise SpecbenchError(f"drafter '{name}': dynamic draft trees need a decoder-only drafter",
-                                 f"set pool.drafters.{name}.tree to null (a chain) for an encoder-decoder drafter")
+            raise SpecbenchError(
+                f"drafter '{name}': dynamic draft trees need a decoder-only drafter",
+                f"set pool.drafters.{name}.tree to null (a chain) for an encoder-decoder drafter",
+            )
         check_tree_attention(drafter.lm.model, f"drafter '{name}' (tree)")
     drafter.tree = shape
     return drafter
@@ -127,5 +150,13 @@ def param_count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-__all__ = ["AUTOREGRESSIVE", "AutoregressiveArm", "Draft", "Drafter", "ModelDrafter", "check_confidence_threshold",
-           "param_count", "with_tree"]
+__all__ = [
+    "AUTOREGRESSIVE",
+    "AutoregressiveArm",
+    "Draft",
+    "Drafter",
+    "ModelDrafter",
+    "check_confidence_threshold",
+    "param_count",
+    "with_tree",
+]

@@ -38,12 +38,16 @@ def tree_shape(value, name: str) -> TreeShape | None:
     """A drafter config's ``tree`` (``{width, nodes}`` or null) as a ``TreeShape``, else a ``SpecbenchError``."""
     if value is None:
         return None
-    fix = f"set pool.drafters.{name}.tree to {{width: 3, nodes: 12}} (whole numbers >= 1), or null for a chain"
+    fix = (
+        f"set pool.drafters.{name}.tree to {{width: 3, nodes: 12}} (whole numbers >= 1), or null for a chain"
+    )
     try:
         width, nodes = value["width"], value["nodes"]
         extra = sorted(set(value) - {"width", "nodes"})
     except (TypeError, KeyError):
-        raise SpecbenchError(f"drafter '{name}': tree must be a mapping with width and nodes, got {value!r}", fix)
+        raise SpecbenchError(
+            f"drafter '{name}': tree must be a mapping with width and nodes, got {value!r}", fix
+        )
     if extra:
         raise SpecbenchError(f"drafter '{name}': tree has unknown keys {extra}", fix)
     for key, v in (("width", width), ("nodes", nodes)):
@@ -55,8 +59,15 @@ def tree_shape(value, name: str) -> TreeShape | None:
 Expand = Callable[[list[int], list[int], list[int], list[int]], torch.Tensor]
 
 
-def grow(first: torch.Tensor, expand: Expand, k: int, shape: TreeShape, sampling: SamplingParams,
-         rng: torch.Generator, eos_ids=frozenset()) -> Draft:
+def grow(
+    first: torch.Tensor,
+    expand: Expand,
+    k: int,
+    shape: TreeShape,
+    sampling: SamplingParams,
+    rng: torch.Generator,
+    eos_ids=frozenset(),
+) -> Draft:
     """A dynamic draft tree of depth at most ``k``.
 
     ``first`` ``[V]``: the drafter's processed distribution after the committed tokens. ``expand(frontier, tokens,

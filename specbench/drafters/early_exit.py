@@ -63,8 +63,15 @@ class EarlyExitDrafter(ModelDrafter):
 
     shares_encoder = True
 
-    def __init__(self, name: str, model: torch.nn.Module, cost: float, exit_layer: int, read_out: ExitHead,
-                 confidence_threshold: float = 0.0):
+    def __init__(
+        self,
+        name: str,
+        model: torch.nn.Module,
+        cost: float,
+        exit_layer: int,
+        read_out: ExitHead,
+        confidence_threshold: float = 0.0,
+    ):
         super().__init__(name, model, read_out.vocab_size, cost, confidence_threshold)
         self.exit_layer = int(exit_layer)
         self.read_out = read_out
@@ -115,19 +122,25 @@ def side_observations(v: Verification, exits: list[EarlyExitDrafter]) -> dict[st
     k = len(v.draft)
     x = torch.cat([e.head_input(v.states[e.exit_layer][:k]) for e in exits])
     q = logits_to_probs(exits[0].head_logits(x), v.sampling)
-    return {e.name: block_divergence(v.draft, q[i * k:(i + 1) * k], v.p, k) for i, e in enumerate(exits)}
+    return {e.name: block_divergence(v.draft, q[i * k : (i + 1) * k], v.p, k) for i, e in enumerate(exits)}
 
 
-def truncated_model(model: torch.nn.Module, layers: int, layers_key: str, who: str = "early_exit layers") -> torch.nn.Module:
+def truncated_model(
+    model: torch.nn.Module, layers: int, layers_key: str, who: str = "early_exit layers"
+) -> torch.nn.Module:
     """The target's first ``layers`` layers as a model of its own class (its tensors shared); ``who``: the setting
     that asked for them, for the error."""
     total = getattr(model.config, layers_key, None)
     if total is None:
-        raise SpecbenchError(f"the target's config has no field '{layers_key}'",
-                             "set target.layers_key to the config field that holds the layer count")
+        raise SpecbenchError(
+            f"the target's config has no field '{layers_key}'",
+            "set target.layers_key to the config field that holds the layer count",
+        )
     if not 1 <= layers < total:
-        raise SpecbenchError(f"{who}={layers} is out of range for a {total}-layer target",
-                             f"pick layers between 1 and {total - 1}")
+        raise SpecbenchError(
+            f"{who}={layers} is out of range for a {total}-layer target",
+            f"pick layers between 1 and {total - 1}",
+        )
     config = copy.deepcopy(model.config)
     setattr(config, layers_key, layers)
     with torch.device("meta"):
@@ -144,17 +157,29 @@ def truncated_model(model: torch.nn.Module, layers: int, layers_key: str, who: s
     return small.eval()
 
 
-def build(target: Target, name: str, layers: int, layers_key: str = "num_hidden_layers",
-          cost: float | None = None, confidence_threshold: float = 0.0, final_norm: str = "model.norm",
-          head_scale: float = 1.0, tree: dict | None = None) -> EarlyExitDrafter:
+def build(
+    target: Target,
+    name: str,
+    layers: int,
+    layers_key: str = "num_hidden_layers",
+    cost: float | None = None,
+    confidence_threshold: float = 0.0,
+    final_norm: str = "model.norm",
+    head_scale: float = 1.0,
+    tree: dict | None = None,
+) -> EarlyExitDrafter:
     small = truncated_model(target.model, int(layers), layers_key)
     if cost is None:
         cost = param_count(small) / param_count(target.model)
     try:
         norm = target.model.get_submodule(final_norm)
     except AttributeError:
-        raise SpecbenchError(f"the target has no module '{final_norm}' (early_exit final_norm)",
-                             "set target.final_norm to the path of the final norm "
-                             "(model.norm for Llama-style models, decoder.final_layer_norm for T5)") from None
+        raise SpecbenchError(
+            f"the target has no module '{final_norm}' (early_exit final_norm)",
+            "set target.final_norm to the path of the final norm "
+            "(model.norm for Llama-style models, decoder.final_layer_norm for T5)",
+        ) from None
     read_out = ExitHead(norm, target.model.get_output_embeddings(), target.vocab_size, float(head_scale))
-    return with_tree(EarlyExitDrafter(name, small, cost, int(layers), read_out, confidence_threshold), tree, name)
+    return with_tree(
+        EarlyExitDrafter(name, small, cost, int(layers), read_out, confidence_threshold), tree, name
+    )

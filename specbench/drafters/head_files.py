@@ -26,8 +26,10 @@ def vocab_fingerprint(tokenizer) -> str:
     return hashlib.sha256(json.dumps(items, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
-DAMAGED_FIX = ("replace the checkpoint with an intact copy: train it again (`specbench train-drafter`, into a "
-               "new directory or after deleting this one) or download the head again")
+DAMAGED_FIX = (
+    "replace the checkpoint with an intact copy: train it again (`specbench train-drafter`, into a "
+    "new directory or after deleting this one) or download the head again"
+)
 
 
 def load_state(path: Path) -> dict[str, torch.Tensor]:
@@ -46,15 +48,19 @@ def load_state(path: Path) -> dict[str, torch.Tensor]:
             return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
         except Exception as exc:  # noqa: BLE001 - a damaged pickle can fail with any error type (AssertionError too)
             raise damaged(path / "pytorch_model.bin", exc) from exc
-    raise SpecbenchError(f"{path} holds no head weights ({WEIGHTS_FILE} or pytorch_model.bin)",
-                         "point the drafter's checkpoint at a directory written by `specbench train-drafter` "
-                         "or an EAGLE-1 head")
+    raise SpecbenchError(
+        f"{path} holds no head weights ({WEIGHTS_FILE} or pytorch_model.bin)",
+        "point the drafter's checkpoint at a directory written by `specbench train-drafter` "
+        "or an EAGLE-1 head",
+    )
 
 
 def damaged(file: Path, exc: Exception) -> SpecbenchError:
     reason = str(exc).splitlines()[0] if str(exc) else ""
     reason = reason.split(". ")[0]  # torch's messages run on with advice that does not apply here
-    return SpecbenchError(f"draft head file {file} cannot be read ({type(exc).__name__}: {reason[:200]})", DAMAGED_FIX)
+    return SpecbenchError(
+        f"draft head file {file} cannot be read ({type(exc).__name__}: {reason[:200]})", DAMAGED_FIX
+    )
 
 
 def resolve_checkpoint(checkpoint: str, make_target: str | None = None) -> Path:
@@ -74,12 +80,16 @@ def resolve_checkpoint(checkpoint: str, make_target: str | None = None) -> Path:
 
             return Path(snapshot_download(str(checkpoint)))
         except Exception as exc:  # noqa: BLE001 - offline, unknown repo, no access: one clear message
-            raise SpecbenchError(f"could not fetch the draft head '{checkpoint}' from the hub ({type(exc).__name__})",
-                                 "pass a local directory, or check the hub id and your network") from exc
+            raise SpecbenchError(
+                f"could not fetch the draft head '{checkpoint}' from the hub ({type(exc).__name__})",
+                "pass a local directory, or check the hub id and your network",
+            ) from exc
     fix = f"build it with `{make_target}`" if make_target else "train one with `specbench train-drafter`"
     missing = f"no directory {path}" + (f" (its parent {path.parent} exists)" if path.parent.is_dir() else "")
-    raise SpecbenchError(f"draft head checkpoint {checkpoint} not found: {missing}, and it is not a hub id (owner/name)",
-                         f"check the path, or {fix}")
+    raise SpecbenchError(
+        f"draft head checkpoint {checkpoint} not found: {missing}, and it is not a hub id (owner/name)",
+        f"check the path, or {fix}",
+    )
 
 
 def read_meta(path: Path) -> dict:

@@ -38,7 +38,8 @@ def check_embedding_rows(model, target: Target, drafter_name: str) -> None:
             f"drafter '{drafter_name}' has {rows} embedding rows, fewer than the {needed} tokens of the target's "
             f"tokenizer (token ids {rows}..{needed - 1} would index past its embedding)",
             "pick a drafter whose embedding covers the target's vocabulary (resize_token_embeddings to at least "
-            f"{needed} and fine-tune), or use a self-drafter: quantized, early_exit or prompt_lookup")
+            f"{needed} and fine-tune), or use a self-drafter: quantized, early_exit or prompt_lookup",
+        )
 
 
 def check_compatible(target: Target, loaded: LoadedModel, name: str) -> None:
@@ -48,8 +49,10 @@ def check_compatible(target: Target, loaded: LoadedModel, name: str) -> None:
     check_embedding_rows(loaded.model, target, name)
     if loaded.is_encoder_decoder != target.is_encoder_decoder:
         kind = "encoder-decoder" if target.is_encoder_decoder else "decoder-only"
-        raise SpecbenchError(f"drafter '{name}' ({loaded.name}) is not {kind} like the target",
-                             f"use a {kind} drafter for this target")
+        raise SpecbenchError(
+            f"drafter '{name}' ({loaded.name}) is not {kind} like the target",
+            f"use a {kind} drafter for this target",
+        )
 
 
 def check_trained_for(path: Path, target: Target, name: str) -> None:
@@ -59,20 +62,32 @@ def check_trained_for(path: Path, target: Target, name: str) -> None:
         raise SpecbenchError(
             f"drafter '{name}' ({path}) was fine-tuned for target '{meta.get('target')}', whose vocabulary differs "
             f"from this target's ('{target.loaded.name}')",
-            f"use a drafter trained for {target.loaded.name} (specbench train-drafter target=...), or that target")
+            f"use a drafter trained for {target.loaded.name} (specbench train-drafter target=...), or that target",
+        )
 
 
-def build(target: Target, name: str, model: str, dtype: str | None = None, device: str | None = None,
-          cost: float | None = None, confidence_threshold: float = 0.0,
-          make_target: str | None = None, tree: dict | None = None) -> ModelDrafter:
+def build(
+    target: Target,
+    name: str,
+    model: str,
+    dtype: str | None = None,
+    device: str | None = None,
+    cost: float | None = None,
+    confidence_threshold: float = 0.0,
+    make_target: str | None = None,
+    tree: dict | None = None,
+) -> ModelDrafter:
     """``model``: a hub id, a local directory, ``embedded:<entry>``, or ``cache:<path>`` (under
     ``$SPECBENCH_CACHE``, where ``train-drafter`` writes; ``make_target`` names what builds it). ``tree``:
     ``{width, nodes}`` drafts a dynamic draft tree each round (decoder-only drafters; null: a chain)."""
     local = resolve_cached(model, make_target)
     if local is not None and (local / MODEL_META).exists():
         check_trained_for(local, target, name)
-    loaded = load_model(str(local or model), dtype=dtype or str(target.model.dtype).removeprefix("torch."),
-                        device=device or str(target.device))
+    loaded = load_model(
+        str(local or model),
+        dtype=dtype or str(target.model.dtype).removeprefix("torch."),
+        device=device or str(target.device),
+    )
     check_compatible(target, loaded, name)
     if cost is None:
         cost = param_count(loaded.model) / param_count(target.model)

@@ -19,10 +19,10 @@ def lookup_match(haystack: list[int], k: int, max_ngram: int, min_ngram: int) ->
     """``lookup``'s draft and the length of the suffix n-gram it matched (0: no match)."""
     n_tokens = len(haystack)
     for n in range(min(max_ngram, n_tokens - 1), min_ngram - 1, -1):
-        pattern = haystack[n_tokens - n:]
+        pattern = haystack[n_tokens - n :]
         for start in range(n_tokens - n - 1, -1, -1):
-            if haystack[start:start + n] == pattern:
-                cont = haystack[start + n:start + n + k]
+            if haystack[start : start + n] == pattern:
+                cont = haystack[start + n : start + n + k]
                 if cont:
                     return cont, n
     return [], 0
@@ -33,8 +33,10 @@ class PromptLookup(Drafter):
 
     def __init__(self, name: str, max_ngram: int = 3, min_ngram: int = 1, cost: float = 0.0):
         if not 1 <= min_ngram <= max_ngram:
-            raise SpecbenchError(f"prompt_lookup needs 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}",
-                                 "set drafter min_ngram/max_ngram accordingly (defaults 1 and 3)")
+            raise SpecbenchError(
+                f"prompt_lookup needs 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}",
+                "set drafter min_ngram/max_ngram accordingly (defaults 1 and 3)",
+            )
         self.name = name
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram

@@ -41,7 +41,11 @@ class WeightInt8Linear(torch.nn.Module):
         # dtype cast for int8 weights).
         self.register_buffer("weight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
         self.register_buffer("scale", scale.to(linear.weight.dtype))
-        self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+        self.bias = (
+            None
+            if linear.bias is None
+            else torch.nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+        )
 
     def forward(self, x):
         y = F.linear(x, self.weight.to(x.dtype)) * self.scale.to(x.dtype)
@@ -53,10 +57,17 @@ class FloatEmbedding(torch.nn.Embedding):
     float32: the input layer of a float32 drafter built from a bf16 / fp16 target."""
 
     def __init__(self, source: torch.nn.Embedding):
-        super().__init__(source.num_embeddings, source.embedding_dim, padding_idx=source.padding_idx,
-                         max_norm=source.max_norm, norm_type=source.norm_type,
-                         scale_grad_by_freq=source.scale_grad_by_freq, sparse=source.sparse,
-                         _weight=source.weight.detach(), _freeze=True)
+        super().__init__(
+            source.num_embeddings,
+            source.embedding_dim,
+            padding_idx=source.padding_idx,
+            max_norm=source.max_norm,
+            norm_type=source.norm_type,
+            scale_grad_by_freq=source.scale_grad_by_freq,
+            sparse=source.sparse,
+            _weight=source.weight.detach(),
+            _freeze=True,
+        )
 
     def forward(self, ids):
         return super().forward(ids).float()
@@ -71,8 +82,11 @@ def _replace_linears(model: torch.nn.Module, skip: list[str]) -> None:
 
 def _linear_names(model: torch.nn.Module, skip: list[str]) -> list[str]:
     """Names of the nn.Linear modules to quantize: all but those whose name ends with a ``skip`` entry."""
-    return [n for n, m in model.named_modules()
-            if type(m) is torch.nn.Linear and not any(n.endswith(s) for s in skip)]
+    return [
+        n
+        for n, m in model.named_modules()
+        if type(m) is torch.nn.Linear and not any(n.endswith(s) for s in skip)
+    ]
 
 
 def quantize(model: torch.nn.Module, scheme: str, skip: list[str] | None = None) -> torch.nn.Module:
@@ -86,8 +100,9 @@ def quantize(model: torch.nn.Module, scheme: str, skip: list[str] | None = None)
         try:
             from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
         except ImportError as exc:  # removed from a future torch
-            raise SpecbenchError("this torch has no torch.ao.quantization.quantize_dynamic",
-                                 "use scheme=weight_int8") from exc
+            raise SpecbenchError(
+                "this torch has no torch.ao.quantization.quantize_dynamic", "use scheme=weight_int8"
+            ) from exc
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             # Per-output-channel weight scales: the default per-tensor scale costs acceptance.
@@ -129,8 +144,15 @@ def weight_bytes(model: torch.nn.Module) -> float:
     return total
 
 
-def build(target: Target, name: str, scheme: str = "dynamic_int8", skip: list[str] | None = None,
-          cost: float | None = None, confidence_threshold: float = 0.0, tree: dict | None = None) -> ModelDrafter:
+def build(
+    target: Target,
+    name: str,
+    scheme: str = "dynamic_int8",
+    skip: list[str] | None = None,
+    cost: float | None = None,
+    confidence_threshold: float = 0.0,
+    tree: dict | None = None,
+) -> ModelDrafter:
     qmodel = quantize(target.model, scheme, skip)
     if cost is None:  # against the target's own bytes (its dtype: 2 per weight in bf16 / fp16)
         cost = weight_bytes(qmodel) / weight_bytes(target.model)

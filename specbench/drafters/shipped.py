@@ -36,8 +36,15 @@ SHIPPED_DTYPE = torch.bfloat16
 
 # The heads the make targets ship (make specialists, make small-drafter): a missing one of these is rebuilt by its
 # target; any other name is a typo.
-SHIPPED_NAMES = ("eagle_chat", "eagle_code", "eagle_general", "eagle_math", "eagle_summarization", "eagle_translation",
-                 "small_general")
+SHIPPED_NAMES = (
+    "eagle_chat",
+    "eagle_code",
+    "eagle_general",
+    "eagle_math",
+    "eagle_summarization",
+    "eagle_translation",
+    "small_general",
+)
 
 
 def heads_dir() -> Path:
@@ -55,8 +62,10 @@ def other_target_fix(checkpoint: str, target: str, default: str) -> str:
         return default
     env = os.environ.get("SPECBENCH_HEADS")
     where = f"$SPECBENCH_HEADS={env}" if env else "the heads shipped with specbench (SmolLM2-135M's)"
-    return (f"{checkpoint} is read from {where}: point SPECBENCH_HEADS at a directory of heads trained for {target} "
-            "under the same names (as tests/conftest.py's write_tiny_shipped makes them), or use that target")
+    return (
+        f"{checkpoint} is read from {where}: point SPECBENCH_HEADS at a directory of heads trained for {target} "
+        "under the same names (as tests/conftest.py's write_tiny_shipped makes them), or use that target"
+    )
 
 
 def shipped_names() -> list[str]:
@@ -66,24 +75,30 @@ def shipped_names() -> list[str]:
 
 def resolve_package(name: str, make_target: str | None = None) -> Path:
     """``package:<name>`` -> the shipped head's directory, or a clear error listing the shipped heads."""
-    entry = name[len(PREFIX):]
+    entry = name[len(PREFIX) :]
     path = heads_dir() / entry
     if not (path / "config.json").exists():
         names = shipped_names()
         have = ", ".join(PREFIX + n for n in names) or "none"
         env = os.environ.get("SPECBENCH_HEADS")
         if env:  # the variable points elsewhere: rebuilding the package's heads would not help (issue 34)
-            where = (f"$SPECBENCH_HEADS={env}" + ("" if heads_dir().is_dir() else " (no such directory)"))
-            raise SpecbenchError(f"shipped draft head {name} not found in {where}; heads there: {have}",
-                                 "unset SPECBENCH_HEADS to read the heads shipped with specbench, or point it at a "
-                                 f"directory that holds {entry}/config.json"
-                                 + (f", or use one of: {have}" if names else ""))
+            where = f"$SPECBENCH_HEADS={env}" + ("" if heads_dir().is_dir() else " (no such directory)")
+            raise SpecbenchError(
+                f"shipped draft head {name} not found in {where}; heads there: {have}",
+                "unset SPECBENCH_HEADS to read the heads shipped with specbench, or point it at a "
+                f"directory that holds {entry}/config.json" + (f", or use one of: {have}" if names else ""),
+            )
         if entry not in SHIPPED_NAMES and names:  # a mistyped name: rebuilding would not make it either
             close = difflib.get_close_matches(entry, names, n=1)
-            raise SpecbenchError(f"no shipped draft head {name} (shipped: {have})",
-                                 f"use one of them{f' (did you mean {PREFIX}{close[0]}?)' if close else ''}")
-        fix = (f"rebuild it with `{make_target}` (it ships the heads it trains)" if make_target
-               else "train one with `specbench train-drafter` (checkpoint=cache:drafters/<name>)")
+            raise SpecbenchError(
+                f"no shipped draft head {name} (shipped: {have})",
+                f"use one of them{f' (did you mean {PREFIX}{close[0]}?)' if close else ''}",
+            )
+        fix = (
+            f"rebuild it with `{make_target}` (it ships the heads it trains)"
+            if make_target
+            else "train one with `specbench train-drafter` (checkpoint=cache:drafters/<name>)"
+        )
         raise SpecbenchError(f"shipped draft head {name} not found in {heads_dir()} (shipped: {have})", fix)
     return path
 
@@ -96,14 +111,21 @@ def ship(src: Path, dst: Path) -> Path:
     src, dst = Path(src), Path(dst)
     for need in ("model.safetensors", "config.json", "signature.json"):
         if not (src / need).exists():
-            raise SpecbenchError(f"{src} has no {need}: not a finished train-drafter checkpoint",
-                                 "run `make specialists` (or specbench train-drafter) to the end first")
+            raise SpecbenchError(
+                f"{src} has no {need}: not a finished train-drafter checkpoint",
+                "run `make specialists` (or specbench train-drafter) to the end first",
+            )
     state = load_file(str(src / "model.safetensors"))
-    kept = {k: (v if k == "d2t" or not v.is_floating_point() else v.to(SHIPPED_DTYPE)).contiguous()
-            for k, v in state.items() if k.startswith(("fc.", "layers.", "norm.")) or k == "d2t"}
+    kept = {
+        k: (v if k == "d2t" or not v.is_floating_point() else v.to(SHIPPED_DTYPE)).contiguous()
+        for k, v in state.items()
+        if k.startswith(("fc.", "layers.", "norm.")) or k == "d2t"
+    }
     config = json.loads((src / "config.json").read_text())
-    config.setdefault("specbench", {})["shipped"] = {"dtype": str(SHIPPED_DTYPE).removeprefix("torch."),
-                                                     "from": src.name}
+    config.setdefault("specbench", {})["shipped"] = {
+        "dtype": str(SHIPPED_DTYPE).removeprefix("torch."),
+        "from": src.name,
+    }
     dst.mkdir(parents=True, exist_ok=True)
     save_tensors(kept, dst / "model.safetensors")
     atomic_write_text(dst / "config.json", json.dumps(config, indent=1, default=str))
@@ -119,8 +141,11 @@ def summary(root: Path | None = None) -> str:
     epochs, held-out top-1 by draft depth on the head's own task (``eagle_<task>``; the generalist: the
     mean over tasks), expected accepted tokens at draft length 4 there, and mean top-1 on the other tasks."""
     root = Path(root) if root is not None else heads_dir()
-    rows = ["| head | sequences | learned tokens (answer tokens) | epochs | own-task top-1 by depth 1-5 | "
-            "E[accepted] at k=4 | other tasks' top-1 (mean) | weights |", "|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| head | sequences | learned tokens (answer tokens) | epochs | own-task top-1 by depth 1-5 | "
+        "E[accepted] at k=4 | other tasks' top-1 (mean) | weights |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name in sorted(p.name for p in root.iterdir() if (p / "metrics.json").exists()):
         metrics = json.loads((root / name / "metrics.json").read_text())
         meta = json.loads((root / name / "config.json").read_text()).get("specbench", {})
@@ -128,16 +153,23 @@ def summary(root: Path | None = None) -> str:
         own = name.removeprefix("eagle_")
         mine = [own] if own in tasks else list(tasks)
         # eagle heads: conditional top-1 by draft depth; a small drafter (finetune.agreement): top-1 at depth 1 only
-        depth = [[t["top1_by_depth"][d] if "top1_by_depth" in t else (t["top1"] if d == 0 else None)
-                  for t in (tasks[m] for m in mine)] for d in range(5)]
+        depth = [
+            [
+                t["top1_by_depth"][d] if "top1_by_depth" in t else (t["top1"] if d == 0 else None)
+                for t in (tasks[m] for m in mine)
+            ]
+            for d in range(5)
+        ]
         depth = [[x for x in xs if x is not None] for xs in depth]
         fmt = lambda xs: f"{sum(xs) / len(xs):.2f}" if xs else "-"  # noqa: E731
         others = [t["top1"] for k, t in tasks.items() if k not in mine]
         size = (root / name / "model.safetensors").stat().st_size / 2**20
-        rows.append(f"| `{name}` | {meta.get('train_sequences')} | {meta.get('train_tokens')} "
-                    f"({meta.get('train_response_tokens')}) | {meta.get('epochs')} | "
-                    f"{' / '.join(fmt(x) for x in depth)} | {fmt([tasks[m]['expected_accepted'] for m in mine])} | "
-                    f"{fmt(others)} | {size:.1f} MiB |")
+        rows.append(
+            f"| `{name}` | {meta.get('train_sequences')} | {meta.get('train_tokens')} "
+            f"({meta.get('train_response_tokens')}) | {meta.get('epochs')} | "
+            f"{' / '.join(fmt(x) for x in depth)} | {fmt([tasks[m]['expected_accepted'] for m in mine])} | "
+            f"{fmt(others)} | {size:.1f} MiB |"
+        )
     return "\n".join(rows) + "\n"
 
 

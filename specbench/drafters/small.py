@@ -27,8 +27,14 @@ from specbench.drafters.base import ModelDrafter, with_tree
 from specbench.drafters.early_exit import truncated_model
 from specbench.drafters import shipped
 from specbench.drafters.eagle.head import HeadLogits
-from specbench.drafters.head_files import (CONFIG_FILE, WEIGHTS_FILE, load_state, read_meta, resolve_checkpoint,
-                                           vocab_fingerprint)
+from specbench.drafters.head_files import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    load_state,
+    read_meta,
+    resolve_checkpoint,
+    vocab_fingerprint,
+)
 from specbench.errors import SpecbenchError
 from specbench.models.cache import cache_argument
 from specbench.models.target import Target
@@ -46,14 +52,26 @@ class SmallLM(nn.Module):
     the sub-vocabulary. ``dtype``: its layers' and head's (None: the target's).
     """
 
-    def __init__(self, target: Target, layers: int, d2t: torch.Tensor | None, layers_key: str = "num_hidden_layers",
-                 dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        target: Target,
+        layers: int,
+        d2t: torch.Tensor | None,
+        layers_key: str = "num_hidden_layers",
+        dtype: torch.dtype | None = None,
+    ):
         super().__init__()
         if target.is_encoder_decoder:
-            raise SpecbenchError("the small drafter is built from a decoder-only target's layers",
-                                 "use an hf drafter (e.g. t5-small) with an encoder-decoder target")
-        small = truncated_model(target.model, int(layers), layers_key,  # bound to the target's tensors
-                                "the small drafter's layers (drafter.layers)")
+            raise SpecbenchError(
+                "the small drafter is built from a decoder-only target's layers",
+                "use an hf drafter (e.g. t5-small) with an encoder-decoder target",
+            )
+        small = truncated_model(
+            target.model,
+            int(layers),
+            layers_key,  # bound to the target's tensors
+            "the small drafter's layers (drafter.layers)",
+        )
         stack = small.base_model
         stack.layers = copy.deepcopy(stack.layers)  # own copies: the embedding and rotary stay shared
         stack.norm = copy.deepcopy(stack.norm)
@@ -79,9 +97,11 @@ class SmallLM(nn.Module):
         missing = sorted(set(mine) - set(state))
         unexpected = sorted(k for k in state if k not in mine and k != "d2t")
         if missing or unexpected:
-            raise SpecbenchError(f"{where} does not fit a {len(self.stack.layers)}-layer small drafter of this target "
-                                 f"(missing {missing[:3]}, unexpected {unexpected[:3]})",
-                                 "use a checkpoint trained for this target (specbench train-drafter drafter.kind=small)")
+            raise SpecbenchError(
+                f"{where} does not fit a {len(self.stack.layers)}-layer small drafter of this target "
+                f"(missing {missing[:3]}, unexpected {unexpected[:3]})",
+                "use a checkpoint trained for this target (specbench train-drafter drafter.kind=small)",
+            )
         self.stack.load_state_dict({**self.stack.state_dict(), **{k: state[k].to(self._dtype) for k in mine}})
 
     def get_output_embeddings(self) -> nn.Module:
@@ -94,17 +114,31 @@ class SmallLM(nn.Module):
     def own_parameters(self) -> list[nn.Parameter]:
         return [p for n, p in self.stack.named_parameters() if n.startswith(OWN)]
 
-    def forward(self, input_ids=None, attention_mask=None, cache=None, past_key_values=None, use_cache=False,
-                logits_to_keep=0, full=True, **kwargs):
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        cache=None,
+        past_key_values=None,
+        use_cache=False,
+        logits_to_keep=0,
+        full=True,
+        **kwargs,
+    ):
         """``cache`` (transformers 5) or ``past_key_values`` (4.x): the KV cache, handed to the layers under
         their own keyword; the output holds it under both names (``CachedLM`` reads ``cache``). ``full=False``:
         logits over the sub-vocabulary only (``[..., N]``, training: no ``V``-wide rows)."""
         kv = cache if cache is not None else past_key_values
-        out = self.stack(input_ids=input_ids, attention_mask=attention_mask, use_cache=use_cache,
-                         **({self._cache_kw: kv} if kv is not None else {}), **kwargs)
+        out = self.stack(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            use_cache=use_cache,
+            **({self._cache_kw: kv} if kv is not None else {}),
+            **kwargs,
+        )
         h = out.last_hidden_state
         if logits_to_keep:
-            h = h[:, -int(logits_to_keep):]
+            h = h[:, -int(logits_to_keep) :]
         logits = self.head(h)
         if full:
             logits = self.head.to_full(logits, float("-inf"))
@@ -137,40 +171,66 @@ def save(model: SmallLM, path: Path, meta: dict) -> None:
     atomic_write_text(path / CONFIG_FILE, json.dumps(config, indent=1, default=str))
 
 
-def load(checkpoint: str, target: Target, make_target: str | None = None, layers_key: str = "num_hidden_layers",
-         dtype: torch.dtype | None = None) -> tuple[SmallLM, Path]:
+def load(
+    checkpoint: str,
+    target: Target,
+    make_target: str | None = None,
+    layers_key: str = "num_hidden_layers",
+    dtype: torch.dtype | None = None,
+) -> tuple[SmallLM, Path]:
     path = resolve_checkpoint(checkpoint, make_target)
     meta = read_meta(path).get("specbench") or {}
     if meta.get("kind") != KIND or not meta.get("layers"):
-        raise SpecbenchError(f"{path} is not a small-drafter checkpoint (its config.json names kind "
-                             f"{meta.get('kind')!r})", "point drafter.checkpoint at a directory written by "
-                                                       "`specbench train-drafter drafter.kind=small`")
+        raise SpecbenchError(
+            f"{path} is not a small-drafter checkpoint (its config.json names kind {meta.get('kind')!r})",
+            "point drafter.checkpoint at a directory written by `specbench train-drafter drafter.kind=small`",
+        )
     if meta.get("vocab") and meta["vocab"] != vocab_fingerprint(target.tokenizer):
-        raise SpecbenchError(f"small drafter {path} was trained for target '{meta.get('target')}', whose vocabulary "
-                             f"differs from this target's",
-                             shipped.other_target_fix(str(checkpoint), target.loaded.name,
-                                                      "use a small drafter trained for this target"))
+        raise SpecbenchError(
+            f"small drafter {path} was trained for target '{meta.get('target')}', whose vocabulary "
+            f"differs from this target's",
+            shipped.other_target_fix(
+                str(checkpoint), target.loaded.name, "use a small drafter trained for this target"
+            ),
+        )
     state = load_state(path)
     d2t = state.get("d2t")
-    model = SmallLM(target, int(meta["layers"]), None if d2t is None else d2t.long().to(target.device), layers_key,
-                    dtype)
+    model = SmallLM(
+        target, int(meta["layers"]), None if d2t is None else d2t.long().to(target.device), layers_key, dtype
+    )
     model.load_own(state, path)
     return model.eval(), path
 
 
-def build(target: Target, name: str, checkpoint: str | None = None, cost: float | None = None,
-          make_target: str | None = None, layers_key: str = "num_hidden_layers", confidence_threshold: float = 0.0,
-          dtype: str | None = None, tree: dict | None = None) -> ModelDrafter:
+def build(
+    target: Target,
+    name: str,
+    checkpoint: str | None = None,
+    cost: float | None = None,
+    make_target: str | None = None,
+    layers_key: str = "num_hidden_layers",
+    confidence_threshold: float = 0.0,
+    dtype: str | None = None,
+    tree: dict | None = None,
+) -> ModelDrafter:
     """A ``ModelDrafter`` over the small model of ``checkpoint`` (``package:<name>``, ``cache:<path>``, a directory);
     ``tree``: ``{width, nodes}`` drafts a dynamic draft tree each round (null: a chain)."""
     if not checkpoint:
-        raise SpecbenchError(f"drafter '{name}' (small) has no checkpoint",
-                             f"set its checkpoint, or build one with `{make_target or 'make small-drafter'}`")
+        raise SpecbenchError(
+            f"drafter '{name}' (small) has no checkpoint",
+            f"set its checkpoint, or build one with `{make_target or 'make small-drafter'}`",
+        )
     from specbench.models.devices import resolve_dtype
 
-    model, path = load(checkpoint, target, make_target, layers_key,
-                       resolve_dtype(dtype, target.device) if dtype else None)
-    drafter = ModelDrafter(name, model, target.vocab_size, cost_of(model, target) if cost is None else float(cost),
-                           confidence_threshold)
+    model, path = load(
+        checkpoint, target, make_target, layers_key, resolve_dtype(dtype, target.device) if dtype else None
+    )
+    drafter = ModelDrafter(
+        name,
+        model,
+        target.vocab_size,
+        cost_of(model, target) if cost is None else float(cost),
+        confidence_threshold,
+    )
     drafter.fingerprint = files_fingerprint(path)  # resumes check it (run_records.Records)
     return with_tree(drafter, tree, name)

@@ -46,16 +46,24 @@ class _Index:
         for end in range(max(start, 0) + 1, len(doc) + 1):
             for n in KEY_LENGTHS:
                 if end >= n:
-                    self.where[tuple(doc[end - n:end])].append((doc_id, end))
+                    self.where[tuple(doc[end - n : end])].append((doc_id, end))
         return doc_id
 
 
 class SuffixDrafter(Drafter):
     deterministic = True
 
-    def __init__(self, name: str, max_ngram: int = 32, min_ngram: int = 1, min_prob: float = 0.1,
-                 tree: TreeShape | None = TreeShape(3, 12), memory: bool = True, memory_tokens: int = 100_000,
-                 cost: float = 0.0):
+    def __init__(
+        self,
+        name: str,
+        max_ngram: int = 32,
+        min_ngram: int = 1,
+        min_prob: float = 0.1,
+        tree: TreeShape | None = TreeShape(3, 12),
+        memory: bool = True,
+        memory_tokens: int = 100_000,
+        cost: float = 0.0,
+    ):
         self.name, self.cost = name, float(cost)
         self.max_ngram, self.min_ngram, self.min_prob = max_ngram, min_ngram, min_prob
         self.tree = tree
@@ -118,8 +126,11 @@ class SuffixDrafter(Drafter):
             if n < self.min_ngram or len(live) < n:
                 continue
             key = tuple(live[-n:])
-            found = [(live, end) for d, end in self._live_index.where.get(key, ())[-MAX_OCCURRENCES:]
-                     if end < len(live)]
+            found = [
+                (live, end)
+                for d, end in self._live_index.where.get(key, ())[-MAX_OCCURRENCES:]
+                if end < len(live)
+            ]
             if mem is not None:
                 found += [(mem.docs[d], end) for d, end in mem.where.get(key, ())[-MAX_OCCURRENCES:]]
             if found:
@@ -145,18 +156,21 @@ class SuffixDrafter(Drafter):
         found, match = self._occurrences()
         if not found or k < 1:
             return Draft([], None, match=0)
-        return continuation_tree([doc[end:end + k] for doc, end in found], match, self.min_prob, self.tree, eos_ids)
+        return continuation_tree(
+            [doc[end : end + k] for doc, end in found], match, self.min_prob, self.tree, eos_ids
+        )
 
 
-def continuation_tree(continuations: list[list[int]], match: int, min_prob: float, shape: TreeShape | None,
-                      eos_ids=frozenset()) -> Draft:
+def continuation_tree(
+    continuations: list[list[int]], match: int, min_prob: float, shape: TreeShape | None, eos_ids=frozenset()
+) -> Draft:
     """The trie of ``continuations`` as a draft: frequencies as scores, nodes below ``min_prob`` cut, at most
     ``shape.nodes`` kept (a chain of the most frequent continuation when ``shape`` is None), children by frequency."""
     total = len(continuations)
     counts: dict[tuple[int, ...], int] = defaultdict(int)
     for cont in continuations:
         for d in range(len(cont)):
-            counts[tuple(cont[:d + 1])] += 1
+            counts[tuple(cont[: d + 1])] += 1
             if cont[d] in eos_ids:
                 break
     kept = {path: c for path, c in counts.items() if c / total >= min_prob}
@@ -166,7 +180,7 @@ def continuation_tree(continuations: list[list[int]], match: int, min_prob: floa
     for paths in children.values():
         paths.sort(key=lambda p: (-kept[p], p[-1]))
         if shape is not None:
-            del paths[shape.width:]  # at most ``width`` continuations of a node, the most frequent
+            del paths[shape.width :]  # at most ``width`` continuations of a node, the most frequent
     if shape is None:  # the primary path: the most frequent child at each step
         chain, at = [], ()
         while children.get(at):
@@ -197,21 +211,43 @@ def continuation_tree(continuations: list[list[int]], match: int, min_prob: floa
     return Draft(tokens, None, match=match, parents=parents, scores=scores)
 
 
-def build(target, name: str, max_ngram: int = 32, min_ngram: int = 1, min_prob: float = 0.1,
-          tree: dict | None = None, memory: bool = True, memory_tokens: int = 100_000, cost: float = 0.0
-          ) -> SuffixDrafter:
+def build(
+    target,
+    name: str,
+    max_ngram: int = 32,
+    min_ngram: int = 1,
+    min_prob: float = 0.1,
+    tree: dict | None = None,
+    memory: bool = True,
+    memory_tokens: int = 100_000,
+    cost: float = 0.0,
+) -> SuffixDrafter:
     if isinstance(max_ngram, bool) or isinstance(min_ngram, bool) or not 1 <= min_ngram <= max_ngram:
-        raise SpecbenchError(f"drafter '{name}' (suffix) needs 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}",
-                             f"set pool.drafters.{name}.min_ngram / max_ngram accordingly (defaults 1 and 32)")
+        raise SpecbenchError(
+            f"drafter '{name}' (suffix) needs 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}",
+            f"set pool.drafters.{name}.min_ngram / max_ngram accordingly (defaults 1 and 32)",
+        )
     if not 0.0 <= float(min_prob) <= 1.0:
-        raise SpecbenchError(f"drafter '{name}' (suffix): min_prob {min_prob!r} is not a frequency in [0, 1]",
-                             f"set pool.drafters.{name}.min_prob to a number in [0, 1] (default 0.1)")
+        raise SpecbenchError(
+            f"drafter '{name}' (suffix): min_prob {min_prob!r} is not a frequency in [0, 1]",
+            f"set pool.drafters.{name}.min_prob to a number in [0, 1] (default 0.1)",
+        )
     shape = tree_shape(tree, name)
     if shape is not None and target is not None and target.is_encoder_decoder:
-        raise SpecbenchError(f"drafter '{name}' (suffix) drafts a tree of continuations, which needs a decoder-only "
-                             "target; this one is encoder-decoder",
-                             f"set pool.drafters.{name}.tree=null (the most frequent continuation, a chain)")
+        raise SpecbenchError(
+            f"drafter '{name}' (suffix) drafts a tree of continuations, which needs a decoder-only "
+            "target; this one is encoder-decoder",
+            f"set pool.drafters.{name}.tree=null (the most frequent continuation, a chain)",
+        )
     if shape is not None and target is not None:
         check_tree_attention(target.model, f"drafter '{name}' (tree)")
-    return SuffixDrafter(name, max_ngram=max_ngram, min_ngram=min_ngram, min_prob=float(min_prob), tree=shape,
-                         memory=bool(memory), memory_tokens=int(memory_tokens), cost=cost)
+    return SuffixDrafter(
+        name,
+        max_ngram=max_ngram,
+        min_ngram=min_ngram,
+        min_prob=float(min_prob),
+        tree=shape,
+        memory=bool(memory),
+        memory_tokens=int(memory_tokens),
+        cost=cost,
+    )

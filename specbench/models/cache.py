@@ -69,7 +69,9 @@ class CachedLM:
         """Start a query: an empty cache; for encoder-decoder models, encode ``encoder_ids`` unless
         ``encoder_outputs`` (the same encoder's output, computed elsewhere) is given."""
         # An explicit cache object: transformers 4.x would otherwise return legacy tuples.
-        self.cache = EncoderDecoderCache(DynamicCache(), DynamicCache()) if self.is_encoder_decoder else DynamicCache()
+        self.cache = (
+            EncoderDecoderCache(DynamicCache(), DynamicCache()) if self.is_encoder_decoder else DynamicCache()
+        )
         self.cached = []
         self.encoder_outputs = None
         if self.is_encoder_decoder:
@@ -80,9 +82,16 @@ class CachedLM:
                 self.encoder_outputs = self.model.get_encoder()(input_ids=ids)
 
     @torch.inference_mode()
-    def forward(self, ids: list[int], last_only: bool = False, hidden: bool = False,
-                tree: torch.Tensor | None = None, depths: list[int] | None = None,
-                attend: torch.Tensor | None = None, positions: list[int] | None = None):
+    def forward(
+        self,
+        ids: list[int],
+        last_only: bool = False,
+        hidden: bool = False,
+        tree: torch.Tensor | None = None,
+        depths: list[int] | None = None,
+        attend: torch.Tensor | None = None,
+        positions: list[int] | None = None,
+    ):
         """Append ``ids`` to the cache; return float32 logits ``[len(ids), V]`` (``[1, V]`` with
         ``last_only``, which skips the LM head on the other positions where the model allows).
 
@@ -147,7 +156,7 @@ class CachedLM:
         tokens committed while this model was idle) are cropped and the rest is fed in one forward.
         """
         self.keep_common(tokens, len(tokens) - 1)
-        return self.forward(tokens[len(self.cached):], last_only=True)[-1]
+        return self.forward(tokens[len(self.cached) :], last_only=True)[-1]
 
 
 TREE_ATTENTION = ("eager", "sdpa")  # the attention implementations that read a custom 4D mask
@@ -158,14 +167,18 @@ def check_tree_attention(model: torch.nn.Module, who: str) -> None:
     kernels take none): token trees would then attend across branches and break losslessness silently."""
     impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if impl is not None and impl not in TREE_ATTENTION:
-        raise SpecbenchError(f"{who} verifies or drafts token trees, which need an attention implementation that takes "
-                             f"a custom 4D mask ({' or '.join(TREE_ATTENTION)}); this model runs '{impl}'",
-                             "load the model with sdpa or eager attention (remove a flash-attention "
-                             "attn_implementation from its config.json: transformers then picks sdpa), or use chain "
-                             "methods (fixed:<drafter>, bandits) with tree=null on the drafters")
+        raise SpecbenchError(
+            f"{who} verifies or drafts token trees, which need an attention implementation that takes "
+            f"a custom 4D mask ({' or '.join(TREE_ATTENTION)}); this model runs '{impl}'",
+            "load the model with sdpa or eager attention (remove a flash-attention "
+            "attn_implementation from its config.json: transformers then picks sdpa), or use chain "
+            "methods (fixed:<drafter>, bandits) with tree=null on the drafters",
+        )
 
 
-def tree_arguments(model: torch.nn.Module, cached: int, tree: torch.Tensor, depths: list[int], device) -> dict:
+def tree_arguments(
+    model: torch.nn.Module, cached: int, tree: torch.Tensor, depths: list[int], device
+) -> dict:
     """``attention_mask`` (4D, additive: 0 where allowed, the dtype's minimum elsewhere, so eager and SDPA
     attention read it alike) and ``position_ids`` for a tree of ``len(depths)`` new positions after ``cached``."""
     q = tree.shape[0]
@@ -182,7 +195,10 @@ def mask_arguments(model: torch.nn.Module, allowed: torch.Tensor, positions: lis
         dtype = torch.float32
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return {"attention_mask": mask[None, None], "position_ids": torch.tensor([positions], device=allowed.device)}
+    return {
+        "attention_mask": mask[None, None],
+        "position_ids": torch.tensor([positions], device=allowed.device),
+    }
 
 
 def select_cache_positions(cache, start: int, rows: list[int]) -> None:
@@ -207,8 +223,10 @@ def select_cache_positions(cache, start: int, rows: list[int]) -> None:
                 cache.key_cache[i], cache.value_cache[i] = move(k), move(v)
         return
     if any(hasattr(layer, "cumulative_length") for layer in layers):
-        raise SpecbenchError("tree verification needs a full KV cache, and this model keeps a sliding window",
-                             "verify one draft per round (a fixed:<drafter> or bandit method) with this target")
+        raise SpecbenchError(
+            "tree verification needs a full KV cache, and this model keeps a sliding window",
+            "verify one draft per round (a fixed:<drafter> or bandit method) with this target",
+        )
     for layer in layers:
         if layer.keys is not None and layer.keys.numel():
             layer.keys, layer.values = move(layer.keys), move(layer.values)

@@ -14,8 +14,14 @@ from specbench.errors import SpecbenchError
 # transformers renamed from_pretrained's torch_dtype to dtype in 4.56.
 DTYPE_KW = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -25,8 +31,10 @@ def resolve_device(device: str | None) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise SpecbenchError(f"device '{device}' was asked for but torch sees no CUDA device",
-                             "use target.device=cpu (or auto), or install a CUDA build of torch")
+        raise SpecbenchError(
+            f"device '{device}' was asked for but torch sees no CUDA device",
+            "use target.device=cpu (or auto), or install a CUDA build of torch",
+        )
     return dev
 
 
@@ -39,8 +47,10 @@ def cpu_bf16_flags() -> tuple[frozenset[str], str]:
     """``(flags, source)``: which of :data:`CPU_BF16_FLAGS` this CPU has, and how that was found out:
     torch's own CPU probes where this torch has them (``torch.cpu._is_avx512_bf16_supported`` and
     ``_is_amx_tile_supported``, torch >= 2.1), else the flags line of ``/proc/cpuinfo`` (Linux)."""
-    probes = {"avx512_bf16": getattr(torch.cpu, "_is_avx512_bf16_supported", None),
-              "amx_bf16": getattr(torch.cpu, "_is_amx_tile_supported", None)}
+    probes = {
+        "avx512_bf16": getattr(torch.cpu, "_is_avx512_bf16_supported", None),
+        "amx_bf16": getattr(torch.cpu, "_is_amx_tile_supported", None),
+    }
     if all(callable(f) for f in probes.values()):
         try:
             return frozenset(k for k, f in probes.items() if f()), "torch.cpu capability probes"
@@ -50,7 +60,9 @@ def cpu_bf16_flags() -> tuple[frozenset[str], str]:
         text = Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:
         return frozenset(), "no CPU flags readable (not Linux): assumed none"
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    flags = next(
+        (line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []
+    )
     return frozenset(f for f in CPU_BF16_FLAGS if f in flags), "/proc/cpuinfo flags"
 
 
@@ -101,7 +113,9 @@ def cpu_fp16_supported() -> bool:
         text = Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:
         return False
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    flags = next(
+        (line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []
+    )
     return any(f in flags for f in CPU_FP16_FLAGS)
 
 
@@ -112,7 +126,10 @@ def check_dtype_supported(dtype: torch.dtype, device: torch.device) -> None:
     if dtype == torch.float16 and device.type == "cpu" and not cpu_fp16_supported():
         raise SpecbenchError(
             "dtype float16 was asked for on a CPU without fp16 matmul support (neither AMX-FP16 nor AVX512-FP16)",
-            "use target.dtype=bfloat16 (or float32, or auto) on this CPU, or run on a GPU (target.device=cuda)")
+            "use target.dtype=bfloat16 (or float32, or auto) on this CPU, or run on a GPU (target.device=cuda)",
+        )
     if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise SpecbenchError(f"dtype bfloat16 was asked for on CUDA device {device}, which does not support it",
-                             "use target.dtype=float16 (or float32, or auto) on this GPU")
+        raise SpecbenchError(
+            f"dtype bfloat16 was asked for on CUDA device {device}, which does not support it",
+            "use target.dtype=float16 (or float32, or auto) on this GPU",
+        )

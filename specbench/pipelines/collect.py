@@ -73,27 +73,39 @@ def alignment(metric: str, drafter_text: str, target_text: str) -> float:
         return metrics.bleu(drafter_text, target_text) / 100.0
     if metric in ("rougeL", "rouge1", "rouge2"):
         return metrics.rouge(drafter_text, target_text)[metric] / 100.0
-    raise SpecbenchError(f"unknown alignment metric '{metric}'", f"set collect.alignment to one of: {', '.join(ALIGNMENTS)}")
+    raise SpecbenchError(
+        f"unknown alignment metric '{metric}'", f"set collect.alignment to one of: {', '.join(ALIGNMENTS)}"
+    )
 
 
 def spec_summary(gen: Generation, ar: Generation, replayed: bool = False) -> dict:
     """An arm's speculative run of a query against the autoregressive one (``replayed``: from a trace, its times
     predicted)."""
-    return {**({"replayed": True} if replayed else {}),
-            "seconds": gen.seconds, "target_calls": gen.target_calls, "new_tokens": len(gen.tokens),
-            "drafted": gen.drafted, "accepted": gen.accepted,
-            "mat": speed.mat(len(gen.tokens), max(gen.target_calls, 1)),
-            "speedup": ar.seconds / gen.seconds if gen.seconds else None, "exact_match": gen.tokens == ar.tokens}
+    return {
+        **({"replayed": True} if replayed else {}),
+        "seconds": gen.seconds,
+        "target_calls": gen.target_calls,
+        "new_tokens": len(gen.tokens),
+        "drafted": gen.drafted,
+        "accepted": gen.accepted,
+        "mat": speed.mat(len(gen.tokens), max(gen.target_calls, 1)),
+        "speedup": ar.seconds / gen.seconds if gen.seconds else None,
+        "exact_match": gen.tokens == ar.tokens,
+    }
 
 
 def check_options(col: DictConfig) -> None:
     shard, num_shards = int(col.shard), int(col.num_shards)
     if num_shards < 1 or not 0 <= shard < num_shards:
-        raise SpecbenchError(f"collect.shard={shard} collect.num_shards={num_shards} is not a valid shard",
-                             "use 0 <= collect.shard < collect.num_shards")
+        raise SpecbenchError(
+            f"collect.shard={shard} collect.num_shards={num_shards} is not a valid shard",
+            "use 0 <= collect.shard < collect.num_shards",
+        )
     if col.alignment not in ALIGNMENTS:
-        raise SpecbenchError(f"unknown alignment metric '{col.alignment}'",
-                             f"set collect.alignment to one of: {', '.join(ALIGNMENTS)}")
+        raise SpecbenchError(
+            f"unknown alignment metric '{col.alignment}'",
+            f"set collect.alignment to one of: {', '.join(ALIGNMENTS)}",
+        )
 
 
 class Collector:
@@ -110,13 +122,19 @@ class Collector:
         self.alone = {a: s.alone(a) for a in self.drafters if s.pool[a].can_generate_alone and traced is None}
         self.fingerprints = s.drafter_fingerprints()
 
-    def speculative(self, arm: str, prompt_ids: list[int], seed: int, limits: Limits | None = None) -> Generation:
+    def speculative(
+        self, arm: str, prompt_ids: list[int], seed: int, limits: Limits | None = None
+    ) -> Generation:
         s = self.s
-        return s.decode(s.fixed(arm), prompt_ids, s.rng(seed=seed), replace(s.spec, limits=limits or self.limits))
+        return s.decode(
+            s.fixed(arm), prompt_ids, s.rng(seed=seed), replace(s.spec, limits=limits or self.limits)
+        )
 
     def warm_up(self) -> None:
         if self.traced is None:
-            self.s.warm_up(lambda prompt, lim, rng, a=a: self.speculative(a, prompt, 0, lim) for a in self.arms)
+            self.s.warm_up(
+                lambda prompt, lim, rng, a=a: self.speculative(a, prompt, 0, lim) for a in self.arms
+            )
 
     def generations(self, query, index: int, prompt_ids: list[int], seed: int):
         """``(speculative runs by arm, the autoregressive one included; drafters' own runs by arm)``: every
@@ -144,29 +162,49 @@ class Collector:
         ar = spec[AUTOREGRESSIVE]
         target_text = s.text(ar.tokens)
         target_spt = ar.seconds / max(len(ar.tokens), 1)
-        arms: dict[str, dict] = {AUTOREGRESSIVE: {
-            "standalone": True, "alignment": 1.0, "cost_params": 1.0, "cost_measured": 1.0,
-            "seconds": ar.seconds, "new_tokens": len(ar.tokens),
-            **({"spec": spec_summary(ar, ar, replayed)} if self.measured else {})}}
+        arms: dict[str, dict] = {
+            AUTOREGRESSIVE: {
+                "standalone": True,
+                "alignment": 1.0,
+                "cost_params": 1.0,
+                "cost_measured": 1.0,
+                "seconds": ar.seconds,
+                "new_tokens": len(ar.tokens),
+                **({"spec": spec_summary(ar, ar, replayed)} if self.measured else {}),
+            }
+        }
         for arm in self.drafters:
             rec: dict = {"standalone": arm in self.alone, "cost_params": float(s.pool[arm].cost)}
             if arm in own:
                 text = s.text(own[arm].tokens)
-                rec.update(text=text, new_tokens=len(own[arm].tokens), seconds=own[arm].seconds,
-                           alignment=alignment(str(self.col.alignment), text, target_text),
-                           cost_measured=(own[arm].seconds / max(len(own[arm].tokens), 1)) / target_spt
-                           if target_spt else None)
+                rec.update(
+                    text=text,
+                    new_tokens=len(own[arm].tokens),
+                    seconds=own[arm].seconds,
+                    alignment=alignment(str(self.col.alignment), text, target_text),
+                    cost_measured=(own[arm].seconds / max(len(own[arm].tokens), 1)) / target_spt
+                    if target_spt
+                    else None,
+                )
             else:
                 rec.update(alignment=None, cost_measured=None)
             if self.measured:
                 rec["spec"] = spec_summary(spec[arm], ar, replayed)
             arms[arm] = rec
-        return {"query_id": query.id, "fingerprint": query.fingerprint(), "task": query.task,
-                "index": index, "shard": int(self.col.shard),
-                "prompt_tokens": len(prompt_ids), "reference": query.reference,
-                "target": {"text": target_text, "tokens": ar.tokens, "seconds": ar.seconds},
-                "embedding_dim": int(embedding.numel()), "embedding": embedding.tolist(),
-                "arms": arms, "drafters": self.fingerprints}
+        return {
+            "query_id": query.id,
+            "fingerprint": query.fingerprint(),
+            "task": query.task,
+            "index": index,
+            "shard": int(self.col.shard),
+            "prompt_tokens": len(prompt_ids),
+            "reference": query.reference,
+            "target": {"text": target_text, "tokens": ar.tokens, "seconds": ar.seconds},
+            "embedding_dim": int(embedding.numel()),
+            "embedding": embedding.tolist(),
+            "arms": arms,
+            "drafters": self.fingerprints,
+        }
 
 
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
@@ -175,14 +213,19 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     shard, num_shards = int(col.shard), int(col.num_shards)
     s = Session.open(cfg, output_dir, RUN_FILES, "collect")
     write_plan(s.out, len(s.queries))
-    limits = Limits(max_new_tokens=col.max_new_tokens or s.limits.max_new_tokens, draft_length=s.limits.draft_length)
+    limits = Limits(
+        max_new_tokens=col.max_new_tokens or s.limits.max_new_tokens, draft_length=s.limits.draft_length
+    )
     if limits.max_new_tokens > s.limits.max_new_tokens:
         s.check_prompts(limits)
     traced = None
     if col.get("trace"):  # replay instead of decoding: greedy only (the trace's output and drafts are greedy)
         if not s.sampling.greedy:
-            raise SpecbenchError(f"collect.trace replays greedy runs; this collection samples at temperature "
-                                 f"{s.sampling.temperature:g}", "collect with decoding=greedy, or without collect.trace")
+            raise SpecbenchError(
+                f"collect.trace replays greedy runs; this collection samples at temperature "
+                f"{s.sampling.temperature:g}",
+                "collect with decoding=greedy, or without collect.trace",
+            )
         traced = TracedRuns(col.trace, cfg, list(s.pool), limits)
     collector = Collector(s, limits, traced)
     mine = [(i, q) for i, q in enumerate(s.queries) if i % num_shards == shard]
@@ -207,17 +250,29 @@ def check_drafters(path: Path, fingerprints: dict[str, str], overwrite: bool = F
     """Refuse to resume rows collected with other drafter checkpoints (a head rebuilt in place under the same name:
     issue 34) than this run's, or with ``overwrite`` delete them; rows from before rows carried fingerprints are
     not checked."""
-    changed = sorted({a for r in read_jsonl(path) if r.get("drafters") is not None
-                      for a in set(r["drafters"]) | set(fingerprints) if r["drafters"].get(a) != fingerprints.get(a)})
+    changed = sorted(
+        {
+            a
+            for r in read_jsonl(path)
+            if r.get("drafters") is not None
+            for a in set(r["drafters"]) | set(fingerprints)
+            if r["drafters"].get(a) != fingerprints.get(a)
+        }
+    )
     if changed and overwrite:
-        log.warning("collect.overwrite=true: deleting %s (collected with other checkpoints of %s)", path,
-                    ", ".join(changed))
+        log.warning(
+            "collect.overwrite=true: deleting %s (collected with other checkpoints of %s)",
+            path,
+            ", ".join(changed),
+        )
         path.unlink()
     elif changed:
-        raise SpecbenchError(f"{path}: rows collected with other drafter checkpoints than this run's "
-                             f"({', '.join(changed)} changed since), so they cannot be resumed",
-                             "collect into a new directory (hydra.run.dir=...), or pass collect.overwrite=true to "
-                             "collect again from the start")
+        raise SpecbenchError(
+            f"{path}: rows collected with other drafter checkpoints than this run's "
+            f"({', '.join(changed)} changed since), so they cannot be resumed",
+            "collect into a new directory (hydra.run.dir=...), or pass collect.overwrite=true to "
+            "collect again from the start",
+        )
 
 
 def print_collect_summary(rows: list[dict], arms: list[str]) -> None:
@@ -231,8 +286,15 @@ def print_collect_summary(rows: list[dict], arms: list[str]) -> None:
         al = [x["alignment"] for x in recs if x.get("alignment") is not None]
         cm = [x["cost_measured"] for x in recs if x.get("cost_measured") is not None]
         sp = [x["spec"]["speedup"] for x in recs if x.get("spec") and x["spec"].get("speedup")]
-        table.append({"arm": arm, "queries": len(recs), "standalone": recs[0]["standalone"] if recs else None,
-                      "alignment": sum(al) / len(al) if al else None, "cost_params": recs[0]["cost_params"] if recs else None,
-                      "cost_measured": sum(cm) / len(cm) if cm else None,
-                      "spec_speedup": sum(sp) / len(sp) if sp else None})
+        table.append(
+            {
+                "arm": arm,
+                "queries": len(recs),
+                "standalone": recs[0]["standalone"] if recs else None,
+                "alignment": sum(al) / len(al) if al else None,
+                "cost_params": recs[0]["cost_params"] if recs else None,
+                "cost_measured": sum(cm) / len(cm) if cm else None,
+                "spec_speedup": sum(sp) / len(sp) if sp else None,
+            }
+        )
     print_table(to_markdown(pd.DataFrame(table)), title=f"collect: {len(rows)} queries (means over queries)")

@@ -19,7 +19,9 @@ from specbench.records import atomic_write_text, read_jsonl
 log = logging.getLogger(__name__)
 
 SIGNATURE_FILE = "collect_config.yaml"
-PLAN_FILE = "collect_plan.yaml"  # how many queries the whole collection has (all shards): train-policy checks it
+PLAN_FILE = (
+    "collect_plan.yaml"  # how many queries the whole collection has (all shards): train-policy checks it
+)
 SHARD_FILE = re.compile(r"rows-(\d+)-of-(\d+)\.jsonl")
 
 
@@ -39,8 +41,10 @@ def read_rows(paths: Iterable[str | Path]) -> list[dict]:
         path = Path(path)
         files = sorted(path.glob("rows*.jsonl")) if path.is_dir() else [path]
         if not any(f.exists() for f in files):
-            raise SpecbenchError(f"no collected rows in {path}",
-                                 "run `specbench collect` first and pass its output directory (data=<dir>)")
+            raise SpecbenchError(
+                f"no collected rows in {path}",
+                "run `specbench collect` first and pass its output directory (data=<dir>)",
+            )
         for f in files:
             for row in read_jsonl(f):
                 qid = row["query_id"]
@@ -49,7 +53,8 @@ def read_rows(paths: Iterable[str | Path]) -> list[dict]:
                         f"query id '{qid}' is in both {origin[qid]} and {path}: the directories overlap (the same "
                         "query collected twice) or hold different datasets whose ids collide",
                         "pass each collection once (the shards of one collection do not overlap), and combine "
-                        "only collections of different queries")
+                        "only collections of different queries",
+                    )
                 rows.setdefault(qid, row)
     return sorted(rows.values(), key=lambda r: (r["index"], r["query_id"]))
 
@@ -60,8 +65,10 @@ def collection_settings(path: str | Path) -> dict:
     path = Path(path)
     sig = (path if path.is_dir() else path.parent) / SIGNATURE_FILE
     if not sig.exists():
-        raise SpecbenchError(f"{path} is not a collect directory (no {SIGNATURE_FILE})",
-                             "pass the output directories of `specbench collect` runs")
+        raise SpecbenchError(
+            f"{path} is not a collect directory (no {SIGNATURE_FILE})",
+            "pass the output directories of `specbench collect` runs",
+        )
     return settings(OmegaConf.load(sig))
 
 
@@ -107,7 +114,9 @@ def incomplete(paths: Iterable[str | Path]) -> list[str]:
     """What the collection in ``paths`` lacks: missing shard files, and rows files with fewer rows than
     their shard takes of the collection (``collect_plan.yaml``: a collect that stopped early)."""
     paths = [Path(p) for p in paths]
-    problems = [f"shard file(s) {', '.join(missing)} missing" for missing in [missing_shards(paths)] if missing]
+    problems = [
+        f"shard file(s) {', '.join(missing)} missing" for missing in [missing_shards(paths)] if missing
+    ]
     for path in paths:
         total = read_plan(path) if path.is_dir() else read_plan(path.parent)
         files = sorted(path.glob("rows*.jsonl")) if path.is_dir() else [path]
@@ -123,7 +132,9 @@ def incomplete(paths: Iterable[str | Path]) -> list[str]:
     return problems
 
 
-def merge(sources: list[str], out: str | Path, overwrite: bool = False, allow_incomplete: bool = False) -> Path:
+def merge(
+    sources: list[str], out: str | Path, overwrite: bool = False, allow_incomplete: bool = False
+) -> Path:
     """Join the rows of several collect directories (shards) into ``out/rows.jsonl``.
 
     The directories must hold the same collect settings (``collect_config.yaml``, shard settings
@@ -137,19 +148,29 @@ def merge(sources: list[str], out: str | Path, overwrite: bool = False, allow_in
     for src, sig in zip(sources[1:], sigs[1:]):
         diff = differences(sigs[0], sig)
         if diff:
-            raise SpecbenchError(f"{sources[0]} and {src} hold rows of different collect configs; differs in: "
-                                 + "; ".join(diff), "merge the shards of one collection only")
-    existing = sorted(out.glob("rows*.jsonl")) + ([out / SIGNATURE_FILE] if (out / SIGNATURE_FILE).exists() else [])
+            raise SpecbenchError(
+                f"{sources[0]} and {src} hold rows of different collect configs; differs in: "
+                + "; ".join(diff),
+                "merge the shards of one collection only",
+            )
+    existing = sorted(out.glob("rows*.jsonl")) + (
+        [out / SIGNATURE_FILE] if (out / SIGNATURE_FILE).exists() else []
+    )
     if existing and not overwrite:
-        raise SpecbenchError(f"{out} already holds a collection ({', '.join(p.name for p in existing)}): merging "
-                             "into it would replace its rows",
-                             "merge into a new directory (--out <new dir>), or pass --overwrite to replace them")
+        raise SpecbenchError(
+            f"{out} already holds a collection ({', '.join(p.name for p in existing)}): merging "
+            "into it would replace its rows",
+            "merge into a new directory (--out <new dir>), or pass --overwrite to replace them",
+        )
     problems = incomplete(sources)
     if problems and not allow_incomplete:
-        raise SpecbenchError(f"the collection in {', '.join(map(str, sources))} is incomplete: " + "; ".join(problems)
-                             + " (a collect that stopped early or is still running)",
-                             "finish it (rerun each collect into its directory: it resumes; collect missing shards with "
-                             "collect.shard=<i> collect.num_shards=<n>), or merge what is there with --allow-incomplete")
+        raise SpecbenchError(
+            f"the collection in {', '.join(map(str, sources))} is incomplete: "
+            + "; ".join(problems)
+            + " (a collect that stopped early or is still running)",
+            "finish it (rerun each collect into its directory: it resumes; collect missing shards with "
+            "collect.shard=<i> collect.num_shards=<n>), or merge what is there with --allow-incomplete",
+        )
     if problems:
         log.warning("merging an incomplete collection (--allow-incomplete): %s", "; ".join(problems))
     rows = read_rows(sources)

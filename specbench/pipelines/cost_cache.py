@@ -45,9 +45,16 @@ def cost_key(target: Target, pool: Mapping[str, Drafter], draft_length: int) -> 
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
-        "drafters": {name: {"kind": type(d).__name__, "fingerprint": getattr(d, "fingerprint", None),
-                            "tree": repr(getattr(d, "tree", None)), "draft_length": d.draft_length or draft_length}
-                     for name, d in pool.items() if d.drafts},
+        "drafters": {
+            name: {
+                "kind": type(d).__name__,
+                "fingerprint": getattr(d, "fingerprint", None),
+                "tree": repr(getattr(d, "tree", None)),
+                "draft_length": d.draft_length or draft_length,
+            }
+            for name, d in pool.items()
+            if d.drafts
+        },
     }
 
 
@@ -56,8 +63,14 @@ def cache_file(key: Mapping):
     return cache_dir() / "profiles" / f"budget-{digest}.json"
 
 
-def startup_costs(target: Target, pool: Mapping[str, Drafter], prompt: list[int], draft_length: int,
-                  sampling: SamplingParams, clock: Clock) -> dict:
+def startup_costs(
+    target: Target,
+    pool: Mapping[str, Drafter],
+    prompt: list[int],
+    draft_length: int,
+    sampling: SamplingParams,
+    clock: Clock,
+) -> dict:
     """``{verify: [a, b], draft: {drafter: seconds a round}}`` for ``pool``: the cached profile of this machine,
     target and pool, else measured now (a few seconds) and cached."""
     key = cost_key(target, pool, draft_length)
@@ -72,19 +85,41 @@ def startup_costs(target: Target, pool: Mapping[str, Drafter], prompt: list[int]
             log.warning("budget costs: %s is unreadable (%s); measuring again", path, exc)
     start = time.perf_counter()
     costs = measure_costs(target, pool, prompt, draft_length, sampling, clock)
-    log.info("budget costs: measured at start-up in %.1f s (verify %.4f s + %.5f s a node; draft %s); cached in %s",
-             time.perf_counter() - start, *costs["verify"],
-             ", ".join(f"{k} {v:.4f} s" for k, v in costs["draft"].items()), path)
+    log.info(
+        "budget costs: measured at start-up in %.1f s (verify %.4f s + %.5f s a node; draft %s); cached in %s",
+        time.perf_counter() - start,
+        *costs["verify"],
+        ", ".join(f"{k} {v:.4f} s" for k, v in costs["draft"].items()),
+        path,
+    )
     try:
-        atomic_write_text(path, json.dumps({"key": key, "costs": costs, "measured_at": time.strftime("%Y-%m-%d %H:%M"),
-                                            "context": CONTEXT, "nodes": list(NODES), "repeats": REPEATS}, indent=1))
+        atomic_write_text(
+            path,
+            json.dumps(
+                {
+                    "key": key,
+                    "costs": costs,
+                    "measured_at": time.strftime("%Y-%m-%d %H:%M"),
+                    "context": CONTEXT,
+                    "nodes": list(NODES),
+                    "repeats": REPEATS,
+                },
+                indent=1,
+            ),
+        )
     except OSError as exc:  # a read-only cache costs a measurement next time, nothing else
         log.warning("budget costs: could not cache them in %s (%s)", path, exc)
     return costs
 
 
-def measure_costs(target: Target, pool: Mapping[str, Drafter], prompt: list[int], draft_length: int,
-                  sampling: SamplingParams, clock: Clock) -> dict:
+def measure_costs(
+    target: Target,
+    pool: Mapping[str, Drafter],
+    prompt: list[int],
+    draft_length: int,
+    sampling: SamplingParams,
+    clock: Clock,
+) -> dict:
     """Verification seconds over ``NODES`` draft tokens after a ``CONTEXT``-token prefill, fitted as ``a + b * n``
     (least squares), and each drafter's median seconds a round (sync + propose of its draft length)."""
     source = repeat_to(prompt, CONTEXT + max(NODES) + 1)
@@ -95,8 +130,15 @@ def measure_costs(target: Target, pool: Mapping[str, Drafter], prompt: list[int]
     for name, d in pool.items():
         if name == AUTOREGRESSIVE or not d.drafts:
             continue
-        got = measure_drafters(target, {name: d}, source[:CONTEXT], d.draft_length or draft_length, sampling, rng,
-                               Readings(REPEATS, WARMUP, clock))[name]
+        got = measure_drafters(
+            target,
+            {name: d},
+            source[:CONTEXT],
+            d.draft_length or draft_length,
+            sampling,
+            rng,
+            Readings(REPEATS, WARMUP, clock),
+        )[name]
         draft[name] = got["seconds_per_token"] * max(got["drafted"], 1)
     return {"verify": [a, b], "draft": draft}
 

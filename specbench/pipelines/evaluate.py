@@ -39,8 +39,11 @@ def write_convergence(examples: list[dict], out: Path) -> None:
     """convergence.csv (+ .png when matplotlib is installed) when adaptive selectors ran."""
     import pandas as pd
 
-    adaptive = {e["method"] for e in examples
-                if e["method"] != AUTOREGRESSIVE and not e["method"].startswith(("fixed:", "again:"))}
+    adaptive = {
+        e["method"]
+        for e in examples
+        if e["method"] != AUTOREGRESSIVE and not e["method"].startswith(("fixed:", "again:"))
+    }
     if not adaptive:
         return
     conv = tables.convergence(read_jsonl(out / "rounds.jsonl"), tables.oracle_arms(pd.DataFrame(examples)))
@@ -61,22 +64,36 @@ def write_forks(examples: list[dict], out: Path) -> None:
     tables.write_csv(table, out / "forks.csv")
     bad = table[table.verdict == certify.DEFECT]
     if len(bad):
-        log.warning("%d output(s) fork from autoregressive decoding where rounding does not explain it (defect): %s; "
-                    "see %s", len(bad), ", ".join(f"{q} ({m})" for q, m in zip(bad.query_id, bad.method)),
-                    out / "forks.csv")
+        log.warning(
+            "%d output(s) fork from autoregressive decoding where rounding does not explain it (defect): %s; "
+            "see %s",
+            len(bad),
+            ", ".join(f"{q} ({m})" for q, m in zip(bad.query_id, bad.method)),
+            out / "forks.csv",
+        )
 
 
-def check_resumable(selectors: dict[str, Selector], methods: list[Method], todo: list[tuple[int, int]],
-                    done_methods: set[str], out: Path | None = None) -> None:
+def check_resumable(
+    selectors: dict[str, Selector],
+    methods: list[Method],
+    todo: list[tuple[int, int]],
+    done_methods: set[str],
+    out: Path | None = None,
+) -> None:
     """A selector that carries statistics across queries (``carry_over``) cannot pick up half way: its
     state after the finished queries is not in the records. Refuse instead of silently differing."""
     for mi, m in enumerate(methods):
-        if getattr(selectors[m.name], "carry_over", False) and m.name in done_methods and any(i == mi for _, i in todo):
+        if (
+            getattr(selectors[m.name], "carry_over", False)
+            and m.name in done_methods
+            and any(i == mi for _, i in todo)
+        ):
             raise SpecbenchError(
                 f"cannot resume method '{m.name}': its selector carries statistics across queries (carry_over), "
                 "and its state after the finished queries is not restored from the records",
                 f"rerun into a new directory (hydra.run.dir=...), or delete {out or 'this directory'}/examples.jsonl "
-                f"and {out or 'this directory'}/rounds.jsonl to start it again")
+                f"and {out or 'this directory'}/rounds.jsonl to start it again",
+            )
 
 
 def pool_chosen(output_dir: str | Path) -> bool:
@@ -116,20 +133,40 @@ def check_methods_early(cfg: DictConfig) -> None:
     if policy_checkpoint(cfg) is not None:
         return
     names = [AUTOREGRESSIVE, *(cfg.pool.get("drafters") or {})]
-    parse_methods(cfg.methods, {name: None for name in names}, cfg.get("selector"), cfg,
-                  lambda: {"verify": [1.0, 0.0], "draft": {}})  # costs: profile is measured later
+    parse_methods(
+        cfg.methods,
+        {name: None for name in names},
+        cfg.get("selector"),
+        cfg,
+        lambda: {"verify": [1.0, 0.0], "draft": {}},
+    )  # costs: profile is measured later
 
 
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     use_policy_pool(cfg, output_dir)
     check_methods_early(cfg)
     s = Session.open(cfg, output_dir, RECORDS, "eval")
-    methods = parse_methods(cfg.methods, s.pool, cfg.get("selector"), cfg, functools.cache(lambda: startup_costs(
-        s.target, s.pool, s.prompter(s.queries[0]), s.limits.draft_length, s.sampling, s.clock)))
+    methods = parse_methods(
+        cfg.methods,
+        s.pool,
+        cfg.get("selector"),
+        cfg,
+        functools.cache(
+            lambda: startup_costs(
+                s.target, s.pool, s.prompter(s.queries[0]), s.limits.draft_length, s.sampling, s.clock
+            )
+        ),
+    )
     max_turns = int(cfg.dataset.get("max_turns") or 1)
     records = s.records()
-    todo = [(qi, mi) for qi, q in enumerate(s.queries) for mi in range(len(methods))
-            if any((example_id(q, t), methods[mi].name) not in records.done for t in range(turns_of(q, max_turns)))]
+    todo = [
+        (qi, mi)
+        for qi, q in enumerate(s.queries)
+        for mi in range(len(methods))
+        if any(
+            (example_id(q, t), methods[mi].name) not in records.done for t in range(turns_of(q, max_turns))
+        )
+    ]
     # One selector per method for the whole run: ``reset`` starts each query, and selectors that
     # carry statistics across queries (warm start) keep them.
     selectors = {m.name: m.make_selector() for m in methods}
@@ -140,9 +177,12 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     for name, selector in selectors.items():
         check_trees(selector, s.target, name)
     if todo:
-        s.warm_up(lambda prompt, lim, rng, m=m: s.decode(m.make_selector(), prompt, rng, replace(s.spec, limits=lim),
-                                                          query=s.queries[0])
-                  for m in methods)
+        s.warm_up(
+            lambda prompt, lim, rng, m=m: s.decode(
+                m.make_selector(), prompt, rng, replace(s.spec, limits=lim), query=s.queries[0]
+            )
+            for m in methods
+        )
 
     todo_set = set(todo)
     # Conversations: each ``conversation_length`` consecutive queries are the turns of one chat, so the
@@ -160,27 +200,52 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                     for qi in conversation:
                         query, rng = s.queries[qi], s.rng(qi, mi)
                         for turn in range(turns_of(query, max_turns)):
-                            gen = s.decode(selectors[m.name], s.prompter(query, turn, history), rng,
-                                           replace(s.spec, stream=m.name), query=query)
+                            gen = s.decode(
+                                selectors[m.name],
+                                s.prompter(query, turn, history),
+                                rng,
+                                replace(s.spec, stream=m.name),
+                                query=query,
+                            )
                             text = s.text(gen.tokens)
                             history.append((s.prompter.user_text(query, turn), text))
                             ex_id = example_id(query, turn)
                             if (ex_id, m.name) in records.done:  # redone only to rebuild the chat history
                                 continue
-                            chat = ({"conversation": s.queries[conversation[0]].id, "conversation_turn": len(history)}
-                                    if size > 1 else {})  # the chat this generation is a turn of, and which turn
-                            records.write(query, ex_id, m.name, gen, text, query.reference if turn == 0 else None,
-                                          turn=turn + 1, **chat)
+                            chat = (
+                                {
+                                    "conversation": s.queries[conversation[0]].id,
+                                    "conversation_turn": len(history),
+                                }
+                                if size > 1
+                                else {}
+                            )  # the chat this generation is a turn of, and which turn
+                            records.write(
+                                query,
+                                ex_id,
+                                m.name,
+                                gen,
+                                text,
+                                query.reference if turn == 0 else None,
+                                turn=turn + 1,
+                                **chat,
+                            )
                         if (qi, mi) in todo_set:
                             bar.update(1)
     except BaseException:
         # A run that stops (an error, Ctrl-C) still leaves the summary of what it finished.
         finished = len(records.examples())
         if finished:
-            log.error("eval stopped early: writing the summary of the %d generations it finished in %s", finished, s.out)
+            log.error(
+                "eval stopped early: writing the summary of the %d generations it finished in %s",
+                finished,
+                s.out,
+            )
             try:
                 write_summary(s, cfg, records, partial=True)
-            except OSError as exc:  # a full disk: one line (the error that stopped the run follows, as error/fix)
+            except (
+                OSError
+            ) as exc:  # a full disk: one line (the error that stopped the run follows, as error/fix)
                 log.error("could not write the summary of the finished generations: %s", exc)
             except Exception:  # noqa: BLE001 - never hide the error that stopped the run
                 log.exception("could not write the summary of the finished generations")
@@ -193,15 +258,28 @@ def write_summary(s: Session, cfg: DictConfig, records: Records, partial: bool =
     """summary.csv / summary.md (+ matrices, convergence, Spec-Bench answer files) from the run's records."""
     examples = records.examples()
     table = tables.summarize(examples)
-    lossy = f" (cascade rule {s.cascade.label}: lossy)" if s.cascade is not None and not s.cascade.lossless else ""
+    lossy = (
+        f" (cascade rule {s.cascade.label}: lossy)"
+        if s.cascade is not None and not s.cascade.lossless
+        else ""
+    )
     stopped = " (stopped early: the finished generations only)" if partial else ""
-    tables.write_tables(table, s.out, title=f"specbench eval: {cfg.target.model} in {cfg.target.dtype}{lossy}{stopped}",
-                        notes=tables.EVAL_NOTES + tables.pairing_note(table)
-                        + f" Forks judged at tie tolerance {s.tie_tolerance:g} (target.tie_tolerance of this dtype).")
+    tables.write_tables(
+        table,
+        s.out,
+        title=f"specbench eval: {cfg.target.model} in {cfg.target.dtype}{lossy}{stopped}",
+        notes=tables.EVAL_NOTES
+        + tables.pairing_note(table)
+        + f" Forks judged at tie tolerance {s.tie_tolerance:g} (target.tie_tolerance of this dtype).",
+    )
     if not table.empty:
         tables.write_matrices(table, s.out)
     write_forks(examples, s.out)
     write_convergence(examples, s.out)
     if cfg.get("spec_bench_answers"):
-        spec_bench.write_answers(examples, records.rounds(), s.out / "spec_bench", model_id=spec_bench.model_id(cfg))
-    tables.print_table(tables.compact(table), title=f"summary ({s.out}; every column in summary.csv / summary.md)")
+        spec_bench.write_answers(
+            examples, records.rounds(), s.out / "spec_bench", model_id=spec_bench.model_id(cfg)
+        )
+    tables.print_table(
+        tables.compact(table), title=f"summary ({s.out}; every column in summary.csv / summary.md)"
+    )

@@ -45,8 +45,9 @@ class Method:
         return self.config is not None and bool(getattr(self.make_selector(), "randomized", False))
 
 
-def parse_methods(specs, pool: dict, selector_cfg, root: DictConfig | None = None,
-                  costs: Callable[[], dict] | None = None) -> list[Method]:
+def parse_methods(
+    specs, pool: dict, selector_cfg, root: DictConfig | None = None, costs: Callable[[], dict] | None = None
+) -> list[Method]:
     """``autoregressive`` | ``fixed:<arm>`` | ``fixed:*`` (every drafter) | ``tree:<a>+<b>[+...]`` (their drafts
     verified as one token tree each round) | ``tree:*`` (the whole pool's) | ``selector`` (the composed
     ``selector`` config) | ``selector:<name>`` (``conf/selector/<name>.yaml``, so one run can compare
@@ -63,13 +64,18 @@ def parse_methods(specs, pool: dict, selector_cfg, root: DictConfig | None = Non
         if spec == AUTOREGRESSIVE:
             continue
         if spec.startswith(AGAIN):
-            inner = spec[len(AGAIN):]
+            inner = spec[len(AGAIN) :]
             if not inner or inner.startswith(AGAIN):
-                raise SpecbenchError(f"method '{spec}' names no method to run again",
-                                     "use again:<method>, e.g. again:autoregressive or again:fixed:prompt_lookup")
+                raise SpecbenchError(
+                    f"method '{spec}' names no method to run again",
+                    "use again:<method>, e.g. again:autoregressive or again:fixed:prompt_lookup",
+                )
             found = parse_methods([inner], pool, selector_cfg, root, costs)
-            new = [Method(AGAIN + m.name, m.make_selector, m.config) for m in found
-                   if m.name != AUTOREGRESSIVE or inner == AUTOREGRESSIVE]
+            new = [
+                Method(AGAIN + m.name, m.make_selector, m.config)
+                for m in found
+                if m.name != AUTOREGRESSIVE or inner == AUTOREGRESSIVE
+            ]
         elif spec == "selector" or spec.startswith("selector:"):
             # one config per spec: a selector:<name> before a plain `selector` must not stand in for the composed one
             chosen_cfg = selector_cfg
@@ -99,15 +105,20 @@ def parse_methods(specs, pool: dict, selector_cfg, root: DictConfig | None = Non
             new = [Method(f"fixed:{a}", lambda a=a: Fixed(arms, a)) for a in chosen]
         elif spec.startswith("tree:"):
             listed = spec.split(":", 1)[1]
-            members = ([a for a in arms if a != AUTOREGRESSIVE] if listed == "*"
-                       else [m.strip() for m in listed.split("+") if m.strip()])
+            members = (
+                [a for a in arms if a != AUTOREGRESSIVE]
+                if listed == "*"
+                else [m.strip() for m in listed.split("+") if m.strip()]
+            )
             FixedTree(arms, members)  # validates the members now, before any decoding
             name = "tree:*" if listed == "*" else "tree:" + "+".join(members)
             new = [Method(name, lambda members=members: FixedTree(arms, members))]
         else:
-            raise SpecbenchError(f"unknown method '{spec}'",
-                                 "use autoregressive, fixed:<drafter>, fixed:*, tree:<a>+<b>, tree:*, selector, "
-                                 "selector:<name> or again:<method> in methods")
+            raise SpecbenchError(
+                f"unknown method '{spec}'",
+                "use autoregressive, fixed:<drafter>, fixed:*, tree:<a>+<b>, tree:*, selector, "
+                "selector:<name> or again:<method> in methods",
+            )
         for m in new:
             if m.name not in names:
                 names.append(m.name)
@@ -122,8 +133,10 @@ def make_selector(scfg: dict, arms: list[str]) -> Selector:
     except InstantiationException as exc:
         if isinstance(exc.__cause__, SpecbenchError):
             raise exc.__cause__ from None
-        raise SpecbenchError(f"could not build selector '{scfg.get('_target_')}': {exc}",
-                             "check its keys against conf/selector/") from exc
+        raise SpecbenchError(
+            f"could not build selector '{scfg.get('_target_')}': {exc}",
+            "check its keys against conf/selector/",
+        ) from exc
 
 
 def load_selector_config(name: str, root: DictConfig | None = None):
@@ -135,6 +148,8 @@ def load_selector_config(name: str, root: DictConfig | None = None):
     loaded = load_option("selector", name)
     if root is None:
         return loaded
-    ctx = OmegaConf.create({k: v for k, v in OmegaConf.to_container(root, resolve=False).items() if k != "selector"})
+    ctx = OmegaConf.create(
+        {k: v for k, v in OmegaConf.to_container(root, resolve=False).items() if k != "selector"}
+    )
     ctx.selector = loaded
     return ctx.selector

@@ -62,9 +62,12 @@ KEYS: dict[str, Rule] = {
     "profile.repeats": COUNT,
     "profile.warmup": integer(0),
     # the shape of the value; tree_shapes names a pair whose numbers are below 1
-    "profile.trees": Rule(lambda v: isinstance(v, list) and all(list_of(integer()).ok(p) and len(p) == 2 for p in v),
-                          "a list of [branches, depth] pairs of integers", null=True,
-                          note=" (tree shapes whose verify cost is measured, e.g. [[2,5],[3,8]])"),
+    "profile.trees": Rule(
+        lambda v: isinstance(v, list) and all(list_of(integer()).ok(p) and len(p) == 2 for p in v),
+        "a list of [branches, depth] pairs of integers",
+        null=True,
+        note=" (tree shapes whose verify cost is measured, e.g. [[2,5],[3,8]])",
+    ),
     "profile.draft_tokens": COUNT,
     "profile.tokens": text(),  # a name of TOKENS
     "profile.run": PATH,
@@ -84,15 +87,18 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     qs = sorted({1, *(int(q) for q in p.q)})
     contexts = sorted({int(c) for c in p.contexts})
     if not contexts:
-        raise SpecbenchError("profile.contexts is empty",
-                             "list at least one context length, e.g. profile.contexts=[128]")
+        raise SpecbenchError(
+            "profile.contexts is empty", "list at least one context length, e.g. profile.contexts=[128]"
+        )
     tokens_from = str(p.get("tokens", "prompt"))
     if tokens_from not in TOKENS:
         raise SpecbenchError(f"profile.tokens={tokens_from}: unknown", f"use one of: {', '.join(TOKENS)}")
     repeats, warmup, k = int(p.repeats), int(p.get("warmup", 2)), int(p.get("draft_tokens", 8))
     shapes = tree_shapes(p.get("trees"))
     out = start_run(cfg, output_dir, FILES)
-    eval_rounds = rounds_of(p.run, cfg) if p.get("run") else None  # a wrong directory fails before any measuring
+    eval_rounds = (
+        rounds_of(p.run, cfg) if p.get("run") else None
+    )  # a wrong directory fails before any measuring
 
     from specbench.drafters import build_pool
 
@@ -106,22 +112,35 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     source = context_source(cfg, target, loaded, tokens_from, contexts[-1] + extra)
     clock = Clock(target.device)
     dec = cfg.decoding
-    sampling = SamplingParams(temperature=float(dec.temperature), top_k=int(dec.top_k), top_p=float(dec.top_p))
+    sampling = SamplingParams(
+        temperature=float(dec.temperature), top_k=int(dec.top_k), top_p=float(dec.top_p)
+    )
     rng = torch.Generator(device=target.device).manual_seed(int(cfg.seed))
 
     verify = {c: measure_verify(target, source, c, qs, repeats, warmup, clock) for c in contexts}
-    trees = ({c: measure_trees(target, source, c, shapes, repeats, warmup, clock) for c in contexts}
-             if shapes and not target.is_encoder_decoder else {})
-    drafted = measure_drafters(target, drafters, source[:contexts[0]], k, sampling, rng,
-                               Readings(repeats, warmup, clock))
-    for name, d in drafted.items():  # the kind: the drafter module its config builds with (quantized, eagle, ...)
+    trees = (
+        {c: measure_trees(target, source, c, shapes, repeats, warmup, clock) for c in contexts}
+        if shapes and not target.is_encoder_decoder
+        else {}
+    )
+    drafted = measure_drafters(
+        target, drafters, source[: contexts[0]], k, sampling, rng, Readings(repeats, warmup, clock)
+    )
+    for (
+        name,
+        d,
+    ) in drafted.items():  # the kind: the drafter module its config builds with (quantized, eagle, ...)
         builder = str(cfg.pool.drafters[name].get("_target_") or d["kind"])
         d["kind"] = builder.removeprefix("specbench.drafters.").removesuffix(".build")
     prof = profile_dict(target, qs, contexts, verify, drafted, k, repeats, tokens_from)
     if trees:
-        prof["trees"] = {str(c): [{"branches": b, "depth": d, "nodes": b * d, "seconds": t,
-                                   "c_verify": t / verify[c][0]} for (b, d), t in zip(shapes, trees[c])]
-                         for c in contexts}
+        prof["trees"] = {
+            str(c): [
+                {"branches": b, "depth": d, "nodes": b * d, "seconds": t, "c_verify": t / verify[c][0]}
+                for (b, d), t in zip(shapes, trees[c])
+            ]
+            for c in contexts
+        }
     rounding = measure_rounding(cfg, target, loaded)
     if rounding is not None:
         prof["rounding"] = rounding
@@ -133,16 +152,23 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
 
 # -- measuring ------------------------------------------------------------------------------------
 
+
 def check_fits(target: Target, cfg: DictConfig, longest: int, extra: int) -> None:
     """Refuse contexts that with their new tokens overrun the target's positions."""
-    ctx = Context.of(target.config, cfg.target.get("context_keys", CONTEXT_KEYS), str(cfg.target.model),
-                             cfg.target.get("context_limit"))
+    ctx = Context.of(
+        target.config,
+        cfg.target.get("context_keys", CONTEXT_KEYS),
+        str(cfg.target.model),
+        cfg.target.get("context_limit"),
+    )
     need = longest if target.is_encoder_decoder else longest + extra - 1
     if ctx.limit is not None and need > ctx.limit:
-        raise SpecbenchError(f"profile.contexts: a context of {longest:,} tokens with {extra} new tokens needs "
-                             f"{need:,} positions, more than the {ctx.limit:,} of {ctx.model} ({ctx.key} in its "
-                             "model config)",
-                             "lower profile.contexts (or profile.q / profile.draft_tokens)")
+        raise SpecbenchError(
+            f"profile.contexts: a context of {longest:,} tokens with {extra} new tokens needs "
+            f"{need:,} positions, more than the {ctx.limit:,} of {ctx.model} ({ctx.key} in its "
+            "model config)",
+            "lower profile.contexts (or profile.q / profile.draft_tokens)",
+        )
 
 
 def context_source(cfg: DictConfig, target: Target, loaded, tokens_from: str, length: int) -> list[int]:
@@ -157,14 +183,27 @@ def dataset_prompts(cfg: DictConfig, loaded, n: int) -> list[list[int]]:
     """The prompt ids of the dataset's first ``n`` queries, built as eval builds them."""
     queries = load_dataset_config(cfg.dataset)
     if not queries:
-        raise SpecbenchError("the dataset has no queries to build a context from", "use profile.tokens=random")
+        raise SpecbenchError(
+            "the dataset has no queries to build a context from", "use profile.tokens=random"
+        )
     if cfg.target.prompt.templates not in cfg.templates:
-        raise SpecbenchError(f"unknown template set '{cfg.target.prompt.templates}'",
-                             f"set target.prompt.templates to one of: {', '.join(cfg.templates)}")
+        raise SpecbenchError(
+            f"unknown template set '{cfg.target.prompt.templates}'",
+            f"set target.prompt.templates to one of: {', '.join(cfg.templates)}",
+        )
     shots = load_shots(cfg.dataset, int(cfg.dataset.get("n_shot") or 0))
-    prompter = Prompter(loaded.tokenizer, cfg.target.prompt.style, cfg.templates[cfg.target.prompt.templates],
-                        cfg.target.prompt.get("system"), shots, cfg.target.prompt.get("chat_template"))
-    return [prompter(truncate_fields(q, loaded.tokenizer, cfg.dataset.get("max_input_tokens"))) for q in queries[:n]]
+    prompter = Prompter(
+        loaded.tokenizer,
+        cfg.target.prompt.style,
+        cfg.templates[cfg.target.prompt.templates],
+        cfg.target.prompt.get("system"),
+        shots,
+        cfg.target.prompt.get("chat_template"),
+    )
+    return [
+        prompter(truncate_fields(q, loaded.tokenizer, cfg.dataset.get("max_input_tokens")))
+        for q in queries[:n]
+    ]
 
 
 def measure_rounding(cfg: DictConfig, target: Target, loaded) -> dict | None:
@@ -175,8 +214,12 @@ def measure_rounding(cfg: DictConfig, target: Target, loaded) -> dict | None:
     n = int(r.get("prompts", 0) or 0)
     if n <= 0:
         return None
-    cal = certify.calibrate(target, dataset_prompts(cfg, loaded, n), new_tokens=int(r.get("new_tokens", 48)),
-                            chunk=int(r.get("chunk", 5)))
+    cal = certify.calibrate(
+        target,
+        dataset_prompts(cfg, loaded, n),
+        new_tokens=int(r.get("new_tokens", 48)),
+        chunk=int(r.get("chunk", 5)),
+    )
     return cal
 
 
@@ -199,16 +242,29 @@ def interleaved(n: int, repeats: int, warmup: int, timed: Callable[[int], float]
     return readings
 
 
-def measure_verify(target: Target, source: list[int], context: int, qs: list[int], repeats: int, warmup: int,
-                   clock: Clock) -> list[float]:
+def measure_verify(
+    target: Target, source: list[int], context: int, qs: list[int], repeats: int, warmup: int, clock: Clock
+) -> list[float]:
     """Median seconds of ``target.score`` over ``q`` new tokens after a ``context``-token prefill, per ``q``."""
     follow = source[context:]
-    return time_forwards(target, source[:context], [lambda q=q: target.score(follow[: q - 1]) for q in qs],
-                         repeats, warmup, clock)
+    return time_forwards(
+        target,
+        source[:context],
+        [lambda q=q: target.score(follow[: q - 1]) for q in qs],
+        repeats,
+        warmup,
+        clock,
+    )
 
 
-def time_forwards(target: Target, context: list[int], forwards: list[Callable[[], object]], repeats: int,
-                  warmup: int, clock: Clock) -> list[float]:
+def time_forwards(
+    target: Target,
+    context: list[int],
+    forwards: list[Callable[[], object]],
+    repeats: int,
+    warmup: int,
+    clock: Clock,
+) -> list[float]:
     """Median seconds of each target forward of ``forwards`` after a prefill of ``context``, the cache cropped back
     to the context around each call (interleaved repeats, ``warmup`` untimed)."""
     target.prefill(context)
@@ -231,24 +287,38 @@ def tree_shapes(spec) -> list[tuple[int, int]]:
     for item in list(spec or []):
         pair = list(item) if not isinstance(item, (str, int)) else []
         if len(pair) != 2 or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in pair):
-            raise SpecbenchError(f"profile.trees: {item!r} is not a [branches, depth] pair of whole numbers >= 1",
-                                 "write e.g. profile.trees=[[2,5],[3,8]] (2 drafts of 5 tokens, 3 of 8)")
+            raise SpecbenchError(
+                f"profile.trees: {item!r} is not a [branches, depth] pair of whole numbers >= 1",
+                "write e.g. profile.trees=[[2,5],[3,8]] (2 drafts of 5 tokens, 3 of 8)",
+            )
         shapes.append((pair[0], pair[1]))
     return shapes
 
 
-def measure_trees(target: Target, source: list[int], context: int, shapes: list[tuple[int, int]], repeats: int,
-                  warmup: int, clock: Clock) -> list[float]:
+def measure_trees(
+    target: Target,
+    source: list[int],
+    context: int,
+    shapes: list[tuple[int, int]],
+    repeats: int,
+    warmup: int,
+    clock: Clock,
+) -> list[float]:
     """Median seconds of ``target.score_tree`` over a tree of ``branches`` disjoint drafts of ``depth`` tokens
     (``branches * depth`` nodes, each branch starting with a different token) after a ``context``-token prefill:
     the cost of verifying several drafters' drafts in one forward with the tree mask."""
     from specbench.decoding.tree import build_tree
 
     follow = source[context:]
-    trees = [build_tree({f"d{b}": [(follow[i] + b) % target.vocab_size for i in range(depth)]
-                         for b in range(branches)}) for branches, depth in shapes]
-    return time_forwards(target, source[:context], [lambda t=t: target.score_tree(t) for t in trees],
-                         repeats, warmup, clock)
+    trees = [
+        build_tree(
+            {f"d{b}": [(follow[i] + b) % target.vocab_size for i in range(depth)] for b in range(branches)}
+        )
+        for branches, depth in shapes
+    ]
+    return time_forwards(
+        target, source[:context], [lambda t=t: target.score_tree(t) for t in trees], repeats, warmup, clock
+    )
 
 
 @dataclass(frozen=True)
@@ -260,8 +330,15 @@ class Readings:
     clock: Clock
 
 
-def measure_drafters(target: Target, drafters: Mapping[str, Drafter], context: list[int], k: int,
-                     sampling: SamplingParams, rng: torch.Generator, readings: Readings) -> dict[str, dict]:
+def measure_drafters(
+    target: Target,
+    drafters: Mapping[str, Drafter],
+    context: list[int],
+    k: int,
+    sampling: SamplingParams,
+    rng: torch.Generator,
+    readings: Readings,
+) -> dict[str, dict]:
     """Per drafter: median seconds per drafted token of a steady-state round and the median tokens drafted."""
     repeats, warmup, clock = readings.repeats, readings.warmup, readings.clock
     if not drafters:
@@ -288,15 +365,29 @@ def measure_drafters(target: Target, drafters: Mapping[str, Drafter], context: l
         return (t1 - t0) / max(len(draft.tokens), 1)
 
     readings = interleaved(len(names), repeats, warmup, timed)
-    return {name: {"kind": type(drafters[name]).__name__, "seconds_per_token": statistics.median(readings[i]),
-                   "drafted": statistics.median(counts[i][warmup:])}
-            for i, name in enumerate(names)}
+    return {
+        name: {
+            "kind": type(drafters[name]).__name__,
+            "seconds_per_token": statistics.median(readings[i]),
+            "drafted": statistics.median(counts[i][warmup:]),
+        }
+        for i, name in enumerate(names)
+    }
 
 
 # -- outputs --------------------------------------------------------------------------------------
 
-def profile_dict(target: Target, qs: list[int], contexts: list[int], verify: dict[int, list[float]],
-                 drafted: dict[str, dict], k: int, repeats: int, tokens_from: str) -> dict:
+
+def profile_dict(
+    target: Target,
+    qs: list[int],
+    contexts: list[int],
+    verify: dict[int, list[float]],
+    drafted: dict[str, dict],
+    k: int,
+    repeats: int,
+    tokens_from: str,
+) -> dict:
     """The content of ``profile.json``."""
     step = {c: verify[c][0] for c in contexts}
     device = target.device
@@ -315,7 +406,9 @@ def profile_dict(target: Target, qs: list[int], contexts: list[int], verify: dic
         "c_verify": {str(c): profiling.relative(verify[c]) for c in contexts},
         "draft_context": contexts[0],
         "draft_tokens": k,
-        "drafters": {name: {**d, "c_draft": d["seconds_per_token"] / step[contexts[0]]} for name, d in drafted.items()},
+        "drafters": {
+            name: {**d, "c_draft": d["seconds_per_token"] / step[contexts[0]]} for name, d in drafted.items()
+        },
     }
 
 

@@ -69,17 +69,25 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     arms = list(first["arms"])
     for r in rows:
         if list(r["arms"]) != arms:
-            raise SpecbenchError(f"{cfg.traces}: trace records of different pools ({r['arms']} against {arms})",
-                                 "replay one trace run (one pool)")
+            raise SpecbenchError(
+                f"{cfg.traces}: trace records of different pools ({r['arms']} against {arms})",
+                "replay one trace run (one pool)",
+            )
     lengths = draft_lengths(cfg, first)
-    limits = Limits(max_new_tokens=int(cfg.replay.max_new_tokens or first["trace"]["max_new_tokens"]),
-                    draft_length=int(cfg.replay.draft_length or first["draft_length"]))
+    limits = Limits(
+        max_new_tokens=int(cfg.replay.max_new_tokens or first["trace"]["max_new_tokens"]),
+        draft_length=int(cfg.replay.draft_length or first["draft_length"]),
+    )
     specs = [str(m) for m in cfg.methods]
     refuse_context_aware(specs, cfg)
-    methods = parse_methods([m for m in specs if m != ORACLE_ROUND], {a: None for a in arms}, cfg.get("selector"), cfg)
+    methods = parse_methods(
+        [m for m in specs if m != ORACLE_ROUND], {a: None for a in arms}, cfg.get("selector"), cfg
+    )
     if ORACLE_ROUND in specs:
         methods.append(Method(ORACLE_ROUND, lambda: RoundOracle(arms)))
-    queries = [(r, QueryTrace.from_dict(r["trace"]), SimpleNamespace(id=r["query_id"], task=r["task"])) for r in rows]
+    queries = [
+        (r, QueryTrace.from_dict(r["trace"]), SimpleNamespace(id=r["query_id"], task=r["task"])) for r in rows
+    ]
     seeds = int(cfg.seeds)
     for f in FILES.results:
         (out / f).unlink(missing_ok=True)
@@ -87,12 +95,18 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     convergence: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
     best: dict[str, str] = {}
     n_rounds, t_start = 0, time.perf_counter()
-    runs = {m.name: seeds if m.seeded else 1 for m in methods}  # seeded instantiates a selector: once per method
+    runs = {
+        m.name: seeds if m.seeded else 1 for m in methods
+    }  # seeded instantiates a selector: once per method
     total = sum(runs.values()) * len(queries)
     # fixed arms first (they define each query's best drafter), then the adaptive methods
     order = sorted(methods, key=lambda m: not (m.name == AUTOREGRESSIVE or m.name.startswith("fixed:")))
-    with JsonlWriter(out / "examples.jsonl") as ex_w, JsonlWriter(out / "rounds.jsonl") as rd_w, \
-            JsonlWriter(out / "seeds.jsonl") as sd_w, tqdm(total=total, desc="replay", unit="query") as bar:
+    with (
+        JsonlWriter(out / "examples.jsonl") as ex_w,
+        JsonlWriter(out / "rounds.jsonl") as rd_w,
+        JsonlWriter(out / "seeds.jsonl") as sd_w,
+        tqdm(total=total, desc="replay", unit="query") as bar,
+    ):
         for m in order:
             if m.name != AUTOREGRESSIVE and not m.name.startswith("fixed:") and not best:
                 best = best_arms(per_seed)
@@ -101,7 +115,9 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                 for row, qt, query in queries:
                     gen = replay(qt, selector, limits, costs, lengths, query)
                     n_rounds += len(gen.rounds)
-                    rec = summary_row(m.name, seed, row, gen, best.get(row["query_id"]), selector.fixed_members)
+                    rec = summary_row(
+                        m.name, seed, row, gen, best.get(row["query_id"]), selector.fixed_members
+                    )
                     per_seed.append(rec)
                     sd_w.write(rec)
                     if best.get(row["query_id"]):
@@ -110,8 +126,10 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                             cell[0] += on_arm(rnd, best[row["query_id"]], selector.fixed_members)
                             cell[1] += 1
                     if seed == 0:
-                        rd_w.write_many({**round_row(row["query_id"], row["task"], m.name, r), "replayed": True}
-                                        for r in gen.rounds)
+                        rd_w.write_many(
+                            {**round_row(row["query_id"], row["task"], m.name, r), "replayed": True}
+                            for r in gen.rounds
+                        )
                         ex_w.write(example_row(m.name, row, gen))
                     bar.update(1)
     elapsed = time.perf_counter() - t_start
@@ -123,12 +141,19 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
 def refuse_context_aware(specs: list[str], cfg: DictConfig) -> None:
     """A selector that reads the query's embedding (the offline policy) cannot replay: traces hold no embedding."""
     for spec in specs:
-        scfg = (cfg.get("selector") if spec == "selector"
-                else load_selector_config(spec.split(":", 1)[1], cfg) if spec.startswith("selector:") else None)
+        scfg = (
+            cfg.get("selector")
+            if spec == "selector"
+            else load_selector_config(spec.split(":", 1)[1], cfg)
+            if spec.startswith("selector:")
+            else None
+        )
         if scfg is not None and str(scfg.get("_target_", "")).endswith("PolicySelector"):
-            raise SpecbenchError(f"method '{spec}' is a context-aware policy: it reads the query's embedding from the "
-                                 "target, which a trace does not record",
-                                 "evaluate the policy live (specbench eval selector=policy ...) and replay the others")
+            raise SpecbenchError(
+                f"method '{spec}' is a context-aware policy: it reads the query's embedding from the "
+                "target, which a trace does not record",
+                "evaluate the policy live (specbench eval selector=policy ...) and replay the others",
+            )
 
 
 def costs_of(cfg: DictConfig, traced: dict) -> Costs:
@@ -138,8 +163,10 @@ def costs_of(cfg: DictConfig, traced: dict) -> Costs:
         prof = profiling.load_profile(cfg.profile_path)
         for key in ("dtype", "threads"):
             if key in prof and key in traced and prof[key] != traced[key]:
-                raise SpecbenchError(f"profile_path was measured with {key} {prof[key]}, the trace with {traced[key]}",
-                                     "profile in the trace's dtype and threads, or leave profile_path unset")
+                raise SpecbenchError(
+                    f"profile_path was measured with {key} {prof[key]}, the trace with {traced[key]}",
+                    "profile in the trace's dtype and threads, or leave profile_path unset",
+                )
         return Costs.from_dict(prof, traced.get("catch_up") or {})
     return Costs.from_dict(traced)
 
@@ -152,8 +179,10 @@ def draft_lengths(cfg: DictConfig, first: dict) -> dict[str, int]:
     for name, traced in first["lengths"].items():
         k = int(first["own_lengths"].get(name) or run_length)
         if k > int(traced):
-            raise SpecbenchError(f"drafter '{name}' would draft {k} tokens a round; the trace holds {traced}",
-                                 f"replay with replay.draft_length <= {traced}, or trace with trace.draft_length={k}")
+            raise SpecbenchError(
+                f"drafter '{name}' would draft {k} tokens a round; the trace holds {traced}",
+                f"replay with replay.draft_length <= {traced}, or trace with trace.draft_length={k}",
+            )
         out[name] = k
     return out
 
@@ -166,7 +195,9 @@ def on_arm(rnd, arm: str, fixed: tuple[str, ...] = ()) -> int:
     return int(rnd.arm == arm)
 
 
-def summary_row(method: str, seed: int, row: dict, gen, best: str | None, fixed: tuple[str, ...] = ()) -> dict:
+def summary_row(
+    method: str, seed: int, row: dict, gen, best: str | None, fixed: tuple[str, ...] = ()
+) -> dict:
     rounds = gen.rounds
     late = [r for r in rounds if r.index >= LATE]
     early = rounds[:LATE]
@@ -174,26 +205,56 @@ def summary_row(method: str, seed: int, row: dict, gen, best: str | None, fixed:
     def share(rs) -> float | None:
         return sum(on_arm(r, best, fixed) for r in rs) / len(rs) if best and rs else None
 
-    return {"method": method, "seed": seed, "query_id": row["query_id"], "task": row["task"],
-            "new_tokens": len(gen.tokens), "seconds": gen.seconds, "rounds": len(rounds),
-            "accepted": gen.accepted, "drafted": gen.drafted, "switches": gen.switches,
-            "best_arm": best, "best_share": share(rounds), "best_share_early": share(early),
-            "best_share_late": share(late), "counterfactual": getattr(gen, "counterfactual", 0),
-            "bd": statistics.fmean(r.bd for r in rounds) if rounds else 0.0,
-            "be": statistics.fmean(r.be for r in rounds) if rounds else 0.0}
+    return {
+        "method": method,
+        "seed": seed,
+        "query_id": row["query_id"],
+        "task": row["task"],
+        "new_tokens": len(gen.tokens),
+        "seconds": gen.seconds,
+        "rounds": len(rounds),
+        "accepted": gen.accepted,
+        "drafted": gen.drafted,
+        "switches": gen.switches,
+        "best_arm": best,
+        "best_share": share(rounds),
+        "best_share_early": share(early),
+        "best_share_late": share(late),
+        "counterfactual": getattr(gen, "counterfactual", 0),
+        "bd": statistics.fmean(r.bd for r in rounds) if rounds else 0.0,
+        "be": statistics.fmean(r.be for r in rounds) if rounds else 0.0,
+    }
 
 
 def example_row(method: str, row: dict, gen) -> dict:
     """An ``examples.jsonl`` line in eval's fields (predicted seconds; quality copied when the output is the trace's)."""
     same = list(gen.tokens) == list(row["output_ids"])
-    return {"query_id": row["query_id"], "task": row["task"], "method": method, "output_ids": list(gen.tokens),
-            "text": row["text"] if same else "", "new_tokens": len(gen.tokens), "seconds": gen.seconds,
-            "target_calls": gen.target_calls, "rounds": len(gen.rounds), "drafted": gen.drafted,
-            "accepted": gen.accepted, "switches": gen.switches, "t_switch": sum(r.t_switch for r in gen.rounds),
-            "stop": gen.stop, "t_select": 0.0, "category": row.get("category"), "turn": 1,
-            "reference": row.get("reference"), "quality": row.get("quality", {}) if same else {}, "deferred": 0,
-            "query_sha": row.get("query_sha"), "drafters": row.get("drafters"), "process": "replay",
-            "replayed": True}
+    return {
+        "query_id": row["query_id"],
+        "task": row["task"],
+        "method": method,
+        "output_ids": list(gen.tokens),
+        "text": row["text"] if same else "",
+        "new_tokens": len(gen.tokens),
+        "seconds": gen.seconds,
+        "target_calls": gen.target_calls,
+        "rounds": len(gen.rounds),
+        "drafted": gen.drafted,
+        "accepted": gen.accepted,
+        "switches": gen.switches,
+        "t_switch": sum(r.t_switch for r in gen.rounds),
+        "stop": gen.stop,
+        "t_select": 0.0,
+        "category": row.get("category"),
+        "turn": 1,
+        "reference": row.get("reference"),
+        "quality": row.get("quality", {}) if same else {},
+        "deferred": 0,
+        "query_sha": row.get("query_sha"),
+        "drafters": row.get("drafters"),
+        "process": "replay",
+        "replayed": True,
+    }
 
 
 def best_arms(per_seed: list[dict]) -> dict[str, str]:
@@ -211,8 +272,11 @@ def method_table(per_seed: list[dict]) -> pd.DataFrame:
     """Per method over seeds and queries (seconds per token averaged over seeds per query first)."""
     df = pd.DataFrame(per_seed)
     df["spt"] = df.seconds / df.new_tokens.clip(lower=1)
-    q = df.groupby(["method", "query_id"]).agg(spt=("spt", "mean"), seconds=("seconds", "mean"),
-                                                new_tokens=("new_tokens", "mean")).reset_index()
+    q = (
+        df.groupby(["method", "query_id"])
+        .agg(spt=("spt", "mean"), seconds=("seconds", "mean"), new_tokens=("new_tokens", "mean"))
+        .reset_index()
+    )
     ar = q[q.method == AUTOREGRESSIVE].set_index("query_id")
     fixed = q[q.method.str.startswith("fixed:")]
     per_query_oracle = fixed.groupby("query_id").spt.min()
@@ -221,52 +285,90 @@ def method_table(per_seed: list[dict]) -> pd.DataFrame:
     for method, sub in df.groupby("method", sort=False):
         mq = q[q.method == method].set_index("query_id")
         speed = ar.seconds.reindex(mq.index).sum() / mq.seconds.sum() if not ar.empty else float("nan")
-        by_seed = sub.groupby("seed").apply(lambda s: (ar.seconds.reindex(s.query_id).sum() / s.seconds.sum())
-                                            if not ar.empty else float("nan"), include_groups=False)
-        rows.append({
-            "method": method, "queries": mq.shape[0], "seeds": sub.seed.nunique(),
-            "speedup": speed, "speedup_sd_seeds": float(by_seed.std()) if len(by_seed) > 1 else 0.0,
-            "vs_query_oracle": float((per_query_oracle.reindex(mq.index) / mq.spt).mean()) if len(per_query_oracle) else float("nan"),
-            "vs_round_oracle": float((round_oracle.reindex(mq.index) / mq.spt).mean()) if len(round_oracle) else float("nan"),
-            "best_share": sub.best_share.mean(), "best_share_late": sub.best_share_late.mean(),
-            "switches": sub.switches.mean(), "rounds": sub.rounds.mean(),
-            "counterfactual": sub.counterfactual.sum() / max(sub.rounds.sum(), 1),
-            "accepted_per_round": sub.accepted.sum() / max(sub.rounds.sum(), 1)})
+        by_seed = sub.groupby("seed").apply(
+            lambda s: (
+                (ar.seconds.reindex(s.query_id).sum() / s.seconds.sum()) if not ar.empty else float("nan")
+            ),
+            include_groups=False,
+        )
+        rows.append(
+            {
+                "method": method,
+                "queries": mq.shape[0],
+                "seeds": sub.seed.nunique(),
+                "speedup": speed,
+                "speedup_sd_seeds": float(by_seed.std()) if len(by_seed) > 1 else 0.0,
+                "vs_query_oracle": float((per_query_oracle.reindex(mq.index) / mq.spt).mean())
+                if len(per_query_oracle)
+                else float("nan"),
+                "vs_round_oracle": float((round_oracle.reindex(mq.index) / mq.spt).mean())
+                if len(round_oracle)
+                else float("nan"),
+                "best_share": sub.best_share.mean(),
+                "best_share_late": sub.best_share_late.mean(),
+                "switches": sub.switches.mean(),
+                "rounds": sub.rounds.mean(),
+                "counterfactual": sub.counterfactual.sum() / max(sub.rounds.sum(), 1),
+                "accepted_per_round": sub.accepted.sum() / max(sub.rounds.sum(), 1),
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def approximate_note(rows) -> str:
     """The traced drafters whose rewards replay approximately (not history-free: e.g. dynamic int8), named."""
-    names = sorted({name for r in rows for name, d in (r["trace"].get("drafters") or {}).items()
-                    if isinstance(d, dict) and d.get("history_free") is False})
+    names = sorted(
+        {
+            name
+            for r in rows
+            for name, d in (r["trace"].get("drafters") or {}).items()
+            if isinstance(d, dict) and d.get("history_free") is False
+        }
+    )
     if not names:
         return ""
-    return (f" Approximate: {', '.join(names)} (not history-free: a catch-up over many tokens computes other "
-            "probabilities than one token at a time, so their drafts, acceptances and Block Divergence replay only "
-            "approximately).")
+    return (
+        f" Approximate: {', '.join(names)} (not history-free: a catch-up over many tokens computes other "
+        "probabilities than one token at a time, so their drafts, acceptances and Block Divergence replay only "
+        "approximately)."
+    )
 
 
-def write_outputs(out: Path, per_seed, convergence, rows, n_rounds: int, elapsed: float, cfg: DictConfig) -> None:
+def write_outputs(
+    out: Path, per_seed, convergence, rows, n_rounds: int, elapsed: float, cfg: DictConfig
+) -> None:
     table = method_table(per_seed)
     tables.write_csv(table, out / "seeds.csv")
     positions = sum(len(r["output_ids"]) for r in rows)
-    note = (f"Replayed over {len(rows)} traced queries ({positions:,} positions) from {cfg.traces}: {n_rounds:,} rounds in "
-            f"{elapsed:.1f} s ({n_rounds / max(elapsed, 1e-9):,.0f} rounds/s). Times are predicted by the trace's cost "
-            "curves. vs_query_oracle: mean over queries of (the query's fastest fixed drafter's seconds per token / the "
-            "method's); vs_round_oracle: the same against oracle:round. best_share: share of rounds that chose the "
-            "query's fastest drafter (tree rounds: chose it into the tree; members every tree holds by construction "
-            f"count as no choice); _late: rounds from index {LATE} on. counterfactual: side observations a round given "
-            "as the observer's own draft's Block Divergence, because the trace did not hold the live one "
-            "(trace.side_observations off, or a draft cut shorter than traced): such runs replay with better "
-            "information than live." + approximate_note(rows))
-    atomic_write_text(out / "seeds.md", f"# specbench replay (every seed)\n\n{note}\n\n{tables.to_markdown(table)}\n")
-    conv = pd.DataFrame([{"method": m, "round": r, "share": hit / n, "n": n}
-                         for m, cells in convergence.items() for r, (hit, n) in sorted(cells.items())])
+    note = (
+        f"Replayed over {len(rows)} traced queries ({positions:,} positions) from {cfg.traces}: {n_rounds:,} rounds in "
+        f"{elapsed:.1f} s ({n_rounds / max(elapsed, 1e-9):,.0f} rounds/s). Times are predicted by the trace's cost "
+        "curves. vs_query_oracle: mean over queries of (the query's fastest fixed drafter's seconds per token / the "
+        "method's); vs_round_oracle: the same against oracle:round. best_share: share of rounds that chose the "
+        "query's fastest drafter (tree rounds: chose it into the tree; members every tree holds by construction "
+        f"count as no choice); _late: rounds from index {LATE} on. counterfactual: side observations a round given "
+        "as the observer's own draft's Block Divergence, because the trace did not hold the live one "
+        "(trace.side_observations off, or a draft cut shorter than traced): such runs replay with better "
+        "information than live." + approximate_note(rows)
+    )
+    atomic_write_text(
+        out / "seeds.md", f"# specbench replay (every seed)\n\n{note}\n\n{tables.to_markdown(table)}\n"
+    )
+    conv = pd.DataFrame(
+        [
+            {"method": m, "round": r, "share": hit / n, "n": n}
+            for m, cells in convergence.items()
+            for r, (hit, n) in sorted(cells.items())
+        ]
+    )
     if not conv.empty:
         tables.write_csv(conv, out / "convergence.csv")
     examples = list(read_jsonl(out / "examples.jsonl"))
     summary = tables.summarize(examples)
-    tables.write_tables(summary, out, title="specbench replay (seed 0; predicted times)", notes=tables.EVAL_NOTES)
-    tables.print_table(tables.to_markdown(table), title=f"replay ({out}; every column in seeds.csv / seeds.md)")
+    tables.write_tables(
+        summary, out, title="specbench replay (seed 0; predicted times)", notes=tables.EVAL_NOTES
+    )
+    tables.print_table(
+        tables.to_markdown(table), title=f"replay ({out}; every column in seeds.csv / seeds.md)"
+    )
     print(note)
-

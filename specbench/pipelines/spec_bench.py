@@ -59,14 +59,25 @@ def answers(examples: Iterable[dict], rounds: Iterable[dict], model: str) -> dic
         for base, exs in questions.items():
             exs = sorted(exs, key=lambda e: int(e.get("conversation_turn") or e.get("turn") or 1))
             lengths = [n for e in exs for n in _own_steps(steps.get((e["query_id"], method), []), e)]
-            lines.append({
-                "question_id": question_of(base)[1], "category": exs[0].get("category") or exs[0]["task"],
-                "answer_id": f"{model}-{method}-{base}", "model_id": f"{model}-{method}",
-                "choices": [{"index": 0, "turns": [e["text"] for e in exs],
-                             "decoding_steps": [int(e["target_calls"]) for e in exs],
-                             "new_tokens": [int(e["new_tokens"]) for e in exs],
-                             "wall_time": [float(e["seconds"]) for e in exs], "accept_lengths": lengths}],
-                "tstamp": None})
+            lines.append(
+                {
+                    "question_id": question_of(base)[1],
+                    "category": exs[0].get("category") or exs[0]["task"],
+                    "answer_id": f"{model}-{method}-{base}",
+                    "model_id": f"{model}-{method}",
+                    "choices": [
+                        {
+                            "index": 0,
+                            "turns": [e["text"] for e in exs],
+                            "decoding_steps": [int(e["target_calls"]) for e in exs],
+                            "new_tokens": [int(e["new_tokens"]) for e in exs],
+                            "wall_time": [float(e["seconds"]) for e in exs],
+                            "accept_lengths": lengths,
+                        }
+                    ],
+                    "tstamp": None,
+                }
+            )
         out[method] = lines
     return out
 
@@ -75,7 +86,7 @@ def _own_steps(steps: list[int], example: dict) -> list[int]:
     """The rounds of one generation: the last ``rounds`` lines of its (query, method) (a directory written
     before resumes dropped orphan rounds may hold an unfinished earlier try's rounds before them)."""
     n = example.get("rounds")
-    return steps[len(steps) - n:] if isinstance(n, int) and 0 <= n < len(steps) else steps
+    return steps[len(steps) - n :] if isinstance(n, int) and 0 <= n < len(steps) else steps
 
 
 def file_name(model: str, method: str) -> str:

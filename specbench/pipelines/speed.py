@@ -23,8 +23,12 @@ def ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator else NAN
 
 
-def speedup(base_seconds: Sequence[float], method_seconds: Sequence[float],
-            base_tokens: Sequence[int] | None = None, method_tokens: Sequence[int] | None = None) -> tuple[float, float]:
+def speedup(
+    base_seconds: Sequence[float],
+    method_seconds: Sequence[float],
+    base_tokens: Sequence[int] | None = None,
+    method_tokens: Sequence[int] | None = None,
+) -> tuple[float, float]:
     """(total, mean of per-example) speedups over paired examples: the ratio of seconds per new token,
     baseline over method, so that outputs of different lengths (a bf16 fork that ends earlier or later)
     compare equal work. Total: ``(sum base s / sum base tokens) / (sum method s / sum method tokens)``.
@@ -34,8 +38,10 @@ def speedup(base_seconds: Sequence[float], method_seconds: Sequence[float],
     pairs = list(zip(base_seconds, method_seconds, base_tokens, method_tokens))
     if not pairs:
         return NAN, NAN
-    total = ratio(ratio(sum(p[0] for p in pairs), sum(p[2] for p in pairs)),
-                  ratio(sum(p[1] for p in pairs), sum(p[3] for p in pairs)))
+    total = ratio(
+        ratio(sum(p[0] for p in pairs), sum(p[2] for p in pairs)),
+        ratio(sum(p[1] for p in pairs), sum(p[3] for p in pairs)),
+    )
     per = [ratio(ratio(b, nb), ratio(m, nm)) for b, m, nb, nm in pairs]
     return total, sum(per) / len(per)
 

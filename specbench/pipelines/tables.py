@@ -19,9 +19,25 @@ log = logging.getLogger(__name__)
 BASELINE = AUTOREGRESSIVE
 ORACLE = "oracle"
 ALL_TASKS = "all"
-COLUMNS = ["task", "method", "n_examples", "new_tokens", "seconds", "tokens_per_s", "tokens_per_s_mean",
-           "speedup", "speedup_mean", "paired", "mat", "acceptance_rate", "exact_match", "ties", "defects", "switches",
-           "selector_share"]
+COLUMNS = [
+    "task",
+    "method",
+    "n_examples",
+    "new_tokens",
+    "seconds",
+    "tokens_per_s",
+    "tokens_per_s_mean",
+    "speedup",
+    "speedup_mean",
+    "paired",
+    "mat",
+    "acceptance_rate",
+    "exact_match",
+    "ties",
+    "defects",
+    "switches",
+    "selector_share",
+]
 INHERITED = "inherited"  # a fork after an earlier turn's fork: the prompts differ, the earlier fork carries the verdict
 
 
@@ -36,11 +52,18 @@ def fork_of(example: dict, base: dict | None) -> dict | None:
     if mine is None or theirs is None:
         return None
     tolerance = example.get("tie_tolerance")
-    fork = certify.classify(base["output_ids"], theirs, example["output_ids"], mine,
-                            float(tolerance) if tolerance is not None else 0.0).as_dict()
+    fork = certify.classify(
+        base["output_ids"],
+        theirs,
+        example["output_ids"],
+        mine,
+        float(tolerance) if tolerance is not None else 0.0,
+    ).as_dict()
     if example.get("prompt_sha") and base.get("prompt_sha") and example["prompt_sha"] != base["prompt_sha"]:
         fork["verdict"] = INHERITED
-    fork.update(query_id=example["query_id"], task=example["task"], method=example["method"], tolerance=tolerance)
+    fork.update(
+        query_id=example["query_id"], task=example["task"], method=example["method"], tolerance=tolerance
+    )
     return fork
 
 
@@ -48,10 +71,28 @@ def forks(examples: Iterable[dict], baseline: str = BASELINE) -> pd.DataFrame:
     """Every fork of a method's output from the baseline's output of the same query (:func:`fork_of`)."""
     examples = list(examples)
     base = {e["query_id"]: e for e in examples if e["method"] == baseline}
-    rows = [f for e in examples if e["method"] != baseline
-            for f in [fork_of(e, base.get(e["query_id"]))] if f is not None]
-    return pd.DataFrame(rows, columns=["task", "query_id", "method", "position", "base_token", "token",
-                                       "base_margin", "margin", "tolerance", "verdict"])
+    rows = [
+        f
+        for e in examples
+        if e["method"] != baseline
+        for f in [fork_of(e, base.get(e["query_id"]))]
+        if f is not None
+    ]
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "task",
+            "query_id",
+            "method",
+            "position",
+            "base_token",
+            "token",
+            "base_margin",
+            "margin",
+            "tolerance",
+            "verdict",
+        ],
+    )
 
 
 def oracle_arms(df: pd.DataFrame) -> dict[str, str]:
@@ -126,7 +167,9 @@ def convergence(rounds: Iterable[dict], arms: dict[str, str]) -> pd.DataFrame:
     best = df.task.map(lambda t: arms[t].split(":", 1)[1])
     hit = df.arm == best
     if "members" in df:  # a tree round "played" its task's oracle arm when that arm's draft was in the tree
-        hit = hit | pd.Series([isinstance(m, list) and b in m for m, b in zip(df.members, best)], index=df.index)
+        hit = hit | pd.Series(
+            [isinstance(m, list) and b in m for m, b in zip(df.members, best)], index=df.index
+        )
     df = df.assign(hit=hit)
     out = df.groupby(["method", "round"]).hit.agg(["mean", "size"]).reset_index()
     return out.rename(columns={"mean": "share", "size": "n"})
@@ -190,20 +233,32 @@ def timed_pairs(m: pd.DataFrame, base: pd.DataFrame) -> tuple[pd.DataFrame, pd.D
 def _row(m: pd.DataFrame, base: pd.DataFrame) -> dict:
     tokens, seconds = int(m.new_tokens.sum()), float(m.seconds.sum())
     timed, tb = timed_pairs(m, base)
-    total, mean = speed.speedup(list(tb.seconds), list(timed.seconds), list(tb.new_tokens), list(timed.new_tokens))
+    total, mean = speed.speedup(
+        list(tb.seconds), list(timed.seconds), list(tb.new_tokens), list(timed.new_tokens)
+    )
     paired = m[m.query_id.isin(base.index)]
     b = base.loc[paired.query_id]
-    exact = (float(sum(list(o) == list(r) for o, r in zip(paired.output_ids, b.output_ids)) / len(paired))
-             if len(paired) else float("nan"))
+    exact = (
+        float(sum(list(o) == list(r) for o, r in zip(paired.output_ids, b.output_ids)) / len(paired))
+        if len(paired)
+        else float("nan")
+    )
     ties, defects = _verdicts(paired, b)
     return {
-        "n_examples": len(m), "new_tokens": tokens, "seconds": seconds,
+        "n_examples": len(m),
+        "new_tokens": tokens,
+        "seconds": seconds,
         "tokens_per_s": speed.ratio(tokens, seconds),
         "tokens_per_s_mean": float((m.new_tokens / m.seconds).mean()),
-        "speedup": total, "speedup_mean": mean, "paired": len(timed),
+        "speedup": total,
+        "speedup_mean": mean,
+        "paired": len(timed),
         "mat": speed.mat(tokens, int(m.target_calls.sum())),
         "acceptance_rate": speed.acceptance_rate(int(m.accepted.sum()), int(m.drafted.sum())),
-        "exact_match": exact, "ties": ties, "defects": defects, "switches": int(m.switches.sum()),
+        "exact_match": exact,
+        "ties": ties,
+        "defects": defects,
+        "switches": int(m.switches.sum()),
         "selector_share": speed.ratio(float(m.t_select.sum()), seconds) if "t_select" in m else float("nan"),
     }
 
@@ -213,8 +268,12 @@ def _verdicts(paired: pd.DataFrame, base: pd.DataFrame) -> tuple[float, float]:
     method can be judged (it keeps no deciders: sampling, a lossy cascade rule)."""
     if "deciders" not in paired or not paired.deciders.map(lambda d: d is not None).any():
         return NAN, NAN
-    verdicts = [f["verdict"] for e, b in zip(paired.to_dict("records"), base.to_dict("records"))
-                for f in [fork_of(e, b)] if f is not None]
+    verdicts = [
+        f["verdict"]
+        for e, b in zip(paired.to_dict("records"), base.to_dict("records"))
+        for f in [fork_of(e, b)]
+        if f is not None
+    ]
     return float(verdicts.count(certify.TIE)), float(verdicts.count(certify.DEFECT))
 
 
@@ -240,24 +299,29 @@ def to_markdown(df: pd.DataFrame, floatfmt: str = ".3f") -> str:
     return df.to_markdown(index=False, floatfmt=floatfmt)
 
 
-EVAL_NOTES = ("speedup = autoregressive seconds per new token / method seconds per new token, totals over the "
-              "same examples (equal to the ratio of total seconds when outputs have equal lengths; speedup_mean: "
-              "the mean of the per-example ratios; paired = how many examples the speedups pair: each with the "
-              "baseline timed in the same process, so fewer than n_examples only after a resume); mat = new "
-              "tokens per target forward (bonus token included); "
-              "acceptance_rate = accepted / drafted tokens; exact_match = share of outputs identical to "
-              "autoregressive; ties / defects = outputs that fork from autoregressive where rounding explains it "
-              "(the two runs' logit margins sum to at most twice the dtype's tie tolerance) / where it does not "
-              "(forks.csv lists each).")
+EVAL_NOTES = (
+    "speedup = autoregressive seconds per new token / method seconds per new token, totals over the "
+    "same examples (equal to the ratio of total seconds when outputs have equal lengths; speedup_mean: "
+    "the mean of the per-example ratios; paired = how many examples the speedups pair: each with the "
+    "baseline timed in the same process, so fewer than n_examples only after a resume); mat = new "
+    "tokens per target forward (bonus token included); "
+    "acceptance_rate = accepted / drafted tokens; exact_match = share of outputs identical to "
+    "autoregressive; ties / defects = outputs that fork from autoregressive where rounding explains it "
+    "(the two runs' logit margins sum to at most twice the dtype's tie tolerance) / where it does not "
+    "(forks.csv lists each)."
+)
 
 
-def write_tables(df: pd.DataFrame, out_dir: Path, stem: str = "summary", title: str | None = None,
-                 notes: str = EVAL_NOTES) -> str:
+def write_tables(
+    df: pd.DataFrame, out_dir: Path, stem: str = "summary", title: str | None = None, notes: str = EVAL_NOTES
+) -> str:
     """Write ``<stem>.csv`` and ``<stem>.md`` (table + notes defining the columns); return the table."""
     out_dir = Path(out_dir)
     write_csv(df, out_dir / f"{stem}.csv")
     md = to_markdown(df)
-    atomic_write_text(out_dir / f"{stem}.md", (f"# {title}\n\n" if title else "") + md + "\n\n" + notes + "\n")
+    atomic_write_text(
+        out_dir / f"{stem}.md", (f"# {title}\n\n" if title else "") + md + "\n\n" + notes + "\n"
+    )
     return md
 
 
@@ -275,22 +339,41 @@ def pairing_note(table: pd.DataFrame) -> str:
     short = table[(table.method != BASELINE) & (table.paired < table.n_examples)]
     if short.empty:
         return ""
-    rows = ", ".join(f"{t}/{m} {int(p)} of {int(n)}" for t, m, p, n in
-                     zip(short.task, short.method, short.paired, short.n_examples))
-    return ("\n\nResumed run: speedups pair each example only with the baseline timed in the same process, so "
-            f"some rows pair fewer examples than they hold (paired of n_examples): {rows}.")
+    rows = ", ".join(
+        f"{t}/{m} {int(p)} of {int(n)}"
+        for t, m, p, n in zip(short.task, short.method, short.paired, short.n_examples)
+    )
+    return (
+        "\n\nResumed run: speedups pair each example only with the baseline timed in the same process, so "
+        f"some rows pair fewer examples than they hold (paired of n_examples): {rows}."
+    )
 
 
 # The printed view: the columns a reader compares (summary.md / summary.csv keep every column)
-SHOWN = ["task", "method", "speedup", "mat", "acceptance_rate", "exact_match", "ties", "defects", "tokens_per_s"]
+SHOWN = [
+    "task",
+    "method",
+    "speedup",
+    "mat",
+    "acceptance_rate",
+    "exact_match",
+    "ties",
+    "defects",
+    "tokens_per_s",
+]
 SHOWN_WHEN_NONZERO = {"defects"}  # a lossless run's printed table leaves them out (they are in summary.csv)
 
 
 def compact(df: pd.DataFrame) -> str:
     """The printed view of a summary: task, method, speedup, MAT, acceptance, exactness (and ties, and defects
     when there are any) and tokens/s; a column no row defines is left out."""
-    cols = [c for c in SHOWN if c in df.columns and not df[c].isna().all()
-            and not (c in SHOWN_WHEN_NONZERO and not df[c].fillna(0).astype(bool).any())]
+    cols = [
+        c
+        for c in SHOWN
+        if c in df.columns
+        and not df[c].isna().all()
+        and not (c in SHOWN_WHEN_NONZERO and not df[c].fillna(0).astype(bool).any())
+    ]
     return to_markdown(df[cols])
 
 

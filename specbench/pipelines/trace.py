@@ -66,8 +66,10 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     t = cfg.trace
     lengths = trace_lengths(s.pool, s.limits.draft_length, t.get("draft_length"))
     if not lengths:
-        raise SpecbenchError("the pool has no drafter to trace (only the autoregressive arm)",
-                             "choose a pool with drafters, e.g. pool=smollm2_default")
+        raise SpecbenchError(
+            "the pool has no drafter to trace (only the autoregressive arm)",
+            "choose a pool with drafters, e.g. pool=smollm2_default",
+        )
     records = s.records()
     write_plan(s.out, "trace", [example_id(q, 0) for q in s.queries])  # replay checks the trace is finished
     todo = [(i, q) for i, q in enumerate(s.queries) if (example_id(q, 0), METHOD) not in records.done]
@@ -75,21 +77,45 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         warm = s.warmup_limits
         if warm is not None:
             s.target.prefill(s.prompter(s.queries[0]))  # load lazily built state before anything is timed
-            trace(s.target, s.pool, s.prompter(s.queries[0]), DecodeSpec(s.sampling, warm, s.eos_ids, s.clock),
-                  lengths, s.rng(seed=0))
+            trace(
+                s.target,
+                s.pool,
+                s.prompter(s.queries[0]),
+                DecodeSpec(s.sampling, warm, s.eos_ids, s.clock),
+                lengths,
+                s.rng(seed=0),
+            )
     if not (s.out / COSTS).exists():
         costs = measure_costs(s, cfg, lengths)
         atomic_write_text(s.out / COSTS, json.dumps(costs, indent=1))
-    with records, JsonlWriter(s.out / TRACES) as traces, tqdm(total=len(todo), desc="trace", unit="query") as bar:
+    with (
+        records,
+        JsonlWriter(s.out / TRACES) as traces,
+        tqdm(total=len(todo), desc="trace", unit="query") as bar,
+    ):
         for i, query in todo:
             prompt = s.prompter(query)
             limits = s.context.fit(query.id, len(prompt), s.limits, False, s.fit_context)
-            qt, gen = trace(s.target, s.pool, prompt, DecodeSpec(s.sampling, limits, s.eos_ids, s.clock),
-                            lengths, s.rng(i), side_observations=bool(t.get("side_observations", False)))
+            qt, gen = trace(
+                s.target,
+                s.pool,
+                prompt,
+                DecodeSpec(s.sampling, limits, s.eos_ids, s.clock),
+                lengths,
+                s.rng(i),
+                side_observations=bool(t.get("side_observations", False)),
+            )
             gen.prompt_sha = prompt_fingerprint(prompt)
-            traces.write({"query_id": example_id(query, 0), "trace": qt.to_dict(), "lengths": lengths,
-                          "arms": list(s.pool), "draft_length": s.limits.draft_length,
-                          "own_lengths": {n: s.pool[n].draft_length for n in lengths}})
+            traces.write(
+                {
+                    "query_id": example_id(query, 0),
+                    "trace": qt.to_dict(),
+                    "lengths": lengths,
+                    "arms": list(s.pool),
+                    "draft_length": s.limits.draft_length,
+                    "own_lengths": {n: s.pool[n].draft_length for n in lengths},
+                }
+            )
             records.write(query, example_id(query, 0), METHOD, gen, s.text(gen.tokens), query.reference)
             bar.update(1)
     write_summary(s.out, lengths)
@@ -97,6 +123,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
 
 
 # -- the cost curves --------------------------------------------------------------------------------
+
 
 def measure_costs(s: Session, cfg: DictConfig, lengths: dict[str, int]) -> dict:
     """``costs.json``: the target's verification curve (``profile.json``'s layout) and the drafters' catch-up
@@ -112,17 +139,23 @@ def measure_costs(s: Session, cfg: DictConfig, lengths: dict[str, int]) -> dict:
     repeats, warmup = int(c.repeats), int(c.warmup)
     source = repeat_to(s.prompter(s.queries[0]), contexts[-1] + longest_q + max(n_up, default=1))
     clock = Clock(s.target.device)
-    log.info("trace: measuring the target's cost curve (%d contexts x %d q) and %d catch-up points per drafter",
-             len(contexts), len(qs), len(n_up))
+    log.info(
+        "trace: measuring the target's cost curve (%d contexts x %d q) and %d catch-up points per drafter",
+        len(contexts),
+        len(qs),
+        len(n_up),
+    )
     verify = {x: measure_verify(s.target, source, x, qs, repeats, warmup, clock) for x in contexts}
     costs = profile_dict(s.target, qs, contexts, verify, {}, 0, repeats, "prompt")
-    costs["catch_up"] = measure_catch_up(s, {n: s.pool[n] for n in lengths}, source[: contexts[0]], n_up, repeats,
-                                         warmup, clock)
+    costs["catch_up"] = measure_catch_up(
+        s, {n: s.pool[n] for n in lengths}, source[: contexts[0]], n_up, repeats, warmup, clock
+    )
     return costs
 
 
-def measure_catch_up(s: Session, drafters: dict, context: list[int], ns: list[int], repeats: int, warmup: int,
-                     clock: Clock) -> dict[str, list[list[float]]]:
+def measure_catch_up(
+    s: Session, drafters: dict, context: list[int], ns: list[int], repeats: int, warmup: int, clock: Clock
+) -> dict[str, list[list[float]]]:
     """Per drafter, ``[[n, seconds], ...]``: the median time of ``sync`` over the last ``n`` of ``context``'s
     tokens after being synced to the rest (the catch-up a drafter does after ``n`` tokens it did not see)."""
     ns = [n for n in ns if 0 < n < len(context) - 2]
@@ -151,13 +184,16 @@ def measure_catch_up(s: Session, drafters: dict, context: list[int], ns: list[in
 
 # -- reading and summarising ------------------------------------------------------------------------
 
+
 def load_traces(run: str | Path, partial: bool = False) -> tuple[list[dict], dict]:
     """``(records, costs)`` of a trace run directory: each finished query's ``examples.jsonl`` record merged with
     its (last) ``traces.jsonl`` line, in the order of the examples; and ``costs.json``. Without ``partial``, a trace
     that has not finished every query it planned (``plan.json``: stopped, or still running) is refused."""
     run = Path(run)
     if not run.is_dir():
-        raise SpecbenchError(f"no trace run directory at {run}", "point traces= at a `specbench trace` run directory")
+        raise SpecbenchError(
+            f"no trace run directory at {run}", "point traces= at a `specbench trace` run directory"
+        )
     path = run / "examples.jsonl"
     examples = [r for r in read_jsonl(path) if r.get("method") == METHOD] if path.exists() else []
     lines = {r.get("query_id"): r for r in read_jsonl(run / TRACES)} if (run / TRACES).exists() else {}
@@ -167,23 +203,31 @@ def load_traces(run: str | Path, partial: bool = False) -> tuple[list[dict], dic
 
         owner = run_command(run)
         if owner and owner != "trace":  # tracing into it would be refused: it is that command's directory
-            raise SpecbenchError(f"{run} is a `specbench {owner}` run directory, not a trace",
-                                 "trace into a new directory (specbench trace hydra.run.dir=<new dir> ...) and point "
-                                 "traces= at it")
-        raise SpecbenchError(f"{run} holds no finished trace (examples.jsonl and traces.jsonl of `specbench trace`)",
-                             f"point traces= at a `specbench trace` run directory (it holds traces.jsonl), or trace into "
-                             f"it first: specbench trace hydra.run.dir={run} ...")
+            raise SpecbenchError(
+                f"{run} is a `specbench {owner}` run directory, not a trace",
+                "trace into a new directory (specbench trace hydra.run.dir=<new dir> ...) and point "
+                "traces= at it",
+            )
+        raise SpecbenchError(
+            f"{run} holds no finished trace (examples.jsonl and traces.jsonl of `specbench trace`)",
+            f"point traces= at a `specbench trace` run directory (it holds traces.jsonl), or trace into "
+            f"it first: specbench trace hydra.run.dir={run} ...",
+        )
     missing = [] if partial else unfinished(run, (r["query_id"] for r in records))
     if missing:
-        raise SpecbenchError(f"{run} holds {len(records)} of the {len(records) + len(missing)} queries its trace planned "
-                             f"(missing {', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): it stopped "
-                             "early or is still running",
-                             f"finish it (rerun the same trace into {run}: it resumes), or replay the finished queries "
-                             "with replay.partial=true")
+        raise SpecbenchError(
+            f"{run} holds {len(records)} of the {len(records) + len(missing)} queries its trace planned "
+            f"(missing {', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): it stopped "
+            "early or is still running",
+            f"finish it (rerun the same trace into {run}: it resumes), or replay the finished queries "
+            "with replay.partial=true",
+        )
     costs_path = run / COSTS
     if not costs_path.exists():
-        raise SpecbenchError(f"{costs_path} is missing: the trace run stopped before measuring its cost curves",
-                             f"rerun the trace into {run} (it resumes)")
+        raise SpecbenchError(
+            f"{costs_path} is missing: the trace run stopped before measuring its cost curves",
+            f"rerun the trace into {run} (it resumes)",
+        )
     return records, json.loads(costs_path.read_text())
 
 
@@ -193,16 +237,26 @@ def write_summary(out: Path, lengths: dict[str, int]) -> None:
     traces = [QueryTrace.from_dict(r["trace"]) for r in rows]
     positions = sum(t.positions for t in traces)
     seconds = sum(r["seconds"] for r in rows)
-    lines = [f"# specbench trace: {len(rows)} queries, {positions:,} positions", "",
-             f"Wall time {seconds:.1f} s ({1000 * seconds / max(positions, 1):.1f} s per 1,000 positions, every drafter "
-             "and the tree forward included).", "",
-             "| drafter | trace length | mean accepted | propose s / 1,000 positions |", "|---|---:|---:|---:|"]
+    lines = [
+        f"# specbench trace: {len(rows)} queries, {positions:,} positions",
+        "",
+        f"Wall time {seconds:.1f} s ({1000 * seconds / max(positions, 1):.1f} s per 1,000 positions, every drafter "
+        "and the tree forward included).",
+        "",
+        "| drafter | trace length | mean accepted | propose s / 1,000 positions |",
+        "|---|---:|---:|---:|",
+    ]
     for name, k in lengths.items():
         acc = [a for t in traces for a in t.drafters[name].accepted]
         prop = sum(sum(t.drafters[name].t_propose) for t in traces)
-        lines.append(f"| {name} | {k} | {statistics.fmean(acc) if acc else 0:.2f} | {1000 * prop / max(positions, 1):.2f} |")
+        lines.append(
+            f"| {name} | {k} | {statistics.fmean(acc) if acc else 0:.2f} | {1000 * prop / max(positions, 1):.2f} |"
+        )
     drafting = sum(sum(sum(d.t_propose) for d in t.drafters.values()) for t in traces)
-    lines += ["", f"The rest, {1000 * (seconds - drafting) / max(positions, 1):.1f} s per 1,000 positions, is the target's "
-              "tree forward over every draft at each position (and the prefills, syncs and bookkeeping)."]
+    lines += [
+        "",
+        f"The rest, {1000 * (seconds - drafting) / max(positions, 1):.1f} s per 1,000 positions, is the target's "
+        "tree forward over every draft at each position (and the prefills, syncs and bookkeeping).",
+    ]
     atomic_write_text(out / "trace.md", "\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -41,21 +41,30 @@ class TracedRuns:
         self.traced_arms = list(first["arms"])
         missing = [a for a in arms if a not in self.traced_arms]
         if missing:
-            raise SpecbenchError(f"the trace run {self.dir} holds no trace of {', '.join(missing)} (it traced "
-                                 f"{', '.join(self.traced_arms)})",
-                                 "collect with the trace's pool, or trace a pool that holds every arm of this collection")
+            raise SpecbenchError(
+                f"the trace run {self.dir} holds no trace of {', '.join(missing)} (it traced "
+                f"{', '.join(self.traced_arms)})",
+                "collect with the trace's pool, or trace a pool that holds every arm of this collection",
+            )
         traced_tokens = int(first["trace"]["max_new_tokens"])
         if limits.max_new_tokens > traced_tokens:
-            raise SpecbenchError(f"collect.max_new_tokens={limits.max_new_tokens} is more than the trace's "
-                                 f"{traced_tokens} new tokens", f"set collect.max_new_tokens={traced_tokens} (or fewer)")
+            raise SpecbenchError(
+                f"collect.max_new_tokens={limits.max_new_tokens} is more than the trace's "
+                f"{traced_tokens} new tokens",
+                f"set collect.max_new_tokens={traced_tokens} (or fewer)",
+            )
         self.lengths = {}
         for name, traced in first["lengths"].items():
-            own = OmegaConf.select(cfg, f"pool.drafters.{name}.draft_length", default=None)  # this collection's
+            own = OmegaConf.select(
+                cfg, f"pool.drafters.{name}.draft_length", default=None
+            )  # this collection's
             k = int(own or limits.draft_length)
             if name in arms and k > int(traced):
-                raise SpecbenchError(f"drafter '{name}' drafts {k} tokens a round; the trace holds {traced}",
-                                     f"set {f'pool.drafters.{name}.draft_length' if own else 'decoding.draft_length'}"
-                                     f"={traced} (or fewer), or trace with trace.draft_length={k}")
+                raise SpecbenchError(
+                    f"drafter '{name}' drafts {k} tokens a round; the trace holds {traced}",
+                    f"set {f'pool.drafters.{name}.draft_length' if own else 'decoding.draft_length'}"
+                    f"={traced} (or fewer), or trace with trace.draft_length={k}",
+                )
             self.lengths[name] = min(k, int(traced))
         self.arms, self.limits = arms, limits
         self.rows = {r["query_id"]: r for r in rows}
@@ -68,23 +77,31 @@ class TracedRuns:
         for key in ("target.model", "target.dtype"):
             mine, theirs = OmegaConf.select(cfg, key), OmegaConf.select(traced, key)
             if theirs is not None and str(mine) != str(theirs):
-                raise SpecbenchError(f"the trace run {self.dir} was made with {key}={theirs}, this collection has {mine}",
-                                     f"collect with {key}={theirs}, or trace with this collection's target")
+                raise SpecbenchError(
+                    f"the trace run {self.dir} was made with {key}={theirs}, this collection has {mine}",
+                    f"collect with {key}={theirs}, or trace with this collection's target",
+                )
 
     def generations(self, query, prompt_ids: list[int]) -> dict[str, Generation]:
         """Every arm's replayed greedy run of ``query`` (the autoregressive arm included), keyed by arm."""
         row = self.rows.get(example_id(query, 0))
         if row is None:
-            raise SpecbenchError(f"query {query.id} is not in the trace run {self.dir} ({len(self.rows)} traced queries)",
-                                 "trace the same dataset selection (dataset.limit, offset, shuffle) as this collection, "
-                                 "or collect fewer queries")
+            raise SpecbenchError(
+                f"query {query.id} is not in the trace run {self.dir} ({len(self.rows)} traced queries)",
+                "trace the same dataset selection (dataset.limit, offset, shuffle) as this collection, "
+                "or collect fewer queries",
+            )
         if row.get("prompt_sha") and row["prompt_sha"] != prompt_fingerprint(prompt_ids):
-            raise SpecbenchError(f"query {query.id}'s prompt differs from the traced one (templates or "
-                                 "dataset.max_input_tokens changed since the trace)",
-                                 "collect with the trace's dataset and template settings, or trace again")
+            raise SpecbenchError(
+                f"query {query.id}'s prompt differs from the traced one (templates or "
+                "dataset.max_input_tokens changed since the trace)",
+                "collect with the trace's dataset and template settings, or trace again",
+            )
         qt = QueryTrace.from_dict(row["trace"])
-        out = {arm: replay(qt, Fixed(self.traced_arms, arm), self.limits, self.costs, self.lengths, query)
-               for arm in self.arms}
+        out = {
+            arm: replay(qt, Fixed(self.traced_arms, arm), self.limits, self.costs, self.lengths, query)
+            for arm in self.arms
+        }
         for gen in out.values():
             gen.prompt_sha = row.get("prompt_sha")
         return out

@@ -50,8 +50,14 @@ from specbench.pipelines import tables
 from specbench.pipelines.session.prompting import eos_ids_of, load_inputs
 from specbench.pipelines.session.run_dir import differences, lock_run_dir, start_run
 from specbench.records import atomic_write_text
-from specbench.training.trainees import (TRAINEES, examples_of, held_out_metrics, learned_tokens, target_dtype_name,
-                                        training_precision)
+from specbench.training.trainees import (
+    TRAINEES,
+    examples_of,
+    held_out_metrics,
+    learned_tokens,
+    target_dtype_name,
+    training_precision,
+)
 from specbench.training.fit import LR_SCHEDULES, FitSpec, epochs_done, fit
 from specbench.training.responses import response_cache, target_responses
 
@@ -61,8 +67,11 @@ log = logging.getLogger(__name__)
 def checkpoint_dir(cfg: DictConfig) -> Path:
     if cfg.get("out"):
         return Path(str(cfg.out))
-    name = plain_name(cfg.get("name") or cfg.dataset.get("name") or "head", "name",
-                      "name the drafter with one plain name (e.g. name=my_head), or write it elsewhere with out=<dir>")
+    name = plain_name(
+        cfg.get("name") or cfg.dataset.get("name") or "head",
+        "name",
+        "name the drafter with one plain name (e.g. name=my_head), or write it elsewhere with out=<dir>",
+    )
     return cache_dir() / "drafters" / name
 
 
@@ -73,19 +82,34 @@ STATE = "state.pt"  # the training state beside the checkpoint, written after ev
 UNSIGNED_TRAIN_KEYS = ("epochs", "time_budget_s", "eval_datasets", "generate_batch", "generate_only")
 # train keys added after checkpoints were first written, with the value that reproduces the older training:
 # a stored signature without one matches a config that leaves it at this value
-LATER_TRAIN_KEYS = {"unroll": 1, "unroll_weights": None, "feature_noise": 0.0, "precision": "float32",
-                    "prompt_positions": False, "lr_schedule": "constant"}
+LATER_TRAIN_KEYS = {
+    "unroll": 1,
+    "unroll_weights": None,
+    "feature_noise": 0.0,
+    "precision": "float32",
+    "prompt_positions": False,
+    "lr_schedule": "constant",
+}
+
+
 def signature(cfg: DictConfig) -> dict:
     """What must match for a rerun to resume a checkpoint directory (the teacher's dtype included;
     ``train.precision: auto`` resolved, so a resume on another machine sees what it would train in)."""
     plain = lambda node: OmegaConf.to_container(node, resolve=True)  # noqa: E731
     train = {k: v for k, v in plain(cfg.train).items() if k not in UNSIGNED_TRAIN_KEYS}
-    if str(train.get("lr_schedule") or "constant") != "constant":  # a decaying rate's horizon is the epoch count
+    if (
+        str(train.get("lr_schedule") or "constant") != "constant"
+    ):  # a decaying rate's horizon is the epoch count
         train["epochs"] = int(cfg.train.epochs)
     if "precision" in train:
         train["precision"] = training_precision(cfg)
-    return {"target": str(cfg.target.model), "dtype": target_dtype_name(cfg), "dataset": plain(cfg.dataset),
-            "drafter": plain(cfg.drafter), "train": train}
+    return {
+        "target": str(cfg.target.model),
+        "dtype": target_dtype_name(cfg),
+        "dataset": plain(cfg.dataset),
+        "drafter": plain(cfg.drafter),
+        "train": train,
+    }
 
 
 def same_signature(stored: dict, sig: dict) -> bool:
@@ -104,15 +128,20 @@ def check_options(cfg: DictConfig) -> None:
     """The names train-drafter reads from the config, checked before anything loads."""
     kind, tr = str(cfg.drafter.kind), cfg.train
     if kind not in TRAINEES:
-        raise SpecbenchError(f"train-drafter: drafter.kind '{kind}' is not supported",
-                             f"use one of: {', '.join(TRAINEES)}")
+        raise SpecbenchError(
+            f"train-drafter: drafter.kind '{kind}' is not supported", f"use one of: {', '.join(TRAINEES)}"
+        )
     schedule = str(tr.get("lr_schedule") or "constant")
     if schedule not in LR_SCHEDULES:
-        raise SpecbenchError(f"train.lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got '{schedule}'",
-                             "constant: train.lr throughout; linear: decay from train.lr to 0 over train.epochs")
+        raise SpecbenchError(
+            f"train.lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got '{schedule}'",
+            "constant: train.lr throughout; linear: decay from train.lr to 0 over train.epochs",
+        )
     if str(tr.responses) not in ("reference", "target"):
-        raise SpecbenchError(f"train.responses must be reference or target, got '{tr.responses}'",
-                             "set train.responses=reference (teacher-forced references) or target")
+        raise SpecbenchError(
+            f"train.responses must be reference or target, got '{tr.responses}'",
+            "set train.responses=reference (teacher-forced references) or target",
+        )
 
 
 def claim_checkpoint(cfg: DictConfig) -> Path:
@@ -120,17 +149,26 @@ def claim_checkpoint(cfg: DictConfig) -> Path:
     ``overwrite=true``, its training state dropped)."""
     ckpt = checkpoint_dir(cfg)
     if not cfg.get("out"):
-        make_cache_dir(ckpt)  # an unwritable cache is named as such (SPECBENCH_CACHE), not as the run directory
-    lock_run_dir(ckpt, "train-drafter", fix=f"wait for that run to finish (or stop it), or train into another "
-                                             f"checkpoint directory: out=<dir> or name=<name> (now {ckpt})",
-                 elsewhere=f"out=<another directory> or name=<name> (now {ckpt})")
+        make_cache_dir(
+            ckpt
+        )  # an unwritable cache is named as such (SPECBENCH_CACHE), not as the run directory
+    lock_run_dir(
+        ckpt,
+        "train-drafter",
+        fix=f"wait for that run to finish (or stop it), or train into another "
+        f"checkpoint directory: out=<dir> or name=<name> (now {ckpt})",
+        elsewhere=f"out=<another directory> or name=<name> (now {ckpt})",
+    )
     sig = signature(cfg)
     stored = json.loads((ckpt / "signature.json").read_text()) if (ckpt / "signature.json").exists() else None
     if stored is not None and not same_signature(stored, sig):
         if not cfg.get("overwrite"):
-            raise SpecbenchError(f"{ckpt} holds a drafter trained with another config ("
-                                 + "; ".join(differences(stored, sig)) + ")",
-                                 "pass out=<another directory> or name=<another name>, or overwrite=true")
+            raise SpecbenchError(
+                f"{ckpt} holds a drafter trained with another config ("
+                + "; ".join(differences(stored, sig))
+                + ")",
+                "pass out=<another directory> or name=<another name>, or overwrite=true",
+            )
         (ckpt / STATE).unlink(missing_ok=True)
     atomic_write_text(ckpt / "signature.json", json.dumps(sig, indent=1))
     return ckpt
@@ -138,10 +176,14 @@ def claim_checkpoint(cfg: DictConfig) -> Path:
 
 def fit_spec(cfg: DictConfig, default_lr: float) -> FitSpec:
     tr = cfg.train
-    return FitSpec(epochs=int(tr.epochs), batch_size=int(tr.batch_size),
-                   lr=float(tr.lr) if tr.get("lr") is not None else default_lr,
-                   schedule=str(tr.get("lr_schedule") or "constant"), seed=int(tr.seed),
-                   time_budget_s=float(tr.time_budget_s) if tr.get("time_budget_s") else None)
+    return FitSpec(
+        epochs=int(tr.epochs),
+        batch_size=int(tr.batch_size),
+        lr=float(tr.lr) if tr.get("lr") is not None else default_lr,
+        schedule=str(tr.get("lr_schedule") or "constant"),
+        seed=int(tr.seed),
+        time_budget_s=float(tr.time_budget_s) if tr.get("time_budget_s") else None,
+    )
 
 
 def check_epochs(ckpt: Path, epochs: int) -> int:
@@ -149,10 +191,12 @@ def check_epochs(ckpt: Path, epochs: int) -> int:
     training under a shorter recipe)."""
     done = epochs_done(ckpt / STATE)
     if done > epochs:
-        raise SpecbenchError(f"{ckpt} holds a drafter trained for {done} epochs; train.epochs={epochs} asks for fewer "
-                             "(its export would be the longer training)",
-                             f"set train.epochs={done} (or more) to resume it, train into another directory (out=<dir> "
-                             f"or name=<name>), or delete {ckpt / STATE} to train again from the start")
+        raise SpecbenchError(
+            f"{ckpt} holds a drafter trained for {done} epochs; train.epochs={epochs} asks for fewer "
+            "(its export would be the longer training)",
+            f"set train.epochs={done} (or more) to resume it, train into another directory (out=<dir> "
+            f"or name=<name>), or delete {ckpt / STATE} to train again from the start",
+        )
     return done
 
 
@@ -161,47 +205,77 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     check_options(cfg)
     tr = cfg.train
     ckpt = claim_checkpoint(cfg)
-    inputs = load_inputs(cfg, tr.get("max_input_tokens") or cfg.dataset.get("max_input_tokens"))  # as eval loads them
+    inputs = load_inputs(
+        cfg, tr.get("max_input_tokens") or cfg.dataset.get("max_input_tokens")
+    )  # as eval loads them
     target, tok, eos = inputs.target, inputs.loaded.tokenizer, eos_ids_of(inputs.loaded)
-    responses = (target_responses(target, inputs.prompter, inputs.queries, response_cache(target),
-                                  int(tr.max_new_tokens), eos, int(tr.get("generate_batch") or 32))
-                 if str(tr.responses) == "target" else None)
+    responses = (
+        target_responses(
+            target,
+            inputs.prompter,
+            inputs.queries,
+            response_cache(target),
+            int(tr.max_new_tokens),
+            eos,
+            int(tr.get("generate_batch") or 32),
+        )
+        if str(tr.responses) == "target"
+        else None
+    )
     if tr.get("generate_only"):
         return answers_only(out, target, responses)
-    examples = examples_of(inputs.queries, inputs.prompter, tok, responses, int(tr.max_tokens),
-                           bool(tr.get("prompt_positions")))
+    examples = examples_of(
+        inputs.queries, inputs.prompter, tok, responses, int(tr.max_tokens), bool(tr.get("prompt_positions"))
+    )
     n_val = min(int(tr.val_examples), len(examples) // 5)
     train_ex, val_ex = examples[n_val:], examples[:n_val]
     if not train_ex:
-        raise SpecbenchError("no training sequences (every response was empty or the dataset is too small)",
-                             "use more rows (dataset.limit) or longer train.max_tokens")
+        raise SpecbenchError(
+            "no training sequences (every response was empty or the dataset is too small)",
+            "use more rows (dataset.limit) or longer train.max_tokens",
+        )
     for p in target.model.parameters():
         p.requires_grad_(False)
     trainee = TRAINEES[str(cfg.drafter.kind)](cfg, target, train_ex, eos)
     spec = fit_spec(cfg, trainee.default_lr)
     train_items = val_items = []
     teacher_started = time.perf_counter()
-    if check_epochs(ckpt, spec.epochs) < spec.epochs:  # a finished run (rerun for its files) needs no teacher pass
+    if (
+        check_epochs(ckpt, spec.epochs) < spec.epochs
+    ):  # a finished run (rerun for its files) needs no teacher pass
         train_items = trainee.items(train_ex, "teacher (train)")
         val_items = trainee.items(val_ex, "teacher (held out)", response_only=True)
     teacher_s = time.perf_counter() - teacher_started
     history = fit(trainee, train_items, val_items, spec, ckpt / STATE, desc=f"train-drafter {ckpt.name}")
-    meta = {"kind": str(cfg.drafter.kind), "target": str(cfg.target.model),
-            "dtype": str(target.model.dtype).removeprefix("torch."), "vocab": vocab_fingerprint(tok), **trainee.meta,
-            "data": OmegaConf.to_container(cfg.dataset, resolve=True), "responses": str(tr.responses),
-            "train_sequences": len(train_ex), "train_tokens": learned_tokens(train_ex),
-            "train_response_tokens": int(sum(len(e.ids) - e.start for e in train_ex)),
-            "prompt_positions": bool(tr.get("prompt_positions")),
-            "epochs": len(history), "lr": spec.lr, "lr_schedule": spec.schedule, "seed": spec.seed}
+    meta = {
+        "kind": str(cfg.drafter.kind),
+        "target": str(cfg.target.model),
+        "dtype": str(target.model.dtype).removeprefix("torch."),
+        "vocab": vocab_fingerprint(tok),
+        **trainee.meta,
+        "data": OmegaConf.to_container(cfg.dataset, resolve=True),
+        "responses": str(tr.responses),
+        "train_sequences": len(train_ex),
+        "train_tokens": learned_tokens(train_ex),
+        "train_response_tokens": int(sum(len(e.ids) - e.start for e in train_ex)),
+        "prompt_positions": bool(tr.get("prompt_positions")),
+        "epochs": len(history),
+        "lr": spec.lr,
+        "lr_schedule": spec.schedule,
+        "seed": spec.seed,
+    }
     trainee.save(ckpt, meta)
     write_history(history, ckpt, title=f"{ckpt.name}: {cfg.target.model}")
     if val_ex and not val_items:  # a finished run rerun for its files: the held-out rows still get scored
         val_items = trainee.items(val_ex, "teacher (held out)", response_only=True)
     metrics = held_out_metrics(cfg, trainee, target, inputs.prompter, tok, ckpt, eos, val_items)
-    metrics["data"] = {k: meta[k] for k in ("train_sequences", "train_tokens", "train_response_tokens",
-                                            "prompt_positions")}
-    metrics["seconds"] = {"teacher_pass (this session)": round(teacher_s, 1),
-                          "training": round(sum(float(r.get("seconds") or 0) for r in history), 1)}
+    metrics["data"] = {
+        k: meta[k] for k in ("train_sequences", "train_tokens", "train_response_tokens", "prompt_positions")
+    }
+    metrics["seconds"] = {
+        "teacher_pass (this session)": round(teacher_s, 1),
+        "training": round(sum(float(r.get("seconds") or 0) for r in history), 1),
+    }
     atomic_write_text(ckpt / "metrics.json", json.dumps(metrics, indent=1))
     write_metrics(metrics, out, ckpt)
     atomic_write_text(out / "checkpoint.txt", str(ckpt) + "\n")
@@ -211,9 +285,15 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
 def answers_only(out: Path, target, responses: dict | None) -> Path:
     """``train.generate_only``: the target's answers are cached; nothing is trained."""
     n = sum(len(r) for r in (responses or {}).values())
-    log.info("train.generate_only: %d answers (%d tokens) in %s; no training", len(responses or {}), n,
-             response_cache(target))
-    atomic_write_text(out / "responses.txt", f"{response_cache(target)}\n{len(responses or {})} answers, {n} tokens\n")
+    log.info(
+        "train.generate_only: %d answers (%d tokens) in %s; no training",
+        len(responses or {}),
+        n,
+        response_cache(target),
+    )
+    atomic_write_text(
+        out / "responses.txt", f"{response_cache(target)}\n{len(responses or {})} answers, {n} tokens\n"
+    )
     return out
 
 
@@ -230,15 +310,29 @@ def write_history(history: list[dict], ckpt: Path, title: str) -> None:
 
 def write_metrics(metrics: dict, out: Path, ckpt: Path) -> None:
     """The held-out metrics as the run's ``metrics`` table, printed."""
-    rows = [*([("validation", metrics["validation"])] if metrics.get("validation") else []),
-            *metrics["tasks"].items()]
-    table = pd.DataFrame([{"task": t, **{k: v for k, v in m.items() if not isinstance(v, list)},
-                           **{f"accept_d{d + 1}": v for d, v in enumerate(m.get("accept_by_depth") or [])}}
-                          for t, m in rows])
-    tables.write_tables(table, out, stem="metrics", title=f"train-drafter {ckpt.name}",
-                        notes="top1: held-out agreement of the drafter's argmax with the target's (teacher-forced); "
-                              "expected_accepted: accepted draft tokens per round at draft length 4 drafting on "
-                              "its own (exact for the target's own text, an estimate on reference text).")
+    rows = [
+        *([("validation", metrics["validation"])] if metrics.get("validation") else []),
+        *metrics["tasks"].items(),
+    ]
+    table = pd.DataFrame(
+        [
+            {
+                "task": t,
+                **{k: v for k, v in m.items() if not isinstance(v, list)},
+                **{f"accept_d{d + 1}": v for d, v in enumerate(m.get("accept_by_depth") or [])},
+            }
+            for t, m in rows
+        ]
+    )
+    tables.write_tables(
+        table,
+        out,
+        stem="metrics",
+        title=f"train-drafter {ckpt.name}",
+        notes="top1: held-out agreement of the drafter's argmax with the target's (teacher-forced); "
+        "expected_accepted: accepted draft tokens per round at draft length 4 drafting on "
+        "its own (exact for the target's own text, an estimate on reference text).",
+    )
     tables.print_table(tables.to_markdown(table), title=f"drafter {ckpt} (held-out)")
 
 
@@ -269,11 +363,16 @@ def compare(dirs: list[Path]) -> pd.DataFrame:
     for d in dirs:
         m = json.loads((Path(d) / "metrics.json").read_text())
         v = m.get("validation") or {}
-        rows.append({"head": Path(d).name, **{f"top1_d{i + 1}": x for i, x in enumerate(v.get("top1_by_depth") or [])},
-                     "expected_accepted": v.get("expected_accepted"),
-                     "tokens": (m.get("data") or {}).get("train_tokens"),
-                     "train_s": (m.get("seconds") or {}).get("training"),
-                     **{f"{t}_top1": x.get("top1") for t, x in (m.get("tasks") or {}).items()}})
+        rows.append(
+            {
+                "head": Path(d).name,
+                **{f"top1_d{i + 1}": x for i, x in enumerate(v.get("top1_by_depth") or [])},
+                "expected_accepted": v.get("expected_accepted"),
+                "tokens": (m.get("data") or {}).get("train_tokens"),
+                "train_s": (m.get("seconds") or {}).get("training"),
+                **{f"{t}_top1": x.get("top1") for t, x in (m.get("tasks") or {}).items()},
+            }
+        )
     return pd.DataFrame(rows)
 
 

@@ -49,16 +49,22 @@ def pick_arms(rows: list[dict], requested, spec: RewardSpec) -> list[str]:
     if requested:
         unknown = [a for a in requested if a not in available]
         if unknown:
-            raise SpecbenchError(f"train.arms: {', '.join(unknown)} not in the collected rows",
-                                 f"pick from: {', '.join(available)}")
+            raise SpecbenchError(
+                f"train.arms: {', '.join(unknown)} not in the collected rows",
+                f"pick from: {', '.join(available)}",
+            )
         return list(requested)
     R = rewards(rows, available, spec)
     scored = [a for i, a in enumerate(available) if not torch.isnan(R[:, i]).all()]
     dropped = [a for a in available if a not in scored]
     if dropped:
-        log.warning("arms without a score under %s are left out: %s (they cannot generate alone; collect with "
-                    "collect.measure_speculative=true and use reward.alignment=acceptance or reward.source=measured "
-                    "to include them)", spec.describe(), ", ".join(dropped))
+        log.warning(
+            "arms without a score under %s are left out: %s (they cannot generate alone; collect with "
+            "collect.measure_speculative=true and use reward.alignment=acceptance or reward.source=measured "
+            "to include them)",
+            spec.describe(),
+            ", ".join(dropped),
+        )
     return scored
 
 
@@ -70,7 +76,9 @@ def _train_config(cfg: DictConfig, **overrides) -> TrainConfig:
     known = set(TrainConfig.__dataclass_fields__)
     unknown = sorted(set(t) - known)
     if unknown:
-        raise SpecbenchError(f"unknown train option(s): {', '.join(unknown)}", f"known: {', '.join(sorted(known))}")
+        raise SpecbenchError(
+            f"unknown train option(s): {', '.join(unknown)}", f"known: {', '.join(sorted(known))}"
+        )
     return replace(TrainConfig(**t), **overrides)
 
 
@@ -86,10 +94,12 @@ def check_held_out(n: int, val_fraction: float, minimum: int = MIN_VALIDATION) -
         more = f"collect at least {needed} queries (specbench collect dataset.limit=...)"
     else:
         more = "set train.val_fraction > 0"
-    raise SpecbenchError(f"train-policy: {n} collected row(s) with train.val_fraction={val_fraction} leave {n_val} "
-                         f"for validation; at least {minimum} held-out rows are needed (validation numbers must not "
-                         "come from the rows the policy was trained on)",
-                         f"{more}, or raise train.val_fraction (every split keeps at least one training row)")
+    raise SpecbenchError(
+        f"train-policy: {n} collected row(s) with train.val_fraction={val_fraction} leave {n_val} "
+        f"for validation; at least {minimum} held-out rows are needed (validation numbers must not "
+        "come from the rows the policy was trained on)",
+        f"{more}, or raise train.val_fraction (every split keeps at least one training row)",
+    )
 
 
 def collection(sources: list[str]) -> dict:
@@ -102,10 +112,12 @@ def collection(sources: list[str]) -> dict:
     for src, sig in zip(sources[1:], sigs[1:]):
         diff = differences(mine, {k: v for k, v in sig.items() if k != "dataset"})
         if diff:
-            raise SpecbenchError(f"{sources[0]} and {src} were collected with different settings, so their rows "
-                                 "cannot train one policy; differs in: " + "; ".join(diff),
-                                 "train on collections of one target, pool, embedding pooling, decoding and collect "
-                                 "settings (collections of different datasets may be combined)")
+            raise SpecbenchError(
+                f"{sources[0]} and {src} were collected with different settings, so their rows "
+                "cannot train one policy; differs in: " + "; ".join(diff),
+                "train on collections of one target, pool, embedding pooling, decoding and collect "
+                "settings (collections of different datasets may be combined)",
+            )
     return sigs[0]
 
 
@@ -114,9 +126,18 @@ def embedding_spec(sig: dict, dim: int) -> dict:
     ``eval selector=policy`` refuses a policy trained for another target. (Collections made before
     the settings held the whole config stored the target as a string, with dtype and prompt beside.)"""
     target = sig.get("target")
-    t = target if isinstance(target, dict) else {"model": target, "dtype": sig.get("dtype"), "prompt": sig.get("prompt")}
-    return {"target": t.get("model"), "dtype": t.get("dtype"), "prompt": t.get("prompt"),
-            "pooling": (sig.get("embedding") or {}).get("pooling", "mean"), "dim": dim}
+    t = (
+        target
+        if isinstance(target, dict)
+        else {"model": target, "dtype": sig.get("dtype"), "prompt": sig.get("prompt")}
+    )
+    return {
+        "target": t.get("model"),
+        "dtype": t.get("dtype"),
+        "prompt": t.get("prompt"),
+        "pooling": (sig.get("embedding") or {}).get("pooling", "mean"),
+        "dim": dim,
+    }
 
 
 def fit(rows, X, arms, cfg, spec: RewardSpec, **overrides) -> tuple[TrainResult, list[str]]:
@@ -141,20 +162,25 @@ def check_complete(sources: list[str], allow: bool) -> None:
         f"train-policy: {what}; a policy trained on it would silently see only part of the queries",
         "finish the collection: rerun its `specbench collect` command into the same directory (it resumes; a "
         "missing shard: collect.shard=<i> collect.num_shards=<n>) and pass every shard's directory, or train on "
-        "the rows there are with train.allow_incomplete=true")
+        "the rows there are with train.allow_incomplete=true",
+    )
 
 
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     data = cfg.get("data")
     if data is None:
-        raise SpecbenchError("no collected data given", "pass data=<directory of specbench collect> (or a list)")
+        raise SpecbenchError(
+            "no collected data given", "pass data=<directory of specbench collect> (or a list)"
+        )
     out = start_run(cfg, output_dir, command="train-policy")
     sources = [str(d) for d in (data if OmegaConf.is_list(data) else [data])]
     sig = collection(sources)
     check_complete(sources, bool(OmegaConf.select(cfg, "train.allow_incomplete", default=False)))
     rows = read_rows(sources)
     if not rows:
-        raise SpecbenchError(f"no rows in {', '.join(sources)}", "run specbench collect into that directory first")
+        raise SpecbenchError(
+            f"no rows in {', '.join(sources)}", "run specbench collect into that directory first"
+        )
     check_held_out(len(rows), float(cfg.train.val_fraction))
     spec = RewardSpec.of(cfg.reward)
     arms = pick_arms(rows, cfg.train.get("arms"), spec)
@@ -167,36 +193,64 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     metrics["proxy_vs_measured"] = proxy_check(rows, [a for a in rows[0]["arms"]], spec)
     metrics["arms"] = arms
     embedding = embedding_spec(sig, int(X.shape[1]))
-    save_checkpoint(out / "policy.pt", result, arms=arms, embedding=embedding, alpha=alpha,
-                    config=OmegaConf.to_container(cfg, resolve=True),
-                    training_queries=[r["fingerprint"] for r in rows if r.get("fingerprint")], pool=sig.get("pool"))
+    save_checkpoint(
+        out / "policy.pt",
+        result,
+        arms=arms,
+        embedding=embedding,
+        alpha=alpha,
+        config=OmegaConf.to_container(cfg, resolve=True),
+        training_queries=[r["fingerprint"] for r in rows if r.get("fingerprint")],
+        pool=sig.get("pool"),
+    )
     write_csv(pd.DataFrame(result.history), out / "history.csv")
 
-    table = pd.DataFrame([{"choice": name, "val_reward": metrics[key]} for name, key in
-                          [("policy", "policy"), ("oracle (best arm per query)", "oracle"),
-                           (f"best single arm ({metrics['best_single_arm']})", "best_single"),
-                           ("random arm", "random")]])
+    table = pd.DataFrame(
+        [
+            {"choice": name, "val_reward": metrics[key]}
+            for name, key in [
+                ("policy", "policy"),
+                ("oracle (best arm per query)", "oracle"),
+                (f"best single arm ({metrics['best_single_arm']})", "best_single"),
+                ("random arm", "random"),
+            ]
+        ]
+    )
     sp = metrics["speedup_replayed"]
     if sp:
-        table["speedup_replayed"] = [sp["policy"], sp["oracle"], sp.get(metrics["best_single_arm"]), sp["random"]]
+        table["speedup_replayed"] = [
+            sp["policy"],
+            sp["oracle"],
+            sp.get(metrics["best_single_arm"]),
+            sp["random"],
+        ]
         single = pd.DataFrame([{"choice": f"always {a}", "speedup_replayed": sp[a]} for a in arms])
         table = pd.concat([table, single], ignore_index=True)
-    notes = (f"{metrics['n_val']} validation queries ({metrics['n_train']} for training; the validation set also "
-             f"picked the epoch, {metrics['best_epoch']}); {spec.describe()}; policy shares: " + ", ".join(f"{a} {s:.2f}" for a, s in metrics["share"].items()) +
-             ". speedup_replayed: total autoregressive seconds / total seconds of the chosen arms' measured "
-             "speculative runs (collect.measure_speculative) on the validation queries.")
+    notes = (
+        f"{metrics['n_val']} validation queries ({metrics['n_train']} for training; the validation set also "
+        f"picked the epoch, {metrics['best_epoch']}); {spec.describe()}; policy shares: "
+        + ", ".join(f"{a} {s:.2f}" for a, s in metrics["share"].items())
+        + ". speedup_replayed: total autoregressive seconds / total seconds of the chosen arms' measured "
+        "speculative runs (collect.measure_speculative) on the validation queries."
+    )
     if metrics["proxy_vs_measured"]:
         pc = metrics["proxy_vs_measured"]
-        notes += (f" Proxy vs measured speed over {pc['queries']} queries: mean Spearman {pc['spearman']:.3f}, "
-                  f"top-1 agreement {pc['top1_agreement']:.3f}.")
+        notes += (
+            f" Proxy vs measured speed over {pc['queries']} queries: mean Spearman {pc['spearman']:.3f}, "
+            f"top-1 agreement {pc['top1_agreement']:.3f}."
+        )
     md = write_tables(table, out, stem="summary", title="specbench train-policy", notes=notes)
 
     sweeps = {}
     if cfg.sweep.get("alpha"):
         sweeps["alpha"] = alpha_sweep(rows, X, arms, cfg, spec, [float(a) for a in cfg.sweep.alpha], out)
     if cfg.sweep.get("n_examples"):
-        sweeps["n_examples"] = data_efficiency(rows, X, arms, cfg, spec, [int(n) for n in cfg.sweep.n_examples], out)
-    atomic_write_text(out / "metrics.json", json.dumps({**metrics, "sweeps": sweeps}, indent=2, default=float))
+        sweeps["n_examples"] = data_efficiency(
+            rows, X, arms, cfg, spec, [int(n) for n in cfg.sweep.n_examples], out
+        )
+    atomic_write_text(
+        out / "metrics.json", json.dumps({**metrics, "sweeps": sweeps}, indent=2, default=float)
+    )
     print_table(md, title=f"train-policy ({out}; policy.pt, metrics.json, history.csv)")
     print(notes)
     return out
@@ -208,12 +262,23 @@ def alpha_sweep(rows, X, arms, cfg, spec: RewardSpec, alphas: list[float], out: 
     for a in alphas:
         result, chosen = fit(rows, X, arms, cfg, replace(spec, alpha=a))
         sp = replay(rows, result.val_idx, arms, chosen)
-        table.append({"alpha": a, "val_reward": result.metrics["policy"], "speedup_replayed": sp.get("policy"),
-                      **{f"share_{arm}": s for arm, s in result.metrics["share"].items()}})
+        table.append(
+            {
+                "alpha": a,
+                "val_reward": result.metrics["policy"],
+                "speedup_replayed": sp.get("policy"),
+                **{f"share_{arm}": s for arm, s in result.metrics["share"].items()},
+            }
+        )
     df = pd.DataFrame(table)
-    write_tables(df, out, stem="alpha_sweep", title="alpha trade-off",
-                 notes="One policy per alpha (same seed and split). share_<arm>: share of validation queries "
-                       "given that arm; speedup_replayed as in summary.md.")
+    write_tables(
+        df,
+        out,
+        stem="alpha_sweep",
+        title="alpha trade-off",
+        notes="One policy per alpha (same seed and split). share_<arm>: share of validation queries "
+        "given that arm; speedup_replayed as in summary.md.",
+    )
     plot_alpha(df, arms, out / "alpha_sweep.png")
     return table
 
@@ -226,24 +291,47 @@ def data_efficiency(rows, X, arms, cfg, spec: RewardSpec, sizes: list[int], out:
     for n in sizes:
         result, chosen = fit(rows, X, arms, cfg, spec, n_examples=n)
         if any(t["n_examples"] == result.metrics["n_train"] for t in table):
-            log.warning("sweep.n_examples=%d: only %d training queries exist, so it repeats a size already fitted "
-                        "(skipped)", n, result.metrics["n_train"])
+            log.warning(
+                "sweep.n_examples=%d: only %d training queries exist, so it repeats a size already fitted "
+                "(skipped)",
+                n,
+                result.metrics["n_train"],
+            )
             continue
         sp = replay(rows, result.val_idx, arms, chosen)
-        table.append({"n_examples": result.metrics["n_train"], "val_reward": result.metrics["policy"],
-                      "oracle_reward": result.metrics["oracle"], "speedup_replayed": sp.get("policy"),
-                      "oracle_speedup": sp.get("oracle")})
+        table.append(
+            {
+                "n_examples": result.metrics["n_train"],
+                "val_reward": result.metrics["policy"],
+                "oracle_reward": result.metrics["oracle"],
+                "speedup_replayed": sp.get("policy"),
+                "oracle_speedup": sp.get("oracle"),
+            }
+        )
         for i, arm in zip(result.val_idx.tolist(), chosen):
             run = rows[i]["arms"][arm].get("spec") or {}
             ar = rows[i]["arms"]["autoregressive"].get("spec") or {}
-            per_query.append({"n_examples": result.metrics["n_train"], "query_id": rows[i]["query_id"],
-                              "task": rows[i].get("task"), "arm": arm, "seconds": run.get("seconds"),
-                              "new_tokens": run.get("new_tokens"), "ar_seconds": ar.get("seconds"),
-                              "ar_tokens": ar.get("new_tokens")})
+            per_query.append(
+                {
+                    "n_examples": result.metrics["n_train"],
+                    "query_id": rows[i]["query_id"],
+                    "task": rows[i].get("task"),
+                    "arm": arm,
+                    "seconds": run.get("seconds"),
+                    "new_tokens": run.get("new_tokens"),
+                    "ar_seconds": ar.get("seconds"),
+                    "ar_tokens": ar.get("new_tokens"),
+                }
+            )
     df = pd.DataFrame(table)
     write_csv(pd.DataFrame(per_query), out / "data_efficiency_queries.csv")
-    write_tables(df, out, stem="data_efficiency", title="data efficiency",
-                 notes="One policy per training-set size (same validation queries; per query: "
-                       "data_efficiency_queries.csv).")
+    write_tables(
+        df,
+        out,
+        stem="data_efficiency",
+        title="data efficiency",
+        notes="One policy per training-set size (same validation queries; per query: "
+        "data_efficiency_queries.csv).",
+    )
     plot_data_efficiency(df, out / "data_efficiency.png")
     return table

@@ -34,13 +34,23 @@ def _plain(value: Any, where: str) -> Any:
         return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
     if hasattr(value, "item") and callable(value.item):  # numpy scalars
         return _plain(value.item(), where)
-    raise SpecbenchError(f"policy checkpoint: {where} has type {type(value).__name__}",
-                         "pass plain values (numbers, strings, lists, dicts), e.g. OmegaConf.to_container(cfg)")
+    raise SpecbenchError(
+        f"policy checkpoint: {where} has type {type(value).__name__}",
+        "pass plain values (numbers, strings, lists, dicts), e.g. OmegaConf.to_container(cfg)",
+    )
 
 
-def save_checkpoint(path: str | Path, result_or_policy: TrainResult | Policy, *, arms: Sequence[str],
-                    embedding: Mapping[str, Any], alpha: float, config: Mapping[str, Any],
-                    training_queries: Sequence[str] = (), pool: Mapping[str, Any] | None = None) -> Path:
+def save_checkpoint(
+    path: str | Path,
+    result_or_policy: TrainResult | Policy,
+    *,
+    arms: Sequence[str],
+    embedding: Mapping[str, Any],
+    alpha: float,
+    config: Mapping[str, Any],
+    training_queries: Sequence[str] = (),
+    pool: Mapping[str, Any] | None = None,
+) -> Path:
     """Write the policy (weights, standardization, arms, embedding spec, alpha, config, metrics) to ``path``.
 
     ``embedding`` describes how queries were embedded, e.g. ``{"pooling": "mean", "source":
@@ -50,24 +60,38 @@ def save_checkpoint(path: str | Path, result_or_policy: TrainResult | Policy, *,
     collected with, which ``eval selector=policy`` uses when the user chooses no pool. Returns the path."""
     src = result_or_policy
     if not isinstance(src, (TrainResult, Policy)):
-        raise SpecbenchError(f"policy checkpoint: cannot save a {type(src).__name__}",
-                             "pass the TrainResult of train_policy or a Policy")
+        raise SpecbenchError(
+            f"policy checkpoint: cannot save a {type(src).__name__}",
+            "pass the TrainResult of train_policy or a Policy",
+        )
     arms = list(arms)
     if arms != list(src.arms):
-        raise SpecbenchError(f"policy checkpoint: arms {arms} differ from the policy's {list(src.arms)}",
-                             "pass the arm names the policy was trained with, in order")
+        raise SpecbenchError(
+            f"policy checkpoint: arms {arms} differ from the policy's {list(src.arms)}",
+            "pass the arm names the policy was trained with, in order",
+        )
     model: PolicyNet = src.model
     if "dim" in embedding and int(embedding["dim"]) != model.dim:
-        raise SpecbenchError(f"policy checkpoint: embedding dim {embedding['dim']} but the policy reads {model.dim}",
-                             "pass the embedding spec used to build the training data")
+        raise SpecbenchError(
+            f"policy checkpoint: embedding dim {embedding['dim']} but the policy reads {model.dim}",
+            "pass the embedding spec used to build the training data",
+        )
     metrics = src.metrics if isinstance(src, TrainResult) else src.meta.get("metrics", {})
     blob = {
-        "format": FORMAT, "version": VERSION,
+        "format": FORMAT,
+        "version": VERSION,
         "state_dict": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
-        "dim": model.dim, "hidden": list(model.hidden), "dropout": model.dropout, "n_arms": model.n_arms,
-        "arms": arms, "mean": src.mean.detach().cpu().clone(), "std": src.std.detach().cpu().clone(),
-        "embedding": _plain(dict(embedding), "embedding"), "alpha": float(alpha),
-        "config": _plain(dict(config), "config"), "metrics": _plain(dict(metrics), "metrics"),
+        "dim": model.dim,
+        "hidden": list(model.hidden),
+        "dropout": model.dropout,
+        "n_arms": model.n_arms,
+        "arms": arms,
+        "mean": src.mean.detach().cpu().clone(),
+        "std": src.std.detach().cpu().clone(),
+        "embedding": _plain(dict(embedding), "embedding"),
+        "alpha": float(alpha),
+        "config": _plain(dict(config), "config"),
+        "metrics": _plain(dict(metrics), "metrics"),
         "training_queries": sorted({str(f) for f in training_queries}),
         **({"pool": _plain(dict(pool), "pool")} if pool else {}),
     }
@@ -89,11 +113,14 @@ def load_checkpoint(path: str | Path) -> Policy:
     path = checkpoint_file(path)
     if not path.is_file():
         what = "is a directory without policy.pt" if path.is_dir() else "does not exist"
-        raise SpecbenchError(f"policy checkpoint {path} {what}",
-                             "run `specbench train-policy` first, or point to an existing checkpoint (its policy.pt, or "
-                             "the train-policy run directory that holds it)")
-    not_ours = SpecbenchError(f"{path} is not a specbench policy checkpoint",
-                              "point to a file written by `specbench train-policy`")
+        raise SpecbenchError(
+            f"policy checkpoint {path} {what}",
+            "run `specbench train-policy` first, or point to an existing checkpoint (its policy.pt, or "
+            "the train-policy run directory that holds it)",
+        )
+    not_ours = SpecbenchError(
+        f"{path} is not a specbench policy checkpoint", "point to a file written by `specbench train-policy`"
+    )
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # pickle, zip or safe-load errors: not our file
@@ -101,8 +128,11 @@ def load_checkpoint(path: str | Path) -> Policy:
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:
         raise not_ours
     if blob.get("version") != VERSION:
-        raise SpecbenchError(f"policy checkpoint {path} has format version {blob.get('version')}, "
-                             f"this specbench reads {VERSION}", "retrain with `specbench train-policy`")
+        raise SpecbenchError(
+            f"policy checkpoint {path} has format version {blob.get('version')}, "
+            f"this specbench reads {VERSION}",
+            "retrain with `specbench train-policy`",
+        )
     try:
         model = PolicyNet(blob["dim"], blob["n_arms"], blob["hidden"], blob.get("dropout", 0.0))
         model.load_state_dict(blob["state_dict"])
@@ -110,34 +140,43 @@ def load_checkpoint(path: str | Path) -> Policy:
         meta = {k: v for k, v in blob.items() if k not in ("state_dict", "mean", "std")}
         return Policy(model, blob["mean"], blob["std"], list(blob["arms"]), meta)
     except (KeyError, RuntimeError, TypeError, AttributeError) as e:
-        raise SpecbenchError(f"policy checkpoint {path} is damaged or incomplete ({e})",
-                             "retrain with `specbench train-policy`") from e
+        raise SpecbenchError(
+            f"policy checkpoint {path} is damaged or incomplete ({e})",
+            "retrain with `specbench train-policy`",
+        ) from e
 
 
-def check_compatible(policy: Policy, pool_arms: Sequence[str], embedding_dim: int, target: str | None = None) -> None:
+def check_compatible(
+    policy: Policy, pool_arms: Sequence[str], embedding_dim: int, target: str | None = None
+) -> None:
     """SpecbenchError unless every policy arm is in ``pool_arms``, the policy reads ``embedding_dim``
     and, when ``target`` (the run's target model) is given, the policy was trained on that target's
     embeddings (a checkpoint that records no target is accepted with a warning)."""
     trained_for = (policy.meta.get("embedding") or {}).get("target")
     if target is not None and trained_for is not None and str(trained_for) != str(target):
-        raise SpecbenchError(f"the policy checkpoint was trained on the embeddings of target {trained_for}, but this "
-                             f"run's target is {target}: its choices would be read off another model's embeddings",
-                             f"run it with target.model={trained_for}, or collect and train a policy for {target} "
-                             "(specbench collect + specbench train-policy)")
+        raise SpecbenchError(
+            f"the policy checkpoint was trained on the embeddings of target {trained_for}, but this "
+            f"run's target is {target}: its choices would be read off another model's embeddings",
+            f"run it with target.model={trained_for}, or collect and train a policy for {target} "
+            "(specbench collect + specbench train-policy)",
+        )
     if target is not None and trained_for is None:
         log.warning("the policy checkpoint records no target: cannot check it was trained for %s", target)
     target = trained_for or "unknown"
     missing = [a for a in policy.arms if a not in pool_arms]
     if missing:
-        raise SpecbenchError(f"policy checkpoint chooses arms {missing} that are not in the drafter pool "
-                             f"(pool: {list(pool_arms)}; checkpoint arms: {list(policy.arms)})",
-                             "add the missing drafters to the pool, or retrain with `specbench train-policy` "
-                             "on this pool")
+        raise SpecbenchError(
+            f"policy checkpoint chooses arms {missing} that are not in the drafter pool "
+            f"(pool: {list(pool_arms)}; checkpoint arms: {list(policy.arms)})",
+            "add the missing drafters to the pool, or retrain with `specbench train-policy` on this pool",
+        )
     if int(embedding_dim) != policy.dim:
-        raise SpecbenchError(f"policy checkpoint reads {policy.dim}-dim embeddings (trained for target {target}) "
-                             f"but this target's embeddings have {embedding_dim} dims",
-                             "use the target the checkpoint was trained for, or retrain with "
-                             "`specbench train-policy` on this target")
+        raise SpecbenchError(
+            f"policy checkpoint reads {policy.dim}-dim embeddings (trained for target {target}) "
+            f"but this target's embeddings have {embedding_dim} dims",
+            "use the target the checkpoint was trained for, or retrain with "
+            "`specbench train-policy` on this target",
+        )
 
 
 def check_not_trained_on(policy: Policy, queries: Sequence, where: str = "the policy checkpoint") -> None:
@@ -146,8 +185,11 @@ def check_not_trained_on(policy: Policy, queries: Sequence, where: str = "the po
     before fingerprints were recorded cannot be checked (logged)."""
     seen = set(policy.meta.get("training_queries") or ())
     if not seen:
-        log.warning("%s records no training queries (written by an older specbench): cannot check that the "
-                    "evaluation queries are held out", where)
+        log.warning(
+            "%s records no training queries (written by an older specbench): cannot check that the "
+            "evaluation queries are held out",
+            where,
+        )
         return
     overlap = [q.id for q in queries if q.fingerprint() in seen]
     if overlap:
@@ -155,4 +197,5 @@ def check_not_trained_on(policy: Policy, queries: Sequence, where: str = "the po
             f"{len(overlap)} of the {len(queries)} evaluation queries were collected to train {where} "
             f"(e.g. {', '.join(overlap[:3])}): the evaluation would leak training queries",
             "evaluate on held-out queries: the split the policy was not collected on (dataset.split=test; the "
-            "paper-scale experiments pick it by command), or dataset.offset past the collected rows")
+            "paper-scale experiments pick it by command), or dataset.offset past the collected rows",
+        )

@@ -52,7 +52,9 @@ class TrainConfig:
     weight_decay: float = 0.0
     seed: int = 0
     val_fraction: float = 0.2
-    n_examples: int | None = None  # cap on training queries (data-efficiency sweeps); validation set unchanged
+    n_examples: int | None = (
+        None  # cap on training queries (data-efficiency sweeps); validation set unchanged
+    )
     standardize: bool = True  # standardize embeddings with the training set's mean / std
     dropout: float = 0.0
 
@@ -66,7 +68,9 @@ class TrainConfig:
         if int(self.batch_size) < 1:
             bad.append(f"batch_size {self.batch_size} (>= 1)")
         if self.baseline == "mean" and int(self.batch_size) < 2:
-            bad.append("batch_size 1 with baseline=mean (the batch mean cancels every reward; use >= 2 or none)")
+            bad.append(
+                "batch_size 1 with baseline=mean (the batch mean cancels every reward; use >= 2 or none)"
+            )
         if not float(self.entropy) >= 0:
             bad.append(f"entropy {self.entropy} (>= 0)")
         if self.baseline not in ("mean", "none"):
@@ -82,8 +86,10 @@ class TrainConfig:
         if not 0.0 <= float(self.dropout) < 1.0:
             bad.append(f"dropout {self.dropout} (in [0, 1))")
         if bad:
-            raise SpecbenchError("policy training config out of range: " + "; ".join(bad),
-                                 "fix those settings (the allowed range follows each)")
+            raise SpecbenchError(
+                "policy training config out of range: " + "; ".join(bad),
+                "fix those settings (the allowed range follows each)",
+            )
 
 
 @dataclass
@@ -98,8 +104,10 @@ class Policy:
 
     def __post_init__(self) -> None:
         if len(self.arms) != self.model.n_arms:
-            raise SpecbenchError(f"policy: {len(self.arms)} arm names {self.arms} for a net with "
-                                 f"{self.model.n_arms} outputs", "pass one name per policy output")
+            raise SpecbenchError(
+                f"policy: {len(self.arms)} arm names {self.arms} for a net with {self.model.n_arms} outputs",
+                "pass one name per policy output",
+            )
         self.model.eval()
 
     @property
@@ -111,12 +119,15 @@ class Policy:
         """Arm probabilities ``[A]`` for one embedding ``[D]``."""
         x = torch.as_tensor(embedding).reshape(-1).to(self.mean.dtype)
         if x.numel() != self.dim:
-            raise SpecbenchError(f"policy: embedding has {x.numel()} values but the policy reads {self.dim}",
-                                 "embed queries with the target the policy was trained for")
+            raise SpecbenchError(
+                f"policy: embedding has {x.numel()} values but the policy reads {self.dim}",
+                "embed queries with the target the policy was trained for",
+            )
         return self.model.probs((x - self.mean) / self.std)
 
-    def choose(self, embedding: torch.Tensor, sample: bool = False,
-               generator: torch.Generator | None = None) -> str:
+    def choose(
+        self, embedding: torch.Tensor, sample: bool = False, generator: torch.Generator | None = None
+    ) -> str:
         """The arm with the highest probability, or one sampled with ``generator`` (required then)."""
         p = self.probs(embedding)
         if not sample:

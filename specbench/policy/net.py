@@ -18,18 +18,28 @@ class PolicyNet(nn.Module):
     uniform(+-1/sqrt(fan_in)); dropout masks are drawn from the generator passed to ``forward``, so no
     global RNG is read or advanced."""
 
-    def __init__(self, dim: int, n_arms: int, hidden: Sequence[int] = (64,), dropout: float = 0.0,
-                 generator: torch.Generator | None = None):
+    def __init__(
+        self,
+        dim: int,
+        n_arms: int,
+        hidden: Sequence[int] = (64,),
+        dropout: float = 0.0,
+        generator: torch.Generator | None = None,
+    ):
         super().__init__()
         hidden = tuple(int(h) for h in hidden)
         if int(dim) < 1 or int(n_arms) < 1 or any(h < 1 for h in hidden):
-            raise SpecbenchError(f"policy net: dim {dim}, n_arms {n_arms}, hidden {list(hidden)} must all be >= 1",
-                                 "set positive layer sizes (policy.hidden, e.g. [64])")
+            raise SpecbenchError(
+                f"policy net: dim {dim}, n_arms {n_arms}, hidden {list(hidden)} must all be >= 1",
+                "set positive layer sizes (policy.hidden, e.g. [64])",
+            )
         if not 0.0 <= float(dropout) < 1.0:
             raise SpecbenchError(f"policy net: dropout {dropout} is outside [0, 1)", "set 0 <= dropout < 1")
         self.dim, self.n_arms, self.hidden, self.dropout = int(dim), int(n_arms), hidden, float(dropout)
         sizes = [self.dim, *hidden, self.n_arms]
-        self.layers = nn.ModuleList(nn.utils.skip_init(nn.Linear, i, o) for i, o in zip(sizes[:-1], sizes[1:]))
+        self.layers = nn.ModuleList(
+            nn.utils.skip_init(nn.Linear, i, o) for i, o in zip(sizes[:-1], sizes[1:])
+        )
         g = generator if generator is not None else torch.Generator().manual_seed(0)
         with torch.no_grad():
             for layer in self.layers:

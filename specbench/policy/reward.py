@@ -20,8 +20,10 @@ def check_alpha(alpha: float) -> float:
     """``alpha`` as a float, or SpecbenchError when it is outside [0, 1]."""
     a = float(alpha)
     if not 0.0 <= a <= 1.0:  # also rejects NaN
-        raise SpecbenchError(f"reward: alpha {alpha} is outside [0, 1]",
-                             "set reward.alpha between 0 (cost only) and 1 (alignment only)")
+        raise SpecbenchError(
+            f"reward: alpha {alpha} is outside [0, 1]",
+            "set reward.alpha between 0 (cost only) and 1 (alignment only)",
+        )
     return a
 
 
@@ -45,17 +47,21 @@ def reward_matrix(alignment: torch.Tensor, cost: torch.Tensor, alpha: float) -> 
     (alignment) or below 0 (cost), and infinities, are refused."""
     alignment, cost = torch.as_tensor(alignment), torch.as_tensor(cost)
     if alignment.dim() != 2 or alignment.shape != cost.shape:
-        raise SpecbenchError(f"reward: alignment {tuple(alignment.shape)} and cost {tuple(cost.shape)} are not "
-                             "two matrices of the same [queries, arms] shape",
-                             "pass one row per query and one column per arm for both")
+        raise SpecbenchError(
+            f"reward: alignment {tuple(alignment.shape)} and cost {tuple(cost.shape)} are not "
+            "two matrices of the same [queries, arms] shape",
+            "pass one row per query and one column per arm for both",
+        )
     alignment = alignment.to(torch.promote_types(alignment.dtype, torch.get_default_dtype()))
     cost = cost.to(alignment.dtype)
     if torch.isinf(alignment).any() or torch.isinf(cost).any():
         raise SpecbenchError("reward: alignment or cost contains infinities", "check the collected scores")
     al, co = alignment.nan_to_num(0.5), cost.nan_to_num(0.5)
     if (al < 0).any() or (al > 1).any():
-        raise SpecbenchError("reward: alignment outside [0, 1]", "alignment is a ROUGE-L F score in [0, 1] "
-                             "(NaN for an arm that cannot generate alone)")
+        raise SpecbenchError(
+            "reward: alignment outside [0, 1]",
+            "alignment is a ROUGE-L F score in [0, 1] (NaN for an arm that cannot generate alone)",
+        )
     if (co < 0).any():
         raise SpecbenchError("reward: negative cost", "cost is relative to the target's (target = 1.0)")
     return reward(alignment, cost, alpha)
@@ -73,13 +79,17 @@ def check_arms_scored(R: torch.Tensor, arms: Sequence[str]) -> None:
     """SpecbenchError naming every arm whose column of ``R [N, A]`` is NaN for every query."""
     R = torch.as_tensor(R)
     if R.dim() != 2 or R.shape[1] != len(arms):
-        raise SpecbenchError(f"reward matrix has shape {tuple(R.shape)} but {len(arms)} arms are named {list(arms)}",
-                             "pass one column per arm, in the order of the arm names")
+        raise SpecbenchError(
+            f"reward matrix has shape {tuple(R.shape)} but {len(arms)} arms are named {list(arms)}",
+            "pass one column per arm, in the order of the arm names",
+        )
     dead = [arms[a] for a in range(R.shape[1]) if R.shape[0] > 0 and bool(torch.isnan(R[:, a]).all())]
     if dead:
         names = ", ".join(dead)
-        raise SpecbenchError(f"cannot score arm {names}: it has no alignment (cannot generate alone)",
-                             "set reward.source=measured or drop it from the pool")
+        raise SpecbenchError(
+            f"cannot score arm {names}: it has no alignment (cannot generate alone)",
+            "set reward.source=measured or drop it from the pool",
+        )
 
 
 __all__ = ["check_alpha", "check_arms_scored", "reward", "reward_matrix", "usable_arms"]

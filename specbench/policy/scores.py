@@ -43,16 +43,23 @@ class RewardSpec:
 
     def __post_init__(self) -> None:
         check_alpha(self.alpha)
-        for key, value, known in (("cost", self.cost, COSTS), ("source", self.source, SOURCES),
-                                  ("alignment", self.alignment, ALIGNMENT_KINDS)):
+        for key, value, known in (
+            ("cost", self.cost, COSTS),
+            ("source", self.source, SOURCES),
+            ("alignment", self.alignment, ALIGNMENT_KINDS),
+        ):
             if value not in known:
                 raise SpecbenchError(f"unknown reward.{key} '{value}'", f"use one of: {', '.join(known)}")
 
     @classmethod
     def of(cls, reward) -> "RewardSpec":
         """From the ``reward`` config node (a mapping; a missing ``alignment`` is ``output``)."""
-        return cls(alpha=float(reward["alpha"]), cost=str(reward["cost"]), source=str(reward["source"]),
-                   alignment=str(reward.get("alignment") or "output"))
+        return cls(
+            alpha=float(reward["alpha"]),
+            cost=str(reward["cost"]),
+            source=str(reward["source"]),
+            alignment=str(reward.get("alignment") or "output"),
+        )
 
     def describe(self) -> str:
         if self.source == "measured":
@@ -63,7 +70,9 @@ class RewardSpec:
 def _matrix(rows: list[dict], arms: list[str], get) -> torch.Tensor:
     """``[len(rows), len(arms)]`` of ``get(arm's record, arm)`` (None: NaN)."""
     vals = [[get(r["arms"].get(a) or {}, a) for a in arms] for r in rows]
-    return torch.tensor([[math.nan if v is None else float(v) for v in row] for row in vals], dtype=torch.float64)
+    return torch.tensor(
+        [[math.nan if v is None else float(v) for v in row] for row in vals], dtype=torch.float64
+    )
 
 
 def cost_matrix(rows: list[dict], arms: list[str], kind: str) -> torch.Tensor:
@@ -74,6 +83,7 @@ def cost_matrix(rows: list[dict], arms: list[str], kind: str) -> torch.Tensor:
     def get(rec, _arm):
         measured = rec.get("cost_measured")
         return measured if kind == "measured" and measured is not None else rec.get("cost_params")
+
     cost = _matrix(rows, arms, get)
     top = cost.nan_to_num(0.0).max(dim=1, keepdim=True).values.clamp_min(1e-12)
     return cost / top
@@ -88,9 +98,11 @@ def acceptance(rec: dict, arm: str) -> float | None:
     if not spec:
         return None
     if "drafted" not in spec:
-        raise SpecbenchError(f"reward.alignment=acceptance, but the rows' speculative runs of {arm} do not record "
-                             "their drafted and accepted tokens (collected before they were kept)",
-                             "collect again (collect.measure_speculative=true), or use reward.alignment=output")
+        raise SpecbenchError(
+            f"reward.alignment=acceptance, but the rows' speculative runs of {arm} do not record "
+            "their drafted and accepted tokens (collected before they were kept)",
+            "collect again (collect.measure_speculative=true), or use reward.alignment=output",
+        )
     return spec["accepted"] / spec["drafted"] if spec["drafted"] else 0.0
 
 
@@ -114,12 +126,15 @@ def seconds_matrix(rows: list[dict], arms: list[str]) -> torch.Tensor:
 def rewards(rows: list[dict], arms: list[str], spec: RewardSpec) -> torch.Tensor:
     """The reward ``[len(rows), len(arms)]`` of ``spec`` (NaN where an arm has no score for a query)."""
     if spec.source == "proxy":
-        return reward_matrix(alignment_matrix(rows, arms, spec.alignment), cost_matrix(rows, arms, spec.cost),
-                             spec.alpha)
+        return reward_matrix(
+            alignment_matrix(rows, arms, spec.alignment), cost_matrix(rows, arms, spec.cost), spec.alpha
+        )
     sp = speedup_matrix(rows, arms)
     if torch.isnan(sp).all():
-        raise SpecbenchError("reward.source=measured but the rows have no speculative runs",
-                             "collect with collect.measure_speculative=true, or use reward.source=proxy")
+        raise SpecbenchError(
+            "reward.source=measured but the rows have no speculative runs",
+            "collect with collect.measure_speculative=true, or use reward.source=proxy",
+        )
     return sp / sp.nan_to_num(0.0).max(dim=1, keepdim=True).values.clamp_min(1e-12)
 
 
@@ -158,8 +173,11 @@ def proxy_check(rows: list[dict], arms: list[str], spec: RewardSpec) -> dict[str
         top.append(float(p[ok].argmax() == s[ok].argmax()))
     if not top:
         return None
-    return {"spearman": sum(rhos) / len(rhos) if rhos else float("nan"), "top1_agreement": sum(top) / len(top),
-            "queries": len(top)}
+    return {
+        "spearman": sum(rhos) / len(rhos) if rhos else float("nan"),
+        "top1_agreement": sum(top) / len(top),
+        "queries": len(top),
+    }
 
 
 def _ranks(x: torch.Tensor) -> torch.Tensor:
@@ -173,5 +191,17 @@ def _ranks(x: torch.Tensor) -> torch.Tensor:
     return ranks
 
 
-__all__ = ["ALIGNMENT_KINDS", "COSTS", "RewardSpec", "SOURCES", "acceptance", "alignment_matrix", "cost_matrix",
-           "proxy_check", "replay", "rewards", "seconds_matrix", "speedup_matrix"]
+__all__ = [
+    "ALIGNMENT_KINDS",
+    "COSTS",
+    "RewardSpec",
+    "SOURCES",
+    "acceptance",
+    "alignment_matrix",
+    "cost_matrix",
+    "proxy_check",
+    "replay",
+    "rewards",
+    "seconds_matrix",
+    "speedup_matrix",
+]

@@ -14,7 +14,13 @@ from specbench.reproduction.compare import faster_on, fixed_methods, paired, sho
 from specbench.reproduction.exhibit import CascadeRun, Exhibit, ExhibitSpec, Layout
 from specbench.reproduction.published import Published
 from specbench.reproduction.inputs import drafter_speeds, load_examples, run_table
-from specbench.reproduction.runs import CASCADES_GREEDY, CASCADES_PAPER, CASCADES_SAMPLING, EXAMPLES, SPEC_BENCH_EVAL
+from specbench.reproduction.runs import (
+    CASCADES_GREEDY,
+    CASCADES_PAPER,
+    CASCADES_SAMPLING,
+    EXAMPLES,
+    SPEC_BENCH_EVAL,
+)
 
 
 SPEC_BENCH_ROWS = {"vicuna_68m": "SpS (vicuna-68m)", "prompt_lookup": "prompt lookup", "eagle": "EAGLE"}
@@ -24,28 +30,62 @@ def spec_bench_leaderboard(root: Path, published: list[Published], lay: Layout) 
     summary = run_table(root, f"{SPEC_BENCH_EVAL.dir}/summary.csv")
     ds = drafter_speeds(summary)
     tasks = [t for t in ds if t != ALL_TASKS]
-    table = pd.DataFrame([{"method": SPEC_BENCH_ROWS.get(d, d), "speedup": v,
-                           **{t: ds[t].get(d, math.nan) for t in tasks}} for d, v in ds.get(ALL_TASKS, {}).items()])
-    table = with_published(table, published, "spec_bench", "leaderboard", {r: r for r in SPEC_BENCH_ROWS.values()},
-                           ["speedup"])
+    table = pd.DataFrame(
+        [
+            {"method": SPEC_BENCH_ROWS.get(d, d), "speedup": v, **{t: ds[t].get(d, math.nan) for t in tasks}}
+            for d, v in ds.get(ALL_TASKS, {}).items()
+        ]
+    )
+    table = with_published(
+        table, published, "spec_bench", "leaderboard", {r: r for r in SPEC_BENCH_ROWS.values()}, ["speedup"]
+    )
     ex = load_examples(root, SPEC_BENCH_EVAL.dir)
     claim = "EAGLE is the fastest of the reference drafters, as on the leaderboard"
-    verdict = (V.all_of(claim, [(f"vs {short_name(d)}", faster_on(ex, "", "fixed:eagle", d)) for d in fixed_methods(ex)
-                                if d != "fixed:eagle"], "each part: speedup ratio EAGLE / that drafter > 1")
-               if "fixed:eagle" in set(ex.method) else
-               V.missing(claim, f"per-query records of EAGLE ({SPEC_BENCH_EVAL.dir}/{EXAMPLES})", "speedup ratio"))
-    return Exhibit("Spec-Bench reference rows: each drafter alone on question.jsonl",
-                   table, [verdict],
-                   "Speedup over autoregressive decoding on every question and turn of Spec-Bench's question.jsonl "
-                   "(greedy, 1024 new tokens). Our drafters draft a chain of draft_length tokens; Spec-Bench's SpS uses "
-                   "Hugging Face's adaptive assistant length and EAGLE a tree, so equal numbers are not expected.")
+    verdict = (
+        V.all_of(
+            claim,
+            [
+                (f"vs {short_name(d)}", faster_on(ex, "", "fixed:eagle", d))
+                for d in fixed_methods(ex)
+                if d != "fixed:eagle"
+            ],
+            "each part: speedup ratio EAGLE / that drafter > 1",
+        )
+        if "fixed:eagle" in set(ex.method)
+        else V.missing(
+            claim, f"per-query records of EAGLE ({SPEC_BENCH_EVAL.dir}/{EXAMPLES})", "speedup ratio"
+        )
+    )
+    return Exhibit(
+        "Spec-Bench reference rows: each drafter alone on question.jsonl",
+        table,
+        [verdict],
+        "Speedup over autoregressive decoding on every question and turn of Spec-Bench's question.jsonl "
+        "(greedy, 1024 new tokens). Our drafters draft a chain of draft_length tokens; Spec-Bench's SpS uses "
+        "Hugging Face's adaptive assistant length and EAGLE a tree, so equal numbers are not expected.",
+    )
 
 
 def cascade_points(curves: pd.DataFrame) -> pd.DataFrame:
     """One row per (task, method) with a quality metric: the family it belongs to, speedup, tokens per target call
     (MAT), deferral rate, the task's metric, and agreement with the target's output (tokens)."""
-    keep = [c for c in ("task", "method", "rule", "alpha", "metric", "quality", "speedup", "mat", "deferral_rate",
-                        "agreement_tokens", "n_examples") if c in curves]
+    keep = [
+        c
+        for c in (
+            "task",
+            "method",
+            "rule",
+            "alpha",
+            "metric",
+            "quality",
+            "speedup",
+            "mat",
+            "deferral_rate",
+            "agreement_tokens",
+            "n_examples",
+        )
+        if c in curves
+    ]
     out = curves[keep].copy()
     out.insert(2, "family", [family(m) for m in out.method])
     return out.rename(columns={"mat": "tokens_per_target_call", "agreement_tokens": "agreement"})
@@ -77,10 +117,16 @@ def cascades(root: Path, published: list[Published], lay: Layout, run: CascadeRu
         from specbench.pipelines.tables import pyplot
 
         plt = pyplot()
-        fig, axes = plt.subplots(1, max(len(tasks), 1), figsize=(4.2 * max(len(tasks), 1), 3.8), squeeze=False)
+        fig, axes = plt.subplots(
+            1, max(len(tasks), 1), figsize=(4.2 * max(len(tasks), 1), 3.8), squeeze=False
+        )
         for ax, task in zip(axes[0], tasks):
             sub = pts[pts.task == task]
-            for fam, color in ((SPECULATIVE, "tab:blue"), (LOSSY, "tab:orange"), (SEQUENTIAL_FAMILY, "tab:green")):
+            for fam, color in (
+                (SPECULATIVE, "tab:blue"),
+                (LOSSY, "tab:orange"),
+                (SEQUENTIAL_FAMILY, "tab:green"),
+            ):
                 f = sub[sub.family == fam]
                 if len(f):
                     ax.scatter(f.speedup, f.quality, color=color, s=18, label=fam)
@@ -89,7 +135,9 @@ def cascades(root: Path, published: list[Published], lay: Layout, run: CascadeRu
                 ax.plot(alone.speedup, alone.quality, "kx", markersize=9, label="drafter alone")
             ar = sub[sub.method == "autoregressive"]
             if len(ar):
-                ax.axhline(float(ar.quality.iloc[0]), color="k", ls=":", lw=1, label="target (autoregressive)")
+                ax.axhline(
+                    float(ar.quality.iloc[0]), color="k", ls=":", lw=1, label="target (autoregressive)"
+                )
             ax.set(xlabel="speedup over autoregressive", ylabel=str(sub.metric.iloc[0]), title=task)
             ax.grid(alpha=0.3)
         axes[0][0].legend(fontsize=7)
@@ -98,19 +146,26 @@ def cascades(root: Path, published: list[Published], lay: Layout, run: CascadeRu
         fig.savefig(path, dpi=110)
         plt.close(fig)
 
-    notes = (f"Quality: {run.quality_label}. The dotted line of each panel is the target's own quality (its "
-             "autoregressive run on the same queries). tokens_per_target_call: new tokens per target forward (MAT). "
-             "Families: lossy SD (plain SD is its alpha 0; under greedy decoding lossy SD is plain SD for alpha < 1, "
-             "so plain SD is its point), the sequential cascade (the drafter generates; a position it is unsure of, "
-             "Chow's test on its own distribution, is deferred to the target, called only then), and the speculative "
-             "cascades (chow, diff, opt, token_*: the deferral decided with the target's scores, in parallel). "
-             "Verdicts, per task, read the curves against the target's quality as the paper's Fig. 2 does (its dotted "
-             "line, no tolerance): each family's fastest point whose mean quality is at least the target's on the same "
-             "queries (point estimates), then the speculative cascade's point against the other two families' points, "
-             "paired per query, speed with a bootstrap interval at a level Bonferroni-corrected over the speculative "
-             "points picked from.")
-    return Exhibit(f"Speculative cascades, quality against speedup ({run.title})",
-                   pts, cascade_verdicts(load_examples(root, run.run.dir), run), notes, plot=plot)
+    notes = (
+        f"Quality: {run.quality_label}. The dotted line of each panel is the target's own quality (its "
+        "autoregressive run on the same queries). tokens_per_target_call: new tokens per target forward (MAT). "
+        "Families: lossy SD (plain SD is its alpha 0; under greedy decoding lossy SD is plain SD for alpha < 1, "
+        "so plain SD is its point), the sequential cascade (the drafter generates; a position it is unsure of, "
+        "Chow's test on its own distribution, is deferred to the target, called only then), and the speculative "
+        "cascades (chow, diff, opt, token_*: the deferral decided with the target's scores, in parallel). "
+        "Verdicts, per task, read the curves against the target's quality as the paper's Fig. 2 does (its dotted "
+        "line, no tolerance): each family's fastest point whose mean quality is at least the target's on the same "
+        "queries (point estimates), then the speculative cascade's point against the other two families' points, "
+        "paired per query, speed with a bootstrap interval at a level Bonferroni-corrected over the speculative "
+        "points picked from."
+    )
+    return Exhibit(
+        f"Speculative cascades, quality against speedup ({run.title})",
+        pts,
+        cascade_verdicts(load_examples(root, run.run.dir), run),
+        notes,
+        plot=plot,
+    )
 
 
 def task_quality(ex: pd.DataFrame, task: str) -> pd.Series:
@@ -118,8 +173,14 @@ def task_quality(ex: pd.DataFrame, task: str) -> pd.Series:
     from specbench.pipelines.cascades import QUALITY
 
     key = QUALITY[task][0]
-    return pd.Series([float((q or {}).get(key)) if isinstance(q, dict) and (q or {}).get(key) is not None else math.nan
-                      for q in ex.quality], index=ex.index, dtype=float)
+    return pd.Series(
+        [
+            float((q or {}).get(key)) if isinstance(q, dict) and (q or {}).get(key) is not None else math.nan
+            for q in ex.quality
+        ],
+        index=ex.index,
+        dtype=float,
+    )
 
 
 def at_target_quality(ex: pd.DataFrame, methods: list[str]) -> list[tuple[float, str]]:
@@ -133,8 +194,21 @@ def at_target_quality(ex: pd.DataFrame, methods: list[str]) -> list[tuple[float,
         a, b = p[m], p[AUTOREGRESSIVE]
         if a.empty or a._q.isna().all() or a._q.mean() < b._q.mean():
             continue
-        out.append((float(V.speed_ratio()({"a_s": a.seconds.to_numpy(float), "a_t": a.new_tokens.to_numpy(float),
-                                               "b_s": b.seconds.to_numpy(float), "b_t": b.new_tokens.to_numpy(float)})), m))
+        out.append(
+            (
+                float(
+                    V.speed_ratio()(
+                        {
+                            "a_s": a.seconds.to_numpy(float),
+                            "a_t": a.new_tokens.to_numpy(float),
+                            "b_s": b.seconds.to_numpy(float),
+                            "b_t": b.new_tokens.to_numpy(float),
+                        }
+                    )
+                ),
+                m,
+            )
+        )
     return sorted(out, reverse=True)
 
 
@@ -156,13 +230,26 @@ def cascade_verdicts(ex: pd.DataFrame, run: CascadeRun) -> list[V.Verdict]:
         named = f"on {task}, {claim}"
         target_q = sub[sub.method == "autoregressive"]._q
         if target_q.notna().any() and not (target_q.fillna(0) != 0).any():
-            out.append(V.unpaired(named, f"the target scores 0 on {QUALITY[task][0]} on every query here, so the "
-                                         "target's quality line cannot tell one point from another", label))
+            out.append(
+                V.unpaired(
+                    named,
+                    f"the target scores 0 on {QUALITY[task][0]} on every query here, so the "
+                    "target's quality line cannot tell one point from another",
+                    label,
+                )
+            )
             continue
         spec = at_target_quality(sub, [m for m in methods if family(m) == SPECULATIVE])
         if not spec:
-            out.append(V.Verdict(named, False, "no speculative-cascade point reaches the target's quality on these queries",
-                                 n=int((sub.method == "autoregressive").sum()), label=label))
+            out.append(
+                V.Verdict(
+                    named,
+                    False,
+                    "no speculative-cascade point reaches the target's quality on these queries",
+                    n=int((sub.method == "autoregressive").sum()),
+                    label=label,
+                )
+            )
             continue
         best = spec[0][1]
         level = V.bonferroni(len(spec))
@@ -170,19 +257,37 @@ def cascade_verdicts(ex: pd.DataFrame, run: CascadeRun) -> list[V.Verdict]:
         for fam in (LOSSY, SEQUENTIAL_FAMILY):
             base = at_target_quality(sub, [m for m in methods if family(m) == fam])
             if not base:
-                parts.append((fam, V.unpaired("", f"no {fam} point reaches the target's quality on these queries",
-                                              label)))
+                parts.append(
+                    (
+                        fam,
+                        V.unpaired(
+                            "", f"no {fam} point reaches the target's quality on these queries", label
+                        ),
+                    )
+                )
                 continue
             b = base[0][1]
             p = paired(sub, [best, b])
-            parts.append((f"{best} vs {b} ({fam})", V.faster("", timed(p[best]), timed(p[b]), (best, b),
-                                                                     boot=V.Bootstrap(level=level))))
-        out.append(V.all_of(named, parts, f"{QUALITY[task][0]} at least the target's; the fastest of {len(spec)} "
-                                          f"speculative points at the target's quality, level {level:.2%} (Bonferroni)"))
+            parts.append(
+                (
+                    f"{best} vs {b} ({fam})",
+                    V.faster("", timed(p[best]), timed(p[b]), (best, b), boot=V.Bootstrap(level=level)),
+                )
+            )
+        out.append(
+            V.all_of(
+                named,
+                parts,
+                f"{QUALITY[task][0]} at least the target's; the fastest of {len(spec)} "
+                f"speculative points at the target's quality, level {level:.2%} (Bonferroni)",
+            )
+        )
     return out or [V.unpaired(claim, "no task of the run has a quality metric", label)]
 
 
-LEADERBOARD = ExhibitSpec("spec_bench/leaderboard", spec_bench_leaderboard, (SPEC_BENCH_EVAL,), ("spec_bench/leaderboard",))
+LEADERBOARD = ExhibitSpec(
+    "spec_bench/leaderboard", spec_bench_leaderboard, (SPEC_BENCH_EVAL,), ("spec_bench/leaderboard",)
+)
 
 
 def cascades_exhibit(run: CascadeRun) -> ExhibitSpec:
@@ -194,9 +299,14 @@ CPU_CASCADES = (
     CascadeRun(CASCADES_GREEDY, "greedy", "quality", TASK_METRICS, greedy=True),
     CascadeRun(CASCADES_SAMPLING, "temperature 1", "quality", TASK_METRICS),
 )
-PAPER_CASCADE_RUNS = tuple(CascadeRun(CASCADES_PAPER[name], title, "quality", f"{metric} (the task's metric)")
-                           for name, title, metric in (
-    ("t5_wmt", "T5, WMT en->de", "corpus BLEU"), ("t5_xsum", "T5, XSum", "ROUGE-2 F x 100"),
-    ("t5_cnndm", "T5, CNN/DM", "ROUGE-2 F x 100"), ("gemma_gsm8k", "Gemma-2 9B, GSM8K", "accuracy"),
-    ("gemma27b_gsm8k", "Gemma-2 27B, GSM8K", "accuracy")))
+PAPER_CASCADE_RUNS = tuple(
+    CascadeRun(CASCADES_PAPER[name], title, "quality", f"{metric} (the task's metric)")
+    for name, title, metric in (
+        ("t5_wmt", "T5, WMT en->de", "corpus BLEU"),
+        ("t5_xsum", "T5, XSum", "ROUGE-2 F x 100"),
+        ("t5_cnndm", "T5, CNN/DM", "ROUGE-2 F x 100"),
+        ("gemma_gsm8k", "Gemma-2 9B, GSM8K", "accuracy"),
+        ("gemma27b_gsm8k", "Gemma-2 27B, GSM8K", "accuracy"),
+    )
+)
 EXHIBITS = tuple(cascades_exhibit(run) for run in (*CPU_CASCADES, *PAPER_CASCADE_RUNS))

@@ -26,9 +26,11 @@ def paired(ex: pd.DataFrame, methods: list[str], task: str | None = None) -> dic
         return {m: p.iloc[:0] for m, p in per.items()}
     common = sorted(set.intersection(*(set(p.index) for p in per.values())), key=str)
     if "process" in sub:
+
         def one_process(q):
             procs = {str(p.at[q, "process"]) for p in per.values() if _present(p.at[q, "process"])}
             return len(procs) <= 1
+
         common = [q for q in common if one_process(q)]
     return {m: p.loc[common] for m, p in per.items()}
 
@@ -41,14 +43,26 @@ def timed(p: pd.DataFrame) -> tuple[list[float], list[float]]:
     return list(p.seconds.astype(float)), list(p.new_tokens.astype(float))
 
 
-def faster_on(ex: pd.DataFrame, claim: str, a: str, b: str, task: str | None = None, *,
-              names: tuple[str, str] | None = None, run: str = "", **kw) -> V.Verdict:
+def faster_on(
+    ex: pd.DataFrame,
+    claim: str,
+    a: str,
+    b: str,
+    task: str | None = None,
+    *,
+    names: tuple[str, str] | None = None,
+    run: str = "",
+    **kw,
+) -> V.Verdict:
     """``a`` faster than ``b``, paired per query of ``task``; ``kw`` as :func:`verdicts.faster`'s (``threshold``
     and ``at_least``: at least that share of its speed; ``detail``; ``boot``)."""
     names = names or (short_name(a), short_name(b))
     if ex.empty:
-        return V.missing(claim, f"per-query records ({run}/{EXAMPLES})" if run else "per-query records",
-                         f"speedup ratio {names[0]} / {names[1]}")
+        return V.missing(
+            claim,
+            f"per-query records ({run}/{EXAMPLES})" if run else "per-query records",
+            f"speedup ratio {names[0]} / {names[1]}",
+        )
     p = paired(ex, [a, b], task)
     return V.faster(claim, timed(p[a]), timed(p[b]), names, **kw)
 
@@ -63,8 +77,9 @@ def with_oracle(ex: pd.DataFrame, arms: list[str], name: str = ORACLE) -> pd.Dat
     p = paired(ex, arms)
     if not p or any(v.empty for v in p.values()):
         return ex
-    per_token = pd.DataFrame({a: v.seconds.astype(float) / v.new_tokens.astype(float).clip(lower=1)
-                              for a, v in p.items()})
+    per_token = pd.DataFrame(
+        {a: v.seconds.astype(float) / v.new_tokens.astype(float).clip(lower=1) for a, v in p.items()}
+    )
     best = per_token.idxmin(axis=1)
     rows = pd.DataFrame([p[best[q]].loc[q] for q in per_token.index]).rename_axis("query_id").reset_index()
     rows["method"] = name
@@ -85,12 +100,18 @@ def fastest_on_own_task(ex: pd.DataFrame, own: dict[str, str], claim: str, run: 
     fixed drafter of the run, each pair judged per query."""
     if ex.empty:
         return V.missing(claim, f"per-query records ({run}/{EXAMPLES})", "speedup ratio")
-    parts = [(f"{task}: {d} vs {short_name(o)}", faster_on(ex, "", f"fixed:{d}", o, task))
-             for d, task in own.items() for o in fixed_methods(ex, task) if o != f"fixed:{d}"]
+    parts = [
+        (f"{task}: {d} vs {short_name(o)}", faster_on(ex, "", f"fixed:{d}", o, task))
+        for d, task in own.items()
+        for o in fixed_methods(ex, task)
+        if o != f"fixed:{d}"
+    ]
     return V.all_of(claim, parts, "each part: speedup ratio specialist / other > 1")
 
 
-def margin_over_mean(ex: pd.DataFrame, drafter: str, others: list[str], task: str, margin: float) -> V.Verdict:
+def margin_over_mean(
+    ex: pd.DataFrame, drafter: str, others: list[str], task: str, margin: float
+) -> V.Verdict:
     """``drafter``'s speedup over autoregressive decoding is at least ``1 + margin`` times the mean of ``others'``
     speedups, on the queries of ``task`` all of them ran."""
     from specbench.arms import AUTOREGRESSIVE
@@ -102,24 +123,44 @@ def margin_over_mean(ex: pd.DataFrame, drafter: str, others: list[str], task: st
         cols[f"m{i}_s"], cols[f"m{i}_t"] = timed(p[m])
 
     def stat(c):
-        sp = [V.seconds_per_token(c["m0_s"], c["m0_t"]) / V.seconds_per_token(c[f"m{i}_s"], c[f"m{i}_t"])
-              for i in range(1, len(methods))]
+        sp = [
+            V.seconds_per_token(c["m0_s"], c["m0_t"]) / V.seconds_per_token(c[f"m{i}_s"], c[f"m{i}_t"])
+            for i in range(1, len(methods))
+        ]
         return sp[0] / (sum(sp[1:]) / len(sp[1:]))
 
-    return V.judge("", cols, stat, 1 + margin, f"speedup ratio {short_name(drafter)} / mean of the others", at_least=True)
+    return V.judge(
+        "", cols, stat, 1 + margin, f"speedup ratio {short_name(drafter)} / mean of the others", at_least=True
+    )
 
 
 def mat_on(ex: pd.DataFrame, a: str, b: str, task: str) -> V.Verdict:
     """``a``'s MAT (new tokens per target call) above ``b``'s, paired per query of ``task``."""
     p = paired(ex, [a, b], task)
-    cols = {"a_n": p[a].new_tokens, "a_c": p[a].target_calls, "b_n": p[b].new_tokens, "b_c": p[b].target_calls}
+    cols = {
+        "a_n": p[a].new_tokens,
+        "a_c": p[a].target_calls,
+        "b_n": p[b].new_tokens,
+        "b_c": p[b].target_calls,
+    }
     stat = lambda c: V.ratio_of_sums("a_n", "a_c")(c) / V.ratio_of_sums("b_n", "b_c")(c)  # noqa: E731
-    return V.judge("", {k: list(v.astype(float)) for k, v in cols.items()}, stat, 1.0,
-                   f"MAT ratio {short_name(a)} / {short_name(b)}")
+    return V.judge(
+        "",
+        {k: list(v.astype(float)) for k, v in cols.items()},
+        stat,
+        1.0,
+        f"MAT ratio {short_name(a)} / {short_name(b)}",
+    )
 
 
-def relative_faster(claim: str, ex_a: pd.DataFrame, ex_b: pd.DataFrame, method: str, names: tuple[str, str],
-                    runs: tuple[str, str]) -> V.Verdict:
+def relative_faster(
+    claim: str,
+    ex_a: pd.DataFrame,
+    ex_b: pd.DataFrame,
+    method: str,
+    names: tuple[str, str],
+    runs: tuple[str, str],
+) -> V.Verdict:
     """``method`` of run A faster than ``method`` of run B, where A and B are separate processes: each query's
     speedup over its own run's autoregressive decoding of it (paired within its run), the ratio of the two
     speedups over the queries both runs hold, with the bootstrap over those queries."""
@@ -136,8 +177,11 @@ def relative_faster(claim: str, ex_a: pd.DataFrame, ex_b: pd.DataFrame, method: 
             cols[f"{tag}{short}_s"], cols[f"{tag}{short}_t"] = timed(p[m].loc[common])
 
     def stat(c):
-        sp = lambda t: (V.seconds_per_token(c[f"{t}ar_s"], c[f"{t}ar_t"])  # noqa: E731
-                        / V.seconds_per_token(c[f"{t}m_s"], c[f"{t}m_t"]))
+        def sp(t):
+            return V.seconds_per_token(c[f"{t}ar_s"], c[f"{t}ar_t"]) / V.seconds_per_token(
+                c[f"{t}m_s"], c[f"{t}m_t"]
+            )
+
         return sp("a") / sp("b")
 
     return V.judge(claim, cols, stat, 1.0, label)
@@ -149,8 +193,15 @@ def best_fixed(summary: pd.DataFrame, task: str = ALL_TASKS) -> str | None:
     return f"fixed:{max(single, key=single.get)}" if single else None
 
 
-def with_published(table: pd.DataFrame, published: list[Published], paper: str, exhibit: str,
-                   rows: dict[str, str], columns: list[str], aliases: dict[str, str] | None = None) -> pd.DataFrame:
+def with_published(
+    table: pd.DataFrame,
+    published: list[Published],
+    paper: str,
+    exhibit: str,
+    rows: dict[str, str],
+    columns: list[str],
+    aliases: dict[str, str] | None = None,
+) -> pd.DataFrame:
     """Add ``<column> (paper)`` beside each of ``columns``: ``rows`` maps our row label -> the paper's row,
     ``aliases`` our column -> the paper's (default: the same name)."""
     out = table.copy()

@@ -22,8 +22,20 @@ import pandas as pd
 from specbench.errors import SpecbenchError
 from specbench.reproduction.inputs import load_examples, load_round_values
 
-FIELDS = ("query_id", "method", "arm", "members", "drafted", "accepted", "t_select", "t_draft", "t_verify",
-          "t_switch", "expected", "predicted_s")
+FIELDS = (
+    "query_id",
+    "method",
+    "arm",
+    "members",
+    "drafted",
+    "accepted",
+    "t_select",
+    "t_draft",
+    "t_verify",
+    "t_switch",
+    "expected",
+    "predicted_s",
+)
 
 
 def _fold(query_id) -> int:
@@ -37,22 +49,35 @@ def fit(rounds: pd.DataFrame, examples: pd.DataFrame) -> dict:
     alone = rounds[rounds.members.isna()]
     drafting = alone.groupby("arm").t_draft.mean().to_dict()
     per_round = (rounds.t_select + rounds.t_switch).groupby(rounds.method).mean().to_dict()
-    spent = (rounds.t_select + rounds.t_draft + rounds.t_verify + rounds.t_switch).groupby(
-        [rounds.query_id, rounds.method]).sum()
+    spent = (
+        (rounds.t_select + rounds.t_draft + rounds.t_verify + rounds.t_switch)
+        .groupby([rounds.query_id, rounds.method])
+        .sum()
+    )
     ex = examples.set_index(["query_id", "method"]).seconds
     overhead = (ex - spent.reindex(ex.index).fillna(0.0)).groupby(level="method").mean().to_dict()
-    return {"a": float(a), "b": float(max(b, 0.0)), "drafting": drafting, "per_round": per_round,
-            "overhead": overhead}
+    return {
+        "a": float(a),
+        "b": float(max(b, 0.0)),
+        "drafting": drafting,
+        "per_round": per_round,
+        "overhead": overhead,
+    }
 
 
 def predict(model: dict, rounds: pd.DataFrame) -> pd.Series:
     """Predicted seconds of each (query, method) generation from its rounds."""
+
     def drafting(row) -> float:
         names = row.members if isinstance(row.members, list) else [row.arm]
         return sum(model["drafting"].get(m, 0.0) for m in names)
 
-    cost = (model["a"] + model["b"] * rounds.drafted + rounds.apply(drafting, axis=1)
-            + rounds.method.map(model["per_round"]).fillna(0.0))
+    cost = (
+        model["a"]
+        + model["b"] * rounds.drafted
+        + rounds.apply(drafting, axis=1)
+        + rounds.method.map(model["per_round"]).fillna(0.0)
+    )
     total = cost.groupby([rounds.query_id, rounds.method]).sum()
     return total + total.index.get_level_values("method").map(lambda m: model["overhead"].get(m, 0.0))
 
@@ -63,7 +88,9 @@ def check(run_dir: Path) -> pd.DataFrame:
     ex = load_examples(run_dir.parent, run_dir.name)
     rounds = load_round_values(run_dir.parent, run_dir.name, None, FIELDS)
     if ex.empty or rounds.empty:
-        raise SpecbenchError(f"{run_dir}: no examples or rounds to fit", "point at a finished `specbench eval` run")
+        raise SpecbenchError(
+            f"{run_dir}: no examples or rounds to fit", "point at a finished `specbench eval` run"
+        )
     ex = ex[["query_id", "method", "seconds", "new_tokens"]]
     ex_fold, rd_fold = ex.query_id.map(_fold), rounds.query_id.map(_fold)
     predicted = []
@@ -75,7 +102,9 @@ def check(run_dir: Path) -> pd.DataFrame:
     ex["predicted"] = pred.reindex(ex.index)
     ex = ex.dropna()
     g = ex.groupby(level="method")[["seconds", "predicted", "new_tokens"]].sum()
-    table = pd.DataFrame({"measured s/token": g.seconds / g.new_tokens, "predicted s/token": g.predicted / g.new_tokens})
+    table = pd.DataFrame(
+        {"measured s/token": g.seconds / g.new_tokens, "predicted s/token": g.predicted / g.new_tokens}
+    )
     table["predicted / measured"] = table["predicted s/token"] / table["measured s/token"]
     return table.reset_index()
 
@@ -95,9 +124,14 @@ def tree_overhead(run_dir: Path, chains: tuple[str, ...] | None = None) -> pd.Da
     kind = np.where(tree, "tree", np.where(rounds.index.isin(chain.index), "chain", "other"))
     rounds = rounds.assign(residual=rounds.t_verify - (a + b * rounds.drafted), kind=kind)
     g = rounds[(rounds.drafted > 0) & (rounds.kind != "other")].groupby("kind")
-    return pd.DataFrame({"rounds": g.size(), "mean nodes": g.drafted.mean(),
-                         "verify beyond the chain line (ms)": 1000 * g.residual.mean(),
-                         "in target steps": g.residual.mean() / a}).reset_index()
+    return pd.DataFrame(
+        {
+            "rounds": g.size(),
+            "mean nodes": g.drafted.mean(),
+            "verify beyond the chain line (ms)": 1000 * g.residual.mean(),
+            "in target steps": g.residual.mean() / a,
+        }
+    ).reset_index()
 
 
 def budget_calibration(run_dir: Path) -> pd.DataFrame | None:
@@ -109,8 +143,15 @@ def budget_calibration(run_dir: Path) -> pd.DataFrame | None:
     if built.empty:
         return None
     g = built.groupby("method")
-    out = pd.DataFrame({"rounds": g.size(), "expected accepted": g.expected.mean(), "realised accepted": g.accepted.mean(),
-                        "predicted s": g.predicted_s.sum(), "measured s (draft + verify)": (g.t_draft.sum() + g.t_verify.sum())})
+    out = pd.DataFrame(
+        {
+            "rounds": g.size(),
+            "expected accepted": g.expected.mean(),
+            "realised accepted": g.accepted.mean(),
+            "predicted s": g.predicted_s.sum(),
+            "measured s (draft + verify)": (g.t_draft.sum() + g.t_verify.sum()),
+        }
+    )
     out["predicted / measured"] = out["predicted s"] / out["measured s (draft + verify)"]
     return out.reset_index()
 

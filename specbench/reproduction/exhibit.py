@@ -52,14 +52,18 @@ class CascadeRun:
         return self.run.dir.rsplit("/", 1)[-1]
 
 
-PAPER_REWARD_NOTE = ("the paper's: alpha * alignment (ROUGE-L of the drafter's own output to the target's) + (1 - alpha) * "
-                "(1 - cost) (parameters relative to the largest arm), alpha 0.5.")
+PAPER_REWARD_NOTE = (
+    "the paper's: alpha * alignment (ROUGE-L of the drafter's own output to the target's) + (1 - alpha) * "
+    "(1 - cost) (parameters relative to the largest arm), alpha 0.5."
+)
 
-ACCEPTANCE_REWARD_NOTE = ("the paper's reward, alpha * alignment + (1 - alpha) * (1 - cost) (parameters relative to the "
-                          "largest arm), alpha 0.5, with each arm's alignment measured as the acceptance of its drafts "
-                          "along the target's greedy output (accepted / drafted tokens of its speculative run of the "
-                          "query; 1 for the target itself): the draft heads draft on the target's features and cannot "
-                          "generate alone, so the paper's ROUGE-L of a drafter's own output does not exist for them.")
+ACCEPTANCE_REWARD_NOTE = (
+    "the paper's reward, alpha * alignment + (1 - alpha) * (1 - cost) (parameters relative to the "
+    "largest arm), alpha 0.5, with each arm's alignment measured as the acceptance of its drafts "
+    "along the target's greedy output (accepted / drafted tokens of its speculative run of the "
+    "query; 1 for the target itself): the draft heads draft on the target's features and cannot "
+    "generate alone, so the paper's ROUGE-L of a drafter's own output does not exist for them."
+)
 
 
 @dataclass(frozen=True)
@@ -115,7 +119,9 @@ class ExhibitSpec:
     build: Builder
     runs: tuple[Run, ...]
     published: tuple[str, ...] = ()
-    scales: tuple[str, ...] | None = None  # only these scales, though its runs run at others too (None: every one)
+    scales: tuple[str, ...] | None = (
+        None  # only these scales, though its runs run at others too (None: every one)
+    )
 
     def at(self, scale: str) -> bool:
         return (self.scales is None or scale in self.scales) and all(scale in r.at for r in self.runs)
@@ -134,6 +140,8 @@ def mark_unfinished(ex: Exhibit, root: Path) -> Exhibit:
     why = "; ".join(found)
     ex.title = f"{ex.title} ({why})"
     ex.verdicts = [V.unfinished(v, why) for v in ex.verdicts]
-    ex.notes = (f"**Unfinished run** ({why}): the numbers are those of the finished part only, so no claim is judged "
-                f"on them; rerun `specbench reproduce` to finish it. {ex.notes}")
+    ex.notes = (
+        f"**Unfinished run** ({why}): the numbers are those of the finished part only, so no claim is judged "
+        f"on them; rerun `specbench reproduce` to finish it. {ex.notes}"
+    )
     return ex

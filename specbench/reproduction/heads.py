@@ -28,7 +28,7 @@ def package_heads(tree) -> list[str]:
         if isinstance(node, dict):
             for key, value in node.items():
                 if key == "checkpoint" and isinstance(value, str) and value.startswith(shipped.PREFIX):
-                    found.add(value[len(shipped.PREFIX):])
+                    found.add(value[len(shipped.PREFIX) :])
                 else:
                     walk(value)
         elif isinstance(node, (list, tuple)):
@@ -71,7 +71,9 @@ def reasons(recorded: dict | None, now: dict[str, str | None]) -> list[str]:
     heads = changed(recorded, now)
     if heads is None:
         return [f"its {DONE} records no head weights (it ran before specbench recorded them)"]
-    return [f"the shipped head {name} was rebuilt since ({recorded.get(name)} -> {now[name]})" for name in heads]
+    return [
+        f"the shipped head {name} was rebuilt since ({recorded.get(name)} -> {now[name]})" for name in heads
+    ]
 
 
 def stale_steps(root: Path) -> dict[str, list[str] | None]:
@@ -99,7 +101,10 @@ def provenance_line(root: Path) -> str | None:
     rebuilt = sorted({name for heads in stale.values() if heads for name in heads})
     unrecorded = sum(heads is None for heads in stale.values())
     parts = ([f"the shipped {', '.join(rebuilt)} were rebuilt after they ran"] if rebuilt else []) + (
-        [f"{unrecorded} ran before specbench recorded head weights"] if unrecorded else [])
-    return (f"**Not the shipped heads**: {len(stale)} step(s) of this report may have used other draft heads than "
-            f"the package ships now ({'; '.join(parts)}): {', '.join(f'`{r}`' for r in stale)}. "
-            "`specbench reproduce --redo` (`make reproduce-cpu REDO=1`) runs them again with the shipped heads.")
+        [f"{unrecorded} ran before specbench recorded head weights"] if unrecorded else []
+    )
+    return (
+        f"**Not the shipped heads**: {len(stale)} step(s) of this report may have used other draft heads than "
+        f"the package ships now ({'; '.join(parts)}): {', '.join(f'`{r}`' for r in stale)}. "
+        "`specbench reproduce --redo` (`make reproduce-cpu REDO=1`) runs them again with the shipped heads."
+    )

@@ -12,14 +12,40 @@ import pandas as pd
 from specbench.arms import AUTOREGRESSIVE
 from specbench.pipelines.tables import ALL_TASKS
 from specbench.reproduction import verdicts as V
-from specbench.reproduction.compare import best_fixed, faster_on, figure, relative_faster, short_name, with_published
+from specbench.reproduction.compare import (
+    best_fixed,
+    faster_on,
+    figure,
+    relative_faster,
+    short_name,
+    with_published,
+)
 from specbench.reproduction.exhibit import Exhibit, ExhibitSpec, Layout
 from specbench.reproduction.published import Published
-from specbench.reproduction.inputs import (NOT_PAIRED, drafter_speeds, load_examples, n_val_of, optional_table, read_table,
-                                            replayed, run_table, speeds)
-from specbench.reproduction.runs import (HUANG_ALPHA, HUANG_DEPTH_COLLECT, HUANG_EVAL,
-                                         HUANG_EVAL_WITH_AR, HUANG_EVAL_WITHOUT_AR, HUANG_MATH_COLLECT, HUANG_MATH_EVAL,
-                                         HUANG_MATH_POLICY, HUANG_POLICY, HUANG_WITH_AR, HUANG_WITHOUT_AR)
+from specbench.reproduction.inputs import (
+    NOT_PAIRED,
+    drafter_speeds,
+    load_examples,
+    n_val_of,
+    optional_table,
+    read_table,
+    replayed,
+    run_table,
+    speeds,
+)
+from specbench.reproduction.runs import (
+    HUANG_ALPHA,
+    HUANG_DEPTH_COLLECT,
+    HUANG_EVAL,
+    HUANG_EVAL_WITH_AR,
+    HUANG_EVAL_WITHOUT_AR,
+    HUANG_MATH_COLLECT,
+    HUANG_MATH_EVAL,
+    HUANG_MATH_POLICY,
+    HUANG_POLICY,
+    HUANG_WITH_AR,
+    HUANG_WITHOUT_AR,
+)
 from specbench.tasks.registry import table1_columns
 
 
@@ -27,8 +53,10 @@ TABLE1_QUALITY = table1_columns()  # task -> Table 1's quality column, from the 
 # The paper's own worst cell of Table 1: the policy's 1.17x against T5-small-XSum's 1.21x on XSum (1.09x against
 # 1.10x on IWSLT), so "as fast as the best specialist" means at least 1.17 / 1.21 of it.
 WITHIN = round(1.17 / 1.21, 3)
-WITHIN_CLAIM = (f"the policy reaches at least {WITHIN} of the best drafter's speed on every task (the paper's worst "
-                "cell: 1.17x against 1.21x on XSum, Table 1)")
+WITHIN_CLAIM = (
+    f"the policy reaches at least {WITHIN} of the best drafter's speed on every task (the paper's worst "
+    "cell: 1.17x against 1.21x on XSum, Table 1)"
+)
 # Table 4: drafting alone about 0.75x, the policy with the autoregressive arm about 0.95x (the paper's text).
 TABLE4_POLICY = 0.95
 
@@ -36,50 +64,97 @@ TABLE4_POLICY = 0.95
 def huang_table1(root: Path, published: list[Published], lay: Layout) -> Exhibit:
     summary = run_table(root, f"{HUANG_EVAL.dir}/summary.csv")
     sp = speeds(summary)
-    rows = [(f"fixed:{d}", d, paper_row) for d, (_, paper_row) in lay.huang_pair.items()] + [("policy", "policy", "policy")]
+    rows = [(f"fixed:{d}", d, paper_row) for d, (_, paper_row) in lay.huang_pair.items()] + [
+        ("policy", "policy", "policy")
+    ]
     cells = {(r.task, r.method): r for r in summary.itertuples()}
 
     def extra(task: str, method: str) -> dict:
         """The acceptance and quality columns of one cell (quality: BLEU on translation, ROUGE-L on summarization)."""
         r = cells.get((task, method))
         metric = TABLE1_QUALITY.get(task, "")
-        return {f"{task} acceptance": getattr(r, "acceptance_rate", math.nan) if r else math.nan,
-                f"{task} {metric}": getattr(r, metric, math.nan) if r and metric else math.nan}
+        return {
+            f"{task} acceptance": getattr(r, "acceptance_rate", math.nan) if r else math.nan,
+            f"{task} {metric}": getattr(r, metric, math.nan) if r and metric else math.nan,
+        }
 
-    table = pd.DataFrame([{"drafter": label, **{t: sp.get(t, {}).get(m, math.nan) for t in ("translation", "summarization")},
-                           **{k: v for t in ("translation", "summarization") for k, v in extra(t, m).items()}}
-                          for m, label, _ in rows])
-    table = with_published(table, published, "huang", "table1", {label: p for _, label, p in rows},
-                           ["translation", "summarization"])
+    table = pd.DataFrame(
+        [
+            {
+                "drafter": label,
+                **{t: sp.get(t, {}).get(m, math.nan) for t in ("translation", "summarization")},
+                **{k: v for t in ("translation", "summarization") for k, v in extra(t, m).items()},
+            }
+            for m, label, _ in rows
+        ]
+    )
+    table = with_published(
+        table,
+        published,
+        "huang",
+        "table1",
+        {label: p for _, label, p in rows},
+        ["translation", "summarization"],
+    )
     pair = {d: task for d, (task, _) in lay.huang_pair.items()}
     ex = load_examples(root, HUANG_EVAL.dir)
-    single = {t: {d: v for d, v in drafter_speeds(summary).get(t, {}).items() if d in pair} for t in pair.values()}
+    single = {
+        t: {d: v for d, v in drafter_speeds(summary).get(t, {}).items() if d in pair} for t in pair.values()
+    }
     best = {t: max(v, key=v.get) for t, v in single.items() if v}  # the comparator: the best by its total
-    fastest = V.all_of("each specialist speeds up its own task more than the other specialist does",
-                       [(f"{task}: {d} vs {o}", faster_on(ex, "", f"fixed:{d}", f"fixed:{o}", task, run=HUANG_EVAL.dir))
-                        for d, task in pair.items() for o in pair if o != d], "each part: speedup ratio > 1")
-    within = V.all_of(WITHIN_CLAIM,
-                      [(f"{task}: policy vs {d}", faster_on(ex, "", "policy", f"fixed:{d}", task, threshold=WITHIN,
-                                                            at_least=True, run=HUANG_EVAL.dir))
-                       for task, d in best.items()],
-                      f"each part: speedup ratio policy / best drafter of the task (by its total) >= {WITHIN}")
+    fastest = V.all_of(
+        "each specialist speeds up its own task more than the other specialist does",
+        [
+            (f"{task}: {d} vs {o}", faster_on(ex, "", f"fixed:{d}", f"fixed:{o}", task, run=HUANG_EVAL.dir))
+            for d, task in pair.items()
+            for o in pair
+            if o != d
+        ],
+        "each part: speedup ratio > 1",
+    )
+    within = V.all_of(
+        WITHIN_CLAIM,
+        [
+            (
+                f"{task}: policy vs {d}",
+                faster_on(
+                    ex, "", "policy", f"fixed:{d}", task, threshold=WITHIN, at_least=True, run=HUANG_EVAL.dir
+                ),
+            )
+            for task, d in best.items()
+        ],
+        f"each part: speedup ratio policy / best drafter of the task (by its total) >= {WITHIN}",
+    )
     if not best:
         within = V.missing(WITHIN_CLAIM, "the specialists' rows", "speedup ratio")
-    both = V.all_of("the policy is faster than autoregressive decoding on both tasks (the paper: 1.09x and 1.17x)",
-                    [(task, faster_on(ex, "", "policy", AUTOREGRESSIVE, task, run=HUANG_EVAL.dir))
-                     for task in dict.fromkeys(pair.values())], "each part: speedup ratio policy / autoregressive > 1")
-    notes = ("Speedup over autoregressive decoding on held-out rows (the policy's eval slice, disjoint from the "
-             "collected queries), with each cell's acceptance rate and output quality (BLEU, ROUGE-L: greedy "
-             "decoding is lossless, so every row's quality is the target's own). Paper: T5-large target with T5-small "
-             f"(a generalist that translates well) and T5-small-XSum; ours: {lay.huang_models}. Reward: "
-             f"{lay.table1_reward}")
+    both = V.all_of(
+        "the policy is faster than autoregressive decoding on both tasks (the paper: 1.09x and 1.17x)",
+        [
+            (task, faster_on(ex, "", "policy", AUTOREGRESSIVE, task, run=HUANG_EVAL.dir))
+            for task in dict.fromkeys(pair.values())
+        ],
+        "each part: speedup ratio policy / autoregressive > 1",
+    )
+    notes = (
+        "Speedup over autoregressive decoding on held-out rows (the policy's eval slice, disjoint from the "
+        "collected queries), with each cell's acceptance rate and output quality (BLEU, ROUGE-L: greedy "
+        "decoding is lossless, so every row's quality is the target's own). Paper: T5-large target with T5-small "
+        f"(a generalist that translates well) and T5-small-XSum; ours: {lay.huang_models}. Reward: "
+        f"{lay.table1_reward}"
+    )
     val = replayed(optional_table(root, f"{HUANG_POLICY.dir}/summary.csv"))
     if val:
-        notes += " Replayed on the validation queries of the collection: " + ", ".join(
-            f"{k} {v:.3f}" for k, v in val.items() if not math.isnan(v)) + "."
-    return Exhibit("Huang et al., Table 1: each specialist on both tasks, and the policy",
-                   table, [fastest, within, both],
-                   notes)
+        notes += (
+            " Replayed on the validation queries of the collection: "
+            + ", ".join(f"{k} {v:.3f}" for k, v in val.items() if not math.isnan(v))
+            + "."
+        )
+    return Exhibit(
+        "Huang et al., Table 1: each specialist on both tasks, and the policy",
+        table,
+        [fastest, within, both],
+        notes,
+    )
 
 
 def huang_fig2(root: Path, published: list[Published], lay: Layout) -> Exhibit:
@@ -93,74 +168,127 @@ def huang_fig2(root: Path, published: list[Published], lay: Layout) -> Exhibit:
     if f"share_{cheap}" not in df or f"share_{aligned}" not in df:
         verdict = V.missing(claim, f"shares of {cheap} and {aligned}")
     elif n_val is None:
-        verdict = V.unpaired(claim, "the number of validation queries behind the shares is unknown (no n_val in "
-                                    f"{HUANG_ALPHA.dir}/metrics.json)", "share")
+        verdict = V.unpaired(
+            claim,
+            "the number of validation queries behind the shares is unknown (no n_val in "
+            f"{HUANG_ALPHA.dir}/metrics.json)",
+            "share",
+        )
     else:
         # a share of n validation queries is k = share * n queries given that arm: the per-query hits
         def hits(share: float) -> list[float]:
             k = int(round(float(share) * n_val))
             return [1.0] * k + [0.0] * (n_val - k)
 
-        verdict = V.all_of(claim, [
-            (f"alpha {lo.alpha:g}: share of {cheap}", V.majority("", hits(lo[f"share_{cheap}"]), f"share of {cheap}")),
-            (f"alpha {hi.alpha:g}: share of {aligned}", V.majority("", hits(hi[f"share_{aligned}"]), f"share of {aligned}")),
-        ], "each part: a majority of the validation queries, share > 0.5")
+        verdict = V.all_of(
+            claim,
+            [
+                (
+                    f"alpha {lo.alpha:g}: share of {cheap}",
+                    V.majority("", hits(lo[f"share_{cheap}"]), f"share of {cheap}"),
+                ),
+                (
+                    f"alpha {hi.alpha:g}: share of {aligned}",
+                    V.majority("", hits(hi[f"share_{aligned}"]), f"share of {aligned}"),
+                ),
+            ],
+            "each part: a majority of the validation queries, share > 0.5",
+        )
 
     def plot(path: Path) -> None:
         def draw(ax):
             for a in arms:
                 ax.plot(df.alpha, df[f"share_{a}"], marker="o", label=a)
-        figure(path, draw, f"Huang et al. Fig. 2 ({lay.scale}): choice vs alpha", "alpha (weight of alignment vs cost)",
-                "share of validation queries")
 
-    notes = ("Proxy reward r = alpha * alignment (ROUGE-L of the drafter's own output to the target's) + (1 - alpha) * "
-             f"(1 - cost) (parameters relative to the largest arm); one policy per alpha. Arms: {lay.alpha_note}.")
-    return Exhibit("Huang et al., Fig. 2: the alpha trade-off between a cheap and a better-aligned drafter", df, [verdict],
-                   notes, plot=plot)
+        figure(
+            path,
+            draw,
+            f"Huang et al. Fig. 2 ({lay.scale}): choice vs alpha",
+            "alpha (weight of alignment vs cost)",
+            "share of validation queries",
+        )
+
+    notes = (
+        "Proxy reward r = alpha * alignment (ROUGE-L of the drafter's own output to the target's) + (1 - alpha) * "
+        f"(1 - cost) (parameters relative to the largest arm); one policy per alpha. Arms: {lay.alpha_note}."
+    )
+    return Exhibit(
+        "Huang et al., Fig. 2: the alpha trade-off between a cheap and a better-aligned drafter",
+        df,
+        [verdict],
+        notes,
+        plot=plot,
+    )
 
 
-FIG3_SWEEP = "huang/fig3/policy/data_efficiency.csv"  # make huang-fig3 (outside the plan): 1,000+ training queries
+FIG3_SWEEP = (
+    "huang/fig3/policy/data_efficiency.csv"  # make huang-fig3 (outside the plan): 1,000+ training queries
+)
 
 
 def huang_fig3(root: Path, published: list[Published], lay: Layout) -> Exhibit:
     """Fig. 3 from ``make huang-fig3``'s sweep when it exists under ``root`` (1,000+ training queries, replayed from a
     trace), else from Table 1's policy run (its few collected queries)."""
     big = Path(root) / FIG3_SWEEP
-    df = (read_table(big) if big.is_file() else run_table(root, f"{HUANG_POLICY.dir}/data_efficiency.csv")
-          ).sort_values("n_examples")
+    df = (
+        read_table(big) if big.is_file() else run_table(root, f"{HUANG_POLICY.dir}/data_efficiency.csv")
+    ).sort_values("n_examples")
     first, last = df.iloc[0], df.iloc[-1]
     claim = "more training queries give a higher speed than the fewest"
     queries = (big if big.is_file() else Path(root) / HUANG_POLICY.dir / "data_efficiency.csv").with_name(
-        "data_efficiency_queries.csv")
+        "data_efficiency_queries.csv"
+    )
     if queries.is_file():  # each size's chosen arm per validation query: paired
         q = read_table(queries)
-        most, fewest = (q[q.n_examples == n].set_index("query_id") for n in (last.n_examples, first.n_examples))
+        most, fewest = (
+            q[q.n_examples == n].set_index("query_id") for n in (last.n_examples, first.n_examples)
+        )
         ids = most.index.intersection(fewest.index)
-        verdict = V.faster(claim, (most.seconds[ids], most.new_tokens[ids]), (fewest.seconds[ids], fewest.new_tokens[ids]),
-                           names=(f"{int(last.n_examples)} queries", f"{int(first.n_examples)} queries"))
+        verdict = V.faster(
+            claim,
+            (most.seconds[ids], most.new_tokens[ids]),
+            (fewest.seconds[ids], fewest.new_tokens[ids]),
+            names=(f"{int(last.n_examples)} queries", f"{int(first.n_examples)} queries"),
+        )
     else:
-        verdict = V.unpaired(claim, f"{NOT_PAIRED}; aggregates: {int(last.n_examples)} queries "
-                             f"{last.speedup_replayed:.3f} vs {int(first.n_examples)} {first.speedup_replayed:.3f}",
-                             "speedup ratio")
+        verdict = V.unpaired(
+            claim,
+            f"{NOT_PAIRED}; aggregates: {int(last.n_examples)} queries "
+            f"{last.speedup_replayed:.3f} vs {int(first.n_examples)} {first.speedup_replayed:.3f}",
+            "speedup ratio",
+        )
 
     def plot(path: Path) -> None:
         def draw(ax):
             ax.plot(df.n_examples, df.speedup_replayed, marker="o", label="policy")
             if "oracle_speedup" in df:
                 ax.plot(df.n_examples, df.oracle_speedup, ls="--", color="gray", label="per-query oracle")
-        figure(path, draw, f"Huang et al. Fig. 3 ({lay.scale}): speed vs training queries", "training queries (log scale)",
-                "speedup (replayed, validation)", xscale="log")
+
+        figure(
+            path,
+            draw,
+            f"Huang et al. Fig. 3 ({lay.scale}): speed vs training queries",
+            "training queries (log scale)",
+            "speedup (replayed, validation)",
+            xscale="log",
+        )
 
     if big.is_file():
-        notes = ("Speedup of the chosen arms on the same validation queries (a fifth of the collection), each arm's run "
-                 "replayed from one greedy acceptance trace of every query (`make huang-fig3`: 1,332 queries of IWSLT2017 "
-                 "and XSum disjoint from the heads' training rows and from Table 1's, 16 new tokens each; times predicted "
-                 "from the cost curves measured with the trace); the policy trains on the acceptance reward "
-                 f"(reward.alignment=acceptance). Runs: `{Path(FIG3_SWEEP).parent.parent}`. The paper trains on 1k-10k.")
+        notes = (
+            "Speedup of the chosen arms on the same validation queries (a fifth of the collection), each arm's run "
+            "replayed from one greedy acceptance trace of every query (`make huang-fig3`: 1,332 queries of IWSLT2017 "
+            "and XSum disjoint from the heads' training rows and from Table 1's, 16 new tokens each; times predicted "
+            "from the cost curves measured with the trace); the policy trains on the acceptance reward "
+            f"(reward.alignment=acceptance). Runs: `{Path(FIG3_SWEEP).parent.parent}`. The paper trains on 1k-10k."
+        )
     else:
-        notes = ("Replayed speedup of the chosen arms' measured speculative runs on the same validation queries; "
-                 f"{lay.training_note} `make huang-fig3` sweeps to 1,000+ training queries.")
-    return Exhibit("Huang et al., Fig. 3: speed against the number of training queries", df, [verdict], notes, plot=plot)
+        notes = (
+            "Replayed speedup of the chosen arms' measured speculative runs on the same validation queries; "
+            f"{lay.training_note} `make huang-fig3` sweeps to 1,000+ training queries."
+        )
+    return Exhibit(
+        "Huang et al., Fig. 3: speed against the number of training queries", df, [verdict], notes, plot=plot
+    )
 
 
 def huang_table4(root: Path, published: list[Published], lay: Layout) -> Exhibit:
@@ -170,65 +298,134 @@ def huang_table4(root: Path, published: list[Published], lay: Layout) -> Exhibit
     sp = replayed(optional_table(root, f"{HUANG_MATH_POLICY.dir}/summary.csv"))
     alone = {m.split(":", 1)[1]: v for m, v in live.items() if m.startswith("fixed:")}
     best = best_fixed(summary)
-    table = pd.DataFrame([{"method": f"{a} alone", "speedup": v, "replayed": sp.get(f"always {a}", math.nan)}
-                          for a, v in alone.items()] +
-                         [{"method": "drafting alone (best drafter)", "speedup": live.get(best, math.nan) if best else math.nan,
-                           "replayed": max((v for k, v in sp.items() if k.startswith("always ")
-                                            and k != "always autoregressive"), default=math.nan)},
-                          {"method": "policy with the autoregressive arm", "speedup": live.get("policy", math.nan),
-                           "replayed": sp.get("policy", math.nan)}])
-    table = with_published(table, published, "huang", "table4",
-                           {"drafting alone (best drafter)": "drafting alone",
-                            "policy with the autoregressive arm": "policy with the autoregressive arm"}, ["speedup"])
+    table = pd.DataFrame(
+        [
+            {"method": f"{a} alone", "speedup": v, "replayed": sp.get(f"always {a}", math.nan)}
+            for a, v in alone.items()
+        ]
+        + [
+            {
+                "method": "drafting alone (best drafter)",
+                "speedup": live.get(best, math.nan) if best else math.nan,
+                "replayed": max(
+                    (v for k, v in sp.items() if k.startswith("always ") and k != "always autoregressive"),
+                    default=math.nan,
+                ),
+            },
+            {
+                "method": "policy with the autoregressive arm",
+                "speedup": live.get("policy", math.nan),
+                "replayed": sp.get("policy", math.nan),
+            },
+        ]
+    )
+    table = with_published(
+        table,
+        published,
+        "huang",
+        "table4",
+        {
+            "drafting alone (best drafter)": "drafting alone",
+            "policy with the autoregressive arm": "policy with the autoregressive arm",
+        },
+        ["speedup"],
+    )
     ex = load_examples(root, run)
 
     claim = "with the autoregressive arm the policy is faster than drafting alone (the best drafter)"
-    premise = ("the premise: drafting alone slows math, autoregressive decoding is faster than the best drafter "
-               "(the paper: drafting about 0.75x)")
-    verdicts = [faster_on(ex, premise, AUTOREGRESSIVE, best, names=("autoregressive", short_name(best)), run=run)
-                if best else V.missing(premise, f"the fixed drafters' rows ({run}/summary.csv)", "speedup ratio"),
-                faster_on(ex, claim, "policy", best, names=("policy", short_name(best)), run=run) if best else
-                V.missing(claim, f"the fixed drafters' rows ({run}/summary.csv)", "speedup ratio"),
-                faster_on(ex, f"the policy holds at least {TABLE4_POLICY}x of autoregressive speed (the paper: about "
-                              f"{TABLE4_POLICY}x)", "policy", AUTOREGRESSIVE, threshold=TABLE4_POLICY, at_least=True,
-                          run=run)]
-    return Exhibit("Huang et al., Table 4: math, with the autoregressive arm",
-                   table, verdicts,
-                   f"GSM8K test rows: speedup of the policy evaluated live on {lay.held_out} held-out rows (after the "
-                   "collected ones), beside each drafter alone in the same run; `replayed`: the collection's "
-                   f"validation queries replayed (train-policy). Reward: {lay.table4_reward}")
+    premise = (
+        "the premise: drafting alone slows math, autoregressive decoding is faster than the best drafter "
+        "(the paper: drafting about 0.75x)"
+    )
+    verdicts = [
+        faster_on(ex, premise, AUTOREGRESSIVE, best, names=("autoregressive", short_name(best)), run=run)
+        if best
+        else V.missing(premise, f"the fixed drafters' rows ({run}/summary.csv)", "speedup ratio"),
+        faster_on(ex, claim, "policy", best, names=("policy", short_name(best)), run=run)
+        if best
+        else V.missing(claim, f"the fixed drafters' rows ({run}/summary.csv)", "speedup ratio"),
+        faster_on(
+            ex,
+            f"the policy holds at least {TABLE4_POLICY}x of autoregressive speed (the paper: about "
+            f"{TABLE4_POLICY}x)",
+            "policy",
+            AUTOREGRESSIVE,
+            threshold=TABLE4_POLICY,
+            at_least=True,
+            run=run,
+        ),
+    ]
+    return Exhibit(
+        "Huang et al., Table 4: math, with the autoregressive arm",
+        table,
+        verdicts,
+        f"GSM8K test rows: speedup of the policy evaluated live on {lay.held_out} held-out rows (after the "
+        "collected ones), beside each drafter alone in the same run; `replayed`: the collection's "
+        f"validation queries replayed (train-policy). Reward: {lay.table4_reward}",
+    )
 
 
 def huang_table6(root: Path, published: list[Published], lay: Layout) -> Exhibit:
     without_run, with_run = HUANG_EVAL_WITHOUT_AR.dir, HUANG_EVAL_WITH_AR.dir
-    without_s, with_s = run_table(root, f"{without_run}/summary.csv"), run_table(root, f"{with_run}/summary.csv")
+    without_s, with_s = (
+        run_table(root, f"{without_run}/summary.csv"),
+        run_table(root, f"{with_run}/summary.csv"),
+    )
     live = speeds(without_s).get(ALL_TASKS, {})
     without = replayed(optional_table(root, f"{HUANG_WITHOUT_AR.dir}/summary.csv"))
     with_ar = replayed(optional_table(root, f"{HUANG_WITH_AR.dir}/summary.csv"))
-    table = pd.DataFrame([{"method": f"{m.split(':', 1)[1]} alone", "speedup": v,
-                           "replayed": with_ar.get(f"always {m.split(':', 1)[1]}", math.nan)}
-                          for m, v in live.items() if m.startswith("fixed:")] +
-                         [{"method": "policy without the autoregressive arm", "speedup": live.get("policy", math.nan),
-                           "replayed": without.get("policy", math.nan)},
-                          {"method": "policy with the autoregressive arm",
-                           "speedup": speeds(with_s).get(ALL_TASKS, {}).get("policy", math.nan),
-                           "replayed": with_ar.get("policy", math.nan)}])
+    table = pd.DataFrame(
+        [
+            {
+                "method": f"{m.split(':', 1)[1]} alone",
+                "speedup": v,
+                "replayed": with_ar.get(f"always {m.split(':', 1)[1]}", math.nan),
+            }
+            for m, v in live.items()
+            if m.startswith("fixed:")
+        ]
+        + [
+            {
+                "method": "policy without the autoregressive arm",
+                "speedup": live.get("policy", math.nan),
+                "replayed": without.get("policy", math.nan),
+            },
+            {
+                "method": "policy with the autoregressive arm",
+                "speedup": speeds(with_s).get(ALL_TASKS, {}).get("policy", math.nan),
+                "replayed": with_ar.get("policy", math.nan),
+            },
+        ]
+    )
     claim = "adding the autoregressive arm makes the policy faster"
-    verdict = relative_faster(claim, load_examples(root, with_run), load_examples(root, without_run), "policy",
-                              ("with the AR arm", "without"), (with_run, without_run))
-    return Exhibit("Huang et al., Table 6: drafters at several depths, with and without the autoregressive arm",
-                   table, [verdict],
-                   f"{lay.depth_note}. Each policy evaluated live on {lay.held_out} held-out rows, each run with its own "
-                   "autoregressive baseline (the two runs are separate processes, so the verdict compares each policy's "
-                   "per-query speedup over its own run's autoregressive decoding of the same query); `replayed`: the "
-                   f"collection's validation queries replayed. Reward: {lay.table6_reward}")
+    verdict = relative_faster(
+        claim,
+        load_examples(root, with_run),
+        load_examples(root, without_run),
+        "policy",
+        ("with the AR arm", "without"),
+        (with_run, without_run),
+    )
+    return Exhibit(
+        "Huang et al., Table 6: drafters at several depths, with and without the autoregressive arm",
+        table,
+        [verdict],
+        f"{lay.depth_note}. Each policy evaluated live on {lay.held_out} held-out rows, each run with its own "
+        "autoregressive baseline (the two runs are separate processes, so the verdict compares each policy's "
+        "per-query speedup over its own run's autoregressive decoding of the same query); `replayed`: the "
+        f"collection's validation queries replayed. Reward: {lay.table6_reward}",
+    )
 
 
 TABLE1 = ExhibitSpec("huang/table1", huang_table1, (HUANG_EVAL, HUANG_POLICY), ("huang/table1",))
 FIG2 = ExhibitSpec("huang/fig2", huang_fig2, (HUANG_DEPTH_COLLECT, HUANG_ALPHA))
 FIG3 = ExhibitSpec("huang/fig3", huang_fig3, (HUANG_POLICY,))
-TABLE4 = ExhibitSpec("huang/table4", huang_table4, (HUANG_MATH_COLLECT, HUANG_MATH_POLICY, HUANG_MATH_EVAL),
-                     ("huang/table4",))
-TABLE6 = ExhibitSpec("huang/table6", huang_table6, (HUANG_DEPTH_COLLECT, HUANG_WITHOUT_AR, HUANG_WITH_AR,
-                                                    HUANG_EVAL_WITHOUT_AR, HUANG_EVAL_WITH_AR))
+TABLE4 = ExhibitSpec(
+    "huang/table4", huang_table4, (HUANG_MATH_COLLECT, HUANG_MATH_POLICY, HUANG_MATH_EVAL), ("huang/table4",)
+)
+TABLE6 = ExhibitSpec(
+    "huang/table6",
+    huang_table6,
+    (HUANG_DEPTH_COLLECT, HUANG_WITHOUT_AR, HUANG_WITH_AR, HUANG_EVAL_WITHOUT_AR, HUANG_EVAL_WITH_AR),
+)
 EXHIBITS = (TABLE1, FIG2, FIG3, TABLE4, TABLE6)

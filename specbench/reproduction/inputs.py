@@ -10,7 +10,16 @@ from pathlib import Path
 import pandas as pd
 
 from specbench.errors import SpecbenchError
-from specbench.reproduction.runs import CONFIG, DONE, EXAMPLES, RECORD_FILES, ROOT_RECORD, ROUNDS, ROWS, SUMMARY
+from specbench.reproduction.runs import (
+    CONFIG,
+    DONE,
+    EXAMPLES,
+    RECORD_FILES,
+    ROOT_RECORD,
+    ROUNDS,
+    ROWS,
+    SUMMARY,
+)
 
 
 class NotRun(Exception):
@@ -28,20 +37,26 @@ def read_table(path: Path) -> pd.DataFrame:
     """A CSV our commands wrote; an empty (0-byte) or torn one (cut mid-line by a stopped run) is refused,
     naming the file and the step that writes it."""
     step = path.parent
-    fix = (f"run its step again: delete {step / DONE} if it is there, then rerun `specbench reproduce` with the same "
-           "options (the step resumes from its records and writes the file again; add --redo if it then names the "
-           "steps that read it), or rerun the command that wrote the file into that directory")
+    fix = (
+        f"run its step again: delete {step / DONE} if it is there, then rerun `specbench reproduce` with the same "
+        "options (the step resumes from its records and writes the file again; add --redo if it then names the "
+        "steps that read it), or rerun the command that wrote the file into that directory"
+    )
     data = path.read_bytes()
     if not data.strip():
-        raise SpecbenchError(f"{path} is empty ({len(data)} bytes): the run that writes it stopped before it finished",
-                             fix)
+        raise SpecbenchError(
+            f"{path} is empty ({len(data)} bytes): the run that writes it stopped before it finished", fix
+        )
     if not data.endswith(b"\n"):
-        raise SpecbenchError(f"{path} is torn (its last line is cut off): the run that writes it stopped while "
-                             "writing it", fix)
+        raise SpecbenchError(
+            f"{path} is torn (its last line is cut off): the run that writes it stopped while writing it", fix
+        )
     try:
         return pd.read_csv(path)
     except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as exc:
-        raise SpecbenchError(f"{path} cannot be read as a table ({str(exc).strip().splitlines()[0]})", fix) from None
+        raise SpecbenchError(
+            f"{path} cannot be read as a table ({str(exc).strip().splitlines()[0]})", fix
+        ) from None
 
 
 def count_lines(path: Path) -> int:
@@ -85,13 +100,17 @@ def planned(out: Path, command: str | None) -> int | None:
             from specbench.pipelines.cascades import variants
 
             tasks = set(cfg.get("tasks") or [])
-            return sum(1 for q in queries if not tasks or q.task in tasks) * len(variants(cfg.rules, cfg.alphas))
+            return sum(1 for q in queries if not tasks or q.task in tasks) * len(
+                variants(cfg.rules, cfg.alphas)
+            )
         if command == "eval":
             from specbench.pipelines.methods import parse_methods
             from specbench.pipelines.session.prompting import turns_of
 
             max_turns = int(cfg.dataset.get("max_turns") or 1)
-            pool = dict.fromkeys([AUTOREGRESSIVE, *(k for k, v in (cfg.pool.get("drafters") or {}).items() if v)])
+            pool = dict.fromkeys(
+                [AUTOREGRESSIVE, *(k for k, v in (cfg.pool.get("drafters") or {}).items() if v)]
+            )
             methods = parse_methods(cfg.methods, pool, cfg.get("selector"), cfg)
             return sum(turns_of(q, max_turns) for q in queries) * len(methods)
     except Exception:  # noqa: BLE001 - best effort: the count is left out
@@ -125,7 +144,11 @@ def unfinished(root: Path, run: str) -> str | None:
     if not file:
         return f"unfinished: {run} has no {DONE} (its step stopped before it finished)"
     want = planned(out, command)
-    return f"unfinished: {have} of {want} {what}" if want else f"unfinished: {have} {what}, the step did not finish"
+    return (
+        f"unfinished: {have} of {want} {what}"
+        if want
+        else f"unfinished: {have} {what}, the step did not finish"
+    )
 
 
 def optional_table(root: Path, rel: str) -> pd.DataFrame:
@@ -145,8 +168,10 @@ def speeds(summary: pd.DataFrame, value: str = "speedup") -> dict[str, dict[str,
 
 def drafter_speeds(summary: pd.DataFrame, value: str = "speedup") -> dict[str, dict[str, float]]:
     """Only the fixed drafters, keyed by drafter name (``fixed:`` dropped)."""
-    return {t: {m.split(":", 1)[1]: v for m, v in row.items() if m.startswith("fixed:")}
-            for t, row in speeds(summary, value).items()}
+    return {
+        t: {m.split(":", 1)[1]: v for m, v in row.items() if m.startswith("fixed:")}
+        for t, row in speeds(summary, value).items()
+    }
 
 
 def replayed(summary: pd.DataFrame) -> dict[str, float]:
@@ -156,11 +181,23 @@ def replayed(summary: pd.DataFrame) -> dict[str, float]:
     return {str(c): float(s) for c, s in zip(summary.choice, summary.speedup_replayed)}
 
 
-EXAMPLE_FIELDS = ("query_id", "task", "method", "seconds", "new_tokens", "target_calls", "switches", "quality",
-                  "process", "output_ids")
+EXAMPLE_FIELDS = (
+    "query_id",
+    "task",
+    "method",
+    "seconds",
+    "new_tokens",
+    "target_calls",
+    "switches",
+    "quality",
+    "process",
+    "output_ids",
+)
 
-NOT_PAIRED = ("train-policy writes only aggregate replayed speedups (no per-query choice of the policy), so this "
-              "cannot be paired per query")
+NOT_PAIRED = (
+    "train-policy writes only aggregate replayed speedups (no per-query choice of the policy), so this "
+    "cannot be paired per query"
+)
 
 
 def load_examples(root: Path, run: str, fields: tuple[str, ...] = EXAMPLE_FIELDS) -> pd.DataFrame:
@@ -195,8 +232,12 @@ def n_val_of(root: Path, run: str) -> int | None:
     return int(n) if isinstance(n, (int, float)) and n > 0 else None
 
 
-def load_round_values(root: Path, run: str, methods: tuple[str, ...] | None = None,
-                      fields: tuple[str, ...] = ("query_id", "task", "method", "round", "arm")) -> pd.DataFrame:
+def load_round_values(
+    root: Path,
+    run: str,
+    methods: tuple[str, ...] | None = None,
+    fields: tuple[str, ...] = ("query_id", "task", "method", "round", "arm"),
+) -> pd.DataFrame:
     """The per-round records (``rounds.jsonl``) of ``methods`` (None: every method) in ``root/run``, ``fields`` only."""
     path, rows = Path(root) / run / ROUNDS, []
     if path.is_file():

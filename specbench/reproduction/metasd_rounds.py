@@ -15,11 +15,20 @@ from specbench.reproduction.compare import faster_on, figure, short_name
 from specbench.reproduction.exhibit import Exhibit, ExhibitSpec, Layout
 from specbench.reproduction.metasd import BANDITS, FIRST_ROUNDS, METASD_ROWS, UCB, UCB_BE, UCB_FI, UNIFORM
 from specbench.reproduction.published import Published
-from specbench.reproduction.inputs import (NotRun, load_examples, load_round_values, load_rounds, run_table, speeds)
+from specbench.reproduction.inputs import (
+    NotRun,
+    load_examples,
+    load_round_values,
+    load_rounds,
+    run_table,
+    speeds,
+)
 from specbench.reproduction.runs import EXAMPLES, METASD_EVAL, ROUNDS
 
 
-def round_shares(root: Path, run: str, methods: tuple[str, ...], first_rounds: int = FIRST_ROUNDS) -> pd.DataFrame:
+def round_shares(
+    root: Path, run: str, methods: tuple[str, ...], first_rounds: int = FIRST_ROUNDS
+) -> pd.DataFrame:
     """Per query (rows) and method (columns): the share of the query's first ``first_rounds`` rounds in which the
     method played its task's oracle arm (the fastest fixed drafter of the task in the run); NaN where a method has
     no rounds for a query. One read of the run's records."""
@@ -40,21 +49,34 @@ def on_common_queries(share: pd.DataFrame, methods) -> pd.DataFrame:
     return share.dropna(subset=[m for m in methods if m in share]) if len(share) else share
 
 
-def sooner(share: pd.DataFrame, run: str, claim: str, a: str, b: str, first_rounds: int = FIRST_ROUNDS,
-           **kw) -> V.Verdict:
+def sooner(
+    share: pd.DataFrame, run: str, claim: str, a: str, b: str, first_rounds: int = FIRST_ROUNDS, **kw
+) -> V.Verdict:
     """``a`` plays its task's oracle arm in more of a query's first rounds than ``b``, paired per query
     (``share``: :func:`round_shares` of the run ``run``)."""
     names = (METASD_ROWS.get(a, a), METASD_ROWS.get(b, b))
     label = f"share difference {names[0]} - {names[1]}"
     if not {a, b} <= set(share.columns):
-        return V.missing(claim, f"per-query rounds of {names[0]} and {names[1]} ({run}/{ROUNDS}) or the oracle's "
-                                f"arms ({run}/{EXAMPLES})", label)
+        return V.missing(
+            claim,
+            f"per-query rounds of {names[0]} and {names[1]} ({run}/{ROUNDS}) or the oracle's "
+            f"arms ({run}/{EXAMPLES})",
+            label,
+        )
     pair = on_common_queries(share, (a, b))
-    return V.greater_mean(claim, list(pair[a]), list(pair[b]), label,
-                          detail=f"per query: share of its first {first_rounds} rounds on its task's oracle arm", **kw)
+    return V.greater_mean(
+        claim,
+        list(pair[a]),
+        list(pair[b]),
+        label,
+        detail=f"per query: share of its first {first_rounds} rounds on its task's oracle arm",
+        **kw,
+    )
 
 
-def metasd_convergence(root: Path, published: list[Published], lay: Layout, first_rounds: int = FIRST_ROUNDS) -> Exhibit:
+def metasd_convergence(
+    root: Path, published: list[Published], lay: Layout, first_rounds: int = FIRST_ROUNDS
+) -> Exhibit:
     conv = run_table(root, f"{METASD_EVAL.dir}/convergence.csv")
     early = conv[conv["round"] < first_rounds].groupby("method").share.mean()
     table = early.rename("share of the first rounds on the oracle's arm").reset_index()
@@ -64,18 +86,38 @@ def metasd_convergence(root: Path, published: list[Published], lay: Layout, firs
             for m in (UCB, UCB_BE):
                 sub = conv[(conv.method == m) & (conv["round"] < 40)]
                 ax.plot(sub["round"], sub.share, label=METASD_ROWS.get(m, m))
-        figure(path, draw, f"MetaSD convergence ({lay.scale}): BD vs BE", "round within a query",
-                "share playing the oracle's arm", ylim=(0, 1.02))
+
+        figure(
+            path,
+            draw,
+            f"MetaSD convergence ({lay.scale}): BD vs BE",
+            "round within a query",
+            "share playing the oracle's arm",
+            ylim=(0, 1.02),
+        )
 
     claim = f"BD reaches the best arm sooner than BE (share on it over the first {first_rounds} rounds)"
-    return Exhibit("MetaSD, convergence: Block Divergence against Block Efficiency",
-                   table, [sooner(round_shares(root, METASD_EVAL.dir, (UCB, UCB_BE), first_rounds), METASD_EVAL.dir,
-                                  claim, UCB, UCB_BE, first_rounds)],
-                   "Share of rounds, by round index within a query, in which the selector played its task's oracle arm.",
-                   plot=plot)
+    return Exhibit(
+        "MetaSD, convergence: Block Divergence against Block Efficiency",
+        table,
+        [
+            sooner(
+                round_shares(root, METASD_EVAL.dir, (UCB, UCB_BE), first_rounds),
+                METASD_EVAL.dir,
+                claim,
+                UCB,
+                UCB_BE,
+                first_rounds,
+            )
+        ],
+        "Share of rounds, by round index within a query, in which the selector played its task's oracle arm.",
+        plot=plot,
+    )
 
 
-def metasd_bandits(root: Path, published: list[Published], lay: Layout, first_rounds: int = FIRST_ROUNDS) -> Exhibit:
+def metasd_bandits(
+    root: Path, published: list[Published], lay: Layout, first_rounds: int = FIRST_ROUNDS
+) -> Exhibit:
     """UCB-BD against EXP3, sequential halving and the static uniform mixture: speed and convergence."""
     run = METASD_EVAL.dir
     summary = run_table(root, f"{run}/summary.csv")
@@ -83,59 +125,108 @@ def metasd_bandits(root: Path, published: list[Published], lay: Layout, first_ro
     shown = [m for m in (UCB, *BANDITS, UNIFORM) if m in alls]
     rounds = round_shares(root, run, tuple(shown), first_rounds)  # one read, for the table and every verdict
     share = on_common_queries(rounds, shown)
-    table = pd.DataFrame([{"method": METASD_ROWS.get(m, m), "speedup": alls[m],
-                           f"share of the first {first_rounds} rounds on the oracle arm":
-                               float(share[m].mean()) if m in share else math.nan} for m in shown])
+    table = pd.DataFrame(
+        [
+            {
+                "method": METASD_ROWS.get(m, m),
+                "speedup": alls[m],
+                f"share of the first {first_rounds} rounds on the oracle arm": float(share[m].mean())
+                if m in share
+                else math.nan,
+            }
+            for m in shown
+        ]
+    )
     ex = load_examples(root, run)
     level = V.bonferroni(len(BANDITS))
     boot = V.Bootstrap(level=level)
     name = lambda m: METASD_ROWS.get(m, m)  # noqa: E731
     verdicts = [
-        V.all_of("UCB-BD is faster than EXP3 and sequential halving",
-                 [(name(b), faster_on(ex, "", UCB, b, names=(name(UCB), name(b)), boot=boot, run=run))
-                  for b in BANDITS if b in alls],
-                 f"each part: speedup ratio > 1, at level {level:.1%} (Bonferroni over the two)"),
-        V.all_of(f"UCB-BD reaches the best arm sooner than EXP3 and sequential halving (first {first_rounds} rounds)",
-                 [(name(b), sooner(rounds, run, "", UCB, b, first_rounds, boot=boot)) for b in BANDITS if b in alls],
-                 f"each part: share difference > 0, at level {level:.1%} (Bonferroni over the two)"),
-        faster_on(ex, "UCB-BD is faster than the static uniform mixture (a uniformly random drafter every round)", UCB,
-                  UNIFORM, names=(name(UCB), name(UNIFORM)), run=run),
+        V.all_of(
+            "UCB-BD is faster than EXP3 and sequential halving",
+            [
+                (name(b), faster_on(ex, "", UCB, b, names=(name(UCB), name(b)), boot=boot, run=run))
+                for b in BANDITS
+                if b in alls
+            ],
+            f"each part: speedup ratio > 1, at level {level:.1%} (Bonferroni over the two)",
+        ),
+        V.all_of(
+            f"UCB-BD reaches the best arm sooner than EXP3 and sequential halving (first {first_rounds} rounds)",
+            [
+                (name(b), sooner(rounds, run, "", UCB, b, first_rounds, boot=boot))
+                for b in BANDITS
+                if b in alls
+            ],
+            f"each part: share difference > 0, at level {level:.1%} (Bonferroni over the two)",
+        ),
+        faster_on(
+            ex,
+            "UCB-BD is faster than the static uniform mixture (a uniformly random drafter every round)",
+            UCB,
+            UNIFORM,
+            names=(name(UCB), name(UNIFORM)),
+            run=run,
+        ),
     ]
-    return Exhibit("MetaSD, bandit algorithms: UCB against EXP3, sequential halving and the uniform "
-                   "mixture", table, verdicts,
-                   "The main table's mixed stream: every selector restarts on each query (bandit feedback: only the "
-                   "played drafter's reward is observed). Shares: per query, the share of its first rounds on its "
-                   "task's oracle arm (the fastest single drafter of the task in this run), averaged over queries.")
+    return Exhibit(
+        "MetaSD, bandit algorithms: UCB against EXP3, sequential halving and the uniform mixture",
+        table,
+        verdicts,
+        "The main table's mixed stream: every selector restarts on each query (bandit feedback: only the "
+        "played drafter's reward is observed). Shares: per query, the share of its first rounds on its "
+        "task's oracle arm (the fastest single drafter of the task in this run), averaged over queries.",
+    )
 
 
 def metasd_variance(root: Path, published: list[Published], lay: Layout) -> Exhibit:
     """The per-round variance of the two rewards on the same rounds: BD against BE (MetaSD: BD is denser, so lower)."""
     run = METASD_EVAL.dir
-    rounds = load_round_values(root, run, None, ("query_id", "task", "method", "round", "drafted", "be", "bd"))
+    rounds = load_round_values(
+        root, run, None, ("query_id", "task", "method", "round", "drafted", "be", "bd")
+    )
     if rounds.empty and not (Path(root) / run / ROUNDS).exists():
         raise NotRun(f"{run}/{ROUNDS}")
-    drafting = rounds[rounds.method.astype(str).str.startswith("fixed:") & (pd.to_numeric(rounds.drafted) > 0)]
+    drafting = rounds[
+        rounds.method.astype(str).str.startswith("fixed:") & (pd.to_numeric(rounds.drafted) > 0)
+    ]
     drafting = drafting.assign(be=pd.to_numeric(drafting.be), bd=pd.to_numeric(drafting.bd))
     var = drafting.groupby(["query_id", "method"])[["be", "bd"]].var(ddof=1).dropna()
-    per_query = var.groupby("query_id").mean()  # each query: the mean over the fixed drafters of their variances
+    per_query = var.groupby(
+        "query_id"
+    ).mean()  # each query: the mean over the fixed drafters of their variances
     by_drafter = var.groupby("method").mean().reset_index()
     by_drafter["method"] = by_drafter.method.map(short_name)
-    table = by_drafter.rename(columns={"method": "drafter", "be": "variance of BE per round",
-                                       "bd": "variance of BD per round"})
+    table = by_drafter.rename(
+        columns={"method": "drafter", "be": "variance of BE per round", "bd": "variance of BD per round"}
+    )
     claim = "Block Divergence varies less from round to round than Block Efficiency (on the same rounds)"
     label = "variance difference BE - BD"
-    verdict = (V.greater_mean(claim, list(per_query.be), list(per_query.bd), label,
-                              detail="per query: the mean over the single drafters of the variance of each reward over "
-                                     "the query's drafting rounds (both rewards in [0, 1])")
-               if len(per_query) else V.missing(claim, f"drafting rounds of single drafters ({run}/{ROUNDS})", label))
-    return Exhibit("MetaSD, reward variance: Block Divergence against Block Efficiency",
-                   table, [verdict],
-                   "Every drafting round of every single drafter on the main table's stream carries both rewards "
-                   "(rounds.jsonl: be = accepted / N_max, bd = the mean of 1 - TV(p, q) over the drafted positions), so the "
-                   "two are compared on exactly the same rounds.")
+    verdict = (
+        V.greater_mean(
+            claim,
+            list(per_query.be),
+            list(per_query.bd),
+            label,
+            detail="per query: the mean over the single drafters of the variance of each reward over "
+            "the query's drafting rounds (both rewards in [0, 1])",
+        )
+        if len(per_query)
+        else V.missing(claim, f"drafting rounds of single drafters ({run}/{ROUNDS})", label)
+    )
+    return Exhibit(
+        "MetaSD, reward variance: Block Divergence against Block Efficiency",
+        table,
+        [verdict],
+        "Every drafting round of every single drafter on the main table's stream carries both rewards "
+        "(rounds.jsonl: be = accepted / N_max, bd = the mean of 1 - TV(p, q) over the drafted positions), so the "
+        "two are compared on exactly the same rounds.",
+    )
 
 
-def metasd_full_info(root: Path, published: list[Published], lay: Layout, first_rounds: int = FIRST_ROUNDS) -> Exhibit:
+def metasd_full_info(
+    root: Path, published: list[Published], lay: Layout, first_rounds: int = FIRST_ROUNDS
+) -> Exhibit:
     """Every head scored on every round (full information) against bandit feedback."""
     run = METASD_EVAL.dir
     summary = run_table(root, f"{run}/summary.csv")
@@ -144,20 +235,42 @@ def metasd_full_info(root: Path, published: list[Published], lay: Layout, first_
     rounds = round_shares(root, run, tuple(shown), first_rounds)  # one read, for the table and every verdict
     share = on_common_queries(rounds, shown)
     rows = summary[(summary.task == ALL_TASKS) & summary.method.isin(shown)].set_index("method")
-    table = pd.DataFrame([{"method": METASD_ROWS.get(m, m), "speedup": alls[m], "MAT": float(rows.at[m, "mat"]),
-                           f"share of the first {first_rounds} rounds on the oracle arm":
-                               float(share[m].mean()) if m in share else math.nan} for m in shown])
+    table = pd.DataFrame(
+        [
+            {
+                "method": METASD_ROWS.get(m, m),
+                "speedup": alls[m],
+                "MAT": float(rows.at[m, "mat"]),
+                f"share of the first {first_rounds} rounds on the oracle arm": float(share[m].mean())
+                if m in share
+                else math.nan,
+            }
+            for m in shown
+        ]
+    )
     ex = load_examples(root, run)
     names = (METASD_ROWS[UCB_FI], METASD_ROWS[UCB])
-    verdicts = [sooner(rounds, run, f"full information reaches the best arm sooner than bandit feedback (first "
-                                  f"{first_rounds} rounds)", UCB_FI, UCB, first_rounds),
-                faster_on(ex, "full information is faster than bandit feedback", UCB_FI, UCB, names=names, run=run)]
-    return Exhibit("Full information for heads (every head scored on every round) against bandit "
-                   "feedback", table, verdicts,
-                   "UCB-BD with full information: after each verification every head that was not played replays the "
-                   "played draft from the target's features (no target call) and its Block Divergence is observed; "
-                   "Hedge needs those observations too. The replays cost head forwards on every round, which the "
-                   "speed verdict counts.")
+    verdicts = [
+        sooner(
+            rounds,
+            run,
+            f"full information reaches the best arm sooner than bandit feedback (first "
+            f"{first_rounds} rounds)",
+            UCB_FI,
+            UCB,
+            first_rounds,
+        ),
+        faster_on(ex, "full information is faster than bandit feedback", UCB_FI, UCB, names=names, run=run),
+    ]
+    return Exhibit(
+        "Full information for heads (every head scored on every round) against bandit feedback",
+        table,
+        verdicts,
+        "UCB-BD with full information: after each verification every head that was not played replays the "
+        "played draft from the target's features (no target call) and its Block Divergence is observed; "
+        "Hedge needs those observations too. The replays cost head forwards on every round, which the "
+        "speed verdict counts.",
+    )
 
 
 BANDIT_ALGORITHMS = ExhibitSpec("metasd/bandits", metasd_bandits, (METASD_EVAL,))

@@ -49,7 +49,9 @@ def speed(ex: pd.DataFrame, method: str) -> tuple[float, int]:
     if not len(p[method]):
         return float("nan"), 0
     (ms, mt), (bs, bt) = (compare.timed(p[x]) for x in (method, AUTOREGRESSIVE))
-    ratio = V.seconds_per_token(np.asarray(bs), np.asarray(bt)) / V.seconds_per_token(np.asarray(ms), np.asarray(mt))
+    ratio = V.seconds_per_token(np.asarray(bs), np.asarray(bt)) / V.seconds_per_token(
+        np.asarray(ms), np.asarray(mt)
+    )
     return float(ratio), len(p[method])
 
 
@@ -60,7 +62,9 @@ def tables_of(run_dir: Path) -> tuple[pd.DataFrame, list[V.Verdict], dict]:
         raise SpecbenchError(f"{run_dir}: no {EXAMPLES} records", "point at a `specbench eval` run directory")
     methods = list(dict.fromkeys(ex.method))
     if AUTOREGRESSIVE not in methods:
-        raise SpecbenchError(f"{run_dir}: the run has no autoregressive baseline", "run eval with it in methods")
+        raise SpecbenchError(
+            f"{run_dir}: the run has no autoregressive baseline", "run eval with it in methods"
+        )
     singles = [m for m in methods if m.startswith("fixed:")]
     if not singles:
         raise SpecbenchError(f"{run_dir}: no single drafter (fixed:<d>) ran", "add fixed:* to methods")
@@ -68,8 +72,12 @@ def tables_of(run_dir: Path) -> tuple[pd.DataFrame, list[V.Verdict], dict]:
     ex = compare.with_oracle(ex, singles)
     speeds = {m: speed(ex, m) for m in [*methods, TASK_ORACLE, QUERY_ORACLE] if m in set(ex.method)}
     best = max(singles, key=lambda m: speeds[m][0])
-    rounds = load_round_values(run_dir.parent, run_dir.name, None,
-                               ("query_id", "method", "emitted", "accepted", "members", "member_accepted"))
+    rounds = load_round_values(
+        run_dir.parent,
+        run_dir.name,
+        None,
+        ("query_id", "method", "emitted", "accepted", "members", "member_accepted"),
+    )
     mat = rounds.groupby("method").emitted.mean() if len(rounds) else pd.Series(dtype=float)
     multi = [m for m in methods if m != AUTOREGRESSIVE and m not in singles]
     rows, verdicts = [], []
@@ -77,14 +85,33 @@ def tables_of(run_dir: Path) -> tuple[pd.DataFrame, list[V.Verdict], dict]:
         if m not in speeds:
             continue
         s, n = speeds[m]
-        row = {"method": m, "n": n, "speedup": s, "mat": float(mat.get(m, float("nan"))),
-               "vs best single": s / speeds[best][0], "95% CI (best single)": "",
-               "vs per-task oracle": s / speeds[TASK_ORACLE][0], "95% CI (oracle)": ""}
+        row = {
+            "method": m,
+            "n": n,
+            "speedup": s,
+            "mat": float(mat.get(m, float("nan"))),
+            "vs best single": s / speeds[best][0],
+            "95% CI (best single)": "",
+            "vs per-task oracle": s / speeds[TASK_ORACLE][0],
+            "95% CI (oracle)": "",
+        }
         if m in multi:
-            vb = compare.faster_on(ex, f"{m} is at least {BEST_SINGLE_MARGIN}x the best single drafter ({best})",
-                                   m, best, threshold=BEST_SINGLE_MARGIN, at_least=True)
-            vo = compare.faster_on(ex, f"{m} is at least as fast as the per-task oracle", m, TASK_ORACLE,
-                                   threshold=1.0, at_least=True)
+            vb = compare.faster_on(
+                ex,
+                f"{m} is at least {BEST_SINGLE_MARGIN}x the best single drafter ({best})",
+                m,
+                best,
+                threshold=BEST_SINGLE_MARGIN,
+                at_least=True,
+            )
+            vo = compare.faster_on(
+                ex,
+                f"{m} is at least as fast as the per-task oracle",
+                m,
+                TASK_ORACLE,
+                threshold=1.0,
+                at_least=True,
+            )
             verdicts += [vb, vo]
             row["95% CI (best single)"] = _ci(vb)
             row["95% CI (oracle)"] = _ci(vo)
@@ -112,12 +139,18 @@ def _per_round_oracle(rounds: pd.DataFrame) -> dict[str, float] | None:
 def tree_pairs(drafters: dict) -> list[tuple[str, str]]:
     """(tree drafter, chain drafter) for every pool entry with a ``tree`` whose config, ``tree`` and ``draft_length``
     aside, equals another entry's without one."""
+
     def rest(cfg: dict) -> dict:
         return {k: v for k, v in cfg.items() if k not in ("tree", "draft_length")}
 
     chains = [n for n, c in drafters.items() if isinstance(c, dict) and not c.get("tree")]
-    return [(n, chain) for n, c in drafters.items() if isinstance(c, dict) and c.get("tree")
-            for chain in chains if rest(drafters[chain]) == rest(c)]
+    return [
+        (n, chain)
+        for n, c in drafters.items()
+        if isinstance(c, dict) and c.get("tree")
+        for chain in chains
+        if rest(drafters[chain]) == rest(c)
+    ]
 
 
 def tree_lines(run_dir: Path, table: pd.DataFrame) -> list[str]:
@@ -127,7 +160,9 @@ def tree_lines(run_dir: Path, table: pd.DataFrame) -> list[str]:
     config = Path(run_dir) / CONFIG
     if not config.is_file():
         return []
-    drafters = OmegaConf.to_container(OmegaConf.load(config), resolve=False).get("pool", {}).get("drafters") or {}
+    drafters = (
+        OmegaConf.to_container(OmegaConf.load(config), resolve=False).get("pool", {}).get("drafters") or {}
+    )
     ran = set(table.method)
     pairs = [(t, c) for t, c in tree_pairs(drafters) if {f"fixed:{t}", f"fixed:{c}"} <= ran]
     if not pairs:
@@ -136,25 +171,52 @@ def tree_lines(run_dir: Path, table: pd.DataFrame) -> list[str]:
     mat = table.set_index("method").mat
     rows = []
     for t, c in pairs:
-        v = compare.faster_on(ex, f"{t}'s dynamic tree is faster than its chain ({c})", f"fixed:{t}", f"fixed:{c}")
-        rows.append({"tree": t, "shape": str(drafters[t]["tree"]), "chain": c, "tokens a round (tree)": mat[f"fixed:{t}"],
-                     "tokens a round (chain)": mat[f"fixed:{c}"], "speed tree / chain": v.effect,
-                     "95% CI": _ci(v), "n": v.n})
-    return ["## Dynamic trees against their chains (the same drafter, paired per query)", "",
-            to_markdown(pd.DataFrame(rows), floatfmt=".3f"), ""]
+        v = compare.faster_on(
+            ex, f"{t}'s dynamic tree is faster than its chain ({c})", f"fixed:{t}", f"fixed:{c}"
+        )
+        rows.append(
+            {
+                "tree": t,
+                "shape": str(drafters[t]["tree"]),
+                "chain": c,
+                "tokens a round (tree)": mat[f"fixed:{t}"],
+                "tokens a round (chain)": mat[f"fixed:{c}"],
+                "speed tree / chain": v.effect,
+                "95% CI": _ci(v),
+                "n": v.n,
+            }
+        )
+    return [
+        "## Dynamic trees against their chains (the same drafter, paired per query)",
+        "",
+        to_markdown(pd.DataFrame(rows), floatfmt=".3f"),
+        "",
+    ]
 
 
 def write(run_dir: Path) -> Path:
     table, verdicts, facts = tables_of(run_dir)
     md = to_markdown(table, floatfmt=".3f")
-    lines = [f"# Multi-drafter methods against the best single drafter ({run_dir})", "",
-             f"Best single drafter over the run: `{facts['best_single']}`. Speedups are over autoregressive decoding "
-             "on the same queries (total seconds per token); `vs` columns are speed ratios with paired 95% bootstrap "
-             "intervals over queries; `mat`: mean tokens per target forward (rounds.jsonl).", "", md, ""]
+    lines = [
+        f"# Multi-drafter methods against the best single drafter ({run_dir})",
+        "",
+        f"Best single drafter over the run: `{facts['best_single']}`. Speedups are over autoregressive decoding "
+        "on the same queries (total seconds per token); `vs` columns are speed ratios with paired 95% bootstrap "
+        "intervals over queries; `mat`: mean tokens per target forward (rounds.jsonl).",
+        "",
+        md,
+        "",
+    ]
     if facts["per_round_oracle_mat"]:
-        po = pd.DataFrame([{"drafting": k, "tokens per round": v} for k, v in facts["per_round_oracle_mat"].items()])
-        lines += ["## The per-round oracle in hindsight (acceptance, from the tree:* rounds)", "",
-                  to_markdown(po, floatfmt=".3f"), ""]
+        po = pd.DataFrame(
+            [{"drafting": k, "tokens per round": v} for k, v in facts["per_round_oracle_mat"].items()]
+        )
+        lines += [
+            "## The per-round oracle in hindsight (acceptance, from the tree:* rounds)",
+            "",
+            to_markdown(po, floatfmt=".3f"),
+            "",
+        ]
     lines += tree_lines(run_dir, table)
     lines += ["## Verdicts", ""] + [f"- {v.line()}" for v in verdicts] + [""]
     lines += cost_model_lines(run_dir)
@@ -170,20 +232,34 @@ def cost_model_lines(run_dir: Path) -> list[str]:
     """The cost model's check (``reproduction/cost_model.py``) and a budget's own calibration, as page lines."""
     from specbench.reproduction import cost_model
 
-    lines = ["## The cost model: predicted against measured seconds per token", "",
-             "Verification `a + b * nodes` fitted over every round, each drafter's mean drafting seconds a round, each "
-             "method's mean selection/switching seconds a round and per-query overhead; fitted on half of the queries "
-             "and predicting the other half, both ways (`python -m specbench.reproduction.cost_model RUN_DIR`).", "",
-             to_markdown(cost_model.check(run_dir), floatfmt=".4f"), ""]
-    lines += ["What a tree round's verification costs beyond a chain's of as many nodes (mask, all-row softmax, "
-              "members' Block Divergence, cache compaction), against the chain rounds' own line:", "",
-              to_markdown(cost_model.tree_overhead(run_dir), floatfmt=".3f"), ""]
+    lines = [
+        "## The cost model: predicted against measured seconds per token",
+        "",
+        "Verification `a + b * nodes` fitted over every round, each drafter's mean drafting seconds a round, each "
+        "method's mean selection/switching seconds a round and per-query overhead; fitted on half of the queries "
+        "and predicting the other half, both ways (`python -m specbench.reproduction.cost_model RUN_DIR`).",
+        "",
+        to_markdown(cost_model.check(run_dir), floatfmt=".4f"),
+        "",
+    ]
+    lines += [
+        "What a tree round's verification costs beyond a chain's of as many nodes (mask, all-row softmax, "
+        "members' Block Divergence, cache compaction), against the chain rounds' own line:",
+        "",
+        to_markdown(cost_model.tree_overhead(run_dir), floatfmt=".3f"),
+        "",
+    ]
     cal = cost_model.budget_calibration(run_dir)
     if cal is not None:
-        lines += ["## The budget's own estimates against its rounds", "",
-                  "Expected accepted tokens a round (its calibrated node estimates) and the seconds it predicted for "
-                  "drafting and verification, against what the same rounds measured.", "",
-                  to_markdown(cal, floatfmt=".3f"), ""]
+        lines += [
+            "## The budget's own estimates against its rounds",
+            "",
+            "Expected accepted tokens a round (its calibrated node estimates) and the seconds it predicted for "
+            "drafting and verification, against what the same rounds measured.",
+            "",
+            to_markdown(cal, floatfmt=".3f"),
+            "",
+        ]
     return lines
 
 
@@ -193,11 +269,17 @@ def trees_exhibit(root: Path, published, layout) -> Exhibit:
     if not (run / EXAMPLES).is_file():
         raise NotRun(METASD_TREES.dir)
     table, verdicts, facts = tables_of(run)
-    notes = (f"Best single drafter over the run: {facts['best_single']}. Speedups over autoregressive decoding on the "
-             "same queries; the ratios to the best single drafter and to the per-task oracle carry paired 95% "
-             "bootstrap intervals over queries. Not a paper's table: this project's multi-drafter methods.")
-    return Exhibit("Multi-drafter decoding: token trees and the router against the best single drafter", table,
-                   verdicts, notes)
+    notes = (
+        f"Best single drafter over the run: {facts['best_single']}. Speedups over autoregressive decoding on the "
+        "same queries; the ratios to the best single drafter and to the per-task oracle carry paired 95% "
+        "bootstrap intervals over queries. Not a paper's table: this project's multi-drafter methods."
+    )
+    return Exhibit(
+        "Multi-drafter decoding: token trees and the router against the best single drafter",
+        table,
+        verdicts,
+        notes,
+    )
 
 
 TREES = ExhibitSpec("metasd/trees", trees_exhibit, (METASD_TREES,), scales=("paper",))

@@ -31,7 +31,12 @@ from specbench.reproduction.published import Published
 from specbench.reproduction.inputs import NotRun, load_examples
 from specbench.reproduction.runs import EXAMPLES, METASD_EVAL
 
-SIZES = (16, 32, 48, 80)  # subset sizes of the noise floor (verdicts rest on 16 per task cell, 80 on the stream)
+SIZES = (
+    16,
+    32,
+    48,
+    80,
+)  # subset sizes of the noise floor (verdicts rest on 16 per task cell, 80 on the stream)
 SUBSETS = 400  # random subsets per size (seeded)
 SUBSET_RESAMPLES = 500  # bootstrap resamples per subset verdict (the false-positive rate)
 KEY = "metasd/aa"
@@ -40,7 +45,11 @@ KEY = "metasd/aa"
 def pairs_of(ex: pd.DataFrame) -> list[tuple[str, str]]:
     """(method, its second run) for every ``again:<method>`` of the run."""
     methods = set(ex.method)
-    return [(m.removeprefix(AGAIN), m) for m in sorted(methods) if m.startswith(AGAIN) and m.removeprefix(AGAIN) in methods]
+    return [
+        (m.removeprefix(AGAIN), m)
+        for m in sorted(methods)
+        if m.startswith(AGAIN) and m.removeprefix(AGAIN) in methods
+    ]
 
 
 def ratios(a: pd.DataFrame, b: pd.DataFrame, idx: np.ndarray) -> np.ndarray:
@@ -57,21 +66,38 @@ def floor_rows(ex: pd.DataFrame, sizes=SIZES, subsets: int = SUBSETS, seed: int 
         p = paired(ex, [first, again])
         a, b = p[first], p[again]
         n = len(a)
-        whole = V.faster(f"{short_name(again)} is faster than {short_name(first)}", timed(b), timed(a),
-                         (short_name(again), short_name(first)))
+        whole = V.faster(
+            f"{short_name(again)} is faster than {short_name(first)}",
+            timed(b),
+            timed(a),
+            (short_name(again), short_name(first)),
+        )
         rng = np.random.default_rng(seed)
         for size in [s for s in sizes if s < n]:  # subsets of all n queries would all be the same set
             idx = np.stack([rng.choice(n, size=size, replace=False) for _ in range(subsets)])
             r = ratios(a, b, idx)
-            judged = [V.faster("", timed(b.iloc[i]), timed(a.iloc[i]),
-                               boot=V.Bootstrap(resamples=SUBSET_RESAMPLES, seed=k))
-                      for k, i in enumerate(idx)]
-            rows.append({"method": short_name(first), "queries": n, "subset": size,
-                         "ratio_all": whole.effect, "ci_all": f"[{whole.interval[0]:.3f}, {whole.interval[1]:.3f}]"
-                         if whole.interval else "", "floor_lo": float(np.quantile(r, 0.025)),
-                         "floor_hi": float(np.quantile(r, 0.975)),
-                         "false_positive_rate": float(np.mean([v.held is not None for v in judged])),
-                         "false_holds": float(np.mean([v.held is True for v in judged]))})
+            judged = [
+                V.faster(
+                    "",
+                    timed(b.iloc[i]),
+                    timed(a.iloc[i]),
+                    boot=V.Bootstrap(resamples=SUBSET_RESAMPLES, seed=k),
+                )
+                for k, i in enumerate(idx)
+            ]
+            rows.append(
+                {
+                    "method": short_name(first),
+                    "queries": n,
+                    "subset": size,
+                    "ratio_all": whole.effect,
+                    "ci_all": f"[{whole.interval[0]:.3f}, {whole.interval[1]:.3f}]" if whole.interval else "",
+                    "floor_lo": float(np.quantile(r, 0.025)),
+                    "floor_hi": float(np.quantile(r, 0.975)),
+                    "false_positive_rate": float(np.mean([v.held is not None for v in judged])),
+                    "false_holds": float(np.mean([v.held is True for v in judged])),
+                }
+            )
     return rows
 
 
@@ -80,29 +106,55 @@ def aa_exhibit(root: Path, published: list[Published], lay: Layout) -> Exhibit:
     if ex.empty:
         raise NotRun(f"{METASD_EVAL.dir}/{EXAMPLES}")
     rows = floor_rows(ex)
-    table = pd.DataFrame(rows, columns=["method", "queries", "subset", "ratio_all", "ci_all", "floor_lo", "floor_hi",
-                                        "false_positive_rate", "false_holds"])
+    table = pd.DataFrame(
+        rows,
+        columns=[
+            "method",
+            "queries",
+            "subset",
+            "ratio_all",
+            "ci_all",
+            "floor_lo",
+            "floor_hi",
+            "false_positive_rate",
+            "false_holds",
+        ],
+    )
     if table.empty:
-        notes = ("The main stream's run holds no A/A pair (`again:<method>` in its methods), so the report has no "
-                 "measured noise floor.")
+        notes = (
+            "The main stream's run holds no A/A pair (`again:<method>` in its methods), so the report has no "
+            "measured noise floor."
+        )
     else:
-        notes = ("Each method was run twice in the same process on the same queries (the second run named "
-                 "`again:<method>`), interleaved with every other method. ratio_all: speed ratio of the second run over "
-                 "the first on all paired queries, with its 95% bootstrap interval. floor_lo / floor_hi: the 2.5-97.5% "
-                 f"range of that ratio over {SUBSETS} random subsets of `subset` queries (seeded): a speed verdict at that "
-                 "n whose effect lies inside it could be an A/A difference. false_positive_rate: share of those subsets "
-                 "on which the verdict machinery judges one run faster than the other (interval excludes 1 either way; "
-                 f"{SUBSET_RESAMPLES} resamples each; nominal 5%); false_holds: share judged `held` (nominal 2.5%).")
-    return Exhibit("A/A: the same method twice in one run (noise floor and the bootstrap's false-positive rate)",
-                   table, [], notes)
+        notes = (
+            "Each method was run twice in the same process on the same queries (the second run named "
+            "`again:<method>`), interleaved with every other method. ratio_all: speed ratio of the second run over "
+            "the first on all paired queries, with its 95% bootstrap interval. floor_lo / floor_hi: the 2.5-97.5% "
+            f"range of that ratio over {SUBSETS} random subsets of `subset` queries (seeded): a speed verdict at that "
+            "n whose effect lies inside it could be an A/A difference. false_positive_rate: share of those subsets "
+            "on which the verdict machinery judges one run faster than the other (interval excludes 1 either way; "
+            f"{SUBSET_RESAMPLES} resamples each; nominal 5%); false_holds: share judged `held` (nominal 2.5%)."
+        )
+    return Exhibit(
+        "A/A: the same method twice in one run (noise floor and the bootstrap's false-positive rate)",
+        table,
+        [],
+        notes,
+    )
 
 
 def explained(verdicts: list[V.Verdict], floor: pd.DataFrame) -> tuple[int, int]:
     """(held speed verdicts whose effect lies inside the A/A noise floor at their n, held speed verdicts): the floor of
     the largest tabulated subset size at most the verdict's n (the widest band that applies), over every A/A pair.
     Timed verdicts only: a replayed one's times are predicted from cost curves, so timing noise cannot explain it."""
-    held = [v for v in verdicts if v.held is True and v.label.startswith("speedup ratio") and v.effect is not None
-            and not v.claim.startswith("[replayed]")]  # replayed times are predicted: no run-to-run noise to explain
+    held = [
+        v
+        for v in verdicts
+        if v.held is True
+        and v.label.startswith("speedup ratio")
+        and v.effect is not None
+        and not v.claim.startswith("[replayed]")
+    ]  # replayed times are predicted: no run-to-run noise to explain
     count = 0
     for v in held:
         rows = floor[floor.subset <= (v.n or 0)]

@@ -45,23 +45,44 @@ from specbench.errors import SpecbenchError
 from specbench.records import atomic_write_text
 from specbench.reproduction.inputs import count_lines
 from specbench.reproduction.registry import plan_at
-from specbench.reproduction.runs import (CONFIG, DONE, EXAMPLES, HUANG_DEPTH_COLLECT, HUANG_EVAL_WITH_AR,
-                                         HUANG_EVAL_WITHOUT_AR, HUANG_MATH_COLLECT, HUANG_MATH_EVAL, RECORD_FILES,
-                                         ROOT_RECORD, ROUNDS, SPEC_BENCH, STARTED, Step)
+from specbench.reproduction.runs import (
+    CONFIG,
+    DONE,
+    EXAMPLES,
+    HUANG_DEPTH_COLLECT,
+    HUANG_EVAL_WITH_AR,
+    HUANG_EVAL_WITHOUT_AR,
+    HUANG_MATH_COLLECT,
+    HUANG_MATH_EVAL,
+    RECORD_FILES,
+    ROOT_RECORD,
+    ROUNDS,
+    SPEC_BENCH,
+    STARTED,
+    Step,
+)
 
 log = logging.getLogger(__name__)
 
 
 # The dry run: the same plan on the tiny Llama (its eagle heads must be in $SPECBENCH_CACHE under the
 # specialists' names), enough rows for a policy, a few tokens per generation.
-TINY_EXITS = ("pool.drafters.early_exit_16.layers=2", "pool.drafters.early_exit_24.layers=3")  # the tiny Llama has 4
+TINY_EXITS = (
+    "pool.drafters.early_exit_16.layers=2",
+    "pool.drafters.early_exit_24.layers=3",
+)  # the tiny Llama has 4
 TINY_MATH_EXITS = ("pool.drafters.early_exit_8.layers=1", "pool.drafters.early_exit_16.layers=2")
 DECODE_TINY = ("target=tiny_llama", "decoding.max_new_tokens=6", "warmup.max_new_tokens=2", "threads=1")
 TINY: dict[str, tuple[str, ...]] = {
     "collect": (*DECODE_TINY, "collect.max_new_tokens=6", "dataset.limit=6"),
     "eval": (*DECODE_TINY, "dataset.limit=1"),
-    "cascades": (*DECODE_TINY, "dataset.limit=1", "pool.drafters.early_exit_12.layers=1",
-                 "pool.drafters.early_exit_16.layers=2", "pool.drafters.early_exit_20.layers=3"),
+    "cascades": (
+        *DECODE_TINY,
+        "dataset.limit=1",
+        "pool.drafters.early_exit_12.layers=1",
+        "pool.drafters.early_exit_16.layers=2",
+        "pool.drafters.early_exit_20.layers=3",
+    ),
     "train_policy": ("train.epochs=5",),
     HUANG_DEPTH_COLLECT.dir: (*TINY_EXITS, "dataset.limit=12"),
     HUANG_MATH_COLLECT.dir: ("dataset.limit=12", *TINY_MATH_EXITS),
@@ -69,6 +90,7 @@ TINY: dict[str, tuple[str, ...]] = {
     HUANG_EVAL_WITHOUT_AR.dir: TINY_EXITS,
     HUANG_EVAL_WITH_AR.dir: TINY_EXITS,
 }
+
 
 @dataclass(frozen=True)
 class Scale:
@@ -84,17 +106,27 @@ class Scale:
 
 
 SCALES = {"cpu": Scale("cpu"), "tiny": Scale("cpu", TINY), "paper": Scale("paper")}
-QUESTIONS = "data/spec_bench/question.jsonl"  # Spec-Bench's question.jsonl (`make reproduce-paper` downloads it)
+QUESTIONS = (
+    "data/spec_bench/question.jsonl"  # Spec-Bench's question.jsonl (`make reproduce-paper` downloads it)
+)
 
 
-def overrides_of(step: Step, root: Path, scale: Scale, extra: list[str], questions: str = QUESTIONS) -> list[str]:
+def overrides_of(
+    step: Step, root: Path, scale: Scale, extra: list[str], questions: str = QUESTIONS
+) -> list[str]:
     """The step's overrides, the scale's, then ``extra`` (on the decoding commands: train-policy only reads rows)."""
     own = [o.format(root=root, questions=questions) for o in step.overrides]
-    return [*own, *scale.overrides.get(step.command, ()), *scale.overrides.get(step.run, ()),
-            *(extra if step.command != "train_policy" else ())]
+    return [
+        *own,
+        *scale.overrides.get(step.command, ()),
+        *scale.overrides.get(step.run, ()),
+        *(extra if step.command != "train_policy" else ()),
+    ]
 
 
-DRAFTER_KEY = re.compile(r"^\+{0,2}pool\.drafters\.([^.=]+)\.")  # a per-drafter override: applied where the pool has it
+DRAFTER_KEY = re.compile(
+    r"^\+{0,2}pool\.drafters\.([^.=]+)\."
+)  # a per-drafter override: applied where the pool has it
 
 
 def root_relative(value, root: Path):
@@ -102,26 +134,34 @@ def root_relative(value, root: Path):
     spelled (as typed, absolute, relative to the working directory): a root given another way, moved or copied
     keeps its steps (issue 34: each spelling counted as other settings, and the fix offered, --redo, deleted them)."""
     root = Path(root)
-    spellings = sorted({str(root), str(root.resolve()), os.path.relpath(root.resolve())}, key=len, reverse=True)
+    spellings = sorted(
+        {str(root), str(root.resolve()), os.path.relpath(root.resolve())}, key=len, reverse=True
+    )
 
     def fix(v):
         if isinstance(v, str):
             for sp in spellings:
                 if v == sp or v.startswith(sp.rstrip("/") + "/"):
-                    return "{root}" + v[len(sp.rstrip("/")):]
+                    return "{root}" + v[len(sp.rstrip("/")) :]
             return v
         if isinstance(v, dict):
             return {k: fix(x) for k, x in v.items()}
         if isinstance(v, list):
             return [fix(x) for x in v]
         return v
+
     return fix(value)
 
 
 def pipeline(command: str):
     from specbench.pipelines import cascades, collect, evaluate, train_policy
 
-    return {"eval": evaluate.run, "collect": collect.run, "train_policy": train_policy.run, "cascades": cascades.run}[command]
+    return {
+        "eval": evaluate.run,
+        "collect": collect.run,
+        "train_policy": train_policy.run,
+        "cascades": cascades.run,
+    }[command]
 
 
 def upstream_of(step: Step, steps: tuple[Step, ...]) -> list[Step]:
@@ -181,7 +221,12 @@ def restart_if_unresumable(step: Step, cfg, out: Path) -> None:
     from specbench.records import read_jsonl
 
     examples = out / EXAMPLES
-    if step.command != "eval" or (out / DONE).exists() or not examples.is_file() or not examples.stat().st_size:
+    if (
+        step.command != "eval"
+        or (out / DONE).exists()
+        or not examples.is_file()
+        or not examples.stat().st_size
+    ):
         return
     carry = carry_over_methods(cfg)
     if not carry:
@@ -195,11 +240,17 @@ def restart_if_unresumable(step: Step, cfg, out: Path) -> None:
     from specbench.reproduction.inputs import planned
 
     want = planned(out, "eval")
-    if want is not None and count_records(out, "eval") >= want:  # every generation is there: nothing to resume
+    if (
+        want is not None and count_records(out, "eval") >= want
+    ):  # every generation is there: nothing to resume
         return
-    log.warning("%s stopped half way, and its selectors %s carry statistics across queries (carry_over), so it "
-                "cannot resume: deleting its records (examples.jsonl, rounds.jsonl) in %s and running the step again",
-                step.run, ", ".join(sorted(methods & carry)), out)
+    log.warning(
+        "%s stopped half way, and its selectors %s carry statistics across queries (carry_over), so it "
+        "cannot resume: deleting its records (examples.jsonl, rounds.jsonl) in %s and running the step again",
+        step.run,
+        ", ".join(sorted(methods & carry)),
+        out,
+    )
     for name in (EXAMPLES, ROUNDS):
         (out / name).unlink(missing_ok=True)
 
@@ -215,20 +266,29 @@ def compose_step(step: Step, overrides: list[str], adapt: Callable[[Step, object
             cfg = compose(config_name=step.command, overrides=hydra_overrides(overrides))
     except (ConfigCompositionException, OverrideParseException) as exc:
         err = hydra_error(exc, step.command)
-        raise SpecbenchError(f"step {step.run} (specbench {step.command.replace('_', '-')}): {err.problem}",
-                             err.fix) from None
+        raise SpecbenchError(
+            f"step {step.run} (specbench {step.command.replace('_', '-')}): {err.problem}", err.fix
+        ) from None
     if adapt is not None:
         adapt(step, cfg)
     try:
         validate(cfg)
     except SpecbenchError as exc:
-        raise SpecbenchError(f"step {step.run} (specbench {step.command.replace('_', '-')}): {exc.problem}",
-                             exc.fix) from None
+        raise SpecbenchError(
+            f"step {step.run} (specbench {step.command.replace('_', '-')}): {exc.problem}", exc.fix
+        ) from None
     return cfg
 
 
-def run(root: str | Path, scale: str = "cpu", papers: list[str] | None = None, extra: list[str] | None = None,
-        questions: str = QUESTIONS, adapt: Callable[[Step, object], None] | None = None, redo: bool = False) -> Path:
+def run(
+    root: str | Path,
+    scale: str = "cpu",
+    papers: list[str] | None = None,
+    extra: list[str] | None = None,
+    questions: str = QUESTIONS,
+    adapt: Callable[[Step, object], None] | None = None,
+    redo: bool = False,
+) -> Path:
     """Run every step of ``scale`` (cpu | tiny | paper: ``SCALES``) not done yet (in order), then write the
     report; return the report directory. ``adapt(step, cfg)``, when given, may change each composed config
     before it runs (the paper-scale dry run swaps in tiny stand-in models).
@@ -245,25 +305,33 @@ def run(root: str | Path, scale: str = "cpu", papers: list[str] | None = None, e
     sc = SCALES[scale]
     given = [o for o in extra or [] if EXPERIMENT.match(str(o))]
     if given:  # every step runs its own experiment: one given here would replace them all
-        raise SpecbenchError(f"{given[0]}: every reproduce step runs its own experiment (conf/experiment/reproduce_*.yaml, "
-                             "cascades_cpu_local), which this override would replace",
-                             "drop it; to run one experiment alone, use its command: specbench eval experiment=NAME "
-                             "(or collect / cascades), or limit reproduce to one paper with --paper")
+        raise SpecbenchError(
+            f"{given[0]}: every reproduce step runs its own experiment (conf/experiment/reproduce_*.yaml, "
+            "cascades_cpu_local), which this override would replace",
+            "drop it; to run one experiment alone, use its command: specbench eval experiment=NAME "
+            "(or collect / cascades), or limit reproduce to one paper with --paper",
+        )
     steps = sc.plan()
     known = {s.paper for s in steps}
     unknown = sorted(set(papers or []) - known)
     if unknown:
-        raise SpecbenchError(f"unknown paper(s) {', '.join(unknown)}", f"use some of: {', '.join(sorted(known))}")
+        raise SpecbenchError(
+            f"unknown paper(s) {', '.join(unknown)}", f"use some of: {', '.join(sorted(known))}"
+        )
     root = Path(root)
     chosen = [s for s in steps if not papers or s.paper in papers]
     if any(SPEC_BENCH in s.overrides for s in chosen) and not Path(questions).is_file():
-        raise SpecbenchError(f"no Spec-Bench question file {questions}",
-                             "download it (`make data/spec_bench/question.jsonl`, from github.com/hemingkx/Spec-Bench) "
-                             "or pass --questions <question.jsonl>")
+        raise SpecbenchError(
+            f"no Spec-Bench question file {questions}",
+            "download it (`make data/spec_bench/question.jsonl`, from github.com/hemingkx/Spec-Bench) "
+            "or pass --questions <question.jsonl>",
+        )
     record = root / ROOT_RECORD
     if render.recorded(root).get("profile") not in (scale, None):  # the scale, under its older key
-        raise SpecbenchError(f"{root} holds the runs of another scale ({record})",
-                             "use another --root for this scale, or delete that root to start over")
+        raise SpecbenchError(
+            f"{root} holds the runs of another scale ({record})",
+            "use another --root for this scale, or delete that root to start over",
+        )
     # Every step composed and validated before anything is written or loaded.
     planned = []
     per_drafter = [str(o) for o in extra or [] if DRAFTER_KEY.match(str(o))]  # pool.drafters.<name>.<key>=...
@@ -273,7 +341,11 @@ def run(root: str | Path, scale: str = "cpu", papers: list[str] | None = None, e
         overrides = overrides_of(step, root, sc, general, questions)
         cfg = compose_step(step, overrides, adapt)
         pool = OmegaConf.select(cfg, "pool.drafters", default=None) or {}
-        mine = [o for o in per_drafter if DRAFTER_KEY.match(o).group(1) in pool] if step.command != "train_policy" else []
+        mine = (
+            [o for o in per_drafter if DRAFTER_KEY.match(o).group(1) in pool]
+            if step.command != "train_policy"
+            else []
+        )
         if mine:  # only the steps whose pool has the drafter (issue 34: one spelling, applied where it means something)
             used.update(mine)
             overrides = [*overrides, *("++" + o.lstrip("+") for o in mine)]
@@ -283,13 +355,26 @@ def run(root: str | Path, scale: str = "cpu", papers: list[str] | None = None, e
 
     unused = [o for o in per_drafter if o not in used]
     if unused:
-        names = sorted({d for step, _, cfg, _, _ in planned for d in (OmegaConf.select(cfg, "pool.drafters", default=None)
-                                                                        or {})})
-        raise SpecbenchError(f"{unused[0]}: no step of this plan has drafter '{DRAFTER_KEY.match(unused[0]).group(1)}' "
-                             "in its pool", f"name one of the plan's drafters: {', '.join(names) or 'none'}")
+        names = sorted(
+            {
+                d
+                for step, _, cfg, _, _ in planned
+                for d in (OmegaConf.select(cfg, "pool.drafters", default=None) or {})
+            }
+        )
+        raise SpecbenchError(
+            f"{unused[0]}: no step of this plan has drafter '{DRAFTER_KEY.match(unused[0]).group(1)}' "
+            "in its pool",
+            f"name one of the plan's drafters: {', '.join(names) or 'none'}",
+        )
     # One reproduce per root: a second one is refused, naming the holder (the lock lasts the process).
-    lock_run_dir(root, "reproduce", fix="wait for that reproduce to finish (or stop it), or write these runs "
-                                        "elsewhere: --root <another directory>", elsewhere="--root <another directory>")
+    lock_run_dir(
+        root,
+        "reproduce",
+        fix="wait for that reproduce to finish (or stop it), or write these runs "
+        "elsewhere: --root <another directory>",
+        elsewhere="--root <another directory>",
+    )
     # Which finished steps are still those of this call's settings (and of their upstream steps' runs).
     current: dict[str, str | None] = {}  # run -> fingerprint of its .done, None when it runs in this call
     stale: dict[str, list[str]] = {}
@@ -299,14 +384,21 @@ def run(root: str | Path, scale: str = "cpu", papers: list[str] | None = None, e
         if not (started and "settings" in started and count_records(out, step.command)):
             started = None  # a step stopped before its first record: nothing of it to keep, it reruns
         why: list[str] = []
-        if done is None and not (out / STARTED).exists() and (count_records(out, step.command)
-                                                               or (out / CONFIG).exists()):
-            why = ["the directory holds records of a run made outside reproduce"]  # issue 34: --redo takes it over
+        if (
+            done is None
+            and not (out / STARTED).exists()
+            and (count_records(out, step.command) or (out / CONFIG).exists())
+        ):
+            why = [
+                "the directory holds records of a run made outside reproduce"
+            ]  # issue 34: --redo takes it over
         elif done is not None and "settings" not in done:
             why = [f"its {DONE} records no settings (an older specbench wrote it)"]
         elif done is not None or started is not None:
             mark = done if done is not None else started
-            why = differences(root_relative(mark["settings"], root), now) + heads.reasons(mark.get("heads"), weights)
+            why = differences(root_relative(mark["settings"], root), now) + heads.reasons(
+                mark.get("heads"), weights
+            )
             for up in upstream_of(step, steps):
                 have = current[up.run] if up.run in current else fingerprint(root / up.run)
                 if done is not None and have is None:
@@ -319,36 +411,58 @@ def run(root: str | Path, scale: str = "cpu", papers: list[str] | None = None, e
     if stale and not redo:
         raise SpecbenchError(
             f"{len(stale)} step(s) under {root} were run with other settings than this call's, so their records "
-            "(and the report built on them) would not be this call's: " +
-            "; ".join(f"{run} ({', '.join(why)})" for run, why in stale.items()),
+            "(and the report built on them) would not be this call's: "
+            + "; ".join(f"{run} ({', '.join(why)})" for run, why in stale.items()),
             "pass --redo to delete those steps' records and run them again (the steps that read them follow), "
-            "rerun with the settings they were run with, move those directories away, or use another --root")
+            "rerun with the settings they were run with, move those directories away, or use another --root",
+        )
     record.write_text(json.dumps({"profile": scale, "layout": sc.layout}) + "\n", encoding="utf-8")
     started_at = time.perf_counter()
     for i, (step, overrides, cfg, now, weights) in enumerate(planned, 1):
         out = root / step.run
         if step.run in stale:
-            log.warning("[%d/%d] %s: --redo: deleting its records in %s and running it again (%s)", i,
-                        len(planned), step.run, out, "; ".join(stale[step.run]))
+            log.warning(
+                "[%d/%d] %s: --redo: deleting its records in %s and running it again (%s)",
+                i,
+                len(planned),
+                step.run,
+                out,
+                "; ".join(stale[step.run]),
+            )
             shutil.rmtree(out, ignore_errors=True)
         elif (out / DONE).exists():
-            log.warning("[%d/%d] %s: done before with the same settings, skipped (%s)", i, len(planned), step.run,
-                        out)
+            log.warning(
+                "[%d/%d] %s: done before with the same settings, skipped (%s)", i, len(planned), step.run, out
+            )
             continue
-        print(f"\n[{i}/{len(planned)}] specbench {step.command.replace('_', '-')} {' '.join(overrides)}  -> {out}",
-              flush=True)
+        print(
+            f"\n[{i}/{len(planned)}] specbench {step.command.replace('_', '-')} {' '.join(overrides)}  -> {out}",
+            flush=True,
+        )
         restart_if_unresumable(step, cfg, out)
         upstream = {up.run: fingerprint(root / up.run) for up in upstream_of(step, steps)}
-        marker = {"command": step.command, "overrides": overrides, "settings": now, "heads": weights,
-                  "upstream": upstream}
+        marker = {
+            "command": step.command,
+            "overrides": overrides,
+            "settings": now,
+            "heads": weights,
+            "upstream": upstream,
+        }
         out.mkdir(parents=True, exist_ok=True)
         _write_json(out / STARTED, {**marker, "started": _now()})
         t0 = time.perf_counter()
         pipeline(step.command)(cfg, out)
-        done = {**marker, "seconds": round(time.perf_counter() - t0, 1), "finished": _now(),
-                "records": count_records(out, step.command)}
+        done = {
+            **marker,
+            "seconds": round(time.perf_counter() - t0, 1),
+            "finished": _now(),
+            "records": count_records(out, step.command),
+        }
         _write_json(out / DONE, done)
-    print(f"\nreproduce: {len(planned)} steps, {time.perf_counter() - started_at:.0f} s in this call", flush=True)
+    print(
+        f"\nreproduce: {len(planned)} steps, {time.perf_counter() - started_at:.0f} s in this call",
+        flush=True,
+    )
     return render.write(root, allow_empty=True)  # a restricted plan may complete no exhibit yet
 
 

@@ -35,15 +35,27 @@ def load(path: Path = PUBLISHED) -> list[Published]:
     for i, e in enumerate(entries):
         lacking = [k for k in REQUIRED if e.get(k) in (None, "")]
         if lacking:
-            raise SpecbenchError(f"{path}: entry {i + 1} ({e.get('paper')}/{e.get('exhibit')}) lacks {', '.join(lacking)}",
-                                 "give every published value its paper, exhibit, setting, row, column, value and source")
+            raise SpecbenchError(
+                f"{path}: entry {i + 1} ({e.get('paper')}/{e.get('exhibit')}) lacks {', '.join(lacking)}",
+                "give every published value its paper, exhibit, setting, row, column, value and source",
+            )
         try:
             value = float(e["value"])
         except (TypeError, ValueError):
-            raise SpecbenchError(f"{path}: entry {i + 1} has a non-numeric value {e['value']!r}",
-                                 "write the published number as a number") from None
-        out.append(Published(**{**{k: str(e[k]) for k in REQUIRED if k != "value"}, "value": value,
-                                "approx": bool(e.get("approx", False)), "via": e.get("via")}))
+            raise SpecbenchError(
+                f"{path}: entry {i + 1} has a non-numeric value {e['value']!r}",
+                "write the published number as a number",
+            ) from None
+        out.append(
+            Published(
+                **{
+                    **{k: str(e[k]) for k in REQUIRED if k != "value"},
+                    "value": value,
+                    "approx": bool(e.get("approx", False)),
+                    "via": e.get("via"),
+                }
+            )
+        )
     return out
 
 

@@ -40,9 +40,11 @@ def recorded(root: Path) -> dict:
     except (ValueError, UnicodeDecodeError):
         found = None
     if not isinstance(found, dict):
-        raise SpecbenchError(f"{record} is damaged (not the JSON object `specbench reproduce` writes)",
-                             'write it again: {"profile": "cpu", "layout": "cpu"} (or "paper" for both), or pass '
-                             "--layout to `specbench report`")
+        raise SpecbenchError(
+            f"{record} is damaged (not the JSON object `specbench reproduce` writes)",
+            'write it again: {"profile": "cpu", "layout": "cpu"} (or "paper" for both), or pass '
+            "--layout to `specbench report`",
+        )
     return found
 
 
@@ -54,8 +56,9 @@ def layout_of(root: Path, name: str | None = None) -> Layout:
     return LAYOUTS[name]
 
 
-def build(root: Path, published=None, layout: Layout | None = None,
-          extra: list[Exhibit] = ()) -> tuple[list[Exhibit], list[str]]:
+def build(
+    root: Path, published=None, layout: Layout | None = None, extra: list[Exhibit] = ()
+) -> tuple[list[Exhibit], list[str]]:
     """The exhibits that can be built from ``root`` (then ``extra``: exhibits of runs outside the plan, such as the
     long-horizon replays), corrected together, and a line per one that cannot be built (what is missing)."""
     published = published_values.load() if published is None else published
@@ -87,16 +90,24 @@ def exhibit_markdown(ex: Exhibit, figure: str | None) -> str:
     return "\n".join(parts)
 
 
-def write(root: Path, out: Path | None = None, layout: str | None = None, allow_empty: bool = False,
-          long_horizon: Path | None = None) -> Path:
+def write(
+    root: Path,
+    out: Path | None = None,
+    layout: str | None = None,
+    allow_empty: bool = False,
+    long_horizon: Path | None = None,
+) -> Path:
     """The report of ``root`` into ``out`` (default ``ROOT/report``); a root that holds no exhibit's runs is an error,
     unless ``allow_empty`` (a reproduce restricted to steps that complete no exhibit yet): then the index lists only
     what is not run yet. ``long_horizon``: the replays of ``make trace-mixed`` (outputs/long_horizon), judged with
     the rest (their own runs: the trace is longer than the plan's budget)."""
     root = Path(root)
     if not root.is_dir():
-        raise SpecbenchError(f"no run directory {root}", "run `make reproduce-cpu` (or specbench reproduce) first, "
-                                                         "or pass the root its runs were written to")
+        raise SpecbenchError(
+            f"no run directory {root}",
+            "run `make reproduce-cpu` (or specbench reproduce) first, "
+            "or pass the root its runs were written to",
+        )
     out = Path(out) if out else root / "report"
     lay = layout_of(root, layout)
     extra = []
@@ -107,12 +118,20 @@ def write(root: Path, out: Path | None = None, layout: str | None = None, allow_
     exhibits, missing = build(root, layout=lay, extra=extra)
     if not exhibits and not allow_empty:
         make = "make reproduce-paper" if lay.name == "paper" else "make reproduce-cpu"
-        raise SpecbenchError(f"no reproduced exhibit under {root} ({lay.name} layout; missing: {', '.join(missing[:3])} ...)",
-                             f"run `{make}` first, or pass the root it wrote to")
-    index = [f"# Reproduction report ({lay.scale})", "",
-             f"Built by `specbench report {root}` from the run directories under it. Each section: our numbers in the "
-             "paper's layout, the published numbers beside them where the paper gives them (`published.yaml`, "
-             "with sources), and the paper's claim checked on our numbers.", "", counts_line(exhibits), ""]
+        raise SpecbenchError(
+            f"no reproduced exhibit under {root} ({lay.name} layout; missing: {', '.join(missing[:3])} ...)",
+            f"run `{make}` first, or pass the root it wrote to",
+        )
+    index = [
+        f"# Reproduction report ({lay.scale})",
+        "",
+        f"Built by `specbench report {root}` from the run directories under it. Each section: our numbers in the "
+        "paper's layout, the published numbers beside them where the paper gives them (`published.yaml`, "
+        "with sources), and the paper's claim checked on our numbers.",
+        "",
+        counts_line(exhibits),
+        "",
+    ]
     provenance = shipped_heads.provenance_line(root)
     if provenance:
         index += [provenance, ""]
@@ -144,8 +163,10 @@ def write(root: Path, out: Path | None = None, layout: str | None = None, allow_
     total = sum(len(ex.verdicts) for ex in exhibits)
     partial = sum(any(v.unfinished for v in ex.verdicts) for ex in exhibits)
     note = f", {partial} exhibits on unfinished runs (not judged)" if partial else ""
-    print_table("\n".join(f"- {ex.key}: " + "; ".join(v.mark for v in ex.verdicts) for ex in exhibits),
-                title=f"report: {len(exhibits)} exhibits, {held} of {total} verdicts held{note} ({out / 'REPORT.md'})")
+    print_table(
+        "\n".join(f"- {ex.key}: " + "; ".join(v.mark for v in ex.verdicts) for ex in exhibits),
+        title=f"report: {len(exhibits)} exhibits, {held} of {total} verdicts held{note} ({out / 'REPORT.md'})",
+    )
     return out
 
 
@@ -156,14 +177,16 @@ def counts_line(exhibits: list[Exhibit]) -> str:
     """``N verdicts: H held, K not held, I inconclusive, U not judged`` over ``exhibits``, and how they are judged."""
     marks = [v.mark for ex in exhibits for v in ex.verdicts]
     tested = sum(v.p is not None for ex in exhibits for v in ex.verdicts)
-    return (f"{len(marks)} verdicts: {marks.count('held')} held, {marks.count('not held')} not held, "
-            f"{marks.count('inconclusive')} inconclusive, {marks.count('not judged')} not judged. Each is judged on "
-            f"per-query paired data with a 95% bootstrap interval: held only when the interval excludes the null, not "
-            f"held when it excludes the claim, inconclusive when it straddles it, not judged below {V.MIN_N} paired "
-            f"queries or without per-query data. Held verdicts also pass Holm's step-down correction across the "
-            f"report's {tested} tested claims (family-wise error 5%; without it about "
-            f"{V.expected_false_holds([v for ex in exhibits for v in ex.verdicts]):.1f} false holds would be expected "
-            "if no claim were true)." + noise_line(exhibits))
+    return (
+        f"{len(marks)} verdicts: {marks.count('held')} held, {marks.count('not held')} not held, "
+        f"{marks.count('inconclusive')} inconclusive, {marks.count('not judged')} not judged. Each is judged on "
+        f"per-query paired data with a 95% bootstrap interval: held only when the interval excludes the null, not "
+        f"held when it excludes the claim, inconclusive when it straddles it, not judged below {V.MIN_N} paired "
+        f"queries or without per-query data. Held verdicts also pass Holm's step-down correction across the "
+        f"report's {tested} tested claims (family-wise error 5%; without it about "
+        f"{V.expected_false_holds([v for ex in exhibits for v in ex.verdicts]):.1f} false holds would be expected "
+        "if no claim were true)." + noise_line(exhibits)
+    )
 
 
 def noise_line(exhibits: list[Exhibit]) -> str:
@@ -174,8 +197,10 @@ def noise_line(exhibits: list[Exhibit]) -> str:
     if aa is None or aa.table.empty:
         return ""
     inside, held = explained([v for ex in exhibits for v in ex.verdicts], aa.table)
-    return (f" A/A runs ([noise floor]({KEY}.md)): {inside} of the {held} held timed speed verdicts have an effect "
-            "inside the range two runs of one method show at their n.")
+    return (
+        f" A/A runs ([noise floor]({KEY}.md)): {inside} of the {held} held timed speed verdicts have an effect "
+        "inside the range two runs of one method show at their n."
+    )
 
 
 def summary_markdown(exhibits: list[Exhibit], missing: list[str], provenance: str | None = None) -> str:
@@ -185,16 +210,25 @@ def summary_markdown(exhibits: list[Exhibit], missing: list[str], provenance: st
     for ex in exhibits:
         paper, name = ex.key.split("/", 1)
         marks = [v.mark for v in ex.verdicts]
-        rows.append(f"| [{ex.title}]({paper}/{name}.md) | {marks.count('held')} | {marks.count('not held')} | "
-                    f"{marks.count('inconclusive')} | {marks.count('not judged')} |")
-    lines = [counts_line(exhibits) + " The full report: [REPORT.md](REPORT.md).", "", *([provenance, ""] if provenance else []),
-             *rows, ""]
+        rows.append(
+            f"| [{ex.title}]({paper}/{name}.md) | {marks.count('held')} | {marks.count('not held')} | "
+            f"{marks.count('inconclusive')} | {marks.count('not judged')} |"
+        )
+    lines = [
+        counts_line(exhibits) + " The full report: [REPORT.md](REPORT.md).",
+        "",
+        *([provenance, ""] if provenance else []),
+        *rows,
+        "",
+    ]
     if missing:
         lines += [f"Not run yet: {', '.join(f'`{m}`' for m in missing)}.", ""]
     return "\n".join(lines)
 
 
-README_BEGIN = "<!-- reproduction report: generated by `make report` (specbench report --readme), do not edit -->"
+README_BEGIN = (
+    "<!-- reproduction report: generated by `make report` (specbench report --readme), do not edit -->"
+)
 README_END = "<!-- end of the generated reproduction report -->"
 
 
@@ -203,8 +237,10 @@ def replace_block(readme: Path, begin: str, end: str, body: str) -> Path:
     readme = Path(readme)
     text = readme.read_text(encoding="utf-8") if readme.exists() else ""
     if begin not in text or end not in text or text.index(begin) > text.index(end):
-        raise SpecbenchError(f"{readme} has no generated block for this",
-                             f"put the two marker lines where it goes:\n{begin}\n{end}")
+        raise SpecbenchError(
+            f"{readme} has no generated block for this",
+            f"put the two marker lines where it goes:\n{begin}\n{end}",
+        )
     head, rest = text.split(begin, 1)
     tail = rest.split(end, 1)[1]
     readme.write_text(head + begin + "\n" + body.strip() + "\n" + end + tail, encoding="utf-8")
@@ -213,7 +249,12 @@ def replace_block(readme: Path, begin: str, end: str, body: str) -> Path:
 
 DEMO_BEGIN = "<!-- demo table: generated from a `make demo` run by `make readme-demo`, do not edit -->"
 DEMO_END = "<!-- end of the generated demo table -->"
-DEMO_COLUMNS = ["task", "method", "n_examples", *tables.SHOWN[2:]]  # the printed summary's columns (and the queries)
+DEMO_COLUMNS = [
+    "task",
+    "method",
+    "n_examples",
+    *tables.SHOWN[2:],
+]  # the printed summary's columns (and the queries)
 
 
 def include_demo(run_dir: Path, readme: Path) -> Path:
@@ -224,7 +265,9 @@ def include_demo(run_dir: Path, readme: Path) -> Path:
 
     run_dir = Path(run_dir)
     if not (run_dir / "summary.csv").is_file():
-        raise SpecbenchError(f"{run_dir} has no summary.csv", "run `make demo` first (it writes outputs/demo)")
+        raise SpecbenchError(
+            f"{run_dir} has no summary.csv", "run `make demo` first (it writes outputs/demo)"
+        )
     table = pd.read_csv(run_dir / "summary.csv")
     rows = table[table.task == "all"]
     cfg = OmegaConf.load(run_dir / CONFIG)
@@ -233,10 +276,12 @@ def include_demo(run_dir: Path, readme: Path) -> Path:
     import torch
 
     threads = cfg.get("threads") or torch.get_num_threads()
-    line = (f"From one `make demo` run ({run_dir}): {cfg.target.model} in {cfg.target.dtype}, {threads} threads, "
-            f"{cpu_name()}; {int(rows.n_examples.iloc[0])} queries per method, greedy, at most "
-            f"{cfg.decoding.max_new_tokens} new tokens, draft length {cfg.decoding.draft_length} (a drafter's own "
-            f"`draft_length` where its pool sets one); decoding time {rows[rows.method != 'oracle'].seconds.sum():.0f} s.")
+    line = (
+        f"From one `make demo` run ({run_dir}): {cfg.target.model} in {cfg.target.dtype}, {threads} threads, "
+        f"{cpu_name()}; {int(rows.n_examples.iloc[0])} queries per method, greedy, at most "
+        f"{cfg.decoding.max_new_tokens} new tokens, draft length {cfg.decoding.draft_length} (a drafter's own "
+        f"`draft_length` where its pool sets one); decoding time {rows[rows.method != 'oracle'].seconds.sum():.0f} s."
+    )
     body = "\n".join([line, "", "```", to_markdown(rows[[c for c in DEMO_COLUMNS if c in rows]]), "```"])
     return replace_block(readme, DEMO_BEGIN, DEMO_END, body)
 
@@ -245,12 +290,20 @@ def check_readme(readme: Path) -> str:
     """``readme``'s text, refused (a ``SpecbenchError``) unless it holds the generated-report block."""
     readme = Path(readme)
     if not readme.is_file():
-        raise SpecbenchError(f"--readme {readme}: no such file",
-                             "point --readme at the README that holds the generated-report block, e.g. README.md")
+        raise SpecbenchError(
+            f"--readme {readme}: no such file",
+            "point --readme at the README that holds the generated-report block, e.g. README.md",
+        )
     text = readme.read_text(encoding="utf-8")
-    if README_BEGIN not in text or README_END not in text or text.index(README_BEGIN) > text.index(README_END):
-        raise SpecbenchError(f"{readme} has no generated-report block",
-                             f"put the two marker lines where the report goes:\n{README_BEGIN}\n{README_END}")
+    if (
+        README_BEGIN not in text
+        or README_END not in text
+        or text.index(README_BEGIN) > text.index(README_END)
+    ):
+        raise SpecbenchError(
+            f"{readme} has no generated-report block",
+            f"put the two marker lines where the report goes:\n{README_BEGIN}\n{README_END}",
+        )
     return text
 
 
@@ -261,8 +314,11 @@ def include_in_readme(report_dir: Path, readme: Path, links: str) -> Path:
     readme = Path(readme)
     check_readme(readme)
     summary = Path(report_dir) / SUMMARY
-    index = (summary.read_text(encoding="utf-8").splitlines() if summary.exists() else
-             (Path(report_dir) / "REPORT.md").read_text(encoding="utf-8").splitlines()[1:])  # an older report
+    index = (
+        summary.read_text(encoding="utf-8").splitlines()
+        if summary.exists()
+        else (Path(report_dir) / "REPORT.md").read_text(encoding="utf-8").splitlines()[1:]
+    )  # an older report
     body = []
     for line in index:  # REPORT.md's title: the README's section heading stands for it
         line = re.sub(r"\]\((?!https?:)([^)]+)\)", lambda m: f"]({links.rstrip('/')}/{m.group(1)})", line)
@@ -284,8 +340,10 @@ if __name__ == "__main__":  # make readme-demo: python -m specbench.reproduction
 
     try:
         if len(sys.argv) != 4 or sys.argv[1] != "demo":
-            raise SpecbenchError("usage: python -m specbench.reproduction.render demo RUN_DIR README",
-                                 "make readme-demo runs it on outputs/demo")
+            raise SpecbenchError(
+                "usage: python -m specbench.reproduction.render demo RUN_DIR README",
+                "make readme-demo runs it on outputs/demo",
+            )
         print(f"demo table written into {include_demo(Path(sys.argv[2]), Path(sys.argv[3]))}")
     except SpecbenchError as exc:
         print(f"error: {exc.problem}\nfix:   {exc.fix}", file=sys.stderr)

@@ -19,7 +19,10 @@ import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-SCALES = ("cpu", "paper")  # the scales a run has overrides for (a report layout each; `--scale tiny` runs cpu's)
+SCALES = (
+    "cpu",
+    "paper",
+)  # the scales a run has overrides for (a report layout each; `--scale tiny` runs cpu's)
 
 # ---------------------------------------------------------------- the files of a run directory
 EXAMPLES = "examples.jsonl"  # eval, cascades: one record per generation
@@ -28,8 +31,12 @@ ROWS = "rows.jsonl"  # collect: one row per collected query (one shard)
 SEEDS = "seeds.jsonl"  # replay: one record per (method, seed, query)
 CONFIG = "config.yaml"  # every command: the settings its records were made with
 SUMMARY = "summary.md"  # eval: its summary table (says when the run stopped early)
-DONE = ".done"  # `specbench reproduce`: a finished step (settings, upstream fingerprints, seconds, record count)
-STARTED = ".step.json"  # `specbench reproduce`: a step's settings, written when it starts (kept if it stops early)
+DONE = (
+    ".done"  # `specbench reproduce`: a finished step (settings, upstream fingerprints, seconds, record count)
+)
+STARTED = (
+    ".step.json"  # `specbench reproduce`: a step's settings, written when it starts (kept if it stops early)
+)
 ROOT_RECORD = "reproduce.json"  # `specbench reproduce`: the root's scale and report layout
 
 
@@ -43,9 +50,11 @@ class RecordFile:
 
 # The records of each command a step runs: counted into its `.done`, so the report can tell a step whose records
 # were cut afterwards.
-RECORD_FILES: dict[str, RecordFile] = {"eval": RecordFile(EXAMPLES, "generations"),
-                                       "cascades": RecordFile(EXAMPLES, "generations"),
-                                       "collect": RecordFile(ROWS, "collected queries")}
+RECORD_FILES: dict[str, RecordFile] = {
+    "eval": RecordFile(EXAMPLES, "generations"),
+    "cascades": RecordFile(EXAMPLES, "generations"),
+    "collect": RecordFile(ROWS, "collected queries"),
+}
 
 
 @dataclass(frozen=True)
@@ -82,8 +91,13 @@ class Run:
         return tuple(r for r in self.reads if scale in r.at)
 
     def step(self, scale: str) -> Step:
-        return Step(self.paper, self.command, self.dir, tuple(self.at[scale]),
-                    tuple(r.dir for r in self.reads_at(scale)))
+        return Step(
+            self.paper,
+            self.command,
+            self.dir,
+            tuple(self.at[scale]),
+            tuple(r.dir for r in self.reads_at(scale)),
+        )
 
 
 def under_root(run: Run, file: str = "") -> str:
@@ -109,8 +123,13 @@ def policy_eval(experiment: str, policy: Run, offset: int | None = None, *extra:
     """A live eval of the policy trained in ``policy``: at CPU scale on the ``HELD_OUT`` queries after the
     collected ones (``offset``, per source); at paper scale on the experiment's eval split (offset None)."""
     rows = (f"dataset.offset={offset}", f"dataset.limit={HELD_OUT}") if offset is not None else ()
-    return (f"experiment={experiment}", *rows, "selector=policy", f"policy.checkpoint={under_root(policy, 'policy.pt')}",
-            *extra)
+    return (
+        f"experiment={experiment}",
+        *rows,
+        "selector=policy",
+        f"policy.checkpoint={under_root(policy, 'policy.pt')}",
+        *extra,
+    )
 
 
 # ---------------------------------------------------------------- Spec-Bench (paper scale)
@@ -119,69 +138,177 @@ SPEC_BENCH_EVAL = Run("spec_bench/eval", "eval", {"paper": ("experiment=spec_ben
 # ---------------------------------------------------------------- Huang et al.
 # Table 1 (+ Fig. 3 from the same collection), Table 4, Table 6 (+ Fig. 2); each policy evaluated live on
 # held-out queries (CPU: the rows after the collected ones; paper: the test split)
-HUANG_COLLECT = Run("huang/collect", "collect", {"cpu": ("experiment=reproduce_huang",),
-                                                 "paper": ("experiment=huang_t5", MEASURED)})
-HUANG_POLICY = Run("huang/policy", "train_policy", {
-    "cpu": (f"data={under_root(HUANG_COLLECT)}", *ACCEPTANCE_REWARD, "train.arms=[eagle_translation,eagle_summarization]",
-            "sweep.n_examples=[2,4,8,16,19]"),
-    "paper": (f"data={under_root(HUANG_COLLECT)}", *PAPER_REWARD, "train.arms=[t5_small,t5_small_xsum]",
-              "sweep.n_examples=[30,100,300,1000,3000]")}, reads=(HUANG_COLLECT,))
-HUANG_EVAL = Run("huang/eval", "eval", {"cpu": policy_eval("reproduce_huang", HUANG_POLICY, 12),
-                                        "paper": policy_eval("huang_t5", HUANG_POLICY)}, reads=(HUANG_POLICY,))
-HUANG_MATH_COLLECT = Run("huang/math/collect", "collect", {"cpu": ("experiment=reproduce_huang_math",),
-                                                           "paper": ("experiment=huang_gsm8k", MEASURED)})
-HUANG_MATH_POLICY = Run("huang/math/policy", "train_policy", {
-    "cpu": (f"data={under_root(HUANG_MATH_COLLECT)}", *ACCEPTANCE_REWARD),
-    "paper": (f"data={under_root(HUANG_MATH_COLLECT)}", *PAPER_REWARD)}, reads=(HUANG_MATH_COLLECT,))
-HUANG_MATH_EVAL = Run("huang/math/eval", "eval", {"cpu": policy_eval("reproduce_huang_math", HUANG_MATH_POLICY, 16),
-                                                  "paper": policy_eval("huang_gsm8k", HUANG_MATH_POLICY)},
-                       reads=(HUANG_MATH_POLICY,))
-HUANG_DEPTH_COLLECT = Run("huang/depth/collect", "collect", {"cpu": ("experiment=reproduce_huang_depth",),
-                                                             "paper": ("experiment=huang_early_exit", MEASURED)})
-HUANG_WITHOUT_AR = Run("huang/depth/without_ar", "train_policy", {
-    scale: (f"data={under_root(HUANG_DEPTH_COLLECT)}", *PAPER_REWARD, f"train.arms={exits}")
-    for scale, exits in (("cpu", EXITS_CPU), ("paper", EXITS_PAPER))}, reads=(HUANG_DEPTH_COLLECT,))
-HUANG_WITH_AR = Run("huang/depth/with_ar", "train_policy", {
-    scale: (f"data={under_root(HUANG_DEPTH_COLLECT)}", *PAPER_REWARD) for scale in SCALES},
-    reads=(HUANG_DEPTH_COLLECT,))
-HUANG_EVAL_WITHOUT_AR = Run("huang/depth/eval_without_ar", "eval", {
-    "cpu": policy_eval("reproduce_huang_depth", HUANG_WITHOUT_AR, 12),
-    "paper": policy_eval("huang_early_exit", HUANG_WITHOUT_AR)}, reads=(HUANG_WITHOUT_AR,))
-HUANG_EVAL_WITH_AR = Run("huang/depth/eval_with_ar", "eval", {
-    "cpu": policy_eval("reproduce_huang_depth", HUANG_WITH_AR, 12, "methods=[autoregressive,selector]"),
-    "paper": policy_eval("huang_early_exit", HUANG_WITH_AR, None, "methods=[autoregressive,selector]")},
-    reads=(HUANG_WITH_AR,))
-HUANG_ALPHA = Run("huang/depth/alpha", "train_policy", {
-    scale: (f"data={under_root(HUANG_DEPTH_COLLECT)}", "reward.source=proxy", f"train.arms={arms}",
-            "sweep.alpha=[0,0.2,0.4,0.5,0.6,0.8,1]")
-    for scale, arms in (("cpu", "[small,quantized]"), ("paper", "[early_exit_4,early_exit_12]"))},
-    reads=(HUANG_DEPTH_COLLECT,))
+HUANG_COLLECT = Run(
+    "huang/collect",
+    "collect",
+    {"cpu": ("experiment=reproduce_huang",), "paper": ("experiment=huang_t5", MEASURED)},
+)
+HUANG_POLICY = Run(
+    "huang/policy",
+    "train_policy",
+    {
+        "cpu": (
+            f"data={under_root(HUANG_COLLECT)}",
+            *ACCEPTANCE_REWARD,
+            "train.arms=[eagle_translation,eagle_summarization]",
+            "sweep.n_examples=[2,4,8,16,19]",
+        ),
+        "paper": (
+            f"data={under_root(HUANG_COLLECT)}",
+            *PAPER_REWARD,
+            "train.arms=[t5_small,t5_small_xsum]",
+            "sweep.n_examples=[30,100,300,1000,3000]",
+        ),
+    },
+    reads=(HUANG_COLLECT,),
+)
+HUANG_EVAL = Run(
+    "huang/eval",
+    "eval",
+    {"cpu": policy_eval("reproduce_huang", HUANG_POLICY, 12), "paper": policy_eval("huang_t5", HUANG_POLICY)},
+    reads=(HUANG_POLICY,),
+)
+HUANG_MATH_COLLECT = Run(
+    "huang/math/collect",
+    "collect",
+    {"cpu": ("experiment=reproduce_huang_math",), "paper": ("experiment=huang_gsm8k", MEASURED)},
+)
+HUANG_MATH_POLICY = Run(
+    "huang/math/policy",
+    "train_policy",
+    {
+        "cpu": (f"data={under_root(HUANG_MATH_COLLECT)}", *ACCEPTANCE_REWARD),
+        "paper": (f"data={under_root(HUANG_MATH_COLLECT)}", *PAPER_REWARD),
+    },
+    reads=(HUANG_MATH_COLLECT,),
+)
+HUANG_MATH_EVAL = Run(
+    "huang/math/eval",
+    "eval",
+    {
+        "cpu": policy_eval("reproduce_huang_math", HUANG_MATH_POLICY, 16),
+        "paper": policy_eval("huang_gsm8k", HUANG_MATH_POLICY),
+    },
+    reads=(HUANG_MATH_POLICY,),
+)
+HUANG_DEPTH_COLLECT = Run(
+    "huang/depth/collect",
+    "collect",
+    {"cpu": ("experiment=reproduce_huang_depth",), "paper": ("experiment=huang_early_exit", MEASURED)},
+)
+HUANG_WITHOUT_AR = Run(
+    "huang/depth/without_ar",
+    "train_policy",
+    {
+        scale: (f"data={under_root(HUANG_DEPTH_COLLECT)}", *PAPER_REWARD, f"train.arms={exits}")
+        for scale, exits in (("cpu", EXITS_CPU), ("paper", EXITS_PAPER))
+    },
+    reads=(HUANG_DEPTH_COLLECT,),
+)
+HUANG_WITH_AR = Run(
+    "huang/depth/with_ar",
+    "train_policy",
+    {scale: (f"data={under_root(HUANG_DEPTH_COLLECT)}", *PAPER_REWARD) for scale in SCALES},
+    reads=(HUANG_DEPTH_COLLECT,),
+)
+HUANG_EVAL_WITHOUT_AR = Run(
+    "huang/depth/eval_without_ar",
+    "eval",
+    {
+        "cpu": policy_eval("reproduce_huang_depth", HUANG_WITHOUT_AR, 12),
+        "paper": policy_eval("huang_early_exit", HUANG_WITHOUT_AR),
+    },
+    reads=(HUANG_WITHOUT_AR,),
+)
+HUANG_EVAL_WITH_AR = Run(
+    "huang/depth/eval_with_ar",
+    "eval",
+    {
+        "cpu": policy_eval("reproduce_huang_depth", HUANG_WITH_AR, 12, "methods=[autoregressive,selector]"),
+        "paper": policy_eval("huang_early_exit", HUANG_WITH_AR, None, "methods=[autoregressive,selector]"),
+    },
+    reads=(HUANG_WITH_AR,),
+)
+HUANG_ALPHA = Run(
+    "huang/depth/alpha",
+    "train_policy",
+    {
+        scale: (
+            f"data={under_root(HUANG_DEPTH_COLLECT)}",
+            "reward.source=proxy",
+            f"train.arms={arms}",
+            "sweep.alpha=[0,0.2,0.4,0.5,0.6,0.8,1]",
+        )
+        for scale, arms in (("cpu", "[small,quantized]"), ("paper", "[early_exit_4,early_exit_12]"))
+    },
+    reads=(HUANG_DEPTH_COLLECT,),
+)
 
 # ---------------------------------------------------------------- MetaSD
 # CPU: the main table's mixed stream (+ heads, bandits, variance, convergence, full information, switching
 # costs) and the non-stationary stream; paper: black-box, white-box, stream, multilingual
-METASD_EVAL = Run("metasd/eval", "eval", {"cpu": ("experiment=reproduce_metasd",),
-                                          "paper": ("experiment=metasd_vicuna", SPEC_BENCH)})
+METASD_EVAL = Run(
+    "metasd/eval",
+    "eval",
+    {"cpu": ("experiment=reproduce_metasd",), "paper": ("experiment=metasd_vicuna", SPEC_BENCH)},
+)
 METASD_EAGLE = Run("metasd/eagle", "eval", {"paper": ("experiment=metasd_vicuna_eagle", SPEC_BENCH)})
 # token trees and the router on the white-box pool + prompt lookup (this project's multi-drafter methods)
 METASD_TREES = Run("metasd/trees", "eval", {"paper": ("experiment=metasd_vicuna_trees", SPEC_BENCH)})
-METASD_STREAM = Run("metasd/stream", "eval", {"cpu": ("experiment=reproduce_metasd_stream",),
-                                              "paper": ("experiment=metasd_vicuna_stream", SPEC_BENCH)})
-LANGUAGES = {"ja": "opus100_ja_en", "ru": "wmt16_ru_en", "de": "wmt16_de_en", "fr": "wmt14_fr_en", "zh": "wmt19_zh_en"}
-METASD_MULTILINGUAL = {lang: Run(f"metasd/multilingual/{lang}", "eval",
-                                 {"paper": ("experiment=metasd_vicuna_multilingual", f"dataset={name}")})
-                       for lang, name in LANGUAGES.items()}
+METASD_STREAM = Run(
+    "metasd/stream",
+    "eval",
+    {
+        "cpu": ("experiment=reproduce_metasd_stream",),
+        "paper": ("experiment=metasd_vicuna_stream", SPEC_BENCH),
+    },
+)
+LANGUAGES = {
+    "ja": "opus100_ja_en",
+    "ru": "wmt16_ru_en",
+    "de": "wmt16_de_en",
+    "fr": "wmt14_fr_en",
+    "zh": "wmt19_zh_en",
+}
+METASD_MULTILINGUAL = {
+    lang: Run(
+        f"metasd/multilingual/{lang}",
+        "eval",
+        {"paper": ("experiment=metasd_vicuna_multilingual", f"dataset={name}")},
+    )
+    for lang, name in LANGUAGES.items()
+}
 
 # ---------------------------------------------------------------- speculative cascades
 # CPU: quality vs speed, greedy and at temperature 1 (one point per rule: 16 queries cannot separate sampled quality
 # finely); paper: each of the paper's task / model pairs
 CASCADES_GREEDY = Run("cascades/greedy", "cascades", {"cpu": ("experiment=cascades_cpu_local",)})
-CASCADES_SAMPLING = Run("cascades/sampling", "cascades", {"cpu": (
-    "experiment=cascades_cpu_local", "decoding=sampling", "decoding.temperature=1.0",
-    "rules=[token_v3,lossy_sd,sequential]", "alphas.token_v3=[0.6]", "alphas.lossy_sd=[0.5]", "alphas.sequential=[0.6]")})
-PAPER_CASCADES = ("t5_wmt", "t5_xsum", "t5_cnndm", "gemma_gsm8k", "gemma27b_gsm8k")  # conf/experiment/cascades_<name>.yaml
-CASCADES_PAPER = {name: Run(f"cascades/{name}", "cascades", {"paper": (f"experiment=cascades_{name}",)})
-                  for name in PAPER_CASCADES}
+CASCADES_SAMPLING = Run(
+    "cascades/sampling",
+    "cascades",
+    {
+        "cpu": (
+            "experiment=cascades_cpu_local",
+            "decoding=sampling",
+            "decoding.temperature=1.0",
+            "rules=[token_v3,lossy_sd,sequential]",
+            "alphas.token_v3=[0.6]",
+            "alphas.lossy_sd=[0.5]",
+            "alphas.sequential=[0.6]",
+        )
+    },
+)
+PAPER_CASCADES = (
+    "t5_wmt",
+    "t5_xsum",
+    "t5_cnndm",
+    "gemma_gsm8k",
+    "gemma27b_gsm8k",
+)  # conf/experiment/cascades_<name>.yaml
+CASCADES_PAPER = {
+    name: Run(f"cascades/{name}", "cascades", {"paper": (f"experiment=cascades_{name}",)})
+    for name in PAPER_CASCADES
+}
 
 
 def in_order(runs: Iterable[Run]) -> tuple[Run, ...]:

@@ -40,7 +40,9 @@ RESAMPLES = 2000  # bootstrap resamples of the queries (the interval)
 # p-values resample further where few resamples fall on the null's side (``adaptive_p``): up to this many, so a
 # p-value resolves down to 2 / MAX_RESAMPLES = 1e-5, below Holm's first threshold over up to 5,000 claims
 MAX_RESAMPLES = 200_000
-TAIL = 20  # resamples on the null's side that make a p-value resolved (its relative error about 1 / sqrt(TAIL))
+TAIL = (
+    20  # resamples on the null's side that make a p-value resolved (its relative error about 1 / sqrt(TAIL))
+)
 CHUNK = 20_000  # resamples drawn at once (memory: CHUNK x n indices)
 SEED = 0  # numpy Generator seed: the same data give the same interval
 MIN_N = 16  # fewer paired queries than this: not judged (a speed claim's task cell holds 16 queries)
@@ -64,7 +66,9 @@ class Verdict:
     label: str = ""  # what the effect is ("speedup ratio", "MAT ratio", ...)
     level: float = LEVEL
     reason: str = ""  # why it is not judged (n too small, no per-query data, missing, unfinished)
-    threshold: float | None = None  # the null the interval is set against (1 for "faster", 0.95 for "0.95 of")
+    threshold: float | None = (
+        None  # the null the interval is set against (1 for "faster", 0.95 for "0.95 of")
+    )
     p: float | None = None  # bootstrap p-value of the claim (two-sided equivalent; None: not tested)
 
     def __post_init__(self):  # numpy booleans / numbers from table arithmetic become plain ones
@@ -106,10 +110,19 @@ def _ok(*values) -> bool:
 
 def unfinished(verdict: Verdict, why: str) -> Verdict:
     """``verdict`` not judged: the run it reads stopped before it finished (``why``), so its numbers are partial."""
-    return Verdict(verdict.claim, None, f"{why}; on the finished part: {verdict.mark}"
-                   + (f"; {verdict.detail}" if verdict.detail else ""), unfinished=why, n=verdict.n,
-                   effect=verdict.effect, interval=verdict.interval, label=verdict.label, level=verdict.level,
-                   reason="unfinished run", threshold=verdict.threshold)  # no p: not part of the tested family
+    return Verdict(
+        verdict.claim,
+        None,
+        f"{why}; on the finished part: {verdict.mark}" + (f"; {verdict.detail}" if verdict.detail else ""),
+        unfinished=why,
+        n=verdict.n,
+        effect=verdict.effect,
+        interval=verdict.interval,
+        label=verdict.label,
+        level=verdict.level,
+        reason="unfinished run",
+        threshold=verdict.threshold,
+    )  # no p: not part of the tested family
 
 
 def missing(claim: str, what: str, label: str = "") -> Verdict:
@@ -140,8 +153,9 @@ DEFAULT = Bootstrap()
 Stat = Callable[[Mapping[str, np.ndarray]], np.ndarray]
 
 
-def resample(columns: Mapping[str, Sequence[float]], stat: Stat, resamples: int = RESAMPLES,
-             seed: int = SEED) -> tuple[float, np.ndarray]:
+def resample(
+    columns: Mapping[str, Sequence[float]], stat: Stat, resamples: int = RESAMPLES, seed: int = SEED
+) -> tuple[float, np.ndarray]:
     """(``stat`` on every query, its finite values over ``resamples`` resamples of the queries with replacement)."""
     cols = {k: np.asarray(v, dtype=float) for k, v in columns.items()}
     n = len(next(iter(cols.values())))
@@ -153,8 +167,13 @@ def resample(columns: Mapping[str, Sequence[float]], stat: Stat, resamples: int 
     return point, vals[np.isfinite(vals)]
 
 
-def bootstrap(columns: Mapping[str, Sequence[float]], stat: Stat, level: float = LEVEL, resamples: int = RESAMPLES,
-              seed: int = SEED) -> tuple[float, float, float]:
+def bootstrap(
+    columns: Mapping[str, Sequence[float]],
+    stat: Stat,
+    level: float = LEVEL,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+) -> tuple[float, float, float]:
     """(point, lo, hi): ``stat`` on every query, and the percentile interval of ``stat`` over ``resamples``
     resamples of the queries (rows) with replacement. ``columns``: equal-length per-query arrays, paired
     by position; ``stat`` maps ``{name: array of shape (R, n)}`` to R values (sums along the last axis)."""
@@ -174,8 +193,9 @@ def p_value(vals: np.ndarray, threshold: float) -> float:
     return float(min(1.0, 2 * max(np.mean(vals <= threshold), 1 / len(vals))))
 
 
-def adaptive_p(columns: Mapping[str, Sequence[float]], stat: Stat, threshold: float, vals: np.ndarray,
-               boot: "Bootstrap") -> float:
+def adaptive_p(
+    columns: Mapping[str, Sequence[float]], stat: Stat, threshold: float, vals: np.ndarray, boot: "Bootstrap"
+) -> float:
     """:func:`p_value` of "effect > threshold" from ``vals`` (the interval's resamples), resampled further while fewer
     than ``TAIL`` resampled effects lie at or below the threshold (fresh seeds, in chunks of at most ``CHUNK``), up
     to ``boot.max_resamples``. p is twice the share at or below the threshold, at least one resample's
@@ -193,8 +213,17 @@ def adaptive_p(columns: Mapping[str, Sequence[float]], stat: Stat, threshold: fl
     return float(min(1.0, 2 * max(below / total, 1 / total)))
 
 
-def judge(claim: str, columns: Mapping[str, Sequence[float]], stat: Stat, threshold: float, label: str, *,
-          at_least: bool = False, detail: str = "", boot: Bootstrap = DEFAULT) -> Verdict:
+def judge(
+    claim: str,
+    columns: Mapping[str, Sequence[float]],
+    stat: Stat,
+    threshold: float,
+    label: str,
+    *,
+    at_least: bool = False,
+    detail: str = "",
+    boot: Bootstrap = DEFAULT,
+) -> Verdict:
     """The claim "``stat`` > ``threshold``" (``at_least``: "``stat`` >= ``threshold``", e.g. 0.95 of the
     oracle) on paired per-query ``columns``, with ``boot``'s interval. held: the interval lies strictly above the
     threshold; not held: it lies at or below it (``at_least``: strictly below it); inconclusive: it straddles the
@@ -209,12 +238,28 @@ def judge(claim: str, columns: Mapping[str, Sequence[float]], stat: Stat, thresh
             lo, hi = (float(x) for x in np.quantile(vals, [a, 1 - a]))
             p = adaptive_p(columns, stat, threshold, vals, boot)
     if n < min_n:  # shown, never judged
-        return Verdict(claim, None, f"fewer than {min_n} paired queries" + (f"; {detail}" if detail else ""),
-                       n=n, label=label, level=level, reason=f"n < {min_n}", effect=point if n else None,
-                       interval=(lo, hi) if _ok(lo, hi) else None, threshold=threshold)
+        return Verdict(
+            claim,
+            None,
+            f"fewer than {min_n} paired queries" + (f"; {detail}" if detail else ""),
+            n=n,
+            label=label,
+            level=level,
+            reason=f"n < {min_n}",
+            effect=point if n else None,
+            interval=(lo, hi) if _ok(lo, hi) else None,
+            threshold=threshold,
+        )
     if not _ok(point, lo, hi):
-        return Verdict(claim, None, "the effect cannot be estimated on these queries" + (f"; {detail}" if detail else ""),
-                       n=n, label=label, level=level, reason=NOT_ESTIMABLE)
+        return Verdict(
+            claim,
+            None,
+            "the effect cannot be estimated on these queries" + (f"; {detail}" if detail else ""),
+            n=n,
+            label=label,
+            level=level,
+            reason=NOT_ESTIMABLE,
+        )
     if lo > threshold:
         held = True
     elif hi < threshold or (hi <= threshold and not at_least):
@@ -223,8 +268,19 @@ def judge(claim: str, columns: Mapping[str, Sequence[float]], stat: Stat, thresh
         held = None
     side = ">=" if at_least else ">"
     note = f"claim: {label} {side} {threshold:g}" + (f"; {detail}" if detail else "")
-    return Verdict(claim, held, note, n=n, effect=point, interval=(lo, hi), label=label, level=level,
-                   reason="" if held is not None else INCONCLUSIVE, threshold=threshold, p=p)
+    return Verdict(
+        claim,
+        held,
+        note,
+        n=n,
+        effect=point,
+        interval=(lo, hi),
+        label=label,
+        level=level,
+        reason="" if held is not None else INCONCLUSIVE,
+        threshold=threshold,
+        p=p,
+    )
 
 
 # ---------------------------------------------------------------- statistics of paired per-query columns
@@ -253,8 +309,15 @@ def mean_of(a: str) -> Stat:
 Timed = tuple[Sequence[float], Sequence[float]]  # (seconds, new tokens) per paired query
 
 
-def faster(claim: str, a: Timed, b: Timed, names: tuple[str, str] = ("a", "b"), threshold: float = 1.0,
-           at_least: bool = False, **kw) -> Verdict:
+def faster(
+    claim: str,
+    a: Timed,
+    b: Timed,
+    names: tuple[str, str] = ("a", "b"),
+    threshold: float = 1.0,
+    at_least: bool = False,
+    **kw,
+) -> Verdict:
     """``a`` faster than ``b`` (``threshold`` 1), or at least ``threshold`` of ``b``'s speed (``at_least``),
     judged on the per-query seconds and tokens of the same queries."""
     cols = {"a_s": a[0], "a_t": a[1], "b_s": b[0], "b_t": b[1]}
@@ -262,15 +325,18 @@ def faster(claim: str, a: Timed, b: Timed, names: tuple[str, str] = ("a", "b"), 
     return judge(claim, cols, speed_ratio(), threshold, label, at_least=at_least, **kw)
 
 
-def non_inferior(claim: str, a: Timed, b: Timed, margin: float, names: tuple[str, str] = ("a", "b"), **kw) -> Verdict:
+def non_inferior(
+    claim: str, a: Timed, b: Timed, margin: float, names: tuple[str, str] = ("a", "b"), **kw
+) -> Verdict:
     """``a`` keeps ``b``'s speed up to a stated non-inferiority ``margin`` (e.g. 0.03: at least 0.97 of it);
     the margin is part of the claim and of the line."""
     v = faster(claim, a, b, names, threshold=1 - margin, at_least=True, **kw)
     return replace(v, detail=f"non-inferiority margin {margin:.0%} (stated); {v.detail}")
 
 
-def greater_mean(claim: str, a: Sequence[float], b: Sequence[float], label: str, threshold: float = 0.0,
-                 **kw) -> Verdict:
+def greater_mean(
+    claim: str, a: Sequence[float], b: Sequence[float], label: str, threshold: float = 0.0, **kw
+) -> Verdict:
     """The mean per-query difference ``a - b`` is above ``threshold`` (0: ``a`` is larger)."""
     return judge(claim, {"a": a, "b": b}, mean_difference("a", "b"), threshold, label, **kw)
 
@@ -297,20 +363,39 @@ def _pick(parts: Sequence[Verdict], mark) -> Verdict:
     return min(chosen, key=_above) if mark is True else max(chosen, key=_below)
 
 
-def _combine(claim: str, parts: Sequence[tuple[str, Verdict]], held: bool | None, deciding: Verdict,
-             detail: str = "", shown: int = 8, p: float | None = None) -> Verdict:
+def _combine(
+    claim: str,
+    parts: Sequence[tuple[str, Verdict]],
+    held: bool | None,
+    deciding: Verdict,
+    detail: str = "",
+    shown: int = 8,
+    p: float | None = None,
+) -> Verdict:
     listed = [f"{name}: {p.mark}, {p.stats}" for name, p in parts]
     if len(listed) > shown:
         count = {m: sum(p.mark == m for _, p in parts) for m in MARKS}
         deciding_i = next(i for i, (_, p) in enumerate(parts) if p is deciding)
         keep = sorted({deciding_i, *range(shown - 1)})
-        listed = [listed[i] for i in keep] + [f"... {len(parts) - len(keep)} more parts (of all {len(parts)}: "
-                                              + ", ".join(f"{v} {m}" for m, v in count.items()) + ")"]
+        listed = [listed[i] for i in keep] + [
+            f"... {len(parts) - len(keep)} more parts (of all {len(parts)}: "
+            + ", ".join(f"{v} {m}" for m, v in count.items())
+            + ")"
+        ]
     text = "; ".join(([detail] if detail else []) + listed)
-    return Verdict(claim, held, text, n=deciding.n, effect=deciding.effect, interval=deciding.interval,
-                   label=deciding.label, level=deciding.level, threshold=deciding.threshold,
-                   reason="" if held is not None else (deciding.reason or INCONCLUSIVE),
-                   p=deciding.p if p is None else p)
+    return Verdict(
+        claim,
+        held,
+        text,
+        n=deciding.n,
+        effect=deciding.effect,
+        interval=deciding.interval,
+        label=deciding.label,
+        level=deciding.level,
+        threshold=deciding.threshold,
+        reason="" if held is not None else (deciding.reason or INCONCLUSIVE),
+        p=deciding.p if p is None else p,
+    )
 
 
 def all_of(claim: str, parts: Sequence[tuple[str, Verdict]], detail: str = "") -> Verdict:
@@ -333,7 +418,9 @@ def _largest_p(vs: Sequence[Verdict]) -> float | None:
 
 def _undecided(vs: Sequence[Verdict]) -> Verdict:
     """The part an undecided claim is shown by: one not judged (too few queries, no data) before an inconclusive one."""
-    return next((v for v in vs if v.held is None and v.mark == "not judged"), None) or next(v for v in vs if v.held is None)
+    return next((v for v in vs if v.held is None and v.mark == "not judged"), None) or next(
+        v for v in vs if v.held is None
+    )
 
 
 def any_of(claim: str, parts: Sequence[tuple[str, Verdict]], detail: str = "") -> Verdict:
@@ -368,8 +455,10 @@ def holm(verdicts: Sequence[Verdict], alpha: float = FAMILY_LEVEL) -> list[Verdi
     ``p <= alpha / (m - i + 1)``; at the first that fails, it and every larger one are not rejected. A verdict held
     at its own level whose claim is not rejected becomes ``inconclusive`` and says why; every tested verdict's
     line states its p-value and Holm threshold. Verdicts not tested (no p) are returned unchanged, in order."""
-    tested = sorted((i for i, v in enumerate(verdicts) if v.p is not None and not math.isnan(v.p)),
-                    key=lambda i: verdicts[i].p)
+    tested = sorted(
+        (i for i, v in enumerate(verdicts) if v.p is not None and not math.isnan(v.p)),
+        key=lambda i: verdicts[i].p,
+    )
     m = len(tested)
     out = list(verdicts)
     stopped = False
@@ -377,12 +466,18 @@ def holm(verdicts: Sequence[Verdict], alpha: float = FAMILY_LEVEL) -> list[Verdi
         v = verdicts[i]
         limit = alpha / (m - rank)
         stopped = stopped or v.p > limit
-        note = (f"Holm over {m} tested claims: p={v.p:.2g}, {'above' if stopped else 'within'} its threshold "
-                f"{limit:.2g}")
+        note = (
+            f"Holm over {m} tested claims: p={v.p:.2g}, {'above' if stopped else 'within'} its threshold "
+            f"{limit:.2g}"
+        )
         if v.held is True and stopped:
-            out[i] = replace(v, held=None, reason=INCONCLUSIVE,
-                             detail=f"held at its own {v.level:.0%} level, not after the family-wise correction; "
-                                    f"{note}" + (f"; {v.detail}" if v.detail else ""))
+            out[i] = replace(
+                v,
+                held=None,
+                reason=INCONCLUSIVE,
+                detail=f"held at its own {v.level:.0%} level, not after the family-wise correction; "
+                f"{note}" + (f"; {v.detail}" if v.detail else ""),
+            )
         else:
             out[i] = replace(v, detail=f"{v.detail}; {note}" if v.detail else note)
     return out

@@ -12,6 +12,26 @@ from specbench.selection.policy import PolicySelector
 from specbench.selection.trees import FixedTree, Router, TreeHedge, TreeUCB
 from specbench.selection.ucb import UCB, DiscountedUCB, SlidingWindowUCB
 
-__all__ = ["BanditSelector", "Budget", "Plan", "DiscountedUCB", "EXP3", "EpsilonGreedy", "ExploreThenCommit", "Feedback", "Fixed", "FixedTree",
-           "Hedge", "PolicySelector", "RandomSelector", "Route", "Router", "Selector", "SequentialHalving", "SlidingWindowUCB",
-           "TreeHedge", "TreeUCB", "UCB"]
+__all__ = [
+    "BanditSelector",
+    "Budget",
+    "Plan",
+    "DiscountedUCB",
+    "EXP3",
+    "EpsilonGreedy",
+    "ExploreThenCommit",
+    "Feedback",
+    "Fixed",
+    "FixedTree",
+    "Hedge",
+    "PolicySelector",
+    "RandomSelector",
+    "Route",
+    "Router",
+    "Selector",
+    "SequentialHalving",
+    "SlidingWindowUCB",
+    "TreeHedge",
+    "TreeUCB",
+    "UCB",
+]

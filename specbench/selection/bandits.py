@@ -31,29 +31,47 @@ class BanditSelector(Selector):
     does not advance the round counter ``t``.
     """
 
-    def __init__(self, arms: list[str], reward: str = "bd", candidates: list[str] | None = None,
-                 include_autoregressive: bool = False, seed: int = 0, carry_over: bool = False,
-                 decay: float = 1.0, full_information: bool = False):
+    def __init__(
+        self,
+        arms: list[str],
+        reward: str = "bd",
+        candidates: list[str] | None = None,
+        include_autoregressive: bool = False,
+        seed: int = 0,
+        carry_over: bool = False,
+        decay: float = 1.0,
+        full_information: bool = False,
+    ):
         super().__init__(arms)
         if reward not in REWARDS:
-            raise SpecbenchError(f"unknown bandit reward '{reward}'",
-                                 "use reward: bd (Block Divergence) or reward: be (Block Efficiency)")
+            raise SpecbenchError(
+                f"unknown bandit reward '{reward}'",
+                "use reward: bd (Block Divergence) or reward: be (Block Efficiency)",
+            )
         if candidates is None:
             playable = [a for a in self.arms if include_autoregressive or a != AUTOREGRESSIVE]
         else:
             unknown = [str(a) for a in candidates if a not in self.arms]
             if unknown:
-                raise SpecbenchError(f"bandit selector: no arm named {', '.join(unknown)} in the pool",
-                                     f"use candidates from: {', '.join(self.arms)}")
+                raise SpecbenchError(
+                    f"bandit selector: no arm named {', '.join(unknown)} in the pool",
+                    f"use candidates from: {', '.join(self.arms)}",
+                )
             playable = list(dict.fromkeys(candidates))
         if not playable:
-            raise SpecbenchError("bandit selector: no arm to play",
-                                 "add a drafter to the pool, list candidates, or set include_autoregressive: true")
+            raise SpecbenchError(
+                "bandit selector: no arm to play",
+                "add a drafter to the pool, list candidates, or set include_autoregressive: true",
+            )
         if not 0.0 <= decay <= 1.0:
-            raise SpecbenchError(f"bandit selector: decay {decay} is outside [0, 1]", "set decay between 0 and 1")
+            raise SpecbenchError(
+                f"bandit selector: decay {decay} is outside [0, 1]", "set decay between 0 and 1"
+            )
         if full_information and reward != "bd":
-            raise SpecbenchError("full_information needs reward: bd (side observations are Block Divergences)",
-                                 "set reward: bd, or full_information: false")
+            raise SpecbenchError(
+                "full_information needs reward: bd (side observations are Block Divergences)",
+                "set reward: bd, or full_information: false",
+            )
         self.full_information = bool(full_information)
         self.reward = reward
         self.candidates = playable
@@ -163,7 +181,9 @@ class EpsilonGreedy(BanditSelector):
     def __init__(self, arms: list[str], epsilon: float = 0.1, **kwargs):
         super().__init__(arms, **kwargs)
         if not 0.0 <= epsilon <= 1.0:
-            raise SpecbenchError(f"epsilon_greedy: epsilon {epsilon} is outside [0, 1]", "set epsilon between 0 and 1")
+            raise SpecbenchError(
+                f"epsilon_greedy: epsilon {epsilon} is outside [0, 1]", "set epsilon between 0 and 1"
+            )
         self.epsilon = float(epsilon)
 
     def _choose(self) -> int:

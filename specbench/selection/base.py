@@ -52,9 +52,13 @@ KEYS: dict[str, Rule] = {
     "selector.node_cost": number(0),
     "selector.prior": number(0),
     "selector.optimism": number(0),
-    "selector.costs": Rule(lambda v: isinstance(v, dict) or v == "profile", "a mapping or 'profile'", null=True,
-                           note=" ({verify: [a, b], draft: {drafter: seconds}}; profile: measured at start-up and "
-                                "cached; null: measured online)"),
+    "selector.costs": Rule(
+        lambda v: isinstance(v, dict) or v == "profile",
+        "a mapping or 'profile'",
+        null=True,
+        note=" ({verify: [a, b], draft: {drafter: seconds}}; profile: measured at start-up and "
+        "cached; null: measured online)",
+    ),
     "selector.costs.verify": list_of(number(0)),
     "selector.costs.draft": mapping(),
     "selector.costs.draft.*": number(0),
@@ -131,8 +135,12 @@ class Selector:
 
     full_information: bool = False
     trees: bool = False  # may choose several arms a round (a token tree): decoder-only targets only
-    embedding_pooling: str | None = None  # set by selectors that read the query's embedding (``set_embedding``)
-    randomized: bool = False  # draws from its own seeded rng (a replay runs it once per seed; the others are deterministic)
+    embedding_pooling: str | None = (
+        None  # set by selectors that read the query's embedding (``set_embedding``)
+    )
+    randomized: bool = (
+        False  # draws from its own seeded rng (a replay runs it once per seed; the others are deterministic)
+    )
     # arms in every round's tree by construction, never by choice (a subset selector's ``always``, a fixed tree's
     # members): a round's share on the best drafter counts only the members it chose
     fixed_members: tuple[str, ...] = ()

@@ -99,20 +99,30 @@ def fixed_costs(costs, drafters: list[str]) -> tuple[tuple[float, float], dict[s
     seconds and each drafter's drafting seconds a round, given instead of measured."""
     if costs is None:
         return None
-    fix = ("set selector.costs to {verify: [seconds a forward, seconds a node], draft: {<drafter>: seconds a round}}, "
-           f"'{PROFILE}' (measured at start-up, cached per machine) or null to measure them online")
+    fix = (
+        "set selector.costs to {verify: [seconds a forward, seconds a node], draft: {<drafter>: seconds a round}}, "
+        f"'{PROFILE}' (measured at start-up, cached per machine) or null to measure them online"
+    )
     if costs == PROFILE:
-        raise SpecbenchError(f"budget: costs: {PROFILE} is measured by the command that runs the budget (specbench "
-                             "eval) before it builds the selector; nothing measured it here", fix)
+        raise SpecbenchError(
+            f"budget: costs: {PROFILE} is measured by the command that runs the budget (specbench "
+            "eval) before it builds the selector; nothing measured it here",
+            fix,
+        )
     try:
         a, b = (float(x) for x in costs["verify"])
         draft = {str(k): float(v) for k, v in (costs.get("draft") or {}).items()}
     except (TypeError, ValueError, KeyError, AttributeError):
-        raise SpecbenchError(f"budget: costs {costs!r} is not {{verify: [a, b], draft: {{drafter: seconds}}}}", fix)
+        raise SpecbenchError(
+            f"budget: costs {costs!r} is not {{verify: [a, b], draft: {{drafter: seconds}}}}", fix
+        )
     unknown = [k for k in draft if k not in drafters]
     if a <= 0 or b < 0 or any(v < 0 for v in draft.values()) or unknown:
-        raise SpecbenchError(f"budget: costs need a > 0, b >= 0, drafting seconds >= 0 for drafters of the pool "
-                             f"(got verify [{a}, {b}], draft {draft})", fix)
+        raise SpecbenchError(
+            f"budget: costs need a > 0, b >= 0, drafting seconds >= 0 for drafters of the pool "
+            f"(got verify [{a}, {b}], draft {draft})",
+            fix,
+        )
     return (a, b), {d: draft.get(d, 0.0) for d in drafters}
 
 
@@ -135,38 +145,59 @@ def _running(old: float | None, new: float, weight: float = 0.1) -> float:
 class Budget(Selector):
     trees = True
 
-    def __init__(self, arms: list[str], retrieval: str = "suffix", models: list[str] | None = None,
-                 max_nodes: int = 24, node_cost: float = 0.025, prior: float = 2.0, optimism: float = 2.0,
-                 costs: dict | None = None):
+    def __init__(
+        self,
+        arms: list[str],
+        retrieval: str = "suffix",
+        models: list[str] | None = None,
+        max_nodes: int = 24,
+        node_cost: float = 0.025,
+        prior: float = 2.0,
+        optimism: float = 2.0,
+        costs: dict | None = None,
+    ):
         super().__init__(arms)
         drafters = [a for a in self.arms if a != AUTOREGRESSIVE]
         if retrieval not in drafters:
-            raise SpecbenchError(f"budget: no drafter named '{retrieval}' in the pool (retrieval)",
-                                 f"set selector.retrieval to one of: {', '.join(drafters)}")
+            raise SpecbenchError(
+                f"budget: no drafter named '{retrieval}' in the pool (retrieval)",
+                f"set selector.retrieval to one of: {', '.join(drafters)}",
+            )
         self.retrieval = retrieval
         models = [m for m in drafters if m != retrieval] if models is None else [str(m) for m in models]
         unknown = [m for m in models if m not in drafters or m == retrieval]
         if unknown:
-            raise SpecbenchError(f"budget: {', '.join(unknown)} cannot be a model drafter here (not in the pool, the "
-                                 "autoregressive arm or the retrieval drafter)",
-                                 f"list drafters from: {', '.join(m for m in drafters if m != retrieval)}")
-        for key, value, low in (("max_nodes", max_nodes, 1), ("node_cost", node_cost, 0), ("prior", prior, 0),
-                                ("optimism", optimism, 0)):
+            raise SpecbenchError(
+                f"budget: {', '.join(unknown)} cannot be a model drafter here (not in the pool, the "
+                "autoregressive arm or the retrieval drafter)",
+                f"list drafters from: {', '.join(m for m in drafters if m != retrieval)}",
+            )
+        for key, value, low in (
+            ("max_nodes", max_nodes, 1),
+            ("node_cost", node_cost, 0),
+            ("prior", prior, 0),
+            ("optimism", optimism, 0),
+        ):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
-                raise SpecbenchError(f"budget: {key} {value!r} must be a number >= {low}",
-                                     f"set selector.{key} (defaults: max_nodes 24, node_cost 0.025, prior 2, "
-                                     "optimism 2)")
+                raise SpecbenchError(
+                    f"budget: {key} {value!r} must be a number >= {low}",
+                    f"set selector.{key} (defaults: max_nodes 24, node_cost 0.025, prior 2, optimism 2)",
+                )
         self.models = models
         self.max_nodes = int(max_nodes)
         self.calibration = {name: Calibration(float(prior)) for name in drafters}
         self.verify_cost = VerifyCost(float(node_cost))
         self.t_draft: dict[str, float | None] = {name: None for name in drafters}
         self.fixed = fixed_costs(costs, drafters)
-        if self.fixed is not None:  # given costs: decisions read no clock (reproducible; seeded synthetic tests)
+        if (
+            self.fixed is not None
+        ):  # given costs: decisions read no clock (reproducible; seeded synthetic tests)
             self.verify_cost.fixed = self.fixed[0]
             self.t_draft.update(self.fixed[1])
         # marginal accepted tokens a model drafter adds, by whether the retrieval draft was empty (True) or not
-        self.gain: dict[tuple[str, bool], float] = {(m, e): float(optimism) for m in models for e in (True, False)}
+        self.gain: dict[tuple[str, bool], float] = {
+            (m, e): float(optimism) for m in models for e in (True, False)
+        }
         self.nodes: dict[str, float | None] = {m: None for m in models}
         self._keys: dict[str, list[tuple]] = {}
         self._round: tuple[float, int, float] = (0.0, 0, 0.0)
@@ -224,8 +255,10 @@ class Budget(Selector):
             keep = {m: list(range(len(d.tokens))) for m, d in drafts.items()}
         else:
             a, b = self.verify_cost.coefficients()
-            order = sorted(((e, m, i) for m, (est, _) in scored.items() for i, e in enumerate(est)),
-                           key=lambda x: (-x[0], shape[x[1]][1][x[2]], x[1], x[2]))
+            order = sorted(
+                ((e, m, i) for m, (est, _) in scored.items() for i, e in enumerate(est)),
+                key=lambda x: (-x[0], shape[x[1]][1][x[2]], x[1], x[2]),
+            )
             keep = {m: [] for m in drafts}
             kept = {m: set() for m in drafts}
             paths: set[tuple[int, ...]] = set()

@@ -24,8 +24,10 @@ class EXP3(BanditSelector):
         super().__init__(arms, **kwargs)
         if self.full_information:
             # Its importance weights assume an arm's reward is seen only when the arm is drawn.
-            raise SpecbenchError("exp3 does not take full_information (side observations would bias its estimates)",
-                                 "set full_information: false, or use ucb / discounted_ucb / sliding_window_ucb")
+            raise SpecbenchError(
+                "exp3 does not take full_information (side observations would bias its estimates)",
+                "set full_information: false, or use ucb / discounted_ucb / sliding_window_ucb",
+            )
         if not 0.0 < gamma <= 1.0:
             raise SpecbenchError(f"exp3: gamma {gamma} is outside (0, 1]", "set 0 < gamma <= 1")
         self.gamma = float(gamma)

@@ -23,8 +23,9 @@ class ExploreThenCommit(BanditSelector):
         if int(m) < 1:
             raise SpecbenchError(f"etc: m {m} is below 1", "set m >= 1 (exploration pulls per arm)")
         if delta is not None and not 0.0 < delta < 1.0:
-            raise SpecbenchError(f"etc: delta {delta} is outside (0, 1)",
-                                 "set 0 < delta < 1, or null for no elimination")
+            raise SpecbenchError(
+                f"etc: delta {delta} is outside (0, 1)", "set 0 < delta < 1, or null for no elimination"
+            )
         self.m = int(m)
         self.delta = delta
         self._start()
@@ -45,7 +46,9 @@ class ExploreThenCommit(BanditSelector):
         if len(pulled) < 2:
             return
         best_lower = max(self.mean(i) - self._radius(i) for i in pulled)
-        self.alive = [i for i in self.alive if self.counts[i] <= 0 or self.mean(i) + self._radius(i) >= best_lower]
+        self.alive = [
+            i for i in self.alive if self.counts[i] <= 0 or self.mean(i) + self._radius(i) >= best_lower
+        ]
 
     def _choose(self) -> int:
         if self.committed is None:

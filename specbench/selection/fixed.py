@@ -10,8 +10,9 @@ class Fixed(Selector):
     def __init__(self, arms: list[str], arm: str):
         super().__init__(arms)
         if arm not in self.arms:
-            raise SpecbenchError(f"fixed selector: no arm named '{arm}' in the pool",
-                                 f"use one of: {', '.join(self.arms)}")
+            raise SpecbenchError(
+                f"fixed selector: no arm named '{arm}' in the pool", f"use one of: {', '.join(self.arms)}"
+            )
         self.arm = arm
 
     def select(self) -> str:

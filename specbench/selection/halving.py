@@ -21,7 +21,9 @@ class SequentialHalving(BanditSelector):
     def __init__(self, arms: list[str], budget: int = 24, **kwargs):
         super().__init__(arms, **kwargs)
         if int(budget) < 1:
-            raise SpecbenchError(f"sequential_halving: budget {budget} is below 1", "set budget >= 1 (rounds)")
+            raise SpecbenchError(
+                f"sequential_halving: budget {budget} is below 1", "set budget >= 1 (rounds)"
+            )
         self.budget = int(budget)
         self.phases = math.ceil(math.log2(self.k)) if self.k > 1 else 0
         self._start_schedule()

@@ -16,12 +16,20 @@ class PolicySelector(Selector):
     with its own generator (``seed``). ``target``: the run's target model, checked against the one
     the policy was trained for (``conf/selector/policy.yaml`` passes ``target.model``)."""
 
-    def __init__(self, arms: list[str], checkpoint: str | None = None, sample: bool = False, seed: int = 0,
-                 target: str | None = None):
+    def __init__(
+        self,
+        arms: list[str],
+        checkpoint: str | None = None,
+        sample: bool = False,
+        seed: int = 0,
+        target: str | None = None,
+    ):
         super().__init__(arms)
         if not checkpoint:
-            raise SpecbenchError("selector=policy needs a checkpoint",
-                                 "pass policy.checkpoint=<dir>/policy.pt (written by specbench train-policy)")
+            raise SpecbenchError(
+                "selector=policy needs a checkpoint",
+                "pass policy.checkpoint=<dir>/policy.pt (written by specbench train-policy)",
+            )
         self.policy = load_checkpoint(checkpoint)
         # the arms and the target now; the embedding size at the first embedding
         check_compatible(self.policy, self.arms, self.policy.dim, target)
@@ -37,13 +45,17 @@ class PolicySelector(Selector):
 
     def reset(self, query=None) -> None:
         if self._embedding is None:
-            raise SpecbenchError("the policy selector got no query embedding",
-                                 "run it through specbench.decoding.loop.decode, which embeds each prompt")
+            raise SpecbenchError(
+                "the policy selector got no query embedding",
+                "run it through specbench.decoding.loop.decode, which embeds each prompt",
+            )
         self.arm = self.policy.choose(self._embedding, sample=self.sample, generator=self.generator)
         self._embedding = None
 
     def select(self) -> str:
         if self.arm is None:
-            raise SpecbenchError("the policy selector was asked for an arm before reset(query)",
-                                 "call reset(query) first (decode does)")
+            raise SpecbenchError(
+                "the policy selector was asked for an arm before reset(query)",
+                "call reset(query) first (decode does)",
+            )
         return self.arm

@@ -29,11 +29,15 @@ def _check_arms(kind: str, names, arms: list[str], what: str) -> list[str]:
     names = [str(a) for a in (names or [])]
     unknown = [a for a in names if a not in arms]
     if unknown:
-        raise SpecbenchError(f"{kind}: no arm named {', '.join(unknown)} in the pool ({what})",
-                             f"use drafters from: {', '.join(a for a in arms if a != AUTOREGRESSIVE)}")
+        raise SpecbenchError(
+            f"{kind}: no arm named {', '.join(unknown)} in the pool ({what})",
+            f"use drafters from: {', '.join(a for a in arms if a != AUTOREGRESSIVE)}",
+        )
     if AUTOREGRESSIVE in names:
-        raise SpecbenchError(f"{kind}: the autoregressive arm drafts nothing, so it cannot enter a tree ({what})",
-                             "list drafters only")
+        raise SpecbenchError(
+            f"{kind}: the autoregressive arm drafts nothing, so it cannot enter a tree ({what})",
+            "list drafters only",
+        )
     return list(dict.fromkeys(names))
 
 
@@ -65,15 +69,20 @@ def _split(kind: str, arms: list[str], always, candidates) -> tuple[list[str], l
     else:
         rest = [a for a in _check_arms(kind, candidates, arms, "candidates") if a not in fixed]
     if not rest:
-        raise SpecbenchError(f"{kind}: no drafter left to choose besides {', '.join(fixed) or 'nothing'}",
-                             "add drafters to the pool, or list candidates")
+        raise SpecbenchError(
+            f"{kind}: no drafter left to choose besides {', '.join(fixed) or 'nothing'}",
+            "add drafters to the pool, or list candidates",
+        )
     return fixed, rest
 
 
 def _check_size(kind: str, size, rest: list[str]) -> int:
     if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= len(rest):
-        raise SpecbenchError(f"{kind}: size {size!r} must be a whole number between 1 and {len(rest)} "
-                             "(the drafters it chooses among)", f"set size to 1..{len(rest)}")
+        raise SpecbenchError(
+            f"{kind}: size {size!r} must be a whole number between 1 and {len(rest)} "
+            "(the drafters it chooses among)",
+            f"set size to 1..{len(rest)}",
+        )
     return size
 
 
@@ -84,8 +93,14 @@ class _TreeSubset:
     kind = "tree"
     trees = True
 
-    def __init__(self, arms: list[str], always: list[str] | None = None, size: int = 1,
-                 candidates: list[str] | None = None, **kwargs):
+    def __init__(
+        self,
+        arms: list[str],
+        always: list[str] | None = None,
+        size: int = 1,
+        candidates: list[str] | None = None,
+        **kwargs,
+    ):
         always, rest = _split(self.kind, list(arms), always if always is not None else [], candidates)
         super().__init__(arms, candidates=rest, **kwargs)
         self.always = tuple(always)
@@ -140,21 +155,33 @@ class Router(Selector):
     other drafters (``ucb`` keys: beta, reward, seed) names the fallback each round and learns from the
     rounds it plays."""
 
-    def __init__(self, arms: list[str], lookup: str = "prompt_lookup", min_match: int = 2,
-                 fallback: str | None = None, ucb: dict | None = None, tree: bool = False,
-                 min_expected: float | None = None):
+    def __init__(
+        self,
+        arms: list[str],
+        lookup: str = "prompt_lookup",
+        min_match: int = 2,
+        fallback: str | None = None,
+        ucb: dict | None = None,
+        tree: bool = False,
+        min_expected: float | None = None,
+    ):
         super().__init__(arms)
         self.tree = self.trees = bool(tree)
         self.lookup = _check_arms("router", [lookup], self.arms, "lookup")[0]
         if isinstance(min_match, bool) or not isinstance(min_match, int) or min_match < 1:
-            raise SpecbenchError(f"router: min_match {min_match!r} must be a whole number of tokens >= 1",
-                                 "set min_match to 1 or more (the suffix length prompt lookup must match)")
+            raise SpecbenchError(
+                f"router: min_match {min_match!r} must be a whole number of tokens >= 1",
+                "set min_match to 1 or more (the suffix length prompt lookup must match)",
+            )
         self.min_match = min_match
-        if min_expected is not None and (isinstance(min_expected, bool) or not isinstance(min_expected, (int, float))
-                                         or min_expected < 0):
-            raise SpecbenchError(f"router: min_expected {min_expected!r} must be a number of tokens >= 0 or null",
-                                 "set min_expected to the model drafter's draft length (SuffixDecoding's hybrid), or "
-                                 "null to route by the match length alone")
+        if min_expected is not None and (
+            isinstance(min_expected, bool) or not isinstance(min_expected, (int, float)) or min_expected < 0
+        ):
+            raise SpecbenchError(
+                f"router: min_expected {min_expected!r} must be a number of tokens >= 0 or null",
+                "set min_expected to the model drafter's draft length (SuffixDecoding's hybrid), or "
+                "null to route by the match length alone",
+            )
         self.min_expected = None if min_expected is None else float(min_expected)
         self.inner: UCB | None = None
         if fallback is not None:
@@ -174,7 +201,9 @@ class Router(Selector):
 
     def select(self) -> Route:
         then = self.fallback if self.inner is None else self.inner.select()
-        return Route(self.lookup, (self.lookup, then) if self.tree else then, self.min_match, self.min_expected)
+        return Route(
+            self.lookup, (self.lookup, then) if self.tree else then, self.min_match, self.min_expected
+        )
 
     def update(self, arm: str, feedback: Feedback) -> None:
         if self.inner is not None and arm in self.inner.candidates:

@@ -21,7 +21,9 @@ class UCB(BanditSelector):
         if beta < 0:
             raise SpecbenchError(f"ucb: beta {beta} is negative", "set beta >= 0 (1.0 is UCB1)")
         if switch_cost < 0:
-            raise SpecbenchError(f"ucb: switch_cost {switch_cost} is negative", "set switch_cost >= 0 (0: plain UCB)")
+            raise SpecbenchError(
+                f"ucb: switch_cost {switch_cost} is negative", "set switch_cost >= 0 (0: plain UCB)"
+            )
         self.beta = float(beta)
         self.switch_cost = float(switch_cost)
         self.last: int | None = None
@@ -57,7 +59,9 @@ class DiscountedUCB(UCB):
     def __init__(self, arms: list[str], gamma: float = 0.95, beta: float = 0.5, **kwargs):
         super().__init__(arms, beta=beta, **kwargs)
         if not 0.0 < gamma <= 1.0:
-            raise SpecbenchError(f"discounted_ucb: gamma {gamma} is outside (0, 1]", "set 0 < gamma <= 1 (1 is UCB)")
+            raise SpecbenchError(
+                f"discounted_ucb: gamma {gamma} is outside (0, 1]", "set 0 < gamma <= 1 (1 is UCB)"
+            )
         self.gamma = float(gamma)
 
     def _record(self, i: int, r: float) -> None:
@@ -77,7 +81,9 @@ class SlidingWindowUCB(UCB):
     def __init__(self, arms: list[str], window: int = 32, beta: float = 0.5, **kwargs):
         super().__init__(arms, beta=beta, **kwargs)
         if int(window) < 1:
-            raise SpecbenchError(f"sliding_window_ucb: window {window} is below 1", "set window >= 1 (rounds)")
+            raise SpecbenchError(
+                f"sliding_window_ucb: window {window} is below 1", "set window >= 1 (rounds)"
+            )
         self.window = int(window)
         self._pulls: deque[tuple[int, float, float]] = deque(maxlen=self.window)  # (arm, weight, reward)
 

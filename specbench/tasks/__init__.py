@@ -2,7 +2,23 @@
 
 from specbench.tasks.datasets import load_dataset_config, load_shots
 from specbench.tasks.formats import Query
-from specbench.tasks.prompts import PromptFormat, Prompter, build_prompt, check_templates, render, truncate_fields
+from specbench.tasks.prompts import (
+    PromptFormat,
+    Prompter,
+    build_prompt,
+    check_templates,
+    render,
+    truncate_fields,
+)
 
-__all__ = ["PromptFormat", "Prompter", "Query", "build_prompt", "check_templates", "load_dataset_config", "load_shots",
-           "render", "truncate_fields"]
+__all__ = [
+    "PromptFormat",
+    "Prompter",
+    "Query",
+    "build_prompt",
+    "check_templates",
+    "load_dataset_config",
+    "load_shots",
+    "render",
+    "truncate_fields",
+]

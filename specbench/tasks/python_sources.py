@@ -15,15 +15,21 @@ SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__
 
 
 def _is_test_file(rel: Path) -> bool:
-    return (any(part in SKIP_DIRS for part in rel.parts[:-1]) or rel.name.startswith("test_")
-            or rel.stem.endswith("_test") or rel.name in ("test.py", "tests.py", "conftest.py"))
+    return (
+        any(part in SKIP_DIRS for part in rel.parts[:-1])
+        or rel.name.startswith("test_")
+        or rel.stem.endswith("_test")
+        or rel.name in ("test.py", "tests.py", "conftest.py")
+    )
 
 
 def _strip_indent(text: str, indent: int) -> str:
     """``text`` (whose first line is already cut at its column) with ``indent`` leading spaces removed from
     every later line that has them."""
     lines = text.split("\n")
-    return "\n".join([lines[0]] + [ln[indent:] if not ln[:indent].strip() else ln.lstrip() for ln in lines[1:]])
+    return "\n".join(
+        [lines[0]] + [ln[indent:] if not ln[:indent].strip() else ln.lstrip() for ln in lines[1:]]
+    )
 
 
 def _segment(lines: list[str], start: tuple[int, int], end: tuple[int, int] | None) -> str:
@@ -31,11 +37,12 @@ def _segment(lines: list[str], start: tuple[int, int], end: tuple[int, int] | No
     (l0, c0), (l1, c1) = start, end or (len(lines), len(lines[-1]))
     if l0 == l1:
         return lines[l0 - 1][c0:c1]
-    return "\n".join([lines[l0 - 1][c0:], *lines[l0:l1 - 1], lines[l1 - 1][:c1]])
+    return "\n".join([lines[l0 - 1][c0:], *lines[l0 : l1 - 1], lines[l1 - 1][:c1]])
 
 
-def python_function_records(path: str, max_chars: int = 4000,
-                            exclude_names: Iterable[str] = ()) -> Iterable[tuple[dict, str]]:
+def python_function_records(
+    path: str, max_chars: int = 4000, exclude_names: Iterable[str] = ()
+) -> Iterable[tuple[dict, str]]:
     """Rows ``{id, prompt, body}`` of the documented public functions of a tree of Python sources.
 
     ``path``: ``stdlib:`` (the running interpreter's standard library, ``sysconfig.get_paths()["stdlib"]``)
@@ -50,8 +57,10 @@ def python_function_records(path: str, max_chars: int = 4000,
     (``json/__init__.py:dumps``). Files that do not parse or are not UTF-8 are skipped."""
     root = Path(sysconfig.get_paths()["stdlib"]) if path == "stdlib:" else Path(path).expanduser()
     if not root.is_dir():
-        raise SpecbenchError(f"python_functions: '{path}' is not a directory of Python sources",
-                             "use path: stdlib: (the interpreter's standard library) or a directory of .py files")
+        raise SpecbenchError(
+            f"python_functions: '{path}' is not a directory of Python sources",
+            "use path: stdlib: (the interpreter's standard library) or a directory of .py files",
+        )
     exclude = set(exclude_names)
     files = sorted((p.relative_to(root) for p in root.rglob("*.py")), key=lambda r: r.as_posix())
     for rel in files:
@@ -66,13 +75,21 @@ def python_function_records(path: str, max_chars: int = 4000,
         found = [(f, f.name) for f in tree.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
         for cls in tree.body:
             if isinstance(cls, ast.ClassDef) and not cls.name.startswith("_"):
-                found += [(f, f"{cls.name}.{f.name}") for f in cls.body
-                          if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+                found += [
+                    (f, f"{cls.name}.{f.name}")
+                    for f in cls.body
+                    if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                ]
         found.sort(key=lambda pair: pair[0].lineno)
         seen: set[str] = set()
         for node, qualname in found:
-            if (node.name.startswith("_") or node.name in exclude or not (ast.get_docstring(node) or "").strip()
-                    or len(node.body) < 2 or qualname in seen):
+            if (
+                node.name.startswith("_")
+                or node.name in exclude
+                or not (ast.get_docstring(node) or "").strip()
+                or len(node.body) < 2
+                or qualname in seen
+            ):
                 continue  # private, undocumented, or a redefinition (a property's setter): the first one counts
             seen.add(qualname)
             start = (node.lineno, node.col_offset)
@@ -83,5 +100,7 @@ def python_function_records(path: str, max_chars: int = 4000,
             prompt = _strip_indent(_segment(lines, start, doc_end), node.col_offset) + "\n"
             rest = _segment(lines, doc_end, (node.end_lineno, node.end_col_offset))
             body = _strip_indent(rest, node.col_offset).lstrip(" ;").lstrip("\n") + "\n"
-            yield ({"id": f"{rel.as_posix()}:{qualname}", "prompt": prompt, "body": body},
-                   f"{root / rel}:{node.lineno}")
+            yield (
+                {"id": f"{rel.as_posix()}:{qualname}", "prompt": prompt, "body": body},
+                f"{root / rel}:{node.lineno}",
+            )

@@ -42,15 +42,31 @@ class Task:
             raise ValueError(f"task '{self.name}': quality column '{self.quality}' without a metric")
 
 
-TASKS: dict[str, Task] = {t.name: t for t in (
-    Task("translation", metric="bleu", quality="bleu", tolerance=1.0, quality_label="corpus BLEU", table1="bleu"),
-    Task("summarization", metric="rouge", quality="rouge2", tolerance=1.0, quality_label="mean ROUGE-2 F x 100",
-         table1="rougeL"),
-    Task("math", metric="gsm8k", quality="accuracy", tolerance=0.01, quality_label="GSM8K accuracy"),
-    Task("qa"),
-    Task("chat"),
-    Task("code"),
-)}
+TASKS: dict[str, Task] = {
+    t.name: t
+    for t in (
+        Task(
+            "translation",
+            metric="bleu",
+            quality="bleu",
+            tolerance=1.0,
+            quality_label="corpus BLEU",
+            table1="bleu",
+        ),
+        Task(
+            "summarization",
+            metric="rouge",
+            quality="rouge2",
+            tolerance=1.0,
+            quality_label="mean ROUGE-2 F x 100",
+            table1="rougeL",
+        ),
+        Task("math", metric="gsm8k", quality="accuracy", tolerance=0.01, quality_label="GSM8K accuracy"),
+        Task("qa"),
+        Task("chat"),
+        Task("code"),
+    )
+}
 
 
 def template_of(kind: str) -> str:

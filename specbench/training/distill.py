@@ -44,8 +44,9 @@ def teach(model: nn.Module, ex: Example, top_k: int = 32) -> Teacher:
 
 
 @torch.inference_mode()
-def teach_all(model: nn.Module, examples: Sequence[Example], top_k: int = 32, max_tokens: int = 1024,
-              progress=None) -> list[Teacher]:
+def teach_all(
+    model: nn.Module, examples: Sequence[Example], top_k: int = 32, max_tokens: int = 1024, progress=None
+) -> list[Teacher]:
     """:func:`teach` for many sequences, batched: sorted by length, right-padded into batches of at most
     ``max_tokens`` positions, one target forward per batch. A causal decoder's position ``i`` sees only
     positions ``<= i``, so the padding after a sequence changes none of its rows (in bf16 a row's rounding
@@ -71,8 +72,11 @@ def teach_all(model: nn.Module, examples: Sequence[Example], top_k: int = 32, ma
         feats = res.hidden_states[-1]
         for j, (i, ex) in enumerate(zip(order[s:e], chunk)):
             n = len(ex.ids)
-            out[i] = Teacher(features=feats[j, :n].float().cpu().clone(), top_ids=top.indices[j, :n].cpu().clone(),
-                             top_p=top_p[j, :n].cpu().clone())
+            out[i] = Teacher(
+                features=feats[j, :n].float().cpu().clone(),
+                top_ids=top.indices[j, :n].cpu().clone(),
+                top_p=top_p[j, :n].cpu().clone(),
+            )
         del res, feats, top, top_p
         if progress is not None:
             progress.update(e - s)
@@ -80,11 +84,13 @@ def teach_all(model: nn.Module, examples: Sequence[Example], top_k: int = 32, ma
     return out
 
 
-def sub_vocabulary(examples: Sequence[Example], size: int | None, vocab_size: int, always: Sequence[int] = ()):
+def sub_vocabulary(
+    examples: Sequence[Example], size: int | None, vocab_size: int, always: Sequence[int] = ()
+):
     """The ``size`` most frequent response token ids (plus ``always``, e.g. EOS), sorted; None for the full vocabulary."""
     if not size or size >= vocab_size:
         return None
-    counts = Counter(t for ex in examples for t in ex.ids[ex.start:])
+    counts = Counter(t for ex in examples for t in ex.ids[ex.start :])
     keep = list(dict.fromkeys([*always, *(t for t, _ in counts.most_common())]))[:size]
     if len(keep) < size:  # pad with the lowest unused ids so the size is what was asked
         rest = (i for i in range(vocab_size) if i not in set(keep))
@@ -100,8 +106,14 @@ def pairs(ex: Example, t: Teacher, response_only: bool = False) -> dict[str, tor
     n = len(ex.ids)
     i = torch.arange(n - 1)
     first = ex.start if response_only or ex.learn is None else ex.learn
-    return {"feat": t.features[:-1], "tok": torch.tensor(ex.ids[1:]), "next": t.features[1:],
-            "top_ids": t.top_ids[1:], "top_p": t.top_p[1:], "mask": (i + 2 >= first) & (i + 2 < n + 1)}
+    return {
+        "feat": t.features[:-1],
+        "tok": torch.tensor(ex.ids[1:]),
+        "next": t.features[1:],
+        "top_ids": t.top_ids[1:],
+        "top_p": t.top_p[1:],
+        "mask": (i + 2 >= first) & (i + 2 < n + 1),
+    }
 
 
 def shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
@@ -128,8 +140,15 @@ class LossSpec:
     feature_noise: float = 0.0
 
 
-def loss_of(head: EagleHead, embed: nn.Module, logits: HeadLogits, batch: dict, spec: LossSpec,
-            t2d: torch.Tensor | None = None, noise_gen: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
+def loss_of(
+    head: EagleHead,
+    embed: nn.Module,
+    logits: HeadLogits,
+    batch: dict,
+    spec: LossSpec,
+    t2d: torch.Tensor | None = None,
+    noise_gen: torch.Generator | None = None,
+) -> tuple[torch.Tensor, dict]:
     """Mean loss over the masked pairs of a batch ``[B, T]`` (one causal sequence per row).
 
     ``unroll`` > 1 (EAGLE-3's training-time test, over whole sequences): step 1 feeds the target's
@@ -142,7 +161,12 @@ def loss_of(head: EagleHead, embed: nn.Module, logits: HeadLogits, batch: dict, 
     ``feature_noise`` > 0: uniform noise in ``[-s, s)`` (EAGLE-1) added to every step's input
     features (drawn from ``noise_gen``). With ``unroll=1`` and no noise this is the one-step loss.
     """
-    feature_weight, ce_weight, unroll, feature_noise = spec.feature_weight, spec.ce_weight, spec.unroll, spec.feature_noise
+    feature_weight, ce_weight, unroll, feature_noise = (
+        spec.feature_weight,
+        spec.ce_weight,
+        spec.unroll,
+        spec.feature_noise,
+    )
     with torch.no_grad():
         emb = embed(batch["tok"])
     weights = [1.0] * unroll if spec.unroll_weights is None else [float(w) for w in spec.unroll_weights]
@@ -151,7 +175,9 @@ def loss_of(head: EagleHead, embed: nn.Module, logits: HeadLogits, batch: dict, 
     feat, total, stats = batch["feat"], None, {}
     for step in range(unroll):
         if feature_noise > 0:
-            feat = feat + (torch.rand(feat.shape, generator=noise_gen, dtype=feat.dtype) * 2 - 1) * feature_noise
+            feat = (
+                feat + (torch.rand(feat.shape, generator=noise_gen, dtype=feat.dtype) * 2 - 1) * feature_noise
+            )
         hat = head(feat, emb)
         m = batch["mask"]
         if step:
@@ -184,7 +210,12 @@ def _step_loss(hat, m, logits, batch, feature_weight, ce_weight, t2d):
     loss = feature_weight * reg + ce_weight * ce
     with torch.no_grad():
         agree = float((ids[:, 0] == draft_argmax(logq, logits)).float().mean())
-    return loss, {"loss": float(loss.detach()), "feature": float(reg.detach()), "ce": float(ce.detach()), "top1": agree}
+    return loss, {
+        "loss": float(loss.detach()),
+        "feature": float(reg.detach()),
+        "ce": float(ce.detach()),
+        "top1": agree,
+    }
 
 
 def draft_argmax(logq: torch.Tensor, logits: HeadLogits) -> torch.Tensor:
@@ -196,7 +227,7 @@ def batches(items: list[dict], batch_size: int, seq_len: int, generator: torch.G
     """Shuffle the sequences (seeded), cut each to ``seq_len`` pairs, pad to a batch ``[B, T]``."""
     order = torch.randperm(len(items), generator=generator).tolist()
     for s in range(0, len(order), batch_size):
-        chunk = [items[i] for i in order[s:s + batch_size]]
+        chunk = [items[i] for i in order[s : s + batch_size]]
         n = max(min(len(c["tok"]), seq_len) for c in chunk)
         out = {}
         for key in chunk[0]:
@@ -213,19 +244,25 @@ def batches(items: list[dict], batch_size: int, seq_len: int, generator: torch.G
 
 DEPTH_DEFINITIONS = {
     "top1_by_depth": "conditional: entry d-1 is, among held-out positions whose drafts at depths 1..d-1 all "
-                     "agreed with the target's token, the share whose depth-d draft agrees too (drafting on the "
-                     "head's own predicted features and tokens after the true prefix)",
+    "agreed with the target's token, the share whose depth-d draft agrees too (drafting on the "
+    "head's own predicted features and tokens after the true prefix)",
     "accept_by_depth": "unconditional: entry d-1 is the share of held-out positions whose first d drafts all "
-                       "agree with the target's tokens (the chance that at least d drafts are accepted)",
+    "agree with the target's tokens (the chance that at least d drafts are accepted)",
     "positions_by_depth": "held-out positions with a target token at depth d (the denominators of accept_by_depth)",
     "depth_j": "share of all held-out positions whose first j drafts all agree (a chain past the text's end "
-               "counts as a miss); expected_accepted = sum of depth_1..depth_4",
+    "counts as a miss); expected_accepted = sum of depth_1..depth_4",
 }
 
 
 @torch.inference_mode()
-def agreement(head: EagleHead, embed: nn.Module, logits: HeadLogits, items: list[dict], depth: int = 4,
-              max_depth: int = 5) -> dict:
+def agreement(
+    head: EagleHead,
+    embed: nn.Module,
+    logits: HeadLogits,
+    items: list[dict],
+    depth: int = 4,
+    max_depth: int = 5,
+) -> dict:
     """Held-out agreement with the target's argmax, teacher-forced and when drafting on its own features.
 
     ``top1``: the head's argmax equals the target's at response positions, given the target's true
@@ -279,6 +316,12 @@ def agreement(head: EagleHead, embed: nn.Module, logits: HeadLogits, items: list
     rates = [h / total if total else math.nan for h in hits[:depth]]
     cond = [hits[j] / tried[j] if tried[j] else None for j in range(max_depth)]  # None: no chain got there
     accept = [hits[j] / room[j] if room[j] else None for j in range(max_depth)]
-    return {"positions": total, "top1": rates[0], **{f"depth_{j + 1}": r for j, r in enumerate(rates)},
-            "expected_accepted": sum(rates) if total else math.nan,
-            "top1_by_depth": cond, "accept_by_depth": accept, "positions_by_depth": room[:max_depth]}
+    return {
+        "positions": total,
+        "top1": rates[0],
+        **{f"depth_{j + 1}": r for j, r in enumerate(rates)},
+        "expected_accepted": sum(rates) if total else math.nan,
+        "top1_by_depth": cond,
+        "accept_by_depth": accept,
+        "positions_by_depth": room[:max_depth],
+    }

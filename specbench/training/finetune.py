@@ -40,7 +40,9 @@ class Rows:
     top_p: torch.Tensor  # [R, k]
 
 
-def _inputs(model: nn.Module, exs: list[Example], pad: int) -> tuple[dict, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _inputs(
+    model: nn.Module, exs: list[Example], pad: int
+) -> tuple[dict, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The batched forward's keywords, the index of each row's logits ``[B, R]``, a row mask ``[B, R]``
     and each row's own next token ``[B, R]`` (right padding; padded rows masked out)."""
     device = next(model.parameters()).device
@@ -48,7 +50,7 @@ def _inputs(model: nn.Module, exs: list[Example], pad: int) -> tuple[dict, torch
     n_rows = [len(ex.ids) - ex.start for ex in exs]
     width_r = max(n_rows)
     row_mask = torch.tensor([[r < n for r in range(width_r)] for n in n_rows])
-    labels = torch.tensor([ex.ids[ex.start:] + [pad] * (width_r - n) for ex, n in zip(exs, n_rows)])
+    labels = torch.tensor([ex.ids[ex.start :] + [pad] * (width_r - n) for ex, n in zip(exs, n_rows)])
 
     def padded(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(s) for s in seqs)
@@ -58,10 +60,14 @@ def _inputs(model: nn.Module, exs: list[Example], pad: int) -> tuple[dict, torch
 
     if enc_dec:
         start = model.config.decoder_start_token_id
-        enc, enc_mask = padded([ex.ids[:ex.start] for ex in exs])
-        dec, dec_mask = padded([[start] + ex.ids[ex.start:-1] for ex in exs])
-        kwargs = {"input_ids": enc, "attention_mask": enc_mask, "decoder_input_ids": dec,
-                  "decoder_attention_mask": dec_mask}
+        enc, enc_mask = padded([ex.ids[: ex.start] for ex in exs])
+        dec, dec_mask = padded([[start] + ex.ids[ex.start : -1] for ex in exs])
+        kwargs = {
+            "input_ids": enc,
+            "attention_mask": enc_mask,
+            "decoder_input_ids": dec,
+            "decoder_attention_mask": dec_mask,
+        }
         index = torch.arange(width_r).expand(len(exs), width_r)
     else:
         ids, mask = padded([ex.ids for ex in exs])
@@ -71,7 +77,9 @@ def _inputs(model: nn.Module, exs: list[Example], pad: int) -> tuple[dict, torch
     return kwargs, index.to(device), row_mask.to(device), labels.to(device)
 
 
-def row_logits(model: nn.Module, exs: list[Example], pad: int, **forward) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def row_logits(
+    model: nn.Module, exs: list[Example], pad: int, **forward
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(logits [B, R, V], row mask [B, R], next tokens [B, R])`` of a batch of sequences (``forward``: more
     keywords for the model, e.g. ``full=False`` for a small drafter's sub-vocabulary rows)."""
     kwargs, index, row_mask, labels = _inputs(model, exs, pad)
@@ -93,7 +101,7 @@ def batches(items: list[Rows], batch_size: int, generator: torch.Generator):
     """Shuffle the sequences (seeded) into batches of ``batch_size``."""
     order = torch.randperm(len(items), generator=generator).tolist()
     for s in range(0, len(order), batch_size):
-        yield [items[i] for i in order[s:s + batch_size]]
+        yield [items[i] for i in order[s : s + batch_size]]
 
 
 def _padded_teacher(batch: list[Rows], width: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,8 +114,9 @@ def _padded_teacher(batch: list[Rows], width: int, device) -> tuple[torch.Tensor
     return ids.to(device), p.to(device)
 
 
-def loss_of(model: nn.Module, batch: list[Rows], loss: str, pad: int, vocab_size: int,
-            t2d: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+def loss_of(
+    model: nn.Module, batch: list[Rows], loss: str, pad: int, vocab_size: int, t2d: torch.Tensor | None = None
+) -> tuple[torch.Tensor, dict]:
     """Mean loss over the rows of a batch, and its statistics (``top1``: argmax agreement with the target's).
 
     ``t2d`` (target id -> draft sub-vocabulary index, -1 outside it): the model scores its sub-vocabulary only
@@ -155,5 +164,9 @@ def agreement(model: nn.Module, items: list[Rows], pad: int, vocab_size: int, de
                     break
                 hits[j] += 1
     rates = [h / total if total else math.nan for h in hits]
-    return {"positions": total, "top1": rates[0], **{f"depth_{j + 1}": r for j, r in enumerate(rates)},
-            "expected_accepted": sum(rates) if total else math.nan}
+    return {
+        "positions": total,
+        "top1": rates[0],
+        **{f"depth_{j + 1}": r for j, r in enumerate(rates)},
+        "expected_accepted": sum(rates) if total else math.nan,
+    }

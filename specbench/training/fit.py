@@ -55,7 +55,9 @@ def epochs_done(state_path: Path) -> int:
     return int(torch.load(state_path, map_location="cpu", weights_only=False)["epoch"])
 
 
-def fit(trainee, train_items: list, val_items: list, spec: FitSpec, state_path: Path, desc: str) -> list[dict]:
+def fit(
+    trainee, train_items: list, val_items: list, spec: FitSpec, state_path: Path, desc: str
+) -> list[dict]:
     """Train ``trainee.module`` for the epochs of ``spec`` not yet in ``state_path`` (resumed from it), writing
     it after every epoch; returns the history, one row per epoch (mean training stats, ``val_*`` held-out
     stats, ``seconds``)."""
@@ -65,23 +67,39 @@ def fit(trainee, train_items: list, val_items: list, spec: FitSpec, state_path: 
     epoch0 = 0
     if state_path.exists():
         state = torch.load(state_path, map_location="cpu", weights_only=False)
-        trainee.module.load_state_dict(state["weights"] if "weights" in state else state["head"])  # "head": older runs
+        trainee.module.load_state_dict(
+            state["weights"] if "weights" in state else state["head"]
+        )  # "head": older runs
         opt.load_state_dict(state["opt"])
         history, epoch0 = state["history"], state["epoch"]
         log.info("resuming %s after epoch %d", state_path.parent, epoch0)
     started = time.perf_counter()
-    per_epoch = math.ceil(len(train_items) / spec.batch_size)  # optimiser steps per epoch (the schedule's unit)
+    per_epoch = math.ceil(
+        len(train_items) / spec.batch_size
+    )  # optimiser steps per epoch (the schedule's unit)
     bar = tqdm(range(epoch0, spec.epochs), desc=desc, unit="epoch", initial=epoch0, total=spec.epochs)
     for epoch in bar:
         row = _epoch(trainee, opt, params, train_items, val_items, spec, epoch, per_epoch)
         history.append(row)
         bar.set_postfix(loss=f"{row['loss']:.3f}", top1=f"{row.get('val_top1', row['top1']):.3f}")
         with atomic_path(state_path) as tmp:  # never a torn state.pt: the last finished epoch survives Ctrl-C
-            torch.save({"weights": trainee.module.state_dict(), "opt": opt.state_dict(), "history": history,
-                        "epoch": epoch + 1}, tmp)
+            torch.save(
+                {
+                    "weights": trainee.module.state_dict(),
+                    "opt": opt.state_dict(),
+                    "history": history,
+                    "epoch": epoch + 1,
+                },
+                tmp,
+            )
         budget = spec.time_budget_s
         if budget is not None and time.perf_counter() - started > budget and epoch + 1 < spec.epochs:
-            log.warning("train.time_budget_s=%s reached after epoch %d of %d: stopping", budget, epoch + 1, spec.epochs)
+            log.warning(
+                "train.time_budget_s=%s reached after epoch %d of %d: stopping",
+                budget,
+                epoch + 1,
+                spec.epochs,
+            )
             break
     trainee.module.eval()
     return history
@@ -96,7 +114,9 @@ def _epoch(trainee, opt, params, train_items, val_items, spec: FitSpec, epoch: i
     for i, batch in enumerate(trainee.batches(train_items, gen)):
         if spec.schedule != "constant":
             for group in opt.param_groups:
-                group["lr"] = spec.lr * lr_factor(spec.schedule, epoch * per_epoch + i, spec.epochs * per_epoch)
+                group["lr"] = spec.lr * lr_factor(
+                    spec.schedule, epoch * per_epoch + i, spec.epochs * per_epoch
+                )
         loss, s = trainee.loss(batch)
         opt.zero_grad()
         loss.backward()

@@ -32,7 +32,9 @@ def split_indices(n: int, val_fraction: float, seed: int) -> tuple[torch.Tensor,
 def _split_order(n: int, val_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The split of ``split_indices``, with the training indices in their random order (for prefixes)."""
     if int(n) < 1:
-        raise SpecbenchError("policy training: the dataset is empty", "collect rewards first (specbench collect)")
+        raise SpecbenchError(
+            "policy training: the dataset is empty", "collect rewards first (specbench collect)"
+        )
     if not 0.0 <= float(val_fraction) < 1.0:
         raise SpecbenchError(f"val_fraction {val_fraction} is outside [0, 1)", "set 0 <= val_fraction < 1")
     perm = torch.randperm(int(n), generator=torch.Generator().manual_seed(int(seed)))
@@ -61,13 +63,17 @@ def evaluate_choices(R_val: torch.Tensor, chosen: torch.Tensor) -> dict[str, flo
     of rows whose chosen arm attains the row max (ties count as correct). NaN is ignored throughout."""
     R_val, chosen = torch.as_tensor(R_val), torch.as_tensor(chosen, dtype=torch.long)
     if R_val.dim() != 2 or chosen.shape != (R_val.shape[0],):
-        raise SpecbenchError(f"evaluate_choices: rewards {tuple(R_val.shape)} and choices {tuple(chosen.shape)} "
-                             "do not match", "pass a [N, A] reward matrix and N chosen arm indices")
+        raise SpecbenchError(
+            f"evaluate_choices: rewards {tuple(R_val.shape)} and choices {tuple(chosen.shape)} do not match",
+            "pass a [N, A] reward matrix and N chosen arm indices",
+        )
     if R_val.shape[0] == 0:
         raise SpecbenchError("evaluate_choices: no rows to evaluate", "pass at least one query")
     if ((chosen < 0) | (chosen >= R_val.shape[1])).any():
-        raise SpecbenchError(f"evaluate_choices: chosen arm outside 0..{R_val.shape[1] - 1}",
-                             "pass arm indices of the reward matrix's columns")
+        raise SpecbenchError(
+            f"evaluate_choices: chosen arm outside 0..{R_val.shape[1] - 1}",
+            "pass arm indices of the reward matrix's columns",
+        )
     got = R_val.gather(1, chosen[:, None]).squeeze(1)
     best, _ = _nanmax(R_val)
     cols = R_val.nanmean(dim=0)
@@ -88,13 +94,19 @@ def evaluate_choices(R_val: torch.Tensor, chosen: torch.Tensor) -> dict[str, flo
 def _check_data(X: torch.Tensor, R: torch.Tensor, arms: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
     X, R = torch.as_tensor(X), torch.as_tensor(R)
     if X.dim() != 2 or R.dim() != 2:
-        raise SpecbenchError(f"policy training: embeddings {tuple(X.shape)} / rewards {tuple(R.shape)} are not "
-                             "matrices", "pass X [queries, dim] and R [queries, arms]")
+        raise SpecbenchError(
+            f"policy training: embeddings {tuple(X.shape)} / rewards {tuple(R.shape)} are not matrices",
+            "pass X [queries, dim] and R [queries, arms]",
+        )
     if X.shape[0] == 0:
-        raise SpecbenchError("policy training: the dataset is empty", "collect rewards first (specbench collect)")
+        raise SpecbenchError(
+            "policy training: the dataset is empty", "collect rewards first (specbench collect)"
+        )
     if X.shape[0] != R.shape[0]:
-        raise SpecbenchError(f"policy training: {X.shape[0]} embeddings but {R.shape[0]} reward rows",
-                             "pass one embedding per reward row, in the same query order")
+        raise SpecbenchError(
+            f"policy training: {X.shape[0]} embeddings but {R.shape[0]} reward rows",
+            "pass one embedding per reward row, in the same query order",
+        )
     dtype = torch.promote_types(X.dtype, torch.get_default_dtype())
     X, R = X.to(dtype), R.to(dtype)
     if not torch.isfinite(X).all():
@@ -104,8 +116,10 @@ def _check_data(X: torch.Tensor, R: torch.Tensor, arms: Sequence[str]) -> tuple[
     check_arms_scored(R, list(arms))
     empty = torch.isnan(R).all(dim=1).nonzero().flatten().tolist()
     if empty:
-        raise SpecbenchError(f"policy training: {len(empty)} queries (rows {empty[:5]}...) have no scored arm",
-                             "drop those queries or add an arm scored for them (e.g. autoregressive)")
+        raise SpecbenchError(
+            f"policy training: {len(empty)} queries (rows {empty[:5]}...) have no scored arm",
+            "drop those queries or add an arm scored for them (e.g. autoregressive)",
+        )
     return X, R
 
 
@@ -127,7 +141,7 @@ def train_policy(X: torch.Tensor, R: torch.Tensor, cfg: TrainConfig, arms: Seque
     n, dim = X.shape
     train_idx, val_idx = _split_order(n, cfg.val_fraction, cfg.seed)
     if cfg.n_examples is not None:
-        train_idx = train_idx[:int(cfg.n_examples)]
+        train_idx = train_idx[: int(cfg.n_examples)]
     train_idx, val_idx = train_idx.sort().values, val_idx.sort().values
     eval_idx, split = (val_idx, "val") if len(val_idx) else (train_idx, "train")
 

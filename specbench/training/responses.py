@@ -37,8 +37,9 @@ def cached_answer(record: dict, max_new: int) -> list[int] | None:
     return ids[:max_new] if made >= max_new or len(ids) < made else None
 
 
-def target_responses(target: Target, prompter: Prompter, queries, path: Path, max_new: int, eos,
-                     batch_size: int = 32) -> dict:
+def target_responses(
+    target: Target, prompter: Prompter, queries, path: Path, max_new: int, eos, batch_size: int = 32
+) -> dict:
     """The target's greedy answer per query (``max_new`` tokens at most, cut after EOS), keyed by the
     prompt's token ids in the shared cache ``path`` (:func:`response_cache`; a longer cached answer serves a
     shorter request, its greedy prefix: :func:`cached_answer`), appended
@@ -61,14 +62,20 @@ def target_responses(target: Target, prompter: Prompter, queries, path: Path, ma
     pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
     with JsonlWriter(path) as writer, tqdm(total=len(todo), desc="target responses", unit="query") as bar:
         for s in range(0, len(todo), batch_size):
-            chunk = todo[s:s + batch_size]
+            chunk = todo[s : s + batch_size]
             batch = [prompts[q.id] for q in chunk]
             width = max(len(p) for p in batch)
             ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=target.device)
             mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=target.device)
             with torch.inference_mode():
-                seq = target.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
-                                            eos_token_id=sorted(eos), pad_token_id=pad)
+                seq = target.model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    max_new_tokens=max_new,
+                    do_sample=False,
+                    eos_token_id=sorted(eos),
+                    pad_token_id=pad,
+                )
             skip = 1 if target.is_encoder_decoder else width  # decoder start token / the prompt
             for q, row in zip(chunk, seq[:, skip:].tolist()):
                 cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))

@@ -73,8 +73,10 @@ def training_precision(cfg: DictConfig) -> str:
     it where the hardware computes it natively), else float32 (an fp32 target trains its drafters in fp32)."""
     value = str(cfg.train.get("precision") or "float32")
     if value not in PRECISIONS:
-        raise SpecbenchError(f"train.precision must be one of {', '.join(PRECISIONS)}, got '{value}'",
-                             "auto: bf16 autocast where the hardware has native bf16; float32: full precision")
+        raise SpecbenchError(
+            f"train.precision must be one of {', '.join(PRECISIONS)}, got '{value}'",
+            "auto: bf16 autocast where the hardware has native bf16; float32: full precision",
+        )
     if value == "auto":
         return "bfloat16" if target_dtype_name(cfg) == "bfloat16" else "float32"
     return value
@@ -85,8 +87,14 @@ def target_dtype_name(cfg: DictConfig) -> str:
     return str(resolve_dtype(cfg.target.get("dtype"), cfg.target.get("device"))).removeprefix("torch.")
 
 
-def examples_of(queries, prompter: Prompter, tokenizer, responses: dict[str, list[int]] | None,
-                max_tokens: int, prompt_positions: bool = False) -> list[Example]:
+def examples_of(
+    queries,
+    prompter: Prompter,
+    tokenizer,
+    responses: dict[str, list[int]] | None,
+    max_tokens: int,
+    prompt_positions: bool = False,
+) -> list[Example]:
     """Prompt + response sequences; queries without a reference are skipped (logged) with reference responses.
     ``prompt_positions``: the head also learns the prompt tokens after the prompts' shared opening (the chat
     template's fixed system text is learned once per sequence at most, never counted as data)."""
@@ -94,10 +102,14 @@ def examples_of(queries, prompter: Prompter, tokenizer, responses: dict[str, lis
     if responses is None:
         missing = [q.id for q in queries if not q.reference]
         if missing and len(missing) == len(queries):
-            raise SpecbenchError(f"no query of the dataset has a reference response to train on (e.g. {missing[0]})",
-                                 "use a dataset with references, or train.responses=target")
+            raise SpecbenchError(
+                f"no query of the dataset has a reference response to train on (e.g. {missing[0]})",
+                "use a dataset with references, or train.responses=target",
+            )
         if missing:
-            log.warning("%d of %d queries have no reference response and are skipped", len(missing), len(queries))
+            log.warning(
+                "%d of %d queries have no reference response and are skipped", len(missing), len(queries)
+            )
         queries = [q for q in queries if q.reference]
     for q in queries:
         prompt = prompter(q)
@@ -109,7 +121,7 @@ def examples_of(queries, prompter: Prompter, tokenizer, responses: dict[str, lis
         if len(ids) - len(prompt) >= 2:
             out.append(Example(ids=ids, start=len(prompt)))
     if prompt_positions and out:
-        fixed = shared_prefix([ex.ids[:ex.start] for ex in out]) if len(out) > 1 else 0
+        fixed = shared_prefix([ex.ids[: ex.start] for ex in out]) if len(out) > 1 else 0
         for ex in out:
             ex.learn = min(fixed + 1, ex.start)
     return out
@@ -135,11 +147,15 @@ class HeadTrainee:
 
     def __init__(self, cfg: DictConfig, target: Target, train_ex: list[Example], eos: frozenset[int]):
         if target.is_encoder_decoder:
-            raise SpecbenchError("eagle heads need a decoder-only target",
-                                 "pick a decoder-only target, or drafter.kind=hf for an encoder-decoder one")
+            raise SpecbenchError(
+                "eagle heads need a decoder-only target",
+                "pick a decoder-only target, or drafter.kind=hf for an encoder-decoder one",
+            )
         if str(cfg.train.loss) != "kl":
-            raise SpecbenchError(f"train.loss={cfg.train.loss} is for whole-model drafters (drafter.kind=hf)",
-                                 "use train.loss=kl with eagle heads (ce_weight / feature_weight weigh their terms)")
+            raise SpecbenchError(
+                f"train.loss={cfg.train.loss} is for whole-model drafters (drafter.kind=hf)",
+                "use train.loss=kl with eagle heads (ce_weight / feature_weight weigh their terms)",
+            )
         tr = cfg.train
         self.tr = tr
         self.target = target
@@ -159,16 +175,21 @@ class HeadTrainee:
         weights = tr.get("unroll_weights")
         self.unroll_weights = None if weights is None else [float(w) for w in weights]
         if self.unroll_weights is not None and len(self.unroll_weights) != self.unroll:
-            raise SpecbenchError(f"train.unroll_weights has {len(self.unroll_weights)} entries, train.unroll is "
-                                 f"{self.unroll}", "give one weight per unroll step, or train.unroll_weights=null "
-                                                   "(equal weights)")
+            raise SpecbenchError(
+                f"train.unroll_weights has {len(self.unroll_weights)} entries, train.unroll is {self.unroll}",
+                "give one weight per unroll step, or train.unroll_weights=null (equal weights)",
+            )
         self.feature_noise = float(tr.get("feature_noise") or 0.0)
         self.noise_gen: torch.Generator | None = None
         self.precision = training_precision(cfg)
-        self.meta = {"layers": int(cfg.drafter.layers),
-                     "sub_vocabulary": None if self.d2t is None else int(len(self.d2t)),
-                     "unroll": self.unroll, "unroll_weights": self.unroll_weights,
-                     "feature_noise": self.feature_noise, "precision": self.precision}
+        self.meta = {
+            "layers": int(cfg.drafter.layers),
+            "sub_vocabulary": None if self.d2t is None else int(len(self.d2t)),
+            "unroll": self.unroll,
+            "unroll_weights": self.unroll_weights,
+            "feature_noise": self.feature_noise,
+            "precision": self.precision,
+        }
 
     def items(self, examples: list[Example], desc: str, response_only: bool = False) -> list[dict]:
         with tqdm(total=len(examples), desc=desc, unit="seq") as bar:
@@ -179,18 +200,28 @@ class HeadTrainee:
         return distill.batches(items, int(self.tr.batch_size), int(self.tr.seq_len), gen)
 
     def whole(self, items: list[dict]):
-        return next(distill.batches(items, len(items), int(self.tr.seq_len), torch.Generator().manual_seed(0)))
+        return next(
+            distill.batches(items, len(items), int(self.tr.seq_len), torch.Generator().manual_seed(0))
+        )
 
     def start_epoch(self, seed: int, epoch: int) -> None:
         """The feature noise of an epoch is a function of (seed, epoch): a resumed run draws the same."""
-        self.noise_gen = torch.Generator().manual_seed(seed * 1_000 + epoch + 7_919) if self.feature_noise else None
+        self.noise_gen = (
+            torch.Generator().manual_seed(seed * 1_000 + epoch + 7_919) if self.feature_noise else None
+        )
 
     def loss(self, batch, training: bool = True):
         with autocast(self.precision, self.target.device):
-            spec = distill.LossSpec(float(self.tr.feature_weight), float(self.tr.ce_weight), unroll=self.unroll,
-                                    unroll_weights=self.unroll_weights,
-                                    feature_noise=self.feature_noise if training else 0.0)
-            return distill.loss_of(self.module, self.embed, self.logits, batch, spec, self.t2d, self.noise_gen)
+            spec = distill.LossSpec(
+                float(self.tr.feature_weight),
+                float(self.tr.ce_weight),
+                unroll=self.unroll,
+                unroll_weights=self.unroll_weights,
+                feature_noise=self.feature_noise if training else 0.0,
+            )
+            return distill.loss_of(
+                self.module, self.embed, self.logits, batch, spec, self.t2d, self.noise_gen
+            )
 
     def agreement(self, items: list[dict]) -> dict:
         return distill.agreement(self.module, self.embed, self.logits, items, depth=4, max_depth=5)
@@ -207,37 +238,54 @@ class ModelTrainee:
 
     def __init__(self, cfg: DictConfig, target: Target, train_ex: list[Example], eos: frozenset[int]):
         if not cfg.drafter.get("model"):
-            raise SpecbenchError("train-drafter drafter.kind=hf needs the model to fine-tune",
-                                 "set drafter.model=<hub id, local directory or embedded:...> "
-                                 "(e.g. double7/vicuna-68m for Vicuna, t5-small for T5)")
+            raise SpecbenchError(
+                "train-drafter drafter.kind=hf needs the model to fine-tune",
+                "set drafter.model=<hub id, local directory or embedded:...> "
+                "(e.g. double7/vicuna-68m for Vicuna, t5-small for T5)",
+            )
         if str(cfg.train.loss) not in finetune.LOSSES:
-            raise SpecbenchError(f"train.loss must be one of {', '.join(finetune.LOSSES)}, got '{cfg.train.loss}'",
-                                 "kl: to the target's top-k distribution; ce: to the text's next tokens")
+            raise SpecbenchError(
+                f"train.loss must be one of {', '.join(finetune.LOSSES)}, got '{cfg.train.loss}'",
+                "kl: to the target's top-k distribution; ce: to the text's next tokens",
+            )
         self.tr = cfg.train
         self.target = target
         # Trained in float32 whatever the target's dtype (the teacher's probabilities are float32).
         loaded = load_model(str(cfg.drafter.model), dtype="float32", device=str(target.device))
         check_compatible(target, loaded, str(cfg.drafter.model))
         self.loaded = loaded
-        self.module = loaded.model.eval()  # eval mode: no dropout, so training is a function of the data order
+        self.module = (
+            loaded.model.eval()
+        )  # eval mode: no dropout, so training is a function of the data order
         self.module.requires_grad_(True)
         tok = target.tokenizer
         self.pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
-        self.meta = {"base_model": str(cfg.drafter.model), "loss": str(cfg.train.loss),
-                     "encoder_decoder": target.is_encoder_decoder}
-        if (int(self.tr.get("unroll") or 1) != 1 or float(self.tr.get("feature_noise") or 0.0)
-                or self.tr.get("prompt_positions")):
-            raise SpecbenchError("train.unroll, train.feature_noise and train.prompt_positions are for eagle heads "
-                                 "(drafter.kind=eagle)", "leave train.unroll=1, train.feature_noise=0 and "
-                                                         "train.prompt_positions=false with drafter.kind=hf")
+        self.meta = {
+            "base_model": str(cfg.drafter.model),
+            "loss": str(cfg.train.loss),
+            "encoder_decoder": target.is_encoder_decoder,
+        }
+        if (
+            int(self.tr.get("unroll") or 1) != 1
+            or float(self.tr.get("feature_noise") or 0.0)
+            or self.tr.get("prompt_positions")
+        ):
+            raise SpecbenchError(
+                "train.unroll, train.feature_noise and train.prompt_positions are for eagle heads "
+                "(drafter.kind=eagle)",
+                "leave train.unroll=1, train.feature_noise=0 and "
+                "train.prompt_positions=false with drafter.kind=hf",
+            )
         self.precision = training_precision(cfg)
 
     def start_epoch(self, seed: int, epoch: int) -> None:
         pass
 
     def items(self, examples: list[Example], desc: str, response_only: bool = False) -> list[finetune.Rows]:
-        return [finetune.teach_rows(self.target.model, ex, int(self.tr.top_k), self.pad, self.target.vocab_size)
-                for ex in tqdm(examples, desc=desc, unit="seq")]
+        return [
+            finetune.teach_rows(self.target.model, ex, int(self.tr.top_k), self.pad, self.target.vocab_size)
+            for ex in tqdm(examples, desc=desc, unit="seq")
+        ]
 
     def batches(self, items, gen: torch.Generator):
         return finetune.batches(items, int(self.tr.batch_size), gen)
@@ -273,13 +321,21 @@ class SmallTrainee(ModelTrainee):
         from specbench.drafters.small import SmallLM
 
         if str(cfg.train.loss) not in finetune.LOSSES:
-            raise SpecbenchError(f"train.loss must be one of {', '.join(finetune.LOSSES)}, got '{cfg.train.loss}'",
-                                 "kl: to the target's top-k distribution; ce: to the text's next tokens")
-        if (int(cfg.train.get("unroll") or 1) != 1 or float(cfg.train.get("feature_noise") or 0.0)
-                or cfg.train.get("prompt_positions")):
-            raise SpecbenchError("train.unroll, train.feature_noise and train.prompt_positions are for eagle heads "
-                                 "(drafter.kind=eagle)", "leave train.unroll=1, train.feature_noise=0 and "
-                                                         "train.prompt_positions=false with drafter.kind=small")
+            raise SpecbenchError(
+                f"train.loss must be one of {', '.join(finetune.LOSSES)}, got '{cfg.train.loss}'",
+                "kl: to the target's top-k distribution; ce: to the text's next tokens",
+            )
+        if (
+            int(cfg.train.get("unroll") or 1) != 1
+            or float(cfg.train.get("feature_noise") or 0.0)
+            or cfg.train.get("prompt_positions")
+        ):
+            raise SpecbenchError(
+                "train.unroll, train.feature_noise and train.prompt_positions are for eagle heads "
+                "(drafter.kind=eagle)",
+                "leave train.unroll=1, train.feature_noise=0 and "
+                "train.prompt_positions=false with drafter.kind=small",
+            )
         self.tr = cfg.train
         self.target = target
         d2t = sub_vocabulary(train_ex, cfg.drafter.get("vocab"), target.vocab_size, always=sorted(eos))
@@ -290,8 +346,12 @@ class SmallTrainee(ModelTrainee):
         tok = target.tokenizer
         self.pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
         self.precision = training_precision(cfg)
-        self.meta = {"layers": int(cfg.drafter.layers), "sub_vocabulary": None if d2t is None else int(len(d2t)),
-                     "loss": str(cfg.train.loss), "precision": self.precision}
+        self.meta = {
+            "layers": int(cfg.drafter.layers),
+            "sub_vocabulary": None if d2t is None else int(len(d2t)),
+            "loss": str(cfg.train.loss),
+            "precision": self.precision,
+        }
         self.t2d = None
         if d2t is not None:  # target id -> sub-vocabulary index (-1: outside it)
             self.t2d = torch.full((target.vocab_size,), -1, dtype=torch.long)
@@ -300,7 +360,9 @@ class SmallTrainee(ModelTrainee):
     def loss(self, batch, training: bool = True):
         """``finetune.loss_of`` over the sub-vocabulary (no ``V``-wide rows)."""
         with autocast(self.precision, self.target.device):
-            return finetune.loss_of(self.module, batch, str(self.tr.loss), self.pad, self.target.vocab_size, self.t2d)
+            return finetune.loss_of(
+                self.module, batch, str(self.tr.loss), self.pad, self.target.vocab_size, self.t2d
+            )
 
     def save(self, path: Path, meta: dict) -> None:
         from specbench.drafters.small import save
@@ -322,15 +384,26 @@ def held_out_metrics(cfg, trainee, target, prompter, tok, ckpt: Path, eos, val_i
         src = OmegaConf.to_container(src, resolve=True)
         limit, offset = src.pop("limit", 8), src.pop("offset", 0)
         try:
-            queries = load_source(task, src, limit=limit, offset=offset, shuffle=bool(src.pop("shuffle", False)))
+            queries = load_source(
+                task, src, limit=limit, offset=offset, shuffle=bool(src.pop("shuffle", False))
+            )
         except SpecbenchError as exc:
             log.warning("held-out set %s skipped: %s", task, exc.problem)
             continue
-        queries = [truncate_fields(q, tok, cfg.train.get("max_input_tokens") or cfg.dataset.get("max_input_tokens"))
-                   for q in queries]
+        queries = [
+            truncate_fields(q, tok, cfg.train.get("max_input_tokens") or cfg.dataset.get("max_input_tokens"))
+            for q in queries
+        ]
         if str(cfg.train.responses) == "target":
-            responses = target_responses(target, prompter, queries, response_cache(target),
-                                         int(cfg.train.max_new_tokens), eos, int(cfg.train.get("generate_batch") or 32))
+            responses = target_responses(
+                target,
+                prompter,
+                queries,
+                response_cache(target),
+                int(cfg.train.max_new_tokens),
+                eos,
+                int(cfg.train.get("generate_batch") or 32),
+            )
         else:
             responses, queries = None, [q for q in queries if q.reference]
         ex = examples_of(queries, prompter, tok, responses, int(cfg.train.max_tokens))
@@ -339,10 +412,12 @@ def held_out_metrics(cfg, trainee, target, prompter, tok, ckpt: Path, eos, val_i
     if val_items:
         out["validation"] = trainee.agreement(val_items)
     if trainee.kind == "eagle":
-        out["definitions"] = {**distill.DEPTH_DEFINITIONS,
-                              "validation": "the training split's held-out rows (train.val_examples, never trained "
-                                            "on): the head's own task",
-                              "tasks": "the eval_sets rows, per task",
-                              "target token": "the teacher's greedy (argmax) token at each position of the text "
-                                              f"(train.responses={cfg.train.responses})"}
+        out["definitions"] = {
+            **distill.DEPTH_DEFINITIONS,
+            "validation": "the training split's held-out rows (train.val_examples, never trained "
+            "on): the head's own task",
+            "tasks": "the eval_sets rows, per task",
+            "target token": "the teacher's greedy (argmax) token at each position of the text "
+            f"(train.responses={cfg.train.responses})",
+        }
     return out

@@ -34,12 +34,22 @@ DTYPES = ("float32", "bfloat16")
 def extra_configs(family: str, heads: dict) -> dict:
     """Drafters beyond the shared tiny pool: eagle heads (decoder-only) and dtype overrides."""
     spec = TINY_FAMILIES[family]
-    out = {"hf_fp32": {"_target_": "specbench.drafters.hf.build", "model": spec["draft_model"], "dtype": "float32"}}
+    out = {
+        "hf_fp32": {
+            "_target_": "specbench.drafters.hf.build",
+            "model": spec["draft_model"],
+            "dtype": "float32",
+        }
+    }
     if family == "tiny_llama":
         eagle = "specbench.drafters.eagle.build"
-        out.update({"eagle": {"_target_": eagle, "checkpoint": str(heads["full"])},
-                    "eagle_sub": {"_target_": eagle, "checkpoint": str(heads["sub"])},
-                    "eagle_fp32": {"_target_": eagle, "checkpoint": str(heads["sub"]), "dtype": "float32"}})
+        out.update(
+            {
+                "eagle": {"_target_": eagle, "checkpoint": str(heads["full"])},
+                "eagle_sub": {"_target_": eagle, "checkpoint": str(heads["sub"])},
+                "eagle_fp32": {"_target_": eagle, "checkpoint": str(heads["sub"]), "dtype": "float32"},
+            }
+        )
     return out
 
 
@@ -47,12 +57,15 @@ def extra_configs(family: str, heads: dict) -> dict:
 def heads(tiny_llama_target, tmp_path_factory):
     """Eagle heads saved in float32 (as train-drafter saves them), from the fp32 tiny Llama."""
     tmp = tmp_path_factory.mktemp("bf16_heads")
-    return {"full": write_head(tmp, tiny_llama_target, "full"),
-            "sub": write_head(tmp, tiny_llama_target, "sub", d2t=torch.arange(3, 203))}
+    return {
+        "full": write_head(tmp, tiny_llama_target, "full"),
+        "sub": write_head(tmp, tiny_llama_target, "sub", d2t=torch.arange(3, 203)),
+    }
 
 
-@pytest.fixture(scope="module", params=[(f, d) for f in TINY_FAMILIES for d in DTYPES],
-                ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(
+    scope="module", params=[(f, d) for f in TINY_FAMILIES for d in DTYPES], ids=lambda p: f"{p[0]}-{p[1]}"
+)
 def setup(request, heads):
     family, dtype = request.param
     target = Target(load_model(f"embedded:{family}", dtype=dtype, device="cpu"))
@@ -114,8 +127,16 @@ def test_sampling_and_switching_decode(setup, tiny_decode):
     ids = target.tokenizer(PROMPTS[0])["input_ids"]
     sampling = SamplingParams(temperature=1.0, top_k=8)
     for arm in arms:
-        gen = tiny_decode(target, pool, arm, ids, max_new_tokens=12, draft_length=3, sampling=sampling,
-                          rng=torch.Generator().manual_seed(1))
+        gen = tiny_decode(
+            target,
+            pool,
+            arm,
+            ids,
+            max_new_tokens=12,
+            draft_length=3,
+            sampling=sampling,
+            rng=torch.Generator().manual_seed(1),
+        )
         check_valid(gen, target, 12)
     ref = tiny_decode(target, pool, AUTOREGRESSIVE, ids, max_new_tokens=MAX_NEW)
     gen = tiny_decode(target, pool, Cycle(), ids, max_new_tokens=MAX_NEW, draft_length=3)
@@ -131,8 +152,9 @@ def test_side_observations_in_the_target_dtype(setup, tiny_decode):
 
     family, dtype, target, pool = setup
     rec = Recorder(list(pool), "quantized_dynamic")
-    gen = tiny_decode(target, pool, rec, target.tokenizer(PROMPTS[0])["input_ids"], max_new_tokens=16,
-                      draft_length=3)
+    gen = tiny_decode(
+        target, pool, rec, target.tokenizer(PROMPTS[0])["input_ids"], max_new_tokens=16, draft_length=3
+    )
     check_valid(gen, target, 16)
     drafting = sum(1 for r in gen.rounds if r.drafted > 0)
     from specbench.drafters.early_exit import EarlyExitDrafter
@@ -175,11 +197,15 @@ def test_dynamic_int8_is_still_cpu_only():
 
 # ---- train-drafter with a bf16 target ---------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
     path = tmp_path_factory.mktemp("bf16_toy") / "toy.jsonl"
-    path.write_text("".join(json.dumps({"question": f"Case {i}. {SENTENCE}", "answer": "#### 17"}) + "\n"
-                            for i in range(40)))
+    path.write_text(
+        "".join(
+            json.dumps({"question": f"Case {i}. {SENTENCE}", "answer": "#### 17"}) + "\n" for i in range(40)
+        )
+    )
     return path
 
 
@@ -198,7 +224,9 @@ def test_train_eagle_head_on_a_bf16_target(toy, tmp_path, bf16_llama, tiny_decod
     meta = json.loads((out / "config.json").read_text())["specbench"]
     assert meta["dtype"] == "bfloat16" and meta["epochs"] == 1 and meta["kind"] == "eagle"
     assert json.loads((out / "signature.json").read_text())["dtype"] == "bfloat16"
-    assert all(v.dtype == torch.float32 for k, v in load_file(str(out / "model.safetensors")).items() if k != "d2t")
+    assert all(
+        v.dtype == torch.float32 for k, v in load_file(str(out / "model.safetensors")).items() if k != "d2t"
+    )
     drafter = build(bf16_llama, "head", checkpoint=str(out))
     assert drafter.head.fc.weight.dtype == torch.bfloat16
     pool = {**build_pool(bf16_llama, {}), "head": drafter}
@@ -211,9 +239,20 @@ def test_fine_tune_hf_drafter_on_a_bf16_target(toy, tmp_path, family, tiny_decod
     from specbench.drafters.hf import build
 
     out = tmp_path / "ft"
-    train_drafter_run(config(toy, out, f"target=tiny_{family}", "target.dtype=bfloat16", "drafter.kind=hf",
-                             f"drafter.model=embedded:tiny_{family}_draft", "drafter.vocab=null", "train.epochs=1",
-                             "train.lr=0.01"), tmp_path / "run")
+    train_drafter_run(
+        config(
+            toy,
+            out,
+            f"target=tiny_{family}",
+            "target.dtype=bfloat16",
+            "drafter.kind=hf",
+            f"drafter.model=embedded:tiny_{family}_draft",
+            "drafter.vocab=null",
+            "train.epochs=1",
+            "train.lr=0.01",
+        ),
+        tmp_path / "run",
+    )
     meta = json.loads((out / "specbench.json").read_text())
     assert meta["dtype"] == "bfloat16" and meta["kind"] == "hf" and meta["epochs"] == 1
     assert json.loads((out / "config.json").read_text()).get("dtype") in ("float32", None)  # trained in fp32
@@ -262,6 +301,7 @@ def train_drafter_run(cfg, out):
 
 
 # ---- unsupported dtype / device combinations ---------------------------------------------------------
+
 
 def test_fp16_on_a_cpu_without_fp16_is_refused(monkeypatch):
     from specbench.models import devices

@@ -21,8 +21,11 @@ def fresh_logits(model, encoder_ids, decoder_ids) -> torch.Tensor:
     """Logits ``[len(decoder_ids), V]`` of one uncached forward."""
     with torch.inference_mode():
         if getattr(model.config, "is_encoder_decoder", False):
-            out = model(input_ids=torch.tensor([encoder_ids]), decoder_input_ids=torch.tensor([decoder_ids]),
-                        use_cache=False)
+            out = model(
+                input_ids=torch.tensor([encoder_ids]),
+                decoder_input_ids=torch.tensor([decoder_ids]),
+                use_cache=False,
+            )
         else:
             out = model(input_ids=torch.tensor([decoder_ids]), use_cache=False)
     return out.logits[0].float()
@@ -31,7 +34,7 @@ def fresh_logits(model, encoder_ids, decoder_ids) -> torch.Tensor:
 def expected_score(target: Target, draft: list[int]) -> torch.Tensor:
     """What ``target.score(draft)`` must return: the rows for [last committed token, *draft]."""
     rows = fresh_logits(target.model, target.encoder_ids, target.tokens + list(draft))
-    return rows[-(len(draft) + 1):]
+    return rows[-(len(draft) + 1) :]
 
 
 def assert_close(actual, expected):
@@ -211,8 +214,13 @@ def test_early_exit_keeps_the_target_intact(tiny_setup, tiny_decode):
     prompt = tiny_setup.tokenizer(PROMPT)["input_ids"]
     encoder_ids, tokens = target.decoder_start(prompt)
     before = fresh_logits(target.model, encoder_ids, tokens + [5, 6])
-    head = ({"layers_key": "num_decoder_layers", "final_norm": "decoder.final_layer_norm", "head_scale": 0.125}
-            if target.is_encoder_decoder else {"layers_key": "num_hidden_layers"})
-    pool = build_pool(target, {"ee": {"_target_": "specbench.drafters.early_exit.build", "layers": 1, **head}})
+    head = (
+        {"layers_key": "num_decoder_layers", "final_norm": "decoder.final_layer_norm", "head_scale": 0.125}
+        if target.is_encoder_decoder
+        else {"layers_key": "num_hidden_layers"}
+    )
+    pool = build_pool(
+        target, {"ee": {"_target_": "specbench.drafters.early_exit.build", "layers": 1, **head}}
+    )
     tiny_decode(target, pool, "ee", prompt, max_new_tokens=5, draft_length=2)
     assert torch.equal(fresh_logits(target.model, encoder_ids, tokens + [5, 6]), before)

@@ -30,8 +30,16 @@ def ids(setup, text):
 
 def run(tiny_decode, setup, arm, text, cascade, max_new_tokens=MAX_NEW, draft_length=4):
     """Greedy decode with ``cascade``; no EOS (the tiny random models would stop at random places)."""
-    return tiny_decode(setup.target, setup.pool, arm, ids(setup, text), max_new_tokens=max_new_tokens,
-                       draft_length=draft_length, eos_ids=frozenset(), cascade=cascade)
+    return tiny_decode(
+        setup.target,
+        setup.pool,
+        arm,
+        ids(setup, text),
+        max_new_tokens=max_new_tokens,
+        draft_length=draft_length,
+        eos_ids=frozenset(),
+        cascade=cascade,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -42,15 +50,30 @@ def alone_outputs(tiny_setup, tiny_decode):
         target = alone_target(tiny_setup.pool[arm], tiny_setup.target)
         pool = {AUTOREGRESSIVE: AutoregressiveArm()}
         for text in PROMPTS:
-            out[arm, text] = tiny_decode(target, pool, AUTOREGRESSIVE, ids(tiny_setup, text), max_new_tokens=MAX_NEW,
-                                         eos_ids=frozenset()).tokens
+            out[arm, text] = tiny_decode(
+                target,
+                pool,
+                AUTOREGRESSIVE,
+                ids(tiny_setup, text),
+                max_new_tokens=MAX_NEW,
+                eos_ids=frozenset(),
+            ).tokens
     return out
 
 
 @pytest.fixture(scope="module")
 def ar_outputs(tiny_setup, tiny_decode):
-    return {text: tiny_decode(tiny_setup.target, tiny_setup.pool, AUTOREGRESSIVE, ids(tiny_setup, text),
-                              max_new_tokens=MAX_NEW, eos_ids=frozenset()).tokens for text in PROMPTS}
+    return {
+        text: tiny_decode(
+            tiny_setup.target,
+            tiny_setup.pool,
+            AUTOREGRESSIVE,
+            ids(tiny_setup, text),
+            max_new_tokens=MAX_NEW,
+            eos_ids=frozenset(),
+        ).tokens
+        for text in PROMPTS
+    }
 
 
 @pytest.mark.parametrize("rule", LOSSY)
@@ -102,8 +125,14 @@ def two_token_law(target, prompt, sampling):
     with torch.inference_mode():
         p1 = logits_to_probs(target.model(torch.tensor([prompt])).logits[0, -1], sampling)
         first = p1.nonzero().flatten().tolist()
-        p2 = logits_to_probs(target.model(torch.tensor([prompt + [x] for x in first])).logits[:, -1], sampling)
-    return {(x1, x2): float(p1[x1] * p2[i, x2]) for i, x1 in enumerate(first) for x2 in p2[i].nonzero().flatten().tolist()}
+        p2 = logits_to_probs(
+            target.model(torch.tensor([prompt + [x] for x in first])).logits[:, -1], sampling
+        )
+    return {
+        (x1, x2): float(p1[x1] * p2[i, x2])
+        for i, x1 in enumerate(first)
+        for x2 in p2[i].nonzero().flatten().tolist()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -112,11 +141,21 @@ def overlapping_pool(tiny_llama_target):
     target's partly (a 1-layer exit's do not), so acceptance and rejection both happen."""
     from specbench.drafters import build_pool
 
-    return build_pool(tiny_llama_target, {"early_exit": {"_target_": "specbench.drafters.early_exit.build", "layers": 3}})
+    return build_pool(
+        tiny_llama_target, {"early_exit": {"_target_": "specbench.drafters.early_exit.build", "layers": 3}}
+    )
 
 
-@pytest.mark.parametrize("rule", ["token_v3", *(pytest.param(r, marks=pytest.mark.slow)  # 12 s each: one in make test
-                                                 for r in ("opt", "chow", "diff", "lossy_sd"))])
+@pytest.mark.parametrize(
+    "rule",
+    [
+        "token_v3",
+        *(
+            pytest.param(r, marks=pytest.mark.slow)  # 12 s each: one in make test
+            for r in ("opt", "chow", "diff", "lossy_sd")
+        ),
+    ],
+)
 def test_sampling_always_defer_is_lossless(tiny_llama_target, overlapping_pool, tiny_decode, rule):
     """Sampling, alpha = ALWAYS: the first two tokens follow the target's exact law. With
     max_new_tokens = 2 a lossy rule drafts two tokens (the second in the bonus position) and verifies
@@ -129,8 +168,18 @@ def test_sampling_always_defer_is_lossless(tiny_llama_target, overlapping_pool, 
     counts: dict = {}
     runs, accepted = 2000, 0
     for _ in range(runs):
-        gen = tiny_decode(target, pool, "early_exit", prompt, max_new_tokens=2, draft_length=4, sampling=sampling,
-                          eos_ids=frozenset(), rng=rng, cascade=Cascade(rule, ALWAYS[rule]))
+        gen = tiny_decode(
+            target,
+            pool,
+            "early_exit",
+            prompt,
+            max_new_tokens=2,
+            draft_length=4,
+            sampling=sampling,
+            eos_ids=frozenset(),
+            rng=rng,
+            cascade=Cascade(rule, ALWAYS[rule]),
+        )
         assert gen.rounds[0].drafted == 2 and len(gen.tokens) == 2
         counts[tuple(gen.tokens)] = counts.get(tuple(gen.tokens), 0) + 1
         accepted += gen.accepted
@@ -149,8 +198,18 @@ def test_sampling_never_defer_keeps_every_draft(tiny_llama_target, tiny_llama_po
     target, pool = tiny_llama_target, tiny_llama_pool
     prompt = target.tokenizer("Sum: 2 = 2")["input_ids"]
     for rule in ("chow", "token_v2", "lossy_sd"):
-        gen = tiny_decode(target, pool, "early_exit", prompt, max_new_tokens=20, draft_length=3, sampling=SAMPLING,
-                          eos_ids=frozenset(), rng=torch.Generator().manual_seed(1), cascade=Cascade(rule, NEVER[rule]))
+        gen = tiny_decode(
+            target,
+            pool,
+            "early_exit",
+            prompt,
+            max_new_tokens=20,
+            draft_length=3,
+            sampling=SAMPLING,
+            eos_ids=frozenset(),
+            rng=torch.Generator().manual_seed(1),
+            cascade=Cascade(rule, NEVER[rule]),
+        )
         assert all(r.accepted == r.drafted == r.emitted for r in gen.rounds)
         assert gen.target_calls == 5  # 20 tokens in rounds of 4 drafted tokens
 
@@ -177,14 +236,23 @@ class Alternate(Selector):
 def test_rule_applies_to_whichever_drafter_the_selector_picks(tiny_setup, tiny_decode, ar_outputs):
     arms = ["early_exit", "hf", "prompt_lookup", AUTOREGRESSIVE]
     text = PROMPTS[0]
-    gen = run(tiny_decode, tiny_setup, Alternate(arms), text, Cascade("chow", NEVER["chow"]), max_new_tokens=40)
+    gen = run(
+        tiny_decode, tiny_setup, Alternate(arms), text, Cascade("chow", NEVER["chow"]), max_new_tokens=40
+    )
     used = {r.arm for r in gen.rounds}
     assert used == set(arms)
     for r in gen.rounds:
         assert r.accepted == r.drafted and r.deferred == 0  # every drafter's tokens are kept
         if r.arm in ("early_exit", "hf"):
             assert r.drafted == r.n_max and (r.n_max == 5 or r.index == len(gen.rounds) - 1)
-    always = run(tiny_decode, tiny_setup, Alternate(arms), text, Cascade("chow", ALWAYS["chow"]), max_new_tokens=MAX_NEW)
+    always = run(
+        tiny_decode,
+        tiny_setup,
+        Alternate(arms),
+        text,
+        Cascade("chow", ALWAYS["chow"]),
+        max_new_tokens=MAX_NEW,
+    )
     assert always.tokens == ar_outputs[text]
     assert {r.arm for r in always.rounds} == set(arms)
 
@@ -194,13 +262,16 @@ def test_no_cascade_and_rule_none_are_the_same_path(tiny_setup, tiny_decode):
     plain = run(tiny_decode, tiny_setup, "early_exit", text, None)
     none = run(tiny_decode, tiny_setup, "early_exit", text, Cascade("none", 0.0))
     assert plain.tokens == none.tokens
-    assert [(r.drafted, r.accepted, r.n_max) for r in plain.rounds] == [(r.drafted, r.accepted, r.n_max)
-                                                                          for r in none.rounds]
+    assert [(r.drafted, r.accepted, r.n_max) for r in plain.rounds] == [
+        (r.drafted, r.accepted, r.n_max) for r in none.rounds
+    ]
     assert plain.deferred == 0 and none.deferred == none.drafted  # lossless: every position is the target's
 
 
 @pytest.mark.parametrize("arm", MODEL_ARMS)
-def test_sequential_cascade_is_chows_output_with_the_target_called_only_on_deferral(tiny_setup, tiny_decode, arm):
+def test_sequential_cascade_is_chows_output_with_the_target_called_only_on_deferral(
+    tiny_setup, tiny_decode, arm
+):
     """Greedy, at a lenience where some positions defer: the sequential cascade emits Chow's output token for
     token (the same deferral test on q), yet its drafts stop at each deferred position (never past it), every
     drafted token is kept, and a round that defers ends with the target's token."""

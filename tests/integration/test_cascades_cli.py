@@ -7,12 +7,23 @@ import sys
 import pandas as pd
 import pytest
 
-TINY = ["target=tiny_llama", "pool=tiny", "drafter_arm=early_exit_1", "dataset.limit=1", "decoding.max_new_tokens=10",
-        "warmup.max_new_tokens=2", "rules=[chow,token_v3]", "alphas.chow=[0.5,1.0]", "alphas.token_v3=[-1.0,0.5]"]
+TINY = [
+    "target=tiny_llama",
+    "pool=tiny",
+    "drafter_arm=early_exit_1",
+    "dataset.limit=1",
+    "decoding.max_new_tokens=10",
+    "warmup.max_new_tokens=2",
+    "rules=[chow,token_v3]",
+    "alphas.chow=[0.5,1.0]",
+    "alphas.token_v3=[-1.0,0.5]",
+]
 
 
 def specbench(*args):
-    return subprocess.run([sys.executable, "-m", "specbench.cli", *args], capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "specbench.cli", *args], capture_output=True, text=True, timeout=600
+    )
 
 
 def test_cascades_writes_curves_and_resumes(tmp_path):
@@ -25,7 +36,10 @@ def test_cascades_writes_curves_and_resumes(tmp_path):
     assert set(curves.method) == methods
     for col in ("quality", "speedup", "rejection_rate", "mat", "agreement_exact", "deferral_rate"):
         assert col in curves.columns
-    timed = {(e["task"], e["method"]): e for e in map(json.loads, (tmp_path / "examples.jsonl").read_text().splitlines())}
+    timed = {
+        (e["task"], e["method"]): e
+        for e in map(json.loads, (tmp_path / "examples.jsonl").read_text().splitlines())
+    }
     for task in tasks:
         rows = curves[curves.task == task].set_index("method")
         # the speedup is the baseline's seconds per token over the method's, from the records (one query a task)
@@ -54,9 +68,18 @@ def test_cascades_writes_curves_and_resumes(tmp_path):
 
 
 def test_eval_applies_a_cascade_to_every_speculative_method(tmp_path):
-    res = specbench("eval", "target=tiny_llama", "pool=tiny", "dataset.limit=1", "decoding.max_new_tokens=8",
-                    "warmup.max_new_tokens=0", "selector=ucb", "cascade=chow", "cascade.alpha=1.0",
-                    f"hydra.run.dir={tmp_path}")
+    res = specbench(
+        "eval",
+        "target=tiny_llama",
+        "pool=tiny",
+        "dataset.limit=1",
+        "decoding.max_new_tokens=8",
+        "warmup.max_new_tokens=0",
+        "selector=ucb",
+        "cascade=chow",
+        "cascade.alpha=1.0",
+        f"hydra.run.dir={tmp_path}",
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     rounds = [json.loads(x) for x in (tmp_path / "rounds.jsonl").read_text().splitlines()]
     spec = [r for r in rounds if r["method"] != "autoregressive"]
@@ -64,24 +87,36 @@ def test_eval_applies_a_cascade_to_every_speculative_method(tmp_path):
     assert all(r["accepted"] == r["drafted"] and r["deferred"] == 0 for r in spec)  # never defers
 
 
-@pytest.mark.parametrize("override, message", [("cascade.alpha=1.5", "out of range"),
-                                               ("cascade.rule=chow2", "unknown cascade rule")])
+@pytest.mark.parametrize(
+    "override, message",
+    [("cascade.alpha=1.5", "out of range"), ("cascade.rule=chow2", "unknown cascade rule")],
+)
 def test_bad_cascade_input_is_named(tmp_path, override, message):
-    res = specbench("eval", "target=tiny_llama", "pool=tiny", "dataset.limit=1", "cascade=chow", override,
-                    f"hydra.run.dir={tmp_path}")
+    res = specbench(
+        "eval",
+        "target=tiny_llama",
+        "pool=tiny",
+        "dataset.limit=1",
+        "cascade=chow",
+        override,
+        f"hydra.run.dir={tmp_path}",
+    )
     assert res.returncode == 2
     assert message in res.stderr and "fix:" in res.stderr
 
 
-@pytest.mark.parametrize("experiment, target, drafter", [
-    ("cascades_cpu", "embedded:smollm2_135m", "quantized"),
-    ("cascades_cpu_local", "embedded:smollm2_135m", "small"),
-    ("cascades_t5_wmt", "google-t5/t5-large", "t5_small"),
-    ("cascades_t5_cnndm", "google-t5/t5-large", "t5_small"),
-    ("cascades_t5_xsum", "sysresearch101/t5-large-finetuned-xsum", "t5_small"),
-    ("cascades_gemma_gsm8k", "google/gemma-2-9b-it", "gemma_2b"),
-    ("cascades_gemma27b_gsm8k", "google/gemma-2-27b-it", "gemma_2b"),
-])
+@pytest.mark.parametrize(
+    "experiment, target, drafter",
+    [
+        ("cascades_cpu", "embedded:smollm2_135m", "quantized"),
+        ("cascades_cpu_local", "embedded:smollm2_135m", "small"),
+        ("cascades_t5_wmt", "google-t5/t5-large", "t5_small"),
+        ("cascades_t5_cnndm", "google-t5/t5-large", "t5_small"),
+        ("cascades_t5_xsum", "sysresearch101/t5-large-finetuned-xsum", "t5_small"),
+        ("cascades_gemma_gsm8k", "google/gemma-2-9b-it", "gemma_2b"),
+        ("cascades_gemma27b_gsm8k", "google/gemma-2-27b-it", "gemma_2b"),
+    ],
+)
 def test_experiment_configs_compose(experiment, target, drafter):
     """Paper-scale configs cannot run here (GPU, hub); they must compose into valid rule grids."""
     from hydra import compose, initialize_config_dir

@@ -21,18 +21,23 @@ from specbench.models import Target, load_model
 from specbench.pipelines import tables
 
 # Prompts of the byte-level tiny tokenizer; repetitive text gives prompt lookup and early exits drafts to verify.
-PROMPTS = [f"Question {i}: the cat sat on the mat, the dog sat on the log, and the {w}" for i, w in
-           enumerate(["bird", "fish", "frog", "cow", "hen", "pig", "fox", "owl"])]
+PROMPTS = [
+    f"Question {i}: the cat sat on the mat, the dog sat on the log, and the {w}"
+    for i, w in enumerate(["bird", "fish", "frog", "cow", "hen", "pig", "fox", "owl"])
+]
 NEW_TOKENS = 64
 
 
 @pytest.fixture(scope="module")
 def bf16_llama():
     target = Target(load_model("embedded:tiny_llama", dtype="bfloat16", device="cpu"))
-    pool = build_pool(target, {
-        "prompt_lookup": {"_target_": "specbench.drafters.prompt_lookup.build"},
-        "early_exit": {"_target_": "specbench.drafters.early_exit.build", "layers": 1},
-    })
+    pool = build_pool(
+        target,
+        {
+            "prompt_lookup": {"_target_": "specbench.drafters.prompt_lookup.build"},
+            "early_exit": {"_target_": "specbench.drafters.early_exit.build", "layers": 1},
+        },
+    )
     # Near-ties are rare (about 1 position in 800 forks between a 5-token forward and one-token steps on
     # this model), so the fork test needs a few thousand positions: 48 seeded random prompts of 30 ids.
     g = torch.Generator().manual_seed(0)
@@ -44,8 +49,16 @@ def records(target, pool, prompts, arm, tiny_decode, tolerance):
     out = []
     for i, ids in enumerate(prompts):
         gen = tiny_decode(target, pool, arm, ids, max_new_tokens=NEW_TOKENS, eos_ids=frozenset())
-        out.append({"query_id": f"q{i}", "task": "t", "method": arm, "output_ids": gen.tokens,
-                    "deciders": gen.deciders, "tie_tolerance": tolerance})
+        out.append(
+            {
+                "query_id": f"q{i}",
+                "task": "t",
+                "method": arm,
+                "output_ids": gen.tokens,
+                "deciders": gen.deciders,
+                "tie_tolerance": tolerance,
+            }
+        )
     return out
 
 
@@ -58,7 +71,9 @@ def test_calibrated_bf16_forks_are_all_ties(bf16_llama, tiny_decode):
     base = records(target, pool, prompts, "autoregressive", tiny_decode, tol)
     forks = []
     for arm in ("prompt_lookup", "early_exit"):
-        forks += [f for f in tables.forks(base + records(target, pool, prompts, arm, tiny_decode, tol)).verdict]
+        forks += [
+            f for f in tables.forks(base + records(target, pool, prompts, arm, tiny_decode, tol)).verdict
+        ]
     assert forks, "no fork at all: the test would not see a defect either (more prompts or tokens needed)"
     assert set(forks) == {certify.TIE}
 
@@ -116,8 +131,13 @@ def test_autoregressive_baseline_asks_no_hidden_states_with_a_head_in_the_pool(t
 
     target = CountingTarget(load_model("embedded:tiny_llama", device="cpu"))
     head = write_head(tmp_path, target)
-    pool = build_pool(target, {"eagle": {"_target_": "specbench.drafters.eagle.build", "checkpoint": str(head)},
-                               "prompt_lookup": {"_target_": "specbench.drafters.prompt_lookup.build"}})
+    pool = build_pool(
+        target,
+        {
+            "eagle": {"_target_": "specbench.drafters.eagle.build", "checkpoint": str(head)},
+            "prompt_lookup": {"_target_": "specbench.drafters.prompt_lookup.build"},
+        },
+    )
     ids = target.tokenizer(PROMPTS[0])["input_ids"]
     for arm in ("autoregressive", "prompt_lookup"):
         target.state_calls = 0

@@ -7,12 +7,19 @@ import sys
 import pandas as pd
 import pytest
 
-TINY = ["target=tiny_llama", "pool=tiny", "dataset.limit=1", "decoding.max_new_tokens=8", "warmup.max_new_tokens=2"]
+TINY = [
+    "target=tiny_llama",
+    "pool=tiny",
+    "dataset.limit=1",
+    "decoding.max_new_tokens=8",
+    "warmup.max_new_tokens=2",
+]
 
 
 def specbench(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "specbench.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "specbench.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=600
+    )
 
 
 def test_help_lists_commands():
@@ -29,8 +36,18 @@ def test_eval_writes_records_and_resumes(tmp_path):
     for name in ("config.yaml", "rounds.jsonl", "examples.jsonl", "summary.csv", "summary.md"):
         assert (run_dir / name).exists(), name
     summary = pd.read_csv(run_dir / "summary.csv")
-    for col in ("task", "method", "n_examples", "new_tokens", "seconds", "tokens_per_s", "speedup", "mat",
-                "acceptance_rate", "exact_match"):
+    for col in (
+        "task",
+        "method",
+        "n_examples",
+        "new_tokens",
+        "seconds",
+        "tokens_per_s",
+        "speedup",
+        "mat",
+        "acceptance_rate",
+        "exact_match",
+    ):
         assert col in summary.columns
     methods = set(summary.method)
     assert {"autoregressive", "fixed:quantized", "fixed:prompt_lookup", "fixed:early_exit_1"} <= methods
@@ -74,8 +91,15 @@ def _complete_lines(run_dir):
 
 
 def test_eval_encoder_decoder_with_hf_drafter(tmp_path):
-    res = specbench("eval", "target=tiny_t5", "pool=tiny_t5_hf", "dataset.limit=1", "decoding.max_new_tokens=8",
-                    "warmup.max_new_tokens=0", f"hydra.run.dir={tmp_path}")
+    res = specbench(
+        "eval",
+        "target=tiny_t5",
+        "pool=tiny_t5_hf",
+        "dataset.limit=1",
+        "decoding.max_new_tokens=8",
+        "warmup.max_new_tokens=0",
+        f"hydra.run.dir={tmp_path}",
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     summary = pd.read_csv(tmp_path / "summary.csv")
     assert "fixed:tiny_draft" in set(summary.method)
@@ -83,8 +107,12 @@ def test_eval_encoder_decoder_with_hf_drafter(tmp_path):
 
 
 def test_several_selectors_in_one_run(tmp_path):
-    res = specbench("eval", *TINY, "methods=[autoregressive,fixed:*,selector:ucb,selector:exp3]",
-                    f"hydra.run.dir={tmp_path}")
+    res = specbench(
+        "eval",
+        *TINY,
+        "methods=[autoregressive,fixed:*,selector:ucb,selector:exp3]",
+        f"hydra.run.dir={tmp_path}",
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     summary = pd.read_csv(tmp_path / "summary.csv")
     assert {"ucb-bd", "exp3-bd", "oracle"} <= set(summary.method)
@@ -94,21 +122,30 @@ def test_several_selectors_in_one_run(tmp_path):
 
 
 def test_multirun_sweep(tmp_path):
-    res = specbench("eval", "-m", *TINY, "methods=[autoregressive,fixed:quantized]", "decoding.draft_length=1,3",
-                    f"hydra.sweep.dir={tmp_path}")
+    res = specbench(
+        "eval",
+        "-m",
+        *TINY,
+        "methods=[autoregressive,fixed:quantized]",
+        "decoding.draft_length=1,3",
+        f"hydra.sweep.dir={tmp_path}",
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert (tmp_path / "0" / "summary.csv").exists() and (tmp_path / "1" / "summary.csv").exists()
 
 
-@pytest.mark.parametrize("override, message", [
-    ("pool=nope", "smollm2_default"),  # Hydra lists the available pools
-    ("decoding.draft_length=0", "decoding.draft_length=0: expected an integer >= 1"),
-    ("methods=[fixed:nope]", "no arm named 'nope'"),
-    ("target.model=embedded:nope", "unknown embedded model"),
-    ("target.model=./no/such/model", "does not exist"),
-    ("dataset=gsm8k dataset.path=./missing.jsonl", "does not exist"),
-    ("decoding.temperature=-1", "decoding.temperature=-1: expected a finite number >= 0"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("pool=nope", "smollm2_default"),  # Hydra lists the available pools
+        ("decoding.draft_length=0", "decoding.draft_length=0: expected an integer >= 1"),
+        ("methods=[fixed:nope]", "no arm named 'nope'"),
+        ("target.model=embedded:nope", "unknown embedded model"),
+        ("target.model=./no/such/model", "does not exist"),
+        ("dataset=gsm8k dataset.path=./missing.jsonl", "does not exist"),
+        ("decoding.temperature=-1", "decoding.temperature=-1: expected a finite number >= 0"),
+    ],
+)
 def test_bad_input_is_named(tmp_path, override, message):
     res = specbench("eval", *TINY, *override.split(), f"hydra.run.dir={tmp_path}")
     assert res.returncode != 0
@@ -118,8 +155,9 @@ def test_bad_input_is_named(tmp_path, override, message):
 def test_empty_dataset_is_an_error(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    res = specbench("eval", *TINY, "dataset=gsm8k", f"dataset.path={empty}",
-                    f"hydra.run.dir={tmp_path / 'run'}")
+    res = specbench(
+        "eval", *TINY, "dataset=gsm8k", f"dataset.path={empty}", f"hydra.run.dir={tmp_path / 'run'}"
+    )
     assert res.returncode == 2
     assert "empty" in res.stderr
 
@@ -128,12 +166,20 @@ def test_two_turn_chat_and_quality_columns(tmp_path):
     """MT-Bench-shaped data: both turns are generated and recorded; task metrics reach the summary."""
     mt = tmp_path / "question.jsonl"
     mt.write_text('{"question_id": 1, "category": "writing", "turns": ["Write a line.", "Shorter."]}\n')
-    res = specbench("eval", *TINY, "dataset=mt_bench", f"dataset.path={mt}", "methods=[autoregressive,fixed:quantized]",
-                    f"hydra.run.dir={tmp_path / 'mt'}")
+    res = specbench(
+        "eval",
+        *TINY,
+        "dataset=mt_bench",
+        f"dataset.path={mt}",
+        "methods=[autoregressive,fixed:quantized]",
+        f"hydra.run.dir={tmp_path / 'mt'}",
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     examples = [json.loads(x) for x in (tmp_path / "mt" / "examples.jsonl").read_text().splitlines()]
     assert sorted((e["query_id"], e["turn"]) for e in examples if e["method"] == "autoregressive") == [
-        ("q1", 1), ("q1/turn2", 2)]
+        ("q1", 1),
+        ("q1/turn2", 2),
+    ]
     res = specbench("eval", *TINY, f"hydra.run.dir={tmp_path / 'emb'}", "methods=[autoregressive]")
     assert res.returncode == 0, res.stderr[-3000:]
     summary = pd.read_csv(tmp_path / "emb" / "summary.csv")
@@ -150,30 +196,63 @@ def test_two_turn_chat_and_quality_columns(tmp_path):
 
 
 def test_metasd_experiment_writes_table_and_convergence(tmp_path):
-    res = specbench("eval", "+experiment=metasd_cpu", "target=tiny_llama", "pool=tiny", "dataset.limit=1",
-                    "decoding.max_new_tokens=8", "warmup.max_new_tokens=0", f"hydra.run.dir={tmp_path}")
+    res = specbench(
+        "eval",
+        "+experiment=metasd_cpu",
+        "target=tiny_llama",
+        "pool=tiny",
+        "dataset.limit=1",
+        "decoding.max_new_tokens=8",
+        "warmup.max_new_tokens=0",
+        f"hydra.run.dir={tmp_path}",
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     summary = pd.read_csv(tmp_path / "summary.csv")
-    assert {"ucb-bd", "ucb-be", "exp3-bd", "halving-bd", "ducb-bd", "swucb-bd", "etc-bd", "random", "oracle"} <= set(
-        summary.method)
+    assert {
+        "ucb-bd",
+        "ucb-be",
+        "exp3-bd",
+        "halving-bd",
+        "ducb-bd",
+        "swucb-bd",
+        "etc-bd",
+        "random",
+        "oracle",
+    } <= set(summary.method)
     conv = pd.read_csv(tmp_path / "convergence.csv")
     assert set(conv.columns) == {"method", "round", "share", "n"}
     assert conv.share.between(0, 1).all() and "fixed:quantized" not in set(conv.method)
     assert (tmp_path / "convergence.png").stat().st_size > 0
 
 
-@pytest.mark.parametrize("args", [
-    ["eval", *TINY, "hydra.run.dir=/proc/specbench_run"],  # a run directory that cannot be made (was a traceback)
-    ["eval", *TINY, "+experiment=metasd_cpu", "+experiment=huang_cpu", "--cfg", "job"],  # two presets
-    ["train-drafter", "target=tiny_llama", "train.epochs=1", "out=/proc/specbench_head"],  # its fix names out=
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        [
+            "eval",
+            *TINY,
+            "hydra.run.dir=/proc/specbench_run",
+        ],  # a run directory that cannot be made (was a traceback)
+        ["eval", *TINY, "+experiment=metasd_cpu", "+experiment=huang_cpu", "--cfg", "job"],  # two presets
+        [
+            "train-drafter",
+            "target=tiny_llama",
+            "train.epochs=1",
+            "out=/proc/specbench_head",
+        ],  # its fix names out=
+    ],
+)
 def test_unmakeable_paths_and_two_experiments_are_clear_errors(args, tmp_path):
     """issue 34: an ENOENT run directory and two experiments (the last silently won) give error/fix lines."""
     res = specbench(*args, cwd=tmp_path)
     assert res.returncode == 2, res.stderr[-3000:]
-    assert "Traceback" not in res.stderr and "error: " in res.stderr and "fix:   " in res.stderr, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr and "error: " in res.stderr and "fix:   " in res.stderr, res.stderr[
+        -3000:
+    ]
     if args[0] == "train-drafter":
-        assert "out=<a writable directory>" in res.stderr and "hydra.run.dir" not in res.stderr, res.stderr[-3000:]
+        assert "out=<a writable directory>" in res.stderr and "hydra.run.dir" not in res.stderr, res.stderr[
+            -3000:
+        ]
 
 
 def test_a_directory_where_the_run_claim_file_goes_is_a_clear_error(tmp_path):

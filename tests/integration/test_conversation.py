@@ -13,8 +13,14 @@ from specbench.configs import conf_dir
 from specbench.pipelines import evaluate
 from specbench.pipelines.session.core import Session
 
-TINY = ["target=tiny_llama", "pool=tiny", "dataset.limit=1", "decoding.max_new_tokens=5", "warmup.max_new_tokens=0",
-        "methods=[autoregressive,fixed:early_exit_1]"]
+TINY = [
+    "target=tiny_llama",
+    "pool=tiny",
+    "dataset.limit=1",
+    "decoding.max_new_tokens=5",
+    "warmup.max_new_tokens=0",
+    "methods=[autoregressive,fixed:early_exit_1]",
+]
 
 
 def config(*overrides):
@@ -31,12 +37,17 @@ def test_a_conversation_carries_each_answer_into_the_next_task(tmp_path):
     assert len({q.task for q in s.queries}) == 4  # the task changes at every turn of the conversation
     history, prompts = [], []
     for q in s.queries:
-        assert out[(q.id, "autoregressive")] == out[(q.id, "fixed:early_exit_1")]  # lossless inside a conversation
+        assert (
+            out[(q.id, "autoregressive")] == out[(q.id, "fixed:early_exit_1")]
+        )  # lossless inside a conversation
         prompt = s.prompter(q, 0, history)
         prompts.append(prompt)
-        with torch.no_grad():  # Hugging Face's greedy decoding of the conversation so far gives the same answer
-            ref = s.loaded.model.generate(torch.tensor([prompt]), max_new_tokens=5,
-                                          do_sample=False)[0, len(prompt):].tolist()
+        with (
+            torch.no_grad()
+        ):  # Hugging Face's greedy decoding of the conversation so far gives the same answer
+            ref = s.loaded.model.generate(torch.tensor([prompt]), max_new_tokens=5, do_sample=False)[
+                0, len(prompt) :
+            ].tolist()
         ours = out[(q.id, "autoregressive")]
         assert ours == ref[: len(ours)], q.id
         history.append((s.prompter.user_text(q, 0), s.text(ours)))

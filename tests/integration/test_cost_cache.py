@@ -81,8 +81,15 @@ def test_parse_methods_gives_the_budget_the_measured_costs():
     from specbench.pipelines.methods import parse_methods
 
     pool = {"autoregressive": None, "suffix": None, "head": None}
-    cfg = OmegaConf.create({"_target_": "specbench.selection.Budget", "name": "budget", "retrieval": "suffix",
-                            "costs": "profile"})
+    cfg = OmegaConf.create(
+        {
+            "_target_": "specbench.selection.Budget",
+            "name": "budget",
+            "retrieval": "suffix",
+            "costs": "profile",
+        }
+    )
+
     def measured():
         return {"verify": [0.03, 0.001], "draft": {"head": 0.008}}
 

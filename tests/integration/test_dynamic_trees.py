@@ -31,13 +31,16 @@ def tree_pool(tiny_llama_target, tmp_path_factory):
     full = write_head(tmp, target, "full")
     sub = write_head(tmp, target, "sub", d2t=torch.arange(3, 3 + 200))
     kind = "specbench.drafters.eagle.build"
-    pool = build_pool(target, {
-        "chain": {"_target_": kind, "checkpoint": str(full)},
-        "width1": {"_target_": kind, "checkpoint": str(full), "tree": {"width": 1, "nodes": 8}},
-        "tree": {"_target_": kind, "checkpoint": str(full), "tree": {"width": 3, "nodes": 10}},
-        "tree_sub": {"_target_": kind, "checkpoint": str(sub), "tree": {"width": 2, "nodes": 6}},
-        "tree_wide": {"_target_": kind, "checkpoint": str(full), "tree": {"width": 4, "nodes": 24}},
-    })
+    pool = build_pool(
+        target,
+        {
+            "chain": {"_target_": kind, "checkpoint": str(full)},
+            "width1": {"_target_": kind, "checkpoint": str(full), "tree": {"width": 1, "nodes": 8}},
+            "tree": {"_target_": kind, "checkpoint": str(full), "tree": {"width": 3, "nodes": 10}},
+            "tree_sub": {"_target_": kind, "checkpoint": str(sub), "tree": {"width": 2, "nodes": 6}},
+            "tree_wide": {"_target_": kind, "checkpoint": str(full), "tree": {"width": 4, "nodes": 24}},
+        },
+    )
     return target, pool
 
 
@@ -91,7 +94,9 @@ def _check_node_distributions(target, pool, arm):
     assert draft.parents is not None and len(draft.tokens) > 4
     for i, parent in enumerate(draft.parents):
         path = [draft.tokens[a] for a in reversed(ancestors(draft.parents, i))] + [draft.tokens[i]]
-        hs = head.chain(query, target.tokens, path + [0])  # row j drafts position j: the last row follows the path
+        hs = head.chain(
+            query, target.tokens, path + [0]
+        )  # row j drafts position j: the last row follows the path
         want = head.distributions(head.logits(hs[-1:]), SamplingParams())[0][0]
         children = [c for c, p in enumerate(draft.parents) if p == i]
         for c in children:
@@ -106,8 +111,10 @@ def test_tree_config_is_checked(tiny_llama_target, tmp_path):
     path = write_head(tmp_path, tiny_llama_target, "h")
     for bad in ({"width": 0, "nodes": 4}, {"width": 2}, {"width": 2, "nodes": 3, "depth": 4}, "wide"):
         with pytest.raises(SpecbenchError, match="tree"):
-            build_pool(tiny_llama_target, {"h": {"_target_": "specbench.drafters.eagle.build", "checkpoint": str(path),
-                                                 "tree": bad}})
+            build_pool(
+                tiny_llama_target,
+                {"h": {"_target_": "specbench.drafters.eagle.build", "checkpoint": str(path), "tree": bad}},
+            )
 
 
 def two_token_law(target, pool, selector, seed: int, runs: int = 3000) -> int:
@@ -122,8 +129,9 @@ def two_token_law(target, pool, selector, seed: int, runs: int = 3000) -> int:
     counts: Counter = Counter()
     accepted = 0
     for _ in range(runs):
-        gen = _decode_stream(target, pool, selector, prompt, None, max_new_tokens=2, sampling=SAMPLING, rng=rng,
-                             draft_length=3)
+        gen = _decode_stream(
+            target, pool, selector, prompt, None, max_new_tokens=2, sampling=SAMPLING, rng=rng, draft_length=3
+        )
         counts[tuple(gen.tokens)] += 1
         accepted += gen.accepted
     check_law(counts, law, runs)
@@ -140,22 +148,33 @@ def test_sampling_law_with_dynamic_trees(tree_pool):
 @pytest.fixture(scope="module")
 def retrieval_pool(tree_pool, tiny_llama_target):
     target, pool = tree_pool
-    extra = build_pool(target, {
-        "suffix": {"_target_": "specbench.drafters.suffix.build", "tree": {"width": 3, "nodes": 12}},
-        "suffix_chain": {"_target_": "specbench.drafters.suffix.build", "tree": None},
-    })
+    extra = build_pool(
+        target,
+        {
+            "suffix": {"_target_": "specbench.drafters.suffix.build", "tree": {"width": 3, "nodes": 12}},
+            "suffix_chain": {"_target_": "specbench.drafters.suffix.build", "tree": None},
+        },
+    )
     return target, {**pool, **{k: v for k, v in extra.items() if k.startswith("suffix")}}
 
 
-def _decode_stream(target, pool, selector, prompt, stream, max_new_tokens=30, sampling=None, rng=None, draft_length=6):
+def _decode_stream(
+    target, pool, selector, prompt, stream, max_new_tokens=30, sampling=None, rng=None, draft_length=6
+):
     from specbench.decoding.loop import DecodeSpec, Limits, decode
     from specbench.selection import Fixed
     from specbench.timing import Clock
 
     if isinstance(selector, str):
         selector = Fixed(list(pool), selector)
-    spec = DecodeSpec(sampling or SamplingParams(), Limits(max_new_tokens=max_new_tokens, draft_length=draft_length),
-                      frozenset({int(target.tokenizer.eos_token_id)}), Clock(), None, stream)
+    spec = DecodeSpec(
+        sampling or SamplingParams(),
+        Limits(max_new_tokens=max_new_tokens, draft_length=draft_length),
+        frozenset({int(target.tokenizer.eos_token_id)}),
+        Clock(),
+        None,
+        stream,
+    )
     return decode(target, pool, selector, list(prompt), spec, rng or torch.Generator().manual_seed(0))
 
 
@@ -212,7 +231,9 @@ def test_budget_sampling_law(retrieval_pool):
     from specbench.selection import Budget
 
     target, pool = retrieval_pool
-    two_token_law(target, pool, Budget(list(pool), retrieval="suffix", models=["tree_sub"], optimism=5.0), seed=3)
+    two_token_law(
+        target, pool, Budget(list(pool), retrieval="suffix", models=["tree_sub"], optimism=5.0), seed=3
+    )
 
 
 def test_budget_refuses_unknown_drafters(retrieval_pool):

@@ -27,10 +27,18 @@ from specbench.errors import SpecbenchError
 PROMPTS = ["The quick brown fox jumps over the lazy dog. The quick brown", "Speculative decoding: 1, 2, 3,"]
 # The EAGLE-1 checkpoint layout for one Llama decoder layer (SafeAILab/EAGLE model/cnets.py):
 # layer 0 has no input_layernorm, the head has no final norm.
-EAGLE1_KEYS = {"fc.weight", "fc.bias", "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight",
-               "layers.0.self_attn.v_proj.weight", "layers.0.self_attn.o_proj.weight",
-               "layers.0.mlp.gate_proj.weight", "layers.0.mlp.up_proj.weight", "layers.0.mlp.down_proj.weight",
-               "layers.0.post_attention_layernorm.weight"}
+EAGLE1_KEYS = {
+    "fc.weight",
+    "fc.bias",
+    "layers.0.self_attn.q_proj.weight",
+    "layers.0.self_attn.k_proj.weight",
+    "layers.0.self_attn.v_proj.weight",
+    "layers.0.self_attn.o_proj.weight",
+    "layers.0.mlp.gate_proj.weight",
+    "layers.0.mlp.up_proj.weight",
+    "layers.0.mlp.down_proj.weight",
+    "layers.0.post_attention_layernorm.weight",
+}
 
 
 def near_target_head(target, seed=0, noise=0.02) -> EagleHead:
@@ -52,9 +60,14 @@ def near_target_head(target, seed=0, noise=0.02) -> EagleHead:
 
 def write_head(tmp_path, target, name="head", d2t=None, meta=None, seed=0):
     path = tmp_path / name
-    save_head(near_target_head(target, seed), d2t, path,
-              meta if meta is not None else {"kind": "eagle", "target": "embedded:tiny_llama",
-                                             "vocab": vocab_fingerprint(target.tokenizer)})
+    save_head(
+        near_target_head(target, seed),
+        d2t,
+        path,
+        meta
+        if meta is not None
+        else {"kind": "eagle", "target": "embedded:tiny_llama", "vocab": vocab_fingerprint(target.tokenizer)},
+    )
     return path
 
 
@@ -65,13 +78,19 @@ def eagle_pool(tiny_llama_target, tmp_path_factory):
     full = write_head(tmp, target, "full")
     sub_ids = torch.arange(3, 3 + 200)  # a sub-vocabulary of 200 of the 259 ids (ASCII bytes among them)
     sub = write_head(tmp, target, "sub", d2t=sub_ids)
-    pool = build_pool(target, {
-        "eagle": {"_target_": "specbench.drafters.eagle.build", "checkpoint": str(full)},
-        "eagle_sub": {"_target_": "specbench.drafters.eagle.build", "checkpoint": str(sub)},
-        "eagle_dynamic": {"_target_": "specbench.drafters.eagle.build", "checkpoint": str(full),
-                          "confidence_threshold": 0.3},
-        "prompt_lookup": {"_target_": "specbench.drafters.prompt_lookup.build"},
-    })
+    pool = build_pool(
+        target,
+        {
+            "eagle": {"_target_": "specbench.drafters.eagle.build", "checkpoint": str(full)},
+            "eagle_sub": {"_target_": "specbench.drafters.eagle.build", "checkpoint": str(sub)},
+            "eagle_dynamic": {
+                "_target_": "specbench.drafters.eagle.build",
+                "checkpoint": str(full),
+                "confidence_threshold": 0.3,
+            },
+            "prompt_lookup": {"_target_": "specbench.drafters.prompt_lookup.build"},
+        },
+    )
     return target, pool
 
 
@@ -106,7 +125,9 @@ def test_sub_vocabulary_drafts_only_its_tokens(eagle_pool, tiny_decode):
     assert gen.drafted > 0
     d = pool["eagle_sub"]
     d.sync(d._query, list(target.tokens))
-    draft = d.propose(list(target.tokens), 4, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    draft = d.propose(
+        list(target.tokens), 4, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0)
+    )
     allowed = set(range(3, 203))
     assert draft.tokens and set(draft.tokens) <= allowed
     outside = torch.ones(target.vocab_size, dtype=torch.bool)
@@ -168,8 +189,17 @@ def test_sampling_law_matches_target(eagle_pool, tiny_decode):
     accepted = 0
     runs = 3000
     for _ in range(runs):
-        gen = tiny_decode(target, pool, "eagle_sub", prompt, max_new_tokens=2, draft_length=4, sampling=SAMPLING,
-                          eos_ids=frozenset(), rng=rng)
+        gen = tiny_decode(
+            target,
+            pool,
+            "eagle_sub",
+            prompt,
+            max_new_tokens=2,
+            draft_length=4,
+            sampling=SAMPLING,
+            eos_ids=frozenset(),
+            rng=rng,
+        )
         counts[tuple(gen.tokens)] += 1
         accepted += gen.accepted
     assert 0 < accepted < runs  # both verification branches are exercised
@@ -190,8 +220,11 @@ def test_checkpoint_round_trip(tiny_llama_target, tmp_path):
 
 
 def test_foreign_target_is_refused(tiny_llama_target, tmp_path):
-    path = write_head(tmp_path, tiny_llama_target, meta={"kind": "eagle", "target": "lmsys/vicuna-7b-v1.3",
-                                                          "vocab": "0123456789abcdef"})
+    path = write_head(
+        tmp_path,
+        tiny_llama_target,
+        meta={"kind": "eagle", "target": "lmsys/vicuna-7b-v1.3", "vocab": "0123456789abcdef"},
+    )
     with pytest.raises(SpecbenchError, match="vicuna-7b-v1.3") as err:
         build(tiny_llama_target, "e", checkpoint=str(path))
     assert "tiny_llama" in str(err.value.problem)

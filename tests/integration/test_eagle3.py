@@ -39,20 +39,34 @@ AUX_EAGLE3 = [1, 2, 4]  # 4 = L: the final (normed) hidden state, which a pass-t
 AUX_SPECULATORS = [2, 3, 4]
 
 
-def tensors(target, aux, *, passthrough: bool, seed: int, own_embed: bool = False, fc_bias: bool = False,
-            fc_in: int | None = None, lm_scale: float = 1.0) -> dict[str, torch.Tensor]:
+def tensors(
+    target,
+    aux,
+    *,
+    passthrough: bool,
+    seed: int,
+    own_embed: bool = False,
+    fc_bias: bool = False,
+    fc_in: int | None = None,
+    lm_scale: float = 1.0,
+) -> dict[str, torch.Tensor]:
     """An EAGLE-3 head's tensors (``layers.0.*`` naming). ``passthrough``: fc copies the last aux feature
     and the layer's branches are small, so the head drafts roughly the target's previous prediction."""
     cfg = target.config
-    hidden, heads, kv, hd, inter = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
-                                    cfg.head_dim, cfg.intermediate_size)
+    hidden, heads, kv, hd, inter = (
+        cfg.hidden_size,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+        cfg.intermediate_size,
+    )
     g = torch.Generator().manual_seed(seed)
     rnd = lambda *shape, s=1.0: s * torch.randn(*shape, generator=g)  # noqa: E731
     small = 0.02 if passthrough else 0.3
     fc_in = fc_in or len(aux or [0, 0, 0]) * hidden
     if passthrough:
         fc = torch.zeros(hidden, fc_in)
-        fc[:, fc_in - hidden:] = torch.eye(hidden)
+        fc[:, fc_in - hidden :] = torch.eye(hidden)
         fc += rnd(hidden, fc_in, s=0.01)
     else:
         fc = rnd(hidden, fc_in, s=0.2)
@@ -70,8 +84,11 @@ def tensors(target, aux, *, passthrough: bool, seed: int, own_embed: bool = Fals
         "layers.0.mlp.up_proj.weight": rnd(inter, hidden, s=0.2),
         "layers.0.mlp.down_proj.weight": rnd(hidden, inter, s=small),
         "norm.weight": norm(),
-        "lm_head.weight": lm_scale * (target.model.get_output_embeddings().weight.detach()[DRAFT_IDS].clone()
-                                      + (0 if passthrough else rnd(len(DRAFT_IDS), hidden, s=0.5))),
+        "lm_head.weight": lm_scale
+        * (
+            target.model.get_output_embeddings().weight.detach()[DRAFT_IDS].clone()
+            + (0 if passthrough else rnd(len(DRAFT_IDS), hidden, s=0.5))
+        ),
         "d2t": torch.tensor(DRAFT_IDS) - torch.arange(len(DRAFT_IDS)),  # offsets: target = draft + d2t[draft]
         "t2d": torch.zeros(cfg.vocab_size, dtype=torch.bool).index_fill_(0, torch.tensor(DRAFT_IDS), True),
     }
@@ -79,17 +96,27 @@ def tensors(target, aux, *, passthrough: bool, seed: int, own_embed: bool = Fals
         out["fc.bias"] = rnd(hidden, s=0.01 if passthrough else 0.2)
     if own_embed:
         out["embed_tokens.weight"] = target.model.get_input_embeddings().weight.detach().clone() + rnd(
-            cfg.vocab_size, hidden, s=0.01 if passthrough else 0.5)
+            cfg.vocab_size, hidden, s=0.01 if passthrough else 0.5
+        )
     return out
 
 
 def layer_config(target) -> dict:
     cfg = target.config
-    return {"hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_attention_heads,
-            "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
-            "intermediate_size": cfg.intermediate_size, "rms_norm_eps": cfg.rms_norm_eps, "hidden_act": "silu",
-            "max_position_embeddings": 2048, "rope_theta": 10000.0, "vocab_size": cfg.vocab_size,
-            "num_hidden_layers": 1, "model_type": "llama"}
+    return {
+        "hidden_size": cfg.hidden_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "hidden_act": "silu",
+        "max_position_embeddings": 2048,
+        "rope_theta": 10000.0,
+        "vocab_size": cfg.vocab_size,
+        "num_hidden_layers": 1,
+        "model_type": "llama",
+    }
 
 
 def write(path: Path, config: dict, state: dict) -> Path:
@@ -104,9 +131,14 @@ def write(path: Path, config: dict, state: dict) -> Path:
 def write_eagle3(path: Path, target, aux=AUX_EAGLE3, **kw) -> Path:
     """SafeAILab/EAGLE (and SpecForge) layout: Llama config + draft_vocab_size, ``midlayer.*`` tensors."""
     state = tensors(target, aux, **kw)
-    state = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v for k, v in state.items()}
-    config = {"architectures": ["LlamaForCausalLMEagle3"], **layer_config(target),
-              "draft_vocab_size": len(DRAFT_IDS)}
+    state = {
+        ("midlayer." + k[len("layers.0.") :] if k.startswith("layers.0.") else k): v for k, v in state.items()
+    }
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        **layer_config(target),
+        "draft_vocab_size": len(DRAFT_IDS),
+    }
     if aux is not None:
         config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(aux), "use_aux_hidden_state": True}
     return write(path, config, state)
@@ -115,11 +147,16 @@ def write_eagle3(path: Path, target, aux=AUX_EAGLE3, **kw) -> Path:
 def write_speculators(path: Path, target, aux=AUX_SPECULATORS, kind="eagle3", **kw) -> Path:
     state = tensors(target, aux, own_embed=True, fc_bias=True, **kw)
     state["verifier_lm_head.weight"] = torch.zeros(3, 3)  # training-only tensors are ignored
-    config = {"speculators_model_type": kind, "architectures": ["Eagle3Speculator"],
-              "transformer_layer_config": layer_config(target), "draft_vocab_size": len(DRAFT_IDS),
-              "norm_before_residual": True, "target_hidden_size": None,
-              "eagle_aux_hidden_state_layer_ids": list(aux),
-              "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy"}}
+    config = {
+        "speculators_model_type": kind,
+        "architectures": ["Eagle3Speculator"],
+        "transformer_layer_config": layer_config(target),
+        "draft_vocab_size": len(DRAFT_IDS),
+        "norm_before_residual": True,
+        "target_hidden_size": None,
+        "eagle_aux_hidden_state_layer_ids": list(aux),
+        "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy"},
+    }
     return write(path, config, state)
 
 
@@ -127,16 +164,24 @@ def write_speculators(path: Path, target, aux=AUX_SPECULATORS, kind="eagle3", **
 def heads(tiny_llama_target, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("eagle3")
     t = tiny_llama_target
-    dirs = {"eagle3": write_eagle3(tmp / "eagle3", t, passthrough=True, seed=0),
-            "speculators": write_speculators(tmp / "speculators", t, passthrough=True, seed=1),
-            "eagle3_random": write_eagle3(tmp / "eagle3_random", t, passthrough=False, seed=2),
-            "speculators_random": write_speculators(tmp / "speculators_random", t, passthrough=False, seed=3),
-            # near-uniform draft distributions: under sampling some drafts are accepted
-            "eagle3_flat": write_eagle3(tmp / "eagle3_flat", t, passthrough=True, seed=0, lm_scale=0.03),
-            "speculators_flat": write_speculators(tmp / "speculators_flat", t, passthrough=True, seed=1,
-                                                  lm_scale=0.03)}
-    pool = build_pool(t, {name: {"_target_": "specbench.drafters.eagle.eagle3.build", "checkpoint": str(d)}
-                          for name, d in dirs.items()})
+    dirs = {
+        "eagle3": write_eagle3(tmp / "eagle3", t, passthrough=True, seed=0),
+        "speculators": write_speculators(tmp / "speculators", t, passthrough=True, seed=1),
+        "eagle3_random": write_eagle3(tmp / "eagle3_random", t, passthrough=False, seed=2),
+        "speculators_random": write_speculators(tmp / "speculators_random", t, passthrough=False, seed=3),
+        # near-uniform draft distributions: under sampling some drafts are accepted
+        "eagle3_flat": write_eagle3(tmp / "eagle3_flat", t, passthrough=True, seed=0, lm_scale=0.03),
+        "speculators_flat": write_speculators(
+            tmp / "speculators_flat", t, passthrough=True, seed=1, lm_scale=0.03
+        ),
+    }
+    pool = build_pool(
+        t,
+        {
+            name: {"_target_": "specbench.drafters.eagle.eagle3.build", "checkpoint": str(d)}
+            for name, d in dirs.items()
+        },
+    )
     return t, pool, dirs
 
 
@@ -160,8 +205,16 @@ def test_partial_acceptance_rolls_the_cache_back(heads, tiny_decode, arm):
     target, pool, _ = heads
     prompt = target.tokenizer(PROMPTS[0])["input_ids"]
     for seed in range(8):
-        gen = tiny_decode(target, pool, arm, prompt, max_new_tokens=30, draft_length=4,
-                          sampling=SamplingParams(temperature=1.0), rng=torch.Generator().manual_seed(seed))
+        gen = tiny_decode(
+            target,
+            pool,
+            arm,
+            prompt,
+            max_new_tokens=30,
+            draft_length=4,
+            sampling=SamplingParams(temperature=1.0),
+            rng=torch.Generator().manual_seed(seed),
+        )
         if any(0 < r.accepted < r.drafted for r in gen.rounds):
             break
     else:
@@ -182,8 +235,15 @@ def rms(x, w, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
-def hand_first_logits(state: dict, features: list[torch.Tensor], embedding: torch.Tensor, eps: float,
-                      heads: int, kv: int, norm_before_residual: bool) -> torch.Tensor:
+def hand_first_logits(
+    state: dict,
+    features: list[torch.Tensor],
+    embedding: torch.Tensor,
+    eps: float,
+    heads: int,
+    kv: int,
+    norm_before_residual: bool,
+) -> torch.Tensor:
     """The EAGLE-3 step for one pair (a single position: attention is the value path) from raw tensors."""
     p = lambda k: state[k].float()  # noqa: E731
     g = p("fc.weight") @ torch.cat(features) + (p("fc.bias") if "fc.bias" in state else 0)
@@ -193,8 +253,9 @@ def hand_first_logits(state: dict, features: list[torch.Tensor], embedding: torc
     attn = torch.cat([v[i // (heads // kv)] for i in range(heads)])  # grouped-query heads share values
     h = (hn if norm_before_residual else g) + p("layers.0.self_attn.o_proj.weight") @ attn
     m = rms(h, p("layers.0.post_attention_layernorm.weight"), eps)
-    h = h + p("layers.0.mlp.down_proj.weight") @ (F.silu(p("layers.0.mlp.gate_proj.weight") @ m)
-                                                 * (p("layers.0.mlp.up_proj.weight") @ m))
+    h = h + p("layers.0.mlp.down_proj.weight") @ (
+        F.silu(p("layers.0.mlp.gate_proj.weight") @ m) * (p("layers.0.mlp.up_proj.weight") @ m)
+    )
     return p("lm_head.weight") @ rms(h, p("norm.weight"), eps)
 
 
@@ -206,7 +267,10 @@ def test_first_draft_matches_hand_computation(heads, arm, nbr):
 
     target, pool, dirs = heads
     d = pool[arm]
-    state = {k.replace("midlayer.", "layers.0."): v for k, v in load_file(str(dirs[arm] / "model.safetensors")).items()}
+    state = {
+        k.replace("midlayer.", "layers.0."): v
+        for k, v in load_file(str(dirs[arm] / "model.safetensors")).items()
+    }
     assert d.logits.d2t.tolist() == DRAFT_IDS
     prompt = target.tokenizer("hi")["input_ids"][:2]
     assert len(prompt) == 2
@@ -219,12 +283,26 @@ def test_first_draft_matches_hand_computation(heads, arm, nbr):
         hs = target.model(input_ids=torch.tensor([prompt[:1]]), output_hidden_states=True).hidden_states
     embed = state.get("embed_tokens.weight", target.model.get_input_embeddings().weight)
     cfg = target.config
-    want = hand_first_logits(state, [hs[a][0, 0].float() for a in d.aux], embed[prompt[1]].float(), cfg.rms_norm_eps,
-                             cfg.num_attention_heads, cfg.num_key_value_heads, nbr)
+    want = hand_first_logits(
+        state,
+        [hs[a][0, 0].float() for a in d.aux],
+        embed[prompt[1]].float(),
+        cfg.rms_norm_eps,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        nbr,
+    )
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     # and the logits are not the same as with the other residual choice (the flag is read)
-    other = hand_first_logits(state, [hs[a][0, 0].float() for a in d.aux], embed[prompt[1]].float(),
-                              cfg.rms_norm_eps, cfg.num_attention_heads, cfg.num_key_value_heads, not nbr)
+    other = hand_first_logits(
+        state,
+        [hs[a][0, 0].float() for a in d.aux],
+        embed[prompt[1]].float(),
+        cfg.rms_norm_eps,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        not nbr,
+    )
     assert (other - want).abs().max() > 1e-2
 
 
@@ -234,7 +312,9 @@ def test_sampling_q_lives_in_the_full_vocabulary(heads, tiny_decode):
     tiny_decode(target, pool, "speculators", prompt, max_new_tokens=6)
     d = pool["speculators"]
     d.sync(d._query, list(target.tokens))
-    draft = d.propose(list(target.tokens), 4, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    draft = d.propose(
+        list(target.tokens), 4, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0)
+    )
     assert draft.tokens and set(draft.tokens) <= set(DRAFT_IDS)
     outside = torch.ones(target.vocab_size, dtype=torch.bool)
     outside[DRAFT_IDS] = False

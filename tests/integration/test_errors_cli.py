@@ -16,7 +16,13 @@ import specbench.pipelines.session.prompting as prompting
 from specbench.cli import app
 from specbench.configs import group_options
 
-TINY = ["target=tiny_llama", "pool=tiny", "dataset.limit=1", "decoding.max_new_tokens=4", "warmup.max_new_tokens=0"]
+TINY = [
+    "target=tiny_llama",
+    "pool=tiny",
+    "dataset.limit=1",
+    "decoding.max_new_tokens=4",
+    "warmup.max_new_tokens=0",
+]
 
 
 # Hydra's logging setup (logging.config.dictConfig) would close pytest's log capture in this process.
@@ -32,7 +38,9 @@ def assert_clear_error(code: int, err: str, *words: str) -> None:
     assert code == 2, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     lines = err.strip().splitlines()
-    assert any(line.startswith("error: ") for line in lines) and any(line.startswith("fix:   ") for line in lines), err
+    assert any(line.startswith("error: ") for line in lines) and any(
+        line.startswith("fix:   ") for line in lines
+    ), err
     for word in words:
         assert word in err, (word, err[-3000:])
 
@@ -40,29 +48,43 @@ def assert_clear_error(code: int, err: str, *words: str) -> None:
 @pytest.fixture
 def no_model_loads(monkeypatch):
     """Loading a model fails the test: validation must stop the run before."""
+
     def load_model(*args, **kwargs):
         raise AssertionError("a model was loaded before the config was validated")
+
     monkeypatch.setattr(prompting, "load_model", load_model)
 
 
 # -- wrong types and ranges: caught before anything loads ---------------------------------------
 
-@pytest.mark.parametrize("command, override, line", [
-    ("eval", "decoding.draft_length=abc", "error: decoding.draft_length=abc: expected an integer >= 1"),
-    ("eval", "decoding.temperature=abc", "error: decoding.temperature=abc: expected a finite number >= 0"),
-    ("eval", "decoding.temperature=nan", "error: decoding.temperature=nan: expected a finite number >= 0"),
-    ("eval", "decoding.temperature=-1", "error: decoding.temperature=-1: expected a finite number >= 0"),
-    ("eval", "dataset.limit=abc", "error: dataset.limit=abc: expected an integer >= 1 or null"),
-    ("eval", "threads=-1", "error: threads=-1: expected an integer >= 1 or null"),
-    ("eval", "seed=abc", "error: seed=abc: expected an integer >= 0"),
-    ("eval", "decoding.draft_length=2.9", "error: decoding.draft_length=2.9: expected an integer >= 1"),
-    ("eval", "dataset=spec_bench", "error: dataset.path is not set (the config leaves it as ???)"),
-    ("collect", "seed=abc", "error: seed=abc: expected an integer >= 0"),
-    ("cascades", "decoding.draft_length=abc", "error: decoding.draft_length=abc"),
-    ("bench", "threads=-1", "error: threads=-1"),
-    ("train-policy", "train.epochs=abc", "error: train.epochs=abc: expected an integer >= 0"),
-    ("train-drafter", "drafter.layers=abc", "error: drafter.layers=abc: expected an integer >= 1"),
-])
+
+@pytest.mark.parametrize(
+    "command, override, line",
+    [
+        ("eval", "decoding.draft_length=abc", "error: decoding.draft_length=abc: expected an integer >= 1"),
+        (
+            "eval",
+            "decoding.temperature=abc",
+            "error: decoding.temperature=abc: expected a finite number >= 0",
+        ),
+        (
+            "eval",
+            "decoding.temperature=nan",
+            "error: decoding.temperature=nan: expected a finite number >= 0",
+        ),
+        ("eval", "decoding.temperature=-1", "error: decoding.temperature=-1: expected a finite number >= 0"),
+        ("eval", "dataset.limit=abc", "error: dataset.limit=abc: expected an integer >= 1 or null"),
+        ("eval", "threads=-1", "error: threads=-1: expected an integer >= 1 or null"),
+        ("eval", "seed=abc", "error: seed=abc: expected an integer >= 0"),
+        ("eval", "decoding.draft_length=2.9", "error: decoding.draft_length=2.9: expected an integer >= 1"),
+        ("eval", "dataset=spec_bench", "error: dataset.path is not set (the config leaves it as ???)"),
+        ("collect", "seed=abc", "error: seed=abc: expected an integer >= 0"),
+        ("cascades", "decoding.draft_length=abc", "error: decoding.draft_length=abc"),
+        ("bench", "threads=-1", "error: threads=-1"),
+        ("train-policy", "train.epochs=abc", "error: train.epochs=abc: expected an integer >= 0"),
+        ("train-drafter", "drafter.layers=abc", "error: drafter.layers=abc: expected an integer >= 1"),
+    ],
+)
 def test_wrong_types_fail_before_anything_loads(tmp_path, no_model_loads, command, override, line):
     run_dir = tmp_path / "run"
     base = {"train-policy": [], "train-drafter": ["target=tiny_llama"]}.get(command, TINY)
@@ -74,16 +96,30 @@ def test_wrong_types_fail_before_anything_loads(tmp_path, no_model_loads, comman
 
 # -- Hydra's composition errors: exit 2 with error/fix lines ------------------------------------
 
-@pytest.mark.parametrize("args, problem, fix", [
-    (["target=nope"], "error: no target config named 'nope'", "fix:   use one of: " + ", ".join(group_options("target"))),
-    (["decoding.nope=1"], "error: unknown config key 'decoding.nope' (decoding has: temperature", "prefix it with +"),
-    (["selector.beta=2"], "error: unknown config key 'selector.beta'", "--help` lists the config groups"),
-    (["experiment=nope"], "error: no experiment config named 'nope'", "fix:   use one of: cascades_cpu"),
-    (["decoding.draft_length=[1"], "error: cannot read the override", "KEY=VALUE"),
-    (["-m", "target=tiny_llama,nope"], "error: no target config named 'nope'", "fix:   use one of:"),
-])
+
+@pytest.mark.parametrize(
+    "args, problem, fix",
+    [
+        (
+            ["target=nope"],
+            "error: no target config named 'nope'",
+            "fix:   use one of: " + ", ".join(group_options("target")),
+        ),
+        (
+            ["decoding.nope=1"],
+            "error: unknown config key 'decoding.nope' (decoding has: temperature",
+            "prefix it with +",
+        ),
+        (["selector.beta=2"], "error: unknown config key 'selector.beta'", "--help` lists the config groups"),
+        (["experiment=nope"], "error: no experiment config named 'nope'", "fix:   use one of: cascades_cpu"),
+        (["decoding.draft_length=[1"], "error: cannot read the override", "KEY=VALUE"),
+        (["-m", "target=tiny_llama,nope"], "error: no target config named 'nope'", "fix:   use one of:"),
+    ],
+)
 def test_composition_errors_exit_2_with_error_and_fix(tmp_path, args, problem, fix):
-    code, err, _ = run("eval", *args, f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    code, err, _ = run(
+        "eval", *args, f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"
+    )
     assert_clear_error(code, err, problem, fix)
     assert "HYDRA_FULL_ERROR" not in err and "HYDRA_FULL_ERROR" not in os.environ
     assert not (tmp_path / "run").exists()
@@ -91,17 +127,22 @@ def test_composition_errors_exit_2_with_error_and_fix(tmp_path, args, problem, f
 
 # -- unreadable inputs ---------------------------------------------------------------------------
 
+
 def test_non_utf8_data_file(tmp_path):
     data = tmp_path / "latin1.jsonl"
     data.write_bytes(b'{"question": "caf\xe9 costs 3", "answer": "#### 3"}\n')
-    code, err, _ = run("eval", *TINY, "dataset=gsm8k", f"dataset.path={data}", f"hydra.run.dir={tmp_path / 'run'}")
+    code, err, _ = run(
+        "eval", *TINY, "dataset=gsm8k", f"dataset.path={data}", f"hydra.run.dir={tmp_path / 'run'}"
+    )
     assert_clear_error(code, err, f"{data}:1: not UTF-8 text (byte 0xe9", "iconv")
 
 
 def test_damaged_parquet_file(tmp_path):
     data = tmp_path / "test.parquet"
     data.write_bytes(os.urandom(300))
-    code, err, _ = run("eval", *TINY, "dataset=gsm8k", f"dataset.path={data}", f"hydra.run.dir={tmp_path / 'run'}")
+    code, err, _ = run(
+        "eval", *TINY, "dataset=gsm8k", f"dataset.path={data}", f"hydra.run.dir={tmp_path / 'run'}"
+    )
     assert_clear_error(code, err, f"{data}: not a readable Parquet file")
 
 
@@ -112,14 +153,18 @@ def test_directory_that_is_not_a_model(tmp_path, content):
     if content:
         (model / content).write_text("not a model")
     code, err, _ = run("eval", *TINY, f"target.model={model}", f"hydra.run.dir={tmp_path / 'run'}")
-    assert_clear_error(code, err, f"'{model}' is not a model directory: it has no config.json", "save_pretrained")
+    assert_clear_error(
+        code, err, f"'{model}' is not a model directory: it has no config.json", "save_pretrained"
+    )
 
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     """One finished tiny eval run (2 methods x 5 tasks), copied by the tests that damage it."""
     run_dir = tmp_path_factory.mktemp("finished") / "run"
-    code, err, _ = run("eval", *TINY, "methods=[autoregressive,fixed:prompt_lookup]", f"hydra.run.dir={run_dir}")
+    code, err, _ = run(
+        "eval", *TINY, "methods=[autoregressive,fixed:prompt_lookup]", f"hydra.run.dir={run_dir}"
+    )
     assert code == 0, err[-3000:]
     return run_dir
 
@@ -136,14 +181,23 @@ def damaged_copy(finished_run: Path, tmp_path: Path, damage) -> Path:
     return run_dir
 
 
-@pytest.mark.parametrize("damage, words", [
-    (lambda line: line.replace(b'"task"', b'"t\xe4sk"'), "examples.jsonl:3: not UTF-8 text"),
-    (lambda line: (json.dumps({k: v for k, v in json.loads(line).items() if k != "method"}) + "\n").encode(),
-     "examples.jsonl: record 3 has no method"),
-])
+@pytest.mark.parametrize(
+    "damage, words",
+    [
+        (lambda line: line.replace(b'"task"', b'"t\xe4sk"'), "examples.jsonl:3: not UTF-8 text"),
+        (
+            lambda line: (
+                json.dumps({k: v for k, v in json.loads(line).items() if k != "method"}) + "\n"
+            ).encode(),
+            "examples.jsonl: record 3 has no method",
+        ),
+    ],
+)
 def test_damaged_examples_on_resume(finished_run, tmp_path, damage, words):
     run_dir = damaged_copy(finished_run, tmp_path, damage)
-    code, err, _ = run("eval", *TINY, "methods=[autoregressive,fixed:prompt_lookup]", f"hydra.run.dir={run_dir}")
+    code, err, _ = run(
+        "eval", *TINY, "methods=[autoregressive,fixed:prompt_lookup]", f"hydra.run.dir={run_dir}"
+    )
     assert_clear_error(code, err, words, "repair or delete line")
     assert (run_dir / "examples.jsonl").exists()  # a directory with results is never removed
 
@@ -159,6 +213,7 @@ def test_read_only_output_directory(tmp_path, monkeypatch):
             if Path(path).is_relative_to(parent):
                 raise PermissionError(errno.EROFS, os.strerror(errno.EROFS), str(path))
             return real_mkdir(path, *args, **kwargs)
+
         monkeypatch.setattr(os, "mkdir", mkdir)
     try:
         code, err, _ = run("eval", *TINY, f"hydra.run.dir={parent / 'run'}")
@@ -168,6 +223,7 @@ def test_read_only_output_directory(tmp_path, monkeypatch):
 
 
 # -- half-made run directories -------------------------------------------------------------------
+
 
 def test_a_run_that_fails_before_its_first_record_leaves_no_directory(tmp_path):
     empty = tmp_path / "empty_model"
@@ -191,6 +247,7 @@ def test_a_failing_run_keeps_a_directory_that_held_something(tmp_path):
 
 # -- help ----------------------------------------------------------------------------------------
 
+
 def test_an_experiment_is_selected_with_or_without_the_plus(tmp_path):
     """``experiment=NAME`` (the root configs list ``experiment: null``) and ``experiment=NAME`` compose the same."""
     printed = []
@@ -209,8 +266,13 @@ def test_eval_help_lists_config_groups_and_options():
     text = " ".join(out.split())
     assert "Config groups" in text
     targets = ", ".join(t + ("*" if t == "smollm2_135m" else "") for t in group_options("target"))
-    for line in (f"target: {targets}", "decoding: greedy*, sampling",
-                 "cascade: chow", "selector: budget, discounted_ucb", "experiment: cascades_cpu"):
+    for line in (
+        f"target: {targets}",
+        "decoding: greedy*, sampling",
+        "cascade: chow",
+        "selector: budget, discounted_ucb",
+        "experiment: cascades_cpu",
+    ):
         assert line in text, line
     code, _, out = run("train-policy", "--help")
     assert code == 0 and "conf/train_policy.yaml" in " ".join(out.split())

@@ -72,8 +72,13 @@ def test_autoregressive_generation_does_no_drafter_work(tiny_setup, tiny_decode)
 def test_drafter_is_called_only_in_rounds_that_play_it(tiny_setup, tiny_decode):
     counting = Counting()
     pool = {AUTOREGRESSIVE: tiny_setup.pool[AUTOREGRESSIVE], "counting": counting}
-    gen = tiny_decode(tiny_setup.target, pool, Alternate(list(pool), [AUTOREGRESSIVE, "counting"]),
-                      prompt_of(tiny_setup), max_new_tokens=16)
+    gen = tiny_decode(
+        tiny_setup.target,
+        pool,
+        Alternate(list(pool), [AUTOREGRESSIVE, "counting"]),
+        prompt_of(tiny_setup),
+        max_new_tokens=16,
+    )
     played = [r for r in gen.rounds if r.arm == "counting"]
     assert played and len(played) < len(gen.rounds)
     assert counting.calls["catch_up"] == len(played)
@@ -98,8 +103,13 @@ def test_t5_autoregressive_cost_does_not_grow_with_the_pool(tiny_t5_target, tiny
     no drafter forward; an early exit played afterwards reuses the target's encoder output."""
     target = tiny_t5_target
     hf = {"_target_": "specbench.drafters.hf.build", "model": "embedded:tiny_t5_draft"}
-    exit_cfg = {"_target_": "specbench.drafters.early_exit.build", "layers": 1, "layers_key": "num_decoder_layers",
-                "final_norm": "decoder.final_layer_norm", "head_scale": 0.125}
+    exit_cfg = {
+        "_target_": "specbench.drafters.early_exit.build",
+        "layers": 1,
+        "layers_key": "num_decoder_layers",
+        "final_norm": "decoder.final_layer_norm",
+        "head_scale": 0.125,
+    }
     small = build_pool(target, {"d0": hf})
     big = build_pool(target, {"d0": hf, "d1": hf, "d2": {**hf}, "exit": exit_cfg})
     prompt = target.tokenizer(PROMPT)["input_ids"]
@@ -112,13 +122,18 @@ def test_t5_autoregressive_cost_does_not_grow_with_the_pool(tiny_t5_target, tiny
             if hasattr(d, "lm") and d.lm.model is not target.model:
                 c, h = count_encoder_calls(d.lm.model) if name != "exit" else ([0], None)
                 fwd = [0]
-                hooks.append(d.lm.model.register_forward_hook(lambda *a, fwd=fwd: fwd.__setitem__(0, fwd[0] + 1)))
+                hooks.append(
+                    d.lm.model.register_forward_hook(lambda *a, fwd=fwd: fwd.__setitem__(0, fwd[0] + 1))
+                )
                 if h is not None:
                     hooks.append(h)
                 drafter_calls.append((name, c, fwd))
         gen = tiny_decode(target, pool, AUTOREGRESSIVE, prompt, max_new_tokens=10)
-        counts[label] = (target_enc[0], gen.target_calls,
-                         {name: (c[0], f[0]) for name, c, f in drafter_calls})
+        counts[label] = (
+            target_enc[0],
+            gen.target_calls,
+            {name: (c[0], f[0]) for name, c, f in drafter_calls},
+        )
         for h in hooks:
             h.remove()
     assert counts["one"][0] == counts["four"][0] == 1
@@ -144,6 +159,7 @@ def record_hidden_requests(target):
     def forward(ids, last_only=False, hidden=False):
         asked.append(hidden)
         return original(ids, last_only=last_only, hidden=hidden)
+
     target.lm.forward = forward
     return asked, lambda: setattr(target.lm, "forward", original)
 
@@ -156,8 +172,13 @@ def test_hidden_states_only_when_a_drafter_asks(tiny_setup, tiny_decode):
         tiny_decode(target, pool, UCB(list(pool), reward="bd"), prompt_of(tiny_setup), max_new_tokens=12)
         assert asked and not any(asked)  # no drafter asked: plain forwards
         asked.clear()
-        gen = tiny_decode(target, pool, UCB(list(pool), reward="bd", full_information=True), prompt_of(tiny_setup),
-                          max_new_tokens=12)
+        gen = tiny_decode(
+            target,
+            pool,
+            UCB(list(pool), reward="bd", full_information=True),
+            prompt_of(tiny_setup),
+            max_new_tokens=12,
+        )
         # the early exit asks once the selector wants side observations: the prefill and every
         # verification forward return states (one prefill forward; none for a one-token prompt)
         prefill = 0 if target.is_encoder_decoder else 1  # a T5 decoder starts from one token: no forward
@@ -181,9 +202,14 @@ def test_generation_syncs_the_device_once_at_each_end(tiny_llama_target, tiny_ll
         clock = Clock("cuda", phases=phases)
         for arm in (AUTOREGRESSIVE, "quantized_weight"):
             before = clock.syncs
-            gen = decode(tiny_llama_target, tiny_llama_pool, Fixed(list(tiny_llama_pool), arm), prompt,
-                         DecodeSpec(SamplingParams(), Limits(max_new_tokens=12), frozenset(), clock),
-                         torch.Generator().manual_seed(0))
+            gen = decode(
+                tiny_llama_target,
+                tiny_llama_pool,
+                Fixed(list(tiny_llama_pool), arm),
+                prompt,
+                DecodeSpec(SamplingParams(), Limits(max_new_tokens=12), frozenset(), clock),
+                torch.Generator().manual_seed(0),
+            )
             syncs[(phases, arm)] = (clock.syncs - before, len(gen.rounds))
     assert syncs[(False, AUTOREGRESSIVE)][0] == syncs[(False, "quantized_weight")][0] == 2
     for arm in (AUTOREGRESSIVE, "quantized_weight"):

@@ -22,11 +22,13 @@ def test_exit_head_on_target_states_equals_the_truncated_model(tiny_setup):
     target.prefill(prompt)
     scores = target.score(draft, hidden=True)
     logits, states = scores.logits, scores.states
-    layers = target.config.num_decoder_layers if target.is_encoder_decoder else target.config.num_hidden_layers
+    layers = (
+        target.config.num_decoder_layers if target.is_encoder_decoder else target.config.num_hidden_layers
+    )
     assert len(states) == layers + 1
     read_off = drafter.logits_from_hidden(states[drafter.exit_layer])
     drafter.begin(DecodeContext(encoder_ids=target.encoder_ids))
-    own = drafter.lm.forward(list(target.tokens) + draft)[-(len(draft) + 1):]
+    own = drafter.lm.forward(list(target.tokens) + draft)[-(len(draft) + 1) :]
     assert read_off.shape == own.shape == logits.shape
     torch.testing.assert_close(read_off, own, atol=1e-4, rtol=1e-4)
     assert not torch.allclose(read_off, logits, atol=1e-2)  # a real early exit, not the full model
@@ -81,10 +83,13 @@ def test_exits_sharing_a_head_are_batched_exactly(tiny_setup):
     from specbench.decoding.sampling import SamplingParams, logits_to_probs
     from specbench.drafters import build_pool
 
-    exit_cfg = {"_target_": "specbench.drafters.early_exit.build", "layers": tiny_setup.pool["early_exit"].exit_layer,
-                "layers_key": "num_decoder_layers" if tiny_setup.target.is_encoder_decoder else "num_hidden_layers",
-                "final_norm": "decoder.final_layer_norm" if tiny_setup.target.is_encoder_decoder else "model.norm",
-                "head_scale": 0.125 if tiny_setup.target.is_encoder_decoder else 1.0}
+    exit_cfg = {
+        "_target_": "specbench.drafters.early_exit.build",
+        "layers": tiny_setup.pool["early_exit"].exit_layer,
+        "layers_key": "num_decoder_layers" if tiny_setup.target.is_encoder_decoder else "num_hidden_layers",
+        "final_norm": "decoder.final_layer_norm" if tiny_setup.target.is_encoder_decoder else "model.norm",
+        "head_scale": 0.125 if tiny_setup.target.is_encoder_decoder else 1.0,
+    }
     target = tiny_setup.target
     pool = build_pool(target, {"a": exit_cfg, "b": exit_cfg})
     target.prefill(tiny_setup.tokenizer(PROMPT)["input_ids"])
@@ -93,12 +98,24 @@ def test_exits_sharing_a_head_are_batched_exactly(tiny_setup):
     logits, states = scores.logits, scores.states
     p = logits_to_probs(logits[:3], SamplingParams())
     layer = pool["a"].exit_layer
-    seen = Verification(draft=draft, p=p, accepted=0, played="autoregressive", sampling=SamplingParams(),
-                        states={layer: states[layer]})
+    seen = Verification(
+        draft=draft,
+        p=p,
+        accepted=0,
+        played="autoregressive",
+        sampling=SamplingParams(),
+        states={layer: states[layer]},
+    )
     side = observations({name: pool[name] for name in ("a", "b")}, seen)
-    assert pool["a"].group == pool["b"].group and len(seen.shared) == 1  # one batched head call for both exits
-    own = block_divergence(draft, logits_to_probs(pool["a"].logits_from_hidden(states[pool["a"].exit_layer][:3]),
-                                                  SamplingParams()), p, 3)
+    assert (
+        pool["a"].group == pool["b"].group and len(seen.shared) == 1
+    )  # one batched head call for both exits
+    own = block_divergence(
+        draft,
+        logits_to_probs(pool["a"].logits_from_hidden(states[pool["a"].exit_layer][:3]), SamplingParams()),
+        p,
+        3,
+    )
     assert side["a"] == pytest.approx(own, abs=1e-6) and side["b"] == pytest.approx(own, abs=1e-6)
 
 

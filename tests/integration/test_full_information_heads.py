@@ -69,13 +69,18 @@ def heads(tiny_llama_target, tmp_path_factory, tiny_decode):
     sequences = []
     for text in PROMPTS:
         prompt = target.tokenizer(text)["input_ids"]
-        sequences.append(prompt + tiny_decode(target, auto, AUTOREGRESSIVE, prompt, max_new_tokens=MAX_NEW).tokens)
+        sequences.append(
+            prompt + tiny_decode(target, auto, AUTOREGRESSIVE, prompt, max_new_tokens=MAX_NEW).tokens
+        )
     save_head(fitted_head(target, 0, A_STEPS, sequences), None, tmp / "a", meta)
     save_head(fitted_head(target, 1, B_STEPS, sequences), torch.arange(3, 3 + 200), tmp / "b", meta)
-    pool = build_pool(target, {
-        "A": {"_target_": "specbench.drafters.eagle.build", "checkpoint": str(tmp / "a")},
-        "B": {"_target_": "specbench.drafters.eagle.build", "checkpoint": str(tmp / "b")},
-    })
+    pool = build_pool(
+        target,
+        {
+            "A": {"_target_": "specbench.drafters.eagle.build", "checkpoint": str(tmp / "a")},
+            "B": {"_target_": "specbench.drafters.eagle.build", "checkpoint": str(tmp / "b")},
+        },
+    )
     return target, pool
 
 
@@ -188,9 +193,15 @@ def test_heads_are_not_observed_without_full_information(heads, tiny_decode):
         restore()
     assert gen.drafted > 0 and rec.side == [] and seen == []
     # and a verification of a query that asked for no side observations gets none
-    v = Verification(draft=[5], p=torch.full((1, target.vocab_size), 1.0 / target.vocab_size), accepted=0,
-                     played="A", sampling=SamplingParams(), context=list(target.tokens[:-1]),
-                     query=pool["A"]._query)
+    v = Verification(
+        draft=[5],
+        p=torch.full((1, target.vocab_size), 1.0 / target.vocab_size),
+        accepted=0,
+        played="A",
+        sampling=SamplingParams(),
+        context=list(target.tokens[:-1]),
+        query=pool["A"]._query,
+    )
     assert pool["B"].observe(v) is None
 
 

@@ -23,23 +23,36 @@ def prompt_ids(setup, text: str) -> list[int]:
 def hf_greedy(setup, ids: list[int], max_new_tokens: int) -> list[int]:
     x = torch.tensor([ids])
     with torch.inference_mode():
-        out = setup.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
-                                   max_new_tokens=max_new_tokens, eos_token_id=setup.eos_id,
-                                   pad_token_id=setup.tokenizer.pad_token_id)
+        out = setup.model.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=setup.eos_id,
+            pad_token_id=setup.tokenizer.pad_token_id,
+        )
     out = out[0].tolist()
     if setup.target.is_encoder_decoder:
         assert out[0] == setup.model.config.decoder_start_token_id
         return out[1:]
     assert out[: len(ids)] == ids
-    return out[len(ids):]
+    return out[len(ids) :]
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_setup, tiny_decode):
     """Autoregressive outputs per prompt for the current family."""
-    return {text: tiny_decode(tiny_setup.target, tiny_setup.pool, "autoregressive", prompt_ids(tiny_setup, text),
-                              max_new_tokens=MAX_NEW, draft_length=1)
-            for text in PROMPTS}
+    return {
+        text: tiny_decode(
+            tiny_setup.target,
+            tiny_setup.pool,
+            "autoregressive",
+            prompt_ids(tiny_setup, text),
+            max_new_tokens=MAX_NEW,
+            draft_length=1,
+        )
+        for text in PROMPTS
+    }
 
 
 @pytest.mark.parametrize("text", PROMPTS)
@@ -52,15 +65,23 @@ def test_autoregressive_equals_hf_generate(tiny_setup, reference, text):
     assert tiny_setup.eos_id not in gen.tokens
     assert gen.target_calls == len(gen.tokens) == len(gen.rounds)
     assert gen.drafted == 0 and gen.accepted == 0 and gen.switches == 0
-    assert all(r.arm == "autoregressive" and r.n_max == 0 and r.be == 0.0 and r.emitted == 1 for r in gen.rounds)
+    assert all(
+        r.arm == "autoregressive" and r.n_max == 0 and r.be == 0.0 and r.emitted == 1 for r in gen.rounds
+    )
 
 
 @pytest.mark.parametrize("draft_length", [1, 3, 5])
 @pytest.mark.parametrize("arm", ARMS)
 def test_speculative_greedy_equals_autoregressive(tiny_setup, tiny_decode, reference, arm, draft_length):
     for text in PROMPTS:
-        gen = tiny_decode(tiny_setup.target, tiny_setup.pool, arm, prompt_ids(tiny_setup, text),
-                          max_new_tokens=MAX_NEW, draft_length=draft_length)
+        gen = tiny_decode(
+            tiny_setup.target,
+            tiny_setup.pool,
+            arm,
+            prompt_ids(tiny_setup, text),
+            max_new_tokens=MAX_NEW,
+            draft_length=draft_length,
+        )
         assert gen.tokens == reference[text].tokens, (arm, draft_length, text)
         assert len(gen.tokens) == MAX_NEW and gen.stop == "length"
         assert gen.target_calls == len(gen.rounds)
@@ -80,7 +101,9 @@ def test_model_drafters_draft_every_round(tiny_setup, tiny_decode):
     """Model drafters always fill the draft (no EOS here): n_max == drafted == min(L, room)."""
     ids = prompt_ids(tiny_setup, PROMPTS[0])
     for arm in ("quantized_weight", "hf", "early_exit"):
-        gen = tiny_decode(tiny_setup.target, tiny_setup.pool, arm, ids, max_new_tokens=MAX_NEW, draft_length=3)
+        gen = tiny_decode(
+            tiny_setup.target, tiny_setup.pool, arm, ids, max_new_tokens=MAX_NEW, draft_length=3
+        )
         produced = 0
         for r in gen.rounds:
             assert r.drafted == r.n_max == min(3, MAX_NEW - produced - 1)
@@ -90,8 +113,9 @@ def test_model_drafters_draft_every_round(tiny_setup, tiny_decode):
 def test_quantized_drafter_is_accepted_often(tiny_setup, tiny_decode):
     """A sanity check that speculation actually happens (and fewer target calls are needed)."""
     ids = prompt_ids(tiny_setup, PROMPTS[0])
-    gen = tiny_decode(tiny_setup.target, tiny_setup.pool, "quantized_weight", ids, max_new_tokens=MAX_NEW,
-                      draft_length=5)
+    gen = tiny_decode(
+        tiny_setup.target, tiny_setup.pool, "quantized_weight", ids, max_new_tokens=MAX_NEW, draft_length=5
+    )
     assert gen.accepted > MAX_NEW // 4
     assert gen.target_calls < MAX_NEW
 
@@ -123,8 +147,14 @@ def test_switching_every_round_equals_autoregressive(tiny_setup, tiny_decode, re
     arms = ["autoregressive", *ARMS, "hf", "hf"]  # includes a repeat: not a switch
     for text in PROMPTS:
         selector = Cycle(arms)
-        gen = tiny_decode(tiny_setup.target, tiny_setup.pool, selector, prompt_ids(tiny_setup, text),
-                          max_new_tokens=MAX_NEW, draft_length=draft_length)
+        gen = tiny_decode(
+            tiny_setup.target,
+            tiny_setup.pool,
+            selector,
+            prompt_ids(tiny_setup, text),
+            max_new_tokens=MAX_NEW,
+            draft_length=draft_length,
+        )
         assert gen.tokens == reference[text].tokens
         assert selector.resets == 1
         assert [r.arm for r in gen.rounds] == [arms[i % len(arms)] for i in range(len(gen.rounds))]
@@ -140,8 +170,9 @@ def test_switching_every_round_equals_autoregressive(tiny_setup, tiny_decode, re
             assert min(r.t_draft, r.t_verify, r.t_select) > 0.0  # each phase was read off the clock
             if r.arm == "autoregressive":
                 assert r.drafted == 0 and r.n_max == 0
-        assert gen.switches == sum(1 for i in range(1, len(gen.rounds))
-                                   if gen.rounds[i].arm != gen.rounds[i - 1].arm)
+        assert gen.switches == sum(
+            1 for i in range(1, len(gen.rounds)) if gen.rounds[i].arm != gen.rounds[i - 1].arm
+        )
         # the phases are disjoint readings inside the generation's timed region: no phase counted twice
         assert sum(r.t_select + r.t_draft + r.t_verify + r.t_switch for r in gen.rounds) <= gen.seconds
 
@@ -166,14 +197,22 @@ def test_eos_inside_a_draft(tiny_setup, tiny_decode, reference):
     inside_draft = 0
     for pos, eos in candidates:
         expected = ar[: pos + 1]
-        ar_eos = tiny_decode(tiny_setup.target, tiny_setup.pool, "autoregressive", ids, max_new_tokens=MAX_NEW,
-                             eos_ids={eos})
+        ar_eos = tiny_decode(
+            tiny_setup.target, tiny_setup.pool, "autoregressive", ids, max_new_tokens=MAX_NEW, eos_ids={eos}
+        )
         assert ar_eos.tokens == expected and ar_eos.stop == "eos"
         assert ar_eos.target_calls == len(expected)
         for arm in ("quantized_weight", "quantized_dynamic", "prompt_lookup"):
             for draft_length in (3, 5):
-                gen = tiny_decode(tiny_setup.target, tiny_setup.pool, arm, ids, max_new_tokens=MAX_NEW,
-                                  draft_length=draft_length, eos_ids={eos})
+                gen = tiny_decode(
+                    tiny_setup.target,
+                    tiny_setup.pool,
+                    arm,
+                    ids,
+                    max_new_tokens=MAX_NEW,
+                    draft_length=draft_length,
+                    eos_ids={eos},
+                )
                 assert gen.tokens == expected, (arm, draft_length, pos)
                 assert gen.stop == "eos"
                 assert gen.target_calls == len(gen.rounds)

@@ -33,8 +33,10 @@ from specbench.models.tiny import byte_tokenizer, write_tiny
 from tests.experiments import commands_for, experiments, paper_scale
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-GENERIC_CHAT = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
-                "{% if add_generation_prompt %}<assistant>{% endif %}")
+GENERIC_CHAT = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
 
 
 @dataclass(frozen=True)
@@ -73,12 +75,19 @@ STAND_INS = {
     "cache:drafters/vicuna68m_*": StandIn("vicuna", "llama", layers=1),
     "yuhuili/EAGLE-Vicuna-7B-v1.3": StandIn("vicuna", "eagle"),
     "cache:drafters/eagle_vicuna_*": StandIn("vicuna", "eagle"),
-    "google-t5/t5-large": _T5, "google-t5/t5-small": _T5, "Muennighoff/t5-small-finetuned-xsum-512": _T5,
+    "google-t5/t5-large": _T5,
+    "google-t5/t5-small": _T5,
+    "Muennighoff/t5-small-finetuned-xsum-512": _T5,
     "sysresearch101/t5-large-finetuned-xsum": _T5,
-    "google/flan-t5-xl": _FLAN, "google/flan-t5-base": _FLAN, "google/flan-t5-small": _FLAN,
-    "google/gemma-2-9b-it": _GEMMA, "google/gemma-2-27b-it": _GEMMA, "google/gemma-2-2b-it": _GEMMA,
+    "google/flan-t5-xl": _FLAN,
+    "google/flan-t5-base": _FLAN,
+    "google/flan-t5-small": _FLAN,
+    "google/gemma-2-9b-it": _GEMMA,
+    "google/gemma-2-27b-it": _GEMMA,
+    "google/gemma-2-2b-it": _GEMMA,
     "facebook/layerskip-llama3.2-1B": StandIn("llama3", "llama", layers=16),
-    "Qwen/Qwen2.5-1.5B-Instruct": _QWEN, "Qwen/Qwen2.5-0.5B-Instruct": _QWEN,
+    "Qwen/Qwen2.5-1.5B-Instruct": _QWEN,
+    "Qwen/Qwen2.5-0.5B-Instruct": _QWEN,
 }
 
 
@@ -118,8 +127,9 @@ class StandIns:
     def tokenizer(self, family: str):
         if family not in self.tokenizers:
             fam = FAMILIES[family]
-            self.tokenizers[family] = byte_tokenizer(fam.vocab, bos_token=fam.bos,
-                                                     chat_template=GENERIC_CHAT if fam.chat else None)
+            self.tokenizers[family] = byte_tokenizer(
+                fam.vocab, bos_token=fam.bos, chat_template=GENERIC_CHAT if fam.chat else None
+            )
         return self.tokenizers[family]
 
     def get(self, ref: str, target: bool = False) -> str:
@@ -129,8 +139,16 @@ class StandIns:
             if spec.arch == "eagle":
                 self._eagle(path, spec)
             else:
-                write_tiny(path, spec.arch, self.tokenizer(spec.family), layers=spec.layers, hidden=32,
-                           seed=seed_of(ref), vocab_size=spec.rows, tie=spec.tie)
+                write_tiny(
+                    path,
+                    spec.arch,
+                    self.tokenizer(spec.family),
+                    layers=spec.layers,
+                    hidden=32,
+                    seed=seed_of(ref),
+                    vocab_size=spec.rows,
+                    tie=spec.tie,
+                )
             self.dirs[ref] = path
         if target:
             self.targets[spec.family] = self.dirs[ref]
@@ -164,26 +182,47 @@ def stand_ins(tmp_path_factory):
 # split and a test split hold different queries, as on the hub)
 # ------------------------------------------------------------------------------------------------
 
+
 def rows_of(fmt: str, source, split: str, n: int = 10) -> list[dict]:
     if fmt in ("iwslt", "translation"):
         src, tgt = str(source.get("source_lang") or "de"), str(source.get("target_lang") or "en")
-        return [{"translation": {src: f"{split} sentence {i} to translate.", tgt: f"{split} translation {i}."}}
-                for i in range(n)]
+        return [
+            {"translation": {src: f"{split} sentence {i} to translate.", tgt: f"{split} translation {i}."}}
+            for i in range(n)
+        ]
     if fmt == "xsum":
-        return [{"document": f"{split} article {i}: the council met and voted.", "summary": f"Vote {i}.",
-                 "id": f"{split}-{i}"} for i in range(n)]
+        return [
+            {
+                "document": f"{split} article {i}: the council met and voted.",
+                "summary": f"Vote {i}.",
+                "id": f"{split}-{i}",
+            }
+            for i in range(n)
+        ]
     if fmt == "cnn_dm":
-        return [{"article": f"{split} story {i}: a bridge reopened.", "highlights": f"Bridge {i} reopens.",
-                 "id": f"{split}-{i}"} for i in range(n)]
+        return [
+            {
+                "article": f"{split} story {i}: a bridge reopened.",
+                "highlights": f"Bridge {i} reopens.",
+                "id": f"{split}-{i}",
+            }
+            for i in range(n)
+        ]
     if fmt == "gsm8k":
-        return [{"question": f"{split}: what is {i} plus 2?", "answer": f"{i} + 2 = {i + 2}\n#### {i + 2}"}
-                for i in range(n)]
+        return [
+            {"question": f"{split}: what is {i} plus 2?", "answer": f"{i} + 2 = {i + 2}\n#### {i + 2}"}
+            for i in range(n)
+        ]
     if fmt == "qa":
         return [{"question": f"{split} question {i}?", "answer": [f"answer {i}"]} for i in range(n)]
     if fmt == "alpaca":
-        return [{"instruction": f"{split}: write a function {i}.", "input": "", "output": "def f(): pass"}
-                for i in range(n)]
-    if fmt == "mt_bench":  # Spec-Bench's question.jsonl: categories named like built-in tasks, two-turn questions
+        return [
+            {"instruction": f"{split}: write a function {i}.", "input": "", "output": "def f(): pass"}
+            for i in range(n)
+        ]
+    if (
+        fmt == "mt_bench"
+    ):  # Spec-Bench's question.jsonl: categories named like built-in tasks, two-turn questions
         return [json.loads(x) for x in (FIXTURES / "spec_bench_question.jsonl").read_text().splitlines()]
     raise AssertionError(f"no dry-run data for dataset format '{fmt}': add it to rows_of")
 
@@ -199,7 +238,9 @@ def local_data(cfg, root: Path) -> None:
         path = root / f"{key}-{split}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in rows_of(str(source.format), source, split)))
         OmegaConf.update(cfg, f"{key}.path", str(path))
-    if OmegaConf.is_missing(cfg.dataset, "path") and named:  # a source that reads ${dataset.path} (Spec-Bench)
+    if (
+        OmegaConf.is_missing(cfg.dataset, "path") and named
+    ):  # a source that reads ${dataset.path} (Spec-Bench)
         cfg.dataset.path = str(cfg.dataset.sources[named[0][0].rsplit(".", 1)[1]].path)
 
 
@@ -254,9 +295,19 @@ def test_paper_experiment_dry_run(name, stand_ins, tmp_path):
     if commands == ["train_drafter"]:
         from specbench.pipelines import train_drafter
 
-        cfg = compose_for("train_drafter", [f"experiment={name}", f"out={tmp_path / 'drafter'}", "train.epochs=1",
-                                            "train.max_new_tokens=4", "train.max_tokens=512", "train.seq_len=512",
-                                            "train.batch_size=2", "train.val_examples=1"])
+        cfg = compose_for(
+            "train_drafter",
+            [
+                f"experiment={name}",
+                f"out={tmp_path / 'drafter'}",
+                "train.epochs=1",
+                "train.max_new_tokens=4",
+                "train.max_tokens=512",
+                "train.seq_len=512",
+                "train.batch_size=2",
+                "train.val_examples=1",
+            ],
+        )
         assert str(cfg.drafter.kind) in train_drafter.TRAINEES, cfg.drafter.kind
         tiny_run(cfg, stand_ins, tmp_path, limit=4)
         train_drafter.run(cfg, tmp_path / "run")
@@ -277,7 +328,10 @@ def test_paper_experiment_dry_run(name, stand_ins, tmp_path):
             for alpha in cfg.alphas[rule]:  # every point of the grid has its own row
                 assert Cascade(str(rule), float(alpha)).label in methods, (rule, alpha, sorted(methods))
         return
-    if commands == ["collect", "eval"]:  # context-aware selection: collect -> train-policy -> eval with the policy
+    if commands == [
+        "collect",
+        "eval",
+    ]:  # context-aware selection: collect -> train-policy -> eval with the policy
         from specbench.pipelines import collect, train_policy
         from specbench.pipelines import collected
 
@@ -286,10 +340,16 @@ def test_paper_experiment_dry_run(name, stand_ins, tmp_path):
         collect.run(cfg, tmp_path / "c")
         rows = collected.read_rows([tmp_path / "c"])
         assert rows and all(set(r["arms"]) == set(rows[0]["arms"]) for r in rows)
-        train_policy.run(compose_for("train_policy", [f"data={tmp_path / 'c'}", "train.epochs=2",
-                                                      "train.val_fraction=0.5"]), tmp_path / "p")  # >= 2 held-out rows
-        cfg = compose_for("eval", [f"experiment={name}", "selector=policy",
-                                   f"policy.checkpoint={tmp_path / 'p' / 'policy.pt'}"])
+        train_policy.run(
+            compose_for(
+                "train_policy", [f"data={tmp_path / 'c'}", "train.epochs=2", "train.val_fraction=0.5"]
+            ),
+            tmp_path / "p",
+        )  # >= 2 held-out rows
+        cfg = compose_for(
+            "eval",
+            [f"experiment={name}", "selector=policy", f"policy.checkpoint={tmp_path / 'p' / 'policy.pt'}"],
+        )
         tiny_run(cfg, stand_ins, tmp_path / "eval")  # the test split: held out from the collected train split
         run_eval(cfg, tmp_path / "e")
         assert "policy" in (tmp_path / "e" / "summary.csv").read_text()
@@ -307,9 +367,11 @@ def test_every_paper_model_has_a_stand_in_of_its_family():
     for name in PAPER:
         for command in commands_for(name):
             cfg = compose_for(command, [f"experiment={name}"])
-            refs = [str(cfg.target.model)] + [str(d.get("checkpoint") or d.get("model"))
-                                              for d in ((cfg.get("pool") or {}).get("drafters") or {}).values()
-                                              if d.get("checkpoint") or d.get("model")]
+            refs = [str(cfg.target.model)] + [
+                str(d.get("checkpoint") or d.get("model"))
+                for d in ((cfg.get("pool") or {}).get("drafters") or {}).values()
+                if d.get("checkpoint") or d.get("model")
+            ]
             refs += [str(cfg.drafter.model)] if (cfg.get("drafter") or {}).get("model") else []
             assert len({stand_in_of(r).family for r in refs}) == 1, (name, refs)
 
@@ -331,16 +393,27 @@ def test_reproduce_paper_runs_every_step_and_ends_in_the_paper_report(stand_ins,
                 if cfg.sweep.n_examples:
                     cfg.sweep.n_examples = [2, 4]
                 return
-            tiny_run(cfg, stand_ins, tmp_path / "runs" / step.run, limit=4 if step.command == "collect" else 1)
+            tiny_run(
+                cfg, stand_ins, tmp_path / "runs" / step.run, limit=4 if step.command == "collect" else 1
+            )
             if step.command == "cascades":  # every rule runs in the per-experiment dry run above
                 cfg.rules = ["token_v1", "lossy_sd"]
             if cfg.dataset.name == "spec_bench":  # two of the categories the published MetaSD columns name
                 cfg.dataset.sources.spec_bench.path, cfg.dataset.limit = str(questions), 2
 
     questions = tmp_path / "question.jsonl"
-    questions.write_text(json.dumps({"question_id": 1, "category": "coding", "turns": ["Write a loop in Python."]}) + "\n" +
-                         json.dumps({"question_id": 2, "category": "translation",
-                                     "turns": ["Translate German to English: Guten Morgen."]}) + "\n")
+    questions.write_text(
+        json.dumps({"question_id": 1, "category": "coding", "turns": ["Write a loop in Python."]})
+        + "\n"
+        + json.dumps(
+            {
+                "question_id": 2,
+                "category": "translation",
+                "turns": ["Translate German to English: Guten Morgen."],
+            }
+        )
+        + "\n"
+    )
     root = tmp_path / "paper"
     report = plan.run(root, scale="paper", questions=str(questions), adapt=adapt)
     for step in plan.plan_at("paper"):
@@ -348,15 +421,26 @@ def test_reproduce_paper_runs_every_step_and_ends_in_the_paper_report(stand_ins,
     text = (report / "REPORT.md").read_text()
     assert "Not run yet" not in text, text
     assert text.count("### [") == len(builders(LAYOUT)) == len(specs_at("paper"))
-    assert sum(key.startswith("cascades/") for key in (s.key for s in specs_at("paper"))) == len(PAPER_CASCADES)
-    for name in ("spec_bench/leaderboard", "huang/table1", "metasd/whitebox", "metasd/multilingual", "cascades/t5_wmt"):
+    assert sum(key.startswith("cascades/") for key in (s.key for s in specs_at("paper"))) == len(
+        PAPER_CASCADES
+    )
+    for name in (
+        "spec_bench/leaderboard",
+        "huang/table1",
+        "metasd/whitebox",
+        "metasd/multilingual",
+        "cascades/t5_wmt",
+    ):
         assert (report / f"{name}.md").exists(), name
     assert "SpS (vicuna-68m)" in (report / "spec_bench" / "leaderboard.md").read_text()
     whitebox = (report / "metasd" / "whitebox.md").read_text()
-    assert "coding (paper)" in whitebox and "3.724" in whitebox and "2.318" in whitebox  # MetaEagle-UCB beside UCB-BD
+    assert (
+        "coding (paper)" in whitebox and "3.724" in whitebox and "2.318" in whitebox
+    )  # MetaEagle-UCB beside UCB-BD
     # the root remembers its layout: a plain `specbench report ROOT` rebuilds the same paper report
     assert render.layout_of(root).name == "paper"
     # and a CPU-scale run into the paper root is refused before anything runs
     from specbench.errors import SpecbenchError
+
     with pytest.raises(SpecbenchError, match="another scale"):
         plan.run(root, scale="tiny")

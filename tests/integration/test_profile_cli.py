@@ -20,7 +20,13 @@ from specbench.models import Target, load_model
 # Hydra's logging setup (logging.config.dictConfig) would close pytest's log capture in this process.
 QUIET = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
 TINY = ["target=tiny_llama", "pool=tiny"]
-PROFILE = [*TINY, "profile.q=[1,2,4]", "profile.contexts=[16]", "profile.repeats=2", "profile.trees=[[2,2],[3,1]]"]
+PROFILE = [
+    *TINY,
+    "profile.q=[1,2,4]",
+    "profile.contexts=[16]",
+    "profile.repeats=2",
+    "profile.trees=[[2,2],[3,1]]",
+]
 DRAFTERS = ["quantized", "prompt_lookup", "early_exit_1"]  # conf/pool/tiny.yaml
 
 
@@ -50,8 +56,16 @@ def profiled(tmp_path_factory):
 def eval_run(tmp_path_factory):
     """A tiny eval with every drafter alone at draft length 2."""
     run_dir = tmp_path_factory.mktemp("eval") / "run"
-    code, err, _ = run("eval", *TINY, "dataset.limit=1", "decoding.max_new_tokens=12", "decoding.draft_length=2",
-                       "warmup.max_new_tokens=0", "methods=[autoregressive,fixed:*]", f"hydra.run.dir={run_dir}")
+    code, err, _ = run(
+        "eval",
+        *TINY,
+        "dataset.limit=1",
+        "decoding.max_new_tokens=12",
+        "decoding.draft_length=2",
+        "warmup.max_new_tokens=0",
+        "methods=[autoregressive,fixed:*]",
+        f"hydra.run.dir={run_dir}",
+    )
     assert code == 0, err[-3000:]
     return run_dir
 
@@ -63,9 +77,15 @@ def test_profile_writes_its_files_with_one_row_per_measurement(profiled):
     rows = pd.read_csv(run_dir / "profile.csv")
     assert list(rows.columns) == ["kind", "name", "context", "q", "seconds", "relative"]
     target = rows[rows.kind == "target"]
-    assert list(target.q) == [1, 2, 4] and set(target.context) == {16} and set(target.name) == {"embedded:tiny_llama"}
+    assert (
+        list(target.q) == [1, 2, 4]
+        and set(target.context) == {16}
+        and set(target.name) == {"embedded:tiny_llama"}
+    )
     assert (target.seconds > 0).all() and target[target.q == 1].relative.item() == 1.0
-    assert target.relative.tolist() == pytest.approx((target.seconds / target[target.q == 1].seconds.item()).tolist())
+    assert target.relative.tolist() == pytest.approx(
+        (target.seconds / target[target.q == 1].seconds.item()).tolist()
+    )
     drafters = rows[rows.kind == "drafter"]
     assert drafters.name.tolist() == DRAFTERS  # the autoregressive arm is not profiled
     assert set(drafters.context) == {16} and (drafters.seconds > 0).all()
@@ -102,8 +122,15 @@ def test_profile_writes_its_files_with_one_row_per_measurement(profiled):
 
 def test_best_draft_length_from_an_eval_run(eval_run, tmp_path):
     run_dir = tmp_path / "best"
-    code, err, out = run("profile", *TINY, "profile.q=[1,2,3,4]", "profile.contexts=[16]", "profile.repeats=2",
-                         f"profile.run={eval_run}", f"hydra.run.dir={run_dir}")
+    code, err, out = run(
+        "profile",
+        *TINY,
+        "profile.q=[1,2,3,4]",
+        "profile.contexts=[16]",
+        "profile.repeats=2",
+        f"profile.run={eval_run}",
+        f"hydra.run.dir={run_dir}",
+    )
     assert code == 0, err[-3000:]
     curve = pd.read_csv(run_dir / "best_k.csv")
     assert set(curve.drafter) <= set(DRAFTERS) and "quantized" in set(curve.drafter)
@@ -111,7 +138,9 @@ def test_best_draft_length_from_an_eval_run(eval_run, tmp_path):
     rounds = [json.loads(x) for x in (eval_run / "rounds.jsonl").read_text().splitlines()]
     for name, rows in curve.groupby("drafter"):
         mine = [r for r in rounds if r["method"] == f"fixed:{name}" and r["arm"] == name]
-        K = max(r["n_max"] for r in mine if r["drafted"] == r["n_max"] >= 1)  # 2 but for a drafter out of luck
+        K = max(
+            r["n_max"] for r in mine if r["drafted"] == r["n_max"] >= 1
+        )  # 2 but for a drafter out of luck
         assert rows.k.tolist() == [1, 2, 3]  # q = k + 1 measured
         assert rows.extrapolated.tolist() == [k > K for k in (1, 2, 3)]
         assert rows.best.sum() == 1
@@ -122,7 +151,9 @@ def test_best_draft_length_from_an_eval_run(eval_run, tmp_path):
         # E[accepted(k)] for k <= K: the mean of min(accepted, k) over the full rounds at K = 2
         full = [r["accepted"] for r in mine if r["drafted"] == r["n_max"] == K]
         for k in range(1, K + 1):
-            assert rows[rows.k == k].expected_accepted.item() == pytest.approx(sum(min(a, k) for a in full) / len(full))
+            assert rows[rows.k == k].expected_accepted.item() == pytest.approx(
+                sum(min(a, k) for a in full) / len(full)
+            )
         assert rows.expected_accepted.is_monotonic_increasing
     md = (run_dir / "best_k.md").read_text()
     assert "best_k" in md and "extrapolated" in md
@@ -133,9 +164,11 @@ def test_cost_measured_reads_the_profile(profiled, tmp_path):
     run_dir, _ = profiled
     prof = json.loads((run_dir / "profile.json").read_text())
     target = Target(load_model("embedded:tiny_llama", dtype="float32", device="cpu"))
-    drafters = {"quantized": {"_target_": "specbench.drafters.quantized.build", "cost": "measured"},
-                "prompt_lookup": {"_target_": "specbench.drafters.prompt_lookup.build", "cost": "measured"},
-                "early_exit_1": {"_target_": "specbench.drafters.early_exit.build", "layers": 1, "cost": 0.25}}
+    drafters = {
+        "quantized": {"_target_": "specbench.drafters.quantized.build", "cost": "measured"},
+        "prompt_lookup": {"_target_": "specbench.drafters.prompt_lookup.build", "cost": "measured"},
+        "early_exit_1": {"_target_": "specbench.drafters.early_exit.build", "layers": 1, "cost": 0.25},
+    }
     for where in (run_dir, run_dir / "profile.json"):
         pool = build_pool(target, drafters, profile=str(where))
         assert pool["quantized"].cost == prof["drafters"]["quantized"]["c_draft"]
@@ -143,7 +176,9 @@ def test_cost_measured_reads_the_profile(profiled, tmp_path):
         assert pool["early_exit_1"].cost == 0.25  # a number stays a number
     with pytest.raises(SpecbenchError, match="no profile is given"):
         build_pool(target, drafters)
-    assert build_pool(target, drafters, measuring=True)["quantized"].cost > 0  # the profile command's own pool
+    assert (
+        build_pool(target, drafters, measuring=True)["quantized"].cost > 0
+    )  # the profile command's own pool
     renamed = {"other": drafters["quantized"]}
     with pytest.raises(SpecbenchError, match="no measured cost of drafter 'other'"):
         build_pool(target, renamed, profile=str(run_dir))
@@ -154,14 +189,25 @@ def test_cost_measured_reads_the_profile(profiled, tmp_path):
         build_pool(target, drafters, profile=str(bf16))
 
 
-EVAL = [*TINY, "dataset.limit=1", "decoding.max_new_tokens=4", "warmup.max_new_tokens=0", "methods=[autoregressive]",
-        "pool.drafters.quantized.cost=measured"]
+EVAL = [
+    *TINY,
+    "dataset.limit=1",
+    "decoding.max_new_tokens=4",
+    "warmup.max_new_tokens=0",
+    "methods=[autoregressive]",
+    "pool.drafters.quantized.cost=measured",
+]
 
 
 def test_eval_with_cost_measured_and_no_profile_path_is_a_clear_error(tmp_path):
     code, err, _ = run("eval", *EVAL, f"hydra.run.dir={tmp_path / 'run'}")
-    assert_clear_error(code, err, "error: drafter 'quantized' has cost: measured, but no profile is given",
-                       "specbench profile", "profile_path=")
+    assert_clear_error(
+        code,
+        err,
+        "error: drafter 'quantized' has cost: measured, but no profile is given",
+        "specbench profile",
+        "profile_path=",
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -187,7 +233,9 @@ def test_profile_errors(tmp_path):
     code, err, _ = run("profile", *TINY, "profile.contexts=[5000]", f"hydra.run.dir={tmp_path / 'b'}")
     assert_clear_error(code, err, "profile.contexts: a context of 5,000 tokens", "lower profile.contexts")
     code, err, _ = run("profile", *PROFILE, "profile.trees=[[2,0]]", f"hydra.run.dir={tmp_path / 'd'}")
-    assert_clear_error(code, err, "profile.trees: [2, 0] is not a [branches, depth] pair", "profile.trees=[[2,5]")
+    assert_clear_error(
+        code, err, "profile.trees: [2, 0] is not a [branches, depth] pair", "profile.trees=[[2,5]"
+    )
     code, err, _ = run("profile", *TINY, "profile.repeats=0", f"hydra.run.dir={tmp_path / 'c'}")
     assert_clear_error(code, err, "error: profile.repeats=0: expected an integer >= 1")
 
@@ -204,15 +252,30 @@ def test_an_eagle_head_is_profiled_from_the_target_states(tmp_path):
 
     target = Target(load_model("embedded:tiny_llama", dtype="float32", device="cpu"))
     torch.manual_seed(0)
-    save_head(EagleHead(target.model, layers=1).eval(), None, tmp_path / "head",
-              {"kind": "eagle", "target": "embedded:tiny_llama", "vocab": vocab_fingerprint(target.tokenizer)})
-    pool = build_pool(target, {"eagle": {"_target_": "specbench.drafters.eagle.build",
-                                         "checkpoint": str(tmp_path / "head")},
-                               "prompt_lookup": {"_target_": "specbench.drafters.prompt_lookup.build"}})
+    save_head(
+        EagleHead(target.model, layers=1).eval(),
+        None,
+        tmp_path / "head",
+        {"kind": "eagle", "target": "embedded:tiny_llama", "vocab": vocab_fingerprint(target.tokenizer)},
+    )
+    pool = build_pool(
+        target,
+        {
+            "eagle": {"_target_": "specbench.drafters.eagle.build", "checkpoint": str(tmp_path / "head")},
+            "prompt_lookup": {"_target_": "specbench.drafters.prompt_lookup.build"},
+        },
+    )
     context = pipeline.repeat_to(target.tokenizer("profile me, profile me")["input_ids"], 24)
     drafters = {name: d for name, d in pool.items() if d.drafts}
-    got = pipeline.measure_drafters(target, drafters, context, 5, SamplingParams(), torch.Generator().manual_seed(0),
-                                    pipeline.Readings(repeats=2, warmup=1, clock=Clock("cpu")))
+    got = pipeline.measure_drafters(
+        target,
+        drafters,
+        context,
+        5,
+        SamplingParams(),
+        torch.Generator().manual_seed(0),
+        pipeline.Readings(repeats=2, warmup=1, clock=Clock("cpu")),
+    )
     assert list(got) == ["eagle", "prompt_lookup"]
     assert got["eagle"]["drafted"] == 5 and got["eagle"]["seconds_per_token"] > 0
     assert got["prompt_lookup"]["drafted"] == 5  # the context repeats itself: a match to copy
@@ -229,5 +292,7 @@ def test_profile_run_of_another_setting_is_refused(eval_run, tmp_path):
     cfg.target.model, cfg.decoding.temperature = "embedded:tiny_t5", 1.0
     (other / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
     code, err, _ = run("profile", *PROFILE, f"profile.run={other}", f"hydra.run.dir={tmp_path / 'p'}")
-    assert_clear_error(code, err, "target.model embedded:tiny_t5 (here embedded:tiny_llama)", "decoding=greedy")
+    assert_clear_error(
+        code, err, "target.model embedded:tiny_t5 (here embedded:tiny_llama)", "decoding=greedy"
+    )
     assert "decoding.temperature=1.0" in err

@@ -34,12 +34,31 @@ from specbench.timing import Clock
 from tests.conftest import tiny_drafter_configs
 from tests.integration.test_eagle import write_head
 
-PROMPTS = ["The quick brown fox jumps over the lazy dog. The quick brown", "Speculative decoding: 1, 2, 3, 4, 1, 2,"]
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog. The quick brown",
+    "Speculative decoding: 1, 2, 3, 4, 1, 2,",
+]
 MAX_NEW = 48
-FIELDS = ("arm", "drafted", "accepted", "emitted", "n_max", "be", "switched", "first_use", "members", "tree_size",
-          "member_accepted", "winners")
-COSTS = Costs(q=(1, 2, 8, 40), contexts=(16, 128), seconds=((0.010, 0.011, 0.014, 0.03), (0.012, 0.013, 0.016, 0.035)),
-              catch_up={"early_exit": ((1, 0.001), (16, 0.004))})
+FIELDS = (
+    "arm",
+    "drafted",
+    "accepted",
+    "emitted",
+    "n_max",
+    "be",
+    "switched",
+    "first_use",
+    "members",
+    "tree_size",
+    "member_accepted",
+    "winners",
+)
+COSTS = Costs(
+    q=(1, 2, 8, 40),
+    contexts=(16, 128),
+    seconds=((0.010, 0.011, 0.014, 0.03), (0.012, 0.013, 0.016, 0.035)),
+    catch_up={"early_exit": ((1, 0.001), (16, 0.004))},
+)
 
 
 def cfg_of(name: str, overrides: list[str]):
@@ -70,8 +89,15 @@ def traced(exact_pool):
     out = []
     for text in PROMPTS:
         ids = target.tokenizer(text)["input_ids"]
-        qt, gen = trace(target, pool, ids, spec_for(target), lengths, torch.Generator().manual_seed(0),
-                        side_observations=True)
+        qt, gen = trace(
+            target,
+            pool,
+            ids,
+            spec_for(target),
+            lengths,
+            torch.Generator().manual_seed(0),
+            side_observations=True,
+        )
         out.append((ids, qt, gen))
     return out
 
@@ -96,12 +122,18 @@ def selectors(arms: list[str]):
     made["tree:*"] = lambda: FixedTree(arms, [a for a in arms if a != AUTOREGRESSIVE])
     for name, scfg in selector_configs().items():
         from omegaconf import OmegaConf
+
         plain = OmegaConf.to_container(OmegaConf.create(scfg), resolve=True)
         if name == "fixed":
             plain["arm"] = "eagle"
-        if name in LIVE_ONLY:  # builds rounds from the drafts' own scores (test_budget_and_expected_routes_...)
+        if (
+            name in LIVE_ONLY
+        ):  # builds rounds from the drafts' own scores (test_budget_and_expected_routes_...)
             continue
-        if name in ("router_sam", "router_suffix"):  # the real pool's names; a route by expected tokens is live only
+        if name in (
+            "router_sam",
+            "router_suffix",
+        ):  # the real pool's names; a route by expected tokens is live only
             plain.update(lookup="prompt_lookup", fallback="eagle", min_expected=None)
         made[f"selector:{name}"] = lambda plain=plain: make_selector(plain, arms)
     return made
@@ -117,8 +149,10 @@ def test_budget_and_expected_routes_are_not_replayed(exact_pool, traced):
     arms = list(pool)
     lengths = {n: pool[n].draft_length or 4 for n in trace_lengths(pool, 4, None)}
     _, qt, _ = traced[0]
-    for sel in (Budget(arms, retrieval="prompt_lookup"),
-                Router(arms, lookup="prompt_lookup", fallback="eagle", min_expected=2.0)):
+    for sel in (
+        Budget(arms, retrieval="prompt_lookup"),
+        Router(arms, lookup="prompt_lookup", fallback="eagle", min_expected=2.0),
+    ):
         with pytest.raises(SpecbenchError, match="live"):
             replay(qt, sel, Limits(max_new_tokens=MAX_NEW, draft_length=4), COSTS, lengths)
 
@@ -138,8 +172,16 @@ def test_live_equals_replay_for_every_selector(exact_pool, traced, tiny_decode):
     arms = list(pool)
     lengths = {n: pool[n].draft_length or 4 for n in trace_lengths(pool, 4, None)}
     made = selectors(arms)
-    assert {"selector:ucb", "selector:hedge", "selector:ucb_full_info", "selector:router_tree", "selector:etc",
-            "selector:tree_hedge", "selector:sequential_halving", "selector:exp3"} <= set(made)
+    assert {
+        "selector:ucb",
+        "selector:hedge",
+        "selector:ucb_full_info",
+        "selector:router_tree",
+        "selector:etc",
+        "selector:tree_hedge",
+        "selector:sequential_halving",
+        "selector:exp3",
+    } <= set(made)
     checked = 0
     for name, make in made.items():
         live_sel, rep_sel = make(), make()
@@ -150,7 +192,9 @@ def test_live_equals_replay_for_every_selector(exact_pool, traced, tiny_decode):
             assert len(rep.rounds) == len(live.rounds), name
             for a, b in zip(live.rounds, rep.rounds):
                 for f in FIELDS:
-                    assert getattr(a, f) == getattr(b, f), f"{name} round {a.index}: {f} {getattr(a, f)} != {getattr(b, f)}"
+                    assert getattr(a, f) == getattr(b, f), (
+                        f"{name} round {a.index}: {f} {getattr(a, f)} != {getattr(b, f)}"
+                    )
                 assert abs(a.bd - b.bd) < 1e-5, f"{name} round {a.index}: bd {a.bd} != {b.bd}"
                 checked += 1
             assert rep.counterfactual == 0
@@ -168,6 +212,7 @@ def test_selectors_not_marked_randomized_give_the_same_rounds_for_every_seed(exa
     randomized = set()
     for name, scfg in selector_configs().items():
         from omegaconf import OmegaConf
+
         plain = OmegaConf.to_container(OmegaConf.create(scfg), resolve=True)
         if name == "fixed":
             plain["arm"] = "eagle"
@@ -179,7 +224,12 @@ def test_selectors_not_marked_randomized_give_the_same_rounds_for_every_seed(exa
         runs = []
         for seed in (0, 7):
             sel = m.reseeded(arms, seed)
-            runs.append([[(r.arm, r.accepted) for r in replay(qt, sel, limits, COSTS, lengths).rounds] for _, qt, _ in traced])
+            runs.append(
+                [
+                    [(r.arm, r.accepted) for r in replay(qt, sel, limits, COSTS, lengths).rounds]
+                    for _, qt, _ in traced
+                ]
+            )
         if m.seeded:
             randomized.add(name)
             assert runs[0] != runs[1], f"{name} is marked randomized but two seeds replay alike"
@@ -189,7 +239,9 @@ def test_selectors_not_marked_randomized_give_the_same_rounds_for_every_seed(exa
 
 
 def test_dynamic_int8_is_not_history_free(tiny_llama_target):
-    pool = build_pool(tiny_llama_target, tiny_drafter_configs("tiny_llama", ("quantized_dynamic", "quantized_weight")))
+    pool = build_pool(
+        tiny_llama_target, tiny_drafter_configs("tiny_llama", ("quantized_dynamic", "quantized_weight"))
+    )
     assert not pool["quantized_dynamic"].history_free and pool["quantized_weight"].history_free
 
 
@@ -197,19 +249,40 @@ def hand_trace() -> QueryTrace:
     """Ten output tokens; drafter A's drafts (up to 3 tokens, cut by the room left) are always right, B's always
     wrong at their first token."""
     output = list(range(100, 110))
-    drafts = [output[t:t + min(3, 9 - t)] for t in range(10)]
-    a = DrafterTrace(k=3, drafts=drafts, accepted=[len(d) for d in drafts], overlap=[[0.9] * len(d) for d in drafts],
-                     match=[None] * 10, t_propose=[0.003] * 10, t_setup=0.02)
-    b = DrafterTrace(k=3, drafts=[[1, 2, 3][:min(3, 9 - t)] for t in range(10)], accepted=[0] * 10,
-                     overlap=[[0.1] * min(3, 9 - t) for t in range(10)], match=[None] * 10, t_propose=[0.0] * 10)
-    return QueryTrace(prompt_len=50, output=output, stop="length", max_new_tokens=10, t_prefill=0.5,
-                      drafters={"A": a, "B": b})
+    drafts = [output[t : t + min(3, 9 - t)] for t in range(10)]
+    a = DrafterTrace(
+        k=3,
+        drafts=drafts,
+        accepted=[len(d) for d in drafts],
+        overlap=[[0.9] * len(d) for d in drafts],
+        match=[None] * 10,
+        t_propose=[0.003] * 10,
+        t_setup=0.02,
+    )
+    b = DrafterTrace(
+        k=3,
+        drafts=[[1, 2, 3][: min(3, 9 - t)] for t in range(10)],
+        accepted=[0] * 10,
+        overlap=[[0.1] * min(3, 9 - t) for t in range(10)],
+        match=[None] * 10,
+        t_propose=[0.0] * 10,
+    )
+    return QueryTrace(
+        prompt_len=50,
+        output=output,
+        stop="length",
+        max_new_tokens=10,
+        t_prefill=0.5,
+        drafters={"A": a, "B": b},
+    )
 
 
 def test_the_replay_clock_on_a_hand_made_trace():
     """verify(q) = 0.012 + 0.002 (q - 1) s at every context; A: setup 0.02 s, catch-up 0.001 s a token, 0.003 s a
     proposal; the prefill 0.5 s."""
-    costs = Costs(q=(1, 10), contexts=(10,), seconds=((0.012, 0.030),), catch_up={"A": ((1, 0.001), (10, 0.010))})
+    costs = Costs(
+        q=(1, 10), contexts=(10,), seconds=((0.012, 0.030),), catch_up={"A": ((1, 0.001), (10, 0.010))}
+    )
     arms = [AUTOREGRESSIVE, "A", "B"]
     limits = Limits(max_new_tokens=10, draft_length=3)
     lengths = {"A": 3, "B": 3}
@@ -219,16 +292,21 @@ def test_the_replay_clock_on_a_hand_made_trace():
     a = replay(qt, Fixed(arms, "A"), limits, costs, lengths)
     # rounds at t = 0 (3 drafted and accepted + the bonus: 4 tokens), t = 4 (4 more), t = 8 (room 1: k = 1, 2 tokens)
     assert [r.accepted for r in a.rounds] == [3, 3, 1] and [r.emitted for r in a.rounds] == [4, 4, 2]
-    expect = (0.5 + (0.02 + 0.003 + 0.018)     # first use: setup (nothing to catch up), propose, verify q = 4
-              + (0.004 + 0.003 + 0.018)         # catch-up over the 4 tokens since t = 0, propose, verify
-              + (0.004 + 0.003 + 0.014))        # the last round drafts 1 token: verify q = 2
+    expect = (
+        0.5
+        + (0.02 + 0.003 + 0.018)  # first use: setup (nothing to catch up), propose, verify q = 4
+        + (0.004 + 0.003 + 0.018)  # catch-up over the 4 tokens since t = 0, propose, verify
+        + (0.004 + 0.003 + 0.014)
+    )  # the last round drafts 1 token: verify q = 2
     assert a.seconds == pytest.approx(expect)
     assert a.rounds[0].t_switch == pytest.approx(0.02) and a.rounds[1].t_draft == pytest.approx(0.007)
     assert a.rounds[0].bd == pytest.approx(0.9) and a.rounds[2].bd == pytest.approx(0.9)
     assert ar.seconds / expect == pytest.approx(0.62 / expect)
     b = replay(qt, Fixed(arms, "B"), limits, costs, lengths)
     assert [r.accepted for r in b.rounds] == [0] * 10 and b.rounds[0].bd == pytest.approx(0.1)
-    assert b.seconds == pytest.approx(0.5 + 7 * 0.018 + 0.016 + 0.014 + 0.012)  # drafts cut by the room at the end
+    assert b.seconds == pytest.approx(
+        0.5 + 7 * 0.018 + 0.016 + 0.014 + 0.012
+    )  # drafts cut by the room at the end
 
 
 def test_the_replay_clock_charges_traced_side_observations():
@@ -243,7 +321,9 @@ def test_the_replay_clock_charges_traced_side_observations():
         def observe(self, arm, value):
             self.seen.append((arm, value))
 
-    costs = Costs(q=(1, 10), contexts=(10,), seconds=((0.012, 0.030),), catch_up={"A": ((1, 0.001), (10, 0.010))})
+    costs = Costs(
+        q=(1, 10), contexts=(10,), seconds=((0.012, 0.030),), catch_up={"A": ((1, 0.001), (10, 0.010))}
+    )
     arms = [AUTOREGRESSIVE, "A", "B"]
     limits, lengths = Limits(max_new_tokens=10, draft_length=3), {"A": 3, "B": 3}
     plain = replay(hand_trace(), _Fixed(arms, "A"), limits, costs, lengths)
@@ -264,8 +344,17 @@ def test_the_replay_clock_charges_traced_side_observations():
     assert sel.seen == [("B", pytest.approx(0.1))] * 3  # B's own draft's Block Divergence, not the live one
 
 
-TRACE = ["target=tiny_llama", "pool=tiny", "dataset.limit=1", "decoding.max_new_tokens=24", "warmup.max_new_tokens=2",
-         "trace.costs.contexts=[16]", "trace.costs.repeats=1", "trace.costs.warmup=0", "trace.costs.catch_up=[1,4]"]
+TRACE = [
+    "target=tiny_llama",
+    "pool=tiny",
+    "dataset.limit=1",
+    "decoding.max_new_tokens=24",
+    "warmup.max_new_tokens=2",
+    "trace.costs.contexts=[16]",
+    "trace.costs.repeats=1",
+    "trace.costs.warmup=0",
+    "trace.costs.catch_up=[1,4]",
+]
 
 
 def jsonl(path):
@@ -275,8 +364,10 @@ def jsonl(path):
 def untimed_trace(row: dict) -> dict:
     tr = dict(row["trace"])
     tr.pop("t_prefill")
-    tr["drafters"] = {n: {k: v for k, v in d.items() if k not in ("t_propose", "t_setup", "t_observe")}
-                      for n, d in tr["drafters"].items()}
+    tr["drafters"] = {
+        n: {k: v for k, v in d.items() if k not in ("t_propose", "t_setup", "t_observe")}
+        for n, d in tr["drafters"].items()
+    }
     return {**row, "trace": tr}
 
 
@@ -299,6 +390,7 @@ def test_an_interrupted_trace_resumes_to_the_same_records(trace_run, tmp_path, m
         if calls["n"] == 3:
             raise KeyboardInterrupt
         return real(self, *a, **k)
+
     monkeypatch.setattr(Records, "write", write)
     with pytest.raises(KeyboardInterrupt):
         trace_pipeline.run(cfg_of("trace", TRACE), tmp_path / "t")
@@ -314,39 +406,64 @@ def test_an_interrupted_trace_resumes_to_the_same_records(trace_run, tmp_path, m
 
 def test_a_trace_refuses_to_resume_on_a_changed_query_file(tmp_path):
     data = tmp_path / "q.jsonl"
-    data.write_text("".join(json.dumps({"question": f"What is {i} plus {i}?", "answer": f"#### {2 * i}"}) + "\n"
-                            for i in range(2)))
+    data.write_text(
+        "".join(
+            json.dumps({"question": f"What is {i} plus {i}?", "answer": f"#### {2 * i}"}) + "\n"
+            for i in range(2)
+        )
+    )
     args = [*TRACE, "dataset=gsm8k", f"dataset.path={data}"]
     trace_pipeline.run(cfg_of("trace", args), tmp_path / "t")
-    data.write_text("".join(json.dumps({"question": f"How many legs do {i} cats have?", "answer": f"#### {4 * i}"}) + "\n"
-                            for i in range(2)))
+    data.write_text(
+        "".join(
+            json.dumps({"question": f"How many legs do {i} cats have?", "answer": f"#### {4 * i}"}) + "\n"
+            for i in range(2)
+        )
+    )
     with pytest.raises(SpecbenchError, match="content changed"):
         trace_pipeline.run(cfg_of("trace", args), tmp_path / "t")
 
 
 def test_replay_writes_eval_files_marked_replayed(trace_run, tmp_path):
     out = tmp_path / "r"
-    replay_pipeline.run(cfg_of("replay", [f"traces={trace_run}", "seeds=3",
-                                          "methods=[autoregressive,fixed:*,oracle:round,tree:*,selector:ucb,selector:exp3]"]),
-                        out)
-    examples, rounds, seeds = jsonl(out / "examples.jsonl"), jsonl(out / "rounds.jsonl"), jsonl(out / "seeds.jsonl")
+    replay_pipeline.run(
+        cfg_of(
+            "replay",
+            [
+                f"traces={trace_run}",
+                "seeds=3",
+                "methods=[autoregressive,fixed:*,oracle:round,tree:*,selector:ucb,selector:exp3]",
+            ],
+        ),
+        out,
+    )
+    examples, rounds, seeds = (
+        jsonl(out / "examples.jsonl"),
+        jsonl(out / "rounds.jsonl"),
+        jsonl(out / "seeds.jsonl"),
+    )
     assert examples and all(e["replayed"] for e in examples) and all(r["replayed"] for r in rounds)
     methods = {e["method"] for e in examples}
     assert {"autoregressive", "fixed:quantized", "oracle:round", "tree:*", "ucb-bd", "exp3-bd"} <= methods
     assert {s["seed"] for s in seeds if s["method"] == "exp3-bd"} == {0, 1, 2}
     assert {s["seed"] for s in seeds if s["method"] == "fixed:quantized"} == {0}  # seedless: once
     assert {s["seed"] for s in seeds if s["method"] == "ucb-bd"} == {0}  # deterministic: once
-    assert (out / "summary.csv").exists() and (out / "seeds.csv").exists() and (out / "convergence.csv").exists()
+    assert (
+        (out / "summary.csv").exists() and (out / "seeds.csv").exists() and (out / "convergence.csv").exists()
+    )
     ar = [e for e in examples if e["method"] == "autoregressive"]
     traced = {r["query_id"]: r for r in jsonl(trace_run / "examples.jsonl")}
     assert all(e["output_ids"] == traced[e["query_id"]]["output_ids"] for e in ar)
 
 
-@pytest.mark.parametrize("overrides, problem", [
-    (["replay.draft_length=9"], "the trace holds 4"),
-    (["replay.max_new_tokens=500"], "the trace holds"),
-    (["methods=[selector:policy]"], "context-aware policy"),
-])
+@pytest.mark.parametrize(
+    "overrides, problem",
+    [
+        (["replay.draft_length=9"], "the trace holds 4"),
+        (["replay.max_new_tokens=500"], "the trace holds"),
+        (["methods=[selector:policy]"], "context-aware policy"),
+    ],
+)
 def test_bad_replay_input_is_refused(trace_run, tmp_path, overrides, problem):
     with pytest.raises(SpecbenchError) as err:
         replay_pipeline.run(cfg_of("replay", [f"traces={trace_run}", "seeds=1", *overrides]), tmp_path / "r")
@@ -363,22 +480,30 @@ def test_replay_of_a_missing_trace_directory_names_the_fix(tmp_path):
 
 def test_a_trace_refuses_to_resume_after_a_drafter_checkpoint_changed(tiny_llama_target, tmp_path):
     head = write_head(tmp_path, tiny_llama_target, "head", seed=0)
-    args = [*TRACE, "+pool.drafters.eagle._target_=specbench.drafters.eagle.build",
-            f"+pool.drafters.eagle.checkpoint={head}"]
+    args = [
+        *TRACE,
+        "+pool.drafters.eagle._target_=specbench.drafters.eagle.build",
+        f"+pool.drafters.eagle.checkpoint={head}",
+    ]
     trace_pipeline.run(cfg_of("trace", args), tmp_path / "t")
     write_head(tmp_path, tiny_llama_target, "head", seed=1)  # retrained in place, same name and config
     with pytest.raises(SpecbenchError, match="drafter checkpoint"):
         trace_pipeline.run(cfg_of("trace", args), tmp_path / "t")
 
 
-def test_a_rebuilt_package_head_is_fingerprinted_and_refused_on_resume(tiny_llama_target, tmp_path, monkeypatch):
+def test_a_rebuilt_package_head_is_fingerprinted_and_refused_on_resume(
+    tiny_llama_target, tmp_path, monkeypatch
+):
     """`package:` heads (the shipped ones, or $SPECBENCH_HEADS) are fingerprinted like local and cache: ones, so a
     head rebuilt in place under the same name is not presented as the old one's records."""
     heads = tmp_path / "heads"
     write_head(heads, tiny_llama_target, "eagle_x", seed=0)
     monkeypatch.setenv("SPECBENCH_HEADS", str(heads))
-    args = [*TRACE, "+pool.drafters.eagle._target_=specbench.drafters.eagle.build",
-            "+pool.drafters.eagle.checkpoint=package:eagle_x"]
+    args = [
+        *TRACE,
+        "+pool.drafters.eagle._target_=specbench.drafters.eagle.build",
+        "+pool.drafters.eagle.checkpoint=package:eagle_x",
+    ]
     trace_pipeline.run(cfg_of("trace", args), tmp_path / "t")
     assert jsonl(tmp_path / "t" / "examples.jsonl")[0]["drafters"]["eagle"]
     write_head(heads, tiny_llama_target, "eagle_x", seed=1)  # `make specialists` rebuilds heads in place
@@ -394,12 +519,27 @@ def test_a_collection_replayed_from_a_trace_equals_the_live_one(trace_run, tmp_p
     from specbench.pipelines.collected import read_rows
 
     args = [a for a in TRACE if not a.startswith("trace.")] + ["collect.max_new_tokens=24"]
-    live = read_rows([p for p in collect_pipeline.run(cfg_of("collect", [*args, "collect.measure_speculative=true"]),
-                                                      tmp_path / "live").glob("rows*.jsonl")])
-    rep = read_rows([p for p in collect_pipeline.run(cfg_of("collect", [*args, f"collect.trace={trace_run}"]),
-                                                     tmp_path / "rep").glob("rows*.jsonl")])
+    live = read_rows(
+        [
+            p
+            for p in collect_pipeline.run(
+                cfg_of("collect", [*args, "collect.measure_speculative=true"]), tmp_path / "live"
+            ).glob("rows*.jsonl")
+        ]
+    )
+    rep = read_rows(
+        [
+            p
+            for p in collect_pipeline.run(
+                cfg_of("collect", [*args, f"collect.trace={trace_run}"]), tmp_path / "rep"
+            ).glob("rows*.jsonl")
+        ]
+    )
     assert len(rep) == len(live) >= 3
-    exact = ["prompt_lookup", "early_exit_1"]  # pool=tiny's history-free drafters (dynamic int8 is not: approximate)
+    exact = [
+        "prompt_lookup",
+        "early_exit_1",
+    ]  # pool=tiny's history-free drafters (dynamic int8 is not: approximate)
     by_id = {r["query_id"]: r for r in live}
     for row in rep:
         twin = by_id[row["query_id"]]
@@ -409,20 +549,34 @@ def test_a_collection_replayed_from_a_trace_equals_the_live_one(trace_run, tmp_p
             assert rec["spec"]["replayed"] is True
             assert "text" not in rec  # no standalone output was generated
         for arm in exact:
-            assert (row["arms"][arm]["spec"]["drafted"], row["arms"][arm]["spec"]["accepted"]) == \
-                (twin["arms"][arm]["spec"]["drafted"], twin["arms"][arm]["spec"]["accepted"])
+            assert (row["arms"][arm]["spec"]["drafted"], row["arms"][arm]["spec"]["accepted"]) == (
+                twin["arms"][arm]["spec"]["drafted"],
+                twin["arms"][arm]["spec"]["accepted"],
+            )
     with pytest.raises(SpecbenchError, match="collect.max_new_tokens=64 is more than the trace's 24") as err:
-        collect_pipeline.run(cfg_of("collect", [*args[:-1], "collect.max_new_tokens=64", f"collect.trace={trace_run}"]),
-                             tmp_path / "long")
+        collect_pipeline.run(
+            cfg_of("collect", [*args[:-1], "collect.max_new_tokens=64", f"collect.trace={trace_run}"]),
+            tmp_path / "long",
+        )
     assert "collect.max_new_tokens=24" in err.value.fix
     with pytest.raises(SpecbenchError, match="not in the trace run"):
-        collect_pipeline.run(cfg_of("collect", [*args, "dataset.limit=2", f"collect.trace={trace_run}"]), tmp_path / "more")
+        collect_pipeline.run(
+            cfg_of("collect", [*args, "dataset.limit=2", f"collect.trace={trace_run}"]), tmp_path / "more"
+        )
     with pytest.raises(SpecbenchError, match="samples at temperature"):
-        collect_pipeline.run(cfg_of("collect", [*args, "decoding=sampling", f"collect.trace={trace_run}"]), tmp_path / "s")
+        collect_pipeline.run(
+            cfg_of("collect", [*args, "decoding=sampling", f"collect.trace={trace_run}"]), tmp_path / "s"
+        )
     # a per-drafter draft length longer than the trace's was read from the trace, not the collection (probe, issue 34)
-    with pytest.raises(SpecbenchError, match="drafter 'prompt_lookup' drafts 9 tokens a round; the trace holds"):
-        collect_pipeline.run(cfg_of("collect", [*args, "pool.drafters.prompt_lookup.draft_length=9",
-                                                f"collect.trace={trace_run}"]), tmp_path / "k9")
+    with pytest.raises(
+        SpecbenchError, match="drafter 'prompt_lookup' drafts 9 tokens a round; the trace holds"
+    ):
+        collect_pipeline.run(
+            cfg_of(
+                "collect", [*args, "pool.drafters.prompt_lookup.draft_length=9", f"collect.trace={trace_run}"]
+            ),
+            tmp_path / "k9",
+        )
 
 
 def test_share_on_the_best_drafter_counts_only_chosen_members():
@@ -456,7 +610,9 @@ def test_a_trace_that_has_not_finished_its_plan_is_replayed_only_on_request(trac
     plan["parts"] += ["gsm8k-98", "gsm8k-99"]  # two planned queries not traced yet
     (part / PLAN_FILE).write_text(json.dumps(plan))
     args = [f"traces={part}", "seeds=1", "methods=[autoregressive,fixed:*]"]
-    with pytest.raises(SpecbenchError, match=f"holds {n} of the {n + 2} queries its trace planned.*gsm8k-98") as err:
+    with pytest.raises(
+        SpecbenchError, match=f"holds {n} of the {n + 2} queries its trace planned.*gsm8k-98"
+    ) as err:
         replay_pipeline.run(cfg_of("replay", args), tmp_path / "r")
     assert "replay.partial=true" in err.value.fix
     replay_pipeline.run(cfg_of("replay", [*args, "replay.partial=true"]), tmp_path / "r2")

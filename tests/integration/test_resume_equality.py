@@ -62,17 +62,29 @@ def assert_same_records(whole: Path, resumed: Path, files=("examples.jsonl", "ro
         a, b = sorted(a, key=order), sorted(b, key=order)
         for ra, rb in zip(a, b):
             assert ra == rb, f"{name}: {order(ra)} differs: " + ", ".join(
-                f"{k}: {ra.get(k)!r} -> {rb.get(k)!r}" for k in sorted(set(ra) | set(rb)) if ra.get(k) != rb.get(k))
+                f"{k}: {ra.get(k)!r} -> {rb.get(k)!r}"
+                for k in sorted(set(ra) | set(rb))
+                if ra.get(k) != rb.get(k)
+            )
 
 
 def assert_same_summary(whole: Path, resumed: Path, name: str, keys=("task", "method")):
     a, b = pd.read_csv(whole / name), pd.read_csv(resumed / name)
     assert list(a.columns) == list(b.columns)
-    cols = [c for c in a.columns if c not in TIMING and not c.startswith("t_") and not c.endswith("_s")
-            and not any(w in c for w in ("second", "speedup", "per_s", "share", "_vs_"))]  # time shares, ratios
+    cols = [
+        c
+        for c in a.columns
+        if c not in TIMING
+        and not c.startswith("t_")
+        and not c.endswith("_s")
+        and not any(w in c for w in ("second", "speedup", "per_s", "share", "_vs_"))
+    ]  # time shares, ratios
     if "method" in a.columns:  # the oracle is the fastest drafter per query: picked by timings
         a, b = a[a.method != "oracle"], b[b.method != "oracle"]
-    a, b = a[cols].sort_values(list(keys)).reset_index(drop=True), b[cols].sort_values(list(keys)).reset_index(drop=True)
+    a, b = (
+        a[cols].sort_values(list(keys)).reset_index(drop=True),
+        b[cols].sort_values(list(keys)).reset_index(drop=True),
+    )
     pd.testing.assert_frame_equal(a, b, check_dtype=False)
 
 
@@ -87,6 +99,7 @@ def interrupt_at(monkeypatch, owner, attr: str, n: int):
         if calls["n"] == n:
             raise KeyboardInterrupt(f"test interruption at call {n} of {attr}")
         return original(self, *args, **kwargs)
+
     monkeypatch.setattr(owner, attr, wrapper)
     return calls
 
@@ -109,8 +122,10 @@ def resumed_run(run, cfg_name, overrides, out: Path, monkeypatch, how: str, owne
     elif how == "orphan_rounds":
         run(cfg_of(cfg_name, overrides), out)
         dropped = drop_last_example(out)
-        assert any(r["query_id"] == dropped["query_id"] and r["method"] == dropped["method"]
-                   for r in lines(out / "rounds.jsonl"))  # its rounds stay behind
+        assert any(
+            r["query_id"] == dropped["query_id"] and r["method"] == dropped["method"]
+            for r in lines(out / "rounds.jsonl")
+        )  # its rounds stay behind
     run(cfg_of(cfg_name, overrides), out)
     return out
 
@@ -126,19 +141,40 @@ def whole_runs(tmp_path_factory):
             run(cfg_of(cfg_name, overrides), out)
             made[name] = out
         return made[name]
+
     return get
 
 
-EVAL = ["target=tiny_llama", "pool=tiny", "dataset.limit=1", "decoding.max_new_tokens=10", "warmup.max_new_tokens=2",
-        "methods=[autoregressive,fixed:*,selector:ucb]"]
+EVAL = [
+    "target=tiny_llama",
+    "pool=tiny",
+    "dataset.limit=1",
+    "decoding.max_new_tokens=10",
+    "warmup.max_new_tokens=2",
+    "methods=[autoregressive,fixed:*,selector:ucb]",
+]
 EVAL_CASES = {
     "greedy": EVAL,
     "sampling": EVAL + ["decoding=sampling", "decoding.max_new_tokens=10", "decoding.top_k=8", "seed=3"],
 }
-CASCADES = ["target=tiny_llama", "pool=tiny", "drafter_arm=early_exit_1", "dataset.limit=1",
-            "decoding.max_new_tokens=10", "warmup.max_new_tokens=2", "rules=[chow,token_v3]",
-            "alphas.chow=[0.5,1.0]", "alphas.token_v3=[-1.0,0.5]"]
-BENCH = ["target=tiny_llama", "pool=tiny", "dataset.limit=1", "decoding.max_new_tokens=8", "warmup.max_new_tokens=2"]
+CASCADES = [
+    "target=tiny_llama",
+    "pool=tiny",
+    "drafter_arm=early_exit_1",
+    "dataset.limit=1",
+    "decoding.max_new_tokens=10",
+    "warmup.max_new_tokens=2",
+    "rules=[chow,token_v3]",
+    "alphas.chow=[0.5,1.0]",
+    "alphas.token_v3=[-1.0,0.5]",
+]
+BENCH = [
+    "target=tiny_llama",
+    "pool=tiny",
+    "dataset.limit=1",
+    "decoding.max_new_tokens=8",
+    "warmup.max_new_tokens=2",
+]
 
 
 @pytest.mark.parametrize("how", ["interrupt", "orphan_rounds"])
@@ -163,8 +199,17 @@ def test_bench_resume_equals_a_whole_run(whole_runs, tmp_path, monkeypatch):
     whole = whole_runs("bench", bench.run, "bench", BENCH)
     n = len(lines(whole / "bench.jsonl"))
     assert n >= 8
-    resumed = resumed_run(bench.run, "bench", BENCH, tmp_path / "run", monkeypatch, "interrupt", owner=JsonlWriter,
-                          attr="write", n=n // 2)
+    resumed = resumed_run(
+        bench.run,
+        "bench",
+        BENCH,
+        tmp_path / "run",
+        monkeypatch,
+        "interrupt",
+        owner=JsonlWriter,
+        attr="write",
+        n=n // 2,
+    )
     assert_same_records(whole, resumed, files=("bench.jsonl",))
     assert_same_summary(whole, resumed, "bench.csv", keys=("method",))
 
@@ -174,15 +219,32 @@ SENTENCE = "A farmer has twelve cows and buys five more cows at the market. How 
 
 def test_train_drafter_resume_equals_a_whole_run(tmp_path, monkeypatch):
     toy = tmp_path / "toy.jsonl"
-    toy.write_text("".join(json.dumps({"question": f"Case {i}. {SENTENCE}", "answer": "#### 17"}) + "\n"
-                           for i in range(24)))
+    toy.write_text(
+        "".join(
+            json.dumps({"question": f"Case {i}. {SENTENCE}", "answer": "#### 17"}) + "\n" for i in range(24)
+        )
+    )
 
     def overrides(out):
-        return ["target=tiny_llama", "dataset=gsm8k", f"dataset.path={toy}", "dataset.limit=16",
-                "train.responses=target", "train.max_new_tokens=8", "train.epochs=4", "train.lr=0.003",
-                "train.val_examples=3", "drafter.vocab=120", f"out={out}",
-                f"+eval_sets.toy={{format: gsm8k, task: math, path: {toy}, offset: 16, limit: 4}}",
-                "~eval_sets.math", "~eval_sets.summarization", "~eval_sets.translation", "~eval_sets.chat", "~eval_sets.code"]
+        return [
+            "target=tiny_llama",
+            "dataset=gsm8k",
+            f"dataset.path={toy}",
+            "dataset.limit=16",
+            "train.responses=target",
+            "train.max_new_tokens=8",
+            "train.epochs=4",
+            "train.lr=0.003",
+            "train.val_examples=3",
+            "drafter.vocab=120",
+            f"out={out}",
+            f"+eval_sets.toy={{format: gsm8k, task: math, path: {toy}, offset: 16, limit: 4}}",
+            "~eval_sets.math",
+            "~eval_sets.summarization",
+            "~eval_sets.translation",
+            "~eval_sets.chat",
+            "~eval_sets.code",
+        ]
 
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     train_drafter.run(cfg_of("train_drafter", overrides(whole)), tmp_path / "r1")
@@ -200,8 +262,9 @@ def test_train_drafter_resume_equals_a_whole_run(tmp_path, monkeypatch):
     untimed = lambda path: pd.read_csv(path).drop(columns=["seconds"])  # noqa: E731 - an epoch's wall time
     pd.testing.assert_frame_equal(untimed(whole / "history.csv"), untimed(parts / "history.csv"))
     unnamed = lambda d: {k: v for k, v in d.items() if k not in ("head", "seconds")}  # noqa: E731 - its name, wall times
-    assert unnamed(json.loads((whole / "metrics.json").read_text())) == \
-        unnamed(json.loads((parts / "metrics.json").read_text()))
-    assert unnamed(json.loads((whole / "config.json").read_text())["specbench"]) == \
-        unnamed(json.loads((parts / "config.json").read_text())["specbench"])
-
+    assert unnamed(json.loads((whole / "metrics.json").read_text())) == unnamed(
+        json.loads((parts / "metrics.json").read_text())
+    )
+    assert unnamed(json.loads((whole / "config.json").read_text())["specbench"]) == unnamed(
+        json.loads((parts / "config.json").read_text())["specbench"]
+    )

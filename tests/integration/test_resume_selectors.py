@@ -12,8 +12,15 @@ from specbench.configs import conf_dir
 from specbench.errors import SpecbenchError
 from specbench.pipelines import evaluate
 
-TINY = ["target=tiny_llama", "pool=tiny", "dataset.limit=1", "decoding.max_new_tokens=6", "warmup.max_new_tokens=0",
-        "selector=ucb", "methods=[autoregressive,selector]"]
+TINY = [
+    "target=tiny_llama",
+    "pool=tiny",
+    "dataset.limit=1",
+    "decoding.max_new_tokens=6",
+    "warmup.max_new_tokens=0",
+    "selector=ucb",
+    "methods=[autoregressive,selector]",
+]
 
 
 def config(*overrides):

@@ -25,18 +25,44 @@ from specbench.pipelines.session.run_dir import CLAIM_FILE, RunDirTaken, lock_ru
 from specbench.pipelines.session.run_records import Records
 from specbench.records import atomic_path, files_fingerprint, read_jsonl
 
-QUICK = ["target=tiny_llama", "pool=none", "dataset.limit=1", "decoding.max_new_tokens=4", "warmup.max_new_tokens=0",
-         "methods=[autoregressive]"]
-TWO = ["target=tiny_llama", "pool=tiny", "dataset.limit=1", "decoding.max_new_tokens=8", "warmup.max_new_tokens=0",
-       "methods=[autoregressive,fixed:quantized]"]
-COLLECT = ["target=tiny_llama", "pool=tiny", "dataset.limit=1", "decoding.max_new_tokens=4", "warmup.max_new_tokens=0",
-           "collect.max_new_tokens=4"]
-CASCADES = ["target=tiny_llama", "pool=tiny", "dataset.limit=1", "decoding.max_new_tokens=8", "warmup.max_new_tokens=0",
-            "rules=[chow,lossy_sd]"]
+QUICK = [
+    "target=tiny_llama",
+    "pool=none",
+    "dataset.limit=1",
+    "decoding.max_new_tokens=4",
+    "warmup.max_new_tokens=0",
+    "methods=[autoregressive]",
+]
+TWO = [
+    "target=tiny_llama",
+    "pool=tiny",
+    "dataset.limit=1",
+    "decoding.max_new_tokens=8",
+    "warmup.max_new_tokens=0",
+    "methods=[autoregressive,fixed:quantized]",
+]
+COLLECT = [
+    "target=tiny_llama",
+    "pool=tiny",
+    "dataset.limit=1",
+    "decoding.max_new_tokens=4",
+    "warmup.max_new_tokens=0",
+    "collect.max_new_tokens=4",
+]
+CASCADES = [
+    "target=tiny_llama",
+    "pool=tiny",
+    "dataset.limit=1",
+    "decoding.max_new_tokens=8",
+    "warmup.max_new_tokens=0",
+    "rules=[chow,lossy_sd]",
+]
 
 
 def specbench(*args):
-    return subprocess.run([sys.executable, "-m", "specbench.cli", *args], capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "specbench.cli", *args], capture_output=True, text=True, timeout=600
+    )
 
 
 def cfg_of(name: str, overrides: list[str]):
@@ -86,7 +112,9 @@ def test_a_refused_run_leaves_the_holders_hydra_record_and_a_run_writes_its_own(
 def test_default_run_directories_are_unique_to_the_microsecond():
     from omegaconf import OmegaConf
 
-    run_dirs = OmegaConf.to_container(OmegaConf.load(Path(conf_dir()) / "hydra" / "run_dirs.yaml"), resolve=False)
+    run_dirs = OmegaConf.to_container(
+        OmegaConf.load(Path(conf_dir()) / "hydra" / "run_dirs.yaml"), resolve=False
+    )
     assert run_dirs["run"]["dir"].endswith("%f}") and run_dirs["sweep"]["dir"].endswith("%f}")
     assert run_dirs["output_subdir"] is None
 
@@ -150,13 +178,29 @@ def test_train_drafter_interrupted_inside_the_state_write_resumes_from_the_last_
     from specbench.pipelines import train_drafter
 
     toy = tmp_path / "toy.jsonl"
-    write_jsonl(toy, [{"question": f"Case {i}. How many cows are there now?", "answer": "#### 17"} for i in range(12)])
+    write_jsonl(
+        toy, [{"question": f"Case {i}. How many cows are there now?", "answer": "#### 17"} for i in range(12)]
+    )
 
     def config(out, epochs):
-        return cfg_of("train_drafter", [
-            "target=tiny_llama", "dataset=gsm8k", f"dataset.path={toy}", "dataset.limit=12", "train.epochs=" + str(epochs),
-            "train.val_examples=2", "drafter.vocab=120", f"out={out}", "~eval_sets.math", "~eval_sets.summarization",
-            "~eval_sets.translation", "~eval_sets.chat", "~eval_sets.code"])
+        return cfg_of(
+            "train_drafter",
+            [
+                "target=tiny_llama",
+                "dataset=gsm8k",
+                f"dataset.path={toy}",
+                "dataset.limit=12",
+                "train.epochs=" + str(epochs),
+                "train.val_examples=2",
+                "drafter.vocab=120",
+                f"out={out}",
+                "~eval_sets.math",
+                "~eval_sets.summarization",
+                "~eval_sets.translation",
+                "~eval_sets.chat",
+                "~eval_sets.code",
+            ],
+        )
 
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     train_drafter.run(config(whole, 3), tmp_path / "r1")
@@ -173,7 +217,9 @@ def test_train_drafter_interrupted_inside_the_state_write_resumes_from_the_last_
     with pytest.raises(KeyboardInterrupt):
         train_drafter.run(config(parts, 3), tmp_path / "r2")
     monkeypatch.undo()
-    assert torch.load(parts / "state.pt", weights_only=False)["epoch"] == 1  # the last finished epoch survived
+    assert (
+        torch.load(parts / "state.pt", weights_only=False)["epoch"] == 1
+    )  # the last finished epoch survived
     train_drafter.run(config(parts, 3), tmp_path / "r3")  # resumes at epoch 2
     a, b = load_file(str(whole / "model.safetensors")), load_file(str(parts / "model.safetensors"))
     for k in a:
@@ -187,11 +233,20 @@ def test_an_eval_resume_refuses_records_of_a_changed_data_file(tmp_path):
     """Repro: eval on probe/q.jsonl, replace its three questions, rerun: "resuming: 3 finished generations"."""
     data = tmp_path / "q.jsonl"
     write_jsonl(data, [{"question": f"What is {i} plus {i}?", "answer": f"#### {2 * i}"} for i in range(3)])
-    args = ["target=tiny_llama", "pool=tiny", "decoding.max_new_tokens=8", "dataset=gsm8k", f"dataset.path={data}",
-            "methods=[autoregressive]", "warmup.max_new_tokens=0"]
+    args = [
+        "target=tiny_llama",
+        "pool=tiny",
+        "decoding.max_new_tokens=8",
+        "dataset=gsm8k",
+        f"dataset.path={data}",
+        "methods=[autoregressive]",
+        "warmup.max_new_tokens=0",
+    ]
     d = tmp_path / "st"
     evaluate.run(cfg_of("eval", args), d)
-    write_jsonl(data, [{"question": f"How many legs do {i} cats have?", "answer": f"#### {4 * i}"} for i in range(3)])
+    write_jsonl(
+        data, [{"question": f"How many legs do {i} cats have?", "answer": f"#### {4 * i}"} for i in range(3)]
+    )
     with pytest.raises(SpecbenchError, match="other inputs than this run's") as err:
         evaluate.run(cfg_of("eval", args), d)
     assert "content changed" in err.value.problem and "overwrite=true" in err.value.fix
@@ -220,8 +275,9 @@ def test_a_retrained_drafter_checkpoint_is_not_resumed(tmp_path):
     after = files_fingerprint(ckpt)
     assert after != before
 
-    q = SimpleNamespace(id="q0", task="math", fields={"question": "x"}, turns=[], reference="1", category=None,
-                        kind="gsm8k")
+    q = SimpleNamespace(
+        id="q0", task="math", fields={"question": "x"}, turns=[], reference="1", category=None, kind="gsm8k"
+    )
     gen = Generation(tokens=[1, 2], rounds=[])
     d = tmp_path / "run"
     with Records(d, queries=[q], drafters={"eagle": before}) as records:
@@ -245,7 +301,10 @@ def test_hf_and_eagle_drafters_from_a_directory_have_a_fingerprint(tmp_path):
     built = hf.build(target, "hf", str(local))
     assert built.fingerprint == files_fingerprint(local) is not None
     assert hf.build(target, "hf", "embedded:tiny_llama_draft").fingerprint is None  # fixed by its name
-    assert "drafter.fingerprint = files_fingerprint" in (Path(hf.__file__).parent / "eagle" / "eagle1.py").read_text()
+    assert (
+        "drafter.fingerprint = files_fingerprint"
+        in (Path(hf.__file__).parent / "eagle" / "eagle1.py").read_text()
+    )
 
 
 # ------------------------------------------------------------------------ 6. orphan rounds
@@ -298,8 +357,18 @@ def test_spec_bench_accept_lengths_sum_to_the_new_tokens_after_a_resume(tmp_path
             choice = line["choices"][0]
             assert sum(choice["accept_lengths"]) == sum(choice["new_tokens"]), (f.name, line["question_id"])
     # a directory damaged before the fix: the answer file keeps each generation's own last rounds
-    examples = [{"query_id": "q1", "method": "m", "task": "t", "text": "", "target_calls": 2, "new_tokens": 3,
-                 "seconds": 1.0, "rounds": 2}]
+    examples = [
+        {
+            "query_id": "q1",
+            "method": "m",
+            "task": "t",
+            "text": "",
+            "target_calls": 2,
+            "new_tokens": 3,
+            "seconds": 1.0,
+            "rounds": 2,
+        }
+    ]
     rounds = [{"query_id": "q1", "method": "m", "emitted": n} for n in (2, 1, 2, 1)]
     assert spec_bench.answers(examples, rounds, "x")["m"][0]["choices"][0]["accept_lengths"] == [2, 1]
 
@@ -310,11 +379,15 @@ def test_spec_bench_accept_lengths_sum_to_the_new_tokens_after_a_resume(tmp_path
 def test_train_policy_refuses_an_incomplete_collection(tmp_path):
     """Repro: collect shard 0 of 3, then train-policy on it (trained silently)."""
     sh = tmp_path / "sh"
-    collect.run(cfg_of("collect", [*COLLECT, "dataset.limit=2", "collect.shard=0", "collect.num_shards=3"]), sh)
+    collect.run(
+        cfg_of("collect", [*COLLECT, "dataset.limit=2", "collect.shard=0", "collect.num_shards=3"]), sh
+    )
     args = [f"data={sh}", "train.val_fraction=0.67", "train.epochs=2"]
     with pytest.raises(SpecbenchError, match="incomplete") as err:
         train_policy.run(cfg_of("train_policy", args), tmp_path / "tp")
-    assert "rows-00001-of-00003.jsonl" in err.value.problem and "rows-00002-of-00003.jsonl" in err.value.problem
+    assert (
+        "rows-00001-of-00003.jsonl" in err.value.problem and "rows-00002-of-00003.jsonl" in err.value.problem
+    )
     assert "train.allow_incomplete=true" in err.value.fix and "specbench collect" in err.value.fix
     assert not (tmp_path / "tp" / "policy.pt").exists()
     train_policy.run(cfg_of("train_policy", [*args, "train.allow_incomplete=true"]), tmp_path / "tp2")
@@ -332,9 +405,13 @@ def test_train_policy_refuses_a_collect_that_stopped_early(tmp_path):
     with pytest.raises(SpecbenchError, match="is incomplete") as err:  # issue 45: merge looks too
         collected.merge([str(cl)], merged)
     assert "--allow-incomplete" in err.value.fix
-    collected.merge([str(cl)], merged, allow_incomplete=True)  # kept the size: refused the same way downstream
+    collected.merge(
+        [str(cl)], merged, allow_incomplete=True
+    )  # kept the size: refused the same way downstream
     with pytest.raises(SpecbenchError, match="incomplete"):
-        train_policy.run(cfg_of("train_policy", [f"data={merged}", "train.val_fraction=0.5"]), tmp_path / "tp3")
+        train_policy.run(
+            cfg_of("train_policy", [f"data={merged}", "train.val_fraction=0.5"]), tmp_path / "tp3"
+        )
 
 
 # ------------------------------------------------------------------------ 8. one command per directory
@@ -347,9 +424,14 @@ def test_another_commands_run_into_a_directory_is_refused(tmp_path):
     collect.run(cfg_of("collect", COLLECT), cl)
     assert run_command(ev) == "eval" and run_command(cl) == "collect"
     summary, config = (ev / "summary.md").read_text(), (ev / "config.yaml").read_text()
-    res = specbench("train-policy", f"data={cl}", "train.epochs=3", "train.val_fraction=0.5", f"hydra.run.dir={ev}")
+    res = specbench(
+        "train-policy", f"data={cl}", "train.epochs=3", "train.val_fraction=0.5", f"hydra.run.dir={ev}"
+    )
     assert res.returncode == 2, res.stderr[-3000:]
-    assert "belongs to `specbench eval`" in res.stderr and "`specbench train-policy` cannot run into it" in res.stderr
+    assert (
+        "belongs to `specbench eval`" in res.stderr
+        and "`specbench train-policy` cannot run into it" in res.stderr
+    )
     assert "fix:" in res.stderr and "hydra.run.dir=<another directory>" in res.stderr
     with pytest.raises(RunDirTaken, match="belongs to `specbench eval`"):
         collect.run(cfg_of("collect", COLLECT), ev)
@@ -359,7 +441,9 @@ def test_another_commands_run_into_a_directory_is_refused(tmp_path):
     from specbench.pipelines.session.run_dir import lock_run_dir
 
     with pytest.raises(RunDirTaken, match="belongs to `specbench eval`") as err:
-        lock_run_dir(ev, "train-drafter", fix="wait for that run to finish", elsewhere="out=<another directory>")
+        lock_run_dir(
+            ev, "train-drafter", fix="wait for that run to finish", elsewhere="out=<another directory>"
+        )
     assert "out=<another directory>" in err.value.fix and "wait" not in err.value.fix
 
 
@@ -367,15 +451,34 @@ def test_another_commands_run_into_a_directory_is_refused(tmp_path):
 
 
 def example(q, method, seconds, process, tokens=4):
-    return {"query_id": q, "task": "t", "method": method, "output_ids": [1] * tokens, "text": "", "new_tokens": tokens,
-            "seconds": seconds, "target_calls": tokens, "rounds": tokens, "drafted": 0, "accepted": 0, "switches": 0,
-            "t_switch": 0.0, "stop": "length", "quality": {}, "process": process}
+    return {
+        "query_id": q,
+        "task": "t",
+        "method": method,
+        "output_ids": [1] * tokens,
+        "text": "",
+        "new_tokens": tokens,
+        "seconds": seconds,
+        "target_calls": tokens,
+        "rounds": tokens,
+        "drafted": 0,
+        "accepted": 0,
+        "switches": 0,
+        "t_switch": 0.0,
+        "stop": "length",
+        "quality": {},
+        "process": process,
+    }
 
 
 def test_speedups_pair_only_timings_of_one_process():
     """Repro: a resumed run's summarization sd showed 0.006x (against 1.134x clean), with no note."""
-    recs = [example("q1", "autoregressive", 1.0, "a"), example("q1", "fixed:x", 0.5, "a"),
-            example("q2", "autoregressive", 1.0, "a"), example("q2", "fixed:x", 0.001, "b")]  # q2's method: resumed
+    recs = [
+        example("q1", "autoregressive", 1.0, "a"),
+        example("q1", "fixed:x", 0.5, "a"),
+        example("q2", "autoregressive", 1.0, "a"),
+        example("q2", "fixed:x", 0.001, "b"),
+    ]  # q2's method: resumed
     table = tables.summarize(recs)
     row = table[(table.task == "all") & (table.method == "fixed:x")].iloc[0]
     assert row.speedup == pytest.approx(2.0) and row.paired == 1 and row.n_examples == 2
@@ -399,8 +502,11 @@ def test_eval_records_carry_their_process_and_fingerprints(tmp_path):
 
 def test_cascades_curves_of_a_run_stopped_before_a_tasks_baseline(cascade_run, tmp_path):
     """Repro: Ctrl-C at 12 of 27 generations: `ValueError: Encountered all NA values` in best_at_loss, no curves."""
-    examples = [r for r in jsonl(cascade_run / "examples.jsonl")
-                if not (r["task"] == "math" and r["method"] == "autoregressive")]
+    examples = [
+        r
+        for r in jsonl(cascade_run / "examples.jsonl")
+        if not (r["task"] == "math" and r["method"] == "autoregressive")
+    ]
     rounds = jsonl(cascade_run / "rounds.jsonl")
     table = cascades.curves(examples, rounds)
     assert table[table.task == "math"].speedup.isna().all()
@@ -429,8 +535,10 @@ def test_a_typo_in_a_method_is_refused_before_any_model_loads(tmp_path, monkeypa
         raise AssertionError("the session (target, pool) was opened before the methods were checked")
 
     monkeypatch.setattr(core.Session, "open", classmethod(never))
-    for methods, problem in (("methods=[tree:prompt_lookup+quantised]", "no arm named quantised"),
-                             ("methods=[selector]", "no drafter named 'suffx'")):
+    for methods, problem in (
+        ("methods=[tree:prompt_lookup+quantised]", "no arm named quantised"),
+        ("methods=[selector]", "no drafter named 'suffx'"),
+    ):
         extra = ["selector=budget", "selector.retrieval=suffx"] if methods == "methods=[selector]" else []
         with pytest.raises(SpecbenchError, match=problem):
             evaluate.run(cfg_of("eval", [*TWO[:-1], methods, *extra]), tmp_path / "e")

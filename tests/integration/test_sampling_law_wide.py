@@ -65,9 +65,13 @@ SEARCH = SamplingParams(temperature=1.0, top_k=3)  # the setting the prompts are
 # chi-square: critical values and power (regularised incomplete gamma, no scipy)
 # ---------------------------------------------------------------------------------------------
 
+
 def chi2_sf(x: float, df: int) -> float:
-    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64),
-                                         torch.tensor(x / 2.0, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(
+            torch.tensor(df / 2.0, dtype=torch.float64), torch.tensor(x / 2.0, dtype=torch.float64)
+        )
+    )
 
 
 def chi2_critical(df: int, alpha: float = ALPHA) -> float:
@@ -107,6 +111,7 @@ def test_power_claim():
 # the exact law and the verdict
 # ---------------------------------------------------------------------------------------------
 
+
 def exact_law(target, prompt: list[int], sampling: SamplingParams, n: int = LAW_TOKENS) -> dict[tuple, float]:
     """``{(x1, .., xn): p(x1) p(x2 | x1) ..}`` over the processed target distributions."""
     law = {(): 1.0}
@@ -115,8 +120,11 @@ def exact_law(target, prompt: list[int], sampling: SamplingParams, n: int = LAW_
             prefixes = list(law)
             batch = torch.tensor([prompt + list(s) for s in prefixes])
             probs = logits_to_probs(target.model(batch).logits[:, -1], sampling)
-            law = {s + (x,): law[s] * float(probs[row, x])
-                   for row, s in enumerate(prefixes) for x in probs[row].nonzero().flatten().tolist()}
+            law = {
+                s + (x,): law[s] * float(probs[row, x])
+                for row, s in enumerate(prefixes)
+                for x in probs[row].nonzero().flatten().tolist()
+            }
     assert sum(law.values()) == pytest.approx(1.0, abs=1e-5)
     return law
 
@@ -134,13 +142,20 @@ def law_verdict(counts: Counter, law: dict, runs: int) -> dict:
         cells += 1
     crit = chi2_critical(max(cells - 1, 1))
     tv = 0.5 * sum(abs(counts.get(k, 0) / runs - law.get(k, 0.0)) for k in set(law) | set(counts))
-    return {"ok": not outside and cells >= 3 and stat < crit, "outside": outside, "stat": stat, "crit": crit,
-            "df": cells - 1, "tv": tv}
+    return {
+        "ok": not outside and cells >= 3 and stat < crit,
+        "outside": outside,
+        "stat": stat,
+        "crit": crit,
+        "df": cells - 1,
+        "tv": tv,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
 # setup: pool, prompts, selectors
 # ---------------------------------------------------------------------------------------------
+
 
 class EveryRound(Selector):
     """Switches drafter every round (round robin, continuing across queries)."""
@@ -176,47 +191,75 @@ def law_setup(tiny_llama_target):
     partly (TV nearest 0.5 among seeded candidates), so both acceptance and rejection are common;
     for the mutants' drafter (dynamic int8), the candidate where both mutants stray farthest."""
     target = tiny_llama_target
-    pool = build_pool(target, {
-        "hf": {"_target_": "specbench.drafters.hf.build", "model": "embedded:tiny_llama_draft"},
-        "quantized_dynamic": {"_target_": "specbench.drafters.quantized.build"},
-        "quantized_weight": {"_target_": "specbench.drafters.quantized.build", "scheme": "weight_int8"},
-        "early_exit": {"_target_": "specbench.drafters.early_exit.build", "layers": 3},
-        "prompt_lookup": {"_target_": "specbench.drafters.prompt_lookup.build"},
-    })
+    pool = build_pool(
+        target,
+        {
+            "hf": {"_target_": "specbench.drafters.hf.build", "model": "embedded:tiny_llama_draft"},
+            "quantized_dynamic": {"_target_": "specbench.drafters.quantized.build"},
+            "quantized_weight": {"_target_": "specbench.drafters.quantized.build", "scheme": "weight_int8"},
+            "early_exit": {"_target_": "specbench.drafters.early_exit.build", "layers": 3},
+            "prompt_lookup": {"_target_": "specbench.drafters.prompt_lookup.build"},
+        },
+    )
     tok = target.tokenizer
-    words = "the a of to and in is it you that he was for on are with as I his they be at one have this".split()
+    words = (
+        "the a of to and in is it you that he was for on are with as I his they be at one have this".split()
+    )
     rnd = random.Random(0)
     candidates = [tok(" ".join(rnd.choices(words, k=rnd.randint(2, 6))))["input_ids"] for _ in range(300)]
     with torch.inference_mode():
         p_first = [logits_to_probs(target.model(torch.tensor([c])).logits[0, -1], SEARCH) for c in candidates]
     prompts = {}
     for name in ("hf", "quantized_dynamic", "quantized_weight", "early_exit"):
-        tvs = [0.5 * float((p - first_position(pool[name], c, SEARCH)).abs().sum())
-               for c, p in zip(candidates, p_first)]
+        tvs = [
+            0.5 * float((p - first_position(pool[name], c, SEARCH)).abs().sum())
+            for c, p in zip(candidates, p_first)
+        ]
         best = min(range(len(candidates)), key=lambda i: abs(tvs[i] - 0.5))
         prompts[name] = candidates[best]
     # the mutants' drafter: the prompt where both mutants' exact first-token laws are farthest from p
     mutant_sampling = SETTINGS[MUTANT_SETTING]
     with torch.inference_mode():
-        p_mut = [logits_to_probs(target.model(torch.tensor([c])).logits[0, -1], mutant_sampling) for c in candidates]
+        p_mut = [
+            logits_to_probs(target.model(torch.tensor([c])).logits[0, -1], mutant_sampling)
+            for c in candidates
+        ]
     drafter = pool[MUTANT_ARM]
-    shifts = [min(first_token_tv_p_residual(p, first_position(drafter, c, mutant_sampling)),
-                  first_token_tv_untempered(p, first_position(drafter, c, mutant_sampling),
-                                            first_position(drafter, c, replace(mutant_sampling, temperature=1.0))))
-              for c, p in zip(candidates, p_mut)]
+    shifts = [
+        min(
+            first_token_tv_p_residual(p, first_position(drafter, c, mutant_sampling)),
+            first_token_tv_untempered(
+                p,
+                first_position(drafter, c, mutant_sampling),
+                first_position(drafter, c, replace(mutant_sampling, temperature=1.0)),
+            ),
+        )
+        for c, p in zip(candidates, p_mut)
+    ]
     prompts[MUTANT_ARM] = candidates[max(range(len(candidates)), key=shifts.__getitem__)]
     prompts["switching"] = prompts["early_exit"]  # the switching selector: where the early exit overlaps best
     return target, pool, prompts
 
 
-def sample_sequences(target, pool, selector, prompt, sampling, draft_length, runs=RUNS, seed=1234, tiny_decode=None):
+def sample_sequences(
+    target, pool, selector, prompt, sampling, draft_length, runs=RUNS, seed=1234, tiny_decode=None
+):
     """``runs`` generations of ``draft_length + 1`` tokens; the first LAW_TOKENS of each, counted."""
     rng = torch.Generator().manual_seed(seed)
     counts: Counter = Counter()
     stats = Counter()
     for _ in range(runs):
-        gen = tiny_decode(target, pool, selector, prompt, max_new_tokens=draft_length + 1,
-                          draft_length=draft_length, sampling=sampling, eos_ids=frozenset(), rng=rng)
+        gen = tiny_decode(
+            target,
+            pool,
+            selector,
+            prompt,
+            max_new_tokens=draft_length + 1,
+            draft_length=draft_length,
+            sampling=sampling,
+            eos_ids=frozenset(),
+            rng=rng,
+        )
         assert len(gen.tokens) == draft_length + 1 and gen.stop == "length"
         first = gen.rounds[0]
         if first.arm != "prompt_lookup":
@@ -241,39 +284,55 @@ def check(counts, law, runs=RUNS):
 # ---------------------------------------------------------------------------------------------
 
 GRID = [  # (drafter, setting, draft length); only the first is in the fast set
-    ("quantized_dynamic", "t0.7", 2), ("hf", "t1.3", 3), ("quantized_weight", "top_p0.9", 3),
-    ("hf", "t0.7", 2), ("hf", "top_p0.9", 2),
-    ("quantized_dynamic", "t1.3", 3), ("quantized_dynamic", "top_p0.9", 3),
-    ("quantized_weight", "t0.7", 2), ("quantized_weight", "t1.3", 2),
+    ("quantized_dynamic", "t0.7", 2),
+    ("hf", "t1.3", 3),
+    ("quantized_weight", "top_p0.9", 3),
+    ("hf", "t0.7", 2),
+    ("hf", "top_p0.9", 2),
+    ("quantized_dynamic", "t1.3", 3),
+    ("quantized_dynamic", "top_p0.9", 3),
+    ("quantized_weight", "t0.7", 2),
+    ("quantized_weight", "t1.3", 2),
 ]
 FAST = 1  # dynamic int8 (21 s for hf's case: in the slow set, with the weight-int8 drafter, almost the target itself)
 
 
-@pytest.mark.parametrize("arm, setting, draft_length", [
-    pytest.param(*case, marks=() if i < FAST else pytest.mark.slow, id=f"{case[0]}-{case[1]}-k{case[2]}")
-    for i, case in enumerate(GRID)])
+@pytest.mark.parametrize(
+    "arm, setting, draft_length",
+    [
+        pytest.param(*case, marks=() if i < FAST else pytest.mark.slow, id=f"{case[0]}-{case[1]}-k{case[2]}")
+        for i, case in enumerate(GRID)
+    ],
+)
 def test_three_token_law(law_setup, tiny_decode, arm, setting, draft_length):
     target, pool, prompts = law_setup
     sampling, prompt = SETTINGS[setting], prompts[arm]
     law = exact_law(target, prompt, sampling)
     if setting == "top_p0.9":  # the nucleus cut bites: some conditional keeps fewer than top_k tokens
         assert len(law) < 27
-    counts, stats = sample_sequences(target, pool, arm, prompt, sampling, draft_length, tiny_decode=tiny_decode)
+    counts, stats = sample_sequences(
+        target, pool, arm, prompt, sampling, draft_length, tiny_decode=tiny_decode
+    )
     assert stats["rejected_first"] > 0  # verification was exercised, not only a draft accepted whole
     check(counts, law)
 
 
-@pytest.mark.parametrize("setting, draft_length", [
-    pytest.param("t0.7", 2, id="t0.7-k2"),
-    pytest.param("t1.3", 3, id="t1.3-k3", marks=pytest.mark.slow),
-    pytest.param("top_p0.9", 3, id="top_p0.9-k3", marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "setting, draft_length",
+    [
+        pytest.param("t0.7", 2, id="t0.7-k2"),
+        pytest.param("t1.3", 3, id="t1.3-k3", marks=pytest.mark.slow),
+        pytest.param("top_p0.9", 3, id="top_p0.9-k3", marks=pytest.mark.slow),
+    ],
+)
 def test_three_token_law_switching_every_round(law_setup, tiny_decode, setting, draft_length):
     target, pool, prompts = law_setup
     sampling, prompt = SETTINGS[setting], prompts["switching"]
     law = exact_law(target, prompt, sampling)
     selector = EveryRound(list(pool), SWITCHING)
-    counts, stats = sample_sequences(target, pool, selector, prompt, sampling, draft_length, tiny_decode=tiny_decode)
+    counts, stats = sample_sequences(
+        target, pool, selector, prompt, sampling, draft_length, tiny_decode=tiny_decode
+    )
     assert stats["switches"] > 0.2 * RUNS  # rounds after a rejection were played by another drafter
     assert selector.i == stats["rounds"]
     check(counts, law)
@@ -282,6 +341,7 @@ def test_three_token_law_switching_every_round(law_setup, tiny_decode, setting, 
 # ---------------------------------------------------------------------------------------------
 # mutations the law test must reject
 # ---------------------------------------------------------------------------------------------
+
 
 def verify_sampling_p_residual(draft, q, p, rng):
     """WRONG on purpose: speculative sampling that draws from the target's ``p`` after a rejection
@@ -339,9 +399,9 @@ def first_token_tv_untempered(p, q_t, q_1):
     return 0.5 * float((law - p).abs().sum())
 
 
-
-
-@pytest.mark.parametrize("mutation", ["p_as_residual", pytest.param("untempered_q", marks=pytest.mark.slow)])  # 14 s each
+@pytest.mark.parametrize(
+    "mutation", ["p_as_residual", pytest.param("untempered_q", marks=pytest.mark.slow)]
+)  # 14 s each
 def test_law_test_rejects_mutations(law_setup, tiny_decode, monkeypatch, mutation):
     target, pool, prompts = law_setup
     sampling, prompt = SETTINGS[MUTANT_SETTING], prompts[MUTANT_ARM]
@@ -354,7 +414,9 @@ def test_law_test_rejects_mutations(law_setup, tiny_decode, monkeypatch, mutatio
         shift = first_token_tv_p_residual(p, q_t)
         monkeypatch.setattr("specbench.decoding.rounds.verify_sampling", verify_sampling_p_residual)
     else:
-        shift = first_token_tv_untempered(p, q_t, first_position(drafter, prompt, replace(sampling, temperature=1.0)))
+        shift = first_token_tv_untempered(
+            p, q_t, first_position(drafter, prompt, replace(sampling, temperature=1.0))
+        )
         monkeypatch.setattr(ModelDrafter, "propose", propose_untempered_q)
     # the mutant's 3-token law is at least this far from the target's: within the test's power
     assert shift >= DETECTABLE_TV, f"mutant's first-token TV {shift:.3f}: the prompt does not separate it"

@@ -51,10 +51,13 @@ def sampling_setup(tiny_llama_target):
     identical to the target; neither would exercise both outcomes of the acceptance test).
     """
     target = tiny_llama_target
-    pool = build_pool(target, {
-        "early_exit": {"_target_": "specbench.drafters.early_exit.build", "layers": 3},
-        "prompt_lookup": {"_target_": "specbench.drafters.prompt_lookup.build"},
-    })
+    pool = build_pool(
+        target,
+        {
+            "early_exit": {"_target_": "specbench.drafters.early_exit.build", "layers": 3},
+            "prompt_lookup": {"_target_": "specbench.drafters.prompt_lookup.build"},
+        },
+    )
     tok = target.tokenizer
     pre, mid = tok("Sum: ")["input_ids"], tok(" is big; so")["input_ids"]
     a = tok("=")["input_ids"][0]
@@ -112,8 +115,17 @@ def test_two_token_law_matches_target(sampling_setup, tiny_decode, arm):
     counts: Counter = Counter()
     drafted = accepted = rounds = 0
     for _ in range(RUNS):
-        gen = tiny_decode(target, pool, arm, prompt, max_new_tokens=2, draft_length=4, sampling=SAMPLING,
-                          eos_ids=frozenset(), rng=rng)
+        gen = tiny_decode(
+            target,
+            pool,
+            arm,
+            prompt,
+            max_new_tokens=2,
+            draft_length=4,
+            sampling=SAMPLING,
+            eos_ids=frozenset(),
+            rng=rng,
+        )
         assert len(gen.tokens) == 2 and gen.stop == "length"
         assert gen.target_calls == len(gen.rounds)
         first = gen.rounds[0]
@@ -147,8 +159,17 @@ def test_two_token_law_with_both_drafts_in_one_tree(sampling_setup, tiny_decode)
     siblings = 0
     for _ in range(RUNS):
         tree = FixedTree(list(pool), ["early_exit", "prompt_lookup"])
-        gen = tiny_decode(target, pool, tree, prompt, max_new_tokens=2, draft_length=4, sampling=SAMPLING,
-                          eos_ids=frozenset(), rng=rng)
+        gen = tiny_decode(
+            target,
+            pool,
+            tree,
+            prompt,
+            max_new_tokens=2,
+            draft_length=4,
+            sampling=SAMPLING,
+            eos_ids=frozenset(),
+            rng=rng,
+        )
         assert len(gen.tokens) == 2 and gen.target_calls == len(gen.rounds)
         first = gen.rounds[0]
         assert first.members == ["early_exit", "prompt_lookup"] and first.tree_size in (1, 2)

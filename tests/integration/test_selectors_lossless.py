@@ -16,16 +16,23 @@ import torch
 from specbench.configs import group_options
 from specbench.pipelines.methods import parse_methods
 
-PROMPTS = ["The quick brown fox jumps over the lazy dog. The quick brown", "abc abc abc abc",
-           "Translate to German: the house is small.", "1 + 1 = 2, 2 + 2 = 4, 3 + 3 ="]
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog. The quick brown",
+    "abc abc abc abc",
+    "Translate to German: the house is small.",
+    "1 + 1 = 2, 2 + 2 = 4, 3 + 3 =",
+]
 MAX_NEW = 24
 DRAFT_LENGTH = 3
 SELECTORS = group_options("selector")
 # options whose drafter names are the real pools' (quantized, the retrieval drafter with memory, the generalist
 # head): the tiny pool's own (prompt lookup has no scores, so router_suffix's bar is 0 here)
-TINY_NAMES = {"fixed": {"arm": "quantized_dynamic"}, "budget": {"retrieval": "prompt_lookup"},
-              "router_sam": {"lookup": "prompt_lookup", "fallback": "hf", "min_match": 1},
-              "router_suffix": {"lookup": "prompt_lookup", "fallback": "hf", "min_expected": 0.0}}
+TINY_NAMES = {
+    "fixed": {"arm": "quantized_dynamic"},
+    "budget": {"retrieval": "prompt_lookup"},
+    "router_sam": {"lookup": "prompt_lookup", "fallback": "hf", "min_match": 1},
+    "router_suffix": {"lookup": "prompt_lookup", "fallback": "hf", "min_expected": 0.0},
+}
 
 
 def test_every_selector_config_is_covered():
@@ -43,20 +50,37 @@ def policy_root(setup, tmp_path):
     cfg = setup.model.config
     dim = int(getattr(cfg, "hidden_size", None) or cfg.d_model)
     arms = list(setup.pool)
-    policy = Policy(model=PolicyNet(dim, len(arms), generator=torch.Generator().manual_seed(3)),
-                    mean=torch.zeros(dim), std=torch.ones(dim), arms=arms)
+    policy = Policy(
+        model=PolicyNet(dim, len(arms), generator=torch.Generator().manual_seed(3)),
+        mean=torch.zeros(dim),
+        std=torch.ones(dim),
+        arms=arms,
+    )
     target = f"embedded:{setup.family}"
-    path = save_checkpoint(tmp_path / "policy.pt", policy, arms=arms, alpha=0.5, config={},
-                           embedding={"pooling": "mean", "source": "decoder_last_hidden", "dim": dim,
-                                      "target": target})
+    path = save_checkpoint(
+        tmp_path / "policy.pt",
+        policy,
+        arms=arms,
+        alpha=0.5,
+        config={},
+        embedding={"pooling": "mean", "source": "decoder_last_hidden", "dim": dim, "target": target},
+    )
     return OmegaConf.create({"policy": {"checkpoint": str(path)}, "target": {"model": target}})
 
 
 @pytest.fixture(scope="module")
 def autoregressive(tiny_setup, tiny_decode):
-    return [tiny_decode(tiny_setup.target, tiny_setup.pool, "autoregressive",
-                        tiny_setup.tokenizer(text)["input_ids"], max_new_tokens=MAX_NEW, draft_length=1).tokens
-            for text in PROMPTS]
+    return [
+        tiny_decode(
+            tiny_setup.target,
+            tiny_setup.pool,
+            "autoregressive",
+            tiny_setup.tokenizer(text)["input_ids"],
+            max_new_tokens=MAX_NEW,
+            draft_length=1,
+        ).tokens
+        for text in PROMPTS
+    ]
 
 
 @pytest.mark.parametrize("name", SELECTORS)
@@ -65,11 +89,14 @@ def test_selector_config_decodes_like_autoregressive(tiny_setup, tiny_decode, au
     root = policy_root(setup, tmp_path) if name == "policy" else None
     if name in TINY_NAMES:  # the options name pool keys of the real pools: the tiny pool's own
         from omegaconf import OmegaConf
+
         root = OmegaConf.create({"selector_overrides": TINY_NAMES[name]})
     methods = parse_methods([f"selector:{name}"], setup.pool, None, root=root)
     assert [m.name for m in methods][0] == "autoregressive" and len(methods) == 2
     selector = methods[1].make_selector()  # one selector for the whole stream, as a run keeps per method
-    if selector.trees and setup.target.is_encoder_decoder:  # token trees: decoder-only targets, refused up front
+    if (
+        selector.trees and setup.target.is_encoder_decoder
+    ):  # token trees: decoder-only targets, refused up front
         from specbench.errors import SpecbenchError
 
         with pytest.raises(SpecbenchError, match="needs a decoder-only target"):
@@ -77,8 +104,14 @@ def test_selector_config_decodes_like_autoregressive(tiny_setup, tiny_decode, au
         return
     played = set()
     for text, expected in zip(PROMPTS, autoregressive):
-        gen = tiny_decode(setup.target, setup.pool, selector, setup.tokenizer(text)["input_ids"],
-                          max_new_tokens=MAX_NEW, draft_length=DRAFT_LENGTH)
+        gen = tiny_decode(
+            setup.target,
+            setup.pool,
+            selector,
+            setup.tokenizer(text)["input_ids"],
+            max_new_tokens=MAX_NEW,
+            draft_length=DRAFT_LENGTH,
+        )
         assert gen.tokens == expected, (name, text)
         assert sum(r.emitted for r in gen.rounds) == len(gen.tokens)
         played |= {a for r in gen.rounds for a in (r.members or [r.arm])}  # a tree round plays its members

@@ -52,9 +52,11 @@ def run_case(name: str, command: str, stand_ins: StandIns, tmp_path):
             cfg.rules = [str(cfg.rules[0])]
     if command == "eval":
         from specbench.pipelines import evaluate
+
         evaluate.run(cfg, tmp_path / "run")
     else:
         from specbench.pipelines import cascades
+
         cascades.run(cfg, tmp_path / "run")
     examples = [json.loads(x) for x in (tmp_path / "run" / "examples.jsonl").read_text().splitlines()]
     return cfg, examples
@@ -63,9 +65,15 @@ def run_case(name: str, command: str, stand_ins: StandIns, tmp_path):
 def hf_greedy(model, ids: list[int], max_new: int, eos: int | None, encoder_decoder: bool) -> list[int]:
     x = torch.tensor([ids])
     with torch.inference_mode():
-        out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=max_new,
-                             eos_token_id=eos, pad_token_id=eos if eos is not None else 0)[0].tolist()
-    return out[1:] if encoder_decoder else out[len(ids):]
+        out = model.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            do_sample=False,
+            max_new_tokens=max_new,
+            eos_token_id=eos,
+            pad_token_id=eos if eos is not None else 0,
+        )[0].tolist()
+    return out[1:] if encoder_decoder else out[len(ids) :]
 
 
 @pytest.mark.parametrize("arch", [pytest.param(a, marks=pytest.mark.slow) if a in SLOW else a for a in CASES])
@@ -100,14 +108,22 @@ def test_stand_in_greedy_equality(arch, stand_ins, tmp_path, tiny_decode):
     from specbench.models import Target, load_model
 
     target = Target(load_model(str(cfg.target.model), dtype="float32", device="cpu"))
-    pool = build_pool(target, {"quantized": {"_target_": "specbench.drafters.quantized.build",
-                                             "scheme": "weight_int8"}})
+    pool = build_pool(
+        target, {"quantized": {"_target_": "specbench.drafters.quantized.build", "scheme": "weight_int8"}}
+    )
     tok = target.tokenizer
     eos = tok.eos_token_id
     for text in ("The quick brown fox jumps over the lazy dog. The quick brown", "abc abc abc abc"):
         ids = tok(text)["input_ids"]
         expected = hf_greedy(target.model, ids, MAX_NEW, eos, target.is_encoder_decoder)
         for arm in ("autoregressive", "quantized"):
-            gen = tiny_decode(target, pool, arm, ids, max_new_tokens=MAX_NEW, draft_length=4,
-                              eos_ids=frozenset() if eos is None else None)
+            gen = tiny_decode(
+                target,
+                pool,
+                arm,
+                ids,
+                max_new_tokens=MAX_NEW,
+                draft_length=4,
+                eos_ids=frozenset() if eos is None else None,
+            )
             assert gen.tokens == expected, (arch, arm, text)

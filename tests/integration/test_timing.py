@@ -54,6 +54,7 @@ def timed_run(tmp_path, monkeypatch):
             for c in clocks:
                 c.t += c.cost
             return method(self, *args, **kwargs)
+
         return forward
 
     original_decode = session_module.decode
@@ -63,7 +64,9 @@ def timed_run(tmp_path, monkeypatch):
         clock.cost = WARM_COST if warm else TIMED_COST
         start = clock.t
         gen = original_decode(target, pool, selector, prompt_ids, spec, *args, **kwargs)
-        log.append({"warm": warm, "span": clock.t - start, "tokens": list(gen.tokens), "seconds": gen.seconds})
+        log.append(
+            {"warm": warm, "span": clock.t - start, "tokens": list(gen.tokens), "seconds": gen.seconds}
+        )
         clock.cost = TIMED_COST
         return gen
 
@@ -72,10 +75,18 @@ def timed_run(tmp_path, monkeypatch):
     monkeypatch.setattr(Target, "prefill", advancing(Target.prefill))
     monkeypatch.setattr(Target, "score", advancing(Target.score))
     with initialize_config_dir(config_dir=conf_dir(), version_base=None):
-        cfg = compose(config_name="eval", overrides=[
-            "target=tiny_llama", "pool=tiny", "dataset.limit=1", "~dataset.sources.code",  # 4 queries x 4 methods
-            f"decoding.max_new_tokens={MAX_NEW}",
-            f"warmup.max_new_tokens={WARM}", "methods=[autoregressive,fixed:*]"])
+        cfg = compose(
+            config_name="eval",
+            overrides=[
+                "target=tiny_llama",
+                "pool=tiny",
+                "dataset.limit=1",
+                "~dataset.sources.code",  # 4 queries x 4 methods
+                f"decoding.max_new_tokens={MAX_NEW}",
+                f"warmup.max_new_tokens={WARM}",
+                "methods=[autoregressive,fixed:*]",
+            ],
+        )
     out = evaluate.run(cfg, tmp_path / "run")
     examples = [json.loads(x) for x in (out / "examples.jsonl").read_text().splitlines()]
     assert len(clocks) == 1, "the Session makes one clock"
@@ -115,4 +126,5 @@ def test_method_order_rotates_per_query(timed_run):
 def test_rotation_and_seeds():
     assert rotation(3, 0) == [0, 1, 2] and rotation(3, 1) == [1, 2, 0] and rotation(3, 5) == [2, 0, 1]
     from specbench.pipelines.session.schedule import seed_for
+
     assert len({seed_for(0, q, m) for q in range(5) for m in range(5)}) == 25  # one seed per (query, method)

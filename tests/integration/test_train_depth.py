@@ -33,7 +33,12 @@ from tests.integration.test_train_drafter import SENTENCE, config
 # teacher of commit fc0aa30 put back, the training code of that commit still gives the first checksum,
 # a2bd849df39494517fa6a84d1d5236d89a91f06e15e152fbd7a799ff68e5b0bc, so only the teacher's bits moved.
 BEFORE_UNROLL_SHA256 = "834a725f828d846adeebd4150278c6a510f1dcde8a28ccc387ec2c12e272be6d"
-CAPTURED_WITH = ("2.13.0+cpu", "5.24.0", "x86_64", "Intel(R) Xeon(R) Processor")  # the last: /proc/cpuinfo's model name
+CAPTURED_WITH = (
+    "2.13.0+cpu",
+    "5.24.0",
+    "x86_64",
+    "Intel(R) Xeon(R) Processor",
+)  # the last: /proc/cpuinfo's model name
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +80,13 @@ def test_unroll_1_is_the_training_from_before(heads):
     from specbench.pipelines.profile import cpu_name
 
     here = (torch.__version__, transformers.__version__, platform.machine(), cpu_name())
-    if here != CAPTURED_WITH:  # bitwise training results are only comparable on the build they were captured on
-        pytest.skip(f"the checksum was captured with torch/transformers/machine/CPU {CAPTURED_WITH}, this is {here} "
-                    "(an AMD EPYC of the same ISA rounds the training differently in the last bits)")
+    if (
+        here != CAPTURED_WITH
+    ):  # bitwise training results are only comparable on the build they were captured on
+        pytest.skip(
+            f"the checksum was captured with torch/transformers/machine/CPU {CAPTURED_WITH}, this is {here} "
+            "(an AMD EPYC of the same ISA rounds the training differently in the last bits)"
+        )
     assert digest(heads[1]) == BEFORE_UNROLL_SHA256
 
 
@@ -101,8 +110,11 @@ def test_unrolled_head_drafts_better_at_depth(heads):
 
 
 def test_unroll_and_noise_are_in_the_resume_signature(toy, heads, tmp_path):
-    for other in (("train.unroll=2",), ("train.feature_noise=0.1",),
-                  ("train.unroll=3", "train.unroll_weights=[1,0.5,0.25]")):
+    for other in (
+        ("train.unroll=2",),
+        ("train.feature_noise=0.1",),
+        ("train.unroll=3", "train.unroll_weights=[1,0.5,0.25]"),
+    ):
         with pytest.raises(SpecbenchError, match="another config"):
             train_drafter.run(depth_config(toy, heads[1], *other), tmp_path / "r")
     # a checkpoint whose signature predates the new keys resumes when they are at their old behaviour
@@ -134,8 +146,9 @@ def test_bad_depth_settings_are_refused(toy, tmp_path):
         with pytest.raises(SpecbenchError, match=bad.split("=")[0]):
             validate(depth_config(toy, tmp_path / "x", bad))
     with pytest.raises(SpecbenchError, match="unroll_weights"):
-        train_drafter.run(depth_config(toy, tmp_path / "y", "train.unroll=3", "train.unroll_weights=[1,1]"),
-                          tmp_path / "r")
+        train_drafter.run(
+            depth_config(toy, tmp_path / "y", "train.unroll=3", "train.unroll_weights=[1,1]"), tmp_path / "r"
+        )
 
 
 def test_lr_factor_is_a_pure_schedule():
@@ -160,6 +173,8 @@ def test_linear_schedule_resumes_to_the_whole_run_and_signs_its_epochs(toy, head
     assert digest(constant) != digest(whole)
     assert json.loads((whole / "config.json").read_text())["specbench"]["lr_schedule"] == "linear"
     with pytest.raises(SpecbenchError, match="another config"):
-        train_drafter.run(depth_config(toy, whole, "train.lr_schedule=linear", "train.epochs=4"), tmp_path / "r5")
+        train_drafter.run(
+            depth_config(toy, whole, "train.lr_schedule=linear", "train.epochs=4"), tmp_path / "r5"
+        )
     with pytest.raises(SpecbenchError, match="lr_schedule"):
         train_drafter.run(depth_config(toy, tmp_path / "bad", "train.lr_schedule=cosine"), tmp_path / "r6")

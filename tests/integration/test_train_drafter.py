@@ -34,13 +34,29 @@ def toy_file(tmp_path_factory):
 
 def config(toy_file, out, *overrides):
     with initialize_config_dir(config_dir=conf_dir(), version_base=None):
-        return compose(config_name="train_drafter", overrides=[
-            "target=tiny_llama", "dataset=gsm8k", f"dataset.path={toy_file}", "dataset.limit=30",
-            "train.responses=target", "train.max_new_tokens=12", "train.epochs=12", "train.lr=0.003",
-            "train.val_examples=4", "drafter.vocab=120", f"out={out}",
-            f"+eval_sets.toy={{format: gsm8k, task: math, path: {toy_file}, offset: 30, limit: 8}}",
-            "~eval_sets.math", "~eval_sets.summarization", "~eval_sets.translation", "~eval_sets.chat", "~eval_sets.code",
-            *overrides])
+        return compose(
+            config_name="train_drafter",
+            overrides=[
+                "target=tiny_llama",
+                "dataset=gsm8k",
+                f"dataset.path={toy_file}",
+                "dataset.limit=30",
+                "train.responses=target",
+                "train.max_new_tokens=12",
+                "train.epochs=12",
+                "train.lr=0.003",
+                "train.val_examples=4",
+                "drafter.vocab=120",
+                f"out={out}",
+                f"+eval_sets.toy={{format: gsm8k, task: math, path: {toy_file}, offset: 30, limit: 8}}",
+                "~eval_sets.math",
+                "~eval_sets.summarization",
+                "~eval_sets.translation",
+                "~eval_sets.chat",
+                "~eval_sets.code",
+                *overrides,
+            ],
+        )
 
 
 def test_trained_head_beats_an_untrained_one(toy_file, tmp_path):
@@ -49,7 +65,9 @@ def test_trained_head_beats_an_untrained_one(toy_file, tmp_path):
     for name in ("model.safetensors", "config.json", "history.csv", "metrics.json", "loss.png"):
         assert (out / name).exists(), name
     meta = json.loads((out / "config.json").read_text())["specbench"]
-    assert meta["kind"] == "eagle" and meta["target"] == "embedded:tiny_llama" and meta["sub_vocabulary"] == 120
+    assert (
+        meta["kind"] == "eagle" and meta["target"] == "embedded:tiny_llama" and meta["sub_vocabulary"] == 120
+    )
     assert meta["vocab"] and meta["epochs"] == 12 and meta["train_sequences"] > 0
     trained = json.loads((out / "metrics.json").read_text())["tasks"]["toy"]
 
@@ -75,23 +93,40 @@ def test_interrupted_run_resumes_to_the_same_weights(toy_file, tmp_path):
         train_drafter.run(config(toy_file, parts, "train.epochs=2"), tmp_path / "r4")
     assert "train.epochs=4" in err.value.fix
     # a decaying schedule's horizon is part of the recipe: the refusal names the key that changed
-    train_drafter.run(config(toy_file, tmp_path / "lin", "train.epochs=1", "train.lr_schedule=linear"), tmp_path / "r5")
+    train_drafter.run(
+        config(toy_file, tmp_path / "lin", "train.epochs=1", "train.lr_schedule=linear"), tmp_path / "r5"
+    )
     with pytest.raises(SpecbenchError, match=r"train.epochs: 1 -> 2"):
-        train_drafter.run(config(toy_file, tmp_path / "lin", "train.epochs=2", "train.lr_schedule=linear"), tmp_path / "r6")
+        train_drafter.run(
+            config(toy_file, tmp_path / "lin", "train.epochs=2", "train.lr_schedule=linear"), tmp_path / "r6"
+        )
 
 
 def test_no_usable_rows_is_a_clear_error(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"question": "q", "answer": ""}) + "\n")
     with pytest.raises(SpecbenchError, match="reference"):
-        train_drafter.run(config(bad, tmp_path / "h", "train.responses=reference", "dataset.limit=null"), tmp_path / "r")
+        train_drafter.run(
+            config(bad, tmp_path / "h", "train.responses=reference", "dataset.limit=null"), tmp_path / "r"
+        )
 
 
 # ---- drafter.kind=hf: fine-tuning an existing small model (the black-box case) --------------------------
 
+
 def hf_config(toy_file, out, *overrides, target="tiny_llama", draft="embedded:tiny_llama_draft"):
-    return config(toy_file, out, f"target={target}", "drafter.kind=hf", f"drafter.model={draft}",
-                  "train.lr=0.01", "train.epochs=10", "drafter.vocab=null", "train.batch_size=4", *overrides)
+    return config(
+        toy_file,
+        out,
+        f"target={target}",
+        "drafter.kind=hf",
+        f"drafter.model={draft}",
+        "train.lr=0.01",
+        "train.epochs=10",
+        "drafter.vocab=null",
+        "train.batch_size=4",
+        *overrides,
+    )
 
 
 @pytest.mark.parametrize("family,loss,epochs", [("llama", "kl", 10), ("llama", "ce", 10), ("t5", "ce", 20)])
@@ -100,9 +135,13 @@ def test_fine_tuned_drafter_beats_its_base_model(toy_file, tmp_path, family, los
     above the base model's (epochs=0: the base model's own agreement, same held-out rows)."""
     target, draft = f"tiny_{family}", f"embedded:tiny_{family}_draft"
     out, base = tmp_path / "ft", tmp_path / "base"
-    train_drafter.run(hf_config(toy_file, out, f"train.loss={loss}", f"train.epochs={epochs}", target=target,
-                                draft=draft), tmp_path / "r")
-    train_drafter.run(hf_config(toy_file, base, "train.epochs=0", target=target, draft=draft), tmp_path / "r0")
+    train_drafter.run(
+        hf_config(toy_file, out, f"train.loss={loss}", f"train.epochs={epochs}", target=target, draft=draft),
+        tmp_path / "r",
+    )
+    train_drafter.run(
+        hf_config(toy_file, base, "train.epochs=0", target=target, draft=draft), tmp_path / "r0"
+    )
     for name in ("model.safetensors", "config.json", "specbench.json", "history.csv", "metrics.json"):
         assert (out / name).exists(), name
     meta = json.loads((out / "specbench.json").read_text())
@@ -115,8 +154,9 @@ def test_fine_tuned_drafter_beats_its_base_model(toy_file, tmp_path, family, los
     assert tuned["expected_accepted"] > before["expected_accepted"]
 
 
-def test_fine_tuned_drafter_decodes_losslessly_and_refuses_another_target(toy_file, tmp_path, tiny_llama_target,
-                                                                         tiny_decode):
+def test_fine_tuned_drafter_decodes_losslessly_and_refuses_another_target(
+    toy_file, tmp_path, tiny_llama_target, tiny_decode
+):
     from specbench.decoding.drafter import AUTOREGRESSIVE, AutoregressiveArm
     from specbench.drafters.hf import build
 
@@ -130,8 +170,9 @@ def test_fine_tuned_drafter_decodes_losslessly_and_refuses_another_target(toy_fi
     assert sd.tokens == ar.tokens and sd.accepted > 0
 
     meta = json.loads((out / "specbench.json").read_text())
-    (out / "specbench.json").write_text(json.dumps({**meta, "target": "lmsys/vicuna-7b-v1.3",
-                                                    "vocab": "0123456789abcdef"}))
+    (out / "specbench.json").write_text(
+        json.dumps({**meta, "target": "lmsys/vicuna-7b-v1.3", "vocab": "0123456789abcdef"})
+    )
     with pytest.raises(SpecbenchError, match="vicuna-7b-v1.3") as err:
         build(tiny_llama_target, "ft", model=str(out))
     assert "tiny_llama" in err.value.problem
@@ -152,7 +193,9 @@ def test_hf_kind_needs_a_compatible_model(toy_file, tmp_path):
     with pytest.raises(SpecbenchError, match="drafter.model"):
         train_drafter.run(config(toy_file, tmp_path / "a", "drafter.kind=hf"), tmp_path / "r")
     with pytest.raises(SpecbenchError, match="not decoder-only"):
-        train_drafter.run(hf_config(toy_file, tmp_path / "b", draft="embedded:tiny_t5_draft"), tmp_path / "r2")
+        train_drafter.run(
+            hf_config(toy_file, tmp_path / "b", draft="embedded:tiny_t5_draft"), tmp_path / "r2"
+        )
 
 
 def test_missing_cached_drafter_names_what_builds_it(tiny_llama_target, tmp_path, monkeypatch):
@@ -166,12 +209,23 @@ def test_missing_cached_drafter_names_what_builds_it(tiny_llama_target, tmp_path
 
 # ---- drafter.kind=small: a standalone small drafter made from the target -------------------------------
 
+
 def small_config(toy_file, out, *overrides):
-    return config(toy_file, out, "drafter.kind=small", "drafter.layers=2", "drafter.vocab=120", "train.lr=0.003",
-                  "train.batch_size=4", *overrides)
+    return config(
+        toy_file,
+        out,
+        "drafter.kind=small",
+        "drafter.layers=2",
+        "drafter.vocab=120",
+        "train.lr=0.003",
+        "train.batch_size=4",
+        *overrides,
+    )
 
 
-def test_small_drafter_trains_decodes_losslessly_and_resumes(toy_file, tmp_path, tiny_llama_target, tiny_decode):
+def test_small_drafter_trains_decodes_losslessly_and_resumes(
+    toy_file, tmp_path, tiny_llama_target, tiny_decode
+):
     """Trained from the target's first layers, it agrees with the target far more than before training (epochs=0:
     the untrained exit on the sub-vocabulary); it generates alone from token ids (its own KV cache), decodes
     losslessly in fp32, an interrupted run resumes to the same weights, and only its own tensors are saved."""
@@ -227,12 +281,20 @@ def test_small_drafter_generates_alone_through_the_loop(tiny_llama_target, tiny_
     from specbench.pipelines.session.core import alone_target
 
     d2t = torch.arange(0, tiny_llama_target.vocab_size, 3)
-    drafter = ModelDrafter("small", SmallLM(tiny_llama_target, 2, d2t).eval(), tiny_llama_target.vocab_size, 0.1)
+    drafter = ModelDrafter(
+        "small", SmallLM(tiny_llama_target, 2, d2t).eval(), tiny_llama_target.vocab_size, 0.1
+    )
     own = alone_target(drafter, tiny_llama_target)
     assert own.vocab_size == tiny_llama_target.vocab_size
     prompt = tiny_llama_target.tokenizer(f"Case 7. {SENTENCE}")["input_ids"]
-    alone = tiny_decode(own, {AUTOREGRESSIVE: AutoregressiveArm()}, AUTOREGRESSIVE, prompt, max_new_tokens=12,
-                        eos_ids=frozenset()).tokens
+    alone = tiny_decode(
+        own,
+        {AUTOREGRESSIVE: AutoregressiveArm()},
+        AUTOREGRESSIVE,
+        prompt,
+        max_new_tokens=12,
+        eos_ids=frozenset(),
+    ).tokens
     drafter.begin(DecodeContext())
     chain = drafter.propose(list(prompt), 12, SamplingParams(), torch.Generator().manual_seed(0)).tokens
     assert alone == chain and set(alone) <= set(d2t.tolist())

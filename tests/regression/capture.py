@@ -32,7 +32,9 @@ def main(argv=None) -> None:
     unknown = [k for k in args.scenario if k not in every]
     if unknown:
         raise SystemExit(f"unknown scenario(s) {unknown}; the scenarios are: {', '.join(every)}")
-    keys = every if args.all else args.scenario + ([k for k in every if k not in recorded] if args.new else [])
+    keys = (
+        every if args.all else args.scenario + ([k for k in every if k not in recorded] if args.new else [])
+    )
     if not keys:
         raise SystemExit("nothing to capture: name --scenario KEY, --new or --all")
     got = capture(keys=keys)
@@ -44,7 +46,9 @@ def main(argv=None) -> None:
         print(f"{key}: no longer a scenario, dropped")
         del recorded[key]
     recorded["_meta"] = versions()
-    if any(sampled(k) for k in keys):  # sampled scenarios are compared only on the CPU model they were captured on
+    if any(
+        sampled(k) for k in keys
+    ):  # sampled scenarios are compared only on the CPU model they were captured on
         recorded["_sampled_cpu"] = cpu_name()
     FIXTURE.write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n")
     print(f"wrote {FIXTURE} ({len(keys)} scenario(s) captured)")

@@ -33,12 +33,18 @@ ENCODER_DECODER = ("huang_t5", "cascades_t5")
 def experiments() -> list[str]:
     """Every experiment but the CPU reproduction's (``reproduce_*``): those name the specialist heads,
     which the tiny swap cannot stand in for; ``tests/integration/test_reproduce.py`` runs them all."""
-    return sorted(p.stem for p in (Path(conf_dir()) / "experiment").glob("*.yaml") if not p.stem.startswith("reproduce_"))
+    return sorted(
+        p.stem
+        for p in (Path(conf_dir()) / "experiment").glob("*.yaml")
+        if not p.stem.startswith("reproduce_")
+    )
 
 
 def commands_for(name: str) -> list[str]:
-    if name.startswith(("drafter", "trace")):  # train-drafter recipes decode nothing: the paper-scale dry run covers
-        return []                               # them; traces are tested by tests/integration/test_replay.py
+    if name.startswith(
+        ("drafter", "trace")
+    ):  # train-drafter recipes decode nothing: the paper-scale dry run covers
+        return []  # them; traces are tested by tests/integration/test_replay.py
     if name.startswith("cascades"):
         return ["cascades"]
     if name.startswith("huang"):
@@ -51,9 +57,15 @@ def tiny_config(name: str, command: str):
     t5 = name.startswith(ENCODER_DECODER)
     with initialize_config_dir(config_dir=conf_dir(), version_base=None):
         cfg = compose(config_name=command, overrides=[f"experiment={name}"])
-        tiny = compose(config_name=command, overrides=[
-            f"target={'tiny_t5' if t5 else 'tiny_llama'}", f"pool={'tiny_t5_hf' if t5 else 'tiny_llama_hf'}",
-            "dataset=embedded", *FOUR_TASKS])
+        tiny = compose(
+            config_name=command,
+            overrides=[
+                f"target={'tiny_t5' if t5 else 'tiny_llama'}",
+                f"pool={'tiny_t5_hf' if t5 else 'tiny_llama_hf'}",
+                "dataset=embedded",
+                *FOUR_TASKS,
+            ],
+        )
     with open_dict(cfg):
         cfg.target = tiny.target
         cfg.pool = tiny.pool
@@ -96,7 +108,9 @@ def stand_in_drafters(cfg) -> None:
     if cfg.get("selector") is not None and cfg.selector.get("fallback"):
         cfg.selector.fallback = sub(str(cfg.selector.fallback))
     # a retrieval drafter the tiny pool lacks (the suffix drafter): prompt lookup stands in
-    if cfg.get("selector") is not None and "costs" in cfg.selector:  # a cost-model budget: given costs, no clock
+    if (
+        cfg.get("selector") is not None and "costs" in cfg.selector
+    ):  # a cost-model budget: given costs, no clock
         cfg.selector.costs = {"verify": [0.01, 0.001], "draft": {a: 0.002 for a in arms}}
     for key in ("retrieval", "lookup"):
         if cfg.get("selector") is not None and cfg.selector.get(key) and str(cfg.selector[key]) not in arms:
@@ -106,8 +120,11 @@ def stand_in_drafters(cfg) -> None:
             from specbench.configs import load_option
 
             option = load_option("selector", m[9:])
-            own = {k: ("prompt_lookup" if k != "fallback" else sub(str(option[k])))
-                   for k in ("retrieval", "lookup", "fallback") if option.get(k) and str(option[k]) not in arms}
+            own = {
+                k: ("prompt_lookup" if k != "fallback" else sub(str(option[k])))
+                for k in ("retrieval", "lookup", "fallback")
+                if option.get(k) and str(option[k]) not in arms
+            }
             if own:
                 cfg.selector_overrides = {**(cfg.get("selector_overrides") or {}), m[9:]: own}
 
@@ -121,23 +138,51 @@ CODE = {"code_llama/eval": ("tiny_llama", "tiny_llama_hf"), "code_t5/eval": ("ti
 def code_config(key: str):
     target, pool = CODE[key]
     with initialize_config_dir(config_dir=conf_dir(), version_base=None):
-        cfg = compose(config_name="eval", overrides=[
-            f"target={target}", f"pool={pool}", "dataset=embedded", "dataset.limit=2",
-            "~dataset.sources.translation", "~dataset.sources.summarization", "~dataset.sources.math",
-            "~dataset.sources.chat", "decoding.max_new_tokens=24", "warmup.max_new_tokens=2",
-            "methods=[autoregressive,fixed:*,selector:ucb]"])
+        cfg = compose(
+            config_name="eval",
+            overrides=[
+                f"target={target}",
+                f"pool={pool}",
+                "dataset=embedded",
+                "dataset.limit=2",
+                "~dataset.sources.translation",
+                "~dataset.sources.summarization",
+                "~dataset.sources.math",
+                "~dataset.sources.chat",
+                "decoding.max_new_tokens=24",
+                "warmup.max_new_tokens=2",
+                "methods=[autoregressive,fixed:*,selector:ucb]",
+            ],
+        )
     with open_dict(cfg):
         cfg.threads = None
     return cfg
 
 
-GEN_KEYS = ("query_id", "method", "output_ids", "rounds", "drafted", "accepted", "target_calls", "switches", "stop")
+GEN_KEYS = (
+    "query_id",
+    "method",
+    "output_ids",
+    "rounds",
+    "drafted",
+    "accepted",
+    "target_calls",
+    "switches",
+    "stop",
+)
 
 
 # Scenarios of their own (not experiments): long enough for the bandits to leave exploration (96 tokens at
 # draft length 2: 30-50 rounds a query), and different from each other (family, decoding, selectors).
-LONG_SELECTORS = ["autoregressive", "selector:ucb", "selector:exp3", "selector:hedge", "selector:discounted_ucb",
-                  "selector:sequential_halving", "selector:etc"]
+LONG_SELECTORS = [
+    "autoregressive",
+    "selector:ucb",
+    "selector:exp3",
+    "selector:hedge",
+    "selector:discounted_ucb",
+    "selector:sequential_halving",
+    "selector:etc",
+]
 LONG = {
     "long_bandits_llama/eval": ("tiny_llama", "tiny_llama_hf", "greedy"),
     "long_bandits_llama_sampling/eval": ("tiny_llama", "tiny_llama_hf", "sampling"),
@@ -153,10 +198,21 @@ def sampled(key: str) -> bool:
 def long_config(key: str):
     target, pool, decoding = LONG[key]
     with initialize_config_dir(config_dir=conf_dir(), version_base=None):
-        cfg = compose(config_name="eval", overrides=[
-            f"target={target}", f"pool={pool}", "dataset=embedded", *FOUR_TASKS, f"decoding={decoding}", "dataset.limit=1",
-            "decoding.max_new_tokens=96", "decoding.draft_length=2", "warmup.max_new_tokens=2",
-            f"methods=[{','.join(LONG_SELECTORS)}]"])
+        cfg = compose(
+            config_name="eval",
+            overrides=[
+                f"target={target}",
+                f"pool={pool}",
+                "dataset=embedded",
+                *FOUR_TASKS,
+                f"decoding={decoding}",
+                "dataset.limit=1",
+                "decoding.max_new_tokens=96",
+                "decoding.draft_length=2",
+                "warmup.max_new_tokens=2",
+                f"methods=[{','.join(LONG_SELECTORS)}]",
+            ],
+        )
     with open_dict(cfg):
         cfg.threads = None
     return cfg
@@ -167,7 +223,9 @@ def unique_scenarios(names: list[str] | None = None) -> dict[str, object]:
     differ only in what the tiny swap replaces), then the long bandit scenarios (:data:`LONG`). Of experiments
     with one tiny config, the one the fixture already records names it, so a new experiment that adds no new
     config does not rename a recorded scenario."""
-    recorded = {key.split("/", 1)[0] for key in json.loads(FIXTURE.read_text())} if FIXTURE.exists() else set()
+    recorded = (
+        {key.split("/", 1)[0] for key in json.loads(FIXTURE.read_text())} if FIXTURE.exists() else set()
+    )
     seen, out = set(), {}
     for name in sorted(names or experiments(), key=lambda n: (n not in recorded, n)):
         for command in commands_for(name):
@@ -189,7 +247,11 @@ def versions() -> dict[str, str]:
     import torch
     import transformers
 
-    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
 
 
 def run_scenario(cfg, command: str, out: Path) -> dict:
@@ -197,14 +259,24 @@ def run_scenario(cfg, command: str, out: Path) -> dict:
         from specbench.pipelines import collect
 
         collect.run(cfg, out)
-        rows = [json.loads(x) for f in sorted(out.glob("rows*.jsonl")) for x in f.read_text().splitlines() if x]
-        return {r["query_id"]: {"target": r["target"]["tokens"],
-                                "arms": {a: {k: v for k, v in rec.items() if k in ("new_tokens", "text", "spec_calls")}
-                                         | ({"spec": {k: rec["spec"][k] for k in ("target_calls", "new_tokens",
-                                                                                  "exact_match")}}
-                                            if rec.get("spec") else {})
-                                         for a, rec in sorted(r["arms"].items())}}
-                for r in rows}
+        rows = [
+            json.loads(x) for f in sorted(out.glob("rows*.jsonl")) for x in f.read_text().splitlines() if x
+        ]
+        return {
+            r["query_id"]: {
+                "target": r["target"]["tokens"],
+                "arms": {
+                    a: {k: v for k, v in rec.items() if k in ("new_tokens", "text", "spec_calls")}
+                    | (
+                        {"spec": {k: rec["spec"][k] for k in ("target_calls", "new_tokens", "exact_match")}}
+                        if rec.get("spec")
+                        else {}
+                    )
+                    for a, rec in sorted(r["arms"].items())
+                },
+            }
+            for r in rows
+        }
     if command == "cascades":
         from specbench.pipelines import cascades as pipeline
     else:
@@ -215,9 +287,13 @@ def run_scenario(cfg, command: str, out: Path) -> dict:
     arms: dict[tuple, list] = {}
     for r in rounds:
         arms.setdefault((r["query_id"], r["method"]), []).append(r["arm"])
-    return {f"{e['query_id']}|{e['method']}": {**{k: e.get(k) for k in GEN_KEYS},
-                                               "arms": arms.get((e["query_id"], e["method"]), [])}
-            for e in examples}
+    return {
+        f"{e['query_id']}|{e['method']}": {
+            **{k: e.get(k) for k in GEN_KEYS},
+            "arms": arms.get((e["query_id"], e["method"]), []),
+        }
+        for e in examples
+    }
 
 
 def capture(names: list[str] | None = None, keys: list[str] | None = None) -> dict:

@@ -22,8 +22,10 @@ SAMPLED_ON = FILE.get("_sampled_cpu", "Intel(R) Xeon(R) Processor")
 
 
 def test_fixture_covers_every_scenario():
-    assert set(SCENARIOS) == set(RECORDED), ("capture a new scenario with `python -m tests.regression.capture --new`; "
-                                             "recapture one only for an intended change (--scenario KEY shows the diff)")
+    assert set(SCENARIOS) == set(RECORDED), (
+        "capture a new scenario with `python -m tests.regression.capture --new`; "
+        "recapture one only for an intended change (--scenario KEY shows the diff)"
+    )
 
 
 def test_fixture_records_its_library_versions():
@@ -36,22 +38,31 @@ def test_fixture_records_its_library_versions():
 
 def test_long_scenarios_differ_from_each_other_and_leave_exploration():
     long = {k: RECORDED[k] for k in LONG}
-    outputs = [json.dumps(sorted((g["method"], g["output_ids"], g["arms"]) for g in v.values())) for v in long.values()]
+    outputs = [
+        json.dumps(sorted((g["method"], g["output_ids"], g["arms"]) for g in v.values()))
+        for v in long.values()
+    ]
     assert len(set(outputs)) == len(outputs)
     for key, gens in long.items():
         bandits = [g for g in gens.values() if g["method"] != "autoregressive"]
         rounds = sorted(g["rounds"] for g in bandits)
-        assert bandits and rounds[len(rounds) // 2] >= 40, key  # well past the K + a few rounds of exploration
+        assert bandits and rounds[len(rounds) // 2] >= 40, (
+            key
+        )  # well past the K + a few rounds of exploration
         assert len({a for g in bandits for a in g["arms"]}) >= 2, key
 
 
 # the long bandit scenarios (7-8 s each) run in the slow set, which CI runs too
-@pytest.mark.parametrize("key", [pytest.param(k, marks=pytest.mark.slow) if k.startswith("long_") else k
-                                 for k in sorted(SCENARIOS)])
+@pytest.mark.parametrize(
+    "key",
+    [pytest.param(k, marks=pytest.mark.slow) if k.startswith("long_") else k for k in sorted(SCENARIOS)],
+)
 def test_results_unchanged(key, tmp_path):
     if sampled(key) and cpu_name() != SAMPLED_ON:
-        pytest.skip(f"{key} samples, and was captured on {SAMPLED_ON}, not on this {cpu_name()} "
-                    "(recapture it here with `python -m tests.regression.capture --scenario {key}` to compare here)")
+        pytest.skip(
+            f"{key} samples, and was captured on {SAMPLED_ON}, not on this {cpu_name()} "
+            "(recapture it here with `python -m tests.regression.capture --scenario {key}` to compare here)"
+        )
     got = json.loads(json.dumps(run_scenario(SCENARIOS[key], key.split("/")[1], tmp_path)))
     want = RECORDED[key]
     assert sorted(got) == sorted(want)

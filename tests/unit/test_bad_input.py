@@ -32,6 +32,7 @@ def composed(name: str, *overrides: str):
 
 # -- typed validation -------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("root", ROOTS)
 def test_every_root_config_passes_validation_as_shipped(root):
     validate(composed(root))
@@ -59,36 +60,67 @@ def test_every_experiment_passes_validation(name):
         assert "expected" not in exc.problem and "???" in exc.problem, (name, exc.problem)
 
 
-@pytest.mark.parametrize("root, override, line", [
-    ("eval", "decoding.draft_length=abc", "decoding.draft_length=abc: expected an integer >= 1"),
-    ("eval", "decoding.draft_length=2.9", "decoding.draft_length=2.9: expected an integer >= 1"),
-    ("eval", "decoding.temperature=abc", "decoding.temperature=abc: expected a finite number >= 0"),
-    ("eval", "decoding.temperature=nan", "decoding.temperature=nan: expected a finite number >= 0"),
-    ("eval", "decoding.temperature=-1", "decoding.temperature=-1: expected a finite number >= 0"),
-    ("eval", "dataset.limit=abc", "dataset.limit=abc: expected an integer >= 1 or null"),
-    ("eval", "threads=-1", "threads=-1: expected an integer >= 1 or null"),
-    ("eval", "seed=abc", "seed=abc: expected an integer >= 0"),
-    ("eval", "decoding.extra_eos_ids=[a]", "decoding.extra_eos_ids=['a']: expected a list, each an integer >= 0"),
-    ("eval", "timing.phases=maybe", "timing.phases=maybe: expected true or false"),
-    ("eval", "methods=autoregressive", "methods=autoregressive: expected a list, each a non-empty string"),
-    ("eval", "dataset=spec_bench", "dataset.path is not set (the config leaves it as ???)"),
-    ("cascades", "alphas.chow=[0.1,x]", "alphas.chow=[0.1, 'x']: expected a list, each a finite number"),
-    ("collect", "collect.num_shards=0", "collect.num_shards=0: expected an integer >= 1"),
-    ("bench", "warmup.max_new_tokens=-2", "warmup.max_new_tokens=-2: expected an integer >= 0"),
-    ("train_policy", "train.epochs=abc", "train.epochs=abc: expected an integer >= 0"),
-    ("train_policy", "reward.alpha=2", "reward.alpha=2: expected a finite number in [0, 1]"),
-    ("train_drafter", "drafter.layers=0", "drafter.layers=0: expected an integer >= 1"),
-    ("trace", "trace.draft_length=0", "trace.draft_length=0: expected an integer >= 1 or null"),
-    ("trace", "trace.costs.contexts=[]", "trace.costs.contexts=[]: expected a non-empty list, each an integer >= 1"),
-    ("replay", "seeds=0", "seeds=0: expected an integer >= 1"),
-    ("replay", "replay.draft_length=x", "replay.draft_length=x: expected an integer >= 1 or null"),
-    # issue 34: a tolerance that is not a number was a traceback; a negative one made every bf16 tie a "defect", a huge
-    # one would call real defects ties
-    ("eval", "target.tie_tolerance=abc", "target.tie_tolerance=abc: expected a mapping of dtype to tolerance or null"),
-    ("eval", "target.tie_tolerance.bfloat16=abc", "target.tie_tolerance.bfloat16=abc: expected a finite number in (0, 8.0]"),
-    ("eval", "target.tie_tolerance.bfloat16=-1", "target.tie_tolerance.bfloat16=-1: expected a finite number in (0, 8.0]"),
-    ("eval", "target.tie_tolerance.float32=1e6", "target.tie_tolerance.float32=1000000.0: expected a finite number in (0, 8.0]"),
-])
+@pytest.mark.parametrize(
+    "root, override, line",
+    [
+        ("eval", "decoding.draft_length=abc", "decoding.draft_length=abc: expected an integer >= 1"),
+        ("eval", "decoding.draft_length=2.9", "decoding.draft_length=2.9: expected an integer >= 1"),
+        ("eval", "decoding.temperature=abc", "decoding.temperature=abc: expected a finite number >= 0"),
+        ("eval", "decoding.temperature=nan", "decoding.temperature=nan: expected a finite number >= 0"),
+        ("eval", "decoding.temperature=-1", "decoding.temperature=-1: expected a finite number >= 0"),
+        ("eval", "dataset.limit=abc", "dataset.limit=abc: expected an integer >= 1 or null"),
+        ("eval", "threads=-1", "threads=-1: expected an integer >= 1 or null"),
+        ("eval", "seed=abc", "seed=abc: expected an integer >= 0"),
+        (
+            "eval",
+            "decoding.extra_eos_ids=[a]",
+            "decoding.extra_eos_ids=['a']: expected a list, each an integer >= 0",
+        ),
+        ("eval", "timing.phases=maybe", "timing.phases=maybe: expected true or false"),
+        (
+            "eval",
+            "methods=autoregressive",
+            "methods=autoregressive: expected a list, each a non-empty string",
+        ),
+        ("eval", "dataset=spec_bench", "dataset.path is not set (the config leaves it as ???)"),
+        ("cascades", "alphas.chow=[0.1,x]", "alphas.chow=[0.1, 'x']: expected a list, each a finite number"),
+        ("collect", "collect.num_shards=0", "collect.num_shards=0: expected an integer >= 1"),
+        ("bench", "warmup.max_new_tokens=-2", "warmup.max_new_tokens=-2: expected an integer >= 0"),
+        ("train_policy", "train.epochs=abc", "train.epochs=abc: expected an integer >= 0"),
+        ("train_policy", "reward.alpha=2", "reward.alpha=2: expected a finite number in [0, 1]"),
+        ("train_drafter", "drafter.layers=0", "drafter.layers=0: expected an integer >= 1"),
+        ("trace", "trace.draft_length=0", "trace.draft_length=0: expected an integer >= 1 or null"),
+        (
+            "trace",
+            "trace.costs.contexts=[]",
+            "trace.costs.contexts=[]: expected a non-empty list, each an integer >= 1",
+        ),
+        ("replay", "seeds=0", "seeds=0: expected an integer >= 1"),
+        ("replay", "replay.draft_length=x", "replay.draft_length=x: expected an integer >= 1 or null"),
+        # issue 34: a tolerance that is not a number was a traceback; a negative one made every bf16 tie a "defect", a huge
+        # one would call real defects ties
+        (
+            "eval",
+            "target.tie_tolerance=abc",
+            "target.tie_tolerance=abc: expected a mapping of dtype to tolerance or null",
+        ),
+        (
+            "eval",
+            "target.tie_tolerance.bfloat16=abc",
+            "target.tie_tolerance.bfloat16=abc: expected a finite number in (0, 8.0]",
+        ),
+        (
+            "eval",
+            "target.tie_tolerance.bfloat16=-1",
+            "target.tie_tolerance.bfloat16=-1: expected a finite number in (0, 8.0]",
+        ),
+        (
+            "eval",
+            "target.tie_tolerance.float32=1e6",
+            "target.tie_tolerance.float32=1000000.0: expected a finite number in (0, 8.0]",
+        ),
+    ],
+)
 def test_bad_values_name_key_value_and_expectation(root, override, line):
     with pytest.raises(SpecbenchError) as info:
         validate(composed(root, override))
@@ -101,10 +133,15 @@ def test_every_bad_value_is_listed_at_once():
     with pytest.raises(SpecbenchError) as info:
         validate(composed("eval", "seed=abc", "threads=0", "decoding.top_p=2"))
     problem = info.value.problem
-    assert "seed=abc" in problem and "threads=0" in problem and "decoding.top_p=2: expected a finite number in (0, 1]" in problem
+    assert (
+        "seed=abc" in problem
+        and "threads=0" in problem
+        and "decoding.top_p=2: expected a finite number in (0, 1]" in problem
+    )
 
 
 # -- unreadable files -------------------------------------------------------------------------
+
 
 def test_non_utf8_data_file_names_file_line_and_byte(tmp_path):
     path = tmp_path / "latin1.jsonl"
@@ -138,9 +175,22 @@ def test_non_utf8_line_of_examples_is_named_but_a_torn_last_line_is_skipped(tmp_
 
 
 def test_examples_line_without_method_is_named(tmp_path):
-    rec = {"query_id": "a", "task": "math", "method": "autoregressive", "output_ids": [1], "text": "x",
-           "new_tokens": 1, "seconds": 0.1, "target_calls": 1, "rounds": 1, "drafted": 0, "accepted": 0,
-           "switches": 0, "t_switch": 0.0, "stop": "eos"}
+    rec = {
+        "query_id": "a",
+        "task": "math",
+        "method": "autoregressive",
+        "output_ids": [1],
+        "text": "x",
+        "new_tokens": 1,
+        "seconds": 0.1,
+        "target_calls": 1,
+        "rounds": 1,
+        "drafted": 0,
+        "accepted": 0,
+        "switches": 0,
+        "t_switch": 0.0,
+        "stop": "eos",
+    }
     broken = {k: v for k, v in rec.items() if k != "method"}
     (tmp_path / "examples.jsonl").write_text(json.dumps(rec) + "\n" + json.dumps(broken) + "\n")
     with pytest.raises(SpecbenchError, match=r"examples.jsonl: record 2 has no method") as info:
@@ -150,7 +200,10 @@ def test_examples_line_without_method_is_named(tmp_path):
 
 # -- models -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("content, words", [({}, "it is empty"), ({"notes.txt": "hi"}, "it holds: notes.txt")])
+
+@pytest.mark.parametrize(
+    "content, words", [({}, "it is empty"), ({"notes.txt": "hi"}, "it holds: notes.txt")]
+)
 def test_directory_without_a_model_is_named(tmp_path, content, words):
     for name, text in content.items():
         (tmp_path / name).write_text(text)
@@ -190,12 +243,15 @@ def test_drafter_with_fewer_embedding_rows_than_the_vocabulary_is_refused(tiny_l
     draft.model.resize_token_embeddings(200)
     draft.model.save_pretrained(tmp_path)
     tiny_llama_target.tokenizer.save_pretrained(tmp_path)  # the same tokenizer: the vocabulary check passes
-    with pytest.raises(SpecbenchError, match="drafter 'small' has 200 embedding rows, fewer than the 259 tokens") as info:
+    with pytest.raises(
+        SpecbenchError, match="drafter 'small' has 200 embedding rows, fewer than the 259 tokens"
+    ) as info:
         hf.build(tiny_llama_target, "small", model=str(tmp_path))
     assert "token ids 200..258" in info.value.problem and info.value.fix
 
 
 # -- dataset.categories -----------------------------------------------------------------------
+
 
 def test_categories_filter_the_sources_that_have_them(tmp_path):
     cfg = composed("eval", "dataset.limit=null", "dataset.categories=[writing]").dataset
@@ -215,4 +271,6 @@ def test_categories_on_a_source_without_any_are_still_refused(tmp_path):
     g = tmp_path / "g.jsonl"
     g.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n")
     with pytest.raises(SpecbenchError, match="no source has categories"):
-        load_dataset_config(composed("eval", "dataset=gsm8k", f"dataset.path={g}", "dataset.categories=[math]").dataset)
+        load_dataset_config(
+            composed("eval", "dataset=gsm8k", f"dataset.path={g}", "dataset.categories=[math]").dataset
+        )

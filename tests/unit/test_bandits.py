@@ -12,18 +12,40 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from specbench.errors import SpecbenchError
-from specbench.selection import (EXP3, UCB, BanditSelector, DiscountedUCB, EpsilonGreedy, ExploreThenCommit, Feedback,
-                                 Hedge, RandomSelector, SequentialHalving, SlidingWindowUCB)
+from specbench.selection import (
+    EXP3,
+    UCB,
+    BanditSelector,
+    DiscountedUCB,
+    EpsilonGreedy,
+    ExploreThenCommit,
+    Feedback,
+    Hedge,
+    RandomSelector,
+    SequentialHalving,
+    SlidingWindowUCB,
+)
 
 ARMS = ["autoregressive", "a", "b", "c"]
 MEANS = {"a": 0.3, "b": 0.5, "c": 0.8}  # "c" is the best drafter
 CONF = Path(__file__).resolve().parents[2] / "conf" / "selector"
-ALL = [UCB, EXP3, SequentialHalving, ExploreThenCommit, DiscountedUCB, SlidingWindowUCB, EpsilonGreedy, RandomSelector,
-       Hedge]
+ALL = [
+    UCB,
+    EXP3,
+    SequentialHalving,
+    ExploreThenCommit,
+    DiscountedUCB,
+    SlidingWindowUCB,
+    EpsilonGreedy,
+    RandomSelector,
+    Hedge,
+]
 
 
 def feedback(bd: float = 0.0, be: float = 0.0) -> Feedback:
-    return Feedback(drafted=4, accepted=round(4 * be), n_max=4, be=be, bd=bd, t_draft=0.0, t_verify=0.0, t_switch=0.0)
+    return Feedback(
+        drafted=4, accepted=round(4 * be), n_max=4, be=be, bd=bd, t_draft=0.0, t_verify=0.0, t_switch=0.0
+    )
 
 
 # -- synthetic environments: (arm, round, rng) -> reward in [0, 1] -----------------------------------
@@ -41,7 +63,7 @@ def _alpha_for(mean: float, n_max: int) -> float:
     lo, hi = 0.0, 1.0
     for _ in range(60):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if sum(mid ** j for j in range(1, n_max + 1)) / n_max < mean else (lo, mid)
+        lo, hi = (mid, hi) if sum(mid**j for j in range(1, n_max + 1)) / n_max < mean else (lo, mid)
     return lo
 
 
@@ -54,6 +76,7 @@ def be_like(means=MEANS, n_max=4):
         while accepted < n_max and rng.random() < alphas[arm]:
             accepted += 1
         return accepted / n_max
+
     return reward
 
 
@@ -77,7 +100,7 @@ def share(picks, arm="c") -> float:
 def identification_round(picks, best="c", window=20, threshold=0.9) -> int:
     """First round after which every window of ``window`` picks plays ``best`` >= ``threshold`` of the time."""
     n = len(picks)
-    ok = [share(picks[s:s + window], best) >= threshold for s in range(n - window + 1)]
+    ok = [share(picks[s : s + window], best) >= threshold for s in range(n - window + 1)]
     for t in range(len(ok)):
         if all(ok[t:]):
             return t
@@ -96,10 +119,14 @@ def test_ucb_identifies_the_best_arm_sooner_with_dense_bd_rewards():
     # sparse BE-like one needs many. (With beta = 1 UCB1 explores ~2 ln t / gap^2 times whatever the
     # variance, so the bonus, not the noise, sets when it settles; beta = 0.5 lets the noise show.)
     seeds = range(12)
-    bd = statistics.mean(identification_round(play(UCB(ARMS, beta=0.5, seed=s), bd_like(), 300, s), threshold=0.8)
-                         for s in seeds)
-    be = statistics.mean(identification_round(play(UCB(ARMS, beta=0.5, seed=s), be_like(), 300, s), threshold=0.8)
-                         for s in seeds)
+    bd = statistics.mean(
+        identification_round(play(UCB(ARMS, beta=0.5, seed=s), bd_like(), 300, s), threshold=0.8)
+        for s in seeds
+    )
+    be = statistics.mean(
+        identification_round(play(UCB(ARMS, beta=0.5, seed=s), be_like(), 300, s), threshold=0.8)
+        for s in seeds
+    )
     assert bd < 0.5 * be, (bd, be)
 
 
@@ -247,8 +274,21 @@ def test_switch_cost_cuts_switches_between_close_arms():
 
 
 # -- configs -----------------------------------------------------------------------------------------
-BANDIT_CONFS = ["ucb", "ucb_be", "exp3", "sequential_halving", "etc", "discounted_ucb", "sliding_window_ucb",
-                "epsilon_greedy", "random", "ucb_full_info", "random_per_query", "ucb_switch", "hedge"]
+BANDIT_CONFS = [
+    "ucb",
+    "ucb_be",
+    "exp3",
+    "sequential_halving",
+    "etc",
+    "discounted_ucb",
+    "sliding_window_ucb",
+    "epsilon_greedy",
+    "random",
+    "ucb_full_info",
+    "random_per_query",
+    "ucb_switch",
+    "hedge",
+]
 
 
 TREE_CONFS = ["tree_ucb", "tree_hedge", "router", "router_tree"]
@@ -260,8 +300,9 @@ ROUND_BUILDER_CONFS = ["budget", "router_sam", "router_suffix"]
 
 
 def test_every_bandit_config_is_tested():
-    assert ({p.stem for p in CONF.glob("*.yaml")} - {"fixed", "policy"}
-            == set(BANDIT_CONFS) | set(TREE_CONFS) | set(ROUND_BUILDER_CONFS))
+    assert {p.stem for p in CONF.glob("*.yaml")} - {"fixed", "policy"} == set(BANDIT_CONFS) | set(
+        TREE_CONFS
+    ) | set(ROUND_BUILDER_CONFS)
 
 
 @pytest.mark.parametrize("stem", TREE_CONFS)
@@ -289,8 +330,12 @@ def test_tree_and_router_configs_instantiate_and_learn(stem):
         else:
             assert choice[0] == "prompt_lookup" and len(choice) == 2
             arm = choice[1]
-            sel.update_tree({m: Feedback(4, 0, 4, 0.0, min(1.0, max(0.0, rng.gauss(means[m], 0.1))), 0, 0, 0)
-                             for m in choice})
+            sel.update_tree(
+                {
+                    m: Feedback(4, 0, 4, 0.0, min(1.0, max(0.0, rng.gauss(means[m], 0.1))), 0, 0, 0)
+                    for m in choice
+                }
+            )
         picks.append(arm)
     # the router's UCB sees only the rounds it plays (bandit feedback): it explores longer
     assert picks[-30:].count("b") >= (18 if stem.startswith("router") else 24), picks
@@ -303,7 +348,12 @@ def test_selector_configs_instantiate(stem):
     cfg = load_option("selector", stem)  # the file with its defaults (the shared bandit knobs) applied
     assert cfg.reward == ("be" if stem == "ucb_be" else "bd")
     name = cfg.name
-    assert name == {"ucb": "ucb-bd", "ucb_be": "ucb-be", "random": "random", "ucb_full_info": "ucb-bd-fi"}.get(stem, name)
+    assert name == {
+        "ucb": "ucb-bd",
+        "ucb_be": "ucb-be",
+        "random": "random",
+        "ucb_full_info": "ucb-bd-fi",
+    }.get(stem, name)
     scfg = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "name"}
     sel = instantiate(scfg, arms=ARMS)
     assert isinstance(sel, BanditSelector) and sel.candidates == ["a", "b", "c"]
@@ -314,11 +364,19 @@ def test_selector_configs_instantiate(stem):
         assert share(picks[-20:]) >= 0.5
 
 
-@pytest.mark.parametrize("overrides, name, reward, candidates", [
-    (["selector=ucb"], "ucb-bd", "bd", ["a", "b", "c"]),
-    (["selector=ucb", "selector.reward=be"], "ucb-be", "be", ["a", "b", "c"]),  # the name follows the reward
-    (["selector=etc", "selector.candidates=[c,a]"], "etc-bd", "bd", ["c", "a"]),
-])
+@pytest.mark.parametrize(
+    "overrides, name, reward, candidates",
+    [
+        (["selector=ucb"], "ucb-bd", "bd", ["a", "b", "c"]),
+        (
+            ["selector=ucb", "selector.reward=be"],
+            "ucb-be",
+            "be",
+            ["a", "b", "c"],
+        ),  # the name follows the reward
+        (["selector=etc", "selector.candidates=[c,a]"], "etc-bd", "bd", ["c", "a"]),
+    ],
+)
 def test_composed_selector_through_parse_methods(overrides, name, reward, candidates):
     from hydra import compose, initialize_config_dir
 
@@ -341,7 +399,9 @@ def test_a_named_selector_before_the_composed_one_does_not_replace_it():
     with initialize_config_dir(config_dir=str(CONF.parent), version_base=None):
         cfg = compose(config_name="eval", overrides=["selector=router", "selector.fallback=a"])
     arms = ["autoregressive", "prompt_lookup", "a", "b"]
-    methods = parse_methods(["selector:ucb", "selector", "selector:exp3"], dict.fromkeys(arms), cfg.selector, cfg)
+    methods = parse_methods(
+        ["selector:ucb", "selector", "selector:exp3"], dict.fromkeys(arms), cfg.selector, cfg
+    )
     assert [m.name for m in methods] == ["autoregressive", "ucb-bd", "router", "exp3-bd"]
     router = methods[2].make_selector()
     assert type(router).__name__ == "Router" and router.fallback == "a"
@@ -412,7 +472,9 @@ def full_information_play(sel, env, rounds, seed):
 
 def test_hedge_finds_the_best_arm_with_full_information():
     for seed in range(5):
-        picks = full_information_play(Hedge(ARMS, eta=0.5, full_information=True, seed=seed), bernoulli(), 200, seed)
+        picks = full_information_play(
+            Hedge(ARMS, eta=0.5, full_information=True, seed=seed), bernoulli(), 200, seed
+        )
         assert share(picks[-100:]) > 0.9, seed
 
 
@@ -433,8 +495,13 @@ def test_hedge_weights_follow_the_cumulative_losses():
 
 def test_hedge_settles_on_the_best_arm_sooner_with_full_information():
     seeds = range(12)
-    with_fi = statistics.mean(identification_round(full_information_play(
-        Hedge(ARMS, eta=0.5, full_information=True, seed=s), bernoulli(), 200, s)) for s in seeds)
-    without = statistics.mean(identification_round(play(Hedge(ARMS, eta=0.5, seed=s), bernoulli(), 200, s))
-                              for s in seeds)
+    with_fi = statistics.mean(
+        identification_round(
+            full_information_play(Hedge(ARMS, eta=0.5, full_information=True, seed=s), bernoulli(), 200, s)
+        )
+        for s in seeds
+    )
+    without = statistics.mean(
+        identification_round(play(Hedge(ARMS, eta=0.5, seed=s), bernoulli(), 200, s)) for s in seeds
+    )
     assert with_fi < without

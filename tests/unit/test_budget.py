@@ -43,16 +43,28 @@ def test_calibration_learns_a_miscalibrated_drafter():
             if not alive:
                 break
             local = draft.scores[i] / parent_score
-            ok = rng.random() < local ** 2
+            ok = rng.random() < local**2
             nodes.append((i, ok))
             alive, parent_score = ok, draft.scores[i]
-        budget.update("ret", Feedback(drafted=4, accepted=sum(ok for _, ok in nodes), n_max=4, be=0.0, bd=0.0,
-                                      t_draft=0.0, t_verify=0.03, t_switch=0.0, nodes=tuple(nodes)))
+        budget.update(
+            "ret",
+            Feedback(
+                drafted=4,
+                accepted=sum(ok for _, ok in nodes),
+                n_max=4,
+                be=0.0,
+                bd=0.0,
+                t_draft=0.0,
+                t_verify=0.03,
+                t_switch=0.0,
+                nodes=tuple(nodes),
+            ),
+        )
     cal = budget.calibration["ret"]
     for b in range(BINS):
         centre = (b + 0.5) / BINS
         if cal.trials.get(("score", b), 0) > 100:
-            assert cal.estimate(("score", b)) == pytest.approx(centre ** 2, abs=0.05), b
+            assert cal.estimate(("score", b)) == pytest.approx(centre**2, abs=0.05), b
 
 
 def test_verify_cost_fit_recovers_the_line():
@@ -70,13 +82,15 @@ def test_prune_keeps_nodes_that_pay_for_their_verification():
     """Given costs (a = 1 s, b = 0.1 s a node) and estimates equal to the drafter's own scores (a huge prior), a node
     is kept while estimate / b beats the round's expected tokens per second so far: a chain of path estimates 0.95,
     0.5225, 0.287, 0.043 keeps three (0.287 / 0.1 = 2.87 > (1 + 1.4725) / 1.2 = 2.06; then 0.43 < 2.76 / 1.3)."""
-    budget = Budget(ARMS, retrieval="ret", models=[], prior=1e9, costs={"verify": [1.0, 0.1], "draft": {"ret": 0.0}})
+    budget = Budget(
+        ARMS, retrieval="ret", models=[], prior=1e9, costs={"verify": [1.0, 0.1], "draft": {"ret": 0.0}}
+    )
     plan = budget.select()
     s0 = 0.95  # local scores 0.95, 0.55, 0.55, 0.15: the centres of their bins
-    draft = Draft([1, 2, 3, 4], None, scores=[s0, s0 * 0.55, s0 * 0.55 ** 2, s0 * 0.55 ** 2 * 0.15])
+    draft = Draft([1, 2, 3, 4], None, scores=[s0, s0 * 0.55, s0 * 0.55**2, s0 * 0.55**2 * 0.15])
     assert plan.prune({"ret": draft}, True) == {"ret": [0, 1, 2]}
     expected, seconds = plan.estimate()
-    assert expected == pytest.approx(s0 * (1 + 0.55 + 0.55 ** 2)) and seconds == pytest.approx(1.3)
+    assert expected == pytest.approx(s0 * (1 + 0.55 + 0.55**2)) and seconds == pytest.approx(1.3)
     # under sampling nothing is cut by value
     assert budget.select().prune({"ret": draft}, False) == {"ret": [0, 1, 2, 3]}
 
@@ -85,15 +99,25 @@ def test_a_model_drafts_only_where_its_marginal_tokens_pay():
     costs = {"verify": [0.04, 0.001], "draft": {"ret": 0.0, "head": 0.012}}
     budget = Budget(ARMS, retrieval="ret", models=["head"], costs=costs, optimism=0.0)
     empty, strong = Draft([], None, scores=[]), Draft([1, 2, 3], None, scores=[0.95, 0.9, 0.85])
-    for _ in range(50):  # the head adds 2 tokens when retrieval has nothing, 0 beside a strong retrieval draft
+    for _ in range(
+        50
+    ):  # the head adds 2 tokens when retrieval has nothing, 0 beside a strong retrieval draft
         plan = budget.select()
         plan.more({"ret": empty})
         plan.prune({"ret": empty, "head": Draft([5], None)}, True)
-        budget.update_tree({"ret": Feedback(0, 0, 4, 0, 0, 0, 0.04, 0, ()),
-                            "head": Feedback(2, 2, 4, 0, 0, 0.012, 0.04, 0, ())})
+        budget.update_tree(
+            {
+                "ret": Feedback(0, 0, 4, 0, 0, 0, 0.04, 0, ()),
+                "head": Feedback(2, 2, 4, 0, 0, 0.012, 0.04, 0, ()),
+            }
+        )
         budget._empty = False  # a round beside a (strong) retrieval draft
-        budget.update_tree({"ret": Feedback(3, 3, 4, 0, 0, 0, 0.04, 0, ()),
-                            "head": Feedback(2, 1, 4, 0, 0, 0.012, 0.04, 0, ())})
+        budget.update_tree(
+            {
+                "ret": Feedback(3, 3, 4, 0, 0, 0, 0.04, 0, ()),
+                "head": Feedback(2, 1, 4, 0, 0, 0.012, 0.04, 0, ()),
+            }
+        )
     assert budget.select().more({"ret": empty}) == ("head",)  # 2.5 tokens / 0.053 s beats 1 / 0.04 s
     assert budget.select().more({"ret": strong}) == ()  # nothing to add beside it: drafting would only cost
 

@@ -9,9 +9,24 @@ from collections import Counter
 import pytest
 import torch
 
-from specbench.decoding.cascade import (ALWAYS, MIXTURE_RULES, NEVER, RULES, TOKEN_RULES, Cascade, accept_set,
-                                        cascade_target, defer_mask, keep_mask, lossy_accept_prob, mixture, one_hot,
-                                        token_mixture, total_variation, verify_greedy_kept)
+from specbench.decoding.cascade import (
+    ALWAYS,
+    MIXTURE_RULES,
+    NEVER,
+    RULES,
+    TOKEN_RULES,
+    Cascade,
+    accept_set,
+    cascade_target,
+    defer_mask,
+    keep_mask,
+    lossy_accept_prob,
+    mixture,
+    one_hot,
+    token_mixture,
+    total_variation,
+    verify_greedy_kept,
+)
 from specbench.decoding.sampling import SamplingParams
 from specbench.decoding.verify import verify_sampling
 from specbench.errors import SpecbenchError
@@ -37,36 +52,42 @@ def test_total_variation_by_hand():
     assert total_variation(Q[:1], Q[:1]).item() == 0.0
 
 
-@pytest.mark.parametrize("rule, alpha, expected", [
-    # chow: defer when max q < 1 - alpha  (max q = 0.9, 0.4)
-    ("chow", 0.0, [True, True]),
-    ("chow", 0.2, [False, True]),   # 0.9 < 0.8? no; 0.4 < 0.8 yes
-    ("chow", 0.7, [False, False]),  # threshold 0.3
-    # diff: defer when max q < max p - alpha  (max p = 0.6, 0.8)
-    ("diff", 0.0, [False, True]),
-    ("diff", 0.3, [False, True]),   # 0.4 < 0.5
-    ("diff", 0.5, [False, False]),  # 0.4 < 0.3? no
-    ("diff", -0.35, [True, True]),  # 0.9 < 0.95
-    # opt: defer when max q < max p - alpha * TV  (TV = 0.6, 0.7)
-    ("opt", 0.5, [False, True]),    # 0.4 < 0.8 - 0.35 = 0.45
-    ("opt", 0.7, [False, False]),   # 0.4 < 0.8 - 0.49 = 0.31? no
-    ("opt", -0.6, [True, True]),    # 0.9 < 0.6 + 0.36 = 0.96
-])
+@pytest.mark.parametrize(
+    "rule, alpha, expected",
+    [
+        # chow: defer when max q < 1 - alpha  (max q = 0.9, 0.4)
+        ("chow", 0.0, [True, True]),
+        ("chow", 0.2, [False, True]),  # 0.9 < 0.8? no; 0.4 < 0.8 yes
+        ("chow", 0.7, [False, False]),  # threshold 0.3
+        # diff: defer when max q < max p - alpha  (max p = 0.6, 0.8)
+        ("diff", 0.0, [False, True]),
+        ("diff", 0.3, [False, True]),  # 0.4 < 0.5
+        ("diff", 0.5, [False, False]),  # 0.4 < 0.3? no
+        ("diff", -0.35, [True, True]),  # 0.9 < 0.95
+        # opt: defer when max q < max p - alpha * TV  (TV = 0.6, 0.7)
+        ("opt", 0.5, [False, True]),  # 0.4 < 0.8 - 0.35 = 0.45
+        ("opt", 0.7, [False, False]),  # 0.4 < 0.8 - 0.49 = 0.31? no
+        ("opt", -0.6, [True, True]),  # 0.9 < 0.6 + 0.36 = 0.96
+    ],
+)
 def test_mixture_rule_decisions(rule, alpha, expected):
     assert defer_mask(rule, Q, P, alpha).tolist() == expected
 
 
-@pytest.mark.parametrize("rule, alpha, expected", [
-    # token_v1: q(v) >= max p - alpha (max p = 0.6, 0.8)
-    ("token_v1", 0.0, [[True, False, False, False], [False, False, False, False]]),
-    ("token_v1", 0.5, [[True, False, False, False], [True, True, False, False]]),
-    # token_v2: p(v) >= max p - alpha
-    ("token_v2", 0.0, [[False, True, False, False], [False, False, False, True]]),
-    ("token_v2", 0.35, [[True, True, False, False], [False, False, False, True]]),
-    # token_v3: p(v) >= (1 - alpha) max p
-    ("token_v3", 0.5, [[True, True, False, False], [False, False, False, True]]),  # 0.3, 0.4
-    ("token_v3", 0.9, [[True, True, True, False], [False, True, True, True]]),     # 0.06, 0.08
-])
+@pytest.mark.parametrize(
+    "rule, alpha, expected",
+    [
+        # token_v1: q(v) >= max p - alpha (max p = 0.6, 0.8)
+        ("token_v1", 0.0, [[True, False, False, False], [False, False, False, False]]),
+        ("token_v1", 0.5, [[True, False, False, False], [True, True, False, False]]),
+        # token_v2: p(v) >= max p - alpha
+        ("token_v2", 0.0, [[False, True, False, False], [False, False, False, True]]),
+        ("token_v2", 0.35, [[True, True, False, False], [False, False, False, True]]),
+        # token_v3: p(v) >= (1 - alpha) max p
+        ("token_v3", 0.5, [[True, True, False, False], [False, False, False, True]]),  # 0.3, 0.4
+        ("token_v3", 0.9, [[True, True, True, False], [False, True, True, True]]),  # 0.06, 0.08
+    ],
+)
 def test_token_rule_accept_sets(rule, alpha, expected):
     assert accept_set(rule, Q, P, alpha).tolist() == expected
 
@@ -108,8 +129,10 @@ def test_verify_greedy_kept_by_hand():
 # ------------------------------------------------------------------ validation
 
 
-@pytest.mark.parametrize("rule, alpha", [("chow", 1.5), ("diff", -1.2), ("opt", -2.5), ("token_v3", 2.0),
-                                         ("lossy_sd", -0.1), ("lossy_sd", 1.01)])
+@pytest.mark.parametrize(
+    "rule, alpha",
+    [("chow", 1.5), ("diff", -1.2), ("opt", -2.5), ("token_v3", 2.0), ("lossy_sd", -0.1), ("lossy_sd", 1.01)],
+)
 def test_alpha_out_of_range_is_an_error(rule, alpha):
     with pytest.raises(SpecbenchError, match="out of range"):
         Cascade(rule, alpha)
@@ -202,8 +225,19 @@ def lossy_law(q: torch.Tensor, p: torch.Tensor, alpha: float) -> torch.Tensor:
 
 # (rule, alpha) pairs that make every branch happen on Q_S / P_S below
 # (mixture rules: delta = 0 for chow 0.55, diff 0, opt 0.5; delta = 1 for chow 0.3, diff -0.2, opt -0.5)
-SAMPLED = [("chow", 0.55), ("chow", 0.3), ("diff", 0.0), ("diff", -0.2), ("opt", 0.5), ("opt", -0.5),
-           ("token_v1", 0.2), ("token_v2", 0.3), ("token_v3", 0.5), ("lossy_sd", 0.4), ("none", 0.0)]
+SAMPLED = [
+    ("chow", 0.55),
+    ("chow", 0.3),
+    ("diff", 0.0),
+    ("diff", -0.2),
+    ("opt", 0.5),
+    ("opt", -0.5),
+    ("token_v1", 0.2),
+    ("token_v2", 0.3),
+    ("token_v3", 0.5),
+    ("lossy_sd", 0.4),
+    ("none", 0.0),
+]
 Q_S = torch.tensor([0.5, 0.25, 0.15, 0.1, 0.0, 0.0])
 P_S = torch.tensor([0.2, 0.1, 0.05, 0.05, 0.35, 0.25])
 
@@ -230,8 +264,9 @@ def test_sampler_against_pi_matches_pi(rule, alpha, deterministic):
     accepted = 0
     for _ in range(runs):
         x = 1 if deterministic else int(torch.multinomial(Q_S, 1, generator=gen))
-        verdict, deferred = cascade.verify([x], None if deterministic else q, None if deterministic else q,
-                                           logits, T1, gen)
+        verdict, deferred = cascade.verify(
+            [x], None if deterministic else q, None if deterministic else q, logits, T1, gen
+        )
         counts[verdict.tokens[0]] += 1
         accepted += verdict.accepted
         assert len(verdict.tokens) == 1
@@ -249,12 +284,19 @@ def test_sampling_extremes(rule):
         draft = [int(torch.multinomial(row, 1, generator=gen)) for row in q]
         logits = torch.log(p.clamp_min(1e-30))
         verdict, deferred = Cascade(rule, NEVER[rule]).verify(draft, q, q, logits, T1, gen)
-        assert verdict.accepted == 3 and verdict.tokens[:3] == draft and len(verdict.tokens) == 4 and deferred == 0
+        assert (
+            verdict.accepted == 3
+            and verdict.tokens[:3] == draft
+            and len(verdict.tokens) == 4
+            and deferred == 0
+        )
         verdict, _ = Cascade(rule, NEVER[rule]).verify(draft, q, q, logits[:3], T1, gen)  # no bonus row
         assert verdict.accepted == 3 and verdict.tokens == draft
         # always defer: the same draws as lossless speculative sampling
         seed = int(torch.randint(0, 2**31, (1,), generator=gen))
-        lossy, deferred = Cascade(rule, ALWAYS[rule]).verify(draft, q, q, logits, T1, torch.Generator().manual_seed(seed))
+        lossy, deferred = Cascade(rule, ALWAYS[rule]).verify(
+            draft, q, q, logits, T1, torch.Generator().manual_seed(seed)
+        )
         lossless = verify_sampling(draft, q, torch.softmax(logits, -1), torch.Generator().manual_seed(seed))
         assert lossy == lossless
         assert deferred == 3 or rule == "lossy_sd"
@@ -291,19 +333,34 @@ def test_every_rule_has_extremes():
 def _ex(qid, task, method, seconds, out, ref_ids, quality, calls, drafted=0, accepted=0, deferred=0):
     from specbench.pipelines.cascades import agreement
 
-    return {"query_id": qid, "task": task, "method": method, "output_ids": out, "text": "x", "new_tokens": len(out),
-            "seconds": seconds, "target_calls": calls, "drafted": drafted, "accepted": accepted, "deferred": deferred,
-            "reference": None, "quality": quality, "agreement": agreement(out, ref_ids)}
+    return {
+        "query_id": qid,
+        "task": task,
+        "method": method,
+        "output_ids": out,
+        "text": "x",
+        "new_tokens": len(out),
+        "seconds": seconds,
+        "target_calls": calls,
+        "drafted": drafted,
+        "accepted": accepted,
+        "deferred": deferred,
+        "reference": None,
+        "quality": quality,
+        "agreement": agreement(out, ref_ids),
+    }
 
 
 def test_rejections_by_hand():
     from specbench.pipelines.speed import rejections
 
-    rounds = [{"drafted": 4, "accepted": 4, "emitted": 5},   # all accepted + bonus
-              {"drafted": 4, "accepted": 1, "emitted": 2},   # rejected at position 2
-              {"drafted": 5, "accepted": 2, "emitted": 2},   # EOS inside the accepted prefix: no rejection
-              {"drafted": 5, "accepted": 5, "emitted": 5},   # lossy rule, fully kept, no bonus
-              {"drafted": 0, "accepted": 0, "emitted": 1}]   # autoregressive step
+    rounds = [
+        {"drafted": 4, "accepted": 4, "emitted": 5},  # all accepted + bonus
+        {"drafted": 4, "accepted": 1, "emitted": 2},  # rejected at position 2
+        {"drafted": 5, "accepted": 2, "emitted": 2},  # EOS inside the accepted prefix: no rejection
+        {"drafted": 5, "accepted": 5, "emitted": 5},  # lossy rule, fully kept, no bonus
+        {"drafted": 0, "accepted": 0, "emitted": 1},
+    ]  # autoregressive step
     assert rejections(rounds) == 1
 
 
@@ -330,7 +387,9 @@ def test_curves_and_best_rule_by_hand():
         _ex("q1", "math", "chow@0.9", 0.5, [9, 2, 3, 4], ar, {"accuracy": 0.0}, 1, drafted=4, accepted=4),
         _ex("q2", "math", "chow@0.9", 0.5, ar, ar, {"accuracy": 0.0}, 1, drafted=4, accepted=4),
     ]
-    rounds = [{"query_id": q, "method": "sd", "drafted": 4, "accepted": 2, "emitted": 3} for q in ("q1", "q2")]
+    rounds = [
+        {"query_id": q, "method": "sd", "drafted": 4, "accepted": 2, "emitted": 3} for q in ("q1", "q2")
+    ]
     table = curves(examples, rounds).set_index("method")
     assert list(table.index) == ["autoregressive", "drafter_alone", "sd", "chow@0.5", "chow@0.9"]
     assert table.loc["sd", "speedup"] == 2.0 and table.loc["chow@0.9", "speedup"] == 8.0
@@ -344,8 +403,18 @@ def test_curves_and_best_rule_by_hand():
     assert (table.loc["chow@0.5", "rule"], table.loc["chow@0.5", "alpha"]) == ("chow", 0.5)
     best = best_at_loss(table.reset_index())
     # chow@0.9 is faster but loses 50% accuracy; chow@0.5 keeps SD's accuracy at 4x
-    assert best.to_dict("records") == [{"task": "math", "rule": "chow", "alpha": 0.5, "quality": 0.5,
-                                        "sd_quality": 0.5, "speedup": 4.0, "sd_speedup": 2.0, "gain": 2.0}]
+    assert best.to_dict("records") == [
+        {
+            "task": "math",
+            "rule": "chow",
+            "alpha": 0.5,
+            "quality": 0.5,
+            "sd_quality": 0.5,
+            "speedup": 4.0,
+            "sd_speedup": 2.0,
+            "gain": 2.0,
+        }
+    ]
     assert "chow (alpha 0.5): speedup 4.000x" in closing_note(best)
 
 
@@ -358,9 +427,13 @@ def test_a_task_whose_baseline_ran_in_another_process_says_so():
 
     from specbench.pipelines.cascades import SD, closing_note
 
-    table = pd.DataFrame([{"task": "math", "method": "autoregressive", "speedup": 1.0},
-                          {"task": "math", "method": SD, "speedup": math.nan},
-                          {"task": "translation", "method": SD, "speedup": math.nan}])
+    table = pd.DataFrame(
+        [
+            {"task": "math", "method": "autoregressive", "speedup": 1.0},
+            {"task": "math", "method": SD, "speedup": math.nan},
+            {"task": "translation", "method": SD, "speedup": math.nan},
+        ]
+    )
     note = closing_note(pd.DataFrame(), table)
     assert "another process than its SD runs" in note and "math" in note.split("another process")[1]
     assert "no autoregressive generation of the task finished, so no speedup): translation." in note

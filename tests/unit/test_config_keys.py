@@ -21,22 +21,41 @@ from specbench.errors import SpecbenchError
 from specbench.validate import SCHEMA, TABLES, Rule, integer, schema, validate
 from tests.experiments import commands_for, experiments
 
-ROOTS = ["eval", "collect", "train_policy", "train_drafter", "cascades", "bench", "profile", "trace", "replay"]
+ROOTS = [
+    "eval",
+    "collect",
+    "train_policy",
+    "train_drafter",
+    "cascades",
+    "bench",
+    "profile",
+    "trace",
+    "replay",
+]
 # groups whose options are composed alone, and where each lands (a drafter option lands in a pool)
-GROUPS = {p.name: "pool.drafters.x" if p.name == "drafter" else p.name
-          for p in sorted(Path(conf_dir()).iterdir()) if p.is_dir() and p.name not in ("experiment", "hydra")}
+GROUPS = {
+    p.name: "pool.drafters.x" if p.name == "drafter" else p.name
+    for p in sorted(Path(conf_dir()).iterdir())
+    if p.is_dir() and p.name not in ("experiment", "hydra")
+}
 
 # Keys that are not user settings typed here, each with its reason.
 EXEMPT = {
     "selector._target_": "Hydra's instantiate target: the selector class (a bad one fails to import, by name)",
     "pool.drafters.*._target_": "Hydra's instantiate target: the drafter builder (build_pool requires it)",
     "selector_overrides.*": "merged into each selector of methods=; the keys are the selector's, whose "
-                            "constructor takes or refuses each one",
+    "constructor takes or refuses each one",
 }
 
-CONFIGS = ([(root, ()) for root in ROOTS]
-           + [(command, (f"experiment={name}",)) for name in experiments() for command in commands_for(name)]
-           + [(None, (f"+{group}@{at}={option}",)) for group, at in GROUPS.items() for option in group_options(group)])
+CONFIGS = (
+    [(root, ()) for root in ROOTS]
+    + [(command, (f"experiment={name}",)) for name in experiments() for command in commands_for(name)]
+    + [
+        (None, (f"+{group}@{at}={option}",))
+        for group, at in GROUPS.items()
+        for option in group_options(group)
+    ]
+)
 
 
 def _id(case) -> str:
@@ -67,14 +86,18 @@ def matches(key: str, pattern: str) -> bool:
 def untyped(root, overrides) -> list[str]:
     rules = schema()
     keys = leaves(OmegaConf.to_container(composed(root, overrides), resolve=False))
-    return [k for k in keys if not any(matches(k, p) for p in rules) and not any(matches(k, p) for p in EXEMPT)]
+    return [
+        k for k in keys if not any(matches(k, p) for p in rules) and not any(matches(k, p) for p in EXEMPT)
+    ]
 
 
 @pytest.mark.parametrize("case", CONFIGS, ids=_id)
 def test_every_yaml_key_has_a_typed_home(case):
     missing = untyped(*case)
-    assert not missing, (f"{_id(case)}: no rule types {', '.join(missing)}: add each to the KEYS table beside the "
-                         "class that reads it (validate.TABLES), or to validate.SCHEMA if no class reads it")
+    assert not missing, (
+        f"{_id(case)}: no rule types {', '.join(missing)}: add each to the KEYS table beside the "
+        "class that reads it (validate.TABLES), or to validate.SCHEMA if no class reads it"
+    )
 
 
 def test_each_exemption_is_still_needed():
@@ -115,30 +138,62 @@ def test_a_key_added_to_a_class_table_is_enforced(monkeypatch):
     assert "selector.horizon=<an integer >= 1>" in err.value.fix
 
 
-@pytest.mark.parametrize("overrides, problem, fix", [
-    # Hedge's learning rate: missing from the old single table, so only its constructor checked it
-    (("selector=hedge", "selector.eta=0"), "selector.eta=0: expected a finite number > 0", "selector.eta=<a finite"),
-    (("selector=tree_ucb", "selector.size=1.5"), "selector.size=1.5: expected an integer >= 1", "selector.size=<"),
-    (("selector=router", "selector.min_match=0"), "selector.min_match=0: expected an integer >= 1",
-     "selector.min_match=<an integer >= 1>"),
-    (("selector=router", "selector.ucb.beta=-1"), "selector.ucb.beta=-1: expected a finite number >= 0",
-     "selector.ucb.beta=<"),
-    (("pool.drafters.prompt_lookup.draft_length=0",),
-     "pool.drafters.prompt_lookup.draft_length=0: expected an integer >= 1 or null (null: decoding.draft_length)",
-     "pool.drafters.prompt_lookup.draft_length=<an integer >= 1 or null>"),
-    (("pool.drafters.prompt_lookup.cost=-1",),
-     "pool.drafters.prompt_lookup.cost=-1: expected a finite number >= 0 or measured or null",
-     "pool.drafters.prompt_lookup.cost=<"),
-    (("pool.drafters.prompt_lookup.max_ngram=0",), "pool.drafters.prompt_lookup.max_ngram=0: expected an integer >= 1",
-     "pool.drafters.prompt_lookup.max_ngram=<an integer >= 1>"),
-    (("target.context_keys=[1]",), "target.context_keys=[1]: expected a list, each a non-empty string",
-     "target.context_keys=<"),
-    (("dataset.sources.math.task=3",), "dataset.sources.math.task=3: expected a non-empty string or null",
-     "dataset.sources.math.task=<a non-empty string or null>"),
-    (("+dataset.sources.math.task_from_category=yes",),
-     "dataset.sources.math.task_from_category=yes: expected true or false",
-     "dataset.sources.math.task_from_category=<true or false>"),
-])
+@pytest.mark.parametrize(
+    "overrides, problem, fix",
+    [
+        # Hedge's learning rate: missing from the old single table, so only its constructor checked it
+        (
+            ("selector=hedge", "selector.eta=0"),
+            "selector.eta=0: expected a finite number > 0",
+            "selector.eta=<a finite",
+        ),
+        (
+            ("selector=tree_ucb", "selector.size=1.5"),
+            "selector.size=1.5: expected an integer >= 1",
+            "selector.size=<",
+        ),
+        (
+            ("selector=router", "selector.min_match=0"),
+            "selector.min_match=0: expected an integer >= 1",
+            "selector.min_match=<an integer >= 1>",
+        ),
+        (
+            ("selector=router", "selector.ucb.beta=-1"),
+            "selector.ucb.beta=-1: expected a finite number >= 0",
+            "selector.ucb.beta=<",
+        ),
+        (
+            ("pool.drafters.prompt_lookup.draft_length=0",),
+            "pool.drafters.prompt_lookup.draft_length=0: expected an integer >= 1 or null (null: decoding.draft_length)",
+            "pool.drafters.prompt_lookup.draft_length=<an integer >= 1 or null>",
+        ),
+        (
+            ("pool.drafters.prompt_lookup.cost=-1",),
+            "pool.drafters.prompt_lookup.cost=-1: expected a finite number >= 0 or measured or null",
+            "pool.drafters.prompt_lookup.cost=<",
+        ),
+        (
+            ("pool.drafters.prompt_lookup.max_ngram=0",),
+            "pool.drafters.prompt_lookup.max_ngram=0: expected an integer >= 1",
+            "pool.drafters.prompt_lookup.max_ngram=<an integer >= 1>",
+        ),
+        (
+            ("target.context_keys=[1]",),
+            "target.context_keys=[1]: expected a list, each a non-empty string",
+            "target.context_keys=<",
+        ),
+        (
+            ("dataset.sources.math.task=3",),
+            "dataset.sources.math.task=3: expected a non-empty string or null",
+            "dataset.sources.math.task=<a non-empty string or null>",
+        ),
+        (
+            ("+dataset.sources.math.task_from_category=yes",),
+            "dataset.sources.math.task_from_category=yes: expected true or false",
+            "dataset.sources.math.task_from_category=<true or false>",
+        ),
+    ],
+)
 def test_newly_typed_keys_refuse_bad_values_by_name(overrides, problem, fix):
     with pytest.raises(SpecbenchError) as err:
         validate(composed("eval", overrides))
@@ -147,7 +202,9 @@ def test_newly_typed_keys_refuse_bad_values_by_name(overrides, problem, fix):
 
 
 def test_newly_typed_keys_of_other_commands():
-    with pytest.raises(SpecbenchError, match=r"profile.trees=\[\[2\]\]: expected a list of \[branches, depth\]"):
+    with pytest.raises(
+        SpecbenchError, match=r"profile.trees=\[\[2\]\]: expected a list of \[branches, depth\]"
+    ):
         validate(composed("profile", ("profile.trees=[[2]]",)))
     with pytest.raises(SpecbenchError, match="eval_sets.math.limit=0: expected an integer >= 1 or null"):
         validate(composed("train_drafter", ("eval_sets.math.limit=0",)))

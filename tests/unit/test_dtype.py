@@ -16,10 +16,15 @@ from specbench.pipelines.session.run_dir import start_run
 from specbench.pipelines.session.settings import resolve_target_dtype
 
 
-@pytest.mark.parametrize("flags, expected", [(frozenset({"avx512_bf16"}), "bfloat16"),
-                                             (frozenset({"amx_bf16"}), "bfloat16"),
-                                             (frozenset({"avx512_bf16", "amx_bf16"}), "bfloat16"),
-                                             (frozenset(), "float32")])
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (frozenset({"avx512_bf16"}), "bfloat16"),
+        (frozenset({"amx_bf16"}), "bfloat16"),
+        (frozenset({"avx512_bf16", "amx_bf16"}), "bfloat16"),
+        (frozenset(), "float32"),
+    ],
+)
 def test_cpu_auto_follows_the_bf16_flags(monkeypatch, flags, expected):
     monkeypatch.setattr(devices, "cpu_bf16_flags", lambda: (flags, "mocked"))
     name, why = devices.auto_dtype(torch.device("cpu"))

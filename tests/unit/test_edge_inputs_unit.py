@@ -36,12 +36,15 @@ def composed(name: str, *overrides: str):
 
 # -- temperature: 0 or at least MIN_TEMPERATURE ------------------------------------------------
 
+
 @pytest.mark.parametrize("t", [1e-40, 1e-39, 1e-30, 1e-7])
 def test_a_tiny_positive_temperature_is_refused(t):
     with pytest.raises(SpecbenchError, match="below the smallest positive temperature") as info:
         SamplingParams(temperature=t)
     assert "decoding.temperature=0" in info.value.fix and f"{MIN_TEMPERATURE:g}" in info.value.fix
-    with pytest.raises(SpecbenchError, match=rf"decoding.temperature={t:g}: expected a finite number >= 0: 0 \(greedy\)"):
+    with pytest.raises(
+        SpecbenchError, match=rf"decoding.temperature={t:g}: expected a finite number >= 0: 0 \(greedy\)"
+    ):
         validate(composed("eval", f"decoding.temperature={t}"))
 
 
@@ -56,22 +59,29 @@ def test_the_smallest_temperature_allowed_gives_finite_probabilities():
 
 # -- empty query fields, named before any model loads ------------------------------------------
 
-@pytest.mark.parametrize("fmt, record, field", [
-    ("gsm8k", {"question": "", "answer": "#### 1"}, "question"),
-    ("gsm8k", {"question": " \n\t", "answer": "#### 1"}, "question"),
-    ("qa", {"question": "  ", "answer": ["x"]}, "question"),
-    ("xsum", {"document": "", "summary": "s", "id": "d7"}, "document"),
-    ("iwslt", {"translation": {"de": " ", "en": "hi"}}, "source"),
-    ("mt_bench", {"question_id": 5, "category": "writing", "turns": ["", "more"]}, "turn"),
-    ("mt_bench", {"question_id": 5, "category": "writing", "turns": ["first", " "]}, "turn 2"),
-    ("alpaca", {"instruction": " ", "output": "o"}, "turn"),
-])
+
+@pytest.mark.parametrize(
+    "fmt, record, field",
+    [
+        ("gsm8k", {"question": "", "answer": "#### 1"}, "question"),
+        ("gsm8k", {"question": " \n\t", "answer": "#### 1"}, "question"),
+        ("qa", {"question": "  ", "answer": ["x"]}, "question"),
+        ("xsum", {"document": "", "summary": "s", "id": "d7"}, "document"),
+        ("iwslt", {"translation": {"de": " ", "en": "hi"}}, "source"),
+        ("mt_bench", {"question_id": 5, "category": "writing", "turns": ["", "more"]}, "turn"),
+        ("mt_bench", {"question_id": 5, "category": "writing", "turns": ["first", " "]}, "turn 2"),
+        ("alpaca", {"instruction": " ", "output": "o"}, "turn"),
+    ],
+)
 def test_an_empty_query_field_is_refused_naming_the_record(tmp_path, fmt, record, field):
-    good = {"gsm8k": {"question": "1+1?", "answer": "#### 2"}, "qa": {"question": "who?", "answer": ["x"]},
-            "xsum": {"document": "text", "summary": "s", "id": "d1"},
-            "iwslt": {"translation": {"de": "hallo", "en": "hello"}},
-            "mt_bench": {"question_id": 1, "category": "writing", "turns": ["hi", "again"]},
-            "alpaca": {"instruction": "say hi", "output": "hi"}}[fmt]
+    good = {
+        "gsm8k": {"question": "1+1?", "answer": "#### 2"},
+        "qa": {"question": "who?", "answer": ["x"]},
+        "xsum": {"document": "text", "summary": "s", "id": "d1"},
+        "iwslt": {"translation": {"de": "hallo", "en": "hello"}},
+        "mt_bench": {"question_id": 1, "category": "writing", "turns": ["hi", "again"]},
+        "alpaca": {"instruction": "say hi", "output": "hi"},
+    }[fmt]
     path = tmp_path / "data.jsonl"
     path.write_text(json.dumps(good) + "\n" + json.dumps(record) + "\n")
     with pytest.raises(SpecbenchError) as info:
@@ -79,61 +89,95 @@ def test_an_empty_query_field_is_refused_naming_the_record(tmp_path, fmt, record
     assert info.value.problem.startswith(f"{path}:2: dataset source 'src': query ")
     assert info.value.problem.endswith(f"has an empty {field}")
     assert "remove the record" in info.value.fix
-    ids = {"gsm8k": "gsm8k-1", "qa": "qa-1", "xsum": "d7", "iwslt": "iwslt-1", "mt_bench": "q5", "alpaca": "alpaca-1"}
+    ids = {
+        "gsm8k": "gsm8k-1",
+        "qa": "qa-1",
+        "xsum": "d7",
+        "iwslt": "iwslt-1",
+        "mt_bench": "q5",
+        "alpaca": "alpaca-1",
+    }
     assert f"query {ids[fmt]} " in info.value.problem
 
 
 def test_many_empty_records_are_counted(tmp_path):
     path = tmp_path / "q.jsonl"
     path.write_text("".join(json.dumps({"question": "", "answer": "#### 1"}) + "\n" for _ in range(3)))
-    with pytest.raises(SpecbenchError, match=r"q.jsonl:1: .* gsm8k-0 has an empty question \(and 2 more such records\)"):
+    with pytest.raises(
+        SpecbenchError, match=r"q.jsonl:1: .* gsm8k-0 has an empty question \(and 2 more such records\)"
+    ):
         read_source("gsm8k", {"format": "gsm8k", "path": str(path)})
 
 
 # -- a source that the filters empty -----------------------------------------------------------
 
+
 def test_categories_and_offset_that_empty_a_source_are_refused():
     cfg = composed("eval", "dataset.categories=[writing]", "dataset.offset=3").dataset
     with pytest.raises(SpecbenchError) as info:
         load_dataset_config(cfg)
-    assert info.value.problem == ("dataset source 'chat' yields no queries: it has 1 record in "
-                                  "dataset.categories=['writing'] and dataset.offset=3 skips it")
+    assert info.value.problem == (
+        "dataset source 'chat' yields no queries: it has 1 record in "
+        "dataset.categories=['writing'] and dataset.offset=3 skips it"
+    )
     assert "dataset.offset below 1" in info.value.fix and "dataset.sources.chat=null" in info.value.fix
     # the same offset without the filter, and the filter without the offset: every source yields queries
     assert {q.task for q in load_dataset_config(composed("eval", "dataset.offset=3").dataset)} == {
-        "translation", "summarization", "math", "chat", "code"}
-    assert {q.task for q in load_dataset_config(composed("eval", "dataset.categories=[writing]").dataset)} == {
-        "translation", "summarization", "math", "chat", "code"}
+        "translation",
+        "summarization",
+        "math",
+        "chat",
+        "code",
+    }
+    assert {
+        q.task for q in load_dataset_config(composed("eval", "dataset.categories=[writing]").dataset)
+    } == {"translation", "summarization", "math", "chat", "code"}
 
 
 def test_an_offset_past_one_source_is_refused(tmp_path):
     short = tmp_path / "short.jsonl"
     short.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n")
     cfg = composed("eval", "dataset.offset=2", f"dataset.sources.math.path={short}").dataset
-    with pytest.raises(SpecbenchError, match=r"dataset source 'math' yields no queries: it has 1 record and "
-                                             r"dataset.offset=2 skips it"):
+    with pytest.raises(
+        SpecbenchError,
+        match=r"dataset source 'math' yields no queries: it has 1 record and "
+        r"dataset.offset=2 skips it",
+    ):
         load_dataset_config(cfg)
 
 
 def test_categories_that_only_another_source_has_are_refused(tmp_path):
     other = tmp_path / "other.jsonl"
     other.write_text(json.dumps({"question_id": 9, "category": "coding", "turns": ["write code"]}) + "\n")
-    cfg = composed("eval", "dataset.categories=[writing]", f"+dataset.sources.more={{format: mt_bench, path: '{other}'}}")
-    with pytest.raises(SpecbenchError, match=r"dataset source 'more' yields no queries: none of its 1 records? is in "
-                                             r"dataset.categories=\['writing'\]"):
+    cfg = composed(
+        "eval", "dataset.categories=[writing]", f"+dataset.sources.more={{format: mt_bench, path: '{other}'}}"
+    )
+    with pytest.raises(
+        SpecbenchError,
+        match=r"dataset source 'more' yields no queries: none of its 1 records? is in "
+        r"dataset.categories=\['writing'\]",
+    ):
         load_dataset_config(cfg.dataset)
 
 
 # -- confidence_threshold: a probability -------------------------------------------------------
 
+
 @pytest.mark.parametrize("value", [2, -0.1, 1.5])
 def test_a_confidence_threshold_outside_0_1_is_refused(value):
-    with pytest.raises(SpecbenchError, match=rf"pool.drafters.quantized.confidence_threshold={value}: "
-                                             r"expected a finite number in \[0, 1\]"):
+    with pytest.raises(
+        SpecbenchError,
+        match=rf"pool.drafters.quantized.confidence_threshold={value}: "
+        r"expected a finite number in \[0, 1\]",
+    ):
         validate(composed("eval", "pool=tiny", f"pool.drafters.quantized.confidence_threshold={value}"))
-    for build in (lambda: ModelDrafter("q", None, 10, 0.1, confidence_threshold=value),
-                  lambda: EagleDrafter("q", None, None, None, 0.0, confidence_threshold=value)):
-        with pytest.raises(SpecbenchError, match=r"drafter 'q': confidence_threshold=.* is not a probability in \[0, 1\]"):
+    for build in (
+        lambda: ModelDrafter("q", None, 10, 0.1, confidence_threshold=value),
+        lambda: EagleDrafter("q", None, None, None, 0.0, confidence_threshold=value),
+    ):
+        with pytest.raises(
+            SpecbenchError, match=r"drafter 'q': confidence_threshold=.* is not a probability in \[0, 1\]"
+        ):
             build()
 
 
@@ -147,6 +191,7 @@ def test_confidence_thresholds_in_0_1_pass():
 
 # -- an experiment under the command it is written for -----------------------------------------
 
+
 @pytest.mark.parametrize("name", experiments())
 def test_every_experiment_declares_its_commands(name):
     """Each experiment's ``# @commands`` header matches the commands the config tests compose it for."""
@@ -157,12 +202,21 @@ def test_every_experiment_declares_its_commands(name):
         check_experiment_command(name, command.replace("-", "_"))
 
 
-@pytest.mark.parametrize("name, command, right", [
-    ("cascades_cpu", "eval", "cascades"), ("cascades_cpu", "collect", "cascades"),
-    ("metasd_cpu", "cascades", "eval"), ("huang_cpu", "cascades", "collect"),
-    ("drafter_vicuna68m_qa", "eval", "train-drafter"), ("metasd_cpu", "train_policy", "eval")])
+@pytest.mark.parametrize(
+    "name, command, right",
+    [
+        ("cascades_cpu", "eval", "cascades"),
+        ("cascades_cpu", "collect", "cascades"),
+        ("metasd_cpu", "cascades", "eval"),
+        ("huang_cpu", "cascades", "collect"),
+        ("drafter_vicuna68m_qa", "eval", "train-drafter"),
+        ("metasd_cpu", "train_policy", "eval"),
+    ],
+)
 def test_an_experiment_under_another_command_is_refused(name, command, right):
-    with pytest.raises(SpecbenchError, match=f"experiment '{name}' is written for .*, not {command.replace('_', '-')}") as info:
+    with pytest.raises(
+        SpecbenchError, match=f"experiment '{name}' is written for .*, not {command.replace('_', '-')}"
+    ) as info:
         check_experiment_command(name, command)
     assert f"`specbench {right} experiment={name} ...`" in info.value.fix
 
@@ -174,10 +228,12 @@ def test_no_experiment_or_an_unknown_one_is_not_checked_here():
 
 # -- the model cache ---------------------------------------------------------------------------
 
+
 @pytest.fixture
 def no_conversion(monkeypatch):
     def convert(pkg_dir, tmp):
         raise AssertionError("the embedded model was converted")
+
     monkeypatch.setattr(store, "convert_smollm2", convert)
 
 
@@ -188,7 +244,9 @@ def test_an_unwritable_cache_is_named_with_its_own_fix(tmp_path, monkeypatch, no
     with pytest.raises(SpecbenchError) as info:
         store.smollm2_dir()
     assert info.value.problem.startswith(f"cannot write the model cache {tmp_path / where}")
-    assert "SPECBENCH_CACHE=<a writable directory>" in info.value.fix and "hydra.run.dir" not in info.value.fix
+    assert (
+        "SPECBENCH_CACHE=<a writable directory>" in info.value.fix and "hydra.run.dir" not in info.value.fix
+    )
 
 
 def test_a_write_that_fails_during_the_conversion_names_the_cache(tmp_path, monkeypatch):
@@ -196,12 +254,17 @@ def test_a_write_that_fails_during_the_conversion_names_the_cache(tmp_path, monk
 
     def convert(pkg_dir, tmp):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp / "model.safetensors"))
+
     monkeypatch.setattr(store, "convert_smollm2", convert)
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
-    with pytest.raises(SpecbenchError, match="cannot write the model cache .*No space left on device") as info:
+    with pytest.raises(
+        SpecbenchError, match="cannot write the model cache .*No space left on device"
+    ) as info:
         store.smollm2_dir()
     assert "SPECBENCH_CACHE=" in info.value.fix
-    assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".smollm2-")]  # its temp dir went
+    assert not [
+        p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".smollm2-")
+    ]  # its temp dir went
 
 
 def dead_pid() -> int:
@@ -231,6 +294,7 @@ def test_a_conversion_removes_the_temporary_directories_of_killed_ones(tmp_path,
         assert not dead.exists() and not old.exists(), "stale directories are removed before converting"
         (tmp / "config.json").write_text("{}")
         (tmp / "model.safetensors").write_bytes(b"weights")
+
     monkeypatch.setattr(store, "convert_smollm2", convert)
     monkeypatch.setenv("SPECBENCH_CACHE", str(cache))
     out = store.smollm2_dir()
@@ -243,7 +307,9 @@ def test_a_conversion_removes_the_temporary_directories_of_killed_ones(tmp_path,
 
 def test_remove_stale_conversions_by_age_and_owner(tmp_path):
     host = socket.gethostname()
-    elsewhere = tmp_path / f".smollm2-another-host-{dead_pid()}-abcdefgh"  # another host's pid means nothing here
+    elsewhere = (
+        tmp_path / f".smollm2-another-host-{dead_pid()}-abcdefgh"
+    )  # another host's pid means nothing here
     elsewhere.mkdir()
     assert store.remove_stale_conversions(tmp_path) == []
     assert store.remove_stale_conversions(tmp_path, now=time.time() + 2 * 3600) == [elsewhere]
@@ -255,14 +321,18 @@ def test_remove_stale_conversions_by_age_and_owner(tmp_path):
 
 # -- a damaged head checkpoint -----------------------------------------------------------------
 
-@pytest.mark.parametrize("name, content", [
-    ("model.safetensors", random.Random(0).randbytes(600)),
-    ("model.safetensors", b""),
-    ("model.safetensors", b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\": "),  # a torn header
-    ("pytorch_model.bin", random.Random(1).randbytes(600)),
-    ("pytorch_model.bin", random.Random(2).randbytes(600)),
-    ("pytorch_model.bin", b"PK\x03\x04" + random.Random(3).randbytes(100)),  # a torn zip
-])
+
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        ("model.safetensors", random.Random(0).randbytes(600)),
+        ("model.safetensors", b""),
+        ("model.safetensors", b'\x10\x00\x00\x00\x00\x00\x00\x00{"a": '),  # a torn header
+        ("pytorch_model.bin", random.Random(1).randbytes(600)),
+        ("pytorch_model.bin", random.Random(2).randbytes(600)),
+        ("pytorch_model.bin", b"PK\x03\x04" + random.Random(3).randbytes(100)),  # a torn zip
+    ],
+)
 def test_a_damaged_head_file_is_named(tmp_path, name, content):
     (tmp_path / name).write_bytes(content)
     with pytest.raises(SpecbenchError) as info:
@@ -337,17 +407,27 @@ def test_file_system_failures_map_to_one_error_and_fix():
     from specbench.cli import os_failure
 
     full = os_failure(OSError(errno_.ENOSPC, "No space left on device"), "write it elsewhere")
-    assert "no space left on the device" in full.problem and "free some space" in full.fix and "resumes" in full.fix
+    assert (
+        "no space left on the device" in full.problem
+        and "free some space" in full.fix
+        and "resumes" in full.fix
+    )
     try:
         try:
             raise OSError(errno_.EDQUOT, "Disk quota exceeded")
         except OSError as inner:
-            raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0") from inner
+            raise RuntimeError(
+                "[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0"
+            ) from inner
     except RuntimeError as wrapped:
         assert "no space left" in os_failure(wrapped, "x").problem  # found through the cause
-    torch_full = os_failure(RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0"), "x")
+    torch_full = os_failure(
+        RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0"), "x"
+    )
     assert "checkpoint write failed" in torch_full.problem and "full" in torch_full.problem
-    missing = os_failure(FileNotFoundError(errno_.ENOENT, "No such file or directory", "/nope/x"), "elsewhere")
+    missing = os_failure(
+        FileNotFoundError(errno_.ENOENT, "No such file or directory", "/nope/x"), "elsewhere"
+    )
     assert missing.problem == "No such file or directory: /nope/x" and "elsewhere" in missing.fix
     a_dir = os_failure(IsADirectoryError(errno_.EISDIR, "Is a directory", "run/.specbench.yaml"), "elsewhere")
     assert "Is a directory: run/.specbench.yaml" == a_dir.problem
@@ -367,7 +447,9 @@ def test_a_file_where_a_directory_must_go_is_named(tmp_path):
     except OSError as exc:
         mapped = os_failure(exc, "--root <a directory>")
     assert mapped.problem == f"{afile} is a file, not a directory" and mapped.fix == "--root <a directory>"
-    assert os_failure(FileExistsError(errno_.EEXIST, "File exists", str(tmp_path)), "x") is None  # a directory: not ours
+    assert (
+        os_failure(FileExistsError(errno_.EEXIST, "File exists", str(tmp_path)), "x") is None
+    )  # a directory: not ours
 
 
 def test_a_package_head_of_another_target_points_at_the_heads_variable(tiny_llama_target, monkeypatch):
@@ -391,7 +473,9 @@ def test_an_encoder_decoder_target_without_a_hard_limit_refuses_a_huge_input_bef
 
     cfg = composed("eval", "target=tiny_t5")
     assert cfg.target.context_limit == 4096
-    ctx = Context.of(SimpleNamespace(n_positions=512), list(cfg.target.context_keys), "tiny_t5", cfg.target.context_limit)
+    ctx = Context.of(
+        SimpleNamespace(n_positions=512), list(cfg.target.context_keys), "tiny_t5", cfg.target.context_limit
+    )
     ctx.fit("q1", 4000, Limits(max_new_tokens=48), encoder_decoder=True)  # fits
     with pytest.raises(SpecbenchError, match="its prompt has 54,000 tokens.*target.context_limit") as err:
         ctx.fit("q2", 54_000, Limits(max_new_tokens=48), encoder_decoder=True)
@@ -418,4 +502,8 @@ def test_a_missing_local_head_path_is_not_fetched_from_the_hub(tmp_path):
 
     with pytest.raises(SpecbenchError) as err:
         resolve_checkpoint(str(tmp_path / "runs" / "no_head"))
-    assert "no directory" in err.value.problem and "not a hub id" in err.value.problem and "hub" not in err.value.fix
+    assert (
+        "no directory" in err.value.problem
+        and "not a hub id" in err.value.problem
+        and "hub" not in err.value.fix
+    )

@@ -25,11 +25,14 @@ def test_error_carries_problem_and_fix():
     assert str(SpecbenchError("only a problem")) == "only a problem"
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    ({"draft_length": 0}, "draft length"),
-    ({"draft_length": -3}, "draft length"),
-    ({"max_new_tokens": 0}, "max_new_tokens"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"draft_length": 0}, "draft length"),
+        ({"draft_length": -3}, "draft length"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+    ],
+)
 def test_limits_reject_non_positive_values(kwargs, words):
     with pytest.raises(SpecbenchError, match=words) as info:
         Limits(**kwargs)
@@ -63,7 +66,9 @@ def test_early_exit_layers_out_of_range(tiny_llama_target, layers):
     assert "between 1 and 3" in str(info.value)
     # through build_pool (hydra instantiate) the same error comes out, not a hydra wrapper
     with pytest.raises(SpecbenchError, match="out of range"):
-        build_pool(tiny_llama_target, {"ee": {"_target_": "specbench.drafters.early_exit.build", "layers": layers}})
+        build_pool(
+            tiny_llama_target, {"ee": {"_target_": "specbench.drafters.early_exit.build", "layers": layers}}
+        )
 
 
 def test_early_exit_unknown_layers_key(tiny_t5_target):
@@ -79,7 +84,9 @@ def shuffled_specials_tokenizer() -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>"
+    )
 
 
 def test_hf_drafter_with_another_vocabulary_is_refused(tiny_llama_target, tmp_path):
@@ -125,17 +132,23 @@ def test_build_pool_requires_target_key(tiny_llama_target):
 
 def test_build_pool_reserves_the_autoregressive_name(tiny_llama_target):
     with pytest.raises(SpecbenchError, match="'autoregressive' is reserved"):
-        build_pool(tiny_llama_target, {"autoregressive": {"_target_": "specbench.drafters.prompt_lookup.build"}})
+        build_pool(
+            tiny_llama_target, {"autoregressive": {"_target_": "specbench.drafters.prompt_lookup.build"}}
+        )
 
 
 def test_build_pool_names_bad_builder_arguments(tiny_llama_target):
     with pytest.raises(SpecbenchError, match="could not build drafter 'pl'"):
-        build_pool(tiny_llama_target, {"pl": {"_target_": "specbench.drafters.prompt_lookup.build", "ngram": 3}})
+        build_pool(
+            tiny_llama_target, {"pl": {"_target_": "specbench.drafters.prompt_lookup.build", "ngram": 3}}
+        )
 
 
 def test_build_pool_passes_builder_errors_through(tiny_llama_target):
     with pytest.raises(SpecbenchError, match="min_ngram <= max_ngram"):
-        build_pool(tiny_llama_target, {"pl": {"_target_": "specbench.drafters.prompt_lookup.build", "min_ngram": 4}})
+        build_pool(
+            tiny_llama_target, {"pl": {"_target_": "specbench.drafters.prompt_lookup.build", "min_ngram": 4}}
+        )
     assert prompt_lookup.build(tiny_llama_target, "pl").name == "pl"
 
 

@@ -18,15 +18,24 @@ from tests.unit.test_reproduction import write_examples
 def test_adding_an_exhibit_is_one_object(tmp_path, monkeypatch):
     """A new exhibit with a run of its own that reads an existing run: the CPU plan gains its step after that
     run, and the report its page with its verdict; nothing else is edited."""
-    mine = Run("extra/eval", "eval", {"cpu": ("experiment=reproduce_metasd", f"+note={under_root(runs.METASD_EVAL)}")},
-               reads=(runs.METASD_EVAL,))
+    mine = Run(
+        "extra/eval",
+        "eval",
+        {"cpu": ("experiment=reproduce_metasd", f"+note={under_root(runs.METASD_EVAL)}")},
+        reads=(runs.METASD_EVAL,),
+    )
 
     def build(root, published, layout):
         ex = pd.read_json(root / mine.dir / "examples.jsonl", lines=True)
         p = {m: ex[ex.method == m] for m in ("autoregressive", "fixed:a")}
-        verdict = V.faster("a is faster than autoregressive decoding", (list(p["fixed:a"].seconds), list(p["fixed:a"].new_tokens)),
-                           (list(p["autoregressive"].seconds), list(p["autoregressive"].new_tokens)))
-        return Exhibit("An extra exhibit", ex.groupby("method").seconds.sum().reset_index(), [verdict], "notes")
+        verdict = V.faster(
+            "a is faster than autoregressive decoding",
+            (list(p["fixed:a"].seconds), list(p["fixed:a"].new_tokens)),
+            (list(p["autoregressive"].seconds), list(p["autoregressive"].new_tokens)),
+        )
+        return Exhibit(
+            "An extra exhibit", ex.groupby("method").seconds.sum().reset_index(), [verdict], "notes"
+        )
 
     spec = ExhibitSpec("extra/table", build, (mine,))
     monkeypatch.setattr(registry, "EXHIBITS", (*registry.EXHIBITS, spec))
@@ -58,7 +67,8 @@ def test_the_plans_are_the_exhibits_runs_and_each_run_directory_is_declared_once
     for r in registry.RUNS:
         for scale in r.at:
             assert any(r in spec.runs for spec in registry.specs_at(scale)) or any(
-                r in other.reads_at(scale) for other in registry.RUNS), (r.dir, scale)
+                r in other.reads_at(scale) for other in registry.RUNS
+            ), (r.dir, scale)
 
 
 def test_each_run_declares_the_runs_its_overrides_read():
@@ -66,8 +76,11 @@ def test_each_run_declares_the_runs_its_overrides_read():
     a run is declared after the runs it reads, so the plan's order (declaration order) runs them first."""
     for r in registry.RUNS:
         for scale, overrides in r.at.items():
-            named = {o.dir for o in registry.RUNS
-                     if any(re.search(rf"\{{root\}}/{re.escape(o.dir)}(/|$)", x) for x in overrides)}
+            named = {
+                o.dir
+                for o in registry.RUNS
+                if any(re.search(rf"\{{root\}}/{re.escape(o.dir)}(/|$)", x) for x in overrides)
+            }
             assert named == {u.dir for u in r.reads_at(scale)}, (r.dir, scale)
         assert all(u.order < r.order for u in r.reads), r.dir
 
@@ -76,13 +89,27 @@ def test_the_plan_order_is_the_declaration_order():
     """``RUNS``, derived from the exhibits, lists every run in the order ``runs.py`` declares them (upstream first)."""
     assert [r.dir for r in registry.RUNS] == [
         "spec_bench/eval",
-        "huang/collect", "huang/policy", "huang/eval", "huang/math/collect", "huang/math/policy", "huang/math/eval",
-        "huang/depth/collect", "huang/depth/without_ar", "huang/depth/with_ar", "huang/depth/eval_without_ar",
-        "huang/depth/eval_with_ar", "huang/depth/alpha",
-        "metasd/eval", "metasd/eagle", "metasd/trees", "metasd/stream",
+        "huang/collect",
+        "huang/policy",
+        "huang/eval",
+        "huang/math/collect",
+        "huang/math/policy",
+        "huang/math/eval",
+        "huang/depth/collect",
+        "huang/depth/without_ar",
+        "huang/depth/with_ar",
+        "huang/depth/eval_without_ar",
+        "huang/depth/eval_with_ar",
+        "huang/depth/alpha",
+        "metasd/eval",
+        "metasd/eagle",
+        "metasd/trees",
+        "metasd/stream",
         *(f"metasd/multilingual/{lang}" for lang in ("ja", "ru", "de", "fr", "zh")),
-        "cascades/greedy", "cascades/sampling",
-        *(f"cascades/{name}" for name in ("t5_wmt", "t5_xsum", "t5_cnndm", "gemma_gsm8k", "gemma27b_gsm8k"))]
+        "cascades/greedy",
+        "cascades/sampling",
+        *(f"cascades/{name}" for name in ("t5_wmt", "t5_xsum", "t5_cnndm", "gemma_gsm8k", "gemma27b_gsm8k")),
+    ]
 
 
 def test_every_published_value_belongs_to_an_exhibit():

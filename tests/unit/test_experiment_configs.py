@@ -17,10 +17,20 @@ from tests.experiments import commands_for, experiments
 
 EXPERIMENTS = experiments()
 # root config -> its run directories: outputs/<name>/<time>, outputs/multirun/<name>/<time>/<job>
-RUN_NAMES = {"eval": "eval", "bench": "bench", "cascades": "cascades", "collect": "collect", "profile": "profile",
-             "train_policy": "policy", "trace": "trace", "replay": "replay"}
+RUN_NAMES = {
+    "eval": "eval",
+    "bench": "bench",
+    "cascades": "cascades",
+    "collect": "collect",
+    "profile": "profile",
+    "train_policy": "policy",
+    "trace": "trace",
+    "replay": "replay",
+}
 # every group whose options are plain configs (experiments are _global_ and hydra/ is Hydra's)
-GROUPS = sorted(p.name for p in Path(conf_dir()).iterdir() if p.is_dir() and p.name not in ("experiment", "hydra"))
+GROUPS = sorted(
+    p.name for p in Path(conf_dir()).iterdir() if p.is_dir() and p.name not in ("experiment", "hydra")
+)
 
 
 def compose_config(config_name: str | None, overrides: list[str], hydra: bool = False):
@@ -48,7 +58,9 @@ def test_experiment_composes(name):
                 if spec.startswith("selector:"):
                     assert spec.split(":", 1)[1] in group_options("selector"), f"{name}: {spec}"
         if command == "cascades":
-            assert cfg.drafter_arm in cfg.pool.drafters, f"{name}: drafter_arm {cfg.drafter_arm} not in the pool"
+            assert cfg.drafter_arm in cfg.pool.drafters, (
+                f"{name}: drafter_arm {cfg.drafter_arm} not in the pool"
+            )
             for rule in cfg.rules:
                 assert list(cfg.alphas[rule]), f"{name}: rule {rule} has no alphas"
 
@@ -64,8 +76,10 @@ def test_run_directories_per_command(root, run_name):
     assert cfg.hydra.job.chdir is False
 
 
-@pytest.mark.parametrize("name", [n for n in EXPERIMENTS
-                                  if "hydra" in OmegaConf.load(Path(conf_dir()) / "experiment" / f"{n}.yaml")])
+@pytest.mark.parametrize(
+    "name",
+    [n for n in EXPERIMENTS if "hydra" in OmegaConf.load(Path(conf_dir()) / "experiment" / f"{n}.yaml")],
+)
 def test_experiment_run_directory_overrides_the_shared_one(name):
     for command in commands_for(name):
         cfg = compose_config(command, [f"experiment={name}"], hydra=True)
@@ -86,8 +100,11 @@ def test_load_option_is_what_hydra_composes(group, name):
 def test_selector_options_share_the_bandit_base():
     assert "base" not in group_options("selector") and "bandit" not in group_options("selector")
     base = OmegaConf.to_container(OmegaConf.load(Path(conf_dir()) / "selector" / "base" / "bandit.yaml"))
-    bandits = [n for n in group_options("selector")
-               if n not in ("fixed", "policy", "router", "router_tree", "router_sam", "router_suffix", "budget")]
+    bandits = [
+        n
+        for n in group_options("selector")
+        if n not in ("fixed", "policy", "router", "router_tree", "router_sam", "router_suffix", "budget")
+    ]
     assert len(bandits) == 15  # 12 bandits, hedge, and the tree subset selectors tree_ucb and tree_hedge
     for name in bandits:
         cfg = load_option("selector", name)
@@ -108,19 +125,31 @@ def _splits(dataset) -> set[str]:
     return {str(src.split) for src in (dataset.sources or {}).values() if src is not None}
 
 
-@pytest.mark.parametrize("name", [n for n in EXPERIMENTS if n.startswith("huang") and not n.startswith("huang_cpu")
-                                  and {"collect", "eval"} <= set(commands_for(n))])  # huang_fig3: trace and collect
+@pytest.mark.parametrize(
+    "name",
+    [
+        n
+        for n in EXPERIMENTS
+        if n.startswith("huang")
+        and not n.startswith("huang_cpu")
+        and {"collect", "eval"} <= set(commands_for(n))
+    ],
+)  # huang_fig3: trace and collect
 def test_context_aware_experiments_collect_and_evaluate_disjoint_splits_at_one_length(name):
     """huang_*: collect reads the train splits and eval the test splits (disjoint queries), and both decode
     the same number of new tokens."""
     collected, evaluated = (compose_config(c, [f"experiment={name}"]) for c in ("collect", "eval"))
     assert _splits(collected.dataset) == {"train"} and _splits(evaluated.dataset) == {"test"}
-    assert (collected.collect.max_new_tokens or collected.decoding.max_new_tokens) == evaluated.decoding.max_new_tokens
+    assert (
+        collected.collect.max_new_tokens or collected.decoding.max_new_tokens
+    ) == evaluated.decoding.max_new_tokens
 
 
 def test_gemma_cascades_use_few_shot_prompts_and_a_27b_target():
-    nine, big = (compose_config("cascades", [f"experiment={n}"]) for n in ("cascades_gemma_gsm8k",
-                                                                              "cascades_gemma27b_gsm8k"))
+    nine, big = (
+        compose_config("cascades", [f"experiment={n}"])
+        for n in ("cascades_gemma_gsm8k", "cascades_gemma27b_gsm8k")
+    )
     assert nine.dataset.n_shot == big.dataset.n_shot == 8
     assert (nine.target.model, big.target.model) == ("google/gemma-2-9b-it", "google/gemma-2-27b-it")
     assert big.pool.drafters.gemma_2b.model == "google/gemma-2-2b-it"

@@ -19,12 +19,17 @@ def row(*pairs):
 def test_deciders_are_the_top_rows_of_the_emitted_positions():
     logits = torch.tensor([[0.0, 3.0, 1.0, 2.0, -1.0], [5.0, 0.5, 0.25, 0.0, 4.0], [9.0, 9, 9, 9, 9]])
     got = certify.deciders(logits, 2)
-    assert got == [[[1, 3, 2, 0, 4], [3.0, 2.0, 1.0, 0.0, -1.0]], [[0, 4, 1, 2, 3], [5.0, 4.0, 0.5, 0.25, 0.0]]]
+    assert got == [
+        [[1, 3, 2, 0, 4], [3.0, 2.0, 1.0, 0.0, -1.0]],
+        [[0, 4, 1, 2, 3], [5.0, 4.0, 0.5, 0.25, 0.0]],
+    ]
     assert certify.deciders(logits, 1, top=2) == [[[1, 3], [3.0, 2.0]]]
 
 
-@pytest.mark.parametrize("a, b, expected", [([1, 2, 3], [1, 2, 3], None), ([1, 2, 3], [1, 5, 3], 1),
-                                            ([1, 2], [1, 2, 3], 2), ([4], [], 0)])
+@pytest.mark.parametrize(
+    "a, b, expected",
+    [([1, 2, 3], [1, 2, 3], None), ([1, 2, 3], [1, 5, 3], 1), ([1, 2], [1, 2, 3], 2), ([4], [], 0)],
+)
 def test_first_divergence(a, b, expected):
     assert certify.first_divergence(a, b) == expected
 
@@ -60,26 +65,45 @@ def test_a_token_outside_the_recorded_top_is_never_a_tie():
 
 
 def test_missing_deciders_make_a_fork_a_defect():
-    assert certify.classify([7], None, [9], [row((9, 1.0), (7, 1.0))], tolerance=1.0).verdict == certify.DEFECT
+    assert (
+        certify.classify([7], None, [9], [row((9, 1.0), (7, 1.0))], tolerance=1.0).verdict == certify.DEFECT
+    )
 
 
 def example(qid, method, ids, deciders, seconds=1.0, prompt="p", tol=0.5):
-    return {"query_id": qid, "task": "t", "method": method, "output_ids": ids, "deciders": deciders,
-            "tie_tolerance": tol, "prompt_sha": prompt, "new_tokens": len(ids), "seconds": seconds,
-            "target_calls": len(ids), "rounds": len(ids), "drafted": 0, "accepted": 0, "switches": 0,
-            "t_select": 0.0, "quality": {}}
+    return {
+        "query_id": qid,
+        "task": "t",
+        "method": method,
+        "output_ids": ids,
+        "deciders": deciders,
+        "tie_tolerance": tol,
+        "prompt_sha": prompt,
+        "new_tokens": len(ids),
+        "seconds": seconds,
+        "target_calls": len(ids),
+        "rounds": len(ids),
+        "drafted": 0,
+        "accepted": 0,
+        "switches": 0,
+        "t_select": 0.0,
+        "quality": {},
+    }
 
 
 def test_summary_counts_ties_and_defects_and_forks_lists_them():
     tie_base, tie_mine = [row((1, 1.0), (2, 0.9))], [row((2, 1.0), (1, 0.95))]
     bad = [row((1, 5.0), (2, 1.0))]
     examples = [
-        example("q0", "autoregressive", [1], tie_base), example("q0", "fixed:x", [2], tie_mine),
-        example("q1", "autoregressive", [1], bad), example("q1", "fixed:x", [2], [row((2, 5.0), (1, 1.0))]),
+        example("q0", "autoregressive", [1], tie_base),
+        example("q0", "fixed:x", [2], tie_mine),
+        example("q1", "autoregressive", [1], bad),
+        example("q1", "fixed:x", [2], [row((2, 5.0), (1, 1.0))]),
         example("q2", "autoregressive", [3], [row((3, 1.0), (4, 0.0))]),
         example("q2", "fixed:x", [3], [row((3, 1.0), (4, 0.0))]),
         # a later turn after a differing prompt: inherited, counted neither as a tie nor as a defect
-        example("q3", "autoregressive", [1], tie_base, prompt="a"), example("q3", "fixed:x", [2], bad, prompt="b"),
+        example("q3", "autoregressive", [1], tie_base, prompt="a"),
+        example("q3", "fixed:x", [2], bad, prompt="b"),
     ]
     table = tables.summarize(examples)
     got = table[(table.task == "all") & (table.method == "fixed:x")].iloc[0]

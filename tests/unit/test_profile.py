@@ -20,18 +20,33 @@ from specbench.validate import validate
 
 
 def full(accepted, K=4, name="d"):
-    return [{"method": f"fixed:{name}", "arm": name, "drafted": K, "n_max": K, "accepted": a} for a in accepted]
+    return [
+        {"method": f"fixed:{name}", "arm": name, "drafted": K, "n_max": K, "accepted": a} for a in accepted
+    ]
 
 
 # -- the estimators --------------------------------------------------------------------------------
 
+
 def test_acceptance_keeps_the_drafters_full_rounds_at_the_largest_draft_length():
     rows = full([0, 2, 4, 4]) + [
         {"method": "fixed:d", "arm": "d", "drafted": 2, "n_max": 4, "accepted": 1},  # a short draft: not full
-        {"method": "fixed:d", "arm": "d", "drafted": 2, "n_max": 2, "accepted": 2},  # the last round: full, K = 2
+        {
+            "method": "fixed:d",
+            "arm": "d",
+            "drafted": 2,
+            "n_max": 2,
+            "accepted": 2,
+        },  # the last round: full, K = 2
         {"method": "fixed:d", "arm": "d", "drafted": 0, "n_max": 4, "accepted": 0},  # nothing drafted
         {"method": "fixed:other", "arm": "other", "drafted": 4, "n_max": 4, "accepted": 1},
-        {"method": "selector:ucb", "arm": "d", "drafted": 4, "n_max": 4, "accepted": 3},  # not the fixed method
+        {
+            "method": "selector:ucb",
+            "arm": "d",
+            "drafted": 4,
+            "n_max": 4,
+            "accepted": 3,
+        },  # not the fixed method
         {"method": "autoregressive", "arm": "autoregressive", "drafted": 0, "n_max": 0, "accepted": 0},
     ]
     acc = profiling.acceptance_of(profiling.drafter_rounds(rows, "d"))
@@ -101,13 +116,22 @@ def test_ties_go_to_the_shorter_draft_and_expensive_drafts_to_k_1():
 
 # -- tables ---------------------------------------------------------------------------------------
 
-PROF = {"target": "m", "dtype": "float32", "device": "cpu", "q": [1, 2, 4], "contexts": [128, 512],
-        "step_seconds": {"128": 0.02, "512": 0.04},
-        "seconds": {"128": [0.02, 0.03, 0.05], "512": [0.04, 0.05, 0.06]},
-        "c_verify": {"128": [1.0, 1.5, 2.5], "512": [1.0, 1.25, 1.5]},
-        "draft_context": 128, "draft_tokens": 8,
-        "drafters": {"a": {"kind": "quantized", "seconds_per_token": 0.01, "drafted": 8, "c_draft": 0.5},
-                     "b": {"kind": "prompt_lookup", "seconds_per_token": 0.0001, "drafted": 3, "c_draft": 0.005}}}
+PROF = {
+    "target": "m",
+    "dtype": "float32",
+    "device": "cpu",
+    "q": [1, 2, 4],
+    "contexts": [128, 512],
+    "step_seconds": {"128": 0.02, "512": 0.04},
+    "seconds": {"128": [0.02, 0.03, 0.05], "512": [0.04, 0.05, 0.06]},
+    "c_verify": {"128": [1.0, 1.5, 2.5], "512": [1.0, 1.25, 1.5]},
+    "draft_context": 128,
+    "draft_tokens": 8,
+    "drafters": {
+        "a": {"kind": "quantized", "seconds_per_token": 0.01, "drafted": 8, "c_draft": 0.5},
+        "b": {"kind": "prompt_lookup", "seconds_per_token": 0.0001, "drafted": 3, "c_draft": 0.005},
+    },
+}
 
 
 def test_verify_table_rows_are_contexts_and_columns_q():
@@ -137,7 +161,9 @@ def test_profile_rows_one_per_point_and_drafter():
 
 def test_best_k_tables_from_rounds():
     rounds = full([0, 2, 4, 4], K=2, name="a")  # min(a, 2) for K = 2
-    summary, curve = profile_tables.best_k_tables(PROF, rounds)  # only drafter a has rounds; q = 2, 4: k = 1, 3
+    summary, curve = profile_tables.best_k_tables(
+        PROF, rounds
+    )  # only drafter a has rounds; q = 2, 4: k = 1, 3
     assert list(summary.drafter) == ["a"] and summary.K.item() == 2
     assert list(curve.k) == [1, 3] and list(curve.extrapolated) == [False, True]
     with pytest.raises(SpecbenchError, match="no rounds of fixed:<drafter>"):
@@ -146,7 +172,9 @@ def test_best_k_tables_from_rounds():
 
 def test_interleaved_rotates_and_drops_the_warm_up():
     calls = []
-    readings = pipeline.interleaved(3, repeats=2, warmup=1, timed=lambda i: calls.append(i) or float(len(calls)))
+    readings = pipeline.interleaved(
+        3, repeats=2, warmup=1, timed=lambda i: calls.append(i) or float(len(calls))
+    )
     assert calls == [0, 1, 2, 1, 2, 0, 2, 0, 1]
     assert readings == [[6.0, 8.0], [4.0, 9.0], [5.0, 7.0]]
 
@@ -157,6 +185,7 @@ def test_repeat_to():
 
 
 # -- cost: measured --------------------------------------------------------------------------------
+
 
 def fake_target(name="m", dtype=torch.float32):
     model = torch.nn.Linear(1, 1).to(dtype)
@@ -193,6 +222,7 @@ def test_load_profile_refuses_missing_and_damaged_files(tmp_path):
 
 # -- the config -----------------------------------------------------------------------------------
 
+
 def composed(*overrides):
     with initialize_config_dir(config_dir=conf_dir(), version_base=None):
         return compose(config_name="profile", overrides=list(overrides))
@@ -204,10 +234,12 @@ def test_profile_config_defaults_and_validation():
     assert list(cfg.profile.q) == [*range(1, 18), 21, 25] and list(cfg.profile.contexts) == [128, 512]
     assert [list(t) for t in cfg.profile.trees] == [[2, 4], [2, 5], [2, 8], [3, 4], [3, 5], [2, 10], [3, 8]]
     assert cfg.profile.repeats == 15 and cfg.run_name == "profile" and cfg.profile.run is None
-    for override, line in [("profile.q=[]", "profile.q=[]: expected a non-empty list"),
-                           ("profile.q=[0,2]", "profile.q=[0, 2]: expected a non-empty list, each an integer >= 1"),
-                           ("profile.contexts=[1.5]", "profile.contexts=[1.5]: expected"),
-                           ("profile.repeats=0", "profile.repeats=0: expected an integer >= 1")]:
+    for override, line in [
+        ("profile.q=[]", "profile.q=[]: expected a non-empty list"),
+        ("profile.q=[0,2]", "profile.q=[0, 2]: expected a non-empty list, each an integer >= 1"),
+        ("profile.contexts=[1.5]", "profile.contexts=[1.5]: expected"),
+        ("profile.repeats=0", "profile.repeats=0: expected an integer >= 1"),
+    ]:
         with pytest.raises(SpecbenchError) as exc:
             validate(composed(override))
         assert line in exc.value.problem, (override, exc.value.problem)

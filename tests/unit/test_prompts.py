@@ -7,8 +7,10 @@ from specbench.models.tiny import byte_tokenizer
 from specbench.tasks import PromptFormat, Query, build_prompt, truncate_fields
 
 TEMPLATES = {"chat": "{turn}", "summarization": "summarize: {document}", "default": "{turn}"}
-CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}<assistant>{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
 
 
 @pytest.fixture
@@ -19,12 +21,23 @@ def chat_tokenizer():
 
 
 def test_second_turn_contains_first_answer(chat_tokenizer):
-    q = Query(id="q1", task="chat", fields={"turn": "Name a colour."}, turns=["Name a colour.", "Why that one?"])
+    q = Query(
+        id="q1", task="chat", fields={"turn": "Name a colour."}, turns=["Name a colour.", "Why that one?"]
+    )
     first = chat_tokenizer.decode(build_prompt(q, chat_tokenizer, PromptFormat("chat", TEMPLATES)))
     assert first == "<user>Name a colour.\n<assistant>"
-    second = chat_tokenizer.decode(build_prompt(q, chat_tokenizer, PromptFormat("chat", TEMPLATES), turn=1,
-                                                history=[("Name a colour.", "Teal, like the sea.")]))
-    assert second == ("<user>Name a colour.\n<assistant>Teal, like the sea.\n<user>Why that one?\n<assistant>")
+    second = chat_tokenizer.decode(
+        build_prompt(
+            q,
+            chat_tokenizer,
+            PromptFormat("chat", TEMPLATES),
+            turn=1,
+            history=[("Name a colour.", "Teal, like the sea.")],
+        )
+    )
+    assert second == (
+        "<user>Name a colour.\n<assistant>Teal, like the sea.\n<user>Why that one?\n<assistant>"
+    )
 
 
 def test_plain_style_joins_history():
@@ -36,7 +49,9 @@ def test_plain_style_joins_history():
 
 def test_system_message(chat_tokenizer):
     q = Query(id="q1", task="chat", fields={"turn": "Hi"}, turns=["Hi"])
-    text = chat_tokenizer.decode(build_prompt(q, chat_tokenizer, PromptFormat("chat", TEMPLATES, system="Be brief.")))
+    text = chat_tokenizer.decode(
+        build_prompt(q, chat_tokenizer, PromptFormat("chat", TEMPLATES, system="Be brief."))
+    )
     assert text.startswith("<system>Be brief.\n<user>Hi\n")
 
 
@@ -83,8 +98,10 @@ def test_vicuna_prompt_is_fastchats_vicuna_v1_1():
     q = Query(id="q1", task="writing", fields={"turn": "Hi"}, turns=["Hi", "More?"], kind="chat")
     fmt = PromptFormat(prompt.style, TEMPLATES, prompt.system, chat_template=prompt.chat_template)
     first = tok.decode(build_prompt(q, tok, fmt))
-    system = ("A chat between a curious user and an artificial intelligence assistant. The assistant gives helpful, "
-              "detailed, and polite answers to the user's questions.")
+    system = (
+        "A chat between a curious user and an artificial intelligence assistant. The assistant gives helpful, "
+        "detailed, and polite answers to the user's questions."
+    )
     assert first == f"<s>{system} USER: Hi ASSISTANT:"
     second = tok.decode(build_prompt(q, tok, fmt, turn=1, history=[("Hi", "Hello there.")]))
     assert second == f"<s>{system} USER: Hi ASSISTANT: Hello there.</s>USER: More? ASSISTANT:"
@@ -92,7 +109,9 @@ def test_vicuna_prompt_is_fastchats_vicuna_v1_1():
 
 def test_config_chat_template_wins_over_the_tokenizers(chat_tokenizer):
     q = Query(id="q1", task="chat", fields={"turn": "Hi"}, turns=["Hi"])
-    fmt = PromptFormat("chat", TEMPLATES, chat_template="{% for m in messages %}[{{ m['content'] }}]{% endfor %}")
+    fmt = PromptFormat(
+        "chat", TEMPLATES, chat_template="{% for m in messages %}[{{ m['content'] }}]{% endfor %}"
+    )
     text = chat_tokenizer.decode(build_prompt(q, chat_tokenizer, fmt))
     assert text == "[Hi]"
 
@@ -104,8 +123,11 @@ def test_templates_are_checked_against_every_record_before_decoding():
     ok = Query(id="a", task="summarization", fields={"document": "d"})
     bad = [Query(id=f"b{i}", task="math", fields={"question": "q"}) for i in range(3)]
     check_templates([ok], {"summarization": "{document}"})
-    with pytest.raises(SpecbenchError, match=r"query b0 \(task 'math'\): the template for task 'math' uses field "
-                                             r"'answer'.*2 more of the 3 failing queries"):
+    with pytest.raises(
+        SpecbenchError,
+        match=r"query b0 \(task 'math'\): the template for task 'math' uses field "
+        r"'answer'.*2 more of the 3 failing queries",
+    ):
         check_templates([ok, *bad], {"summarization": "{document}", "math": "{question} {answer}"})
     two_turns = Query(id="c", task="chat", fields={"turn": "x"}, turns=["x", "y"])
     check_templates([two_turns], {"chat": "{turn}"}, max_turns=2)

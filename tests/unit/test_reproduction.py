@@ -50,9 +50,17 @@ def write_examples(path, speedups, n=16, noise=0.003, seed=0, quality=None, extr
                 ar = 0.05 * tokens * (1 + 0.3 * rng.random())
                 for method, sp in {"autoregressive": 1.0, **methods}.items():
                     secs = ar if method == "autoregressive" else ar / sp * (1 + noise * rng.standard_normal())
-                    rec = {"query_id": f"{task}-{i}", "task": task, "method": method, "seconds": secs,
-                           "new_tokens": tokens, "target_calls": tokens, "switches": 0,
-                           "quality": (quality or {}).get(method, {}), "output_ids": [1] * tokens}
+                    rec = {
+                        "query_id": f"{task}-{i}",
+                        "task": task,
+                        "method": method,
+                        "seconds": secs,
+                        "new_tokens": tokens,
+                        "target_calls": tokens,
+                        "switches": 0,
+                        "quality": (quality or {}).get(method, {}),
+                        "output_ids": [1] * tokens,
+                    }
                     rec.update((extra or {}).get(method, lambda i: {})(i))
                     f.write(json.dumps(rec) + "\n")
 
@@ -65,19 +73,35 @@ def write_eval_summary(path, rows):
 def test_report_renders_from_fixture_runs_and_lists_what_is_missing(tmp_path):
     root = tmp_path / "reproduce"
     rows = []
-    for task, speeds in {"translation": {"fixed:eagle_translation": 0.9, "fixed:eagle_summarization": 0.6, "policy": 0.88},
-                         "summarization": {"fixed:eagle_translation": 0.5, "fixed:eagle_summarization": 0.8, "policy": 0.5}}.items():
-        rows += [{"task": task, "method": m, "speedup": v, "mat": 1.5, "acceptance_rate": 0.3} for m, v in speeds.items()]
+    for task, speeds in {
+        "translation": {"fixed:eagle_translation": 0.9, "fixed:eagle_summarization": 0.6, "policy": 0.88},
+        "summarization": {"fixed:eagle_translation": 0.5, "fixed:eagle_summarization": 0.8, "policy": 0.5},
+    }.items():
+        rows += [
+            {"task": task, "method": m, "speedup": v, "mat": 1.5, "acceptance_rate": 0.3}
+            for m, v in speeds.items()
+        ]
     write_eval_summary(root / "huang" / "eval", rows)
-    per_query = {t: {r["method"]: r["speedup"] for r in rows if r["task"] == t} for t in ("translation", "summarization")}
+    per_query = {
+        t: {r["method"]: r["speedup"] for r in rows if r["task"] == t}
+        for t in ("translation", "summarization")
+    }
     write_examples(root / "huang" / "eval", per_query)
     sweep = root / "huang" / "depth" / "alpha"
     sweep.mkdir(parents=True)
     cheap, aligned = (f"share_{a}" for a in CPU.alpha_arms)  # the layout's (cheap, better-aligned) arms
-    pd.DataFrame({"alpha": [0.0, 0.5, 1.0], "val_reward": [0.5, 0.6, 0.7], "speedup_replayed": [0.6, 0.7, 0.8],
-                  cheap: [1.0, 0.5, 0.0], aligned: [0.0, 0.5, 1.0]}).to_csv(
-        sweep / "alpha_sweep.csv", index=False)
-    (sweep / "metrics.json").write_text(json.dumps({"n_val": 16}))  # the shares' n: 16 of 16 validation queries
+    pd.DataFrame(
+        {
+            "alpha": [0.0, 0.5, 1.0],
+            "val_reward": [0.5, 0.6, 0.7],
+            "speedup_replayed": [0.6, 0.7, 0.8],
+            cheap: [1.0, 0.5, 0.0],
+            aligned: [0.0, 0.5, 1.0],
+        }
+    ).to_csv(sweep / "alpha_sweep.csv", index=False)
+    (sweep / "metrics.json").write_text(
+        json.dumps({"n_val": 16})
+    )  # the shares' n: 16 of 16 validation queries
 
     out = render.write(root)
     report = (out / "REPORT.md").read_text()
@@ -87,7 +111,9 @@ def test_report_renders_from_fixture_runs_and_lists_what_is_missing(tmp_path):
     assert "| eagle_summarization" in table1 and "1.210" in table1 and "0.830" in table1
     # the policy loses 37.5% on summarization: that verdict fails; the specialists' pattern holds
     assert "**held**: each specialist speeds up its own task" in report
-    assert "**not held**: the policy reaches at least 0.967 of the best drafter's speed on every task" in report
+    assert (
+        "**not held**: the policy reaches at least 0.967 of the best drafter's speed on every task" in report
+    )
     # the policy is slower than autoregressive decoding on both tasks here (0.88x and 0.5x)
     assert "**not held**: the policy is faster than autoregressive decoding on both tasks" in report
     assert "**held**: the alpha sweep moves the choice" in report
@@ -99,10 +125,18 @@ def test_report_renders_from_fixture_runs_and_lists_what_is_missing(tmp_path):
 
     def with_policy_on_summarization(speedup):
         nonlocal rows
-        rows = [dict(r, speedup=speedup) if r["task"] == "summarization" and r["method"] == "policy" else r for r in rows]
+        rows = [
+            dict(r, speedup=speedup) if r["task"] == "summarization" and r["method"] == "policy" else r
+            for r in rows
+        ]
         pd.DataFrame(rows).to_csv(root / "huang" / "eval" / "summary.csv", index=False)
-        write_examples(root / "huang" / "eval", {t: {r["method"]: r["speedup"] for r in rows if r["task"] == t}
-                                                 for t in ("translation", "summarization")})
+        write_examples(
+            root / "huang" / "eval",
+            {
+                t: {r["method"]: r["speedup"] for r in rows if r["task"] == t}
+                for t in ("translation", "summarization")
+            },
+        )
         return (render.write(root) / "REPORT.md").read_text()
 
     # within 5% of the best drafter (0.77 / 0.8 = 0.9625) but below the paper's worst cell (1.17 / 1.21): not held
@@ -122,22 +156,40 @@ def test_report_of_nothing_is_a_clear_error(tmp_path):
 def _huang_fixture(root):
     """Table 1 with every claim true: each specialist fastest on its task, the policy as fast as the best of each
     task, and faster than autoregressive decoding on both."""
-    rows = [{"task": t, "method": m, "speedup": v, "mat": 1.5, "acceptance_rate": 0.3}
-            for t, ms in {"translation": {"fixed:eagle_translation": 1.9, "fixed:eagle_summarization": 1.6, "policy": 1.9},
-                          "summarization": {"fixed:eagle_translation": 1.5, "fixed:eagle_summarization": 1.8,
-                                            "policy": 1.8}}.items() for m, v in ms.items()]
+    rows = [
+        {"task": t, "method": m, "speedup": v, "mat": 1.5, "acceptance_rate": 0.3}
+        for t, ms in {
+            "translation": {"fixed:eagle_translation": 1.9, "fixed:eagle_summarization": 1.6, "policy": 1.9},
+            "summarization": {
+                "fixed:eagle_translation": 1.5,
+                "fixed:eagle_summarization": 1.8,
+                "policy": 1.8,
+            },
+        }.items()
+        for m, v in ms.items()
+    ]
     write_eval_summary(root / "huang" / "eval", rows)
-    write_examples(root / "huang" / "eval", {t: {r["method"]: r["speedup"] for r in rows if r["task"] == t}
-                                             for t in ("translation", "summarization")})
+    write_examples(
+        root / "huang" / "eval",
+        {
+            t: {r["method"]: r["speedup"] for r in rows if r["task"] == t}
+            for t in ("translation", "summarization")
+        },
+    )
 
 
 def test_the_report_index_is_written_into_the_readme_between_its_markers(tmp_path):
     root = tmp_path / "reproduce"
     _huang_fixture(root)
     out = render.write(root)
-    assert "**held**: the policy is faster than autoregressive decoding on both tasks" in (out / "REPORT.md").read_text()
+    assert (
+        "**held**: the policy is faster than autoregressive decoding on both tasks"
+        in (out / "REPORT.md").read_text()
+    )
     readme = tmp_path / "README.md"
-    readme.write_text(f"# Tool\n\n## Measured results\n\n{render.README_BEGIN}\nold numbers 9.99x\n{render.README_END}\n\n## Errors\n")
+    readme.write_text(
+        f"# Tool\n\n## Measured results\n\n{render.README_BEGIN}\nold numbers 9.99x\n{render.README_END}\n\n## Errors\n"
+    )
     for _ in range(2):  # idempotent: a second publish replaces the block, it does not append
         render.include_in_readme(out, readme, "docs/reproduction")
         text = readme.read_text()
@@ -156,28 +208,56 @@ def test_the_paper_layout_sets_the_published_rows_beside_ours(tmp_path):
     root = tmp_path / "paper"
     rows = []
     # the generalist (eagle) is within 15% of the coding specialist (3.2 against 3.5): faster is what the claim asks
-    for task, sp in {"coding": {"fixed:eagle": 3.2, "fixed:eagle_code": 3.5, "fixed:eagle_translation": 2.0, "ucb-bd": 3.4,
-                                "oracle": 3.5},
-                     "translation": {"fixed:eagle": 1.9, "fixed:eagle_code": 1.5, "fixed:eagle_translation": 2.4,
-                                     "ucb-bd": 2.3, "oracle": 2.4},
-                     "all": {"fixed:eagle": 2.4, "fixed:eagle_code": 2.5, "fixed:eagle_translation": 2.2, "ucb-bd": 2.85,
-                             "oracle": 2.95}}.items():
-        rows += [{"task": task, "method": m, "speedup": v, "mat": 3.0, "acceptance_rate": 0.6} for m, v in sp.items()]
+    for task, sp in {
+        "coding": {
+            "fixed:eagle": 3.2,
+            "fixed:eagle_code": 3.5,
+            "fixed:eagle_translation": 2.0,
+            "ucb-bd": 3.4,
+            "oracle": 3.5,
+        },
+        "translation": {
+            "fixed:eagle": 1.9,
+            "fixed:eagle_code": 1.5,
+            "fixed:eagle_translation": 2.4,
+            "ucb-bd": 2.3,
+            "oracle": 2.4,
+        },
+        "all": {
+            "fixed:eagle": 2.4,
+            "fixed:eagle_code": 2.5,
+            "fixed:eagle_translation": 2.2,
+            "ucb-bd": 2.85,
+            "oracle": 2.95,
+        },
+    }.items():
+        rows += [
+            {"task": task, "method": m, "speedup": v, "mat": 3.0, "acceptance_rate": 0.6}
+            for m, v in sp.items()
+        ]
     write_eval_summary(root / "metasd" / "eagle", rows)
-    write_examples(root / "metasd" / "eagle", {t: {r["method"]: r["speedup"] for r in rows
-                                                   if r["task"] == t and r["method"] != "oracle"}
-                                               for t in ("coding", "translation")})
+    write_examples(
+        root / "metasd" / "eagle",
+        {
+            t: {r["method"]: r["speedup"] for r in rows if r["task"] == t and r["method"] != "oracle"}
+            for t in ("coding", "translation")
+        },
+    )
     with pytest.raises(SpecbenchError, match="unknown report layout"):
         render.write(root, layout="gpu")
     out = render.write(root, layout="paper")
     table = pd.read_csv(out / "metasd" / "whitebox.csv")
     ucb = table[table.method == "UCB-BD"].iloc[0]
     # the paper's columns are "code" and "translation": ours "coding" maps onto "code"
-    assert ucb["coding (paper)"] == pytest.approx(3.724) and ucb["translation (paper)"] == pytest.approx(2.318)
+    assert ucb["coding (paper)"] == pytest.approx(3.724) and ucb["translation (paper)"] == pytest.approx(
+        2.318
+    )
     report = (out / "REPORT.md").read_text()
     assert report.startswith("# Reproduction report (paper scale)")
-    assert ("**held**: each specialist is faster on its task than the other specialists' mean and the generalist"
-            in report)
+    assert (
+        "**held**: each specialist is faster on its task than the other specialists' mean and the generalist"
+        in report
+    )
     assert "**held**: UCB-BD is above the best single drafter" in report
     assert "**held**: each specialist is the fastest single drafter on its own task" in report
     assert "needs `spec_bench/eval/summary.csv`" in report  # the paper layout's own exhibits, not run here
@@ -191,26 +271,57 @@ def test_cascades_verdict_counts_rule_points_only(tmp_path):
     from specbench.reproduction.layouts import CPU
     from specbench.reproduction.published import load
 
-    rows = [("autoregressive", None, None, 1.0, 5.0), ("sd", None, None, 0.9, 5.0), ("drafter_alone", None, None, 2.0, 5.0),
-            ("lossy_sd@0.5", "lossy_sd", 0.5, 1.2, 5.0), ("sequential@0.5", "sequential", 0.5, 1.0, 5.0),
-            ("chow@0.5", "chow", 0.5, 1.1, 5.0)]
+    rows = [
+        ("autoregressive", None, None, 1.0, 5.0),
+        ("sd", None, None, 0.9, 5.0),
+        ("drafter_alone", None, None, 2.0, 5.0),
+        ("lossy_sd@0.5", "lossy_sd", 0.5, 1.2, 5.0),
+        ("sequential@0.5", "sequential", 0.5, 1.0, 5.0),
+        ("chow@0.5", "chow", 0.5, 1.1, 5.0),
+    ]
     run = tmp_path / "cascades" / "sampling"
     run.mkdir(parents=True)
 
     def verdict():
-        pd.DataFrame([{"task": "summarization", "method": m, "rule": r, "alpha": a, "speedup": sp, "quality": q,
-                       "metric": "rouge2", "agreement_tokens": 0.5} for m, r, a, sp, q in rows]).to_csv(
-            run / "curves.csv", index=False)
-        write_examples(run, {"summarization": {m: sp for m, *_, sp, _ in rows if m != "autoregressive"}},
-                       quality={m: {"rouge2": q} for m, *_, q in rows})
+        pd.DataFrame(
+            [
+                {
+                    "task": "summarization",
+                    "method": m,
+                    "rule": r,
+                    "alpha": a,
+                    "speedup": sp,
+                    "quality": q,
+                    "metric": "rouge2",
+                    "agreement_tokens": 0.5,
+                }
+                for m, r, a, sp, q in rows
+            ]
+        ).to_csv(run / "curves.csv", index=False)
+        write_examples(
+            run,
+            {"summarization": {m: sp for m, *_, sp, _ in rows if m != "autoregressive"}},
+            quality={m: {"rouge2": q} for m, *_, q in rows},
+        )
         return cascades(tmp_path, load(), CPU, CPU_CASCADES[1]).verdicts[0].held
 
     assert verdict() is False
-    rows[-1] = ("chow@0.5", "chow", 0.5, 1.3, 5.0)  # now a rule is faster than lossy SD at the target's quality
+    rows[-1] = (
+        "chow@0.5",
+        "chow",
+        0.5,
+        1.3,
+        5.0,
+    )  # now a rule is faster than lossy SD at the target's quality
     assert verdict() is True
-    rows[-1] = ("chow@0.5", "chow", 0.5, 1.3, 3.0)  # ... but two ROUGE-2 points below the target: it does not count
+    rows[-1] = (
+        "chow@0.5",
+        "chow",
+        0.5,
+        1.3,
+        3.0,
+    )  # ... but two ROUGE-2 points below the target: it does not count
     assert verdict() is False
-
 
 
 def test_long_horizon_replays_join_the_report_and_its_correction(tmp_path):
@@ -225,14 +336,42 @@ def test_long_horizon_replays_join_the_report_and_its_correction(tmp_path):
     _huang_fixture(root)
     replays = tmp_path / "long_horizon"
     replays.mkdir()
-    strong = V.Verdict("[replayed] UCB-BD is faster than the best single drafter over the stream", True, "", n=80,
-                       effect=1.2, interval=(1.1, 1.3), label="speedup ratio", threshold=1.0, p=0.0005)
-    borderline = V.Verdict("[replayed] Discounted UCB is faster than UCB", True, "", n=80, effect=1.01,
-                           interval=(1.001, 1.02), label="speedup ratio", threshold=1.0, p=0.04)
-    weaker = V.Verdict("[replayed] Sliding-window UCB is faster than UCB", True, "", n=80, effect=1.01,
-                       interval=(1.0005, 1.02), label="speedup ratio", threshold=1.0, p=0.045)
+    strong = V.Verdict(
+        "[replayed] UCB-BD is faster than the best single drafter over the stream",
+        True,
+        "",
+        n=80,
+        effect=1.2,
+        interval=(1.1, 1.3),
+        label="speedup ratio",
+        threshold=1.0,
+        p=0.0005,
+    )
+    borderline = V.Verdict(
+        "[replayed] Discounted UCB is faster than UCB",
+        True,
+        "",
+        n=80,
+        effect=1.01,
+        interval=(1.001, 1.02),
+        label="speedup ratio",
+        threshold=1.0,
+        p=0.04,
+    )
+    weaker = V.Verdict(
+        "[replayed] Sliding-window UCB is faster than UCB",
+        True,
+        "",
+        n=80,
+        effect=1.01,
+        interval=(1.0005, 1.02),
+        label="speedup ratio",
+        threshold=1.0,
+        p=0.045,
+    )
     (replays / long_horizon.VERDICTS_DATA).write_text(
-        json.dumps([dataclasses.asdict(v) for v in (strong, borderline, weaker)]))
+        json.dumps([dataclasses.asdict(v) for v in (strong, borderline, weaker)])
+    )
     (replays / "long_horizon.md").write_text("# replays\n")
     with pytest.raises(SpecbenchError, match="make trace-mixed"):
         render.write(root, long_horizon=tmp_path / "nowhere")
@@ -255,20 +394,37 @@ def test_fig3_reads_the_large_sweep_and_judges_it_paired_per_validation_query(tm
     sweep = root / "huang" / "fig3" / "policy"
     sweep.mkdir(parents=True)
     sizes = [10, 30, 100, 300, 1000]
-    pd.DataFrame({"n_examples": sizes, "val_reward": [0.5, 0.55, 0.6, 0.62, 0.63],
-                  "oracle_reward": [0.7] * 5, "speedup_replayed": [1.0, 1.05, 1.1, 1.12, 1.13],
-                  "oracle_speedup": [1.2] * 5}).to_csv(sweep / "data_efficiency.csv", index=False)
+    pd.DataFrame(
+        {
+            "n_examples": sizes,
+            "val_reward": [0.5, 0.55, 0.6, 0.62, 0.63],
+            "oracle_reward": [0.7] * 5,
+            "speedup_replayed": [1.0, 1.05, 1.1, 1.12, 1.13],
+            "oracle_speedup": [1.2] * 5,
+        }
+    ).to_csv(sweep / "data_efficiency.csv", index=False)
     rng = np.random.default_rng(0)
     rows = []
     for n in sizes:
         for i in range(40):
             ar = 1.0 + rng.random()
-            rows.append({"n_examples": n, "query_id": f"q{i}", "task": "translation", "arm": "a",
-                         "seconds": ar / (1.0 + 0.13 * (n == 1000)) * (1 + 0.01 * rng.standard_normal()),
-                         "new_tokens": 16, "ar_seconds": ar, "ar_tokens": 16})
+            rows.append(
+                {
+                    "n_examples": n,
+                    "query_id": f"q{i}",
+                    "task": "translation",
+                    "arm": "a",
+                    "seconds": ar / (1.0 + 0.13 * (n == 1000)) * (1 + 0.01 * rng.standard_normal()),
+                    "new_tokens": 16,
+                    "ar_seconds": ar,
+                    "ar_tokens": 16,
+                }
+            )
     pd.DataFrame(rows).to_csv(sweep / "data_efficiency_queries.csv", index=False)
     out = render.write(root)
     fig3 = (out / "huang" / "fig3.md").read_text()
-    assert "**held**: more training queries give a higher speed than the fewest (n=40, speedup ratio 1000 queries / " \
-           "10 queries" in fig3
+    assert (
+        "**held**: more training queries give a higher speed than the fewest (n=40, speedup ratio 1000 queries / "
+        "10 queries" in fig3
+    )
     assert "make huang-fig3" in fig3

@@ -25,18 +25,36 @@ from specbench.tasks.datasets import load_source
 
 
 def test_settings_leave_out_what_changes_no_result():
-    cfg = OmegaConf.create({"threads": 4, "warmup": {"max_new_tokens": 8}, "run_name": "eval", "overwrite": False,
-                            "collect": {"shard": 1, "num_shards": 2, "overwrite": True, "alignment": "rougeL"},
-                            "decoding": {"max_new_tokens": 16}, "seed": 0})
-    assert settings(cfg) == {"collect": {"alignment": "rougeL"}, "decoding": {"max_new_tokens": 16}, "seed": 0}
+    cfg = OmegaConf.create(
+        {
+            "threads": 4,
+            "warmup": {"max_new_tokens": 8},
+            "run_name": "eval",
+            "overwrite": False,
+            "collect": {"shard": 1, "num_shards": 2, "overwrite": True, "alignment": "rougeL"},
+            "decoding": {"max_new_tokens": 16},
+            "seed": 0,
+        }
+    )
+    assert settings(cfg) == {
+        "collect": {"alignment": "rougeL"},
+        "decoding": {"max_new_tokens": 16},
+        "seed": 0,
+    }
 
 
 def test_differences_name_each_setting_with_both_values():
     old = {"target": {"model": "a", "dtype": "float32"}, "methods": ["x"], "pool": {"drafters": {}}}
-    new = {"target": {"model": "b", "dtype": "float32"}, "methods": ["x", "y"],
-           "pool": {"drafters": {"q": {"_target_": "t"}}}}
-    assert differences(old, new) == ['target.model: "a" -> "b"', 'methods: ["x"] -> ["x", "y"]',
-                                     'pool.drafters.q: (unset) -> {"_target_": "t"}']
+    new = {
+        "target": {"model": "b", "dtype": "float32"},
+        "methods": ["x", "y"],
+        "pool": {"drafters": {"q": {"_target_": "t"}}},
+    }
+    assert differences(old, new) == [
+        'target.model: "a" -> "b"',
+        'methods: ["x"] -> ["x", "y"]',
+        'pool.drafters.q: (unset) -> {"_target_": "t"}',
+    ]
     many = differences({f"k{i}": 0 for i in range(12)}, {f"k{i}": 1 for i in range(12)}, limit=10)
     assert len(many) == 11 and many[-1] == "and 2 more: k10, k11"
 
@@ -45,7 +63,9 @@ def test_claim_run_dir(tmp_path):
     files = RunFiles(results=("examples.jsonl",))
     old = OmegaConf.create({"decoding": {"max_new_tokens": 4}, "threads": 1, "overwrite": False})
     OmegaConf.save(old, tmp_path / "config.yaml")
-    claim_run_dir(tmp_path, OmegaConf.create({**old, "decoding": {"max_new_tokens": 8}}), files)  # no records yet
+    claim_run_dir(
+        tmp_path, OmegaConf.create({**old, "decoding": {"max_new_tokens": 8}}), files
+    )  # no records yet
     (tmp_path / "examples.jsonl").write_text("{}\n")
     claim_run_dir(tmp_path, OmegaConf.create({**old, "threads": 2}), files)  # threads: not compared
     new = OmegaConf.create({**old, "decoding": {"max_new_tokens": 8}})
@@ -74,8 +94,10 @@ def test_missing_shards(tmp_path):
 
 def test_context_comes_from_the_configured_model_config_fields():
     llama = LlamaConfig(max_position_embeddings=2048)
-    assert Context.of(llama, CONTEXT_KEYS).limit == 2048 and Context.of(llama, CONTEXT_KEYS).key == \
-        "max_position_embeddings"
+    assert (
+        Context.of(llama, CONTEXT_KEYS).limit == 2048
+        and Context.of(llama, CONTEXT_KEYS).key == "max_position_embeddings"
+    )
     t5 = T5Config()  # carries a legacy n_positions, but relative positions have no hard limit
     assert Context.of(t5, []).limit is None  # conf/target/tiny_t5.yaml: context_keys: []
     Context.of(t5, []).check("q", 10**6, 100, encoder_decoder=True)
@@ -84,11 +106,14 @@ def test_context_comes_from_the_configured_model_config_fields():
 def test_context_check():
     ctx = Context(2048, "max_position_embeddings", "m")
     ctx.check("q1", 2032, 16)  # exactly fits
-    with pytest.raises(SpecbenchError, match=r"query q1: its prompt has 2,033 tokens.* 2,049 positions.*2,048 of m") \
-            as info:
+    with pytest.raises(
+        SpecbenchError, match=r"query q1: its prompt has 2,033 tokens.* 2,049 positions.*2,048 of m"
+    ) as info:
         ctx.check("q1", 2033, 16)
     assert "dataset.max_input_tokens" in info.value.fix and "2,032" in info.value.fix
-    ctx.check("q2", 2048, 16, encoder_decoder=True)  # the encoder reads the prompt, the decoder the new tokens
+    ctx.check(
+        "q2", 2048, 16, encoder_decoder=True
+    )  # the encoder reads the prompt, the decoder the new tokens
     with pytest.raises(SpecbenchError, match="query q2"):
         ctx.check("q2", 2049, 16, encoder_decoder=True)
 
@@ -98,11 +123,15 @@ def test_context_check():
 
 def test_duplicate_ids_are_refused_with_their_lines(tmp_path):
     path = tmp_path / "dup.jsonl"
-    path.write_text('{"id": "42", "document": "a", "summary": "b"}\n{"id": "7", "document": "c", "summary": "d"}\n'
-                    '\n{"id": "42", "document": "e", "summary": "f"}\n')
+    path.write_text(
+        '{"id": "42", "document": "a", "summary": "b"}\n{"id": "7", "document": "c", "summary": "d"}\n'
+        '\n{"id": "42", "document": "e", "summary": "f"}\n'
+    )
     with pytest.raises(SpecbenchError, match=rf"id '42' at {path}:1, {path}:4"):
         load_source("xsum", {"format": "xsum", "path": str(path)})
-    path.write_text('{"id": "42", "document": "a", "summary": "b"}\n{"id": "7", "document": "c", "summary": "d"}\n')
+    path.write_text(
+        '{"id": "42", "document": "a", "summary": "b"}\n{"id": "7", "document": "c", "summary": "d"}\n'
+    )
     assert [q.id for q in load_source("xsum", {"format": "xsum", "path": str(path)})] == ["42", "7"]
 
 
@@ -111,7 +140,9 @@ def test_duplicate_ids_are_refused_with_their_lines(tmp_path):
 
 @pytest.mark.parametrize("value", [2.9, 2.0, "3", True])
 def test_draft_length_must_be_a_whole_number(value):
-    with pytest.raises(SpecbenchError, match=f"draft length must be a whole number of tokens, got {value!r}") as info:
+    with pytest.raises(
+        SpecbenchError, match=f"draft length must be a whole number of tokens, got {value!r}"
+    ) as info:
         Limits(draft_length=value)
     assert "decoding.draft_length" in info.value.fix
     with pytest.raises(SpecbenchError, match="max_new_tokens must be a whole number"):
@@ -177,14 +208,19 @@ def test_a_torn_last_line_is_skipped_with_a_warning(tmp_path, caplog):
     assert list(read_jsonl(write(tmp_path / "u.jsonl", torn))) == [{"a": 1}]
 
 
-@pytest.mark.parametrize("data, lineno", [
-    (b'{"a": 1}\n{"a": \n{"a": 3}\n', 2),  # a malformed line in the middle
-    (b'{"a": 1}\n{"a": 2}\n{"a": \n', 3),  # a malformed last line that has its newline: not torn
-    (b'{"a": 1}\n\xff\xfe\n{"a": 3}\n', 2),  # not UTF-8
-    (b'{"a": 1}\n[1, 2]\n', 2),  # not an object
-])
+@pytest.mark.parametrize(
+    "data, lineno",
+    [
+        (b'{"a": 1}\n{"a": \n{"a": 3}\n', 2),  # a malformed line in the middle
+        (b'{"a": 1}\n{"a": 2}\n{"a": \n', 3),  # a malformed last line that has its newline: not torn
+        (b'{"a": 1}\n\xff\xfe\n{"a": 3}\n', 2),  # not UTF-8
+        (b'{"a": 1}\n[1, 2]\n', 2),  # not an object
+    ],
+)
 def test_a_malformed_line_that_is_not_a_torn_tail_is_corruption(tmp_path, data, lineno):
     path = write(tmp_path / "r.jsonl", data)
-    with pytest.raises(SpecbenchError, match=rf"r.jsonl:{lineno}: (line {lineno} is not a JSON|not UTF-8)") as info:
+    with pytest.raises(
+        SpecbenchError, match=rf"r.jsonl:{lineno}: (line {lineno} is not a JSON|not UTF-8)"
+    ) as info:
         list(read_jsonl(path))
     assert f"line {lineno} of {path}" in info.value.fix

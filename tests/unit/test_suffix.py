@@ -16,12 +16,18 @@ def test_continuation_tree_counts_cuts_and_ranks():
     d = continuation_tree(conts, match=4, min_prob=0.3, shape=TreeShape(2, 10))
     parents = d.parents if d.parents is not None else list(range(-1, len(d.tokens) - 1))
     got = {tuple(d.tokens[a] for a in _path(parents, i)): s for i, s in enumerate(d.scores)}
-    assert got == pytest.approx({(1,): 0.8, (1, 2): 0.6, (1, 2, 3): 0.4})  # 7, (1, 5), (1, 2, 4) are rarer than 0.3
+    assert got == pytest.approx(
+        {(1,): 0.8, (1, 2): 0.6, (1, 2, 3): 0.4}
+    )  # 7, (1, 5), (1, 2, 4) are rarer than 0.3
     assert d.match == 4 and d.probs is None
     chain = continuation_tree(conts, match=4, min_prob=0.0, shape=None)
     assert chain.tokens == [1, 2, 3] and chain.parents is None  # the most frequent continuation
     capped = continuation_tree(conts, match=4, min_prob=0.0, shape=TreeShape(3, 3))
-    assert sorted(capped.scores, reverse=True) == [0.8, 0.6, 0.4]  # the 3 most frequent nodes (closed under parents)
+    assert sorted(capped.scores, reverse=True) == [
+        0.8,
+        0.6,
+        0.4,
+    ]  # the 3 most frequent nodes (closed under parents)
     narrow = continuation_tree(conts, match=4, min_prob=0.0, shape=TreeShape(1, 10))
     assert narrow.parents is None and narrow.tokens == [1, 2, 3]  # width 1: one continuation per node
 
@@ -63,9 +69,14 @@ def test_no_memory_means_history_free():
     assert SuffixDrafter("s", memory=False).history_free and not SuffixDrafter("s").history_free
 
 
-@pytest.mark.parametrize("kwargs, words", [({"min_ngram": 3, "max_ngram": 2}, "min_ngram"),
-                                           ({"min_prob": 1.5}, "min_prob"),
-                                           ({"tree": {"width": 0, "nodes": 3}}, "tree.width")])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"min_ngram": 3, "max_ngram": 2}, "min_ngram"),
+        ({"min_prob": 1.5}, "min_prob"),
+        ({"tree": {"width": 0, "nodes": 3}}, "tree.width"),
+    ],
+)
 def test_bad_settings_are_refused(kwargs, words):
     with pytest.raises(SpecbenchError, match=words):
         build(None, "s", **kwargs)

@@ -6,16 +6,33 @@ from specbench.pipelines.tables import oracle_arms, summarize
 
 
 def ex(qid, task, method, seconds, ids=(1, 2, 3), calls=3, drafted=0, accepted=0, t_select=0.0):
-    return {"query_id": qid, "task": task, "method": method, "output_ids": list(ids), "new_tokens": len(ids),
-            "seconds": seconds, "target_calls": calls, "drafted": drafted, "accepted": accepted, "switches": 0,
-            "t_select": t_select, "quality": {}, "text": "", "reference": None}
+    return {
+        "query_id": qid,
+        "task": task,
+        "method": method,
+        "output_ids": list(ids),
+        "new_tokens": len(ids),
+        "seconds": seconds,
+        "target_calls": calls,
+        "drafted": drafted,
+        "accepted": accepted,
+        "switches": 0,
+        "t_select": t_select,
+        "quality": {},
+        "text": "",
+        "reference": None,
+    }
 
 
 RECORDS = [
-    ex("a", "math", "autoregressive", 4.0), ex("b", "chat", "autoregressive", 2.0),
-    ex("a", "math", "fixed:x", 2.0, calls=1, drafted=4, accepted=2), ex("b", "chat", "fixed:x", 4.0, ids=(1, 2, 9)),
-    ex("a", "math", "fixed:y", 8.0), ex("b", "chat", "fixed:y", 1.0),
-    ex("a", "math", "ucb", 3.0, t_select=0.03), ex("b", "chat", "ucb", 1.0, t_select=0.01),
+    ex("a", "math", "autoregressive", 4.0),
+    ex("b", "chat", "autoregressive", 2.0),
+    ex("a", "math", "fixed:x", 2.0, calls=1, drafted=4, accepted=2),
+    ex("b", "chat", "fixed:x", 4.0, ids=(1, 2, 9)),
+    ex("a", "math", "fixed:y", 8.0),
+    ex("b", "chat", "fixed:y", 1.0),
+    ex("a", "math", "ucb", 3.0, t_select=0.03),
+    ex("b", "chat", "ucb", 1.0, t_select=0.01),
 ]
 
 
@@ -55,6 +72,15 @@ def test_the_printed_summary_shows_the_compared_columns_and_defects_only_when_th
     table = summarize(RECORDS).assign(ties=0.0, defects=0.0)
     header = compact(table).splitlines()[0]
     cols = [c.strip() for c in header.strip("|").split("|")]
-    assert cols == ["task", "method", "speedup", "mat", "acceptance_rate", "exact_match", "ties", "tokens_per_s"]
+    assert cols == [
+        "task",
+        "method",
+        "speedup",
+        "mat",
+        "acceptance_rate",
+        "exact_match",
+        "ties",
+        "tokens_per_s",
+    ]
     table.loc[table.method == "fixed:x", "defects"] = 1
     assert "defects" in compact(table).splitlines()[0]

@@ -35,7 +35,11 @@ def test_the_consumers_maps_are_derived_from_the_registry():
     for name in cascades.QUALITY:
         assert f"{TASKS[name].quality_label} ({name})" in cascades.NOTES
     # the values every record and table so far was written with
-    assert cascades.QUALITY == {"translation": ("bleu", 1.0), "summarization": ("rouge2", 1.0), "math": ("accuracy", 0.01)}
+    assert cascades.QUALITY == {
+        "translation": ("bleu", 1.0),
+        "summarization": ("rouge2", 1.0),
+        "math": ("accuracy", 0.01),
+    }
     assert huang.TABLE1_QUALITY == {"translation": "bleu", "summarization": "rougeL"}
 
 
@@ -43,8 +47,15 @@ def test_a_task_registered_once_is_seen_by_every_consumer(monkeypatch):
     """A new task with its own template key and an existing metric: scored, templated and in both quality maps."""
     from specbench.tasks.registry import quality_columns, table1_columns
 
-    new = Task("poetry", template="verse", metric="bleu", quality="bleu", tolerance=2.0, quality_label="corpus BLEU",
-               table1="bleu")
+    new = Task(
+        "poetry",
+        template="verse",
+        metric="bleu",
+        quality="bleu",
+        tolerance=2.0,
+        quality_label="corpus BLEU",
+        table1="bleu",
+    )
     monkeypatch.setitem(TASKS, "poetry", new)
     assert set(metrics.score("poetry", "a b c", "a b c")) == {"bleu", "output_words"}
     assert template_of("poetry") == "verse"

@@ -43,7 +43,7 @@ class Law:
     def probs(self, who: int, prefix: tuple[int, ...]) -> torch.Tensor:
         key = (who, prefix)
         if key not in self.memo:
-            g = torch.Generator().manual_seed(hash((who, prefix)) % (2 ** 31))
+            g = torch.Generator().manual_seed(hash((who, prefix)) % (2**31))
             logits = 1.5 * torch.randn(V, generator=g)
             self.memo[key] = logits_to_probs(logits, self.sampling)
         return self.memo[key]
@@ -105,8 +105,15 @@ def chi_square(counts: Counter, law: dict, runs: int) -> tuple[float, int]:
     return stat, cells - 1
 
 
-@pytest.mark.parametrize("sampling", [SamplingParams(temperature=0.7), SamplingParams(temperature=1.3),
-                                      SamplingParams(temperature=1.0, top_p=0.9)], ids=["t0.7", "t1.3", "top_p0.9"])
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=1.3),
+        SamplingParams(temperature=1.0, top_p=0.9),
+    ],
+    ids=["t0.7", "t1.3", "top_p0.9"],
+)
 def test_tree_sampling_reproduces_the_three_token_law(sampling):
     law = Law(sampling)
     exact = exact_law(law)
@@ -151,8 +158,11 @@ DRAWS = 20_000
 
 def node_tree_and_q(rng: torch.Generator):
     """A depth-1 tree: the one-hot candidate first, then one draw from each model drafter (as the loop orders them)."""
-    drafts = {"retrieval": [ONE_HOT], "m1": [int(torch.multinomial(Q1, 1, generator=rng))],
-              "m2": [int(torch.multinomial(Q2, 1, generator=rng))]}
+    drafts = {
+        "retrieval": [ONE_HOT],
+        "m1": [int(torch.multinomial(Q1, 1, generator=rng))],
+        "m2": [int(torch.multinomial(Q2, 1, generator=rng))],
+    }
     return build_tree(drafts), {"retrieval": None, "m1": Q1[None], "m2": Q2[None]}
 
 
@@ -165,12 +175,17 @@ def mutant(kind: str):
     """The node's recursive rejection with one mistake: ``skip_tried`` (a token already rejected is not tried
     again), ``p_residual`` (the residual taken from p, not from the running residual), ``final_from_p`` (after
     every rejection the token is drawn from p)."""
+
     def run(rng):
         tree, q = node_tree_and_q(rng)
         dist, tried = P_NODE.clone(), set()
         for member in ("retrieval", "m1", "m2"):
             x = tree.tokens[tree.paths[member][0]]
-            qm = q[member][0] if q[member] is not None else torch.nn.functional.one_hot(torch.tensor(x), 4).float()
+            qm = (
+                q[member][0]
+                if q[member] is not None
+                else torch.nn.functional.one_hot(torch.tensor(x), 4).float()
+            )
             if kind == "skip_tried" and x in tried:
                 continue
             tried.add(x)
@@ -181,13 +196,16 @@ def mutant(kind: str):
             dist = left / left.sum() if left.sum() > 0 else base
         final = P_NODE if kind == "final_from_p" else dist
         return int(torch.multinomial(final, 1, generator=rng))
+
     return run
 
 
 def node_statistic(run) -> float:
     rng = torch.Generator().manual_seed(13)
     counts = Counter(run(rng) for _ in range(DRAWS))
-    return sum((counts.get(v, 0) - float(P_NODE[v]) * DRAWS) ** 2 / (float(P_NODE[v]) * DRAWS) for v in range(4))
+    return sum(
+        (counts.get(v, 0) - float(P_NODE[v]) * DRAWS) ** 2 / (float(P_NODE[v]) * DRAWS) for v in range(4)
+    )
 
 
 def test_node_law_in_production_order_and_its_mutations_are_caught():
@@ -195,7 +213,9 @@ def test_node_law_in_production_order_and_its_mutations_are_caught():
     assert node_statistic(production) < critical
     for kind in ("skip_tried", "p_residual", "final_from_p"):
         stat = node_statistic(mutant(kind))
-        assert stat > 3 * critical, f"the law test misses the mutation {kind}: {stat:.1f} against {critical:.1f}"
+        assert stat > 3 * critical, (
+            f"the law test misses the mutation {kind}: {stat:.1f} against {critical:.1f}"
+        )
 
 
 # -- the same node with a dynamic tree: the retrieval candidate first, then a model drafter's three siblings drawn
@@ -206,6 +226,7 @@ def dynamic_node(siblings):
         tree = build_tree({"retrieval": [ONE_HOT], "head": draws}, {"head": [-1] * len(draws)})
         q = {"retrieval": None, "head": Q1[None].expand(len(draws), -1)}
         return verify_tree_sampling(tree, q, torch.stack([P_NODE] * (tree.size + 1)), rng).tokens[0]
+
     return run
 
 
@@ -215,9 +236,14 @@ def test_dynamic_tree_node_law_and_its_drafting_mistakes_are_caught():
     critical = chi2_critical(3)
     draws = dynamic_node(lambda rng: torch.multinomial(Q1, 3, replacement=True, generator=rng).tolist())
     assert node_statistic(draws) < critical
-    mistakes = {"unique": lambda rng: list(dict.fromkeys(torch.multinomial(Q1, 3, replacement=True,
-                                                                             generator=rng).tolist())),
-                "top": lambda rng: torch.topk(Q1, 3).indices.tolist()}
+    mistakes = {
+        "unique": lambda rng: list(
+            dict.fromkeys(torch.multinomial(Q1, 3, replacement=True, generator=rng).tolist())
+        ),
+        "top": lambda rng: torch.topk(Q1, 3).indices.tolist(),
+    }
     for kind, siblings in mistakes.items():
         stat = node_statistic(dynamic_node(siblings))
-        assert stat > 3 * critical, f"the law test misses the mistake {kind}: {stat:.1f} against {critical:.1f}"
+        assert stat > 3 * critical, (
+            f"the law test misses the mistake {kind}: {stat:.1f} against {critical:.1f}"
+        )

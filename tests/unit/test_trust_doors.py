@@ -78,7 +78,9 @@ def test_train_drafter_refuses_a_name_that_leaves_the_cache():
         checkpoint_dir(OmegaConf.create({"name": "../../escape_head", "dataset": {"name": "d"}}))
 
 
-@pytest.mark.parametrize("content", ["{}", "[]", "[1, 2]", '[{"claim": "c"}]', '{"claim": "c", "held": true}'])
+@pytest.mark.parametrize(
+    "content", ["{}", "[]", "[1, 2]", '[{"claim": "c"}]', '{"claim": "c", "held": true}']
+)
 def test_replayed_verdicts_are_checked_by_shape(tmp_path, content):
     from specbench.reproduction.long_horizon import VERDICTS_DATA, load_verdicts
 
@@ -145,5 +147,7 @@ def test_nits_name_the_right_setting_and_a_fix_that_works(tmp_path, tiny_llama_t
     with pytest.raises(SpecbenchError, match="is a `specbench eval` run directory, not a trace") as err:
         load_traces(d)
     assert "trace into a new directory" in err.value.fix
-    with pytest.raises(SpecbenchError, match=r"the small drafter's layers \(drafter.layers\)=100 is out of range"):
+    with pytest.raises(
+        SpecbenchError, match=r"the small drafter's layers \(drafter.layers\)=100 is out of range"
+    ):
         SmallLM(tiny_llama_target, 100, None)

@@ -16,8 +16,10 @@ from specbench.reproduction import verdicts as V
 from specbench.reproduction.layouts import CPU
 from tests.unit.test_reproduction import write_examples as _write_examples
 
-STATS = re.compile(r"^\*\*(held|not held|inconclusive|not judged)\*\*: .+ \((n < 16; )?n=\d+, .+ -?\d+\.\d{3}, "
-                   r"[\d.]+% CI \[-?\d+\.\d{3}, -?\d+\.\d{3}\]")
+STATS = re.compile(
+    r"^\*\*(held|not held|inconclusive|not judged)\*\*: .+ \((n < 16; )?n=\d+, .+ -?\d+\.\d{3}, "
+    r"[\d.]+% CI \[-?\d+\.\d{3}, -?\d+\.\d{3}\]"
+)
 
 
 def timed(speedup: float, n: int = 16, noise: float = 0.05, seed: int = 1):
@@ -69,7 +71,27 @@ def test_a_tie_is_never_held():
     tie = V.greater_mean("more", [1.0] * 16, [1.0] * 16, "difference")
     assert tie.held is False
     # a noisy tie: faster on half the queries, slower by as much on the others (the totals are equal)
-    secs = [1.0 + d for d in (-0.2, 0.2, -0.1, 0.1, -0.3, 0.3, -0.05, 0.05, -0.15, 0.15, -0.25, 0.25, -0.1, 0.1, -0.2, 0.2)]
+    secs = [
+        1.0 + d
+        for d in (
+            -0.2,
+            0.2,
+            -0.1,
+            0.1,
+            -0.3,
+            0.3,
+            -0.05,
+            0.05,
+            -0.15,
+            0.15,
+            -0.25,
+            0.25,
+            -0.1,
+            0.1,
+            -0.2,
+            0.2,
+        )
+    ]
     v = V.faster("a is faster than b", (secs, [10.0] * 16), ([1.0] * 16, [10.0] * 16))
     assert v.effect == pytest.approx(1.0) and v.held is None and v.interval[0] < 1 < v.interval[1]
     assert v.mark == "inconclusive"
@@ -97,15 +119,23 @@ def test_every_verdict_line_shows_n_effect_and_interval():
     fast, base = timed(1.2)
     slow, _ = timed(0.8)
     small, small_base = timed(1.2, n=3)
-    lines = [V.faster("held", fast, base), V.faster("not held", slow, base), V.faster("small", small, small_base),
-             V.non_inferior("kept", fast, base, 0.03), V.greater_mean("fewer", [3.0, 2, 4, 5], [1.0, 1, 2, 2], "switches"),
-             V.all_of("both", [("x", V.faster("", fast, base)), ("y", V.faster("", slow, base))]),
-             V.any_of("either", [("x", V.faster("", fast, base)), ("y", V.faster("", slow, base))])]
+    lines = [
+        V.faster("held", fast, base),
+        V.faster("not held", slow, base),
+        V.faster("small", small, small_base),
+        V.non_inferior("kept", fast, base, 0.03),
+        V.greater_mean("fewer", [3.0, 2, 4, 5], [1.0, 1, 2, 2], "switches"),
+        V.all_of("both", [("x", V.faster("", fast, base)), ("y", V.faster("", slow, base))]),
+        V.any_of("either", [("x", V.faster("", fast, base)), ("y", V.faster("", slow, base))]),
+    ]
     for v in lines:
         assert STATS.search(v.line()), v.line()
     assert "non-inferiority margin 3% (stated)" in lines[3].line()
     # not pairable, missing: still n (0) and what would be estimated, and why
-    for v in (V.unpaired("c", "only aggregates", "speedup ratio"), V.missing("c", "examples.jsonl", "speedup ratio")):
+    for v in (
+        V.unpaired("c", "only aggregates", "speedup ratio"),
+        V.missing("c", "examples.jsonl", "speedup ratio"),
+    ):
         assert v.held is None and "n=0, speedup ratio not estimated" in v.line()
 
 
@@ -113,7 +143,11 @@ def test_claims_of_several_parts():
     fast, base = timed(1.2)
     slow, _ = timed(0.8)
     small, small_base = timed(1.2, n=3)
-    held, failed, unjudged = V.faster("", fast, base), V.faster("", slow, base), V.faster("", small, small_base)
+    held, failed, unjudged = (
+        V.faster("", fast, base),
+        V.faster("", slow, base),
+        V.faster("", small, small_base),
+    )
     assert V.all_of("c", [("a", held), ("b", held)]).held is True
     assert V.all_of("c", [("a", held), ("b", failed)]).held is False
     assert V.all_of("c", [("a", held), ("b", unjudged)]).held is None
@@ -132,12 +166,28 @@ def write_examples(path, speedups, n=16, **kw):
 def test_the_loader_pairs_per_query_and_keeps_the_last_record(tmp_path):
     write_examples(tmp_path / "run", {"math": {"fixed:a": 1.5}}, n=4)
     with (tmp_path / "run" / "examples.jsonl").open("a") as f:  # a resumed query, a torn last line
-        f.write(json.dumps({"query_id": "math-0", "task": "math", "method": "fixed:a", "seconds": 99.0,
-                            "new_tokens": 20, "target_calls": 20}) + "\n" + '{"query_id": "math-1", "ta')
+        f.write(
+            json.dumps(
+                {
+                    "query_id": "math-0",
+                    "task": "math",
+                    "method": "fixed:a",
+                    "seconds": 99.0,
+                    "new_tokens": 20,
+                    "target_calls": 20,
+                }
+            )
+            + "\n"
+            + '{"query_id": "math-1", "ta'
+        )
     ex = R.load_examples(tmp_path, "run")
     assert len(ex) == 8 and ex[(ex.query_id == "math-0") & (ex.method == "fixed:a")].seconds.item() == 99.0
     p = C.paired(ex, ["autoregressive", "fixed:a"], "math")
-    assert list(p["fixed:a"].index) == list(p["autoregressive"].index) == ["math-0", "math-1", "math-2", "math-3"]
+    assert (
+        list(p["fixed:a"].index)
+        == list(p["autoregressive"].index)
+        == ["math-0", "math-1", "math-2", "math-3"]
+    )
     assert R.load_examples(tmp_path, "nothing").empty
     v = C.faster_on(R.load_examples(tmp_path, "nothing"), "c", "fixed:a", "autoregressive", run="nothing")
     assert v.held is None and "nothing/examples.jsonl" in v.line()
@@ -148,10 +198,17 @@ def test_heads_judge_the_specialists_only_and_the_generalist_on_its_own_line(tmp
 
     run = tmp_path / "metasd" / "eval"
     run.mkdir(parents=True)
-    mats = {"math": {"eagle_math": 2.0, "eagle_chat": 1.5, "eagle_general": 2.5},
-            "chat": {"eagle_math": 1.4, "eagle_chat": 1.9, "eagle_general": 1.6}}
-    pd.DataFrame([{"task": t, "method": f"fixed:{d}", "speedup": 1.0, "mat": m, "acceptance_rate": 0.5}
-                  for t, row in mats.items() for d, m in row.items()]).to_csv(run / "summary.csv", index=False)
+    mats = {
+        "math": {"eagle_math": 2.0, "eagle_chat": 1.5, "eagle_general": 2.5},
+        "chat": {"eagle_math": 1.4, "eagle_chat": 1.9, "eagle_general": 1.6},
+    }
+    pd.DataFrame(
+        [
+            {"task": t, "method": f"fixed:{d}", "speedup": 1.0, "mat": m, "acceptance_rate": 0.5}
+            for t, row in mats.items()
+            for d, m in row.items()
+        ]
+    ).to_csv(run / "summary.csv", index=False)
     extra = {f"fixed:{d}": (lambda i, d=d: {}) for d in mats["math"]}
     write_examples(run, {t: {f"fixed:{d}": 1.0 for d in row} for t, row in mats.items()}, extra=extra)
     # set each drafter's target calls from its MAT on the query's task
@@ -163,7 +220,9 @@ def test_heads_judge_the_specialists_only_and_the_generalist_on_its_own_line(tmp
     ex = metasd_heads(tmp_path, [], CPU)
     among, generalist = ex.verdicts
     # the generalist has the highest MAT on math, but the claim is among the specialists: held
-    assert "among the specialists" in among.claim and among.held is True and "eagle_general" not in among.detail
+    assert (
+        "among the specialists" in among.claim and among.held is True and "eagle_general" not in among.detail
+    )
     assert "generalist" in generalist.claim and generalist.held is False  # math: 2.0 < 2.5
 
 
@@ -172,9 +231,15 @@ def test_huang_aggregates_are_not_judged_and_table6_pairs_each_policy_with_its_o
 
     pol = tmp_path / "huang" / "policy"
     pol.mkdir(parents=True)
-    pd.DataFrame({"n_examples": [8, 64], "val_reward": [0.5, 0.5], "oracle_reward": [0.6, 0.6],
-                  "speedup_replayed": [0.589, 0.589], "oracle_speedup": [0.7, 0.7]}).to_csv(
-        pol / "data_efficiency.csv", index=False)
+    pd.DataFrame(
+        {
+            "n_examples": [8, 64],
+            "val_reward": [0.5, 0.5],
+            "oracle_reward": [0.6, 0.6],
+            "speedup_replayed": [0.589, 0.589],
+            "oracle_speedup": [0.7, 0.7],
+        }
+    ).to_csv(pol / "data_efficiency.csv", index=False)
     fig3 = huang_fig3(tmp_path, [], CPU).verdicts[0]
     assert fig3.held is None and fig3.reason == V.NO_PAIRS  # was held on 0.589 against 0.589
 
@@ -183,8 +248,13 @@ def test_huang_aggregates_are_not_judged_and_table6_pairs_each_policy_with_its_o
         for arm, sp in (("eval_with_ar", with_ar), ("eval_without_ar", without)):
             d = tmp_path / "huang" / "depth" / arm
             d.mkdir(parents=True, exist_ok=True)
-            pd.DataFrame([{"task": t, "method": m, "speedup": v} for t in ("summarization", "all")
-                          for m, v in (("autoregressive", 1.0), ("policy", sp))]).to_csv(d / "summary.csv", index=False)
+            pd.DataFrame(
+                [
+                    {"task": t, "method": m, "speedup": v}
+                    for t in ("summarization", "all")
+                    for m, v in (("autoregressive", 1.0), ("policy", sp))
+                ]
+            ).to_csv(d / "summary.csv", index=False)
             write_examples(d, {"summarization": {"policy": sp}}, seed=len(arm))
 
     live(1.0, 0.6)  # with the AR arm the policy decodes at AR speed; without it, the exits slow it down
@@ -197,16 +267,28 @@ def test_huang_aggregates_are_not_judged_and_table6_pairs_each_policy_with_its_o
     sweep = tmp_path / "huang" / "depth" / "alpha"
     sweep.mkdir(parents=True)
     cheap, aligned = (f"share_{a}" for a in CPU.alpha_arms)  # the layout's (cheap, better-aligned) arms
-    pd.DataFrame({"alpha": [0.0, 1.0], "val_reward": [0.5, 0.7], "speedup_replayed": [0.6, 0.8],
-                  cheap: [0.5, 0.0], aligned: [0.5, 1.0]}).to_csv(
-        sweep / "alpha_sweep.csv", index=False)
+    pd.DataFrame(
+        {
+            "alpha": [0.0, 1.0],
+            "val_reward": [0.5, 0.7],
+            "speedup_replayed": [0.6, 0.8],
+            cheap: [0.5, 0.0],
+            aligned: [0.5, 1.0],
+        }
+    ).to_csv(sweep / "alpha_sweep.csv", index=False)
     (sweep / "metrics.json").write_text(json.dumps({"n_val": 2}))
     assert huang_fig2(tmp_path, [], CPU).verdicts[0].held is None  # 1 of 2: a tie, and n too small
     (sweep / "metrics.json").write_text(json.dumps({"n_val": 40}))
     assert huang_fig2(tmp_path, [], CPU).verdicts[0].held is not True  # 20 of 40 is no majority
-    pd.DataFrame({"alpha": [0.0, 1.0], "val_reward": [0.5, 0.7], "speedup_replayed": [0.6, 0.8],
-                  cheap: [0.9, 0.0], aligned: [0.1, 1.0]}).to_csv(
-        sweep / "alpha_sweep.csv", index=False)
+    pd.DataFrame(
+        {
+            "alpha": [0.0, 1.0],
+            "val_reward": [0.5, 0.7],
+            "speedup_replayed": [0.6, 0.8],
+            cheap: [0.9, 0.0],
+            aligned: [0.1, 1.0],
+        }
+    ).to_csv(sweep / "alpha_sweep.csv", index=False)
     assert huang_fig2(tmp_path, [], CPU).verdicts[0].held is True
 
 
@@ -215,8 +297,12 @@ def test_switching_is_judged_per_query(tmp_path):
 
     run = tmp_path / "metasd" / "eval"
     run.mkdir(parents=True)
-    pd.DataFrame([{"task": "all", "method": m, "speedup": 1.0, "switches": s, "mat": 1.5}
-                  for m, s in (("ucb-bd", 40), ("ucb-switch-bd", 39))]).to_csv(run / "summary.csv", index=False)
+    pd.DataFrame(
+        [
+            {"task": "all", "method": m, "speedup": 1.0, "switches": s, "mat": 1.5}
+            for m, s in (("ucb-bd", 40), ("ucb-switch-bd", 39))
+        ]
+    ).to_csv(run / "summary.csv", index=False)
     # one switch fewer in total, on one query: not evidence of fewer switches
     sw = {"ucb-bd": lambda i: {"switches": 5 + (i == 0)}, "ucb-switch-bd": lambda i: {"switches": 5}}
     write_examples(run, {"math": {"ucb-bd": 1.2, "ucb-switch-bd": 1.2}}, extra=sw)
@@ -225,15 +311,22 @@ def test_switching_is_judged_per_query(tmp_path):
     # the same speed is not "faster": no margin turns a tie into a held claim
     assert "is faster than UCB-BD" in speed.claim and speed.held is not True and speed.n == 16
     assert "margin" not in speed.line() and "> 1" in speed.line()
-    assert etc_fewer.held is None and "explore-then-commit" in etc_fewer.line()  # not run here: missing, not judged
+    assert (
+        etc_fewer.held is None and "explore-then-commit" in etc_fewer.line()
+    )  # not run here: missing, not judged
     assert etc_speed.held is None and "explore-then-commit" in etc_speed.line()
-    sw = {"ucb-bd": lambda i: {"switches": 6 + i % 3}, "ucb-switch-bd": lambda i: {"switches": 1 + i % 2},
-          "etc-bd": lambda i: {"switches": 1 + i % 2}}
+    sw = {
+        "ucb-bd": lambda i: {"switches": 6 + i % 3},
+        "ucb-switch-bd": lambda i: {"switches": 1 + i % 2},
+        "etc-bd": lambda i: {"switches": 1 + i % 2},
+    }
     write_examples(run, {"math": {"ucb-bd": 1.2, "ucb-switch-bd": 1.32, "etc-bd": 1.0}}, extra=sw)
     fewer, speed, etc_fewer, etc_speed = metasd_switching(tmp_path, [], CPU).verdicts
     assert fewer.held is True and speed.held is True  # 1.32 against 1.2: faster
     assert speed.effect == pytest.approx(1.1, rel=0.01) and speed.interval[0] > 1
-    assert etc_fewer.held is False and etc_speed.held is False  # as many switches as UCB with the penalty; 1.0 < 1.2
+    assert (
+        etc_fewer.held is False and etc_speed.held is False
+    )  # as many switches as UCB with the penalty; 1.0 < 1.2
     write_examples(run, {"math": {"ucb-bd": 1.2, "ucb-switch-bd": 1.0, "etc-bd": 1.32}}, extra=sw)
     fewer, speed, etc_fewer, etc_speed = metasd_switching(tmp_path, [], CPU).verdicts
     assert speed.held is False and speed.interval[1] < 1  # 1.0 against 1.2: slower
@@ -249,11 +342,26 @@ def test_cascades_compare_each_family_at_the_targets_quality(tmp_path):
     run.mkdir(parents=True)
 
     def verdict(methods, quality):
-        pd.DataFrame([{"task": "summarization", "method": m, "rule": m.split("@")[0], "alpha": 0.3, "speedup": sp,
-                       "quality": quality.get(m, 5.0), "metric": "rouge2", "mat": 2.0}
-                      for m, sp in methods.items()]).to_csv(run / "curves.csv", index=False)
-        write_examples(run, {"summarization": methods},
-                       quality={m: {"rouge2": quality.get(m, 5.0)} for m in ["autoregressive", *methods]})
+        pd.DataFrame(
+            [
+                {
+                    "task": "summarization",
+                    "method": m,
+                    "rule": m.split("@")[0],
+                    "alpha": 0.3,
+                    "speedup": sp,
+                    "quality": quality.get(m, 5.0),
+                    "metric": "rouge2",
+                    "mat": 2.0,
+                }
+                for m, sp in methods.items()
+            ]
+        ).to_csv(run / "curves.csv", index=False)
+        write_examples(
+            run,
+            {"summarization": methods},
+            quality={m: {"rouge2": quality.get(m, 5.0)} for m in ["autoregressive", *methods]},
+        )
         return cascades(tmp_path, [], CPU, CPU_CASCADES[0])
 
     methods = {"sd": 1.1, "drafter_alone": 3.0, "chow@0.3": 1.4, "opt@0.9": 2.5, "sequential@0.3": 1.2}
@@ -275,9 +383,12 @@ def test_convergence_and_the_stream_are_judged_per_query(tmp_path):
 
     run = tmp_path / "metasd" / "eval"
     run.mkdir(parents=True)
-    pd.DataFrame({"method": ["ucb-bd", "ucb-be"], "round": [0, 0], "share": [0.8, 0.4], "n": [16, 16]}).to_csv(
-        run / "convergence.csv", index=False)
-    write_examples(run, {"math": {"fixed:eagle_math": 1.5, "fixed:eagle_chat": 1.0, "ucb-bd": 1.4, "ucb-be": 1.3}})
+    pd.DataFrame(
+        {"method": ["ucb-bd", "ucb-be"], "round": [0, 0], "share": [0.8, 0.4], "n": [16, 16]}
+    ).to_csv(run / "convergence.csv", index=False)
+    write_examples(
+        run, {"math": {"fixed:eagle_math": 1.5, "fixed:eagle_chat": 1.0, "ucb-bd": 1.4, "ucb-be": 1.3}}
+    )
 
     def rounds(bd_hits: int, be_hits: int):
         with (run / "rounds.jsonl").open("w") as f:
@@ -285,8 +396,18 @@ def test_convergence_and_the_stream_are_judged_per_query(tmp_path):
                 for method, hits in (("ucb-bd", bd_hits), ("ucb-be", be_hits)):
                     for r in range(10):
                         arm = "eagle_math" if r < hits + (i % 2) else "eagle_chat"
-                        f.write(json.dumps({"query_id": f"math-{i}", "task": "math", "method": method, "round": r,
-                                            "arm": arm}) + "\n")
+                        f.write(
+                            json.dumps(
+                                {
+                                    "query_id": f"math-{i}",
+                                    "task": "math",
+                                    "method": method,
+                                    "round": r,
+                                    "arm": arm,
+                                }
+                            )
+                            + "\n"
+                        )
 
     rounds(8, 4)
     v = metasd_convergence(tmp_path, [], CPU).verdicts[0]
@@ -296,8 +417,13 @@ def test_convergence_and_the_stream_are_judged_per_query(tmp_path):
 
     stream = tmp_path / "metasd" / "stream"
     stream.mkdir(parents=True)
-    pd.DataFrame([{"task": t, "method": m, "speedup": 1.0, "mat": 1.5} for t in ("math", "all")
-                  for m in ("ucb-bd", "ducb-bd", "swucb-bd")]).to_csv(stream / "summary.csv", index=False)
+    pd.DataFrame(
+        [
+            {"task": t, "method": m, "speedup": 1.0, "mat": 1.5}
+            for t in ("math", "all")
+            for m in ("ucb-bd", "ducb-bd", "swucb-bd")
+        ]
+    ).to_csv(stream / "summary.csv", index=False)
     write_examples(stream, {"math": {"ucb-bd": 1.0, "ducb-bd": 1.2, "swucb-bd": 0.9}})
     v = metasd_stream(tmp_path, [], CPU).verdicts[0]
     assert v.held is True and "Bonferroni" in v.detail and "D-UCB" in v.line()
@@ -312,7 +438,13 @@ def _rounds(path, per_method, n=16, rounds=10, **fields):
         for i in range(n):
             for method, arm_of in per_method.items():
                 for r in range(rounds):
-                    rec = {"query_id": f"math-{i}", "task": "math", "method": method, "round": r, "arm": arm_of(i, r)}
+                    rec = {
+                        "query_id": f"math-{i}",
+                        "task": "math",
+                        "method": method,
+                        "round": r,
+                        "arm": arm_of(i, r),
+                    }
                     rec.update({k: fn(method, i, r) for k, fn in fields.items()})
                     f.write(json.dumps(rec) + "\n")
 
@@ -321,13 +453,34 @@ def test_bandits_and_full_information_are_judged_per_query(tmp_path):
     from specbench.reproduction.metasd_rounds import metasd_bandits, metasd_full_info
 
     run = tmp_path / "metasd" / "eval"
-    speedups = {"fixed:eagle_math": 1.5, "fixed:eagle_chat": 1.0, "ucb-bd": 1.4, "exp3-bd": 1.1, "halving-bd": 1.2,
-                "random": 1.15, "ucb-bd-fi": 1.3}
+    speedups = {
+        "fixed:eagle_math": 1.5,
+        "fixed:eagle_chat": 1.0,
+        "ucb-bd": 1.4,
+        "exp3-bd": 1.1,
+        "halving-bd": 1.2,
+        "random": 1.15,
+        "ucb-bd-fi": 1.3,
+    }
     write_examples(run, {"math": speedups})
-    pd.DataFrame([{"task": t, "method": m, "speedup": v, "mat": 1.5} for t in ("math", "all")
-                  for m, v in speedups.items()]).to_csv(run / "summary.csv", index=False)
-    best = lambda hits: (lambda i, r: "eagle_math" if r < hits + i % 2 else "eagle_chat")  # noqa: E731
-    _rounds(run, {"ucb-bd": best(6), "exp3-bd": best(2), "halving-bd": best(3), "random": best(4), "ucb-bd-fi": best(9)})
+    pd.DataFrame(
+        [
+            {"task": t, "method": m, "speedup": v, "mat": 1.5}
+            for t in ("math", "all")
+            for m, v in speedups.items()
+        ]
+    ).to_csv(run / "summary.csv", index=False)
+    best = lambda hits: lambda i, r: "eagle_math" if r < hits + i % 2 else "eagle_chat"  # noqa: E731
+    _rounds(
+        run,
+        {
+            "ucb-bd": best(6),
+            "exp3-bd": best(2),
+            "halving-bd": best(3),
+            "random": best(4),
+            "ucb-bd-fi": best(9),
+        },
+    )
     faster, sooner, uniform = metasd_bandits(tmp_path, [], CPU).verdicts
     assert faster.held is True and "Bonferroni" in faster.detail and "EXP3" in faster.detail
     assert sooner.held is True and uniform.held is True
@@ -335,7 +488,16 @@ def test_bandits_and_full_information_are_judged_per_query(tmp_path):
     assert reaches.held is True  # 9 of 10 first rounds on the best arm against 6
     assert speed.held is False and "full information" in speed.line()  # its replays cost more than they win
     # EXP3 now converges sooner than UCB: the convergence claim flips
-    _rounds(run, {"ucb-bd": best(2), "exp3-bd": best(6), "halving-bd": best(3), "random": best(4), "ucb-bd-fi": best(1)})
+    _rounds(
+        run,
+        {
+            "ucb-bd": best(2),
+            "exp3-bd": best(6),
+            "halving-bd": best(3),
+            "random": best(4),
+            "ucb-bd-fi": best(1),
+        },
+    )
     assert metasd_bandits(tmp_path, [], CPU).verdicts[1].held is False
     assert metasd_full_info(tmp_path, [], CPU).verdicts[0].held is False
 
@@ -365,19 +527,30 @@ def test_table4_judges_the_live_policy_against_the_best_drafter_and_autoregressi
 
     def table4(speedups):
         write_examples(run, {"math": speedups})
-        pd.DataFrame([{"task": t, "method": m, "speedup": v} for t in ("math", "all")
-                      for m, v in {"autoregressive": 1.0, **speedups}.items()]).to_csv(run / "summary.csv", index=False)
+        pd.DataFrame(
+            [
+                {"task": t, "method": m, "speedup": v}
+                for t in ("math", "all")
+                for m, v in {"autoregressive": 1.0, **speedups}.items()
+            ]
+        ).to_csv(run / "summary.csv", index=False)
         return huang_table4(tmp_path, [], CPU)
 
     # drafting alone slows math (the best drafter 0.9x): autoregressive decoding is faster, as the paper's premise says
     ex = table4({"fixed:eagle_math": 0.9, "fixed:quantized": 0.7, "policy": 0.99})
     premise, faster, holds = ex.verdicts
     assert "premise" in premise.claim and premise.mark == "held" and premise.n == 16
-    assert premise.effect == pytest.approx(1 / 0.9, rel=0.02) and "autoregressive / eagle_math" in premise.line()
-    assert faster.held is True and "eagle_math" in faster.line()  # against the best drafter alone, not the int8 one
+    assert (
+        premise.effect == pytest.approx(1 / 0.9, rel=0.02) and "autoregressive / eagle_math" in premise.line()
+    )
+    assert (
+        faster.held is True and "eagle_math" in faster.line()
+    )  # against the best drafter alone, not the int8 one
     assert faster.effect == pytest.approx(0.99 / 0.9, rel=0.02)
     assert "0.95x of autoregressive" in holds.claim and holds.n == 16
-    assert holds.held is True and holds.effect == pytest.approx(0.99, abs=0.02)  # 0.99 of autoregressive: at least 0.95
+    assert holds.held is True and holds.effect == pytest.approx(
+        0.99, abs=0.02
+    )  # 0.99 of autoregressive: at least 0.95
     assert "replayed" in ex.table.columns  # train-policy's replayed figures stay beside, labelled
 
     # the best drafter now beats autoregressive decoding: the premise fails, and so does a policy at 0.9x
@@ -389,15 +562,21 @@ def test_the_per_query_oracle_takes_the_fastest_arm_of_each_query():
     rows = []
     for q in range(20):  # arm a is faster on even queries, b on odd ones; the policy plays a throughout
         a, b = (1.0, 1.5) if q % 2 == 0 else (1.5, 1.0)
-        rows += [{"query_id": f"q{q}", "task": "t", "method": m, "seconds": s, "new_tokens": 10.0, "process": "p"}
-                 for m, s in (("fixed:a", a), ("fixed:b", b), ("policy", a))]
+        rows += [
+            {"query_id": f"q{q}", "task": "t", "method": m, "seconds": s, "new_tokens": 10.0, "process": "p"}
+            for m, s in (("fixed:a", a), ("fixed:b", b), ("policy", a))
+        ]
     ex = pd.DataFrame(rows)
     with_o = C.with_oracle(ex, ["fixed:a", "fixed:b"])
     oracle = with_o[with_o.method == C.ORACLE].set_index("query_id").seconds
     assert len(oracle) == 20 and (oracle == 1.0).all()
     assert len(with_o) == len(ex) + 20 and (with_o[with_o.method != C.ORACLE] == ex).all().all()
-    held = C.faster_on(with_o, "the policy holds 0.95 of the oracle", "policy", C.ORACLE, threshold=0.95, at_least=True)
-    assert held.held is False and held.effect == pytest.approx(20 / 25)  # slower on half the queries: 1.5 s vs 1 s
+    held = C.faster_on(
+        with_o, "the policy holds 0.95 of the oracle", "policy", C.ORACLE, threshold=0.95, at_least=True
+    )
+    assert held.held is False and held.effect == pytest.approx(
+        20 / 25
+    )  # slower on half the queries: 1.5 s vs 1 s
     assert C.faster_on(with_o, "", "policy", C.ORACLE, threshold=0.6, at_least=True).held is True
 
 
@@ -441,9 +620,17 @@ def test_again_runs_a_method_a_second_time_under_its_own_name():
     from specbench.pipelines.methods import parse_methods
 
     pool = {"autoregressive": None, "prompt_lookup": None, "eagle_math": None}
-    names = [m.name for m in parse_methods(["fixed:*", "again:autoregressive", "again:fixed:prompt_lookup"], pool, None)]
-    assert names == ["autoregressive", "fixed:prompt_lookup", "fixed:eagle_math", "again:autoregressive",
-                     "again:fixed:prompt_lookup"]
+    names = [
+        m.name
+        for m in parse_methods(["fixed:*", "again:autoregressive", "again:fixed:prompt_lookup"], pool, None)
+    ]
+    assert names == [
+        "autoregressive",
+        "fixed:prompt_lookup",
+        "fixed:eagle_math",
+        "again:autoregressive",
+        "again:fixed:prompt_lookup",
+    ]
     methods = {m.name: m for m in parse_methods(["again:fixed:prompt_lookup"], pool, None)}
     assert methods["again:fixed:prompt_lookup"].make_selector().select() == "prompt_lookup"
     for bad in ("again:", "again:again:autoregressive", "again:fixed:nope"):
@@ -457,15 +644,24 @@ def test_aa_pairs_give_a_noise_floor_a_false_positive_rate_and_explain_small_hel
     from specbench.reproduction.noise import aa_exhibit, explained
 
     run = tmp_path / "metasd" / "eval"
-    write_examples(run, {"math": {"fixed:prompt_lookup": 1.5, "again:fixed:prompt_lookup": 1.5},
-                         "code": {"fixed:prompt_lookup": 1.5, "again:fixed:prompt_lookup": 1.5}}, n=40, noise=0.05)
+    write_examples(
+        run,
+        {
+            "math": {"fixed:prompt_lookup": 1.5, "again:fixed:prompt_lookup": 1.5},
+            "code": {"fixed:prompt_lookup": 1.5, "again:fixed:prompt_lookup": 1.5},
+        },
+        n=40,
+        noise=0.05,
+    )
     ex = aa_exhibit(tmp_path, [], CPU)
     t = ex.table
     assert set(t.subset) == {16, 32, 48} and (t.method == "prompt_lookup").all() and (t.queries == 80).all()
     assert (t.floor_lo < 1).all() and (t.floor_hi > 1).all()
     assert (t.false_positive_rate <= 0.15).all()
-    assert (t[t.subset == 16].floor_hi.iloc[0] - t[t.subset == 16].floor_lo.iloc[0]
-            > t[t.subset == 48].floor_hi.iloc[0] - t[t.subset == 48].floor_lo.iloc[0])  # narrower with more queries
+    assert (
+        t[t.subset == 16].floor_hi.iloc[0] - t[t.subset == 16].floor_lo.iloc[0]
+        > t[t.subset == 48].floor_hi.iloc[0] - t[t.subset == 48].floor_lo.iloc[0]
+    )  # narrower with more queries
     small = V.faster("a bit faster", *timed(1.01, n=16, noise=0.0))
     big = V.faster("much faster", *timed(1.5, n=16, noise=0.0))
     assert small.held is True and big.held is True
@@ -506,7 +702,10 @@ def test_tree_pairs_match_a_tree_drafter_to_its_chain_by_config():
     from specbench.reproduction.multi_drafter import tree_pairs
 
     head = {"_target_": "specbench.drafters.eagle.build", "checkpoint": "package:eagle_math", "tree": None}
-    drafters = {"chain": head, "tree": {**head, "tree": {"width": 3, "nodes": 8}, "draft_length": 2},
-                "other": {**head, "checkpoint": "package:eagle_code", "tree": {"width": 3, "nodes": 8}},
-                "lookup": {"_target_": "specbench.drafters.prompt_lookup.build"}}
+    drafters = {
+        "chain": head,
+        "tree": {**head, "tree": {"width": 3, "nodes": 8}, "draft_length": 2},
+        "other": {**head, "checkpoint": "package:eagle_code", "tree": {"width": 3, "nodes": 8}},
+        "lookup": {"_target_": "specbench.drafters.prompt_lookup.build"},
+    }
     assert tree_pairs(drafters) == [("tree", "chain")]

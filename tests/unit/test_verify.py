@@ -29,6 +29,7 @@ def onehot_logits(best: list[int], vocab: int = 6) -> torch.Tensor:
 
 # --------------------------------------------------------------------------------------- greedy
 
+
 def test_verify_greedy_all_accepted_gets_bonus_token():
     logits = onehot_logits([3, 1, 4, 5])
     v = verify_greedy([3, 1, 4], logits)
@@ -114,6 +115,7 @@ def test_residual_zero_mass_falls_back_to_p():
 
 # --------------------------------------------------------------------------- logits_to_probs
 
+
 def logits_of(probs: list[float]) -> torch.Tensor:
     return torch.tensor(probs).log()
 
@@ -128,7 +130,9 @@ def test_greedy_returns_plain_softmax():
 def test_temperature_scales_logits():
     logits = torch.tensor([1.0, 2.0, -1.0, 0.5])
     for t in (0.5, 1.0, 2.0):
-        assert torch.allclose(logits_to_probs(logits, SamplingParams(temperature=t)), torch.softmax(logits / t, -1))
+        assert torch.allclose(
+            logits_to_probs(logits, SamplingParams(temperature=t)), torch.softmax(logits / t, -1)
+        )
 
 
 def test_logits_to_probs_upcasts_half_precision():
@@ -152,16 +156,21 @@ def test_top_k_keeps_exactly_k_tokens():
 
 def test_top_k_larger_than_vocabulary_is_a_no_op():
     logits = torch.tensor([0.3, 2.0, -1.0])
-    assert torch.allclose(logits_to_probs(logits, SamplingParams(temperature=1.0, top_k=10)), torch.softmax(logits, -1))
+    assert torch.allclose(
+        logits_to_probs(logits, SamplingParams(temperature=1.0, top_k=10)), torch.softmax(logits, -1)
+    )
 
 
-@pytest.mark.parametrize("top_p, kept", [
-    (0.3, [1]),            # 0.40 alone reaches 0.3
-    (0.6, [1, 2]),         # 0.40 + 0.25 = 0.65 >= 0.6
-    (0.7, [1, 2, 3]),      # 0.65 < 0.7 -> add 0.20
-    (0.9, [1, 2, 3, 4]),   # 0.85 < 0.9 -> add 0.10
-    (1.0, [0, 1, 2, 3, 4]),
-])
+@pytest.mark.parametrize(
+    "top_p, kept",
+    [
+        (0.3, [1]),  # 0.40 alone reaches 0.3
+        (0.6, [1, 2]),  # 0.40 + 0.25 = 0.65 >= 0.6
+        (0.7, [1, 2, 3]),  # 0.65 < 0.7 -> add 0.20
+        (0.9, [1, 2, 3, 4]),  # 0.85 < 0.9 -> add 0.10
+        (1.0, [0, 1, 2, 3, 4]),
+    ],
+)
 def test_top_p_keeps_smallest_prefix_reaching_mass(top_p, kept):
     probs = [0.05, 0.40, 0.25, 0.20, 0.10]
     out = logits_to_probs(logits_of(probs), SamplingParams(temperature=1.0, top_p=top_p))
@@ -184,9 +193,16 @@ def test_top_k_then_top_p():
     assert torch.allclose(out, torch.tensor([0.0, 0.40 / 0.65, 0.25 / 0.65, 0.0, 0.0]), atol=1e-6)
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"temperature": -0.1}, {"top_k": -1}, {"top_p": 0.0}, {"top_p": -0.5}, {"top_p": 1.01},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"temperature": -0.1},
+        {"top_k": -1},
+        {"top_p": 0.0},
+        {"top_p": -0.5},
+        {"top_p": 1.01},
+    ],
+)
 def test_sampling_params_reject_bad_values(kwargs):
     name = next(iter(kwargs))
     with pytest.raises((ValueError, SpecbenchError), match=name):
@@ -203,15 +219,19 @@ def test_pick_greedy_and_sampling():
 # ------------------------------------------------------------------- speculative sampling
 
 V = 4
-P_ROWS = torch.tensor([
-    [0.10, 0.20, 0.30, 0.40],
-    [0.25, 0.05, 0.40, 0.30],
-    [0.50, 0.10, 0.10, 0.30],
-])  # k + 1 = 3
-Q_ROWS = torch.tensor([
-    [0.40, 0.30, 0.20, 0.10],
-    [0.10, 0.60, 0.10, 0.20],
-])  # k = 2
+P_ROWS = torch.tensor(
+    [
+        [0.10, 0.20, 0.30, 0.40],
+        [0.25, 0.05, 0.40, 0.30],
+        [0.50, 0.10, 0.10, 0.30],
+    ]
+)  # k + 1 = 3
+Q_ROWS = torch.tensor(
+    [
+        [0.40, 0.30, 0.20, 0.10],
+        [0.10, 0.60, 0.10, 0.20],
+    ]
+)  # k = 2
 N_DRAWS = 20_000  # expected TV of the empirical first-token law: ~0.005, so 0.02 is > 3 sigma
 
 

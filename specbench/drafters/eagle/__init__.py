@@ -11,5 +11,13 @@ The EAGLE-1 names are importable from the package itself: pool configs and store
 from specbench.drafters.eagle.eagle1 import EagleDrafter, HeadObservation, build, head_cost, load_head
 from specbench.drafters.eagle.head import EagleHead, HeadLogits, family_config
 
-__all__ = ["EagleDrafter", "EagleHead", "HeadLogits", "HeadObservation", "build", "family_config", "head_cost",
-           "load_head"]
+__all__ = [
+    "EagleDrafter",
+    "EagleHead",
+    "HeadLogits",
+    "HeadObservation",
+    "build",
+    "family_config",
+    "head_cost",
+    "load_head",
+]

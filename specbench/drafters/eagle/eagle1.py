@@ -30,7 +30,14 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from specbench.decoding.drafter import Draft, Drafter, DecodeContext, ObservationGroup, Verification, draft_ends
+from specbench.decoding.drafter import (
+    Draft,
+    Drafter,
+    DecodeContext,
+    ObservationGroup,
+    Verification,
+    draft_ends,
+)
 from specbench.drafters.head_files import load_state, read_meta, resolve_checkpoint, vocab_fingerprint
 from specbench.drafters import shipped
 from specbench.drafters.base import check_confidence_threshold
@@ -45,7 +52,9 @@ from specbench.models.target import Target
 from specbench.records import files_fingerprint
 
 
-def load_head(checkpoint: str, target: Target, make_target: str | None = None, dtype: torch.dtype | None = None):
+def load_head(
+    checkpoint: str, target: Target, make_target: str | None = None, dtype: torch.dtype | None = None
+):
     """``(EagleHead, d2t | None, meta)`` from a checkpoint directory or hub id, checked against ``target``;
     the head in ``dtype`` (None: the target's)."""
     path = resolve_checkpoint(checkpoint, make_target)
@@ -55,18 +64,27 @@ def load_head(checkpoint: str, target: Target, make_target: str | None = None, d
         raise SpecbenchError(
             f"draft head {path} was trained for target '{mine.get('target')}', whose vocabulary differs from "
             f"this target's ('{target.loaded.name}')",
-            shipped.other_target_fix(str(checkpoint), target.loaded.name,
-                                     f"use a head trained for {target.loaded.name} (specbench train-drafter target=...), "
-                                     "or that target"))
+            shipped.other_target_fix(
+                str(checkpoint),
+                target.loaded.name,
+                f"use a head trained for {target.loaded.name} (specbench train-drafter target=...), "
+                "or that target",
+            ),
+        )
     state = load_state(path)
     layer_ids = {int(k.split(".")[1]) for k in state if k.startswith("layers.")}
     if "fc.weight" not in state or not layer_ids:
-        raise SpecbenchError(f"{path} is not an EAGLE-1 head (no fc.weight / layers.* tensors)",
-                             "point the checkpoint at an EAGLE-1 layout head or a train-drafter output")
+        raise SpecbenchError(
+            f"{path} is not an EAGLE-1 head (no fc.weight / layers.* tensors)",
+            "point the checkpoint at an EAGLE-1 layout head or a train-drafter output",
+        )
     hidden = int(target.config.hidden_size)
     if tuple(state["fc.weight"].shape) != (hidden, 2 * hidden):
-        raise SpecbenchError(f"draft head {path} has fc {tuple(state['fc.weight'].shape)}, the target needs "
-                             f"({hidden}, {2 * hidden})", "use a head trained for this target")
+        raise SpecbenchError(
+            f"draft head {path} has fc {tuple(state['fc.weight'].shape)}, the target needs "
+            f"({hidden}, {2 * hidden})",
+            "use a head trained for this target",
+        )
     head = EagleHead(target.model, layers=max(layer_ids) + 1, dtype=dtype)
     d2t = state.pop("d2t", None)
     state = {k: v for k, v in state.items() if k.startswith(("fc.", "layers."))}
@@ -74,15 +92,26 @@ def load_head(checkpoint: str, target: Target, make_target: str | None = None, d
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
     if missing or unexpected:
-        raise SpecbenchError(f"draft head {path} does not fit the target's layer layout (missing {missing[:3]}, "
-                             f"unexpected {unexpected[:3]})", "use a head trained for this target's family")
+        raise SpecbenchError(
+            f"draft head {path} does not fit the target's layer layout (missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]})",
+            "use a head trained for this target's family",
+        )
     head.load_state_dict(state)
     return head.eval(), (None if d2t is None else d2t.long().to(target.device)), meta
 
 
 class EagleDrafter(Drafter):
-    def __init__(self, name: str, head: EagleHead, target: Target, d2t: torch.Tensor | None, cost: float,
-                 confidence_threshold: float = 0.0, tree: TreeShape | None = None):
+    def __init__(
+        self,
+        name: str,
+        head: EagleHead,
+        target: Target,
+        d2t: torch.Tensor | None,
+        cost: float,
+        confidence_threshold: float = 0.0,
+        tree: TreeShape | None = None,
+    ):
         self.name = name
         self.tree = tree  # a dynamic draft tree per round (``drafters/dynamic_tree.py``); None: a chain
         self.cost = float(cost)
@@ -122,8 +151,8 @@ class EagleDrafter(Drafter):
         keep = min(common_prefix(self.real, tokens[1:n]), n - 2)  # refeed at least the last pair
         crop_cache(self.cache, keep)
         del self.real[keep:]
-        out = self._feed(self._features(keep, n - 1), tokens[keep + 1:n])
-        self.real.extend(tokens[keep + 1:n])
+        out = self._feed(self._features(keep, n - 1), tokens[keep + 1 : n])
+        self.real.extend(tokens[keep + 1 : n])
         self._hat = out[-1]
 
     def _features(self, start: int, stop: int) -> torch.Tensor:
@@ -155,7 +184,9 @@ class EagleDrafter(Drafter):
             if draft_ends(tok, float(probs[tok]), i, k, eos_ids, self.confidence_threshold):
                 break
             h = self._feed(h[None], [tok])[-1]
-        return Draft(tokens=out, probs=torch.stack(rows) if rows else None, raw=torch.stack(raw) if raw else None)
+        return Draft(
+            tokens=out, probs=torch.stack(rows) if rows else None, raw=torch.stack(raw) if raw else None
+        )
 
     def _propose_tree(self, h: torch.Tensor, k: int, sampling, rng, eos_ids) -> Draft:
         """A dynamic draft tree: one head forward per depth over the frontier (tree attention inside the head: each
@@ -166,7 +197,9 @@ class EagleDrafter(Drafter):
 
         def expand(frontier, tokens, parents, depths):
             fed = len(slot)
-            allowed = torch.zeros(len(frontier), base + fed + len(frontier), dtype=torch.bool, device=h.device)
+            allowed = torch.zeros(
+                len(frontier), base + fed + len(frontier), dtype=torch.bool, device=h.device
+            )
             allowed[:, :base] = True
             for row, node in enumerate(frontier):
                 for a in ancestors(parents, node):
@@ -203,9 +236,13 @@ class EagleDrafter(Drafter):
     def distributions(self, sub: torch.Tensor, sampling) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits over the draft vocabulary -> ``(probs [n, V], logits [n, V])`` in the full vocabulary (zero /
         -inf outside a sub-vocabulary)."""
-        return self.logits.to_full(logits_to_probs(sub, sampling), 0.0), self.logits.to_full(sub, float("-inf"))
+        return self.logits.to_full(logits_to_probs(sub, sampling), 0.0), self.logits.to_full(
+            sub, float("-inf")
+        )
 
-    def _greedy_acceptance(self, v: Verification, probs: torch.Tensor, full: torch.Tensor) -> tuple[int, bool]:
+    def _greedy_acceptance(
+        self, v: Verification, probs: torch.Tensor, full: torch.Tensor
+    ) -> tuple[int, bool]:
         """What greedy verification would have kept of this head's own draft, walked along the played
         draft while the two agree; censored (not exact) where the head's path leaves the played one."""
         n = len(v.draft)
@@ -238,7 +275,13 @@ class HeadGroup(ObservationGroup):
     key: tuple
 
     def observe(self, v: Verification, members) -> dict[str, "HeadObservation"]:
-        if not v.draft or v.p is None or v.query is None or v.context is None or not v.query.side_observations:
+        if (
+            not v.draft
+            or v.p is None
+            or v.query is None
+            or v.context is None
+            or not v.query.side_observations
+        ):
             return {}
         return observations(v, [d for name, d in members.items() if name != v.played])
 
@@ -252,7 +295,7 @@ def observations(v: Verification, heads: list[EagleDrafter]) -> dict[str, "HeadO
     subs = chains[0][0].logits(torch.cat([c for _, c in chains]))
     out, n = {}, len(v.draft)
     for i, (d, _) in enumerate(chains):
-        probs, full = d.distributions(subs[i * n:(i + 1) * n], v.sampling)
+        probs, full = d.distributions(subs[i * n : (i + 1) * n], v.sampling)
         bd = block_divergence(v.draft, probs, v.p, n)
         accepted, exact = d._greedy_acceptance(v, probs, full) if v.sampling.greedy else (None, False)
         out[d.name] = HeadObservation(bd, accepted, exact, len(v.context))
@@ -289,9 +332,17 @@ def head_cost(head: EagleHead, logits: HeadLogits, target: Target) -> float:
     return (own + rows) / sum(p.numel() for p in target.model.parameters())
 
 
-def build(target: Target, name: str, checkpoint: str | None = None, cost: float | None = None,
-          make_target: str | None = None, sub_vocabulary: bool = True,
-          confidence_threshold: float = 0.0, dtype: str | None = None, tree: dict | None = None) -> EagleDrafter:
+def build(
+    target: Target,
+    name: str,
+    checkpoint: str | None = None,
+    cost: float | None = None,
+    make_target: str | None = None,
+    sub_vocabulary: bool = True,
+    confidence_threshold: float = 0.0,
+    dtype: str | None = None,
+    tree: dict | None = None,
+) -> EagleDrafter:
     """``sub_vocabulary=false`` scores the whole vocabulary even when the head has a ``d2t`` (to measure
     what the sub-vocabulary saves); ``confidence_threshold``: a dynamic draft length (``draft_ends``);
     ``dtype``: the head's (None: the target's; the LM head it scores through stays the target's); ``tree``:
@@ -300,17 +351,25 @@ def build(target: Target, name: str, checkpoint: str | None = None, cost: float 
     if shape is not None:
         check_tree_attention(target.model, f"drafter '{name}' (tree)")
     if target.is_encoder_decoder:
-        raise SpecbenchError(f"drafter '{name}' (eagle) needs a decoder-only target",
-                             "use early_exit, quantized or an hf drafter with encoder-decoder targets")
+        raise SpecbenchError(
+            f"drafter '{name}' (eagle) needs a decoder-only target",
+            "use early_exit, quantized or an hf drafter with encoder-decoder targets",
+        )
     if not checkpoint:
-        raise SpecbenchError(f"drafter '{name}' (eagle) has no checkpoint",
-                             f"set its checkpoint, or build one with `{make_target or 'specbench train-drafter'}`")
+        raise SpecbenchError(
+            f"drafter '{name}' (eagle) has no checkpoint",
+            f"set its checkpoint, or build one with `{make_target or 'specbench train-drafter'}`",
+        )
     head_dtype = resolve_dtype(dtype, target.device) if dtype else None
     head, d2t, _ = load_head(checkpoint, target, make_target, dtype=head_dtype)
     if not sub_vocabulary:
         d2t = None
-    drafter = EagleDrafter(name, head, target, d2t, cost=0.0, confidence_threshold=confidence_threshold, tree=shape)
+    drafter = EagleDrafter(
+        name, head, target, d2t, cost=0.0, confidence_threshold=confidence_threshold, tree=shape
+    )
     drafter.cost = head_cost(head, drafter.logits, target) if cost is None else float(cost)
     # every checkpoint it reads (a local or cache: directory, a package: head, a hub snapshot): resumes check it
-    drafter.fingerprint = files_fingerprint(resolve_checkpoint(checkpoint, make_target))  # (run_records.Records)
+    drafter.fingerprint = files_fingerprint(
+        resolve_checkpoint(checkpoint, make_target)
+    )  # (run_records.Records)
     return drafter

@@ -59,12 +59,27 @@ from specbench.records import files_fingerprint
 
 AUX_KEY = "eagle_aux_hidden_state_layer_ids"
 # the head's architecture: taken from the checkpoint's config, the target's where the checkpoint is silent
-ARCH_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
-             "rms_norm_eps", "hidden_act", "attention_bias", "mlp_bias", "max_position_embeddings",
-             "rope_theta", "rope_scaling", "rope_parameters", "pretraining_tp")
-LAYOUT_FIX = ("point the checkpoint at an EAGLE-3 head (SafeAILab/EAGLE or SpecForge: config.json with "
-              "draft_vocab_size and midlayer.* tensors) or a vLLM speculators eagle3 head "
-              "(speculators_model_type: eagle3); EAGLE-1 heads are the `eagle` drafter kind")
+ARCH_KEYS = (
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "rms_norm_eps",
+    "hidden_act",
+    "attention_bias",
+    "mlp_bias",
+    "max_position_embeddings",
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "pretraining_tp",
+)
+LAYOUT_FIX = (
+    "point the checkpoint at an EAGLE-3 head (SafeAILab/EAGLE or SpecForge: config.json with "
+    "draft_vocab_size and midlayer.* tensors) or a vLLM speculators eagle3 head "
+    "(speculators_model_type: eagle3); EAGLE-1 heads are the `eagle` drafter kind"
+)
 
 
 def default_aux_layers(num_layers: int) -> list[int]:
@@ -147,8 +162,16 @@ class Eagle3Head(nn.Module):
     is mapped onto ``layers.0.*`` at load.
     """
 
-    def __init__(self, config, fc_in: int, draft_vocab: int, layout: Eagle3Layout = Eagle3Layout(), *,
-                 device=None, dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        config,
+        fc_in: int,
+        draft_vocab: int,
+        layout: Eagle3Layout = Eagle3Layout(),
+        *,
+        device=None,
+        dtype: torch.dtype | None = None,
+    ):
         super().__init__()
         from transformers.models.llama.modeling_llama import LlamaModel, LlamaRMSNorm
 
@@ -213,8 +236,16 @@ class Eagle3Drafter(EagleDrafter):
     step's hidden is ``fc`` of their concatenation, and the head scores its own draft vocabulary.
     Drafting (``propose``), replay and side observations are ``EagleDrafter``'s."""
 
-    def __init__(self, name: str, head: Eagle3Head, target: Target, d2t: torch.Tensor | None,
-                 aux_layers: list[int], cost: float, confidence_threshold: float = 0.0):
+    def __init__(
+        self,
+        name: str,
+        head: Eagle3Head,
+        target: Target,
+        d2t: torch.Tensor | None,
+        aux_layers: list[int],
+        cost: float,
+        confidence_threshold: float = 0.0,
+    ):
         super().__init__(name, head, target, None, cost, confidence_threshold)  # d2t=None: no row copy
         self.logits = DraftVocabLogits(head, d2t, target.vocab_size)
         if head.embed_tokens is not None:
@@ -226,7 +257,9 @@ class Eagle3Drafter(EagleDrafter):
 
     def _features(self, start: int, stop: int) -> torch.Tensor:
         """``fc`` of the aux layers' features, concatenated (low, mid, high), at positions ``start .. stop-1``."""
-        return self.head.fuse(torch.cat([self._query.states(layer)[start:stop] for layer in self.aux], dim=-1))
+        return self.head.fuse(
+            torch.cat([self._query.states(layer)[start:stop] for layer in self.aux], dim=-1)
+        )
 
 
 def _read_config(path: Path) -> dict:
@@ -253,11 +286,17 @@ def _layout(path: Path, config: dict, state: dict) -> tuple[str, dict]:
             raise SpecbenchError(f"speculators checkpoint {path} has no transformer_layer_config", LAYOUT_FIX)
         return "speculators", layer
     architectures = " ".join(str(a) for a in config.get("architectures") or [])
-    if "draft_vocab_size" in config or "eagle3" in architectures.lower() or any(k.startswith("midlayer.")
-                                                                                 for k in state):
+    if (
+        "draft_vocab_size" in config
+        or "eagle3" in architectures.lower()
+        or any(k.startswith("midlayer.") for k in state)
+    ):
         return "eagle3", config
-    raise SpecbenchError(f"{path} is neither an EAGLE-3 head (no draft_vocab_size / midlayer.* tensors) nor a "
-                         "speculators eagle3 head (no speculators_model_type)", LAYOUT_FIX)
+    raise SpecbenchError(
+        f"{path} is neither an EAGLE-3 head (no draft_vocab_size / midlayer.* tensors) nor a "
+        "speculators eagle3 head (no speculators_model_type)",
+        LAYOUT_FIX,
+    )
 
 
 def _aux_ids(config: dict, layer: dict) -> list[int] | None:
@@ -272,17 +311,25 @@ def _draft_vocabulary(path: Path, state: dict, draft_vocab: int, vocab: int) -> 
     offsets = state.get("d2t")
     if offsets is None:
         if draft_vocab < vocab:
-            raise SpecbenchError(f"draft head {path} scores {draft_vocab} tokens but has no d2t mapping to the "
-                                 f"target's {vocab}", "use a complete checkpoint (with its d2t tensor)")
+            raise SpecbenchError(
+                f"draft head {path} scores {draft_vocab} tokens but has no d2t mapping to the "
+                f"target's {vocab}",
+                "use a complete checkpoint (with its d2t tensor)",
+            )
         return None
     offsets = offsets.long().flatten()
     if offsets.numel() != draft_vocab:
-        raise SpecbenchError(f"draft head {path}: d2t has {offsets.numel()} entries for {draft_vocab} lm_head rows",
-                             "use a complete, consistent checkpoint")
+        raise SpecbenchError(
+            f"draft head {path}: d2t has {offsets.numel()} entries for {draft_vocab} lm_head rows",
+            "use a complete, consistent checkpoint",
+        )
     ids = torch.arange(draft_vocab) + offsets
     if int(ids.min()) < 0 or int(ids.max()) >= vocab or ids.unique().numel() != draft_vocab:
-        raise SpecbenchError(f"draft head {path}: d2t maps draft ids outside this target's vocabulary of {vocab} "
-                             "(or twice onto one id)", "use a head trained for this target's tokenizer")
+        raise SpecbenchError(
+            f"draft head {path}: d2t maps draft ids outside this target's vocabulary of {vocab} "
+            "(or twice onto one id)",
+            "use a head trained for this target's tokenizer",
+        )
     t2d = state.get("t2d")
     if t2d is not None and t2d.numel() >= vocab:
         mask = t2d.bool().flatten()
@@ -293,8 +340,13 @@ def _draft_vocabulary(path: Path, state: dict, draft_vocab: int, vocab: int) -> 
     return ids
 
 
-def load_eagle3(checkpoint: str, target: Target, make_target: str | None = None,
-                dtype: torch.dtype | None = None, aux_layers: list[int] | None = None):
+def load_eagle3(
+    checkpoint: str,
+    target: Target,
+    make_target: str | None = None,
+    dtype: torch.dtype | None = None,
+    aux_layers: list[int] | None = None,
+):
     """``(Eagle3Head, d2t (absolute target ids) | None, aux_layer_ids)`` from an EAGLE-3 or speculators
     eagle3 checkpoint (directory or hub id), checked against ``target``; the head in ``dtype`` (None: the
     target's). ``aux_layers`` overrides the checkpoint's aux layer ids."""
@@ -303,80 +355,122 @@ def load_eagle3(checkpoint: str, target: Target, make_target: str | None = None,
     except SpecbenchError as exc:
         if make_target or "train-drafter" not in exc.fix:
             raise
-        raise SpecbenchError(exc.problem, "point checkpoint at an EAGLE-3 head: a directory or hub id of an EAGLE-3 or "
-                                          "speculators eagle3 checkpoint (specbench train-drafter makes EAGLE-1 heads, "
-                                          "drafter=eagle)") from None
+        raise SpecbenchError(
+            exc.problem,
+            "point checkpoint at an EAGLE-3 head: a directory or hub id of an EAGLE-3 or "
+            "speculators eagle3 checkpoint (specbench train-drafter makes EAGLE-1 heads, "
+            "drafter=eagle)",
+        ) from None
     config = _read_config(path)
     state = load_state(path)
     layout, layer = _layout(path, config, state)
     if layout == "eagle3":
-        state = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in state.items()}
+        state = {
+            ("layers.0." + k[len("midlayer.") :] if k.startswith("midlayer.") else k): v
+            for k, v in state.items()
+        }
     state = {k: v for k, v in state.items() if not k.startswith("verifier")}
     layer_ids = {int(k.split(".")[1]) for k in state if k.startswith("layers.") and k.split(".")[1].isdigit()}
     if "fc.weight" not in state or "lm_head.weight" not in state or 0 not in layer_ids:
-        raise SpecbenchError(f"{path} lacks EAGLE-3 tensors (fc.weight, lm_head.weight, midlayer.* or layers.0.*)",
-                             LAYOUT_FIX)
+        raise SpecbenchError(
+            f"{path} lacks EAGLE-3 tensors (fc.weight, lm_head.weight, midlayer.* or layers.0.*)", LAYOUT_FIX
+        )
 
     t_hidden = int(target.config.hidden_size)
     n_layers = int(target.config.num_hidden_layers)
-    aux = [int(a) for a in aux_layers] if aux_layers else (_aux_ids(config, layer) or default_aux_layers(n_layers))
+    aux = (
+        [int(a) for a in aux_layers]
+        if aux_layers
+        else (_aux_ids(config, layer) or default_aux_layers(n_layers))
+    )
     bad = [a for a in aux if not 0 <= a <= n_layers]
     if bad:
-        raise SpecbenchError(f"draft head {path}: aux layer ids {aux} are out of range for this target's "
-                             f"{n_layers} layers (0 .. {n_layers}: the residual stream after that many layers)",
-                             "use a head trained for this target, or set the drafter's aux_layers")
+        raise SpecbenchError(
+            f"draft head {path}: aux layer ids {aux} are out of range for this target's "
+            f"{n_layers} layers (0 .. {n_layers}: the residual stream after that many layers)",
+            "use a head trained for this target, or set the drafter's aux_layers",
+        )
     fc = state["fc.weight"]
     target_hidden = config.get("target_hidden_size") or layer.get("target_hidden_size")
     if (target_hidden is not None and int(target_hidden) != t_hidden) or fc.shape[1] != len(aux) * t_hidden:
-        raise SpecbenchError(f"draft head {path} has fc {tuple(fc.shape)} for {len(aux)} aux layers: it needs "
-                             f"target features of width {fc.shape[1] // max(len(aux), 1)}, this target's hidden "
-                             f"size is {t_hidden}", "use a head trained for this target")
+        raise SpecbenchError(
+            f"draft head {path} has fc {tuple(fc.shape)} for {len(aux)} aux layers: it needs "
+            f"target features of width {fc.shape[1] // max(len(aux), 1)}, this target's hidden "
+            f"size is {t_hidden}",
+            "use a head trained for this target",
+        )
     hidden = int(fc.shape[0])
     layer = dict(layer)
     if int(layer.get("hidden_size", hidden)) != hidden:
-        raise SpecbenchError(f"draft head {path}: config hidden_size {layer.get('hidden_size')} but fc gives {hidden}",
-                             "use an intact checkpoint")
+        raise SpecbenchError(
+            f"draft head {path}: config hidden_size {layer.get('hidden_size')} but fc gives {hidden}",
+            "use an intact checkpoint",
+        )
     layer["hidden_size"] = hidden
     embed = state.get("embed_tokens.weight")
     target_embed = target.model.get_input_embeddings().weight
     if embed is not None and (embed.shape[1] != hidden or embed.shape[0] < target.vocab_size):
-        raise SpecbenchError(f"draft head {path} has embed_tokens {tuple(embed.shape)}, this target needs "
-                             f"({target_embed.shape[0]}, {hidden})", "use a head trained for this target")
+        raise SpecbenchError(
+            f"draft head {path} has embed_tokens {tuple(embed.shape)}, this target needs "
+            f"({target_embed.shape[0]}, {hidden})",
+            "use a head trained for this target",
+        )
     if embed is None and hidden != target_embed.shape[1]:
-        raise SpecbenchError(f"draft head {path} has hidden size {hidden}, the target's embeddings "
-                             f"{target_embed.shape[1]}, and the head has no embed_tokens of its own",
-                             "use a head trained for this target")
+        raise SpecbenchError(
+            f"draft head {path} has hidden size {hidden}, the target's embeddings "
+            f"{target_embed.shape[1]}, and the head has no embed_tokens of its own",
+            "use a head trained for this target",
+        )
     draft_vocab = int(state["lm_head.weight"].shape[0])
     if int(config.get("draft_vocab_size", draft_vocab)) != draft_vocab:
-        raise SpecbenchError(f"draft head {path}: draft_vocab_size {config.get('draft_vocab_size')} but lm_head "
-                             f"has {draft_vocab} rows", "use an intact checkpoint")
+        raise SpecbenchError(
+            f"draft head {path}: draft_vocab_size {config.get('draft_vocab_size')} but lm_head "
+            f"has {draft_vocab} rows",
+            "use an intact checkpoint",
+        )
     head_vocab = layer.get("vocab_size") or config.get("vocab_size")
     if head_vocab is not None and int(head_vocab) != int(target.config.vocab_size) and embed is None:
-        raise SpecbenchError(f"draft head {path} was trained for a vocabulary of {head_vocab} ids, this target "
-                             f"has {target.config.vocab_size}", "use a head trained for this target's tokenizer")
+        raise SpecbenchError(
+            f"draft head {path} was trained for a vocabulary of {head_vocab} ids, this target "
+            f"has {target.config.vocab_size}",
+            "use a head trained for this target's tokenizer",
+        )
     d2t = _draft_vocabulary(path, state, draft_vocab, target.vocab_size)
 
     device = next(target.model.parameters()).device
     try:
         cfg = layer_config(layer, target.config, max(layer_ids) + 1)
-        layout = Eagle3Layout(fc_bias="fc.bias" in state,
-                              norm_before_residual=bool(config.get("norm_before_residual", False)),
-                              norm_before_fc=bool(config.get("norm_before_fc", False)) or "input_norm.weight" in state,
-                              embed_rows=0 if embed is None else int(embed.shape[0]))
-        head = Eagle3Head(cfg, int(fc.shape[1]), draft_vocab, layout, device=device,
-                          dtype=dtype or next(target.model.parameters()).dtype)
+        layout = Eagle3Layout(
+            fc_bias="fc.bias" in state,
+            norm_before_residual=bool(config.get("norm_before_residual", False)),
+            norm_before_fc=bool(config.get("norm_before_fc", False)) or "input_norm.weight" in state,
+            embed_rows=0 if embed is None else int(embed.shape[0]),
+        )
+        head = Eagle3Head(
+            cfg,
+            int(fc.shape[1]),
+            draft_vocab,
+            layout,
+            device=device,
+            dtype=dtype or next(target.model.parameters()).dtype,
+        )
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise SpecbenchError(f"draft head {path}: its config does not describe a Llama-style EAGLE-3 layer "
-                             f"({type(exc).__name__}: {str(exc)[:200]})", LAYOUT_FIX) from exc
+        raise SpecbenchError(
+            f"draft head {path}: its config does not describe a Llama-style EAGLE-3 layer "
+            f"({type(exc).__name__}: {str(exc)[:200]})",
+            LAYOUT_FIX,
+        ) from exc
     own = head.state_dict()
     state = {k: v for k, v in state.items() if k not in ("d2t", "t2d")}
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
     wrong = [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
     if missing or unexpected or wrong:
-        raise SpecbenchError(f"draft head {path} does not fit its config's EAGLE-3 layer (missing {missing[:3]}, "
-                             f"unexpected {unexpected[:3]}, wrong shape {wrong[:3]})",
-                             "use an intact EAGLE-3 checkpoint for a Llama-style head")
+        raise SpecbenchError(
+            f"draft head {path} does not fit its config's EAGLE-3 layer (missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]}, wrong shape {wrong[:3]})",
+            "use an intact EAGLE-3 checkpoint for a Llama-style head",
+        )
     head.load_state_dict(state)
     return head.eval(), (None if d2t is None else d2t.to(device)), aux
 
@@ -387,28 +481,43 @@ def head_cost(head: Eagle3Head, target: Target) -> float:
     return own / sum(p.numel() for p in target.model.parameters())
 
 
-def build(target: Target, name: str, checkpoint: str | None = None, cost: float | None = None,
-          make_target: str | None = None, confidence_threshold: float = 0.0, dtype: str | None = None,
-          aux_layers: list[int] | None = None) -> Eagle3Drafter:
+def build(
+    target: Target,
+    name: str,
+    checkpoint: str | None = None,
+    cost: float | None = None,
+    make_target: str | None = None,
+    confidence_threshold: float = 0.0,
+    dtype: str | None = None,
+    aux_layers: list[int] | None = None,
+) -> Eagle3Drafter:
     """An EAGLE-3 head as a drafter. ``aux_layers``: the target layers it reads (null: the checkpoint's, else
     EAGLE-3's default ``[2, L // 2, L - 3]``); ``dtype``: the head's (null: the target's);
     ``confidence_threshold``: a dynamic draft length. There is no ``sub_vocabulary`` key (``eagle``'s): the head's
     LM head only has rows for its own draft vocabulary."""
     if target.is_encoder_decoder:
-        raise SpecbenchError(f"drafter '{name}' (eagle3) needs a decoder-only, Llama-style target",
-                             "use early_exit, quantized or an hf drafter with encoder-decoder targets")
+        raise SpecbenchError(
+            f"drafter '{name}' (eagle3) needs a decoder-only, Llama-style target",
+            "use early_exit, quantized or an hf drafter with encoder-decoder targets",
+        )
     if not all(hasattr(target.config, k) for k in ("hidden_size", "num_hidden_layers")):
-        raise SpecbenchError(f"drafter '{name}' (eagle3) needs a Llama-style target (hidden_size, "
-                             f"num_hidden_layers); {target.loaded.name} has neither",
-                             "use another drafter kind with this target")
+        raise SpecbenchError(
+            f"drafter '{name}' (eagle3) needs a Llama-style target (hidden_size, "
+            f"num_hidden_layers); {target.loaded.name} has neither",
+            "use another drafter kind with this target",
+        )
     if not checkpoint:
-        raise SpecbenchError(f"drafter '{name}' (eagle3) has no checkpoint",
-                             "set its checkpoint to an EAGLE-3 or speculators eagle3 head (directory or hub id)")
+        raise SpecbenchError(
+            f"drafter '{name}' (eagle3) has no checkpoint",
+            "set its checkpoint to an EAGLE-3 or speculators eagle3 head (directory or hub id)",
+        )
     head_dtype = resolve_dtype(dtype, target.device) if dtype else None
     head, d2t, aux = load_eagle3(checkpoint, target, make_target, dtype=head_dtype, aux_layers=aux_layers)
     drafter = Eagle3Drafter(name, head, target, d2t, aux, cost=0.0, confidence_threshold=confidence_threshold)
     drafter.cost = head_cost(head, target) if cost is None else float(cost)
-    drafter.fingerprint = files_fingerprint(resolve_checkpoint(checkpoint, make_target))  # any source: resumes check it
+    drafter.fingerprint = files_fingerprint(
+        resolve_checkpoint(checkpoint, make_target)
+    )  # any source: resumes check it
     return drafter
 
 

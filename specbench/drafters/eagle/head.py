@@ -47,11 +47,15 @@ class EagleHead(nn.Module):
         self._stack = [stack]  # not a submodule: its parameters are ``layers``
         self.n_layers = int(layers)
         self._cache_kw = cache_argument(stack)
-        self.to(dtype=dtype or next(target_model.parameters()).dtype, device=next(target_model.parameters()).device)
+        self.to(
+            dtype=dtype or next(target_model.parameters()).dtype,
+            device=next(target_model.parameters()).device,
+        )
         stack.to(device=next(target_model.parameters()).device)
 
-    def forward(self, features: torch.Tensor, embeddings: torch.Tensor, cache=None, mask: dict | None = None
-                ) -> torch.Tensor:
+    def forward(
+        self, features: torch.Tensor, embeddings: torch.Tensor, cache=None, mask: dict | None = None
+    ) -> torch.Tensor:
         """``features`` ``[B, T, H]`` (``f_t``), ``embeddings`` ``[B, T, H]`` (of ``x_{t+1}``) -> ``[B, T, H]``,
         in the head's dtype (inputs of another dtype, e.g. a bf16 target's, are cast). ``mask``: a token tree's
         ``attention_mask`` and ``position_ids`` (``models.cache.mask_arguments``) for the new positions."""
@@ -82,7 +86,9 @@ class HeadLogits:
         else:
             rows = weight if d2t is None else weight[d2t]
             self.weight = rows.detach().to(self.dtype).clone()
-            self.bias = None if bias is None else (bias if d2t is None else bias[d2t]).detach().to(self.dtype).clone()
+            self.bias = (
+                None if bias is None else (bias if d2t is None else bias[d2t]).detach().to(self.dtype).clone()
+            )
 
     @property
     def key(self) -> tuple:

@@ -27,7 +27,13 @@ from specbench.decoding.loop import DecodeSpec, Generation, Limits, decode
 from specbench.decoding.sampling import SamplingParams
 from specbench.models import Target
 from specbench.models.loading import LoadedModel
-from specbench.pipelines.session.prompting import CONTEXT_KEYS, Context, eos_ids_of, load_inputs, prompt_fingerprint
+from specbench.pipelines.session.prompting import (
+    CONTEXT_KEYS,
+    Context,
+    eos_ids_of,
+    load_inputs,
+    prompt_fingerprint,
+)
 from specbench.tasks import Prompter
 from specbench.pipelines.session.run_dir import RunFiles, start_run
 from specbench.pipelines.session.run_records import Records
@@ -44,7 +50,9 @@ log = logging.getLogger(__name__)
 def alone_target(drafter: Drafter, target: Target) -> Target:
     """A model drafter's own module as a target: decoding it with the autoregressive arm is the drafter's
     greedy generation, through the same loop and clock as every other method."""
-    return Target(LoadedModel(model=drafter.standalone_model(), tokenizer=target.tokenizer, name=drafter.name))
+    return Target(
+        LoadedModel(model=drafter.standalone_model(), tokenizer=target.tokenizer, name=drafter.name)
+    )
 
 
 def policy_checkpoint(cfg: DictConfig) -> Path | None:
@@ -54,8 +62,9 @@ def policy_checkpoint(cfg: DictConfig) -> Path | None:
     composed = str(OmegaConf.select(cfg, "selector._target_", default="") or "").endswith("PolicySelector")
     if not ((composed and "selector" in methods) or "selector:policy" in methods):
         return None
-    ckpt = (OmegaConf.select(cfg, "selector.checkpoint", default=None) if composed else None) \
-        or OmegaConf.select(cfg, "policy.checkpoint", default=None)
+    ckpt = (
+        OmegaConf.select(cfg, "selector.checkpoint", default=None) if composed else None
+    ) or OmegaConf.select(cfg, "policy.checkpoint", default=None)
     if not ckpt:
         return None
     path = checkpoint_file(str(ckpt))
@@ -81,7 +90,13 @@ class Session:
     tie_tolerance: float | None = None  # the target's tie tolerance in the run's dtype (decoding/certify.py)
 
     @classmethod
-    def open(cls, cfg: DictConfig, output_dir: str | Path, files: RunFiles | None = None, command: str | None = None):
+    def open(
+        cls,
+        cfg: DictConfig,
+        output_dir: str | Path,
+        files: RunFiles | None = None,
+        command: str | None = None,
+    ):
         """Make the run directory and load everything a timed run needs, before any timing.
 
         ``files``: the records the pipeline resumes; a directory holding records of other settings
@@ -93,20 +108,39 @@ class Session:
 
         out = start_run(cfg, output_dir, files, command)
         dec = cfg.decoding
-        sampling = SamplingParams(temperature=float(dec.temperature), top_k=int(dec.top_k), top_p=float(dec.top_p))
+        sampling = SamplingParams(
+            temperature=float(dec.temperature), top_k=int(dec.top_k), top_p=float(dec.top_p)
+        )
         limits = Limits(max_new_tokens=dec.max_new_tokens, draft_length=dec.draft_length)
         cascade = cascade_of(cfg)
         inputs = load_inputs(cfg, cfg.dataset.get("max_input_tokens"))
         queries, loaded, target, prompter = inputs.queries, inputs.loaded, inputs.target, inputs.prompter
         eos_ids = eos_ids_of(loaded, dec.get("extra_eos_ids"), target.vocab_size)
         pool = build_pool(target, cfg.pool.get("drafters"), profile=cfg.get("profile_path"))
-        context = Context.of(target.config, cfg.target.get("context_keys", CONTEXT_KEYS), str(cfg.target.model),
-                             cfg.target.get("context_limit"))
+        context = Context.of(
+            target.config,
+            cfg.target.get("context_keys", CONTEXT_KEYS),
+            str(cfg.target.model),
+            cfg.target.get("context_limit"),
+        )
         clock = Clock(target.device, phases=bool(OmegaConf.select(cfg, "timing.phases", default=False)))
-        session = cls(cfg=cfg, out=out, queries=queries, loaded=loaded, target=target, pool=pool, prompter=prompter,
-                      sampling=sampling, limits=limits, eos_ids=eos_ids, clock=clock, cascade=cascade,
-                      context=context, fit_context=bool(dec.get("fit_context", False)),
-                      tie_tolerance=tie_tolerance_of(cfg))
+        session = cls(
+            cfg=cfg,
+            out=out,
+            queries=queries,
+            loaded=loaded,
+            target=target,
+            pool=pool,
+            prompter=prompter,
+            sampling=sampling,
+            limits=limits,
+            eos_ids=eos_ids,
+            clock=clock,
+            cascade=cascade,
+            context=context,
+            fit_context=bool(dec.get("fit_context", False)),
+            tie_tolerance=tie_tolerance_of(cfg),
+        )
         session.check_prompts()
         return session
 
@@ -123,15 +157,21 @@ class Session:
     def records(self, queries=None) -> "Records":
         """The run's :class:`Records`, checked against this run's queries (``queries``: a subset of
         them) and drafters; ``overwrite=true`` redoes records whose inputs changed instead of refusing."""
-        return Records(self.out, self.tie_tolerance, queries=self.queries if queries is None else queries,
-                       drafters=self.drafter_fingerprints(), overwrite=bool(self.cfg.get("overwrite", False)))
+        return Records(
+            self.out,
+            self.tie_tolerance,
+            queries=self.queries if queries is None else queries,
+            drafters=self.drafter_fingerprints(),
+            overwrite=bool(self.cfg.get("overwrite", False)),
+        )
 
     def check_prompts(self, limits: Limits | None = None) -> None:
         """Refuse, before any decoding, a query whose first prompt and new tokens overrun the context."""
         limits = limits or self.limits
         for query in self.queries:
-            self.context.fit(query.id, len(self.prompter(query)), limits, self.target.is_encoder_decoder,
-                             self.fit_context)
+            self.context.fit(
+                query.id, len(self.prompter(query)), limits, self.target.is_encoder_decoder, self.fit_context
+            )
 
     # -- decoding ----------------------------------------------------------------------------
     def rng(self, query_index: int = 0, method_index: int = 0, seed: int | None = None) -> torch.Generator:
@@ -144,16 +184,37 @@ class Session:
         for one call with ``dataclasses.replace(s.spec, limits=...)``."""
         return DecodeSpec(self.sampling, self.limits, self.eos_ids, self.clock, self.cascade)
 
-    def decode(self, selector: Selector, prompt_ids: list[int], rng: torch.Generator, spec: DecodeSpec | None = None,
-               *, query=None, target: Target | None = None, pool: Mapping[str, Drafter] | None = None) -> Generation:
+    def decode(
+        self,
+        selector: Selector,
+        prompt_ids: list[int],
+        rng: torch.Generator,
+        spec: DecodeSpec | None = None,
+        *,
+        query=None,
+        target: Target | None = None,
+        pool: Mapping[str, Drafter] | None = None,
+    ) -> Generation:
         """The one decode loop: ``spec`` (default: the run's) with its limits cut to the target's context,
         ``target`` and ``pool`` the run's unless given (a drafter decoding alone, a cascade's two-model pool)."""
         spec = spec or self.spec
         asked = spec.limits
-        limits = self.context.fit(getattr(query, "id", "(unnamed)"), len(prompt_ids), asked,
-                                  self.target.is_encoder_decoder, self.fit_context)
-        gen = decode(target or self.target, self.pool if pool is None else pool, selector, prompt_ids,
-                     replace(spec, limits=limits), rng, query)
+        limits = self.context.fit(
+            getattr(query, "id", "(unnamed)"),
+            len(prompt_ids),
+            asked,
+            self.target.is_encoder_decoder,
+            self.fit_context,
+        )
+        gen = decode(
+            target or self.target,
+            self.pool if pool is None else pool,
+            selector,
+            prompt_ids,
+            replace(spec, limits=limits),
+            rng,
+            query,
+        )
         if limits is not asked and gen.stop == "length":
             gen.stop = "context"  # cut at the context's end, before max_new_tokens
         gen.prompt_sha = prompt_fingerprint(prompt_ids)
@@ -169,7 +230,10 @@ class Session:
 
         def generate(prompt_ids, rng, limits=None):
             spec = replace(self.spec, sampling=SamplingParams(), limits=limits or self.limits, cascade=None)
-            return self.decode(Fixed([AUTOREGRESSIVE], AUTOREGRESSIVE), prompt_ids, rng, spec, target=own, pool=arms)
+            return self.decode(
+                Fixed([AUTOREGRESSIVE], AUTOREGRESSIVE), prompt_ids, rng, spec, target=own, pool=arms
+            )
+
         return generate
 
     def text(self, tokens: list[int]) -> str:

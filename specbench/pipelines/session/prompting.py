@@ -24,16 +24,29 @@ def eos_ids_of(loaded: LoadedModel, extra=(), vocab_size: int | None = None) -> 
     """The model's EOS ids plus ``extra`` (``decoding.extra_eos_ids``), each checked to be a token id
     of a vocabulary of ``vocab_size`` when given."""
     ids = set()
-    for source in (loaded.tokenizer.eos_token_id, getattr(loaded.model.generation_config, "eos_token_id", None)):
+    for source in (
+        loaded.tokenizer.eos_token_id,
+        getattr(loaded.model.generation_config, "eos_token_id", None),
+    ):
         if source is None:
             continue
         ids.update(source if isinstance(source, (list, tuple)) else [source])
     for x in extra or ():
-        if isinstance(x, bool) or not isinstance(x, int) or x < 0 or (vocab_size is not None and x >= vocab_size):
-            vocab = f"the target's vocabulary has {vocab_size} tokens (ids 0..{vocab_size - 1})" \
-                if vocab_size is not None else "token ids are whole numbers >= 0"
-            raise SpecbenchError(f"decoding.extra_eos_ids: {x!r} is not a token id: {vocab}",
-                                 "list token ids of the target's tokenizer in decoding.extra_eos_ids")
+        if (
+            isinstance(x, bool)
+            or not isinstance(x, int)
+            or x < 0
+            or (vocab_size is not None and x >= vocab_size)
+        ):
+            vocab = (
+                f"the target's vocabulary has {vocab_size} tokens (ids 0..{vocab_size - 1})"
+                if vocab_size is not None
+                else "token ids are whole numbers >= 0"
+            )
+            raise SpecbenchError(
+                f"decoding.extra_eos_ids: {x!r} is not a token id: {vocab}",
+                "list token ids of the target's tokenizer in decoding.extra_eos_ids",
+            )
         ids.add(x)
     return frozenset(int(i) for i in ids)
 
@@ -65,8 +78,14 @@ class Context:
             return cls(int(limit), "target.context_limit", model)
         return cls(model=model)
 
-    def fit(self, query_id: str, prompt_len: int, limits: Limits, encoder_decoder: bool = False,
-            shorten: bool = False) -> Limits:
+    def fit(
+        self,
+        query_id: str,
+        prompt_len: int,
+        limits: Limits,
+        encoder_decoder: bool = False,
+        shorten: bool = False,
+    ) -> Limits:
         """``limits`` when the prompt and its new tokens fit; with ``shorten`` (``decoding.fit_context``), a
         decoder-only generation that would overrun the context gets the positions left (at least one) as
         its ``max_new_tokens``; otherwise ``check`` refuses it."""
@@ -76,8 +95,14 @@ class Context:
         self.check(query_id, prompt_len, limits.max_new_tokens, encoder_decoder, shorten)
         return limits
 
-    def check(self, query_id: str, prompt_len: int, max_new_tokens: int, encoder_decoder: bool = False,
-              fitting: bool = False) -> None:
+    def check(
+        self,
+        query_id: str,
+        prompt_len: int,
+        max_new_tokens: int,
+        encoder_decoder: bool = False,
+        fitting: bool = False,
+    ) -> None:
         """SpecbenchError unless the prompt (the encoder input of an encoder-decoder model) and the
         ``max_new_tokens`` it may generate fit in ``limit`` positions."""
         if self.limit is None:
@@ -89,14 +114,21 @@ class Context:
         raise SpecbenchError(
             f"query {query_id}: its prompt has {prompt_len:,} tokens, and with max_new_tokens={max_new_tokens} "
             f"it needs {needed:,} positions: more than the {self.limit:,} of {self.model}"
-            + (" (target.context_limit: it has no hard limit, but attention over more would need GBs)"
-               if self.key == "target.context_limit" else f" ({self.key} in its model config)"),
+            + (
+                " (target.context_limit: it has no hard limit, but attention over more would need GBs)"
+                if self.key == "target.context_limit"
+                else f" ({self.key} in its model config)"
+            ),
             f"cut long inputs with dataset.max_input_tokens=<n> (each document / source / question / turn is "
             f"truncated to n tokens; the prompt template adds its own, and {max(room, 0):,} positions are left for "
             f"the whole prompt), lower max_new_tokens, "
-            + ("" if fitting or encoder_decoder else
-               "let each generation stop at the context's end with decoding.fit_context=true, ")
-            + "or leave that record out of the data file")
+            + (
+                ""
+                if fitting or encoder_decoder
+                else "let each generation stop at the context's end with decoding.fit_context=true, "
+            )
+            + "or leave that record out of the data file",
+        )
 
 
 def prompt_fingerprint(ids) -> str:
@@ -107,8 +139,12 @@ def prompt_fingerprint(ids) -> str:
 def query_fingerprint(query) -> str:
     """A short hash of everything of a query that a record is made from: its kind, fields and turns (the
     prompt) and its reference (the quality scores)."""
-    blob = json.dumps([query.kind, query.fields, query.turns, query.reference, query.task], sort_keys=True,
-                      ensure_ascii=False, default=str)
+    blob = json.dumps(
+        [query.kind, query.fields, query.turns, query.reference, query.task],
+        sort_keys=True,
+        ensure_ascii=False,
+        default=str,
+    )
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
 
@@ -137,14 +173,22 @@ def load_inputs(cfg: DictConfig, max_input_tokens: int | None) -> Inputs:
     and ``specbench train-drafter``."""
     queries = load_dataset_config(cfg.dataset)
     if cfg.target.prompt.templates not in cfg.templates:
-        raise SpecbenchError(f"unknown template set '{cfg.target.prompt.templates}'",
-                             f"set target.prompt.templates to one of: {', '.join(cfg.templates)}")
+        raise SpecbenchError(
+            f"unknown template set '{cfg.target.prompt.templates}'",
+            f"set target.prompt.templates to one of: {', '.join(cfg.templates)}",
+        )
     templates = cfg.templates[cfg.target.prompt.templates]
     shots = load_shots(cfg.dataset, int(cfg.dataset.get("n_shot") or 0))
     check_templates(queries, templates, int(cfg.dataset.get("max_turns") or 1), shots)
     log.info("loading target %s", cfg.target.model)
     loaded = load_model(cfg.target.model, dtype=cfg.target.dtype, device=cfg.target.device)
     queries = [truncate_fields(q, loaded.tokenizer, max_input_tokens) for q in queries]
-    prompter = Prompter(loaded.tokenizer, cfg.target.prompt.style, templates, cfg.target.prompt.get("system"),
-                        shots, cfg.target.prompt.get("chat_template"))
+    prompter = Prompter(
+        loaded.tokenizer,
+        cfg.target.prompt.style,
+        templates,
+        cfg.target.prompt.get("system"),
+        shots,
+        cfg.target.prompt.get("chat_template"),
+    )
     return Inputs(queries, loaded, Target(loaded), prompter)

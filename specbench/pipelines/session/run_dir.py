@@ -31,8 +31,15 @@ log = logging.getLogger(__name__)
 # run name (where outputs go), the overwrite flags themselves, and which shard a collect process
 # takes (each shard writes its own rows file). Hydra's own settings (hydra.*) are not in the config
 # a pipeline gets. Every other key is compared: a rerun with any other change is a different run.
-NOT_COMPARED = ("threads", "warmup", "run_name", "overwrite", "collect.overwrite", "collect.shard",
-                "collect.num_shards")
+NOT_COMPARED = (
+    "threads",
+    "warmup",
+    "run_name",
+    "overwrite",
+    "collect.overwrite",
+    "collect.shard",
+    "collect.num_shards",
+)
 
 
 def settings(cfg) -> dict:
@@ -95,8 +102,11 @@ def claim_run_dir(out: Path, cfg: DictConfig, files: RunFiles) -> None:
     if not any(p.stat().st_size for p in found):
         return
     saved = out / files.settings
-    diff = (differences(settings(OmegaConf.load(saved)), settings(cfg)) if saved.exists()
-            else [f"(no {files.settings} to compare with)"])
+    diff = (
+        differences(settings(OmegaConf.load(saved)), settings(cfg))
+        if saved.exists()
+        else [f"(no {files.settings} to compare with)"]
+    )
     if not diff:
         return
     if not OmegaConf.select(cfg, files.overwrite, default=False):
@@ -104,9 +114,14 @@ def claim_run_dir(out: Path, cfg: DictConfig, files: RunFiles) -> None:
             f"{out} holds results of a different config than this run's, so it cannot resume them; differs in: "
             + "; ".join(diff),
             f"rerun with the directory's own settings to resume it, pick a new directory (hydra.run.dir=...), "
-            f"or pass {files.overwrite}=true to delete its results ({', '.join(p.name for p in found)})")
-    log.warning("%s=true: deleting the results of another config in %s (%s)", files.overwrite, out,
-                ", ".join(p.name for p in found))
+            f"or pass {files.overwrite}=true to delete its results ({', '.join(p.name for p in found)})",
+        )
+    log.warning(
+        "%s=true: deleting the results of another config in %s (%s)",
+        files.overwrite,
+        out,
+        ", ".join(p.name for p in found),
+    )
     for p in found:
         p.unlink()
 
@@ -121,8 +136,9 @@ def save_config(cfg, path: Path) -> None:
         OmegaConf.save(cfg, tmp)
 
 
-def start_run(cfg: DictConfig, output_dir: str | Path, files: RunFiles | None = None,
-              command: str | None = None) -> Path:
+def start_run(
+    cfg: DictConfig, output_dir: str | Path, files: RunFiles | None = None, command: str | None = None
+) -> Path:
     """The door every pipeline passes: validate the composed config (:func:`specbench.validate.validate`: the
     command line and the reproduction plan get the same checks), create the run directory and take it
     (:func:`lock_run_dir`: one process at a time, one command per directory; ``command`` defaults to Hydra's
@@ -133,7 +149,9 @@ def start_run(cfg: DictConfig, output_dir: str | Path, files: RunFiles | None = 
     resolve_target_dtype(cfg)
     out = Path(output_dir)
     if out.exists() and not out.is_dir():
-        raise SpecbenchError(f"the run directory {out} is a file", "write the run elsewhere: hydra.run.dir=<a directory>")
+        raise SpecbenchError(
+            f"the run directory {out} is a file", "write the run elsewhere: hydra.run.dir=<a directory>"
+        )
     out.mkdir(parents=True, exist_ok=True)
     lock_run_dir(out, command or hydra_command())
     if files is not None:
@@ -147,7 +165,9 @@ def start_run(cfg: DictConfig, output_dir: str | Path, files: RunFiles | None = 
     return out
 
 
-HYDRA_DIR = ".hydra"  # Hydra's record of a run (config, hydra settings, overrides), written once the run holds out
+HYDRA_DIR = (
+    ".hydra"  # Hydra's record of a run (config, hydra settings, overrides), written once the run holds out
+)
 
 
 def save_hydra_record(cfg: DictConfig, out: Path) -> None:
@@ -164,7 +184,9 @@ def save_hydra_record(cfg: DictConfig, out: Path) -> None:
         return
     record = out / HYDRA_DIR
     save_config(cfg, record / "config.yaml")
-    save_config(OmegaConf.create({"hydra": OmegaConf.to_container(hydra_cfg, resolve=False)}), record / "hydra.yaml")
+    save_config(
+        OmegaConf.create({"hydra": OmegaConf.to_container(hydra_cfg, resolve=False)}), record / "hydra.yaml"
+    )
     save_config(OmegaConf.create(list(hydra_cfg.overrides.task)), record / "overrides.yaml")
 
 
@@ -201,10 +223,12 @@ def _holder(claim: dict) -> str:
     h = claim.get("holder") or {}
     if not h:
         return "another process"
-    return (f"pid {h.get('pid')} on {h.get('host')} (`{h.get('argv')}`), started {h.get('started')}")
+    return f"pid {h.get('pid')} on {h.get('host')} (`{h.get('argv')}`), started {h.get('started')}"
 
 
-def lock_run_dir(path: str | Path, command: str | None, fix: str | None = None, elsewhere: str | None = None) -> Path:
+def lock_run_dir(
+    path: str | Path, command: str | None, fix: str | None = None, elsewhere: str | None = None
+) -> Path:
     """Take the run directory ``path`` for this process and ``command`` (e.g. ``"eval"``, ``"reproduce"``),
     for the rest of the process's life; returns ``path``.
 
@@ -229,10 +253,19 @@ def lock_run_dir(path: str | Path, command: str | None, fix: str | None = None, 
     _check_owner(out, run_command(out), command, fix, elsewhere)
     fd = held if held is not None else _flock(file, out, command, fix)
     owner = run_command(out)  # as it is now that this process holds it
-    text = OmegaConf.to_yaml(OmegaConf.create({
-        "command": owner or command,
-        "holder": {"pid": os.getpid(), "host": socket.gethostname(), "argv": " ".join(sys.argv),
-                   "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}}))
+    text = OmegaConf.to_yaml(
+        OmegaConf.create(
+            {
+                "command": owner or command,
+                "holder": {
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "argv": " ".join(sys.argv),
+                    "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+                },
+            }
+        )
+    )
     data = text.encode()
     os.pwrite(fd, data, 0)  # in place (the lock is on this file), then cut: never an empty claim
     os.ftruncate(fd, len(data))
@@ -261,21 +294,30 @@ def _still_held(file: Path) -> int | None:
     return held[0]
 
 
-def _check_owner(out: Path, owner: str | None, command: str | None, fix: str | None, elsewhere: str | None,
-                 fd: int | None = None) -> None:
+def _check_owner(
+    out: Path,
+    owner: str | None,
+    command: str | None,
+    fix: str | None,
+    elsewhere: str | None,
+    fd: int | None = None,
+) -> None:
     """Refuse a run of ``command`` into a directory that ``owner`` (another command) wrote; ``fd``: a descriptor to
     close first (the lock just taken)."""
     if command is None or not owner or owner == command:
         return
     if fd is not None:
         os.close(fd)
-        raise RunDirTaken(f"{out} belongs to `specbench {owner}` (recorded in {out / CLAIM_FILE}), so `specbench "
-                          f"{command}` cannot run into it", fix or f"write the {command} run elsewhere: "
-                                                                  "hydra.run.dir=<another directory>")
+        raise RunDirTaken(
+            f"{out} belongs to `specbench {owner}` (recorded in {out / CLAIM_FILE}), so `specbench "
+            f"{command}` cannot run into it",
+            fix or f"write the {command} run elsewhere: hydra.run.dir=<another directory>",
+        )
     raise RunDirTaken(
         f"{out} belongs to `specbench {owner}` (recorded in {out / CLAIM_FILE}), so `specbench {command}` cannot run "
         f"into it: it would replace {owner}'s files (config.yaml, summaries) and {owner} would refuse its own records",
-        f"write the {command} run elsewhere: {elsewhere or 'hydra.run.dir=<another directory>'}")
+        f"write the {command} run elsewhere: {elsewhere or 'hydra.run.dir=<another directory>'}",
+    )
 
 
 def _flock(file: Path, out: Path, command: str | None, fix: str | None) -> int:
@@ -291,8 +333,10 @@ def _flock(file: Path, out: Path, command: str | None, fix: str | None) -> int:
             f"{out} is being written by another specbench run: {_holder(claim)} "
             f"(specbench {claim.get('command') or '?'}); two runs in one directory would both append every "
             "record and build their summaries on the doubled records",
-            fix or "wait for that run to finish (or stop it), or write this run elsewhere: "
-                   "hydra.run.dir=<another directory>") from None
+            fix
+            or "wait for that run to finish (or stop it), or write this run elsewhere: "
+            "hydra.run.dir=<another directory>",
+        ) from None
     _check_owner(out, run_command(out), command, fix, None, fd=fd)
     return fd
 

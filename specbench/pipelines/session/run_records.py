@@ -14,25 +14,56 @@ from specbench.decoding.drafter import AUTOREGRESSIVE
 from specbench.decoding.loop import Generation
 from specbench.errors import SpecbenchError
 from specbench.pipelines.session.prompting import query_fingerprint
-from specbench.records import EXAMPLE_KEYS, ExampleRecord, JsonlWriter, atomic_write_text, read_jsonl, round_row
+from specbench.records import (
+    EXAMPLE_KEYS,
+    ExampleRecord,
+    JsonlWriter,
+    atomic_write_text,
+    read_jsonl,
+    round_row,
+)
 from specbench.tasks import metrics
 
 log = logging.getLogger(__name__)
 
 
-def example_record(query, ex_id: str, method: str, gen: Generation, text: str, reference: str | None,
-                   tie_tolerance: float | None = None, **extra) -> ExampleRecord:
+def example_record(
+    query,
+    ex_id: str,
+    method: str,
+    gen: Generation,
+    text: str,
+    reference: str | None,
+    tie_tolerance: float | None = None,
+    **extra,
+) -> ExampleRecord:
     """The ``examples.jsonl`` record of one finished generation (quality scored against ``reference``;
     ``tie_tolerance``: the run's, kept beside the generation's deciders)."""
     return ExampleRecord(
-        deciders=gen.deciders, tie_tolerance=tie_tolerance if gen.deciders is not None else None,
+        deciders=gen.deciders,
+        tie_tolerance=tie_tolerance if gen.deciders is not None else None,
         prompt_sha=gen.prompt_sha,
-        query_id=ex_id, task=query.task, method=method, output_ids=gen.tokens, text=text,
-        new_tokens=len(gen.tokens), seconds=gen.seconds, target_calls=gen.target_calls, rounds=len(gen.rounds),
-        drafted=gen.drafted, accepted=gen.accepted, switches=gen.switches,
-        t_switch=sum(r.t_switch for r in gen.rounds), t_select=sum(r.t_select for r in gen.rounds),
-        stop=gen.stop, category=query.category, reference=reference,
-        quality=metrics.score(query.kind, text, reference), deferred=gen.deferred, **extra)
+        query_id=ex_id,
+        task=query.task,
+        method=method,
+        output_ids=gen.tokens,
+        text=text,
+        new_tokens=len(gen.tokens),
+        seconds=gen.seconds,
+        target_calls=gen.target_calls,
+        rounds=len(gen.rounds),
+        drafted=gen.drafted,
+        accepted=gen.accepted,
+        switches=gen.switches,
+        t_switch=sum(r.t_switch for r in gen.rounds),
+        t_select=sum(r.t_select for r in gen.rounds),
+        stop=gen.stop,
+        category=query.category,
+        reference=reference,
+        quality=metrics.score(query.kind, text, reference),
+        deferred=gen.deferred,
+        **extra,
+    )
 
 
 DUPLICATES_SHOWN = 5
@@ -56,8 +87,15 @@ class Records:
     pair only generations timed in one process (``tables.summarize``), and the fingerprints.
     """
 
-    def __init__(self, out: Path, tie_tolerance: float | None = None, *, queries=None,
-                 drafters: Mapping[str, str] | None = None, overwrite: bool = False):
+    def __init__(
+        self,
+        out: Path,
+        tie_tolerance: float | None = None,
+        *,
+        queries=None,
+        drafters: Mapping[str, str] | None = None,
+        overwrite: bool = False,
+    ):
         self.out = Path(out)
         self.tie_tolerance = tie_tolerance
         self.process = uuid.uuid4().hex[:12]
@@ -69,8 +107,10 @@ class Records:
             missing = [k for k in EXAMPLE_KEYS if not isinstance(rec, dict) or k not in rec]
             if missing:
                 have = ", ".join(rec) if isinstance(rec, dict) else f"a JSON {type(rec).__name__}"
-                raise SpecbenchError(f"{path}: record {i} has no {', '.join(missing)} (it has: {have})",
-                                     f"repair or delete line {i} of {path} (or rerun into a new directory)")
+                raise SpecbenchError(
+                    f"{path}: record {i} has no {', '.join(missing)} (it has: {have})",
+                    f"repair or delete line {i} of {path} (or rerun into a new directory)",
+                )
             examples.append((i, rec))
         self._check_duplicates(path, examples)
         stale = self._stale([rec for _, rec in examples])
@@ -90,13 +130,17 @@ class Records:
         dup = {k: v for k, v in seen.items() if len(v) > 1}
         if not dup:
             return
-        shown = "; ".join(f"{q} / {m} (lines {', '.join(map(str, v))})" for (q, m), v in list(dup.items())[:DUPLICATES_SHOWN])
+        shown = "; ".join(
+            f"{q} / {m} (lines {', '.join(map(str, v))})"
+            for (q, m), v in list(dup.items())[:DUPLICATES_SHOWN]
+        )
         more = f" and {len(dup) - DUPLICATES_SHOWN} more" if len(dup) > DUPLICATES_SHOWN else ""
         raise SpecbenchError(
             f"{path} holds {len(dup)} (query id, method) pair(s) more than once: {shown}{more}; two runs wrote "
             "this directory at once, so its records (and any summary of them) are doubled",
             f"rerun into a new directory (hydra.run.dir=...), or delete {path} and rounds.jsonl beside it to start "
-            "it again")
+            "it again",
+        )
 
     def _stale(self, examples: list[dict]) -> dict[tuple[str, str], str]:
         """``{(query id, method): why}`` for finished records made from other inputs than this run's."""
@@ -111,8 +155,11 @@ class Records:
                 elif now != rec["query_sha"]:
                     out[key] = "its query's content changed in the data"
             if key not in out and rec["method"] != AUTOREGRESSIVE and rec.get("drafters") is not None:
-                changed = sorted(a for a in set(rec["drafters"]) | set(self.drafters)
-                                 if rec["drafters"].get(a) != self.drafters.get(a))
+                changed = sorted(
+                    a
+                    for a in set(rec["drafters"]) | set(self.drafters)
+                    if rec["drafters"].get(a) != self.drafters.get(a)
+                )
                 if changed:
                     out[key] = f"drafter checkpoint(s) changed: {', '.join(changed)}"
         return out
@@ -120,13 +167,17 @@ class Records:
     def _drop_stale(self, path: Path, examples, stale: dict, overwrite: bool):
         ids = list(dict.fromkeys(q for q, _ in stale))
         whys = sorted(set(stale.values()))
-        what = f"{len(stale)} finished generation(s) of {len(ids)} query id(s) ({', '.join(ids[:10])}" + \
-               (f" and {len(ids) - 10} more" if len(ids) > 10 else "") + ")"
+        what = (
+            f"{len(stale)} finished generation(s) of {len(ids)} query id(s) ({', '.join(ids[:10])}"
+            + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+            + ")"
+        )
         if not overwrite:
             raise SpecbenchError(
                 f"{path}: {what} were made from other inputs than this run's ({'; '.join(whys)}), so they cannot "
                 "be resumed",
-                "rerun into a new directory (hydra.run.dir=...), or pass overwrite=true to redo them")
+                "rerun into a new directory (hydra.run.dir=...), or pass overwrite=true to redo them",
+            )
         log.warning("overwrite=true: redoing %s in %s (%s)", what, self.out, "; ".join(whys))
         kept = [(i, rec) for i, rec in examples if (rec["query_id"], rec["method"]) not in stale]
         rewrite_jsonl(path, [rec for _, rec in kept])
@@ -148,15 +199,22 @@ class Records:
                 orphans += len(group)
                 continue
             n = rec.get("rounds")
-            if isinstance(n, int) and len(group) > n:  # rounds of an earlier, unfinished try of the pair: keep the last
+            if (
+                isinstance(n, int) and len(group) > n
+            ):  # rounds of an earlier, unfinished try of the pair: keep the last
                 extra += len(group) - n
-                group = group[len(group) - n:]
+                group = group[len(group) - n :]
             kept.extend(group)
         if not orphans and not extra:
             return
-        log.warning("%s: dropping %d round line(s) without their example record and %d of an earlier unfinished "
-                    "try (a run stopped between appending a generation's rounds and its example, or an example "
-                    "line was deleted): the resume redoes those generations", path, orphans, extra)
+        log.warning(
+            "%s: dropping %d round line(s) without their example record and %d of an earlier unfinished "
+            "try (a run stopped between appending a generation's rounds and its example, or an example "
+            "line was deleted): the resume redoes those generations",
+            path,
+            orphans,
+            extra,
+        )
         order = {id(r): i for i, r in enumerate(rows)}
         rewrite_jsonl(path, sorted(kept, key=lambda r: order[id(r)]))
 
@@ -169,14 +227,18 @@ class Records:
         self._rounds.close()
         self._examples.close()
 
-    def write(self, query, ex_id: str, method: str, gen: Generation, text: str, reference: str | None, **extra):
+    def write(
+        self, query, ex_id: str, method: str, gen: Generation, text: str, reference: str | None, **extra
+    ):
         extra.setdefault("process", self.process)
         if self.fingerprints is not None:
             extra.setdefault("query_sha", self.fingerprints.get(query.id) or query_fingerprint(query))
         if method != AUTOREGRESSIVE:
             extra.setdefault("drafters", dict(self.drafters))
         self._rounds.write_many(round_row(ex_id, query.task, method, r) for r in gen.rounds)
-        self._examples.write(example_record(query, ex_id, method, gen, text, reference, self.tie_tolerance, **extra))
+        self._examples.write(
+            example_record(query, ex_id, method, gen, text, reference, self.tie_tolerance, **extra)
+        )
         self.done.add((ex_id, method))
 
     def examples(self) -> list[dict]:
