@@ -193,7 +193,7 @@ def hydra_error(exc: Exception, config_name: str) -> SpecbenchError:
     quoted = re.search(r"'([^']+)'", lines[0]) if lines else None
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and quoted:  # a key the config does not have
         parent = getattr(cause, "parent_node", None)
-        keys = [str(k) for k in parent.keys() if k != "hydra"] if hasattr(parent, "keys") else []
+        keys = [str(k) for k in parent if k != "hydra"] if hasattr(parent, "keys") else []
         where = (
             f" ({cause.full_key.rpartition('.')[0] or 'the config'} has: {', '.join(keys)})" if keys else ""
         )

@@ -229,7 +229,7 @@ def _expand(cfg: DictConfig, pattern: str) -> list[str]:
             node = OmegaConf.select(cfg, prefix, throw_on_missing=False) if prefix else cfg
             if not isinstance(node, DictConfig):
                 continue
-            names = [str(k) for k in node.keys()] if part == "*" else [part] if part in node else []
+            names = [str(k) for k in node] if part == "*" else [part] if part in node else []
             nxt += [f"{prefix}.{n}" if prefix else n for n in names]
         keys = nxt
     return keys

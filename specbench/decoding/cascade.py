@@ -262,7 +262,7 @@ class Cascade:
         if not self.sequential or not draft.tokens:
             return draft
         if draft.raw is None:
-            unsure = [1.0 < self.stop_below] * len(draft.tokens)
+            unsure = [self.stop_below > 1.0] * len(draft.tokens)
         else:
             unsure = (draft.raw.max(dim=-1).values < self.stop_below).tolist()
         n = unsure.index(True) if True in unsure else len(draft.tokens)

@@ -156,7 +156,7 @@ class Verification:
     played: str
     sampling: SamplingParams
     states: dict[int, torch.Tensor] = field(default_factory=dict)
-    shared: dict["ObservationGroup", Mapping[str, float]] = field(default_factory=dict)
+    shared: dict[ObservationGroup, Mapping[str, float]] = field(default_factory=dict)
     context: list[int] | None = None
     query: DecodeContext | None = None
     draft_length: int | None = None
@@ -171,7 +171,7 @@ class ObservationGroup:
     ``observe`` with its members that watch that forward; each member's ``observe`` then reads its own entry
     (``Verification.shared``)."""
 
-    def observe(self, verification: Verification, members: Mapping[str, "Drafter"]) -> Mapping[str, float]:
+    def observe(self, verification: Verification, members: Mapping[str, Drafter]) -> Mapping[str, float]:
         """``{member name: side observation}`` for the members that have one this round (not the played one)."""
         raise NotImplementedError
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specbench.decoding.cascade import Cascade
-from specbench.decoding.drafter import Drafter, DecodeContext
+from specbench.decoding.drafter import DecodeContext, Drafter
 from specbench.decoding.rounds import Walk, cascade_with_tree, play_round, round_members, tree_label
 from specbench.decoding.sampling import SamplingParams
 from specbench.errors import SpecbenchError

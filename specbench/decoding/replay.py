@@ -64,7 +64,7 @@ class Costs:
     catch_up: Mapping[str, tuple[tuple[int, float], ...]] = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, d: Mapping, catch_up: Mapping | None = None) -> "Costs":
+    def from_dict(cls, d: Mapping, catch_up: Mapping | None = None) -> Costs:
         try:
             q = tuple(int(x) for x in d["q"])
             contexts = tuple(int(c) for c in d["contexts"])
@@ -204,7 +204,7 @@ def replay(
         room = limits.max_new_tokens - t - 1
         context = trace.prompt_len + t
 
-        def draft_with(name: str) -> _Member:
+        def draft_with(name: str, t: int = t, room: int = room) -> _Member:
             if name == AUTOREGRESSIVE:
                 synced[name] = t
                 return _Member([], 0, 0, False, 0.0, 0.0, None)

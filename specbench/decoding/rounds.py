@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from specbench.decoding.certify import deciders
-from specbench.decoding.drafter import Draft, Drafter, DecodeContext, Verification, keep_tokens, observations
+from specbench.decoding.drafter import DecodeContext, Draft, Drafter, Verification, keep_tokens, observations
 from specbench.decoding.sampling import logits_to_probs
 from specbench.decoding.tree import (
     TokenTree,
@@ -115,14 +115,14 @@ def round_members(
     return members, {m: draft_with(m) for m in members}, None
 
 
-def _merged(dropped: list) -> "Drafted":
+def _merged(dropped: list) -> Drafted:
     """Drafts made and then left out of the round, as one routed-away draft (their sync and propose times)."""
     return Drafted(
         Draft([], None), 0, 0, False, sum(d.t_sync for d in dropped), sum(d.t_propose for d in dropped)
     )
 
 
-def _cut(made: "Drafted", keep) -> "Drafted":
+def _cut(made: Drafted, keep) -> Drafted:
     return replace(made, draft=keep_tokens(made.draft, keep))
 
 

@@ -105,7 +105,7 @@ class QueryTrace:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "QueryTrace":
+    def from_dict(cls, d: Mapping) -> QueryTrace:
         if d.get("format") != FORMAT:
             raise SpecbenchError(
                 f"a trace record has format {d.get('format')!r}; this specbench reads format {FORMAT}",

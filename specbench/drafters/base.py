@@ -7,9 +7,9 @@ import torch
 from specbench.decoding.drafter import (
     AUTOREGRESSIVE,
     AutoregressiveArm,
+    DecodeContext,
     Draft,
     Drafter,
-    DecodeContext,
     draft_ends,
 )
 from specbench.decoding.sampling import logits_to_probs, pick

@@ -47,7 +47,7 @@ def tree_shape(value, name: str) -> TreeShape | None:
     except (TypeError, KeyError):
         raise SpecbenchError(
             f"drafter '{name}': tree must be a mapping with width and nodes, got {value!r}", fix
-        )
+        ) from None
     if extra:
         raise SpecbenchError(f"drafter '{name}': tree has unknown keys {extra}", fix)
     for key, v in (("width", width), ("nodes", nodes)):

@@ -96,7 +96,7 @@ class EarlyExitDrafter(ModelDrafter):
         return (self.exit_layer,) if side_observations else ()
 
     @property
-    def group(self) -> "ExitGroup":
+    def group(self) -> ExitGroup:
         """The exits it is observed with: those reading the same LM head."""
         return ExitGroup(self.head)
 

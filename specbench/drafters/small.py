@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbench.drafters.base import ModelDrafter, with_tree
-from specbench.drafters.early_exit import truncated_model
 from specbench.drafters import shipped
+from specbench.drafters.base import ModelDrafter, with_tree
 from specbench.drafters.eagle.head import HeadLogits
+from specbench.drafters.early_exit import truncated_model
 from specbench.drafters.head_files import (
     CONFIG_FILE,
     WEIGHTS_FILE,

@@ -20,13 +20,16 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from specbench.decoding.drafter import Draft, DecodeContext, Drafter
+from specbench.decoding.drafter import DecodeContext, Draft, Drafter
 from specbench.drafters.dynamic_tree import TreeShape, tree_shape
 from specbench.errors import SpecbenchError
 from specbench.models.cache import check_tree_attention
 
 KEY_LENGTHS = (3, 2, 1)  # the n-grams indexed: a match starts from the longest indexed key the text ends with
 MAX_OCCURRENCES = 256  # the most recent occurrences of a key examined per round
+
+
+DEFAULT_TREE = TreeShape(3, 12)  # a retrieval drafter's tree when its config gives none
 
 
 @dataclass
@@ -59,7 +62,7 @@ class SuffixDrafter(Drafter):
         max_ngram: int = 32,
         min_ngram: int = 1,
         min_prob: float = 0.1,
-        tree: TreeShape | None = TreeShape(3, 12),
+        tree: TreeShape | None = DEFAULT_TREE,
         memory: bool = True,
         memory_tokens: int = 100_000,
         cost: float = 0.0,

@@ -44,9 +44,9 @@ from specbench.decoding.sampling import SamplingParams
 from specbench.drafters import ModelDrafter
 from specbench.drafters.prompt_lookup import PromptLookup
 from specbench.errors import SpecbenchError
-from specbench.pipelines import tables, speed
-from specbench.pipelines.session.run_dir import RunFiles
+from specbench.pipelines import speed, tables
 from specbench.pipelines.session.core import Session
+from specbench.pipelines.session.run_dir import RunFiles
 from specbench.pipelines.session.schedule import rotation
 from specbench.records import JsonlWriter, read_jsonl
 from specbench.selection import Fixed
@@ -188,7 +188,7 @@ class HuggingFace:
         draft_length: int,
         lengths: Iterable[int],
         assistance: tuple[dict, dict],
-    ) -> "HuggingFace":
+    ) -> HuggingFace:
         fields, kwargs = assistance
         config = pinned_assistant_settings(base_config, draft_length)
         for key, value in fields.items():

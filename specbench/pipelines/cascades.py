@@ -22,14 +22,14 @@ import pandas as pd
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-from specbench.decoding.cascade import RULES, Cascade
 from specbench.arms import AUTOREGRESSIVE
+from specbench.decoding.cascade import RULES, Cascade
 from specbench.decoding.loop import Generation, Limits
 from specbench.errors import SpecbenchError
-from specbench.pipelines import tables, speed
+from specbench.pipelines import speed, tables
+from specbench.pipelines.session.core import Session
 from specbench.pipelines.session.run_dir import RECORDS
 from specbench.pipelines.session.run_records import Records
-from specbench.pipelines.session.core import Session
 from specbench.pipelines.session.schedule import rotation
 from specbench.tasks.registry import TASKS, quality_columns
 

@@ -39,8 +39,8 @@ from specbench.decoding.loop import Generation, Limits
 from specbench.errors import SpecbenchError
 from specbench.pipelines import speed
 from specbench.pipelines.collected import SIGNATURE_FILE, read_rows, rows_file, write_plan
-from specbench.pipelines.session.run_dir import RunFiles
 from specbench.pipelines.session.core import Session
+from specbench.pipelines.session.run_dir import RunFiles
 from specbench.pipelines.session.schedule import rotation
 from specbench.pipelines.traced import TracedRuns
 from specbench.records import JsonlWriter, read_jsonl

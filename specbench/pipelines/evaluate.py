@@ -16,17 +16,17 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 from tqdm.auto import tqdm
 
+from specbench.arms import AUTOREGRESSIVE
 from specbench.decoding import certify
 from specbench.decoding.loop import check_trees
-from specbench.arms import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
-from specbench.pipelines import tables, spec_bench
+from specbench.pipelines import spec_bench, tables
 from specbench.pipelines.cost_cache import startup_costs
 from specbench.pipelines.methods import Method, parse_methods
-from specbench.pipelines.session.run_dir import RECORDS
-from specbench.pipelines.session.run_records import Records
 from specbench.pipelines.session.core import Session, policy_checkpoint
 from specbench.pipelines.session.prompting import example_id, turns_of
+from specbench.pipelines.session.run_dir import RECORDS
+from specbench.pipelines.session.run_records import Records
 from specbench.pipelines.session.schedule import rotation
 from specbench.policy import check_not_trained_on, load_checkpoint
 from specbench.records import read_jsonl

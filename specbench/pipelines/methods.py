@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from specbench.configs import group_options, load_option
 from specbench.arms import AUTOREGRESSIVE
+from specbench.configs import group_options, load_option
 from specbench.errors import SpecbenchError
 from specbench.selection import Fixed, FixedTree, Selector
 from specbench.selection.budget import PROFILE
-
 
 AGAIN = "again:"  # a method run a second time in the same run (A/A: the noise between two runs of one method)
 

@@ -33,8 +33,8 @@ from __future__ import annotations
 import logging
 import platform
 import statistics
-from dataclasses import dataclass
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -42,16 +42,15 @@ from omegaconf import DictConfig
 
 from specbench import profiling
 from specbench.decoding import certify
-from specbench.decoding.drafter import Drafter, DecodeContext
+from specbench.decoding.drafter import DecodeContext, Drafter
 from specbench.decoding.sampling import SamplingParams
 from specbench.errors import SpecbenchError
 from specbench.models import Target, load_model
-from specbench.pipelines.session.prompting import CONTEXT_KEYS, Context
-from specbench.tasks import Prompter
 from specbench.pipelines.profile_tables import rounds_of, write_best_k, write_profile
+from specbench.pipelines.session.prompting import CONTEXT_KEYS, Context
 from specbench.pipelines.session.run_dir import RunFiles, start_run
 from specbench.pipelines.session.schedule import rotation
-from specbench.tasks import load_dataset_config, load_shots, truncate_fields
+from specbench.tasks import Prompter, load_dataset_config, load_shots, truncate_fields
 from specbench.timing import Clock
 from specbench.validate import COUNT, PATH, Rule, integer, list_of, nonempty_list_of, text
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from specbench.decoding import certify
 from specbench.arms import AUTOREGRESSIVE
+from specbench.decoding import certify
 from specbench.pipelines import speed
 from specbench.records import atomic_path, atomic_write_text
 from specbench.tasks import metrics

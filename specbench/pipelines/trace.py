@@ -32,9 +32,9 @@ from specbench.decoding.loop import DecodeSpec
 from specbench.decoding.trace import QueryTrace, check_decoder_only, check_greedy, trace, trace_lengths
 from specbench.errors import SpecbenchError
 from specbench.pipelines.profile import interleaved, measure_verify, profile_dict, repeat_to
+from specbench.pipelines.session.core import Session
 from specbench.pipelines.session.prompting import example_id, prompt_fingerprint
 from specbench.pipelines.session.run_dir import RECORDS, RunFiles
-from specbench.pipelines.session.core import Session
 from specbench.records import JsonlWriter, atomic_write_text, read_jsonl, unfinished, write_plan
 from specbench.timing import Clock
 from specbench.validate import COUNT, Rule, boolean, integer, list_of, nonempty_list_of

@@ -50,6 +50,8 @@ from specbench.pipelines import tables
 from specbench.pipelines.session.prompting import eos_ids_of, load_inputs
 from specbench.pipelines.session.run_dir import differences, lock_run_dir, start_run
 from specbench.records import atomic_write_text
+from specbench.training.fit import LR_SCHEDULES, FitSpec, epochs_done, fit
+from specbench.training.responses import response_cache, target_responses
 from specbench.training.trainees import (
     TRAINEES,
     examples_of,
@@ -58,8 +60,6 @@ from specbench.training.trainees import (
     target_dtype_name,
     training_precision,
 )
-from specbench.training.fit import LR_SCHEDULES, FitSpec, epochs_done, fit
-from specbench.training.responses import response_cache, target_responses
 
 log = logging.getLogger(__name__)
 

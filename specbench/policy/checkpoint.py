@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from specbench.errors import SpecbenchError
-from specbench.records import atomic_path
-from specbench.policy.net import PolicyNet
 from specbench.policy.model import Policy, TrainResult
+from specbench.policy.net import PolicyNet
+from specbench.records import atomic_path
 
 log = logging.getLogger(__name__)
 FORMAT = "specbench-policy"

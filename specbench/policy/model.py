@@ -4,8 +4,9 @@ inference wrapper (``Policy``: embedding -> arm). Training itself is ``specbench
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 

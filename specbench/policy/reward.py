@@ -7,7 +7,8 @@ means the arm has no score for that query (a drafter that cannot generate alone)
 
 from __future__ import annotations
 
-from typing import Sequence, TypeVar
+from collections.abc import Sequence
+from typing import TypeVar
 
 import torch
 

@@ -52,7 +52,7 @@ class RewardSpec:
                 raise SpecbenchError(f"unknown reward.{key} '{value}'", f"use one of: {', '.join(known)}")
 
     @classmethod
-    def of(cls, reward) -> "RewardSpec":
+    def of(cls, reward) -> RewardSpec:
         """From the ``reward`` config node (a mapping; a missing ``alignment`` is ``output``)."""
         return cls(
             alpha=float(reward["alpha"]),

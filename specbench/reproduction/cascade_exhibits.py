@@ -12,8 +12,8 @@ from specbench.pipelines.tables import ALL_TASKS
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.compare import faster_on, fixed_methods, paired, short_name, timed, with_published
 from specbench.reproduction.exhibit import CascadeRun, Exhibit, ExhibitSpec, Layout
-from specbench.reproduction.published import Published
 from specbench.reproduction.inputs import drafter_speeds, load_examples, run_table
+from specbench.reproduction.published import Published
 from specbench.reproduction.runs import (
     CASCADES_GREEDY,
     CASCADES_PAPER,
@@ -21,7 +21,6 @@ from specbench.reproduction.runs import (
     EXAMPLES,
     SPEC_BENCH_EVAL,
 )
-
 
 SPEC_BENCH_ROWS = {"vicuna_68m": "SpS (vicuna-68m)", "prompt_lookup": "prompt lookup", "eagle": "EAGLE"}
 

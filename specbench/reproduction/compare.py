@@ -11,8 +11,8 @@ import pandas as pd
 
 from specbench.pipelines.tables import ALL_TASKS, pyplot
 from specbench.reproduction import verdicts as V
-from specbench.reproduction.published import Published, lookup
 from specbench.reproduction.inputs import drafter_speeds
+from specbench.reproduction.published import Published, lookup
 from specbench.reproduction.runs import EXAMPLES
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 
 from specbench.reproduction import verdicts as V
-from specbench.reproduction.published import Published
 from specbench.reproduction.inputs import unfinished
+from specbench.reproduction.published import Published
 from specbench.reproduction.runs import Run
 
 TASKS = ("translation", "summarization", "math", "chat", "code")

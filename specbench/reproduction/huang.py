@@ -21,7 +21,6 @@ from specbench.reproduction.compare import (
     with_published,
 )
 from specbench.reproduction.exhibit import Exhibit, ExhibitSpec, Layout
-from specbench.reproduction.published import Published
 from specbench.reproduction.inputs import (
     NOT_PAIRED,
     drafter_speeds,
@@ -33,6 +32,7 @@ from specbench.reproduction.inputs import (
     run_table,
     speeds,
 )
+from specbench.reproduction.published import Published
 from specbench.reproduction.runs import (
     HUANG_ALPHA,
     HUANG_DEPTH_COLLECT,
@@ -47,7 +47,6 @@ from specbench.reproduction.runs import (
     HUANG_WITHOUT_AR,
 )
 from specbench.tasks.registry import table1_columns
-
 
 TABLE1_QUALITY = table1_columns()  # task -> Table 1's quality column, from the task registry
 # The paper's own worst cell of Table 1: the policy's 1.17x against T5-small-XSum's 1.21x on XSum (1.09x against

@@ -3,7 +3,7 @@ specialists, and the notes that name the models."""
 
 from __future__ import annotations
 
-from specbench.reproduction.exhibit import GENERALIST, ACCEPTANCE_REWARD_NOTE, SPECIALISTS, Layout, MetaRun
+from specbench.reproduction.exhibit import ACCEPTANCE_REWARD_NOTE, GENERALIST, SPECIALISTS, Layout, MetaRun
 from specbench.reproduction.runs import METASD_EAGLE, METASD_EVAL
 
 CPU = Layout(

@@ -13,8 +13,8 @@ from specbench.arms import AUTOREGRESSIVE
 from specbench.pipelines.tables import ALL_TASKS, ORACLE
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.compare import (
-    fastest_on_own_task,
     faster_on,
+    fastest_on_own_task,
     fixed_methods,
     margin_over_mean,
     mat_on,
@@ -24,8 +24,8 @@ from specbench.reproduction.compare import (
     with_published,
 )
 from specbench.reproduction.exhibit import Exhibit, ExhibitSpec, Layout, MetaRun
-from specbench.reproduction.published import Published
 from specbench.reproduction.inputs import drafter_speeds, load_examples, run_table, speeds
+from specbench.reproduction.published import Published
 from specbench.reproduction.runs import (
     EXAMPLES,
     METASD_EAGLE,
@@ -33,7 +33,6 @@ from specbench.reproduction.runs import (
     METASD_MULTILINGUAL,
     METASD_STREAM,
 )
-
 
 METASD_ROWS = {
     "random-query": "random drafter per query",

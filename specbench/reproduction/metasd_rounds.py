@@ -13,8 +13,6 @@ from specbench.pipelines.tables import ALL_TASKS
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.compare import faster_on, figure, short_name
 from specbench.reproduction.exhibit import Exhibit, ExhibitSpec, Layout
-from specbench.reproduction.metasd import BANDITS, FIRST_ROUNDS, METASD_ROWS, UCB, UCB_BE, UCB_FI, UNIFORM
-from specbench.reproduction.published import Published
 from specbench.reproduction.inputs import (
     NotRun,
     load_examples,
@@ -23,6 +21,8 @@ from specbench.reproduction.inputs import (
     run_table,
     speeds,
 )
+from specbench.reproduction.metasd import BANDITS, FIRST_ROUNDS, METASD_ROWS, UCB, UCB_BE, UCB_FI, UNIFORM
+from specbench.reproduction.published import Published
 from specbench.reproduction.runs import EXAMPLES, METASD_EVAL, ROUNDS
 
 

@@ -30,12 +30,12 @@ from specbench.arms import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
 from specbench.pipelines.tables import print_table, to_markdown
 from specbench.pipelines.tables import with_oracle as with_task_oracle
+from specbench.records import atomic_write_text
 from specbench.reproduction import compare
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.exhibit import Exhibit, ExhibitSpec
 from specbench.reproduction.inputs import NotRun, load_examples, load_round_values
 from specbench.reproduction.runs import CONFIG, EXAMPLES, METASD_TREES
-from specbench.records import atomic_write_text
 
 TASK_ORACLE = "oracle"  # pipelines.tables.with_oracle's method name: the best fixed drafter per task
 QUERY_ORACLE = compare.ORACLE

@@ -27,8 +27,8 @@ from specbench.pipelines.methods import AGAIN
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.compare import paired, short_name, timed
 from specbench.reproduction.exhibit import Exhibit, ExhibitSpec, Layout
-from specbench.reproduction.published import Published
 from specbench.reproduction.inputs import NotRun, load_examples
+from specbench.reproduction.published import Published
 from specbench.reproduction.runs import EXAMPLES, METASD_EVAL
 
 SIZES = (

@@ -18,8 +18,8 @@ from specbench.reproduction import heads as shipped_heads
 from specbench.reproduction import published as published_values
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.exhibit import Exhibit, Layout, mark_unfinished
-from specbench.reproduction.layouts import LAYOUTS
 from specbench.reproduction.inputs import NotRun
+from specbench.reproduction.layouts import LAYOUTS
 from specbench.reproduction.registry import builders
 from specbench.reproduction.runs import CONFIG, ROOT_RECORD
 
@@ -271,9 +271,9 @@ def include_demo(run_dir: Path, readme: Path) -> Path:
     table = pd.read_csv(run_dir / "summary.csv")
     rows = table[table.task == "all"]
     cfg = OmegaConf.load(run_dir / CONFIG)
-    from specbench.pipelines.profile import cpu_name
-
     import torch
+
+    from specbench.pipelines.profile import cpu_name
 
     threads = cfg.get("threads") or torch.get_num_threads()
     line = (

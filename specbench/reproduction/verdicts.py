@@ -194,7 +194,7 @@ def p_value(vals: np.ndarray, threshold: float) -> float:
 
 
 def adaptive_p(
-    columns: Mapping[str, Sequence[float]], stat: Stat, threshold: float, vals: np.ndarray, boot: "Bootstrap"
+    columns: Mapping[str, Sequence[float]], stat: Stat, threshold: float, vals: np.ndarray, boot: Bootstrap
 ) -> float:
     """:func:`p_value` of "effect > threshold" from ``vals`` (the interval's resamples), resampled further while fewer
     than ``TAIL`` resampled effects lie at or below the threshold (fresh seeds, in chunks of at most ``CHUNK``), up

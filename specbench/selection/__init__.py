@@ -3,11 +3,11 @@
 from specbench.selection.bandits import BanditSelector, EpsilonGreedy, RandomSelector
 from specbench.selection.base import Feedback, Plan, Route, Selector
 from specbench.selection.budget import Budget
-from specbench.selection.explore_commit import ExploreThenCommit
 from specbench.selection.exp3 import EXP3
+from specbench.selection.explore_commit import ExploreThenCommit
 from specbench.selection.fixed import Fixed
-from specbench.selection.hedge import Hedge
 from specbench.selection.halving import SequentialHalving
+from specbench.selection.hedge import Hedge
 from specbench.selection.policy import PolicySelector
 from specbench.selection.trees import FixedTree, Router, TreeHedge, TreeUCB
 from specbench.selection.ucb import UCB, DiscountedUCB, SlidingWindowUCB

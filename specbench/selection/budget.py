@@ -115,7 +115,7 @@ def fixed_costs(costs, drafters: list[str]) -> tuple[tuple[float, float], dict[s
     except (TypeError, ValueError, KeyError, AttributeError):
         raise SpecbenchError(
             f"budget: costs {costs!r} is not {{verify: [a, b], draft: {{drafter: seconds}}}}", fix
-        )
+        ) from None
     unknown = [k for k in draft if k not in drafters]
     if a <= 0 or b < 0 or any(v < 0 for v in draft.values()) or unknown:
         raise SpecbenchError(

@@ -3,8 +3,8 @@
 from specbench.tasks.datasets import load_dataset_config, load_shots
 from specbench.tasks.formats import Query
 from specbench.tasks.prompts import (
-    PromptFormat,
     Prompter,
+    PromptFormat,
     build_prompt,
     check_templates,
     render,

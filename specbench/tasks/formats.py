@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 
 from specbench.errors import SpecbenchError
 
-
 # Language codes -> the names prompts use ("translate German to English: ..."); other codes stay as written.
 LANGUAGES = {
     "de": "German",

@@ -10,7 +10,8 @@ on that row. The weights of the epoch with the best greedy validation reward are
 from __future__ import annotations
 
 import copy
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 

@@ -15,18 +15,17 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from specbench.training import distill, finetune
-from specbench.training.distill import Example, pairs, shared_prefix, sub_vocabulary, teach_all
 from specbench.drafters.eagle.head import EagleHead, HeadLogits
 from specbench.drafters.head_files import save_head
 from specbench.drafters.hf import MODEL_META, check_compatible
 from specbench.errors import SpecbenchError
 from specbench.models import Target, load_model
 from specbench.models.devices import resolve_dtype
-from specbench.tasks import Prompter
 from specbench.records import atomic_write_text, plain_modes
-from specbench.tasks import truncate_fields
+from specbench.tasks import Prompter, truncate_fields
 from specbench.tasks.datasets import load_source, source_keys
+from specbench.training import distill, finetune
+from specbench.training.distill import Example, pairs, shared_prefix, sub_vocabulary, teach_all
 from specbench.training.responses import response_cache, target_responses
 from specbench.validate import COUNT, Rule, boolean, integer, list_of, mapping, number, text
 

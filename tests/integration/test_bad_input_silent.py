@@ -19,8 +19,7 @@ from omegaconf import OmegaConf
 
 from specbench.configs import conf_dir
 from specbench.errors import SpecbenchError
-from specbench.pipelines import bench, cascades, collect, evaluate, train_policy
-from specbench.pipelines import collected
+from specbench.pipelines import bench, cascades, collect, collected, evaluate, train_policy
 from specbench.selection import PolicySelector
 
 EMBEDDED_GSM8K = str(Path(__file__).parents[2] / "specbench" / "tasks" / "embedded" / "gsm8k.jsonl")

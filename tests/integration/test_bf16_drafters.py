@@ -157,8 +157,8 @@ def test_side_observations_in_the_target_dtype(setup, tiny_decode):
     )
     check_valid(gen, target, 16)
     drafting = sum(1 for r in gen.rounds if r.drafted > 0)
-    from specbench.drafters.early_exit import EarlyExitDrafter
     from specbench.drafters.eagle import EagleDrafter
+    from specbench.drafters.early_exit import EarlyExitDrafter
 
     # early exits and draft heads are observed unplayed (the played arm is int8: never observed)
     observable = [name for name, d in pool.items() if isinstance(d, (EarlyExitDrafter, EagleDrafter))]

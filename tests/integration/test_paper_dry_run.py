@@ -332,8 +332,7 @@ def test_paper_experiment_dry_run(name, stand_ins, tmp_path):
         "collect",
         "eval",
     ]:  # context-aware selection: collect -> train-policy -> eval with the policy
-        from specbench.pipelines import collect, train_policy
-        from specbench.pipelines import collected
+        from specbench.pipelines import collect, collected, train_policy
 
         cfg = compose_for("collect", [f"experiment={name}", "collect.measure_speculative=true"])
         tiny_run(cfg, stand_ins, tmp_path / "collect", limit=4)
@@ -382,9 +381,9 @@ def test_reproduce_paper_runs_every_step_and_ends_in_the_paper_report(stand_ins,
     runs in its fixed directory, and `specbench report` on that root builds every paper-scale exhibit
     (Spec-Bench, Huang et al., MetaSD black-box / white-box / stream / multilingual, each cascades run)."""
     from specbench.reproduction import plan, render
+    from specbench.reproduction.layouts import PAPER as LAYOUT
     from specbench.reproduction.registry import builders, specs_at
     from specbench.reproduction.runs import PAPER_CASCADES
-    from specbench.reproduction.layouts import PAPER as LAYOUT
 
     def adapt(step, cfg):
         with open_dict(cfg):

@@ -14,8 +14,7 @@ from hydra import compose, initialize_config_dir
 
 from specbench.configs import conf_dir
 from specbench.errors import SpecbenchError
-from specbench.pipelines import collect, evaluate, spec_bench, train_policy
-from specbench.pipelines import collected
+from specbench.pipelines import collect, collected, evaluate, spec_bench, train_policy
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SPEC_BENCH = FIXTURES / "spec_bench_question.jsonl"

@@ -15,8 +15,7 @@ from hydra import compose, initialize_config_dir
 
 from specbench.configs import conf_dir
 from specbench.errors import SpecbenchError
-from specbench.pipelines import collect, train_policy
-from specbench.pipelines import collected
+from specbench.pipelines import collect, collected, train_policy
 from specbench.policy import load_checkpoint, scores
 from specbench.policy.scores import RewardSpec
 from specbench.selection import PolicySelector

@@ -545,7 +545,7 @@ def test_a_collection_replayed_from_a_trace_equals_the_live_one(trace_run, tmp_p
         twin = by_id[row["query_id"]]
         assert row["target"]["tokens"] == twin["target"]["tokens"]
         assert row["embedding"] == pytest.approx(twin["embedding"])
-        for arm, rec in row["arms"].items():
+        for _arm, rec in row["arms"].items():
             assert rec["spec"]["replayed"] is True
             assert "text" not in rec  # no standalone output was generated
         for arm in exact:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import write_tiny_shipped
 from specbench.reproduction import plan
-from specbench.reproduction.registry import builders
 from specbench.reproduction.layouts import CPU as CPU_LAYOUT
+from specbench.reproduction.registry import builders
+from tests.conftest import write_tiny_shipped
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 

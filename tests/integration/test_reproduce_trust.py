@@ -18,12 +18,12 @@ from typer.testing import CliRunner
 
 from specbench.cli import app
 from specbench.configs import conf_dir
-from specbench.errors import SpecbenchError
-from specbench.reproduction import heads as shipped_heads
 from specbench.drafters import small
 from specbench.drafters.head_files import vocab_fingerprint
-from tests.conftest import write_tiny_shipped
+from specbench.errors import SpecbenchError
+from specbench.reproduction import heads as shipped_heads
 from specbench.reproduction import plan, render
+from tests.conftest import write_tiny_shipped
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 needs_data = pytest.mark.skipif(

@@ -30,9 +30,9 @@ from safetensors.torch import load_file
 
 from specbench.configs import conf_dir
 from specbench.pipelines import bench, cascades, evaluate, train_drafter
-from specbench.training import fit
 from specbench.pipelines.session.run_records import Records
 from specbench.records import JsonlWriter
+from specbench.training import fit
 
 # timings, the process that timed a record, and how many generations a speedup pairs with a baseline timed
 # in the same process (a resume times in another)
@@ -58,7 +58,7 @@ def assert_same_records(whole: Path, resumed: Path, files=("examples.jsonl", "ro
         a, b = [untimed(r) for r in lines(whole / name)], [untimed(r) for r in lines(resumed / name)]
         assert len(b) == len(a), f"{name}: {len(b)} records after the resume, {len(a)} in the whole run"
         key = ("query_id", "method", "impl", "round")
-        order = lambda r: tuple(str(r.get(k)) for k in key)  # noqa: E731
+        order = lambda r, key=key: tuple(str(r.get(k)) for k in key)  # noqa: E731
         a, b = sorted(a, key=order), sorted(b, key=order)
         for ra, rb in zip(a, b):
             assert ra == rb, f"{name}: {order(ra)} differs: " + ", ".join(

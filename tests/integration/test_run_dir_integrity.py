@@ -19,8 +19,7 @@ from hydra import compose, initialize_config_dir
 
 from specbench.configs import conf_dir
 from specbench.errors import SpecbenchError
-from specbench.pipelines import cascades, collect, evaluate, tables, spec_bench, train_policy
-from specbench.pipelines import collected
+from specbench.pipelines import cascades, collect, collected, evaluate, spec_bench, tables, train_policy
 from specbench.pipelines.session.run_dir import CLAIM_FILE, RunDirTaken, lock_run_dir, run_command
 from specbench.pipelines.session.run_records import Records
 from specbench.records import atomic_path, files_fingerprint, read_jsonl
@@ -161,9 +160,8 @@ def test_an_interrupted_checkpoint_write_keeps_the_old_file(tmp_path, monkeypatc
         raise KeyboardInterrupt
 
     monkeypatch.setattr(torch, "save", torn)
-    with pytest.raises(KeyboardInterrupt):
-        with atomic_path(path) as tmp:
-            torch.save({"epoch": 2}, tmp)
+    with pytest.raises(KeyboardInterrupt), atomic_path(path) as tmp:
+        torch.save({"epoch": 2}, tmp)
     monkeypatch.undo()
     assert torch.load(path)["epoch"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["f.pt"]  # no temporary left behind

@@ -202,9 +202,33 @@ def law_setup(tiny_llama_target):
         },
     )
     tok = target.tokenizer
-    words = (
-        "the a of to and in is it you that he was for on are with as I his they be at one have this".split()
-    )
+    words = [
+        "the",
+        "a",
+        "of",
+        "to",
+        "and",
+        "in",
+        "is",
+        "it",
+        "you",
+        "that",
+        "he",
+        "was",
+        "for",
+        "on",
+        "are",
+        "with",
+        "as",
+        "I",
+        "his",
+        "they",
+        "be",
+        "at",
+        "one",
+        "have",
+        "this",
+    ]
     rnd = random.Random(0)
     candidates = [tok(" ".join(rnd.choices(words, k=rnd.randint(2, 6))))["input_ids"] for _ in range(300)]
     with torch.inference_mode():

@@ -13,8 +13,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from specbench.configs import conf_dir
-from specbench.pipelines import collect
-from specbench.pipelines import collected
+from specbench.pipelines import collect, collected
 
 pytest.importorskip(
     "hydra_plugins.hydra_submitit_launcher",

@@ -44,8 +44,8 @@ def policy_root(setup, tmp_path):
     from omegaconf import OmegaConf
 
     from specbench.policy.checkpoint import save_checkpoint
-    from specbench.policy.net import PolicyNet
     from specbench.policy.model import Policy
+    from specbench.policy.net import PolicyNet
 
     cfg = setup.model.config
     dim = int(getattr(cfg, "hidden_size", None) or cfg.d_model)

@@ -10,15 +10,14 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from specbench.configs import conf_dir
-from specbench.training import trainees as drafter_training
-from specbench.training import responses
-from specbench.training.distill import Example, Teacher, pairs, shared_prefix, teach, teach_all
 from specbench.errors import SpecbenchError
 from specbench.pipelines import train_drafter
 from specbench.pipelines.session.prompting import eos_ids_of
-from specbench.tasks import Prompter
 from specbench.records import read_jsonl
-from specbench.tasks import load_dataset_config
+from specbench.tasks import Prompter, load_dataset_config
+from specbench.training import responses
+from specbench.training import trainees as drafter_training
+from specbench.training.distill import Example, Teacher, pairs, shared_prefix, teach, teach_all
 
 QUESTION = "Case {i}. A farmer has {i} cows and buys five more. How many cows are there now?"
 

@@ -273,9 +273,8 @@ def test_small_drafter_refuses_another_kind_of_checkpoint(toy_file, tmp_path, ti
 def test_small_drafter_generates_alone_through_the_loop(tiny_llama_target, tiny_decode):
     """Its own module as a target (the cascades' "drafter alone" row): the loop's autoregressive generation equals
     its greedy chain of drafts, token for token, and stays inside its sub-vocabulary."""
-    from specbench.decoding.drafter import AUTOREGRESSIVE, AutoregressiveArm
+    from specbench.decoding.drafter import AUTOREGRESSIVE, AutoregressiveArm, DecodeContext
     from specbench.decoding.sampling import SamplingParams
-    from specbench.decoding.drafter import DecodeContext
     from specbench.drafters.base import ModelDrafter
     from specbench.drafters.small import SmallLM
     from specbench.pipelines.session.core import alone_target

@@ -33,7 +33,7 @@ def test_fixture_records_its_library_versions():
     now = versions()
     changed = {k: (META[k], now[k]) for k in ("torch", "transformers") if META.get(k) != now[k]}
     if changed:  # a different library may change rounding, not results: say so, do not fail
-        warnings.warn(f"the fixture was captured with other library versions: {changed}")
+        warnings.warn(f"the fixture was captured with other library versions: {changed}", stacklevel=2)
 
 
 def test_long_scenarios_differ_from_each_other_and_leave_exploration():

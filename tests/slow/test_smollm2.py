@@ -191,7 +191,7 @@ def test_token_tree_of_lookup_and_heads_equals_autoregressive(smollm2):
     )
     logits = target.score_tree(tree).logits
     with torch.inference_mode():
-        for member, path in tree.paths.items():
+        for _member, path in tree.paths.items():
             chain = target.model(
                 input_ids=torch.tensor([target.tokens + [tree.tokens[n] for n in path]])
             ).logits[0]

@@ -430,7 +430,7 @@ def test_file_system_failures_map_to_one_error_and_fix():
     )
     assert missing.problem == "No such file or directory: /nope/x" and "elsewhere" in missing.fix
     a_dir = os_failure(IsADirectoryError(errno_.EISDIR, "Is a directory", "run/.specbench.yaml"), "elsewhere")
-    assert "Is a directory: run/.specbench.yaml" == a_dir.problem
+    assert a_dir.problem == "Is a directory: run/.specbench.yaml"
     assert os_failure(ValueError("not ours"), "x") is None
     assert os_failure(RuntimeError("shape mismatch"), "x") is None
 

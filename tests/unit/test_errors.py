@@ -10,8 +10,7 @@ from transformers import PreTrainedTokenizerFast
 
 import specbench.models.store as store
 from specbench.decoding.loop import Limits
-from specbench.drafters import build_pool
-from specbench.drafters import early_exit, hf, prompt_lookup, quantized
+from specbench.drafters import build_pool, early_exit, hf, prompt_lookup, quantized
 from specbench.errors import SpecbenchError
 from specbench.models import EMBEDDED_MODELS, load_model, resolve_dtype
 from specbench.models.tiny import SPECIALS

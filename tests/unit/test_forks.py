@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specbench.decoding import certify
-from specbench.pipelines import tables, speed
+from specbench.pipelines import speed, tables
 
 
 def row(*pairs):

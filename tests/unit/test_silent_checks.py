@@ -17,9 +17,9 @@ from specbench.pipelines.collected import missing_shards
 from specbench.pipelines.session.prompting import CONTEXT_KEYS, Context
 from specbench.pipelines.session.run_dir import RunFiles, claim_run_dir, differences, settings
 from specbench.pipelines.train_policy import check_held_out
-from specbench.training.reinforce import held_out
 from specbench.records import read_jsonl
 from specbench.tasks.datasets import load_source
+from specbench.training.reinforce import held_out
 
 # ------------------------------------------------------------------ 1. which settings a rerun must match
 

@@ -30,8 +30,8 @@ def test_the_consumers_maps_are_derived_from_the_registry():
     from specbench.pipelines import cascades
     from specbench.reproduction import huang
 
-    assert cascades.QUALITY == {t.name: (t.quality, t.tolerance) for t in TASKS.values() if t.quality}
-    assert huang.TABLE1_QUALITY == {t.name: t.table1 for t in TASKS.values() if t.table1}
+    assert {t.name: (t.quality, t.tolerance) for t in TASKS.values() if t.quality} == cascades.QUALITY
+    assert {t.name: t.table1 for t in TASKS.values() if t.table1} == huang.TABLE1_QUALITY
     for name in cascades.QUALITY:
         assert f"{TASKS[name].quality_label} ({name})" in cascades.NOTES
     # the values every record and table so far was written with

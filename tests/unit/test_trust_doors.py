@@ -39,10 +39,10 @@ def test_a_taken_directory_is_swept_of_a_killed_writes_temporaries(tmp_path):
 
     d = tmp_path / "ckpt"
     d.mkdir()
-    with pytest.raises(KeyboardInterrupt):  # a write interrupted after creating its temporary
-        with atomic_path(d / "state.pt") as tmp:
-            tmp.write_bytes(b"half")
-            raise KeyboardInterrupt
+    # a write interrupted after creating its temporary
+    with pytest.raises(KeyboardInterrupt), atomic_path(d / "state.pt") as tmp:
+        tmp.write_bytes(b"half")
+        raise KeyboardInterrupt
     left = d / ".state.pt.abc123.tmp"  # what a SIGKILL (no cleanup at all) leaves
     left.write_bytes(b"half")
     (d / "notes.tmp").write_text("a user's file, not ours")

@@ -31,20 +31,20 @@ import torch
 from transformers import DynamicCache
 
 from specbench.decoding.drafter import (
+    DecodeContext,
     Draft,
     Drafter,
-    DecodeContext,
     ObservationGroup,
     Verification,
     draft_ends,
 )
-from specbench.drafters.head_files import load_state, read_meta, resolve_checkpoint, vocab_fingerprint
+from specbench.decoding.sampling import logits_to_probs, pick
+from specbench.decoding.verify import block_divergence
 from specbench.drafters import shipped
 from specbench.drafters.base import check_confidence_threshold
 from specbench.drafters.dynamic_tree import TreeShape, ancestors, grow, tree_shape
 from specbench.drafters.eagle.head import EagleHead, HeadLogits
-from specbench.decoding.sampling import logits_to_probs, pick
-from specbench.decoding.verify import block_divergence
+from specbench.drafters.head_files import load_state, read_meta, resolve_checkpoint, vocab_fingerprint
 from specbench.errors import SpecbenchError
 from specbench.models.cache import check_tree_attention, common_prefix, crop_cache, mask_arguments
 from specbench.models.devices import resolve_dtype
@@ -128,7 +128,7 @@ class EagleDrafter(Drafter):
         return (self.layer,)
 
     @property
-    def group(self) -> "HeadGroup":
+    def group(self) -> HeadGroup:
         """The heads it is observed with: those sharing its logits product (``HeadLogits.key``)."""
         return HeadGroup(self.logits.key)
 
@@ -274,7 +274,7 @@ class HeadGroup(ObservationGroup):
 
     key: tuple
 
-    def observe(self, v: Verification, members) -> dict[str, "HeadObservation"]:
+    def observe(self, v: Verification, members) -> dict[str, HeadObservation]:
         if (
             not v.draft
             or v.p is None
@@ -286,7 +286,7 @@ class HeadGroup(ObservationGroup):
         return observations(v, [d for name, d in members.items() if name != v.played])
 
 
-def observations(v: Verification, heads: list[EagleDrafter]) -> dict[str, "HeadObservation"]:
+def observations(v: Verification, heads: list[EagleDrafter]) -> dict[str, HeadObservation]:
     """Each head's observation of the round ``v`` (heads sharing one logits product: ``HeadLogits.key``): every
     head's chain along the played draft, then the logits of all their rows in one product."""
     chains = [(d, c) for d in heads if (c := d.chain(v.query, v.context, v.draft)) is not None]

@@ -34,15 +34,15 @@ from specbench.pipelines.session.prompting import (
     load_inputs,
     prompt_fingerprint,
 )
-from specbench.tasks import Prompter
 from specbench.pipelines.session.run_dir import RunFiles, start_run
 from specbench.pipelines.session.run_records import Records
 from specbench.pipelines.session.schedule import seed_for
 from specbench.pipelines.session.settings import cascade_of, tie_tolerance_of
-from specbench.selection import Fixed, Selector
-from specbench.timing import Clock
 from specbench.policy.checkpoint import checkpoint_file
 from specbench.records import files_fingerprint
+from specbench.selection import Fixed, Selector
+from specbench.tasks import Prompter
+from specbench.timing import Clock
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ class Session:
             out["policy"] = str(files_fingerprint(policy))
         return out
 
-    def records(self, queries=None) -> "Records":
+    def records(self, queries=None) -> Records:
         """The run's :class:`Records`, checked against this run's queries (``queries``: a subset of
         them) and drafters; ``overwrite=true`` redoes records whose inputs changed instead of refusing."""
         return Records(

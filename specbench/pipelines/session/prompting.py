@@ -66,7 +66,7 @@ class Context:
     model: str = "the model"
 
     @classmethod
-    def of(cls, model_config, keys, model: str = "the model", limit: int | None = None) -> "Context":
+    def of(cls, model_config, keys, model: str = "the model", limit: int | None = None) -> Context:
         """The first of ``keys`` that ``model_config`` sets to a positive whole number; else ``limit`` (the target
         config's ``context_limit``: a bound for models without a hard one, such as T5's relative positions, whose
         attention over a 54k-token input would try to allocate tens of GB)."""

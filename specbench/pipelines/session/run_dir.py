@@ -18,8 +18,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from specbench.errors import SpecbenchError
-from specbench.records import atomic_path, sweep_temporaries
 from specbench.pipelines.session.settings import resolve_target_dtype
+from specbench.records import atomic_path, sweep_temporaries
 from specbench.validate import validate
 
 log = logging.getLogger(__name__)
