@@ -18,7 +18,7 @@ PIP ?= $(PYTHON) -m pip
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install demo readme-demo trees-cpu budget-cpu trees-own-task-cpu trace-mixed test lint test-slow test-all bench clean metasd-cpu huang-cpu \
+.PHONY: install demo readme-demo trees-cpu budget-cpu trees-own-task-cpu metasd-seed-cpu trace-mixed test lint test-slow test-all bench clean metasd-cpu huang-cpu \
 	cascades-cpu huang-fig3 specialist-data specialist-levers specialists ship-heads small-drafter specialists-eval draft-confidence reproduce-cpu report paper-dry-run paper-drafters \
 	reproduce-paper
 
@@ -61,6 +61,15 @@ budget-cpu: install
 # A drafter's dynamic tree against its chain on its own task (conf/experiment/trees_own_task_cpu.yaml: the math head
 # and the small drafter on held-out GSM8K questions; resumable), then its table with each tree against its chain (paired intervals; multi_drafter.md, copied to
 # docs/trees-own-task-cpu.md). About 10 minutes.
+# MetaSD in the seed's setting (conf/experiment/metasd_seed_cpu.yaml: model drafters of comparable cost, prompt
+# lookup a reference row only, tasks one after another; resumable), then UCB-BD against the best model drafter and
+# the per-task oracle with paired intervals (multi_drafter.md, copied to docs/metasd-seed-cpu.md). About 30 minutes.
+SEED_OUT ?= outputs/metasd_seed_cpu
+metasd-seed-cpu: install
+	$(SPECBENCH) eval experiment=metasd_seed_cpu hydra.run.dir=$(SEED_OUT)
+	$(PYTHON) -m specbench.reproduction.multi_drafter $(SEED_OUT) --margin 1 --singles eagle_math,eagle_summarization,eagle_translation,eagle_chat,eagle_code,small_general
+	cp $(SEED_OUT)/multi_drafter.md docs/metasd-seed-cpu.md  # the generated page the docs quote
+
 OWN_TASK_OUT ?= outputs/trees_own_task_cpu
 trees-own-task-cpu: install
 	$(SPECBENCH) eval experiment=trees_own_task_cpu hydra.run.dir=$(OWN_TASK_OUT)

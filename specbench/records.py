@@ -94,9 +94,8 @@ class ExampleRecord:
     # the run's tie tolerance (decoding/certify.py): what a fork from the autoregressive output is judged by.
     deciders: list | None = None
     tie_tolerance: float | None = None
-    prompt_sha: str | None = (
-        None  # fingerprint of the prompt ids: a fork after a differing prompt is inherited
-    )
+    # fingerprint of the prompt ids: a fork after a differing prompt is inherited
+    prompt_sha: str | None = None
     # What a resume checks and what the summary pairs by (pipelines/session/run_records.py Records): the query's content
     # fingerprint, the fingerprints of the pool's drafter checkpoints, and the id of the process that timed it.
     query_sha: str | None = None
@@ -261,9 +260,18 @@ def sweep_temporaries(directory: Path) -> list[Path]:
     return removed
 
 
-PLAN_FILE = (
-    "plan.json"  # what a multi-part run set out to write: readers check it is all there (``unfinished``)
-)
+# ---------------------------------------------------------------- the record files of a run directory
+# (one place, on the ground floor: the writers and the readers import them; reproduction/runs.py re-exports them)
+EXAMPLES = "examples.jsonl"  # eval, cascades, replay, trace: one record per generation
+ROUNDS = "rounds.jsonl"  # eval, replay: one record per round
+ROWS = "rows.jsonl"  # collect: one row per collected query (one shard)
+SEEDS = "seeds.jsonl"  # replay: one record per (method, seed, query)
+CONFIG = "config.yaml"  # every command: the settings its records were made with
+SUMMARY = "summary.md"  # eval: its summary table (says when the run stopped early)
+SUMMARY_CSV = "summary.csv"  # eval: the same table as CSV
+
+# what a multi-part run set out to write: readers check it is all there (``unfinished``)
+PLAN_FILE = "plan.json"
 
 
 def write_plan(out: Path, what: str, parts: list[str]) -> None:

@@ -27,9 +27,8 @@ class Draft:
     tokens: list[int]
     probs: torch.Tensor | None  # [len(tokens), V]: the distributions the tokens were drawn from
     raw: torch.Tensor | None = None  # [len(tokens), V]: the drafter's untempered softmax (cascade rules)
-    match: int | None = (
-        None  # retrieval drafters: how many context tokens the draft's source matched (routing)
-    )
+    # retrieval drafters: how many context tokens the draft's source matched (routing)
+    match: int | None = None
     # A tree draft (dynamic draft trees, a retrieval drafter's several continuations): each token's parent index
     # in ``tokens`` (-1: it follows the committed tokens); parents precede children; ``probs[i]`` is the
     # distribution token ``i`` was drawn from (its parent's). None: a chain, token i follows token i - 1.
@@ -211,9 +210,8 @@ class Drafter:
     # up with them (one token at a time or many at once): what makes a trace replay it exactly (decoding/trace.py)
     history_free: bool = True
     drafts: bool = True
-    group: ObservationGroup | None = (
-        None  # the drafters it shares observation work with (``ObservationGroup``)
-    )
+    # the drafters it shares observation work with (``ObservationGroup``)
+    group: ObservationGroup | None = None
 
     _query: DecodeContext | None = None
 

@@ -115,9 +115,8 @@ class DecodeSpec:
     eos_ids: frozenset[int] = frozenset()
     clock: Clock = field(default_factory=Clock)
     cascade: Cascade | None = None
-    stream: str | None = (
-        None  # the generations this decode continues (an eval method): ``DecodeContext.stream``
-    )
+    # the generations this decode continues (an eval method): ``DecodeContext.stream``
+    stream: str | None = None
 
 
 def check_trees(selector: Selector, target: Target, method: str | None = None) -> None:

@@ -14,19 +14,18 @@ from omegaconf import OmegaConf
 
 from specbench.errors import SpecbenchError
 from specbench.pipelines.session.run_dir import differences, save_config, settings
-from specbench.records import atomic_write_text, read_jsonl
+from specbench.records import ROWS, atomic_write_text, read_jsonl
 
 log = logging.getLogger(__name__)
 
 SIGNATURE_FILE = "collect_config.yaml"
-PLAN_FILE = (
-    "collect_plan.yaml"  # how many queries the whole collection has (all shards): train-policy checks it
-)
+# how many queries the whole collection has (all shards): train-policy checks it
+PLAN_FILE = "collect_plan.yaml"
 SHARD_FILE = re.compile(r"rows-(\d+)-of-(\d+)\.jsonl")
 
 
 def rows_file(shard: int, num_shards: int) -> str:
-    return "rows.jsonl" if num_shards == 1 else f"rows-{shard:05d}-of-{num_shards:05d}.jsonl"
+    return ROWS if num_shards == 1 else f"rows-{shard:05d}-of-{num_shards:05d}.jsonl"
 
 
 def read_rows(paths: Iterable[str | Path]) -> list[dict]:
@@ -104,7 +103,7 @@ def read_plan(path: str | Path) -> int | None:
 
 def shard_of(name: str) -> tuple[int, int] | None:
     """``(shard, num_shards)`` of a rows file name (``rows.jsonl``: the one shard of one), None for others."""
-    if name == "rows.jsonl":
+    if name == ROWS:
         return 0, 1
     m = SHARD_FILE.fullmatch(name)
     return (int(m.group(1)), int(m.group(2))) if m else None
@@ -177,7 +176,7 @@ def merge(
     out.mkdir(parents=True, exist_ok=True)
     for f in existing + ([out / PLAN_FILE] if (out / PLAN_FILE).exists() else []):
         f.unlink()
-    target_file = out / "rows.jsonl"
+    target_file = out / ROWS
     save_config(OmegaConf.create(sigs[0]), out / SIGNATURE_FILE)
     plans = {read_plan(src) for src in sources}
     if len(plans) == 1 and None not in plans:  # the merged collection's size: train-policy checks it

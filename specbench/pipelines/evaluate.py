@@ -29,7 +29,7 @@ from specbench.pipelines.session.run_dir import RECORDS
 from specbench.pipelines.session.run_records import Records
 from specbench.pipelines.session.schedule import rotation
 from specbench.policy import check_not_trained_on, load_checkpoint
-from specbench.records import read_jsonl
+from specbench.records import ROUNDS, read_jsonl
 from specbench.selection import PolicySelector, Selector
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ def write_convergence(examples: list[dict], out: Path) -> None:
     }
     if not adaptive:
         return
-    conv = tables.convergence(read_jsonl(out / "rounds.jsonl"), tables.oracle_arms(pd.DataFrame(examples)))
+    conv = tables.convergence(read_jsonl(out / ROUNDS), tables.oracle_arms(pd.DataFrame(examples)))
     tables.write_csv(conv, out / "convergence.csv")
     try:
         tables.plot_convergence(conv, out / "convergence.png")
@@ -146,17 +146,12 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     use_policy_pool(cfg, output_dir)
     check_methods_early(cfg)
     s = Session.open(cfg, output_dir, RECORDS, "eval")
-    methods = parse_methods(
-        cfg.methods,
-        s.pool,
-        cfg.get("selector"),
-        cfg,
-        functools.cache(
-            lambda: startup_costs(
-                s.target, s.pool, s.prompter(s.queries[0]), s.limits.draft_length, s.sampling, s.clock
-            )
-        ),
+    costs = functools.cache(  # a budget's start-up cost profile (costs: profile), measured once
+        lambda: startup_costs(
+            s.target, s.pool, s.prompter(s.queries[0]), s.limits.draft_length, s.sampling, s.clock
+        )
     )
+    methods = parse_methods(cfg.methods, s.pool, cfg.get("selector"), cfg, costs)
     max_turns = int(cfg.dataset.get("max_turns") or 1)
     records = s.records()
     todo = [
@@ -167,8 +162,23 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
             (example_id(q, t), methods[mi].name) not in records.done for t in range(turns_of(q, max_turns))
         )
     ]
-    # One selector per method for the whole run: ``reset`` starts each query, and selectors that
-    # carry statistics across queries (warm start) keep them.
+    selectors = prepared_selectors(s, methods, records, todo)
+    try:
+        with records, tqdm(total=len(todo), desc="eval", unit="query x method") as bar:
+            decode_all(
+                s, methods, selectors, records, set(todo), int(cfg.get("conversation_length") or 1), bar
+            )
+    except BaseException:
+        summarize_stopped(s, cfg, records)
+        raise
+    write_summary(s, cfg, records)
+    return s.out
+
+
+def prepared_selectors(s: Session, methods: list[Method], records: Records, todo) -> dict[str, Selector]:
+    """One selector per method for the whole run (``reset`` starts each query; selectors that carry statistics
+    across queries keep them), checked (a policy not on its training queries, a resumable state, trees on a target
+    that takes them), and the methods warmed up when anything is left to decode."""
     selectors = {m.name: m.make_selector() for m in methods}
     for name, selector in selectors.items():  # a trained policy must not be evaluated on its training queries
         if isinstance(selector, PolicySelector):
@@ -183,75 +193,67 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
             )
             for m in methods
         )
+    return selectors
 
-    todo_set = set(todo)
-    # Conversations: each ``conversation_length`` consecutive queries are the turns of one chat, so the
-    # task may change inside it; each method runs a whole conversation (methods rotate per conversation).
-    size = int(cfg.get("conversation_length") or 1)
+
+def decode_all(s: Session, methods, selectors, records: Records, todo: set, size: int, bar) -> None:
+    """Every (query, method) of ``todo``, written as it finishes. Conversations: each ``size`` consecutive queries
+    are the turns of one chat, so the task may change inside it; each method runs a whole conversation (methods
+    rotate per conversation), and a finished turn is decoded again only to rebuild the chat's history."""
+    max_turns = int(s.cfg.dataset.get("max_turns") or 1)
     conversations = [range(i, min(i + size, len(s.queries))) for i in range(0, len(s.queries), size)]
-    try:
-        with records, tqdm(total=len(todo), desc="eval", unit="query x method") as bar:
-            for ci, conversation in enumerate(conversations):
-                for mi in rotation(len(methods), ci):
-                    if not any((qi, mi) in todo_set for qi in conversation):
+    for ci, conversation in enumerate(conversations):
+        for mi in rotation(len(methods), ci):
+            if not any((qi, mi) in todo for qi in conversation):
+                continue
+            m = methods[mi]
+            history: list[tuple[str, str]] = []
+            for qi in conversation:
+                query, rng = s.queries[qi], s.rng(qi, mi)
+                for turn in range(turns_of(query, max_turns)):
+                    gen = s.decode(
+                        selectors[m.name],
+                        s.prompter(query, turn, history),
+                        rng,
+                        replace(s.spec, stream=m.name),
+                        query=query,
+                    )
+                    text = s.text(gen.tokens)
+                    history.append((s.prompter.user_text(query, turn), text))
+                    ex_id = example_id(query, turn)
+                    if (ex_id, m.name) in records.done:  # redone only to rebuild the chat history
                         continue
-                    m = methods[mi]
-                    history: list[tuple[str, str]] = []
-                    for qi in conversation:
-                        query, rng = s.queries[qi], s.rng(qi, mi)
-                        for turn in range(turns_of(query, max_turns)):
-                            gen = s.decode(
-                                selectors[m.name],
-                                s.prompter(query, turn, history),
-                                rng,
-                                replace(s.spec, stream=m.name),
-                                query=query,
-                            )
-                            text = s.text(gen.tokens)
-                            history.append((s.prompter.user_text(query, turn), text))
-                            ex_id = example_id(query, turn)
-                            if (ex_id, m.name) in records.done:  # redone only to rebuild the chat history
-                                continue
-                            chat = (
-                                {
-                                    "conversation": s.queries[conversation[0]].id,
-                                    "conversation_turn": len(history),
-                                }
-                                if size > 1
-                                else {}
-                            )  # the chat this generation is a turn of, and which turn
-                            records.write(
-                                query,
-                                ex_id,
-                                m.name,
-                                gen,
-                                text,
-                                query.reference if turn == 0 else None,
-                                turn=turn + 1,
-                                **chat,
-                            )
-                        if (qi, mi) in todo_set:
-                            bar.update(1)
-    except BaseException:
-        # A run that stops (an error, Ctrl-C) still leaves the summary of what it finished.
-        finished = len(records.examples())
-        if finished:
-            log.error(
-                "eval stopped early: writing the summary of the %d generations it finished in %s",
-                finished,
-                s.out,
-            )
-            try:
-                write_summary(s, cfg, records, partial=True)
-            except (
-                OSError
-            ) as exc:  # a full disk: one line (the error that stopped the run follows, as error/fix)
-                log.error("could not write the summary of the finished generations: %s", exc)
-            except Exception:  # noqa: BLE001 - never hide the error that stopped the run
-                log.exception("could not write the summary of the finished generations")
-        raise
-    write_summary(s, cfg, records)
-    return s.out
+                    # the chat this generation is a turn of, and which turn
+                    chat = {"conversation": s.queries[conversation[0]].id, "conversation_turn": len(history)}
+                    records.write(
+                        query,
+                        ex_id,
+                        m.name,
+                        gen,
+                        text,
+                        query.reference if turn == 0 else None,
+                        turn=turn + 1,
+                        **(chat if size > 1 else {}),
+                    )
+                if (qi, mi) in todo:
+                    bar.update(1)
+
+
+def summarize_stopped(s: Session, cfg: DictConfig, records: Records) -> None:
+    """A run that stops (an error, Ctrl-C) still leaves the summary of what it finished; a failure to write it is
+    logged (one line for a full disk), never hiding the error that stopped the run."""
+    finished = len(records.examples())
+    if not finished:
+        return
+    log.error(
+        "eval stopped early: writing the summary of the %d generations it finished in %s", finished, s.out
+    )
+    try:
+        write_summary(s, cfg, records, partial=True)
+    except OSError as exc:  # a full disk: one line (the error that stopped the run follows, as error/fix)
+        log.error("could not write the summary of the finished generations: %s", exc)
+    except Exception:  # noqa: BLE001 - never hide the error that stopped the run
+        log.exception("could not write the summary of the finished generations")
 
 
 def write_summary(s: Session, cfg: DictConfig, records: Records, partial: bool = False) -> None:

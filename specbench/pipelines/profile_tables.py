@@ -13,7 +13,7 @@ import pandas as pd
 from specbench import profiling
 from specbench.errors import SpecbenchError
 from specbench.pipelines import tables
-from specbench.records import atomic_write_text, read_jsonl
+from specbench.records import CONFIG, ROUNDS, atomic_write_text, read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +186,7 @@ def plot_verify(prof: Mapping, path: Path) -> None:
 def rounds_of(run_dir, cfg=None) -> list[dict]:
     """The ``rounds.jsonl`` records of an eval run directory; with ``cfg`` (the profile's config) the run must be of
     the same target, dtype and device, greedy and lossless (its acceptance is combined with this profile's costs)."""
-    path = Path(str(run_dir)).expanduser() / "rounds.jsonl"
+    path = Path(str(run_dir)).expanduser() / ROUNDS
     if not path.is_file():
         raise SpecbenchError(
             f"profile.run={run_dir}: no rounds.jsonl there",
@@ -204,7 +204,7 @@ def check_same_setting(run_dir: Path, cfg) -> None:
 
     from specbench.models.devices import dtype_name
 
-    saved = run_dir / "config.yaml"
+    saved = run_dir / CONFIG
     if not saved.is_file():
         raise SpecbenchError(
             f"profile.run={run_dir}: no config.yaml there, so its target and decoding are unknown",

@@ -42,7 +42,8 @@ from specbench.pipelines import tables
 from specbench.pipelines.methods import Method, load_selector_config, parse_methods
 from specbench.pipelines.session.run_dir import RunFiles, start_run
 from specbench.pipelines.trace import load_traces
-from specbench.records import JsonlWriter, atomic_write_text, read_jsonl, round_row
+from specbench.records import EXAMPLES, ROUNDS, SEEDS, JsonlWriter, atomic_write_text, read_jsonl, round_row
+from specbench.selection.base import context_aware
 from specbench.validate import COUNT, PATH, Rule, boolean, integer
 
 # replay.* and the command's own inputs (conf/replay.yaml)
@@ -56,7 +57,7 @@ KEYS: dict[str, Rule] = {
 
 log = logging.getLogger(__name__)
 
-FILES = RunFiles(results=("examples.jsonl", "rounds.jsonl", "seeds.jsonl"))
+FILES = RunFiles(results=(EXAMPLES, ROUNDS, SEEDS))
 ORACLE_ROUND = "oracle:round"
 LATE = 100  # the share on the best arm is also reported from this round index on
 
@@ -102,9 +103,9 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     # fixed arms first (they define each query's best drafter), then the adaptive methods
     order = sorted(methods, key=lambda m: not (m.name == AUTOREGRESSIVE or m.name.startswith("fixed:")))
     with (
-        JsonlWriter(out / "examples.jsonl") as ex_w,
-        JsonlWriter(out / "rounds.jsonl") as rd_w,
-        JsonlWriter(out / "seeds.jsonl") as sd_w,
+        JsonlWriter(out / EXAMPLES) as ex_w,
+        JsonlWriter(out / ROUNDS) as rd_w,
+        JsonlWriter(out / SEEDS) as sd_w,
         tqdm(total=total, desc="replay", unit="query") as bar,
     ):
         for m in order:
@@ -148,7 +149,7 @@ def refuse_context_aware(specs: list[str], cfg: DictConfig) -> None:
             if spec.startswith("selector:")
             else None
         )
-        if scfg is not None and str(scfg.get("_target_", "")).endswith("PolicySelector"):
+        if scfg is not None and context_aware(scfg.get("_target_")):
             raise SpecbenchError(
                 f"method '{spec}' is a context-aware policy: it reads the query's embedding from the "
                 "target, which a trace does not record",
@@ -363,7 +364,7 @@ def write_outputs(
     )
     if not conv.empty:
         tables.write_csv(conv, out / "convergence.csv")
-    examples = list(read_jsonl(out / "examples.jsonl"))
+    examples = list(read_jsonl(out / EXAMPLES))
     summary = tables.summarize(examples)
     tables.write_tables(
         summary, out, title="specbench replay (seed 0; predicted times)", notes=tables.EVAL_NOTES

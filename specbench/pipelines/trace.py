@@ -35,7 +35,7 @@ from specbench.pipelines.profile import interleaved, measure_verify, profile_dic
 from specbench.pipelines.session.core import Session
 from specbench.pipelines.session.prompting import example_id, prompt_fingerprint
 from specbench.pipelines.session.run_dir import RECORDS, RunFiles
-from specbench.records import JsonlWriter, atomic_write_text, read_jsonl, unfinished, write_plan
+from specbench.records import EXAMPLES, JsonlWriter, atomic_write_text, read_jsonl, unfinished, write_plan
 from specbench.timing import Clock
 from specbench.validate import COUNT, Rule, boolean, integer, list_of, nonempty_list_of
 
@@ -194,7 +194,7 @@ def load_traces(run: str | Path, partial: bool = False) -> tuple[list[dict], dic
         raise SpecbenchError(
             f"no trace run directory at {run}", "point traces= at a `specbench trace` run directory"
         )
-    path = run / "examples.jsonl"
+    path = run / EXAMPLES
     examples = [r for r in read_jsonl(path) if r.get("method") == METHOD] if path.exists() else []
     lines = {r.get("query_id"): r for r in read_jsonl(run / TRACES)} if (run / TRACES).exists() else {}
     records = [{**e, **lines[e["query_id"]]} for e in examples if e["query_id"] in lines]

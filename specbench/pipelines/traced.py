@@ -26,6 +26,7 @@ from specbench.decoding.trace import QueryTrace
 from specbench.errors import SpecbenchError
 from specbench.pipelines.session.prompting import example_id, prompt_fingerprint
 from specbench.pipelines.trace import load_traces
+from specbench.records import CONFIG
 from specbench.selection.fixed import Fixed
 
 
@@ -70,7 +71,7 @@ class TracedRuns:
         self.rows = {r["query_id"]: r for r in rows}
 
     def _check_target(self, cfg: DictConfig) -> None:
-        saved = self.dir / "config.yaml"
+        saved = self.dir / CONFIG
         if not saved.is_file():
             return
         traced = OmegaConf.load(saved)

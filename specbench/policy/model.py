@@ -53,9 +53,8 @@ class TrainConfig:
     weight_decay: float = 0.0
     seed: int = 0
     val_fraction: float = 0.2
-    n_examples: int | None = (
-        None  # cap on training queries (data-efficiency sweeps); validation set unchanged
-    )
+    # cap on training queries (data-efficiency sweeps); validation set unchanged
+    n_examples: int | None = None
     standardize: bool = True  # standardize embeddings with the training set's mean / std
     dropout: float = 0.0
 

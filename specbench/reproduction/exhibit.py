@@ -119,9 +119,8 @@ class ExhibitSpec:
     build: Builder
     runs: tuple[Run, ...]
     published: tuple[str, ...] = ()
-    scales: tuple[str, ...] | None = (
-        None  # only these scales, though its runs run at others too (None: every one)
-    )
+    # only these scales, though its runs run at others too (None: every one)
+    scales: tuple[str, ...] | None = None
 
     def at(self, scale: str) -> bool:
         return (self.scales is None or scale in self.scales) and all(scale in r.at for r in self.runs)

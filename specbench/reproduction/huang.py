@@ -220,9 +220,8 @@ def huang_fig2(root: Path, published: list[Published], lay: Layout) -> Exhibit:
     )
 
 
-FIG3_SWEEP = (
-    "huang/fig3/policy/data_efficiency.csv"  # make huang-fig3 (outside the plan): 1,000+ training queries
-)
+# make huang-fig3 (outside the plan): 1,000+ training queries
+FIG3_SWEEP = "huang/fig3/policy/data_efficiency.csv"
 
 
 def huang_fig3(root: Path, published: list[Published], lay: Layout) -> Exhibit:

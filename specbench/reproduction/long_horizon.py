@@ -68,9 +68,8 @@ BINS = [(0, 10), (10, 25), (25, 50), (50, 100), (100, 200), (200, 10**9)]
 FLAG = 0.10  # a method whose predicted seconds per token are off the live ones by more than this is named
 
 
-VERDICTS_DATA = (
-    "verdicts_data.json"  # every verdict's fields (the reproduction report reads them back: load_verdicts)
-)
+# every verdict's fields (the reproduction report reads them back: load_verdicts)
+VERDICTS_DATA = "verdicts_data.json"
 
 
 def load_verdicts(out: Path) -> list[V.Verdict]:
@@ -336,7 +335,7 @@ def variance_table(run: Path) -> tuple[pd.DataFrame, list[V.Verdict]]:
     """Per fixed drafter: the variance of the rounds' BD and BE (seed 0: fixed arms are seedless), and per query."""
     rounds = pd.DataFrame(list(read_jsonl(run / ROUNDS)))
     rounds = rounds[rounds.method.str.startswith("fixed:") & (rounds.n_max > 0)]
-    rows, verdicts = [], []
+    rows, parts = [], []
     for method, sub in rounds.groupby("method", sort=False):
         per_q = sub.groupby("query_id").agg(bd=("bd", "var"), be=("be", "var")).dropna()
         rows.append(
@@ -350,17 +349,17 @@ def variance_table(run: Path) -> tuple[pd.DataFrame, list[V.Verdict]]:
                 "var BE / var BD": sub.be.var() / sub.bd.var() if sub.bd.var() else math.nan,
             }
         )
-        verdicts.append(
-            labelled(
-                V.greater_mean(
-                    f"BE rewards vary more than BD rewards within a query ({method})",
-                    list(per_q.be),
-                    list(per_q.bd),
-                    "mean per-query variance difference (BE - BD)",
-                )
-            )
+        part = V.greater_mean(
+            f"BE rewards vary more than BD rewards within a query ({method})",
+            list(per_q.be),
+            list(per_q.bd),
+            "mean per-query variance difference (BE - BD)",
         )
-    return pd.DataFrame(rows), verdicts
+        parts.append((method.split(":", 1)[1], part))
+    # one claim, judged once over every drafter (an intersection-union test: held only when every part holds;
+    # its p-value is the largest part's), not once per drafter
+    claim = "BE rewards vary more than BD rewards within a query, for every single drafter"
+    return pd.DataFrame(rows), [labelled(V.all_of(claim, parts))] if parts else []
 
 
 def regret_table(q: pd.DataFrame) -> tuple[pd.DataFrame, list[V.Verdict]]:
@@ -516,11 +515,50 @@ def first_fork(a: list[int], b: list[int]) -> int | None:
 
 
 def write(trace_run: Path, out: Path, seeds: int = 100, live: Path | None = None) -> Path:
+    """Replay the bandits, switching and stream methods over ``trace_run``'s traces into ``out`` and write
+    ``long_horizon.md`` with its verdicts (``verdicts.json``, ``verdicts_data.json``); ``live``: a live run of the
+    same queries to calibrate the replay against."""
     trace_run, out = Path(trace_run), Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rows, costs = load_traces(trace_run)
     switch_cost = measured_switch_cost(costs, rows)
     dirs = run_replays(trace_run, out, seeds, switch_cost)
+    lines = header_lines(trace_run, rows, seeds)
+    judged: list[V.Verdict] = []
+    q = per_query(dirs["bandits"] / SEEDS)
+    for section, verdicts in (
+        convergence_section(dirs["bandits"], q, out),
+        verdict_section(
+            "## Reward variance: Block Divergence against Block Efficiency, per drafter (fixed arms)",
+            *variance_table(dirs["bandits"]),
+        ),
+        verdict_section(
+            "## Regret against the per-query and per-round oracles", *regret_table(q), REGRET_NOTE
+        ),
+        switching_section(dirs["switching"], switch_cost),
+        stream_section(dirs["stream"]),
+    ):
+        lines += section
+        judged += verdicts
+    if live is not None:
+        lines += calibration_section(trace_run, live)
+    text = "\n".join(lines)
+    atomic_write_text(out / "long_horizon.md", text + "\n")
+    atomic_write_text(out / "verdicts.json", json.dumps([v.line() for v in judged], indent=1))
+    atomic_write_text(out / VERDICTS_DATA, json.dumps([dataclasses.asdict(v) for v in judged], indent=1))
+    print(text)
+    return out / "long_horizon.md"
+
+
+REGRET_NOTE = (
+    "Ratios are total seconds per token of the oracle over the method's on the same queries (1: as fast as the "
+    "oracle). The per-round oracle picks, each round in hindsight, the arm with the most tokens per second of that "
+    "round (catch-up included); greedy round by round, it can trail the per-query oracle when switching costs."
+)
+
+
+def header_lines(trace_run: Path, rows: list[dict], seeds: int) -> list[str]:
+    """The page's title, what was replayed, and the trace's own summary."""
     positions = sum(len(r["output_ids"]) for r in rows)
     tasks = pd.Series([r["task"] for r in rows]).value_counts().to_dict()
     trace_md = (trace_run / "trace.md").read_text() if (trace_run / "trace.md").exists() else ""
@@ -538,38 +576,34 @@ def write(trace_run: Path, out: Path, seeds: int = 100, live: Path | None = None
     ]
     if trace_md:
         lines += ["## The trace", "", trace_md.split("\n", 2)[2].strip(), ""]
-    q = per_query(dirs["bandits"] / SEEDS)
-    conv = convergence_table(dirs["bandits"])
-    lines += [
+    return lines
+
+
+def verdict_section(
+    title: str, table: pd.DataFrame, verdicts: list[V.Verdict], note: str = ""
+) -> tuple[list[str], list[V.Verdict]]:
+    """A section: its title, an optional note, its table and its verdicts."""
+    lines = [title, ""] + ([note, ""] if note else []) + [to_markdown(table), "", "### Verdicts", ""]
+    return lines + [f"- {v.line()}" for v in verdicts] + [""], list(verdicts)
+
+
+def convergence_section(run: Path, q: pd.DataFrame, out: Path) -> tuple[list[str], list[V.Verdict]]:
+    """Share of rounds on each query's fastest drafter by round index (and its plot), BD against BE, EXP3 and
+    sequential halving."""
+    conv = convergence_table(run)
+    lines = [
         "## Convergence: share of rounds on each query's fastest drafter, by round index",
         "",
         to_markdown(conv[conv.method.isin(CONVERGENCE + ["router", "tree_ucb-bd", "etc-bd"])]),
         "",
     ]
-    if plot_convergence(dirs["bandits"], out / "convergence.png", CONVERGENCE):
+    if plot_convergence(run, out / "convergence.png", CONVERGENCE):
         lines += ["![convergence](convergence.png)", ""]
+    early = "UCB-BD plays the best drafter more often than {} in the first 100 rounds"
     verdicts = [
-        share_verdict(
-            q,
-            "UCB-BD plays the best drafter more often than UCB-BE in the first 100 rounds",
-            "ucb-bd",
-            "ucb-be",
-            "early",
-        ),
-        share_verdict(
-            q,
-            "UCB-BD plays the best drafter more often than EXP3 in the first 100 rounds",
-            "ucb-bd",
-            "exp3-bd",
-            "early",
-        ),
-        share_verdict(
-            q,
-            "UCB-BD plays the best drafter more often than sequential halving in the first 100 rounds",
-            "ucb-bd",
-            "halving-bd",
-            "early",
-        ),
+        share_verdict(q, early.format("UCB-BE"), "ucb-bd", "ucb-be", "early"),
+        share_verdict(q, early.format("EXP3"), "ucb-bd", "exp3-bd", "early"),
+        share_verdict(q, early.format("sequential halving"), "ucb-bd", "halving-bd", "early"),
         share_verdict(
             q,
             "UCB-BD plays the best drafter more often than UCB-BE from round 100 on",
@@ -578,41 +612,14 @@ def write(trace_run: Path, out: Path, seeds: int = 100, live: Path | None = None
             "late",
         ),
     ]
-    lines += ["### Verdicts", ""] + [f"- {v.line()}" for v in verdicts] + [""]
-    var, vv = variance_table(dirs["bandits"])
-    lines += (
-        [
-            "## Reward variance: Block Divergence against Block Efficiency, per drafter (fixed arms)",
-            "",
-            to_markdown(var),
-            "",
-            "### Verdicts",
-            "",
-        ]
-        + [f"- {v.line()}" for v in vv]
-        + [""]
-    )
-    reg, rv = regret_table(q)
-    lines += (
-        [
-            "## Regret against the per-query and per-round oracles",
-            "",
-            "Ratios are total seconds per token of the oracle over the method's on the same queries (1: as fast as "
-            "the oracle). The per-round oracle picks, each round in hindsight, the arm with the most tokens per "
-            "second of that round (catch-up included); greedy round by round, it can trail the per-query oracle "
-            "when switching costs.",
-            "",
-            to_markdown(reg),
-            "",
-            "### Verdicts",
-            "",
-        ]
-        + [f"- {v.line()}" for v in rv]
-        + [""]
-    )
-    qs = per_query(dirs["switching"] / SEEDS)
+    return lines + ["### Verdicts", ""] + [f"- {v.line()}" for v in verdicts] + [""], verdicts
+
+
+def switching_section(run: Path, switch_cost: float) -> tuple[list[str], list[V.Verdict]]:
+    """Explore-then-commit and the measured switching penalty against UCB-BD when switches cost their catch-up."""
+    qs = per_query(run / SEEDS)
     sw = regret_table(qs)[0]
-    sv = [
+    verdicts = [
         speed_verdict(
             qs,
             "Explore-then-commit is faster than UCB-BD when switches cost their catch-up",
@@ -626,96 +633,73 @@ def write(trace_run: Path, out: Path, seeds: int = 100, live: Path | None = None
             "ucb-bd",
         ),
     ]
-    lines += [
-        "## Switching costs",
-        "",
+    note = (
         f"Every switch costs the new drafter its catch-up over the tokens it missed (the measured catch-up curves). "
         f"The penalty of `ucb-switch-measured` is {switch_cost} reward units: the heads' catch-up over 16 tokens "
-        "divided by a round's time, times the mean reward of a round.",
-        "",
-        to_markdown(sw[sw.method.isin(["ucb-bd", "etc-bd", "ucb-switch-measured"])]),
-        "",
-        "### Verdicts",
-        "",
-    ]
-    lines += [f"- {v.line()}" for v in sv] + [""]
-    qn = per_query(dirs["stream"] / SEEDS)
-    st = regret_table(qn)[0]
-    nv = [
-        speed_verdict(
-            qn,
-            "Discounted UCB is faster than UCB on a stream whose task changes at every query",
-            "ducb-bd",
-            "ucb-bd",
-        ),
-        speed_verdict(
-            qn,
-            "Sliding-window UCB is faster than UCB on a stream whose task changes at every query",
-            "swucb-bd",
-            "ucb-bd",
-        ),
-    ]
-    lines += (
-        [
-            "## Non-stationarity: the interleaved stream as one sequence (statistics carried; the task changes at "
-            "every query)",
-            "",
-            to_markdown(st[~st.method.str.startswith("fixed:")]),
-            "",
-            "### Verdicts",
-            "",
-        ]
-        + [f"- {v.line()}" for v in nv]
-        + [""]
+        "divided by a round's time, times the mean reward of a round."
     )
-    if live is not None:
-        cal, facts = calibration(trace_run, live)
-        fp = facts["fork_positions"]
+    table = sw[sw.method.isin(["ucb-bd", "etc-bd", "ucb-switch-measured"])]
+    return verdict_section("## Switching costs", table, verdicts, note)
+
+
+def stream_section(run: Path) -> tuple[list[str], list[V.Verdict]]:
+    """Discounted and sliding-window UCB against UCB on the interleaved stream carried as one sequence."""
+    qn = per_query(run / SEEDS)
+    st = regret_table(qn)[0]
+    changing = "{} is faster than UCB on a stream whose task changes at every query"
+    verdicts = [
+        speed_verdict(qn, changing.format("Discounted UCB"), "ducb-bd", "ucb-bd"),
+        speed_verdict(qn, changing.format("Sliding-window UCB"), "swucb-bd", "ucb-bd"),
+    ]
+    title = (
+        "## Non-stationarity: the interleaved stream as one sequence (statistics carried; the task changes at "
+        "every query)"
+    )
+    return verdict_section(title, st[~st.method.str.startswith("fixed:")], verdicts)
+
+
+def calibration_section(trace_run: Path, live: Path) -> list[str]:
+    """The replay against a live run of the same queries: forks, rounds equal before them, speedups, ranking."""
+    cal, facts = calibration(trace_run, live)
+    fp = facts["fork_positions"]
+    forks = (
+        f" (at positions {', '.join(map(str, sorted(fp)))}; judged against the run's tie tolerance: "
+        + ", ".join(f"{n} {v}" for v, n in sorted(facts["fork_verdicts"].items()))
+        + ")"
+        if fp
+        else ""
+    )
+    lines = [
+        "## Calibration against a live run of the same queries",
+        "",
+        f"Live run {live} ({facts['queries']} queries). The replay re-runs each of its methods with the same "
+        "seed, queries and limits over the traces. bf16 forks: the live autoregressive output left the traced "
+        f"one in {facts['forked']} of {facts['ar_generations']} queries{forks}; rounds before the first "
+        f"fork equal the replay's (arm, drafted, accepted) in {facts['rounds_equal_to_fork']} of "
+        f"{facts['generations_compared']} generations.",
+        "",
+        to_markdown(cal),
+        "",
+    ]
+    adaptive = cal[(cal.method != AUTOREGRESSIVE) & ~cal.method.str.startswith("fixed:")]
+    if len(adaptive) > 1:
+        agree = list(adaptive.sort_values("live speedup", ascending=False).method) == list(
+            adaptive.sort_values("replay speedup", ascending=False).method
+        )
+        rho = float(adaptive["live speedup"].rank().corr(adaptive["replay speedup"].rank()))
+        ranks = (
+            "the live run ranks them exactly as the replay does"
+            if agree
+            else ("the live run ranks them differently from the replay")
+        )
         lines += [
-            "## Calibration against a live run of the same queries",
-            "",
-            f"Live run {live} ({facts['queries']} queries). The replay re-runs each of its methods with the same "
-            "seed, queries and limits over the traces. bf16 forks: the live autoregressive output left the traced "
-            f"one in {facts['forked']} of {facts['ar_generations']} queries"
-            + (
-                f" (at positions {', '.join(map(str, sorted(fp)))}; judged against the run's tie tolerance: "
-                + ", ".join(f"{n} {v}" for v, n in sorted(facts["fork_verdicts"].items()))
-                + ")"
-                if fp
-                else ""
-            )
-            + "; rounds before the first "
-            f"fork equal the replay's (arm, drafted, accepted) in {facts['rounds_equal_to_fork']} of "
-            f"{facts['generations_compared']} generations.",
-            "",
-            to_markdown(cal),
+            f"Ranking of the {len(adaptive)} adaptive methods by speedup: {ranks} (Spearman rank correlation "
+            f"{rho:.2f}); pairs whose order differs: "
+            + (", ".join(f"{a} / {b}" for a, b in swapped(adaptive)) or "none")
+            + ".",
             "",
         ]
-        adaptive = cal[(cal.method != AUTOREGRESSIVE) & ~cal.method.str.startswith("fixed:")]
-        if len(adaptive) > 1:
-            agree = list(adaptive.sort_values("live speedup", ascending=False).method) == list(
-                adaptive.sort_values("replay speedup", ascending=False).method
-            )
-            rho = float(adaptive["live speedup"].rank().corr(adaptive["replay speedup"].rank()))
-            lines += [
-                f"Ranking of the {len(adaptive)} adaptive methods by speedup: "
-                + (
-                    "the live run ranks them exactly as the replay does"
-                    if agree
-                    else "the live run ranks them differently from the replay"
-                )
-                + f" (Spearman rank correlation {rho:.2f}); pairs whose order differs: "
-                + (", ".join(f"{a} / {b}" for a, b in swapped(adaptive)) or "none")
-                + ".",
-                "",
-            ]
-    text = "\n".join(lines)
-    atomic_write_text(out / "long_horizon.md", text + "\n")
-    judged = verdicts + vv + rv + sv + nv
-    atomic_write_text(out / "verdicts.json", json.dumps([v.line() for v in judged], indent=1))
-    atomic_write_text(out / VERDICTS_DATA, json.dumps([dataclasses.asdict(v) for v in judged], indent=1))
-    print(text)
-    return out / "long_horizon.md"
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -55,7 +55,12 @@ def speed(ex: pd.DataFrame, method: str) -> tuple[float, int]:
     return float(ratio), len(p[method])
 
 
-def tables_of(run_dir: Path) -> tuple[pd.DataFrame, list[V.Verdict], dict]:
+def tables_of(
+    run_dir: Path, arms: list[str] | None = None, margin: float = BEST_SINGLE_MARGIN
+) -> tuple[pd.DataFrame, list[V.Verdict], dict]:
+    """The table, the verdicts and facts of one run. ``arms``: the drafters that count as single drafters (the best
+    single drafter and the oracles are chosen among them; the other ``fixed:`` rows are reference rows only), None:
+    every ``fixed:`` row. ``margin``: the multiple of the best single drafter each other method is judged against."""
     run_dir = Path(run_dir)
     ex = load_examples(run_dir.parent, run_dir.name)
     if ex.empty:
@@ -65,10 +70,20 @@ def tables_of(run_dir: Path) -> tuple[pd.DataFrame, list[V.Verdict], dict]:
         raise SpecbenchError(
             f"{run_dir}: the run has no autoregressive baseline", "run eval with it in methods"
         )
-    singles = [m for m in methods if m.startswith("fixed:")]
-    if not singles:
-        raise SpecbenchError(f"{run_dir}: no single drafter (fixed:<d>) ran", "add fixed:* to methods")
-    ex = with_task_oracle(ex)
+    fixed = [m for m in methods if m.startswith("fixed:")]
+    singles = fixed if arms is None else [f"fixed:{a}" for a in arms]
+    missing = [m for m in singles if m not in fixed]
+    if not singles or missing:
+        raise SpecbenchError(
+            f"{run_dir}: no single drafter run as {', '.join(missing) or 'fixed:<d>'}",
+            "add fixed:* to methods, or name drafters whose fixed: rows the run holds",
+        )
+    reference = [
+        m for m in fixed if m not in singles
+    ]  # shown, never the best single drafter nor in an oracle
+    ex = pd.concat(
+        [with_task_oracle(ex[~ex.method.isin(reference)]), ex[ex.method.isin(reference)]], ignore_index=True
+    )
     ex = compare.with_oracle(ex, singles)
     speeds = {m: speed(ex, m) for m in [*methods, TASK_ORACLE, QUERY_ORACLE] if m in set(ex.method)}
     best = max(singles, key=lambda m: speeds[m][0])
@@ -79,9 +94,9 @@ def tables_of(run_dir: Path) -> tuple[pd.DataFrame, list[V.Verdict], dict]:
         ("query_id", "method", "emitted", "accepted", "members", "member_accepted"),
     )
     mat = rounds.groupby("method").emitted.mean() if len(rounds) else pd.Series(dtype=float)
-    multi = [m for m in methods if m != AUTOREGRESSIVE and m not in singles]
+    multi = [m for m in methods if m != AUTOREGRESSIVE and m not in fixed]
     rows, verdicts = [], []
-    for m in [AUTOREGRESSIVE, *singles, TASK_ORACLE, QUERY_ORACLE, *multi]:
+    for m in [AUTOREGRESSIVE, *singles, *reference, TASK_ORACLE, QUERY_ORACLE, *multi]:
         if m not in speeds:
             continue
         s, n = speeds[m]
@@ -98,10 +113,10 @@ def tables_of(run_dir: Path) -> tuple[pd.DataFrame, list[V.Verdict], dict]:
         if m in multi:
             vb = compare.faster_on(
                 ex,
-                f"{m} is at least {BEST_SINGLE_MARGIN}x the best single drafter ({best})",
+                f"{m} is at least {margin:g}x the best single drafter ({best})",
                 m,
                 best,
-                threshold=BEST_SINGLE_MARGIN,
+                threshold=margin,
                 at_least=True,
             )
             vo = compare.faster_on(
@@ -116,7 +131,7 @@ def tables_of(run_dir: Path) -> tuple[pd.DataFrame, list[V.Verdict], dict]:
             row["95% CI (best single)"] = _ci(vb)
             row["95% CI (oracle)"] = _ci(vo)
         rows.append(row)
-    facts = {"best_single": best, "per_round_oracle_mat": _per_round_oracle(rounds)}
+    facts = {"best_single": best, "per_round_oracle_mat": _per_round_oracle(rounds), "reference": reference}
     return pd.DataFrame(rows), verdicts, facts
 
 
@@ -194,15 +209,20 @@ def tree_lines(run_dir: Path, table: pd.DataFrame) -> list[str]:
     ]
 
 
-def write(run_dir: Path) -> Path:
-    table, verdicts, facts = tables_of(run_dir)
+def write(run_dir: Path, arms: list[str] | None = None, margin: float = BEST_SINGLE_MARGIN) -> Path:
+    table, verdicts, facts = tables_of(run_dir, arms, margin)
     md = to_markdown(table, floatfmt=".3f")
     lines = [
         f"# Multi-drafter methods against the best single drafter ({run_dir})",
         "",
         f"Best single drafter over the run: `{facts['best_single']}`. Speedups are over autoregressive decoding "
         "on the same queries (total seconds per token); `vs` columns are speed ratios with paired 95% bootstrap "
-        "intervals over queries; `mat`: mean tokens per target forward (rounds.jsonl).",
+        "intervals over queries; `mat`: mean tokens per target forward (rounds.jsonl)."
+        + (
+            f" Reference rows, never the best single drafter nor in an oracle: {', '.join(facts['reference'])}."
+            if facts["reference"]
+            else ""
+        ),
         "",
         md,
         "",
@@ -285,10 +305,40 @@ def trees_exhibit(root: Path, published, layout) -> Exhibit:
 TREES = ExhibitSpec("metasd/trees", trees_exhibit, (METASD_TREES,), scales=("paper",))
 
 
+USAGE = (
+    "usage: python -m specbench.reproduction.multi_drafter RUN_DIR [--singles a,b,...] [--margin X]\n"
+    "  --singles: the drafters that count as single drafters (the others' fixed: rows are reference rows)\n"
+    f"  --margin: the multiple of the best single drafter the other methods are judged against ({BEST_SINGLE_MARGIN})"
+)
+
+
+def parse_args(argv: list[str]) -> tuple[Path, list[str] | None, float]:
+    """``RUN_DIR [--singles a,b] [--margin X]`` -> (run directory, singles or None, margin)."""
+    if not argv or argv[0].startswith("-"):
+        raise SpecbenchError("no run directory given", USAGE)
+    run, rest, arms, margin = Path(argv[0]), list(argv[1:]), None, BEST_SINGLE_MARGIN
+    while rest:
+        flag = rest.pop(0)
+        if flag not in ("--singles", "--margin") or not rest:
+            raise SpecbenchError(
+                f"unexpected argument {flag!r}"
+                if flag not in ("--singles", "--margin")
+                else f"{flag} needs a value",
+                USAGE,
+            )
+        value = rest.pop(0)
+        if flag == "--singles":
+            arms = [a for a in value.split(",") if a]
+        else:
+            try:
+                margin = float(value)
+            except ValueError:
+                raise SpecbenchError(f"--margin {value!r} is not a number", USAGE) from None
+    return run, arms, margin
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m specbench.reproduction.multi_drafter RUN_DIR")
     try:
-        print(f"written: {write(Path(sys.argv[1]))}")
+        print(f"written: {write(*parse_args(sys.argv[1:]))}")
     except SpecbenchError as exc:
         sys.exit(str(exc))

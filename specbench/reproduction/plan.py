@@ -106,9 +106,8 @@ class Scale:
 
 
 SCALES = {"cpu": Scale("cpu"), "tiny": Scale("cpu", TINY), "paper": Scale("paper")}
-QUESTIONS = (
-    "data/spec_bench/question.jsonl"  # Spec-Bench's question.jsonl (`make reproduce-paper` downloads it)
-)
+# Spec-Bench's question.jsonl (`make reproduce-paper` downloads it)
+QUESTIONS = "data/spec_bench/question.jsonl"
 
 
 def overrides_of(
@@ -297,8 +296,40 @@ def run(
     skipped only when its settings and its upstream steps' runs are the ones its ``.done`` records;
     otherwise the call is refused, naming what differs, or with ``redo`` that step (and the steps
     that read it) is deleted and run again."""
-    from specbench.pipelines.session.run_dir import differences, lock_run_dir, settings
-    from specbench.reproduction import heads, render
+    from specbench.pipelines.session.run_dir import lock_run_dir
+    from specbench.reproduction import render
+
+    root = Path(root)
+    sc, steps, chosen = choose_steps(root, scale, papers, extra, questions)
+    planned = plan_steps(chosen, root, sc, extra, questions, adapt)
+    # One reproduce per root: a second one is refused, naming the holder (the lock lasts the process).
+    lock_run_dir(
+        root,
+        "reproduce",
+        fix="wait for that reproduce to finish (or stop it), or write these runs "
+        "elsewhere: --root <another directory>",
+        elsewhere="--root <another directory>",
+    )
+    stale = stale_steps(planned, steps, root)
+    if stale and not redo:
+        raise SpecbenchError(
+            f"{len(stale)} step(s) under {root} were run with other settings than this call's, so their records "
+            "(and the report built on them) would not be this call's: "
+            + "; ".join(f"{run} ({', '.join(why)})" for run, why in stale.items()),
+            "pass --redo to delete those steps' records and run them again (the steps that read them follow), "
+            "rerun with the settings they were run with, move those directories away, or use another --root",
+        )
+    (root / ROOT_RECORD).write_text(
+        json.dumps({"profile": scale, "layout": sc.layout}) + "\n", encoding="utf-8"
+    )
+    run_steps(planned, stale, steps, root)
+    return render.write(root, allow_empty=True)  # a restricted plan may complete no exhibit yet
+
+
+def choose_steps(root: Path, scale: str, papers, extra, questions: str):
+    """``(scale, every step of it, the steps this call runs)``, after the checks that need no config: the scale, no
+    experiment override, known papers, the Spec-Bench question file, the root's own scale."""
+    from specbench.reproduction import render
 
     if scale not in SCALES:
         raise SpecbenchError(f"unknown reproduce scale '{scale}'", f"use one of: {', '.join(SCALES)}")
@@ -318,7 +349,6 @@ def run(
         raise SpecbenchError(
             f"unknown paper(s) {', '.join(unknown)}", f"use some of: {', '.join(sorted(known))}"
         )
-    root = Path(root)
     chosen = [s for s in steps if not papers or s.paper in papers]
     if any(SPEC_BENCH in s.overrides for s in chosen) and not Path(questions).is_file():
         raise SpecbenchError(
@@ -326,13 +356,21 @@ def run(
             "download it (`make data/spec_bench/question.jsonl`, from github.com/hemingkx/Spec-Bench) "
             "or pass --questions <question.jsonl>",
         )
-    record = root / ROOT_RECORD
     if render.recorded(root).get("profile") not in (scale, None):  # the scale, under its older key
         raise SpecbenchError(
-            f"{root} holds the runs of another scale ({record})",
+            f"{root} holds the runs of another scale ({root / ROOT_RECORD})",
             "use another --root for this scale, or delete that root to start over",
         )
-    # Every step composed and validated before anything is written or loaded.
+    return sc, steps, chosen
+
+
+def plan_steps(chosen, root: Path, sc, extra, questions: str, adapt) -> list[tuple]:
+    """Each chosen step's overrides, composed and validated config, root-relative settings and heads, before anything
+    is written or loaded; a per-drafter override (``pool.drafters.<name>.<key>=...``) goes to the steps whose pool has
+    that drafter, and one that no step's pool has is refused."""
+    from specbench.pipelines.session.run_dir import settings
+    from specbench.reproduction import heads
+
     planned = []
     per_drafter = [str(o) for o in extra or [] if DRAFTER_KEY.match(str(o))]  # pool.drafters.<name>.<key>=...
     general = [str(o) for o in extra or [] if not DRAFTER_KEY.match(str(o))]
@@ -367,15 +405,15 @@ def run(
             "in its pool",
             f"name one of the plan's drafters: {', '.join(names) or 'none'}",
         )
-    # One reproduce per root: a second one is refused, naming the holder (the lock lasts the process).
-    lock_run_dir(
-        root,
-        "reproduce",
-        fix="wait for that reproduce to finish (or stop it), or write these runs "
-        "elsewhere: --root <another directory>",
-        elsewhere="--root <another directory>",
-    )
-    # Which finished steps are still those of this call's settings (and of their upstream steps' runs).
+    return planned
+
+
+def stale_steps(planned: list[tuple], steps, root: Path) -> dict[str, list[str]]:
+    """Which finished (or started) steps are not this call's: their settings, heads or upstream runs differ, or the
+    directory holds a run made outside reproduce; ``{run: [reasons]}``."""
+    from specbench.pipelines.session.run_dir import differences
+    from specbench.reproduction import heads
+
     current: dict[str, str | None] = {}  # run -> fingerprint of its .done, None when it runs in this call
     stale: dict[str, list[str]] = {}
     for step, _, _, now, weights in planned:
@@ -408,15 +446,12 @@ def run(
         if why:
             stale[step.run] = why
         current[step.run] = fingerprint(out) if done is not None and not why else None
-    if stale and not redo:
-        raise SpecbenchError(
-            f"{len(stale)} step(s) under {root} were run with other settings than this call's, so their records "
-            "(and the report built on them) would not be this call's: "
-            + "; ".join(f"{run} ({', '.join(why)})" for run, why in stale.items()),
-            "pass --redo to delete those steps' records and run them again (the steps that read them follow), "
-            "rerun with the settings they were run with, move those directories away, or use another --root",
-        )
-    record.write_text(json.dumps({"profile": scale, "layout": sc.layout}) + "\n", encoding="utf-8")
+    return stale
+
+
+def run_steps(planned: list[tuple], stale: dict[str, list[str]], steps, root: Path) -> None:
+    """Run the planned steps in order: a stale one's records deleted first (``--redo``), a done one skipped; each
+    writes its ``.step.json`` when it starts and its ``.done`` when it finishes."""
     started_at = time.perf_counter()
     for i, (step, overrides, cfg, now, weights) in enumerate(planned, 1):
         out = root / step.run
@@ -463,7 +498,6 @@ def run(
         f"\nreproduce: {len(planned)} steps, {time.perf_counter() - started_at:.0f} s in this call",
         flush=True,
     )
-    return render.write(root, allow_empty=True)  # a restricted plan may complete no exhibit yet
 
 
 def _write_json(path: Path, record: dict) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from specbench.errors import SpecbenchError
 from specbench.pipelines import tables
 from specbench.pipelines.tables import print_table, to_markdown
+from specbench.records import SUMMARY_CSV
 from specbench.reproduction import heads as shipped_heads
 from specbench.reproduction import published as published_values
 from specbench.reproduction import verdicts as V
@@ -264,11 +265,11 @@ def include_demo(run_dir: Path, readme: Path) -> Path:
     from omegaconf import OmegaConf
 
     run_dir = Path(run_dir)
-    if not (run_dir / "summary.csv").is_file():
+    if not (run_dir / SUMMARY_CSV).is_file():
         raise SpecbenchError(
             f"{run_dir} has no summary.csv", "run `make demo` first (it writes outputs/demo)"
         )
-    table = pd.read_csv(run_dir / "summary.csv")
+    table = pd.read_csv(run_dir / SUMMARY_CSV)
     rows = table[table.task == "all"]
     cfg = OmegaConf.load(run_dir / CONFIG)
     import torch

@@ -19,24 +19,19 @@ import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+# the record files' names live beside their writers (records.py); the plan reads them from here too
+from specbench.records import CONFIG, EXAMPLES, ROUNDS, ROWS, SEEDS, SUMMARY  # noqa: F401
+
 SCALES = (
     "cpu",
     "paper",
 )  # the scales a run has overrides for (a report layout each; `--scale tiny` runs cpu's)
 
 # ---------------------------------------------------------------- the files of a run directory
-EXAMPLES = "examples.jsonl"  # eval, cascades: one record per generation
-ROUNDS = "rounds.jsonl"  # eval: one record per round
-ROWS = "rows.jsonl"  # collect: one row per collected query (one shard)
-SEEDS = "seeds.jsonl"  # replay: one record per (method, seed, query)
-CONFIG = "config.yaml"  # every command: the settings its records were made with
-SUMMARY = "summary.md"  # eval: its summary table (says when the run stopped early)
-DONE = (
-    ".done"  # `specbench reproduce`: a finished step (settings, upstream fingerprints, seconds, record count)
-)
-STARTED = (
-    ".step.json"  # `specbench reproduce`: a step's settings, written when it starts (kept if it stops early)
-)
+# `specbench reproduce`: a finished step (settings, upstream fingerprints, seconds, record count)
+DONE = ".done"
+# `specbench reproduce`: a step's settings, written when it starts (kept if it stops early)
+STARTED = ".step.json"
 ROOT_RECORD = "reproduce.json"  # `specbench reproduce`: the root's scale and report layout
 
 

@@ -40,9 +40,8 @@ RESAMPLES = 2000  # bootstrap resamples of the queries (the interval)
 # p-values resample further where few resamples fall on the null's side (``adaptive_p``): up to this many, so a
 # p-value resolves down to 2 / MAX_RESAMPLES = 1e-5, below Holm's first threshold over up to 5,000 claims
 MAX_RESAMPLES = 200_000
-TAIL = (
-    20  # resamples on the null's side that make a p-value resolved (its relative error about 1 / sqrt(TAIL))
-)
+# resamples on the null's side that make a p-value resolved (its relative error about 1 / sqrt(TAIL))
+TAIL = 20
 CHUNK = 20_000  # resamples drawn at once (memory: CHUNK x n indices)
 SEED = 0  # numpy Generator seed: the same data give the same interval
 MIN_N = 16  # fewer paired queries than this: not judged (a speed claim's task cell holds 16 queries)
@@ -66,9 +65,8 @@ class Verdict:
     label: str = ""  # what the effect is ("speedup ratio", "MAT ratio", ...)
     level: float = LEVEL
     reason: str = ""  # why it is not judged (n too small, no per-query data, missing, unfinished)
-    threshold: float | None = (
-        None  # the null the interval is set against (1 for "faster", 0.95 for "0.95 of")
-    )
+    # the null the interval is set against (1 for "faster", 0.95 for "0.95 of")
+    threshold: float | None = None
     p: float | None = None  # bootstrap p-value of the claim (two-sided equivalent; None: not tested)
 
     def __post_init__(self):  # numpy booleans / numbers from table arithmetic become plain ones

@@ -135,15 +135,16 @@ class Selector:
 
     full_information: bool = False
     trees: bool = False  # may choose several arms a round (a token tree): decoder-only targets only
-    embedding_pooling: str | None = (
-        None  # set by selectors that read the query's embedding (``set_embedding``)
-    )
-    randomized: bool = (
-        False  # draws from its own seeded rng (a replay runs it once per seed; the others are deterministic)
-    )
+    # set by selectors that read the query's embedding (``set_embedding``)
+    embedding_pooling: str | None = None
+    # draws from its own seeded rng (a replay runs it once per seed; the others are deterministic)
+    randomized: bool = False
     # arms in every round's tree by construction, never by choice (a subset selector's ``always``, a fixed tree's
     # members): a round's share on the best drafter counts only the members it chose
     fixed_members: tuple[str, ...] = ()
+    # chooses by the query's embedding from the target (the offline policy): traces cannot replay it, and a run of
+    # it may take its pool from its checkpoint (read through ``context_aware``, not by the class's name)
+    context_aware: bool = False
 
     def __init__(self, arms: list[str]):
         self.arms = list(arms)
@@ -171,3 +172,17 @@ class Selector:
 
     def observe(self, arm: str, bd: float) -> None:
         """A side observation: the Block Divergence arm ``arm`` would have had this round (not played)."""
+
+
+def context_aware(target) -> bool:
+    """Whether the selector class a config's ``_target_`` names reads the query's embedding (``Selector.context_aware``);
+    False for a name that is not a selector class."""
+    if not target:
+        return False
+    from hydra.utils import get_class
+
+    try:
+        cls = get_class(str(target))
+    except Exception:  # noqa: BLE001 - not a class path: not a context-aware selector
+        return False
+    return isinstance(cls, type) and issubclass(cls, Selector) and bool(cls.context_aware)

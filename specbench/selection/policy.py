@@ -16,6 +16,8 @@ class PolicySelector(Selector):
     with its own generator (``seed``). ``target``: the run's target model, checked against the one
     the policy was trained for (``conf/selector/policy.yaml`` passes ``target.model``)."""
 
+    context_aware = True
+
     def __init__(
         self,
         arms: list[str],

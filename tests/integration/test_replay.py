@@ -617,3 +617,17 @@ def test_a_trace_that_has_not_finished_its_plan_is_replayed_only_on_request(trac
     assert "replay.partial=true" in err.value.fix
     replay_pipeline.run(cfg_of("replay", [*args, "replay.partial=true"]), tmp_path / "r2")
     assert (tmp_path / "r2" / "summary.csv").exists()
+
+
+def test_the_long_horizon_page_is_written_from_a_trace(trace_run, tmp_path):
+    """``python -m specbench.reproduction.long_horizon`` on a tiny trace: every section, its verdicts (one for the
+    reward variance over every drafter), and verdicts_data.json read back as the report reads it."""
+    from specbench.reproduction import long_horizon
+
+    page = long_horizon.write(trace_run, tmp_path / "lh", seeds=2)
+    text = page.read_text()
+    for title in ("## Convergence", "## Reward variance", "## Regret", "## Switching costs", "## Non-stationarity"):
+        assert title in text, title
+    verdicts = long_horizon.load_verdicts(tmp_path / "lh")
+    assert len(verdicts) == 4 + 1 + 1 + 2 + 2  # convergence, variance (one claim), regret, switching, stream
+    assert sum("for every single drafter" in v.claim for v in verdicts) == 1

@@ -151,3 +151,14 @@ def test_nits_name_the_right_setting_and_a_fix_that_works(tmp_path, tiny_llama_t
         SpecbenchError, match=r"the small drafter's layers \(drafter.layers\)=100 is out of range"
     ):
         SmallLM(tiny_llama_target, 100, None)
+
+
+def test_a_policy_is_recognised_by_its_class_not_its_name():
+    """Issue 44: a policy was recognised by ``_target_.endswith("PolicySelector")``; now by the class's own flag."""
+    from specbench.selection.base import context_aware
+
+    assert context_aware("specbench.selection.PolicySelector")
+    assert context_aware("specbench.selection.policy.PolicySelector")
+    assert not context_aware("specbench.selection.UCB")
+    assert not context_aware("specbench.selection.NoSuchSelector") and not context_aware(None)
+    assert not context_aware("builtins.dict")  # a class, not a selector

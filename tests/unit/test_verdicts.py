@@ -709,3 +709,25 @@ def test_tree_pairs_match_a_tree_drafter_to_its_chain_by_config():
         "lookup": {"_target_": "specbench.drafters.prompt_lookup.build"},
     }
     assert tree_pairs(drafters) == [("tree", "chain")]
+
+
+def test_a_claim_with_parts_is_judged_once(tmp_path):
+    """Issue 43: "BE rewards vary more than BD" was one verdict per drafter (seven verdicts of one claim); it is one
+    verdict by intersection-union over the drafters: held only when every drafter's part holds."""
+    from specbench.reproduction.long_horizon import variance_table
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for drafter, be_spread in (("a", 0.4), ("b", 0.4), ("c", 0.0)):
+        for q in range(20):
+            for r in range(12):
+                rows.append({"method": f"fixed:{drafter}", "query_id": f"q{q}", "n_max": 4,
+                             "bd": float(0.5 + 0.02 * rng.standard_normal()),
+                             "be": float(0.5 + be_spread * rng.standard_normal())})
+    (tmp_path / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table, verdicts = variance_table(tmp_path)
+    assert len(table) == 3 and len(verdicts) == 1
+    assert "for every single drafter" in verdicts[0].claim and verdicts[0].held is False  # drafter c fails
+    kept = [r for r in rows if r["method"] != "fixed:c"]
+    (tmp_path / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+    assert variance_table(tmp_path)[1][0].held is True

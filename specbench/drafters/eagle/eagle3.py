@@ -350,33 +350,9 @@ def load_eagle3(
     """``(Eagle3Head, d2t (absolute target ids) | None, aux_layer_ids)`` from an EAGLE-3 or speculators
     eagle3 checkpoint (directory or hub id), checked against ``target``; the head in ``dtype`` (None: the
     target's). ``aux_layers`` overrides the checkpoint's aux layer ids."""
-    try:
-        path = resolve_checkpoint(checkpoint, make_target)
-    except SpecbenchError as exc:
-        if make_target or "train-drafter" not in exc.fix:
-            raise
-        raise SpecbenchError(
-            exc.problem,
-            "point checkpoint at an EAGLE-3 head: a directory or hub id of an EAGLE-3 or "
-            "speculators eagle3 checkpoint (specbench train-drafter makes EAGLE-1 heads, "
-            "drafter=eagle)",
-        ) from None
+    path = _eagle3_path(checkpoint, make_target)
     config = _read_config(path)
-    state = load_state(path)
-    layout, layer = _layout(path, config, state)
-    if layout == "eagle3":
-        state = {
-            ("layers.0." + k[len("midlayer.") :] if k.startswith("midlayer.") else k): v
-            for k, v in state.items()
-        }
-    state = {k: v for k, v in state.items() if not k.startswith("verifier")}
-    layer_ids = {int(k.split(".")[1]) for k in state if k.startswith("layers.") and k.split(".")[1].isdigit()}
-    if "fc.weight" not in state or "lm_head.weight" not in state or 0 not in layer_ids:
-        raise SpecbenchError(
-            f"{path} lacks EAGLE-3 tensors (fc.weight, lm_head.weight, midlayer.* or layers.0.*)", LAYOUT_FIX
-        )
-
-    t_hidden = int(target.config.hidden_size)
+    state, layer, layer_ids = _eagle3_state(path, config)
     n_layers = int(target.config.num_hidden_layers)
     aux = (
         [int(a) for a in aux_layers]
@@ -390,6 +366,52 @@ def load_eagle3(
             f"{n_layers} layers (0 .. {n_layers}: the residual stream after that many layers)",
             "use a head trained for this target, or set the drafter's aux_layers",
         )
+    layer, embed, draft_vocab = _check_fit(path, config, dict(layer), state, target, aux)
+    d2t = _draft_vocabulary(path, state, draft_vocab, target.vocab_size)
+    device = next(target.model.parameters()).device
+    head = _build_head(path, config, layer, state, target, embed, draft_vocab, layer_ids, dtype)
+    _load_own(head, state, path)
+    return head.eval(), (None if d2t is None else d2t.to(device)), aux
+
+
+def _eagle3_path(checkpoint: str, make_target: str | None):
+    """The checkpoint's directory; a missing one's fix names EAGLE-3 checkpoints, not train-drafter's heads."""
+    try:
+        return resolve_checkpoint(checkpoint, make_target)
+    except SpecbenchError as exc:
+        if make_target or "train-drafter" not in exc.fix:
+            raise
+        raise SpecbenchError(
+            exc.problem,
+            "point checkpoint at an EAGLE-3 head: a directory or hub id of an EAGLE-3 or "
+            "speculators eagle3 checkpoint (specbench train-drafter makes EAGLE-1 heads, "
+            "drafter=eagle)",
+        ) from None
+
+
+def _eagle3_state(path, config: dict):
+    """The checkpoint's tensors under the head's own names (EAGLE-3's ``midlayer.*`` as ``layers.0.*``, the verifier's
+    tensors dropped), its layer config and its decoder layer ids; refused without EAGLE-3 tensors."""
+    state = load_state(path)
+    layout, layer = _layout(path, config, state)
+    if layout == "eagle3":
+        state = {
+            ("layers.0." + k[len("midlayer.") :] if k.startswith("midlayer.") else k): v
+            for k, v in state.items()
+        }
+    state = {k: v for k, v in state.items() if not k.startswith("verifier")}
+    layer_ids = {int(k.split(".")[1]) for k in state if k.startswith("layers.") and k.split(".")[1].isdigit()}
+    if "fc.weight" not in state or "lm_head.weight" not in state or 0 not in layer_ids:
+        raise SpecbenchError(
+            f"{path} lacks EAGLE-3 tensors (fc.weight, lm_head.weight, midlayer.* or layers.0.*)", LAYOUT_FIX
+        )
+    return state, layer, layer_ids
+
+
+def _check_fit(path, config: dict, layer: dict, state: dict, target: Target, aux: list[int]):
+    """The head's shapes against ``target`` (feature width, hidden size, embedding, vocabularies): ``(layer config
+    with its hidden size, its own embedding or None, draft vocabulary size)``, else a ``SpecbenchError``."""
+    t_hidden = int(target.config.hidden_size)
     fc = state["fc.weight"]
     target_hidden = config.get("target_hidden_size") or layer.get("target_hidden_size")
     if (target_hidden is not None and int(target_hidden) != t_hidden) or fc.shape[1] != len(aux) * t_hidden:
@@ -400,7 +422,6 @@ def load_eagle3(
             "use a head trained for this target",
         )
     hidden = int(fc.shape[0])
-    layer = dict(layer)
     if int(layer.get("hidden_size", hidden)) != hidden:
         raise SpecbenchError(
             f"draft head {path}: config hidden_size {layer.get('hidden_size')} but fc gives {hidden}",
@@ -435,9 +456,13 @@ def load_eagle3(
             f"has {target.config.vocab_size}",
             "use a head trained for this target's tokenizer",
         )
-    d2t = _draft_vocabulary(path, state, draft_vocab, target.vocab_size)
+    return layer, embed, draft_vocab
 
+
+def _build_head(path, config, layer, state, target, embed, draft_vocab, layer_ids, dtype) -> Eagle3Head:
+    """An empty ``Eagle3Head`` of the checkpoint's layout on the target's device (``dtype``: None, the target's)."""
     device = next(target.model.parameters()).device
+    fc = state["fc.weight"]
     try:
         cfg = layer_config(layer, target.config, max(layer_ids) + 1)
         layout = Eagle3Layout(
@@ -446,7 +471,7 @@ def load_eagle3(
             norm_before_fc=bool(config.get("norm_before_fc", False)) or "input_norm.weight" in state,
             embed_rows=0 if embed is None else int(embed.shape[0]),
         )
-        head = Eagle3Head(
+        return Eagle3Head(
             cfg,
             int(fc.shape[1]),
             draft_vocab,
@@ -460,6 +485,10 @@ def load_eagle3(
             f"({type(exc).__name__}: {str(exc)[:200]})",
             LAYOUT_FIX,
         ) from exc
+
+
+def _load_own(head: Eagle3Head, state: dict, path) -> None:
+    """The checkpoint's tensors into ``head``, refused unless they fit it exactly."""
     own = head.state_dict()
     state = {k: v for k, v in state.items() if k not in ("d2t", "t2d")}
     missing = [k for k in own if k not in state]
@@ -472,7 +501,6 @@ def load_eagle3(
             "use an intact EAGLE-3 checkpoint for a Llama-style head",
         )
     head.load_state_dict(state)
-    return head.eval(), (None if d2t is None else d2t.to(device)), aux
 
 
 def head_cost(head: Eagle3Head, target: Target) -> float:

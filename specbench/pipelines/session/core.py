@@ -41,6 +41,7 @@ from specbench.pipelines.session.settings import cascade_of, tie_tolerance_of
 from specbench.policy.checkpoint import checkpoint_file
 from specbench.records import files_fingerprint
 from specbench.selection import Fixed, Selector
+from specbench.selection.base import context_aware
 from specbench.tasks import Prompter
 from specbench.timing import Clock
 
@@ -59,7 +60,7 @@ def policy_checkpoint(cfg: DictConfig) -> Path | None:
     """The policy checkpoint file a method of ``cfg`` reads (``selector=policy`` run as ``selector``, or
     ``selector:policy``), when it exists; None otherwise."""
     methods = [str(m) for m in (cfg.get("methods") or [])]
-    composed = str(OmegaConf.select(cfg, "selector._target_", default="") or "").endswith("PolicySelector")
+    composed = context_aware(OmegaConf.select(cfg, "selector._target_", default=None))
     if not ((composed and "selector" in methods) or "selector:policy" in methods):
         return None
     ckpt = (

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from specbench.errors import SpecbenchError
 from specbench.pipelines.session.settings import resolve_target_dtype
-from specbench.records import atomic_path, sweep_temporaries
+from specbench.records import CONFIG, EXAMPLES, ROUNDS, atomic_path, sweep_temporaries
 from specbench.validate import validate
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class RunFiles:
     ``overwrite``, the config key that lets a rerun with other settings delete those records."""
 
     results: tuple[str, ...]
-    settings: str = "config.yaml"
+    settings: str = CONFIG
     overwrite: str = "overwrite"
 
 
@@ -127,7 +127,7 @@ def claim_run_dir(out: Path, cfg: DictConfig, files: RunFiles) -> None:
 
 
 # eval and cascades: examples.jsonl and rounds.jsonl, resumed by (query id, method) (``Records``).
-RECORDS = RunFiles(results=("examples.jsonl", "rounds.jsonl"))
+RECORDS = RunFiles(results=(EXAMPLES, ROUNDS))
 
 
 def save_config(cfg, path: Path) -> None:
@@ -157,17 +157,16 @@ def start_run(
     if files is not None:
         claim_run_dir(out, cfg, files)
     save_hydra_record(cfg, out)
-    save_config(cfg, out / "config.yaml")
-    if files is not None and files.settings != "config.yaml":
+    save_config(cfg, out / CONFIG)
+    if files is not None and files.settings != CONFIG:
         save_config(OmegaConf.create(settings(cfg)), out / files.settings)
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
     return out
 
 
-HYDRA_DIR = (
-    ".hydra"  # Hydra's record of a run (config, hydra settings, overrides), written once the run holds out
-)
+# Hydra's record of a run (config, hydra settings, overrides), written once the run holds out
+HYDRA_DIR = ".hydra"
 
 
 def save_hydra_record(cfg: DictConfig, out: Path) -> None:
@@ -183,7 +182,7 @@ def save_hydra_record(cfg: DictConfig, out: Path) -> None:
     if hydra_cfg is None:
         return
     record = out / HYDRA_DIR
-    save_config(cfg, record / "config.yaml")
+    save_config(cfg, record / CONFIG)
     save_config(
         OmegaConf.create({"hydra": OmegaConf.to_container(hydra_cfg, resolve=False)}), record / "hydra.yaml"
     )

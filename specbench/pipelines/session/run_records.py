@@ -16,6 +16,8 @@ from specbench.errors import SpecbenchError
 from specbench.pipelines.session.prompting import query_fingerprint
 from specbench.records import (
     EXAMPLE_KEYS,
+    EXAMPLES,
+    ROUNDS,
     ExampleRecord,
     JsonlWriter,
     atomic_write_text,
@@ -101,7 +103,7 @@ class Records:
         self.process = uuid.uuid4().hex[:12]
         self.fingerprints = None if queries is None else {q.id: query_fingerprint(q) for q in queries}
         self.drafters = dict(drafters or {})
-        path = self.out / "examples.jsonl"
+        path = self.out / EXAMPLES
         examples = []
         for i, rec in enumerate(read_jsonl(path), 1):
             missing = [k for k in EXAMPLE_KEYS if not isinstance(rec, dict) or k not in rec]
@@ -184,7 +186,7 @@ class Records:
         return kept
 
     def _drop_orphan_rounds(self, finished: dict[tuple[str, str], dict]) -> None:
-        path = self.out / "rounds.jsonl"
+        path = self.out / ROUNDS
         if not path.exists():
             return
         by_pair: dict[tuple[str, str], list[dict]] = {}
@@ -219,8 +221,8 @@ class Records:
         rewrite_jsonl(path, sorted(kept, key=lambda r: order[id(r)]))
 
     def __enter__(self):
-        self._rounds = JsonlWriter(self.out / "rounds.jsonl")
-        self._examples = JsonlWriter(self.out / "examples.jsonl")
+        self._rounds = JsonlWriter(self.out / ROUNDS)
+        self._examples = JsonlWriter(self.out / EXAMPLES)
         return self
 
     def __exit__(self, *exc):
@@ -242,10 +244,10 @@ class Records:
         self.done.add((ex_id, method))
 
     def examples(self) -> list[dict]:
-        return list(read_jsonl(self.out / "examples.jsonl"))
+        return list(read_jsonl(self.out / EXAMPLES))
 
     def rounds(self) -> list[dict]:
-        return list(read_jsonl(self.out / "rounds.jsonl"))
+        return list(read_jsonl(self.out / ROUNDS))
 
 
 def rewrite_jsonl(path: Path, rows: Iterable[dict]) -> None:
