@@ -626,7 +626,13 @@ def test_the_long_horizon_page_is_written_from_a_trace(trace_run, tmp_path):
 
     page = long_horizon.write(trace_run, tmp_path / "lh", seeds=2)
     text = page.read_text()
-    for title in ("## Convergence", "## Reward variance", "## Regret", "## Switching costs", "## Non-stationarity"):
+    for title in (
+        "## Convergence",
+        "## Reward variance",
+        "## Regret",
+        "## Switching costs",
+        "## Non-stationarity",
+    ):
         assert title in text, title
     verdicts = long_horizon.load_verdicts(tmp_path / "lh")
     assert len(verdicts) == 4 + 1 + 1 + 2 + 2  # convergence, variance (one claim), regret, switching, stream

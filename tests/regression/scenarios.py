@@ -107,6 +107,11 @@ def stand_in_drafters(cfg) -> None:
         cfg.methods = list(dict.fromkeys(methods))
     if cfg.get("selector") is not None and cfg.selector.get("fallback"):
         cfg.selector.fallback = sub(str(cfg.selector.fallback))
+    common = cfg.get(
+        "selector_overrides"
+    )  # the candidates every selector:<name> method plays (metasd_seed_cpu)
+    if common is not None and common.get("candidates") is not None:
+        common.candidates = list(dict.fromkeys(sub(str(a)) for a in common.candidates))
     # a retrieval drafter the tiny pool lacks (the suffix drafter): prompt lookup stands in
     if (
         cfg.get("selector") is not None and "costs" in cfg.selector

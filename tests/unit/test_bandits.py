@@ -288,6 +288,7 @@ BANDIT_CONFS = [
     "random_per_query",
     "ucb_switch",
     "hedge",
+    "ucb_carry",
 ]
 
 
@@ -353,6 +354,7 @@ def test_selector_configs_instantiate(stem):
         "ucb_be": "ucb-be",
         "random": "random",
         "ucb_full_info": "ucb-bd-fi",
+        "ucb_carry": "ucb-bd-carry",
     }.get(stem, name)
     scfg = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "name"}
     sel = instantiate(scfg, arms=ARMS)
@@ -362,6 +364,7 @@ def test_selector_configs_instantiate(stem):
     assert set(picks) <= {"a", "b", "c"} and sel.t == 60
     if stem not in ("random", "random_per_query"):
         assert share(picks[-20:]) >= 0.5
+    assert sel.carry_over == (stem == "ucb_carry")
 
 
 @pytest.mark.parametrize(

@@ -105,7 +105,7 @@ def test_selector_options_share_the_bandit_base():
         for n in group_options("selector")
         if n not in ("fixed", "policy", "router", "router_tree", "router_sam", "router_suffix", "budget")
     ]
-    assert len(bandits) == 15  # 12 bandits, hedge, and the tree subset selectors tree_ucb and tree_hedge
+    assert len(bandits) == 16  # 13 bandits (ucb_carry too), hedge, and the tree subset selectors
     for name in bandits:
         cfg = load_option("selector", name)
         assert set(base) <= set(cfg), name

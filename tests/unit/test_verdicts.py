@@ -720,10 +720,16 @@ def test_a_claim_with_parts_is_judged_once(tmp_path):
     rows = []
     for drafter, be_spread in (("a", 0.4), ("b", 0.4), ("c", 0.0)):
         for q in range(20):
-            for r in range(12):
-                rows.append({"method": f"fixed:{drafter}", "query_id": f"q{q}", "n_max": 4,
-                             "bd": float(0.5 + 0.02 * rng.standard_normal()),
-                             "be": float(0.5 + be_spread * rng.standard_normal())})
+            for _r in range(12):
+                rows.append(
+                    {
+                        "method": f"fixed:{drafter}",
+                        "query_id": f"q{q}",
+                        "n_max": 4,
+                        "bd": float(0.5 + 0.02 * rng.standard_normal()),
+                        "be": float(0.5 + be_spread * rng.standard_normal()),
+                    }
+                )
     (tmp_path / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     table, verdicts = variance_table(tmp_path)
     assert len(table) == 3 and len(verdicts) == 1
