@@ -56,15 +56,19 @@ def interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
 class Costs:
     """The replay clock's cost curves: ``seconds[c][i]``, the target's forward over ``q[i]`` new tokens after a
     ``contexts[c]``-token context (``specbench profile``'s ``profile.json`` or the trace's ``costs.json``), and
-    ``catch_up[name]``: ``(tokens, seconds)`` pairs of a drafter's ``sync`` over that many missed tokens."""
+    ``catch_up[name]``: ``(tokens, seconds)`` pairs of a drafter's ``sync`` over that many missed tokens;
+    ``tree_extra``: the seconds a tree forward costs beyond a chain forward over as many tokens (its attention mask
+    and the all-row softmax, measured by the trace: ``tree_extra_s`` in ``costs.json``; 0 in older traces), charged
+    to every tree round."""
 
     q: tuple[int, ...]
     contexts: tuple[int, ...]
     seconds: tuple[tuple[float, ...], ...]
     catch_up: Mapping[str, tuple[tuple[int, float], ...]] = field(default_factory=dict)
+    tree_extra: float = 0.0
 
     @classmethod
-    def from_dict(cls, d: Mapping, catch_up: Mapping | None = None) -> Costs:
+    def from_dict(cls, d: Mapping, catch_up: Mapping | None = None, tree_extra: float | None = None) -> Costs:
         try:
             q = tuple(int(x) for x in d["q"])
             contexts = tuple(int(c) for c in d["contexts"])
@@ -85,6 +89,7 @@ class Costs:
             contexts,
             seconds,
             {name: tuple((int(n), float(s)) for n, s in pairs) for name, pairs in ups.items()},
+            max(float(d.get("tree_extra_s") or 0.0) if tree_extra is None else float(tree_extra), 0.0),
         )
 
     def verify(self, q: int, context: int) -> float:
@@ -259,7 +264,7 @@ def replay(
         accepted = min(accepted_raw, len(new))
         out.extend(new)
         done = gen.stop == "eos" or len(out) >= limits.max_new_tokens
-        t_verify = costs.verify(drafted + 1, context)
+        t_verify = costs.verify(drafted + 1, context) + (costs.tree_extra if tree is not None else 0.0)
         setup = switched or first_use
         t_sync = sum(d.t_sync for d in made.values())
         t_draft = sum(d.t_propose for d in made.values()) + routed + (0.0 if setup else t_sync)

@@ -168,7 +168,7 @@ def costs_of(cfg: DictConfig, traced: dict) -> Costs:
                     f"profile_path was measured with {key} {prof[key]}, the trace with {traced[key]}",
                     "profile in the trace's dtype and threads, or leave profile_path unset",
                 )
-        return Costs.from_dict(prof, traced.get("catch_up") or {})
+        return Costs.from_dict(prof, traced.get("catch_up") or {}, traced.get("tree_extra_s") or 0.0)
     return Costs.from_dict(traced)
 
 

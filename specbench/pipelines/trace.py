@@ -31,7 +31,7 @@ from specbench.decoding.drafter import DecodeContext
 from specbench.decoding.loop import DecodeSpec
 from specbench.decoding.trace import QueryTrace, check_decoder_only, check_greedy, trace, trace_lengths
 from specbench.errors import SpecbenchError
-from specbench.pipelines.profile import interleaved, measure_verify, profile_dict, repeat_to
+from specbench.pipelines.profile import interleaved, measure_trees, measure_verify, profile_dict, repeat_to
 from specbench.pipelines.session.core import Session
 from specbench.pipelines.session.prompting import example_id, prompt_fingerprint
 from specbench.pipelines.session.run_dir import RECORDS, RunFiles
@@ -150,7 +150,27 @@ def measure_costs(s: Session, cfg: DictConfig, lengths: dict[str, int]) -> dict:
     costs["catch_up"] = measure_catch_up(
         s, {n: s.pool[n] for n in lengths}, source[: contexts[0]], n_up, repeats, warmup, clock
     )
+    costs["tree_extra_s"] = tree_extra(s.target, source, contexts[0], repeats, warmup, clock)
     return costs
+
+
+TREE_SHAPES = (
+    (2, 2),
+    (2, 4),
+    (3, 4),
+)  # [branches, depth] of the trees timed against chains of as many tokens
+
+
+def tree_extra(target, source: list[int], context: int, repeats: int, warmup: int, clock: Clock) -> float:
+    """Median seconds a tree forward (``TREE_SHAPES``, with its attention mask) costs beyond a chain forward over as
+    many tokens after ``context`` tokens, averaged over the shapes (>= 0): what the replay adds to a tree round."""
+    if target.is_encoder_decoder:
+        return 0.0
+    trees = measure_trees(target, source, context, list(TREE_SHAPES), repeats, warmup, clock)
+    chains = measure_verify(
+        target, source, context, [b * d + 1 for b, d in TREE_SHAPES], repeats, warmup, clock
+    )
+    return max(statistics.fmean(t - c for t, c in zip(trees, chains)), 0.0)
 
 
 def measure_catch_up(

@@ -637,3 +637,21 @@ def test_the_long_horizon_page_is_written_from_a_trace(trace_run, tmp_path):
     verdicts = long_horizon.load_verdicts(tmp_path / "lh")
     assert len(verdicts) == 4 + 1 + 1 + 2 + 2  # convergence, variance (one claim), regret, switching, stream
     assert sum("for every single drafter" in v.claim for v in verdicts) == 1
+
+
+def test_the_replay_clock_charges_a_tree_round_what_its_mask_costs(trace_run):
+    """Issue 42: a tree round was priced as a chain forward of its size; the trace now measures what a tree forward
+    costs beyond one (``tree_extra_s``) and the replay adds it to every tree round, and to no chain round."""
+
+    traced = json.loads((trace_run / "costs.json").read_text())
+    assert traced["tree_extra_s"] >= 0.0
+    arms = [AUTOREGRESSIVE, "A", "B"]
+    limits, lengths = Limits(max_new_tokens=10, draft_length=3), {"A": 3, "B": 3}
+    base = Costs(q=(1, 10), contexts=(10,), seconds=((0.012, 0.030),))
+    extra = Costs(q=(1, 10), contexts=(10,), seconds=((0.012, 0.030),), tree_extra=0.004)
+    tree = replay(hand_trace(), FixedTree(arms, ["A", "B"]), limits, base, lengths)
+    dearer = replay(hand_trace(), FixedTree(arms, ["A", "B"]), limits, extra, lengths)
+    assert dearer.seconds == pytest.approx(tree.seconds + 0.004 * len(tree.rounds))
+    chain = [replay(hand_trace(), Fixed(arms, "A"), limits, c, lengths).seconds for c in (base, extra)]
+    assert chain[0] == pytest.approx(chain[1])
+    assert Costs.from_dict({**traced, "tree_extra_s": 0.002}).tree_extra == 0.002
