@@ -63,39 +63,9 @@ def parse_methods(
         if spec == AUTOREGRESSIVE:
             continue
         if spec.startswith(AGAIN):
-            inner = spec[len(AGAIN) :]
-            if not inner or inner.startswith(AGAIN):
-                raise SpecbenchError(
-                    f"method '{spec}' names no method to run again",
-                    "use again:<method>, e.g. again:autoregressive or again:fixed:prompt_lookup",
-                )
-            found = parse_methods([inner], pool, selector_cfg, root, costs)
-            new = [
-                Method(AGAIN + m.name, m.make_selector, m.config)
-                for m in found
-                if m.name != AUTOREGRESSIVE or inner == AUTOREGRESSIVE
-            ]
+            new = again_methods(spec, pool, selector_cfg, root, costs)
         elif spec == "selector" or spec.startswith("selector:"):
-            # one config per spec: a selector:<name> before a plain `selector` must not stand in for the composed one
-            chosen_cfg = selector_cfg
-            if spec.startswith("selector:"):
-                option = spec.split(":", 1)[1]
-                chosen_cfg = load_selector_config(option, root)
-                extra = (root.get("selector_overrides") if root is not None else None) or {}
-                # keys naming a selector option with a mapping are that option's own overrides; the rest apply to all
-                common = {k: v for k, v in extra.items() if not isinstance(v, Mapping)}
-                own = extra.get(option) if isinstance(extra.get(option), Mapping) else {}
-                for more in (common, own):
-                    if more:
-                        chosen_cfg = OmegaConf.merge(chosen_cfg, more)
-            elif chosen_cfg is None:
-                continue
-            name = str(chosen_cfg.get("name") or chosen_cfg._target_.rsplit(".", 1)[-1].lower())
-            scfg = {k: v for k, v in OmegaConf.to_container(chosen_cfg, resolve=True).items() if k != "name"}
-            if scfg.get("costs") == PROFILE and costs is not None:
-                scfg["costs"] = costs()
-            make_selector(scfg, arms)  # validates the config now, before any decoding
-            new = [Method(name, lambda scfg=scfg: make_selector(scfg, arms), scfg)]
+            new = selector_methods(spec, arms, selector_cfg, root, costs)
         elif spec.startswith("fixed:"):
             arm = spec.split(":", 1)[1]
             chosen = [a for a in arms if a != AUTOREGRESSIVE] if arm == "*" else [arm]
@@ -103,15 +73,7 @@ def parse_methods(
                 Fixed(arms, a)  # validates the arm name now, before any decoding
             new = [Method(f"fixed:{a}", lambda a=a: Fixed(arms, a)) for a in chosen]
         elif spec.startswith("tree:"):
-            listed = spec.split(":", 1)[1]
-            members = (
-                [a for a in arms if a != AUTOREGRESSIVE]
-                if listed == "*"
-                else [m.strip() for m in listed.split("+") if m.strip()]
-            )
-            FixedTree(arms, members)  # validates the members now, before any decoding
-            name = "tree:*" if listed == "*" else "tree:" + "+".join(members)
-            new = [Method(name, lambda members=members: FixedTree(arms, members))]
+            new = [tree_method(spec, arms)]
         else:
             raise SpecbenchError(
                 f"unknown method '{spec}'",
@@ -123,6 +85,60 @@ def parse_methods(
                 names.append(m.name)
                 methods.append(m)
     return methods
+
+
+def again_methods(spec: str, pool: dict, selector_cfg, root, costs) -> list[Method]:
+    """``again:<spec>``: the methods of ``<spec>`` under the names ``again:<name>`` (an A/A pair)."""
+    inner = spec[len(AGAIN) :]
+    if not inner or inner.startswith(AGAIN):
+        raise SpecbenchError(
+            f"method '{spec}' names no method to run again",
+            "use again:<method>, e.g. again:autoregressive or again:fixed:prompt_lookup",
+        )
+    found = parse_methods([inner], pool, selector_cfg, root, costs)
+    return [
+        Method(AGAIN + m.name, m.make_selector, m.config)
+        for m in found
+        if m.name != AUTOREGRESSIVE or inner == AUTOREGRESSIVE
+    ]
+
+
+def selector_methods(spec: str, arms: list[str], selector_cfg, root, costs) -> list[Method]:
+    """``selector`` (the composed config; none when there is none) or ``selector:<name>`` (its option with
+    ``selector_overrides`` merged), validated now; ``costs: profile`` replaced by ``costs()``."""
+    # one config per spec: a selector:<name> before a plain `selector` must not stand in for the composed one
+    chosen_cfg = selector_cfg
+    if spec.startswith("selector:"):
+        option = spec.split(":", 1)[1]
+        chosen_cfg = load_selector_config(option, root)
+        extra = (root.get("selector_overrides") if root is not None else None) or {}
+        # keys naming a selector option with a mapping are that option's own overrides; the rest apply to all
+        common = {k: v for k, v in extra.items() if not isinstance(v, Mapping)}
+        own = extra.get(option) if isinstance(extra.get(option), Mapping) else {}
+        for more in (common, own):
+            if more:
+                chosen_cfg = OmegaConf.merge(chosen_cfg, more)
+    elif chosen_cfg is None:
+        return []
+    name = str(chosen_cfg.get("name") or chosen_cfg._target_.rsplit(".", 1)[-1].lower())
+    scfg = {k: v for k, v in OmegaConf.to_container(chosen_cfg, resolve=True).items() if k != "name"}
+    if scfg.get("costs") == PROFILE and costs is not None:
+        scfg["costs"] = costs()
+    make_selector(scfg, arms)  # validates the config now, before any decoding
+    return [Method(name, lambda scfg=scfg: make_selector(scfg, arms), scfg)]
+
+
+def tree_method(spec: str, arms: list[str]) -> Method:
+    """``tree:<a>+<b>`` (or ``tree:*``, the whole pool): their drafts verified as one token tree each round."""
+    listed = spec.split(":", 1)[1]
+    members = (
+        [a for a in arms if a != AUTOREGRESSIVE]
+        if listed == "*"
+        else [m.strip() for m in listed.split("+") if m.strip()]
+    )
+    FixedTree(arms, members)  # validates the members now, before any decoding
+    name = "tree:*" if listed == "*" else "tree:" + "+".join(members)
+    return Method(name, lambda members=members: FixedTree(arms, members))
 
 
 def make_selector(scfg: dict, arms: list[str]) -> Selector:
