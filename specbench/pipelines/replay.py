@@ -86,27 +86,39 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     )
     if ORACLE_ROUND in specs:
         methods.append(Method(ORACLE_ROUND, lambda: RoundOracle(arms)))
+    for f in FILES.results:
+        (out / f).unlink(missing_ok=True)
+    t_start = time.perf_counter()
+    per_seed, convergence, n_rounds = replay_all(
+        out, rows, methods, arms, int(cfg.seeds), (limits, costs, lengths)
+    )
+    elapsed = time.perf_counter() - t_start
+    log.info("replayed %d rounds in %.1f s (%.0f rounds/s)", n_rounds, elapsed, n_rounds / max(elapsed, 1e-9))
+    write_outputs(out, per_seed, convergence, rows, n_rounds, elapsed, cfg)
+    return out
+
+
+def replay_all(out: Path, rows: list[dict], methods: list[Method], arms: list[str], seeds: int, clock: tuple):
+    """Every method over every traced query (a seeded method once per seed; fixed arms first, as they define each
+    query's best drafter), written as it goes (``examples`` and ``rounds`` of seed 0, ``seeds`` of every seed);
+    ``(per-seed rows, convergence cells, rounds replayed)``. ``clock``: ``(limits, costs, draft lengths)``."""
+    limits, costs, lengths = clock
     queries = [
         (r, QueryTrace.from_dict(r["trace"]), SimpleNamespace(id=r["query_id"], task=r["task"])) for r in rows
     ]
-    seeds = int(cfg.seeds)
-    for f in FILES.results:
-        (out / f).unlink(missing_ok=True)
     per_seed: list[dict] = []
     convergence: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
     best: dict[str, str] = {}
-    n_rounds, t_start = 0, time.perf_counter()
+    n_rounds = 0
     runs = {
         m.name: seeds if m.seeded else 1 for m in methods
     }  # seeded instantiates a selector: once per method
-    total = sum(runs.values()) * len(queries)
-    # fixed arms first (they define each query's best drafter), then the adaptive methods
     order = sorted(methods, key=lambda m: not (m.name == AUTOREGRESSIVE or m.name.startswith("fixed:")))
     with (
         JsonlWriter(out / EXAMPLES) as ex_w,
         JsonlWriter(out / ROUNDS) as rd_w,
         JsonlWriter(out / SEEDS) as sd_w,
-        tqdm(total=total, desc="replay", unit="query") as bar,
+        tqdm(total=sum(runs.values()) * len(queries), desc="replay", unit="query") as bar,
     ):
         for m in order:
             if m.name != AUTOREGRESSIVE and not m.name.startswith("fixed:") and not best:
@@ -116,16 +128,14 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                 for row, qt, query in queries:
                     gen = replay(qt, selector, limits, costs, lengths, query)
                     n_rounds += len(gen.rounds)
-                    rec = summary_row(
-                        m.name, seed, row, gen, best.get(row["query_id"]), selector.fixed_members
-                    )
+                    top = best.get(row["query_id"])
+                    rec = summary_row(m.name, seed, row, gen, top, selector.fixed_members)
                     per_seed.append(rec)
                     sd_w.write(rec)
-                    if best.get(row["query_id"]):
-                        for rnd in gen.rounds:
-                            cell = convergence[m.name][rnd.index]
-                            cell[0] += on_arm(rnd, best[row["query_id"]], selector.fixed_members)
-                            cell[1] += 1
+                    for rnd in gen.rounds if top else []:
+                        cell = convergence[m.name][rnd.index]
+                        cell[0] += on_arm(rnd, top, selector.fixed_members)
+                        cell[1] += 1
                     if seed == 0:
                         rd_w.write_many(
                             {**round_row(row["query_id"], row["task"], m.name, r), "replayed": True}
@@ -133,10 +143,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                         )
                         ex_w.write(example_row(m.name, row, gen))
                     bar.update(1)
-    elapsed = time.perf_counter() - t_start
-    log.info("replayed %d rounds in %.1f s (%.0f rounds/s)", n_rounds, elapsed, n_rounds / max(elapsed, 1e-9))
-    write_outputs(out, per_seed, convergence, rows, n_rounds, elapsed, cfg)
-    return out
+    return per_seed, convergence, n_rounds
 
 
 def refuse_context_aware(specs: list[str], cfg: DictConfig) -> None:
