@@ -207,21 +207,20 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     ckpt = claim_checkpoint(cfg)
     inputs = load_inputs(
         cfg, tr.get("max_input_tokens") or cfg.dataset.get("max_input_tokens")
-    )  # as eval loads them
+    )  # as eval does
     target, tok, eos = inputs.target, inputs.loaded.tokenizer, eos_ids_of(inputs.loaded)
-    responses = (
-        target_responses(
+    responses = None
+    if str(tr.responses) == "target":  # the target's own answers (cached), else the references
+        batch = int(tr.get("generate_batch") or 32)
+        responses = target_responses(
             target,
             inputs.prompter,
             inputs.queries,
             response_cache(target),
             int(tr.max_new_tokens),
             eos,
-            int(tr.get("generate_batch") or 32),
+            batch,
         )
-        if str(tr.responses) == "target"
-        else None
-    )
     if tr.get("generate_only"):
         return answers_only(out, target, responses)
     examples = examples_of(
@@ -240,30 +239,13 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     spec = fit_spec(cfg, trainee.default_lr)
     train_items = val_items = []
     teacher_started = time.perf_counter()
-    if (
-        check_epochs(ckpt, spec.epochs) < spec.epochs
-    ):  # a finished run (rerun for its files) needs no teacher pass
+    # a finished run (rerun for its files) needs no teacher pass
+    if check_epochs(ckpt, spec.epochs) < spec.epochs:
         train_items = trainee.items(train_ex, "teacher (train)")
         val_items = trainee.items(val_ex, "teacher (held out)", response_only=True)
     teacher_s = time.perf_counter() - teacher_started
     history = fit(trainee, train_items, val_items, spec, ckpt / STATE, desc=f"train-drafter {ckpt.name}")
-    meta = {
-        "kind": str(cfg.drafter.kind),
-        "target": str(cfg.target.model),
-        "dtype": str(target.model.dtype).removeprefix("torch."),
-        "vocab": vocab_fingerprint(tok),
-        **trainee.meta,
-        "data": OmegaConf.to_container(cfg.dataset, resolve=True),
-        "responses": str(tr.responses),
-        "train_sequences": len(train_ex),
-        "train_tokens": learned_tokens(train_ex),
-        "train_response_tokens": int(sum(len(e.ids) - e.start for e in train_ex)),
-        "prompt_positions": bool(tr.get("prompt_positions")),
-        "epochs": len(history),
-        "lr": spec.lr,
-        "lr_schedule": spec.schedule,
-        "seed": spec.seed,
-    }
+    meta = checkpoint_meta(cfg, target, tok, trainee, train_ex, len(history), spec)
     trainee.save(ckpt, meta)
     write_history(history, ckpt, title=f"{ckpt.name}: {cfg.target.model}")
     if val_ex and not val_items:  # a finished run rerun for its files: the held-out rows still get scored
@@ -280,6 +262,29 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     write_metrics(metrics, out, ckpt)
     atomic_write_text(out / "checkpoint.txt", str(ckpt) + "\n")
     return out
+
+
+def checkpoint_meta(cfg: DictConfig, target, tok, trainee, train_ex, epochs: int, spec) -> dict:
+    """What a checkpoint's ``config.json`` says under ``specbench``: the kind, the target and its vocabulary, the data
+    and the training recipe."""
+    tr = cfg.train
+    return {
+        "kind": str(cfg.drafter.kind),
+        "target": str(cfg.target.model),
+        "dtype": str(target.model.dtype).removeprefix("torch."),
+        "vocab": vocab_fingerprint(tok),
+        **trainee.meta,
+        "data": OmegaConf.to_container(cfg.dataset, resolve=True),
+        "responses": str(tr.responses),
+        "train_sequences": len(train_ex),
+        "train_tokens": learned_tokens(train_ex),
+        "train_response_tokens": int(sum(len(e.ids) - e.start for e in train_ex)),
+        "prompt_positions": bool(tr.get("prompt_positions")),
+        "epochs": epochs,
+        "lr": spec.lr,
+        "lr_schedule": spec.schedule,
+        "seed": spec.seed,
+    }
 
 
 def answers_only(out: Path, target, responses: dict | None) -> Path:
