@@ -205,6 +205,27 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     )
     write_csv(pd.DataFrame(result.history), out / "history.csv")
 
+    table, notes = summary_of(metrics, arms, spec)
+    md = write_tables(table, out, stem="summary", title="specbench train-policy", notes=notes)
+
+    sweeps = {}
+    if cfg.sweep.get("alpha"):
+        sweeps["alpha"] = alpha_sweep(rows, X, arms, cfg, spec, [float(a) for a in cfg.sweep.alpha], out)
+    if cfg.sweep.get("n_examples"):
+        sweeps["n_examples"] = data_efficiency(
+            rows, X, arms, cfg, spec, [int(n) for n in cfg.sweep.n_examples], out
+        )
+    atomic_write_text(
+        out / "metrics.json", json.dumps({**metrics, "sweeps": sweeps}, indent=2, default=float)
+    )
+    print_table(md, title=f"train-policy ({out}; policy.pt, metrics.json, history.csv)")
+    print(notes)
+    return out
+
+
+def summary_of(metrics: dict, arms: list[str], spec: RewardSpec) -> tuple[pd.DataFrame, str]:
+    """The summary table (the policy against the oracle, the best single arm and a random arm; each arm alone when
+    speculative runs were measured) and its notes."""
     table = pd.DataFrame(
         [
             {"choice": name, "val_reward": metrics[key]}
@@ -239,21 +260,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
             f" Proxy vs measured speed over {pc['queries']} queries: mean Spearman {pc['spearman']:.3f}, "
             f"top-1 agreement {pc['top1_agreement']:.3f}."
         )
-    md = write_tables(table, out, stem="summary", title="specbench train-policy", notes=notes)
-
-    sweeps = {}
-    if cfg.sweep.get("alpha"):
-        sweeps["alpha"] = alpha_sweep(rows, X, arms, cfg, spec, [float(a) for a in cfg.sweep.alpha], out)
-    if cfg.sweep.get("n_examples"):
-        sweeps["n_examples"] = data_efficiency(
-            rows, X, arms, cfg, spec, [int(n) for n in cfg.sweep.n_examples], out
-        )
-    atomic_write_text(
-        out / "metrics.json", json.dumps({**metrics, "sweeps": sweeps}, indent=2, default=float)
-    )
-    print_table(md, title=f"train-policy ({out}; policy.pt, metrics.json, history.csv)")
-    print(notes)
-    return out
+    return table, notes
 
 
 def alpha_sweep(rows, X, arms, cfg, spec: RewardSpec, alphas: list[float], out: Path) -> list[dict]:
