@@ -62,6 +62,45 @@ def tables_of(
     single drafter and the oracles are chosen among them; the other ``fixed:`` rows are reference rows only), None:
     every ``fixed:`` row. ``margin``: the multiple of the best single drafter each other method is judged against."""
     run_dir = Path(run_dir)
+    ex, methods, singles, reference = run_methods(run_dir, arms)
+    speeds = {m: speed(ex, m) for m in [*methods, TASK_ORACLE, QUERY_ORACLE] if m in set(ex.method)}
+    best = max(singles, key=lambda m: speeds[m][0])
+    rounds = load_round_values(
+        run_dir.parent,
+        run_dir.name,
+        None,
+        ("query_id", "method", "emitted", "accepted", "members", "member_accepted"),
+    )
+    mat = rounds.groupby("method").emitted.mean() if len(rounds) else pd.Series(dtype=float)
+    multi = [m for m in methods if m != AUTOREGRESSIVE and not m.startswith("fixed:")]
+    rows, verdicts = [], []
+    for m in [AUTOREGRESSIVE, *singles, *reference, TASK_ORACLE, QUERY_ORACLE, *multi]:
+        if m not in speeds:
+            continue
+        s, n = speeds[m]
+        row = {
+            "method": m,
+            "n": n,
+            "speedup": s,
+            "mat": float(mat.get(m, float("nan"))),
+            "vs best single": s / speeds[best][0],
+            "95% CI (best single)": "",
+            "vs per-task oracle": s / speeds[TASK_ORACLE][0],
+            "95% CI (oracle)": "",
+        }
+        if m in multi:
+            vb, vo = judged_against(ex, m, best, margin)
+            verdicts += [vb, vo]
+            row["95% CI (best single)"] = _ci(vb)
+            row["95% CI (oracle)"] = _ci(vo)
+        rows.append(row)
+    facts = {"best_single": best, "per_round_oracle_mat": _per_round_oracle(rounds), "reference": reference}
+    return pd.DataFrame(rows), verdicts, facts
+
+
+def run_methods(run_dir: Path, arms: list[str] | None):
+    """``(examples with both oracles, methods, single drafters, reference rows)`` of an eval run, refused without an
+    autoregressive baseline or without the single drafters asked for."""
     ex = load_examples(run_dir.parent, run_dir.name)
     if ex.empty:
         raise SpecbenchError(f"{run_dir}: no {EXAMPLES} records", "point at a `specbench eval` run directory")
@@ -84,55 +123,23 @@ def tables_of(
     ex = pd.concat(
         [with_task_oracle(ex[~ex.method.isin(reference)]), ex[ex.method.isin(reference)]], ignore_index=True
     )
-    ex = compare.with_oracle(ex, singles)
-    speeds = {m: speed(ex, m) for m in [*methods, TASK_ORACLE, QUERY_ORACLE] if m in set(ex.method)}
-    best = max(singles, key=lambda m: speeds[m][0])
-    rounds = load_round_values(
-        run_dir.parent,
-        run_dir.name,
-        None,
-        ("query_id", "method", "emitted", "accepted", "members", "member_accepted"),
+    return compare.with_oracle(ex, singles), methods, singles, reference
+
+
+def judged_against(ex: pd.DataFrame, m: str, best: str, margin: float) -> tuple[V.Verdict, V.Verdict]:
+    """``m`` against ``margin`` times the best single drafter, and against the per-task oracle, paired per query."""
+    vb = compare.faster_on(
+        ex,
+        f"{m} is at least {margin:g}x the best single drafter ({best})",
+        m,
+        best,
+        threshold=margin,
+        at_least=True,
     )
-    mat = rounds.groupby("method").emitted.mean() if len(rounds) else pd.Series(dtype=float)
-    multi = [m for m in methods if m != AUTOREGRESSIVE and m not in fixed]
-    rows, verdicts = [], []
-    for m in [AUTOREGRESSIVE, *singles, *reference, TASK_ORACLE, QUERY_ORACLE, *multi]:
-        if m not in speeds:
-            continue
-        s, n = speeds[m]
-        row = {
-            "method": m,
-            "n": n,
-            "speedup": s,
-            "mat": float(mat.get(m, float("nan"))),
-            "vs best single": s / speeds[best][0],
-            "95% CI (best single)": "",
-            "vs per-task oracle": s / speeds[TASK_ORACLE][0],
-            "95% CI (oracle)": "",
-        }
-        if m in multi:
-            vb = compare.faster_on(
-                ex,
-                f"{m} is at least {margin:g}x the best single drafter ({best})",
-                m,
-                best,
-                threshold=margin,
-                at_least=True,
-            )
-            vo = compare.faster_on(
-                ex,
-                f"{m} is at least as fast as the per-task oracle",
-                m,
-                TASK_ORACLE,
-                threshold=1.0,
-                at_least=True,
-            )
-            verdicts += [vb, vo]
-            row["95% CI (best single)"] = _ci(vb)
-            row["95% CI (oracle)"] = _ci(vo)
-        rows.append(row)
-    facts = {"best_single": best, "per_round_oracle_mat": _per_round_oracle(rounds), "reference": reference}
-    return pd.DataFrame(rows), verdicts, facts
+    vo = compare.faster_on(
+        ex, f"{m} is at least as fast as the per-task oracle", m, TASK_ORACLE, threshold=1.0, at_least=True
+    )
+    return vb, vo
 
 
 def _ci(v: V.Verdict) -> str:
