@@ -251,21 +251,7 @@ def load_dataset_config(cfg: Mapping) -> list[Query]:
     ``categories`` filters the sources that have categories and leaves the others whole. A source
     that has records but yields none after ``categories`` and ``offset`` is an error (its task would
     drop out of every table without a word); switch it off with ``sources.<name>=null``."""
-    sources = cfg.get("sources") or {}
-    if not sources:
-        raise SpecbenchError(
-            "the dataset config lists no sources", "pick dataset=embedded (or add dataset.sources)"
-        )
-    limit = cfg.get("limit")
-    if limit is not None and int(limit) < 1:
-        raise SpecbenchError(
-            f"dataset.limit must be at least 1, got {limit}", "use dataset.limit=null for all"
-        )
-    offset = int(cfg.get("offset") or 0)
-    if offset < 0:
-        raise SpecbenchError(
-            f"dataset.offset must be >= 0, got {offset}", "use dataset.offset=0 to start at the first record"
-        )
+    sources, limit, offset = checked_selection(cfg)
     seed = int(cfg.get("seed") or 0)
     categories = list(cfg.get("categories") or [])
     # a source switched off by an override (dataset.sources.NAME=null) is skipped
@@ -312,14 +298,40 @@ def load_dataset_config(cfg: Mapping) -> list[Query]:
             "the dataset is empty: no records were read (or none matched dataset.categories)",
             "check that dataset.path / dataset.sources point at non-empty files",
         )
-    ids = [q.id for q in queries]
-    if len(set(ids)) != len(ids):  # the same file twice, or colliding ids across sources
-        for name_q in queries:
-            name_q.id = f"{name_q.task}/{name_q.id}"
-        check_unique_ids(zip(queries, origin), "the dataset's sources")
+    unique_ids(queries, origin)
     if cfg.get("interleave"):
         random.Random(seed).shuffle(queries)
     return queries
+
+
+def checked_selection(cfg: Mapping) -> tuple[Mapping, int | None, int]:
+    """The config's ``(sources, limit, offset)``, refused when it lists no source, or limit / offset are out of range."""
+    sources = cfg.get("sources") or {}
+    if not sources:
+        raise SpecbenchError(
+            "the dataset config lists no sources", "pick dataset=embedded (or add dataset.sources)"
+        )
+    limit = cfg.get("limit")
+    if limit is not None and int(limit) < 1:
+        raise SpecbenchError(
+            f"dataset.limit must be at least 1, got {limit}", "use dataset.limit=null for all"
+        )
+    offset = int(cfg.get("offset") or 0)
+    if offset < 0:
+        raise SpecbenchError(
+            f"dataset.offset must be >= 0, got {offset}", "use dataset.offset=0 to start at the first record"
+        )
+    return sources, limit, offset
+
+
+def unique_ids(queries: list[Query], origin: list[str]) -> None:
+    """Ids made unique across sources (``<task>/<id>`` when two sources share one: the same file twice, or
+    colliding ids), else a ``SpecbenchError`` naming where the duplicates come from."""
+    ids = [q.id for q in queries]
+    if len(set(ids)) != len(ids):
+        for q in queries:
+            q.id = f"{q.task}/{q.id}"
+        check_unique_ids(zip(queries, origin), "the dataset's sources")
 
 
 def _emptied(name: str, queries: list[Query], categories: list[str] | None, offset: int) -> SpecbenchError:
