@@ -108,15 +108,7 @@ def agreement(output: list[int], reference: list[int]) -> dict:
 
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     s = Session.open(cfg, output_dir, RECORDS, "cascades")
-    queries = s.queries
-    tasks = cfg.get("tasks")
-    if tasks:
-        queries = [q for q in queries if q.task in set(tasks)]
-        if not queries:
-            raise SpecbenchError(
-                f"no queries of tasks {list(tasks)} in the dataset",
-                "check `tasks` against the dataset's sources (translation, summarization, math, chat)",
-            )
+    queries = of_tasks(s.queries, cfg.get("tasks"))
     name = str(cfg.drafter_arm)
     if name not in s.pool or name == AUTOREGRESSIVE:
         raise SpecbenchError(
@@ -161,22 +153,37 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                     records.write(query, query.id, v.name, gen, s.text(gen.tokens), query.reference)
                     bar.update(1)
     except BaseException:
-        # A run that stops (an error, Ctrl-C) still leaves the curves of what it finished.
-        if records.examples():
-            log.error(
-                "cascades stopped early: writing the curves of the generations it finished in %s", s.out
-            )
-            try:
-                write_curves(records, s.out, f"{cfg.target.model} in {cfg.target.dtype}", name, stopped=True)
-            except (
-                OSError
-            ) as exc:  # a full disk: one line (the error that stopped the run follows, as error/fix)
-                log.error("could not write the curves of the finished generations: %s", exc)
-            except Exception:  # noqa: BLE001 - never hide the error that stopped the run
-                log.exception("could not write the curves of the finished generations")
+        curves_of_stopped(records, s.out, f"{cfg.target.model} in {cfg.target.dtype}", name)
         raise
     write_curves(records, s.out, f"{cfg.target.model} in {cfg.target.dtype}", name)
     return s.out
+
+
+def of_tasks(queries: list, tasks) -> list:
+    """The queries of ``tasks`` (all when None), refused when none is left."""
+    if not tasks:
+        return queries
+    chosen = [q for q in queries if q.task in set(tasks)]
+    if not chosen:
+        raise SpecbenchError(
+            f"no queries of tasks {list(tasks)} in the dataset",
+            "check `tasks` against the dataset's sources (translation, summarization, math, chat)",
+        )
+    return chosen
+
+
+def curves_of_stopped(records: Records, out: Path, model: str, name: str) -> None:
+    """A run that stops (an error, Ctrl-C) still leaves the curves of what it finished; a failure to write them is
+    logged (one line for a full disk), never hiding the error that stopped the run."""
+    if not records.examples():
+        return
+    log.error("cascades stopped early: writing the curves of the generations it finished in %s", out)
+    try:
+        write_curves(records, out, model, name, stopped=True)
+    except OSError as exc:  # a full disk: one line (the error that stopped the run follows, as error/fix)
+        log.error("could not write the curves of the finished generations: %s", exc)
+    except Exception:  # noqa: BLE001 - never hide the error that stopped the run
+        log.exception("could not write the curves of the finished generations")
 
 
 def write_curves(records: Records, out: Path, model: str, name: str, stopped: bool = False) -> None:
