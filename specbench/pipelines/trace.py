@@ -74,17 +74,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     write_plan(s.out, "trace", [example_id(q, 0) for q in s.queries])  # replay checks the trace is finished
     todo = [(i, q) for i, q in enumerate(s.queries) if (example_id(q, 0), METHOD) not in records.done]
     if todo:
-        warm = s.warmup_limits
-        if warm is not None:
-            s.target.prefill(s.prompter(s.queries[0]))  # load lazily built state before anything is timed
-            trace(
-                s.target,
-                s.pool,
-                s.prompter(s.queries[0]),
-                DecodeSpec(s.sampling, warm, s.eos_ids, s.clock),
-                lengths,
-                s.rng(seed=0),
-            )
+        warm_up(s, lengths)
     if not (s.out / COSTS).exists():
         costs = measure_costs(s, cfg, lengths)
         atomic_write_text(s.out / COSTS, json.dumps(costs, indent=1))
@@ -120,6 +110,16 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
             bar.update(1)
     write_summary(s.out, lengths)
     return s.out
+
+
+def warm_up(s: Session, lengths: dict[str, int]) -> None:
+    """One short untimed trace of the first query (lazily built state is loaded before anything is timed)."""
+    warm = s.warmup_limits
+    if warm is None:
+        return
+    s.target.prefill(s.prompter(s.queries[0]))
+    spec = DecodeSpec(s.sampling, warm, s.eos_ids, s.clock)
+    trace(s.target, s.pool, s.prompter(s.queries[0]), spec, lengths, s.rng(seed=0))
 
 
 # -- the cost curves --------------------------------------------------------------------------------
