@@ -83,21 +83,11 @@ TOKENS = ("prompt", "random")
 
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     p = cfg.profile
-    qs = sorted({1, *(int(q) for q in p.q)})
-    contexts = sorted({int(c) for c in p.contexts})
-    if not contexts:
-        raise SpecbenchError(
-            "profile.contexts is empty", "list at least one context length, e.g. profile.contexts=[128]"
-        )
-    tokens_from = str(p.get("tokens", "prompt"))
-    if tokens_from not in TOKENS:
-        raise SpecbenchError(f"profile.tokens={tokens_from}: unknown", f"use one of: {', '.join(TOKENS)}")
+    qs, contexts, tokens_from = checked_points(p)
     repeats, warmup, k = int(p.repeats), int(p.get("warmup", 2)), int(p.get("draft_tokens", 8))
     shapes = tree_shapes(p.get("trees"))
     out = start_run(cfg, output_dir, FILES)
-    eval_rounds = (
-        rounds_of(p.run, cfg) if p.get("run") else None
-    )  # a wrong directory fails before any measuring
+    eval_rounds = rounds_of(p.run, cfg) if p.get("run") else None  # a wrong directory fails before measuring
 
     from specbench.drafters import build_pool
 
@@ -133,13 +123,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         d["kind"] = builder.removeprefix("specbench.drafters.").removesuffix(".build")
     prof = profile_dict(target, qs, contexts, verify, drafted, k, repeats, tokens_from)
     if trees:
-        prof["trees"] = {
-            str(c): [
-                {"branches": b, "depth": d, "nodes": b * d, "seconds": t, "c_verify": t / verify[c][0]}
-                for (b, d), t in zip(shapes, trees[c])
-            ]
-            for c in contexts
-        }
+        prof["trees"] = tree_rows(trees, shapes, verify, contexts)
     rounding = measure_rounding(cfg, target, loaded)
     if rounding is not None:
         prof["rounding"] = rounding
@@ -147,6 +131,31 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     if eval_rounds is not None:
         write_best_k(out, prof, eval_rounds, Path(p.run))
     return out
+
+
+def checked_points(p) -> tuple[list[int], list[int], str]:
+    """``profile``'s forward sizes (1 always), context lengths (at least one) and token source, checked."""
+    qs = sorted({1, *(int(q) for q in p.q)})
+    contexts = sorted({int(c) for c in p.contexts})
+    if not contexts:
+        raise SpecbenchError(
+            "profile.contexts is empty", "list at least one context length, e.g. profile.contexts=[128]"
+        )
+    tokens_from = str(p.get("tokens", "prompt"))
+    if tokens_from not in TOKENS:
+        raise SpecbenchError(f"profile.tokens={tokens_from}: unknown", f"use one of: {', '.join(TOKENS)}")
+    return qs, contexts, tokens_from
+
+
+def tree_rows(trees: dict, shapes, verify: dict, contexts: list[int]) -> dict:
+    """``profile.json``'s ``trees``: per context, each shape's seconds and its cost relative to the one-token step."""
+    return {
+        str(c): [
+            {"branches": b, "depth": d, "nodes": b * d, "seconds": t, "c_verify": t / verify[c][0]}
+            for (b, d), t in zip(shapes, trees[c])
+        ]
+        for c in contexts
+    }
 
 
 # -- measuring ------------------------------------------------------------------------------------
