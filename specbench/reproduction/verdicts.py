@@ -211,6 +211,17 @@ def adaptive_p(
     return float(min(1.0, 2 * max(below / total, 1 / total)))
 
 
+def estimate(columns: Mapping[str, Sequence[float]], stat: Stat, threshold: float, boot: Bootstrap):
+    """``(point, lo, hi, p)``: ``stat`` on every query, its percentile interval at ``boot.level`` and the p-value of
+    "effect > threshold" (``adaptive_p``); nan / None where no resample is finite."""
+    point, vals = resample(columns, stat, boot.resamples, boot.seed)
+    if not len(vals):
+        return point, math.nan, math.nan, None
+    a = (1 - boot.level) / 2
+    lo, hi = (float(x) for x in np.quantile(vals, [a, 1 - a]))
+    return point, lo, hi, adaptive_p(columns, stat, threshold, vals, boot)
+
+
 def judge(
     claim: str,
     columns: Mapping[str, Sequence[float]],
@@ -228,13 +239,7 @@ def judge(
     threshold; not judged below ``boot.min_n`` paired queries (n < 16)."""
     level, min_n = boot.level, boot.min_n
     n = len(next(iter(columns.values()))) if columns else 0
-    point, lo, hi, p = math.nan, math.nan, math.nan, None
-    if n:
-        point, vals = resample(columns, stat, boot.resamples, boot.seed)
-        if len(vals):
-            a = (1 - level) / 2
-            lo, hi = (float(x) for x in np.quantile(vals, [a, 1 - a]))
-            p = adaptive_p(columns, stat, threshold, vals, boot)
+    point, lo, hi, p = estimate(columns, stat, threshold, boot) if n else (math.nan, math.nan, math.nan, None)
     if n < min_n:  # shown, never judged
         return Verdict(
             claim,
