@@ -251,6 +251,15 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     if val_ex and not val_items:  # a finished run rerun for its files: the held-out rows still get scored
         val_items = trainee.items(val_ex, "teacher (held out)", response_only=True)
     metrics = held_out_metrics(cfg, trainee, target, inputs.prompter, tok, ckpt, eos, val_items)
+    save_metrics(metrics, meta, history, teacher_s, ckpt, out)
+    atomic_write_text(out / "checkpoint.txt", str(ckpt) + "\n")
+    return out
+
+
+def save_metrics(
+    metrics: dict, meta: dict, history: list[dict], teacher_s: float, ckpt: Path, out: Path
+) -> None:
+    """The held-out metrics with the data's size and the seconds spent, beside the checkpoint and in the run."""
     metrics["data"] = {
         k: meta[k] for k in ("train_sequences", "train_tokens", "train_response_tokens", "prompt_positions")
     }
@@ -260,8 +269,6 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     }
     atomic_write_text(ckpt / "metrics.json", json.dumps(metrics, indent=1))
     write_metrics(metrics, out, ckpt)
-    atomic_write_text(out / "checkpoint.txt", str(ckpt) + "\n")
-    return out
 
 
 def checkpoint_meta(cfg: DictConfig, target, tok, trainee, train_ex, epochs: int, spec) -> dict:
