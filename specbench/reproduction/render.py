@@ -14,7 +14,7 @@ from pathlib import Path
 from specbench.errors import SpecbenchError
 from specbench.pipelines import tables
 from specbench.pipelines.tables import print_table, to_markdown
-from specbench.records import SUMMARY_CSV
+from specbench.records import SUMMARY_CSV, atomic_write_text
 from specbench.reproduction import heads as shipped_heads
 from specbench.reproduction import published as published_values
 from specbench.reproduction import verdicts as V
@@ -137,29 +137,12 @@ def write(
     if provenance:
         index += [provenance, ""]
     for ex in exhibits:
-        paper, name = ex.key.split("/", 1)
-        (out / paper).mkdir(parents=True, exist_ok=True)
-        ex.table.to_csv(out / paper / f"{name}.csv", index=False)
-        figure = None
-        if ex.plot is not None:
-            try:
-                ex.plot(out / paper / f"{name}.png")
-                figure = f"{name}.png"
-            except ImportError:
-                log.warning("matplotlib is not installed: %s.png skipped", name)
-        if ex.key == "metasd/long_horizon" and long_horizon is not None:  # the replays' full page beside it
-            (out / paper / "replay").mkdir(exist_ok=True)
-            for name_ in ("long_horizon.md", "convergence.png"):
-                if (Path(long_horizon) / name_).is_file():
-                    shutil.copyfile(Path(long_horizon) / name_, out / paper / "replay" / name_)
-        md = exhibit_markdown(ex, figure)
-        (out / paper / f"{name}.md").write_text(md, encoding="utf-8")
-        index += [f"### [{ex.title}]({paper}/{name}.md)", "", *[f"- {v.line()}" for v in ex.verdicts], ""]
+        index += write_exhibit(ex, out, long_horizon)
     if missing:
         index += ["## Not run yet", "", *[f"- needs `{m}`" for m in missing], ""]
     out.mkdir(parents=True, exist_ok=True)
-    (out / "REPORT.md").write_text("\n".join(index), encoding="utf-8")
-    (out / SUMMARY).write_text(summary_markdown(exhibits, missing, provenance), encoding="utf-8")
+    atomic_write_text(out / "REPORT.md", "\n".join(index))
+    atomic_write_text(out / SUMMARY, summary_markdown(exhibits, missing, provenance))
     held = sum(v.held is True for ex in exhibits for v in ex.verdicts)
     total = sum(len(ex.verdicts) for ex in exhibits)
     partial = sum(any(v.unfinished for v in ex.verdicts) for ex in exhibits)
@@ -169,6 +152,28 @@ def write(
         title=f"report: {len(exhibits)} exhibits, {held} of {total} verdicts held{note} ({out / 'REPORT.md'})",
     )
     return out
+
+
+def write_exhibit(ex, out: Path, long_horizon: Path | None) -> list[str]:
+    """One exhibit's files (its table as CSV, its figure, its page; the replays' full page beside the long-horizon
+    exhibit) under ``out/<paper>/``; its lines of the index."""
+    paper, name = ex.key.split("/", 1)
+    (out / paper).mkdir(parents=True, exist_ok=True)
+    ex.table.to_csv(out / paper / f"{name}.csv", index=False)
+    figure = None
+    if ex.plot is not None:
+        try:
+            ex.plot(out / paper / f"{name}.png")
+            figure = f"{name}.png"
+        except ImportError:
+            log.warning("matplotlib is not installed: %s.png skipped", name)
+    if ex.key == "metasd/long_horizon" and long_horizon is not None:  # the replays' full page beside it
+        (out / paper / "replay").mkdir(exist_ok=True)
+        for name_ in ("long_horizon.md", "convergence.png"):
+            if (Path(long_horizon) / name_).is_file():
+                shutil.copyfile(Path(long_horizon) / name_, out / paper / "replay" / name_)
+    atomic_write_text(out / paper / f"{name}.md", exhibit_markdown(ex, figure))
+    return [f"### [{ex.title}]({paper}/{name}.md)", "", *[f"- {v.line()}" for v in ex.verdicts], ""]
 
 
 SUMMARY = "SUMMARY.md"  # the compact index the README includes: one row per exhibit, its verdicts counted
@@ -244,7 +249,7 @@ def replace_block(readme: Path, begin: str, end: str, body: str) -> Path:
         )
     head, rest = text.split(begin, 1)
     tail = rest.split(end, 1)[1]
-    readme.write_text(head + begin + "\n" + body.strip() + "\n" + end + tail, encoding="utf-8")
+    atomic_write_text(readme, head + begin + "\n" + body.strip() + "\n" + end + tail)
     return readme
 
 
