@@ -13,7 +13,7 @@ from specbench.decoding.drafter import (
     draft_ends,
 )
 from specbench.decoding.sampling import logits_to_probs, pick
-from specbench.drafters.dynamic_tree import TreeShape, ancestors, grow, tree_shape
+from specbench.drafters.dynamic_tree import TreeShape, frontier_attention, grow, tree_shape
 from specbench.errors import SpecbenchError
 from specbench.models.cache import CachedLM, check_tree_attention
 
@@ -109,14 +109,7 @@ class ModelDrafter(Drafter):
         slot: dict[int, int] = {}  # node -> its row among the tree rows fed so far
 
         def expand(frontier, tokens, parents, depths):
-            fed = len(slot)
-            attend = torch.zeros(len(frontier), base + fed + len(frontier), dtype=torch.bool)
-            attend[:, :base] = True
-            for row, node in enumerate(frontier):
-                for a in ancestors(parents, node):
-                    attend[row, base + slot[a]] = True
-                attend[row, base + fed + row] = True
-                slot[node] = fed + row
+            attend = frontier_attention(base, slot, frontier, parents)
             out = lm.forward(
                 [tokens[n] for n in frontier],
                 attend=attend,

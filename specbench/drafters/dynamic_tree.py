@@ -112,6 +112,24 @@ def grow(
     return draft
 
 
+def frontier_attention(
+    base: int, slot: dict[int, int], frontier: list[int], parents: list[int], device=None
+) -> torch.Tensor:
+    """``[len(frontier), base + fed + len(frontier)]`` bool: which cached and new positions each frontier node may
+    attend when a drafter feeds the frontier after ``base`` committed positions and the ``fed = len(slot)`` tree
+    nodes fed before (``slot``: node -> its row among them): every committed position, its ancestors and itself.
+    Records the frontier's rows in ``slot``."""
+    fed = len(slot)
+    allowed = torch.zeros(len(frontier), base + fed + len(frontier), dtype=torch.bool, device=device)
+    allowed[:, :base] = True
+    for row, node in enumerate(frontier):
+        for a in ancestors(parents, node):
+            allowed[row, base + slot[a]] = True
+        allowed[row, base + fed + row] = True
+        slot[node] = fed + row
+    return allowed
+
+
 def ancestors(parents: list[int], node: int) -> list[int]:
     """``node``'s ancestors, nearest first."""
     out = []

@@ -29,7 +29,7 @@ from specbench.errors import SpecbenchError
 from specbench.pipelines import speed, tables
 from specbench.pipelines.session.core import Session
 from specbench.pipelines.session.run_dir import RECORDS
-from specbench.pipelines.session.run_records import Records
+from specbench.pipelines.session.run_records import Records, write_after_stop
 from specbench.pipelines.session.schedule import rotation
 from specbench.tasks.registry import TASKS, quality_columns
 
@@ -153,7 +153,14 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                     records.write(query, query.id, v.name, gen, s.text(gen.tokens), query.reference)
                     bar.update(1)
     except BaseException:
-        curves_of_stopped(records, s.out, f"{cfg.target.model} in {cfg.target.dtype}", name)
+        model = f"{cfg.target.model} in {cfg.target.dtype}"
+        write_after_stop(
+            records,
+            s.out,
+            "cascades",
+            "curves",
+            lambda: write_curves(records, s.out, model, name, stopped=True),
+        )
         raise
     write_curves(records, s.out, f"{cfg.target.model} in {cfg.target.dtype}", name)
     return s.out
@@ -170,20 +177,6 @@ def of_tasks(queries: list, tasks) -> list:
             "check `tasks` against the dataset's sources (translation, summarization, math, chat)",
         )
     return chosen
-
-
-def curves_of_stopped(records: Records, out: Path, model: str, name: str) -> None:
-    """A run that stops (an error, Ctrl-C) still leaves the curves of what it finished; a failure to write them is
-    logged (one line for a full disk), never hiding the error that stopped the run."""
-    if not records.examples():
-        return
-    log.error("cascades stopped early: writing the curves of the generations it finished in %s", out)
-    try:
-        write_curves(records, out, model, name, stopped=True)
-    except OSError as exc:  # a full disk: one line (the error that stopped the run follows, as error/fix)
-        log.error("could not write the curves of the finished generations: %s", exc)
-    except Exception:  # noqa: BLE001 - never hide the error that stopped the run
-        log.exception("could not write the curves of the finished generations")
 
 
 def write_curves(records: Records, out: Path, model: str, name: str, stopped: bool = False) -> None:

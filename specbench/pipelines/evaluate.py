@@ -26,7 +26,7 @@ from specbench.pipelines.methods import Method, parse_methods
 from specbench.pipelines.session.core import Session, policy_checkpoint
 from specbench.pipelines.session.prompting import example_id, turns_of
 from specbench.pipelines.session.run_dir import RECORDS
-from specbench.pipelines.session.run_records import Records
+from specbench.pipelines.session.run_records import Records, write_after_stop
 from specbench.pipelines.session.schedule import rotation
 from specbench.policy import check_not_trained_on, load_checkpoint
 from specbench.records import ROUNDS, read_jsonl
@@ -169,7 +169,9 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
                 s, methods, selectors, records, set(todo), int(cfg.get("conversation_length") or 1), bar
             )
     except BaseException:
-        summarize_stopped(s, cfg, records)
+        write_after_stop(
+            records, s.out, "eval", "summary", lambda: write_summary(s, cfg, records, partial=True)
+        )
         raise
     write_summary(s, cfg, records)
     return s.out
@@ -237,23 +239,6 @@ def decode_all(s: Session, methods, selectors, records: Records, todo: set, size
                     )
                 if (qi, mi) in todo:
                     bar.update(1)
-
-
-def summarize_stopped(s: Session, cfg: DictConfig, records: Records) -> None:
-    """A run that stops (an error, Ctrl-C) still leaves the summary of what it finished; a failure to write it is
-    logged (one line for a full disk), never hiding the error that stopped the run."""
-    finished = len(records.examples())
-    if not finished:
-        return
-    log.error(
-        "eval stopped early: writing the summary of the %d generations it finished in %s", finished, s.out
-    )
-    try:
-        write_summary(s, cfg, records, partial=True)
-    except OSError as exc:  # a full disk: one line (the error that stopped the run follows, as error/fix)
-        log.error("could not write the summary of the finished generations: %s", exc)
-    except Exception:  # noqa: BLE001 - never hide the error that stopped the run
-        log.exception("could not write the summary of the finished generations")
 
 
 def write_summary(s: Session, cfg: DictConfig, records: Records, partial: bool = False) -> None:

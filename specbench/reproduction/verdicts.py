@@ -176,11 +176,16 @@ def bootstrap(
     resamples of the queries (rows) with replacement. ``columns``: equal-length per-query arrays, paired
     by position; ``stat`` maps ``{name: array of shape (R, n)}`` to R values (sums along the last axis)."""
     point, vals = resample(columns, stat, resamples, seed)
+    return (point, *percentile_interval(vals, level))
+
+
+def percentile_interval(vals: np.ndarray, level: float) -> tuple[float, float]:
+    """The two-sided ``level`` percentile interval of resampled effects (nan, nan when none is finite)."""
     if not len(vals):
-        return point, math.nan, math.nan
+        return math.nan, math.nan
     a = (1 - level) / 2
     lo, hi = np.quantile(vals, [a, 1 - a])
-    return point, float(lo), float(hi)
+    return float(lo), float(hi)
 
 
 def p_value(vals: np.ndarray, threshold: float) -> float:
@@ -215,11 +220,8 @@ def estimate(columns: Mapping[str, Sequence[float]], stat: Stat, threshold: floa
     """``(point, lo, hi, p)``: ``stat`` on every query, its percentile interval at ``boot.level`` and the p-value of
     "effect > threshold" (``adaptive_p``); nan / None where no resample is finite."""
     point, vals = resample(columns, stat, boot.resamples, boot.seed)
-    if not len(vals):
-        return point, math.nan, math.nan, None
-    a = (1 - boot.level) / 2
-    lo, hi = (float(x) for x in np.quantile(vals, [a, 1 - a]))
-    return point, lo, hi, adaptive_p(columns, stat, threshold, vals, boot)
+    lo, hi = percentile_interval(vals, boot.level)
+    return point, lo, hi, (adaptive_p(columns, stat, threshold, vals, boot) if len(vals) else None)
 
 
 def judge(

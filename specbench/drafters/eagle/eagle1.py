@@ -42,7 +42,7 @@ from specbench.decoding.sampling import logits_to_probs, pick
 from specbench.decoding.verify import block_divergence
 from specbench.drafters import shipped
 from specbench.drafters.base import check_confidence_threshold
-from specbench.drafters.dynamic_tree import TreeShape, ancestors, grow, tree_shape
+from specbench.drafters.dynamic_tree import TreeShape, frontier_attention, grow, tree_shape
 from specbench.drafters.eagle.head import EagleHead, HeadLogits
 from specbench.drafters.head_files import load_state, read_meta, resolve_checkpoint, vocab_fingerprint
 from specbench.errors import SpecbenchError
@@ -196,21 +196,13 @@ class EagleDrafter(Drafter):
         slot: dict[int, int] = {}  # node -> its column among the tree pairs fed so far
 
         def expand(frontier, tokens, parents, depths):
-            fed = len(slot)
-            allowed = torch.zeros(
-                len(frontier), base + fed + len(frontier), dtype=torch.bool, device=h.device
-            )
-            allowed[:, :base] = True
-            for row, node in enumerate(frontier):
-                for a in ancestors(parents, node):
-                    allowed[row, base + slot[a]] = True
-                allowed[row, base + fed + row] = True
+            allowed = frontier_attention(base, slot, frontier, parents, h.device)
             features = torch.stack([hidden[parents[n]] for n in frontier])
             ids = torch.tensor([[tokens[n] for n in frontier]], device=h.device)
             mask = mask_arguments(self.head, allowed, [base + depths[n] - 1 for n in frontier])
             out = self.head(features[None], self.embed(ids), self.cache, mask=mask)[0]
             for row, node in enumerate(frontier):
-                hidden[node], slot[node] = out[row], fed + row
+                hidden[node] = out[row]
             return self.logits.to_full(logits_to_probs(self.logits(out), sampling), 0.0)
 
         first = self.logits.to_full(logits_to_probs(self.logits(h), sampling), 0.0)

@@ -253,3 +253,25 @@ class Records:
 def rewrite_jsonl(path: Path, rows: Iterable[dict]) -> None:
     """Replace a JSONL file whole with ``rows`` (atomically: :func:`specbench.records.atomic_write_text`)."""
     atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def write_after_stop(records: Records, out: Path, command: str, what: str, write) -> None:
+    """A run that stops (an error, Ctrl-C) still leaves ``what`` (its summary, its curves) of the generations it
+    finished, written by ``write()``; a failure to write it is logged (one line for a full disk), never hiding the
+    error that stopped the run."""
+    finished = len(records.examples())
+    if not finished:
+        return
+    log.error(
+        "%s stopped early: writing the %s of the %d generations it finished in %s",
+        command,
+        what,
+        finished,
+        out,
+    )
+    try:
+        write()
+    except OSError as exc:  # a full disk: one line (the error that stopped the run follows, as error/fix)
+        log.error("could not write the %s of the finished generations: %s", what, exc)
+    except Exception:  # noqa: BLE001 - never hide the error that stopped the run
+        log.exception("could not write the %s of the finished generations", what)
