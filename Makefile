@@ -18,7 +18,7 @@ PIP ?= $(PYTHON) -m pip
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install demo readme-demo trees-cpu budget-cpu trees-own-task-cpu metasd-seed-cpu trace-mixed test lint test-slow test-all bench clean metasd-cpu huang-cpu \
+.PHONY: install demo readme-demo trees-cpu budget-cpu trees-own-task-cpu metasd-seed-cpu aa-cpu trace-mixed test lint test-slow test-all bench clean metasd-cpu huang-cpu \
 	cascades-cpu huang-fig3 specialist-data specialist-levers specialists ship-heads small-drafter specialists-eval draft-confidence reproduce-cpu report paper-dry-run paper-drafters \
 	reproduce-paper
 
@@ -47,6 +47,7 @@ TREES_OUT ?= outputs/trees_cpu
 trees-cpu: install
 	$(SPECBENCH) eval experiment=trees_cpu hydra.run.dir=$(TREES_OUT)
 	$(PYTHON) -m specbench.reproduction.multi_drafter $(TREES_OUT)
+	cp $(TREES_OUT)/multi_drafter.md docs/multi-drafter-cpu.md  # the generated page the docs quote
 
 # Rounds that spend where tokens are (conf/experiment/trees_budget_cpu.yaml: the retrieval drafter with memory, the head's
 # dynamic tree, the cost-model budget, SAM-Decoding's and SuffixDecoding's router rules) on trees_cpu's rows, then
@@ -75,6 +76,17 @@ trees-own-task-cpu: install
 	$(SPECBENCH) eval experiment=trees_own_task_cpu hydra.run.dir=$(OWN_TASK_OUT)
 	$(PYTHON) -m specbench.reproduction.multi_drafter $(OWN_TASK_OUT)
 	cp $(OWN_TASK_OUT)/multi_drafter.md docs/trees-own-task-cpu.md  # the generated page the docs quote
+
+# A/A runs that calibrate the verdicts' interval (conf/experiment/aa_cpu.yaml: autoregressive decoding, prompt
+# lookup and UCB-BD each twice in one process, then autoregressive decoding and prompt lookup in a second process, on
+# 120 rows no reported table uses; resumable), then the false-hold rate of each interval method at n = 16, 32, 80
+# (calibration.md, copied to docs/aa-cpu.md). About 35 minutes.
+AA_OUT ?= outputs/aa_cpu
+aa-cpu: install
+	$(SPECBENCH) eval experiment=aa_cpu hydra.run.dir=$(AA_OUT)/one
+	$(SPECBENCH) eval experiment=aa_cpu 'methods=[autoregressive,fixed:prompt_lookup]' hydra.run.dir=$(AA_OUT)/two
+	$(PYTHON) -m specbench.reproduction.noise $(AA_OUT)/one $(AA_OUT)/two
+	cp $(AA_OUT)/one/calibration.md docs/aa-cpu.md  # the generated page the docs quote
 
 # MetaSD's bandit claims over thousands of rounds: acceptance traces of the mixed stream (16 queries a task, 512
 # new tokens or EOS: conf/experiment/trace_mixed.yaml; resumable), a live eval of 4 of its queries a task at 128
@@ -195,6 +207,7 @@ specialist-levers: specialist-data
 	$(foreach v,$(LEVERS),$(SPECBENCH) train-drafter $(LEVER_ARGS) $(LEVER_$(v)) out=$(LEVERS_OUT)/$(v) \
 		hydra.run.dir=$(LEVERS_OUT)/runs/$(v) &&) true
 	$(PYTHON) -m specbench.pipelines.train_drafter $(addprefix $(LEVERS_OUT)/,$(LEVERS)) | tee $(LEVERS_OUT)/levers.md
+	cp $(LEVERS_OUT)/levers.md docs/specialists-levers.md  # the generated page the docs quote
 
 # Export the trained heads into the package (specbench/heads/eagle_<task>: bf16 safetensors of the head's own
 # weights, config, metrics, history, loss plot and recipe); conf/drafter/eagle_<task>.yaml read package:eagle_<task>.

@@ -25,6 +25,7 @@ COMMANDS = {
     "trees": ["eval"],
     "trace": ["trace"],
     "replay": ["eval"],
+    "aa": ["eval"],
 }
 
 

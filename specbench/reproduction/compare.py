@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from specbench.pipelines.methods import AGAIN
 from specbench.pipelines.tables import ALL_TASKS, pyplot
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.inputs import drafter_speeds
@@ -72,18 +73,29 @@ ORACLE = "per-query oracle"
 
 def with_oracle(ex: pd.DataFrame, arms: list[str], name: str = ORACLE) -> pd.DataFrame:
     """``ex`` with the records of a per-query oracle added (method ``name``): on each query every one of ``arms``
-    ran in one process, the record of the arm that was fastest there (least seconds per new token), chosen in
-    hindsight from the same timings (so the oracle gains from their noise as well)."""
-    p = paired(ex, arms)
+    ran in one process, the arm that was fastest there (least seconds per new token). Cross-fitted when every arm
+    has an A/A repeat in the run (``again:<arm>``): the arm is chosen on the first runs' seconds and its record is
+    the repeat's, so the oracle does not gain from the noise it chose on; otherwise chosen in hindsight from the same
+    timings it reports (it gains from their noise as well)."""
+    cross = cross_fitted(ex, arms)
+    p = paired(ex, [*arms, *[AGAIN + a for a in arms]] if cross else arms)
     if not p or any(v.empty for v in p.values()):
         return ex
     per_token = pd.DataFrame(
-        {a: v.seconds.astype(float) / v.new_tokens.astype(float).clip(lower=1) for a, v in p.items()}
+        {a: p[a].seconds.astype(float) / p[a].new_tokens.astype(float).clip(lower=1) for a in arms}
     )
     best = per_token.idxmin(axis=1)
-    rows = pd.DataFrame([p[best[q]].loc[q] for q in per_token.index]).rename_axis("query_id").reset_index()
+    source = (lambda a: p[AGAIN + a]) if cross else (lambda a: p[a])
+    rows = (
+        pd.DataFrame([source(best[q]).loc[q] for q in per_token.index]).rename_axis("query_id").reset_index()
+    )
     rows["method"] = name
     return pd.concat([ex, rows[list(ex.columns)]], ignore_index=True)
+
+
+def cross_fitted(ex: pd.DataFrame, arms: list[str]) -> bool:
+    """Whether :func:`with_oracle` cross-fits the oracle of ``arms`` on ``ex`` (every arm has an A/A repeat)."""
+    return bool(arms) and all((ex.method == AGAIN + a).any() for a in arms)
 
 
 def short_name(method: str) -> str:

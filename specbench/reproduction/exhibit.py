@@ -92,6 +92,12 @@ class Layout:
         return next(m for m in self.metasd if m.key == key)
 
 
+# whose claims an exhibit judges: the seeds' (the three papers) or this project's own (full information for heads, the
+# switching penalty): each family is corrected by Holm on its own, so the seeds' family-wise error covers their claims
+SEED, PROJECT = "seed", "project"
+FAMILIES = (SEED, PROJECT)
+
+
 @dataclass
 class Exhibit:
     """A built exhibit; its key and runs are its spec's (set by ``ExhibitSpec.__call__``)."""
@@ -103,6 +109,7 @@ class Exhibit:
     plot: Callable[[Path], None] | None = None
     key: str = ""  # "<paper>/<name>": where its files go
     runs: list[str] = field(default_factory=list)
+    family: str = SEED  # whose claims it judges (``FAMILIES``): Holm's correction runs within a family
 
 
 Builder = Callable[[Path, list[Published], "Layout"], Exhibit]
@@ -121,13 +128,16 @@ class ExhibitSpec:
     published: tuple[str, ...] = ()
     # only these scales, though its runs run at others too (None: every one)
     scales: tuple[str, ...] | None = None
+    family: str = (
+        SEED  # SEED: a claim of the papers reproduced; PROJECT: this project's own (corrected apart)
+    )
 
     def at(self, scale: str) -> bool:
         return (self.scales is None or scale in self.scales) and all(scale in r.at for r in self.runs)
 
     def __call__(self, root: Path, published: list[Published], layout: Layout) -> Exhibit:
         ex = self.build(root, published, layout)
-        ex.key, ex.runs = self.key, [r.dir for r in self.runs]
+        ex.key, ex.runs, ex.family = self.key, [r.dir for r in self.runs], self.family
         return ex
 
 

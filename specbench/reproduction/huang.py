@@ -137,7 +137,8 @@ def huang_table1(root: Path, published: list[Published], lay: Layout) -> Exhibit
     notes = (
         "Speedup over autoregressive decoding on held-out rows (the policy's eval slice, disjoint from the "
         "collected queries), with each cell's acceptance rate and output quality (BLEU, ROUGE-L: greedy "
-        "decoding is lossless, so every row's quality is the target's own). Paper: T5-large target with T5-small "
+        "decoding is lossless in exact arithmetic, so a row's quality departs from the target's only where a bf16 "
+        "rounding tie changed an output: the columns show by how much). Paper: T5-large target with T5-small "
         f"(a generalist that translates well) and T5-small-XSum; ours: {lay.huang_models}. Reward: "
         f"{lay.table1_reward}"
     )

@@ -525,6 +525,8 @@ def write(trace_run: Path, out: Path, seeds: int = 100, live: Path | None = None
     dirs = run_replays(trace_run, out, seeds, switch_cost)
     lines = header_lines(trace_run, rows, seeds)
     judged: list[V.Verdict] = []
+    cal = calibration(trace_run, live) if live is not None else None
+    error = clock_error(cal[0]) if cal is not None else math.nan
     q = per_query(dirs["bandits"] / SEEDS)
     for section, verdicts in (
         convergence_section(dirs["bandits"], q, out),
@@ -538,10 +540,18 @@ def write(trace_run: Path, out: Path, seeds: int = 100, live: Path | None = None
         switching_section(dirs["switching"], switch_cost),
         stream_section(dirs["stream"]),
     ):
+        for v in verdicts:  # a speed verdict inside the clock's measured error is inconclusive
+            w = (
+                V.inside_error(v, error, "the replay clock's measured error")
+                if v.label.startswith("speedup")
+                else v
+            )
+            if w is not v:
+                section = [f"- {w.line()}" if line == f"- {v.line()}" else line for line in section]
+            judged.append(w)
         lines += section
-        judged += verdicts
-    if live is not None:
-        lines += calibration_section(trace_run, live)
+    if cal is not None:
+        lines += calibration_section(trace_run, live, cal, error)
     text = "\n".join(lines)
     atomic_write_text(out / "long_horizon.md", text + "\n")
     atomic_write_text(out / "verdicts.json", json.dumps([v.line() for v in judged], indent=1))
@@ -658,9 +668,17 @@ def stream_section(run: Path) -> tuple[list[str], list[V.Verdict]]:
     return verdict_section(title, st[~st.method.str.startswith("fixed:")], verdicts)
 
 
-def calibration_section(trace_run: Path, live: Path) -> list[str]:
-    """The replay against a live run of the same queries: forks, rounds equal before them, speedups, ranking."""
-    cal, facts = calibration(trace_run, live)
+def clock_error(cal: pd.DataFrame) -> float:
+    """The replay clock's measured error on a speed ratio: how far apart its replay / live factors of two methods can
+    be (the largest over the smallest, less 1), nan without two methods."""
+    ratios = cal["replay / live"].dropna() if len(cal) else pd.Series(dtype=float)
+    return float(ratios.max() / ratios.min() - 1) if len(ratios) > 1 else math.nan
+
+
+def calibration_section(trace_run: Path, live: Path, cal=None, error: float = math.nan) -> list[str]:
+    """The replay against a live run of the same queries: forks, rounds equal before them, speedups, ranking, and
+    the clock's error on a speed ratio (``error``: :func:`clock_error`)."""
+    cal, facts = cal if cal is not None else calibration(trace_run, live)
     fp = facts["fork_positions"]
     forks = (
         f" (at positions {', '.join(map(str, sorted(fp)))}; judged against the run's tie tolerance: "
@@ -681,6 +699,13 @@ def calibration_section(trace_run: Path, live: Path) -> list[str]:
         to_markdown(cal),
         "",
     ]
+    if math.isfinite(error):
+        lines += [
+            f"The clock's error on a replayed speed ratio: the replay / live factors above lie within a factor "
+            f"{1 + error:.3f} of each other, so a replayed speed verdict whose effect lies within {error:.1%} of its "
+            "threshold is **inconclusive** (the clock could have made it), whatever its interval says.",
+            "",
+        ]
     adaptive = cal[(cal.method != AUTOREGRESSIVE) & ~cal.method.str.startswith("fixed:")]
     if len(adaptive) > 1:
         agree = list(adaptive.sort_values("live speedup", ascending=False).method) == list(

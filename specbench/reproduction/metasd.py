@@ -23,7 +23,7 @@ from specbench.reproduction.compare import (
     timed,
     with_published,
 )
-from specbench.reproduction.exhibit import Exhibit, ExhibitSpec, Layout, MetaRun
+from specbench.reproduction.exhibit import PROJECT, Exhibit, ExhibitSpec, Layout, MetaRun
 from specbench.reproduction.inputs import drafter_speeds, load_examples, run_table, speeds
 from specbench.reproduction.published import Published
 from specbench.reproduction.runs import (
@@ -345,6 +345,8 @@ WHITEBOX = ExhibitSpec(
     ("metasd/main",),
 )
 HEADS = ExhibitSpec("metasd/heads", metasd_heads, (METASD_EVAL,))
-SWITCHING = ExhibitSpec("metasd/switching", metasd_switching, (METASD_EVAL,))
+SWITCHING = ExhibitSpec(
+    "metasd/switching", metasd_switching, (METASD_EVAL,), family=PROJECT
+)  # not a seed claim
 STREAM = ExhibitSpec(METASD_STREAM.dir, metasd_stream, (METASD_STREAM,))
 MULTILINGUAL = ExhibitSpec("metasd/multilingual", metasd_multilingual, tuple(METASD_MULTILINGUAL.values()))

@@ -12,7 +12,7 @@ import pandas as pd
 from specbench.pipelines.tables import ALL_TASKS
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.compare import faster_on, figure, short_name
-from specbench.reproduction.exhibit import Exhibit, ExhibitSpec, Layout
+from specbench.reproduction.exhibit import PROJECT, Exhibit, ExhibitSpec, Layout
 from specbench.reproduction.inputs import (
     NotRun,
     load_examples,
@@ -277,4 +277,6 @@ BANDIT_ALGORITHMS = ExhibitSpec("metasd/bandits", metasd_bandits, (METASD_EVAL,)
 VARIANCE = ExhibitSpec("metasd/variance", metasd_variance, (METASD_EVAL,))
 CONVERGENCE = ExhibitSpec("metasd/convergence", metasd_convergence, (METASD_EVAL,))
 # CPU scale only: the paper-scale black-box drafters (68M models) have no features to be scored from
-FULL_INFO = ExhibitSpec("metasd/full_info", metasd_full_info, (METASD_EVAL,), scales=("cpu",))
+FULL_INFO = ExhibitSpec(
+    "metasd/full_info", metasd_full_info, (METASD_EVAL,), scales=("cpu",), family=PROJECT
+)  # not a seed claim

@@ -4,7 +4,8 @@ Read from a run directory (``examples.jsonl``, ``rounds.jsonl``), nothing re-tim
 - the single drafters (``fixed:<d>``): each one's speedup over autoregressive decoding on the same queries;
   the best of them over the whole run is *the best single drafter*;
 - the per-task oracle (the best single drafter of each task, picked in hindsight on the same queries) and the
-  per-query oracle (the fastest single drafter of each query, in hindsight);
+  per-query oracle (the fastest single drafter of each query: in hindsight, or cross-fitted when every single
+  drafter has an A/A repeat, ``again:fixed:*`` in methods: chosen on the first runs, its seconds the repeat's);
 - every other method (trees, the router, bandits): its speedup, MAT, and its speed ratio to the best single
   drafter and to the per-task oracle, each with a paired 95% bootstrap interval over queries
   (``reproduction.verdicts``); the claims "at least 1.15x the best single drafter" and "at least the

@@ -18,7 +18,7 @@ from specbench.records import SUMMARY_CSV, atomic_write_text
 from specbench.reproduction import heads as shipped_heads
 from specbench.reproduction import published as published_values
 from specbench.reproduction import verdicts as V
-from specbench.reproduction.exhibit import Exhibit, Layout, mark_unfinished
+from specbench.reproduction.exhibit import FAMILIES, PROJECT, SEED, Exhibit, Layout, mark_unfinished
 from specbench.reproduction.inputs import NotRun
 from specbench.reproduction.layouts import LAYOUTS
 from specbench.reproduction.registry import builders
@@ -73,12 +73,14 @@ def build(
 
 
 def correct(exhibits: list[Exhibit]) -> list[Exhibit]:
-    """Holm's family-wise correction across every verdict of the report (``verdicts.holm``), written back into
-    each exhibit: a claim held at its own level but not after the correction reads ``inconclusive``."""
-    flat = [v for ex in exhibits for v in ex.verdicts]
-    fixed = iter(V.holm(flat))
-    for ex in exhibits:
-        ex.verdicts = [next(fixed) for _ in ex.verdicts]
+    """Holm's family-wise correction (``verdicts.holm``) across the verdicts of each family of claims (the seeds',
+    this project's own: ``exhibit.FAMILIES``), written back into each exhibit: a claim held at its own level but not
+    after the correction reads ``inconclusive``."""
+    for family in FAMILIES:
+        members = [ex for ex in exhibits if ex.family == family]
+        fixed = iter(V.holm([v for ex in members for v in ex.verdicts]))
+        for ex in members:
+            ex.verdicts = [next(fixed) for _ in ex.verdicts]
     return exhibits
 
 
@@ -136,8 +138,21 @@ def write(
     provenance = shipped_heads.provenance_line(root)
     if provenance:
         index += [provenance, ""]
-    for ex in exhibits:
-        index += write_exhibit(ex, out, long_horizon)
+    aa = aa_table(exhibits)
+    for ex in [ex for ex in exhibits if ex.family == SEED]:
+        index += write_exhibit(ex, out, long_horizon, aa)
+    own = [ex for ex in exhibits if ex.family == PROJECT]
+    if own:
+        index += [
+            "## This project's own claims (not the seeds')",
+            "",
+            "Claims the three papers do not make (full information for heads, the switching penalty), judged the "
+            "same way and corrected by Holm as a family of their own, so the seeds' family-wise error covers the "
+            "seeds' claims only.",
+            "",
+        ]
+        for ex in own:
+            index += write_exhibit(ex, out, long_horizon, aa)
     if missing:
         index += ["## Not run yet", "", *[f"- needs `{m}`" for m in missing], ""]
     out.mkdir(parents=True, exist_ok=True)
@@ -154,9 +169,20 @@ def write(
     return out
 
 
-def write_exhibit(ex, out: Path, long_horizon: Path | None) -> list[str]:
+def aa_table(exhibits: list[Exhibit]):
+    """The A/A exhibit's table (None when the report has none)."""
+    from specbench.reproduction.noise import KEY
+
+    aa = next((ex for ex in exhibits if ex.key == KEY), None)
+    return None if aa is None or aa.table.empty else aa.table
+
+
+def write_exhibit(ex, out: Path, long_horizon: Path | None, aa=None) -> list[str]:
     """One exhibit's files (its table as CSV, its figure, its page; the replays' full page beside the long-horizon
-    exhibit) under ``out/<paper>/``; its lines of the index."""
+    exhibit) under ``out/<paper>/``; its lines of the index (with the A/A false-hold rate at its verdicts' n when
+    the report has an A/A table ``aa``)."""
+    from specbench.reproduction.noise import rate_line
+
     paper, name = ex.key.split("/", 1)
     (out / paper).mkdir(parents=True, exist_ok=True)
     ex.table.to_csv(out / paper / f"{name}.csv", index=False)
@@ -173,7 +199,14 @@ def write_exhibit(ex, out: Path, long_horizon: Path | None) -> list[str]:
             if (Path(long_horizon) / name_).is_file():
                 shutil.copyfile(Path(long_horizon) / name_, out / paper / "replay" / name_)
     atomic_write_text(out / paper / f"{name}.md", exhibit_markdown(ex, figure))
-    return [f"### [{ex.title}]({paper}/{name}.md)", "", *[f"- {v.line()}" for v in ex.verdicts], ""]
+    rates = rate_line(ex.verdicts, aa) if aa is not None else ""
+    return [
+        f"### [{ex.title}]({paper}/{name}.md)",
+        "",
+        *[f"- {v.line()}" for v in ex.verdicts],
+        *(["", rates] if rates else []),
+        "",
+    ]
 
 
 SUMMARY = "SUMMARY.md"  # the compact index the README includes: one row per exhibit, its verdicts counted
@@ -182,16 +215,20 @@ SUMMARY = "SUMMARY.md"  # the compact index the README includes: one row per exh
 def counts_line(exhibits: list[Exhibit]) -> str:
     """``N verdicts: H held, K not held, I inconclusive, U not judged`` over ``exhibits``, and how they are judged."""
     marks = [v.mark for ex in exhibits for v in ex.verdicts]
-    tested = sum(v.p is not None for ex in exhibits for v in ex.verdicts)
+    seeds = [v for ex in exhibits if ex.family == SEED for v in ex.verdicts]
+    tested = sum(v.p is not None for v in seeds)
+    own = sum(v.p is not None for ex in exhibits if ex.family == PROJECT for v in ex.verdicts)
     return (
         f"{len(marks)} verdicts: {marks.count('held')} held, {marks.count('not held')} not held, "
         f"{marks.count('inconclusive')} inconclusive, {marks.count('not judged')} not judged. Each is judged on "
-        f"per-query paired data with a 95% bootstrap interval: held only when the interval excludes the null, not "
+        f"per-query paired data with a 95% bootstrap interval ({V.INTERVAL_NAMES[V.INTERVAL]}): held only when the interval excludes the null, not "
         f"held when it excludes the claim, inconclusive when it straddles it, not judged below {V.MIN_N} paired "
         f"queries or without per-query data. Held verdicts also pass Holm's step-down correction across the "
-        f"report's {tested} tested claims (family-wise error 5%; without it about "
-        f"{V.expected_false_holds([v for ex in exhibits for v in ex.verdicts]):.1f} false holds would be expected "
-        "if no claim were true)." + noise_line(exhibits)
+        f"seeds' {tested} tested claims (family-wise error 5%; without it about "
+        f"{V.expected_false_holds(seeds):.1f} false holds would be expected if no claim were true)"
+        + (f"; this project's own {own} tested claims are corrected as a family of their own" if own else "")
+        + "."
+        + noise_line(exhibits)
     )
 
 
@@ -199,10 +236,10 @@ def noise_line(exhibits: list[Exhibit]) -> str:
     """How many held speed verdicts the A/A noise floor could explain (when the report has an A/A exhibit)."""
     from specbench.reproduction.noise import KEY, explained
 
-    aa = next((ex for ex in exhibits if ex.key == KEY), None)
-    if aa is None or aa.table.empty:
+    table = aa_table(exhibits)
+    if table is None:
         return ""
-    inside, held = explained([v for ex in exhibits for v in ex.verdicts], aa.table)
+    inside, held = explained([v for ex in exhibits for v in ex.verdicts], table)
     return (
         f" A/A runs ([noise floor]({KEY}.md)): {inside} of the {held} held timed speed verdicts have an effect "
         "inside the range two runs of one method show at their n."

@@ -4,6 +4,7 @@ not judged, on small synthetic fixtures (pure numpy / pandas: no model is loaded
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import numpy as np
@@ -655,9 +656,14 @@ def test_aa_pairs_give_a_noise_floor_a_false_positive_rate_and_explain_small_hel
     )
     ex = aa_exhibit(tmp_path, [], CPU)
     t = ex.table
-    assert set(t.subset) == {16, 32, 48} and (t.method == "prompt_lookup").all() and (t.queries == 80).all()
+    assert (
+        set(t.subset) == {16, 32, 48, 80} and (t.method == "prompt_lookup").all() and (t.queries == 80).all()
+    )
+    assert t[t.subset == 80].floor_lo.isna().all()  # subsets of all 80 queries would all be the same set
+    t = t[t.subset < 80]
     assert (t.floor_lo < 1).all() and (t.floor_hi > 1).all()
     assert (t.false_positive_rate <= 0.15).all()
+    assert ex.table.null_false_holds.between(0, 0.1).all()  # exact null draws at every size, 80 included
     assert (
         t[t.subset == 16].floor_hi.iloc[0] - t[t.subset == 16].floor_lo.iloc[0]
         > t[t.subset == 48].floor_hi.iloc[0] - t[t.subset == 48].floor_lo.iloc[0]
@@ -691,11 +697,14 @@ def test_adaptive_p_agrees_with_many_resamples():
         _, vals = V.resample(cols, stat)
         p = V.adaptive_p(cols, stat, 1.0, vals, V.DEFAULT)
         _, many = V.resample(cols, stat, 200_000, seed=99)
-        truth = 2 * np.mean(many <= 1.0)
+        share = np.mean(many <= 1.0)
+        truth = V.tail_p(share, V.INTERVAL, 16)
         if np.sum(vals <= 1.0) >= V.TAIL:
-            assert p == V.p_value(vals, 1.0)
-        else:
-            assert truth / 2 - 2e-5 <= p <= 2 * truth + 2e-5, (p, truth)
+            assert p == V.tail_p(np.mean(vals <= 1.0), V.INTERVAL, 16)
+        elif share > 0:
+            assert truth / 2 <= p <= 2 * truth, (p, truth)
+        else:  # none of 200,000 below: at most one resample's worth, from the normal tail
+            assert p <= V.tail_p(1 / 200_000, V.INTERVAL, 16), p
 
 
 def test_tree_pairs_match_a_tree_drafter_to_its_chain_by_config():
@@ -737,3 +746,243 @@ def test_a_claim_with_parts_is_judged_once(tmp_path):
     kept = [r for r in rows if r["method"] != "fixed:c"]
     (tmp_path / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
     assert variance_table(tmp_path)[1][0].held is True
+
+
+# ---------------------------------------------------------------- interval methods (issue 42: calibrated at small n)
+def test_student_t_quantiles_match_tables():
+    """t_{0.975} on 15 and 79 degrees of freedom (2.1314, 1.9905 in printed tables) and the symmetry of the cdf."""
+    assert V.t_quantile(0.975, 15) == pytest.approx(2.1314, abs=1e-4)
+    assert V.t_quantile(0.975, 79) == pytest.approx(1.9905, abs=1e-4)
+    assert V.t_cdf(-1.3, 7) == pytest.approx(1 - V.t_cdf(1.3, 7), abs=1e-12)
+    assert V.expanded_level(0.95, 16) == pytest.approx(0.9723, abs=1e-3)  # 97.2% at n = 16
+    assert V.expanded_level(0.95, 16) > V.expanded_level(0.95, 80) > 0.95
+
+
+@pytest.mark.parametrize("how", V.INTERVALS)
+def test_each_intervals_p_value_crosses_its_level_where_its_bound_crosses_the_threshold(how):
+    """For every interval method the claim's p-value is below 1 - LEVEL exactly when the interval excludes the
+    threshold on the claim's side: at the lower bound itself p is 0.05 (to the resamples' resolution)."""
+    (ms, mt), (bs, bt) = timed(1.08, n=16, noise=0.1, seed=4)
+    cols = {"a_s": ms, "a_t": mt, "b_s": bs, "b_t": bt}
+    boot = V.Bootstrap(interval=how)
+    _, lo, hi, _ = V.estimate(cols, V.speed_ratio(), 1.0, boot)
+    for x in np.linspace(lo - 0.05, hi, 15):
+        p = V.estimate(cols, V.speed_ratio(), float(x), boot)[3]
+        assert (p < 1 - V.LEVEL) == (lo > x) or abs(x - lo) < 2e-3, (how, x, lo, p)
+    assert V.estimate(cols, V.speed_ratio(), lo, boot)[3] == pytest.approx(0.05, abs=0.01)
+
+
+def test_the_expanded_interval_is_wider_at_small_n_and_bca_follows_skew():
+    """The expanded interval contains the percentile one (wider by about 10% at n = 16, 1% at n = 80); on a
+    right-skewed sample BCa shifts both bounds up from the percentile interval (its bias correction and
+    acceleration), as Efron's construction does for a lognormal mean."""
+    for n, widest in ((16, 1.25), (80, 1.05)):
+        (ms, mt), (bs, bt) = timed(1.05, n=n, noise=0.1, seed=2)
+        cols = {"a_s": ms, "a_t": mt, "b_s": bs, "b_t": bt}
+        _, plo, phi = V.bootstrap(cols, V.speed_ratio(), V.Bootstrap(interval="percentile"))
+        _, elo, ehi = V.bootstrap(cols, V.speed_ratio(), V.Bootstrap(interval="expanded"))
+        assert elo < plo and ehi > phi and 1.0 < (ehi - elo) / (phi - plo) < widest
+    x = np.random.default_rng(0).lognormal(0, 1, 30)
+    _, plo, phi = V.bootstrap({"x": x}, V.mean_of("x"), V.Bootstrap(interval="percentile"))
+    _, blo, bhi = V.bootstrap({"x": x}, V.mean_of("x"), V.Bootstrap(interval="bca"))
+    assert blo > plo and bhi > phi
+    with pytest.raises(ValueError, match="unknown interval method 'studentised'"):
+        V.Bootstrap(interval="studentised")
+
+
+def aa_pair(n: int, seed: int, spread: float = 0.6, noise: float = 0.03):
+    """One method run twice: heavy-tailed query lengths and costs (lognormal), each run's seconds scattered by
+    ``noise``: an A/A pair whose true ratio is 1."""
+    rng = np.random.default_rng(seed)
+    tokens = np.maximum(8, rng.lognormal(3.5, spread, n)).round()
+    cost = tokens * 0.03 * rng.lognormal(0, spread, n)
+    a = cost * (1 + noise * rng.standard_normal(n))
+    b = cost * (1 + noise * rng.standard_normal(n))
+    return {"a_s": a, "a_t": tokens, "b_s": b, "b_t": tokens}
+
+
+def test_exact_null_draws_measure_each_intervals_false_holds():
+    """On symmetrised A/A draws the true ratio is 1, so every held verdict is false: the percentile interval's rate
+    at n = 16 exceeds the expanded interval's (the narrowness the expansion undoes), each side is equally likely
+    (the coin makes the null symmetric), and the pooled table chooses a method within the nominal 2.5% (or says
+    none is)."""
+    from specbench.reproduction.noise import choose, false_hold_rows, null_draw, pooled
+
+    pairs = [("m", "one process", aa_pair(120, s)) for s in range(3)]
+    rows = pd.DataFrame(false_hold_rows(pairs, sizes=(16, 80), draws=300, resamples=400))
+    assert set(rows.interval) == set(V.INTERVALS) and set(rows.n) == {16, 80}
+    rate = rows.groupby(["interval", "n"]).false_holds.mean()
+    assert rate["percentile", 16] > rate["expanded", 16]
+    assert rate["expanded", 16] < 0.05  # nominal 2.5%: a broken expansion (the level not raised) fails this
+    table = pooled(rows)
+    assert (table.trials == 2 * 3 * 300).all()
+    assert choose(table) in (*V.INTERVALS, None)
+    ok = table[table.within_nominal]
+    if len(ok):
+        assert choose(table) in set(ok.interval)
+    # the coin: over many draws each run is the "a" side half the time
+    rng = np.random.default_rng(0)
+    cols = aa_pair(40, 9)
+    firsts = [null_draw(cols, 40, rng)["a_s"] for _ in range(200)]
+    share = np.mean([np.isin(f, cols["a_s"]).mean() for f in firsts])
+    assert 0.45 < share < 0.55
+
+
+def test_the_calibration_page_pairs_two_processes_and_refuses_a_run_without_pairs(tmp_path, capsys):
+    from specbench.errors import SpecbenchError
+    from specbench.reproduction import noise
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    write_examples(one, {"math": {"fixed:pl": 1.5, "again:fixed:pl": 1.5}}, n=40, noise=0.05)
+    write_examples(two, {"math": {"fixed:pl": 1.5}}, n=40, noise=0.05)
+    ex1, ex2 = R.load_examples(tmp_path, "one"), R.load_examples(tmp_path, "two")
+    kinds = [(m, k) for m, k, _ in noise.aa_pairs([ex1, ex2])]
+    assert kinds == [("pl", "one process"), ("autoregressive", "two processes"), ("pl", "two processes")]
+    noise.main([str(one), str(two), "--draws", "20", "--resamples", "200"])
+    page = (one / "calibration.md").read_text()
+    assert "### Pooled over the pairs" in page and "two processes" in page and "verdicts.INTERVAL = " in page
+    assert page in capsys.readouterr().out
+    lone = tmp_path / "lone"
+    write_examples(lone, {"math": {"fixed:pl": 1.5}}, n=20)
+    with pytest.raises(SpecbenchError, match="holds no A/A pair"):
+        noise.calibration_page([lone])
+    with pytest.raises(SpecbenchError, match="no per-query records"):
+        noise.calibration_page([tmp_path / "absent"])
+
+
+def test_the_per_query_oracle_is_cross_fitted_on_an_aa_repeat(tmp_path):
+    """With an A/A repeat of every arm the oracle chooses on the first runs and reports the repeat's seconds, so it
+    no longer gains from the noise it chose on: on arms equal but for noise its hindsight speedup over an arm is
+    above 1, its cross-fitted one about 1."""
+    write_examples(
+        tmp_path / "run",
+        {
+            "math": {
+                "fixed:a": 1.5,
+                "fixed:b": 1.5,
+                "again:fixed:a": 1.5,
+                "again:fixed:b": 1.5,
+            }
+        },
+        n=200,
+        noise=0.1,
+    )
+    ex = R.load_examples(tmp_path, "run")
+    arms = ["fixed:a", "fixed:b"]
+    assert C.cross_fitted(ex, arms) and not C.cross_fitted(ex[~ex.method.str.startswith("again:")], arms)
+
+    def speed(frame):
+        o = C.with_oracle(frame, arms)
+        o = o[o.method == C.ORACLE]
+        a = frame[frame.method == "fixed:a"]
+        return (a.seconds.sum() / a.new_tokens.sum()) / (o.seconds.sum() / o.new_tokens.sum())
+
+    hindsight = speed(ex[~ex.method.str.startswith("again:")])
+    crossed = speed(ex)
+    assert hindsight > 1.04 and abs(crossed - 1) < 0.02, (hindsight, crossed)
+
+
+def test_the_report_states_the_aa_false_hold_rate_beside_each_verdict_family(tmp_path):
+    """Issue 42: each section of the report's index says how often its interval falsely holds on the report's own A/A
+    pairs at the n its verdicts rest on (exact null draws of the pair's queries)."""
+    from specbench.reproduction import render
+    from specbench.reproduction.runs import METASD_EVAL
+    from tests.unit.test_reproduction import _huang_fixture
+
+    root = tmp_path / "reproduce"
+    _huang_fixture(root)
+    write_examples(
+        root / METASD_EVAL.dir,
+        {t: {"fixed:prompt_lookup": 1.5, "again:fixed:prompt_lookup": 1.5} for t in ("math", "code")},
+        n=40,
+        noise=0.05,
+    )
+    index = (render.write(root) / "REPORT.md").read_text()
+    line = next(x for x in index.splitlines() if x.startswith("A/A false holds of the"))
+    assert f"`{V.INTERVAL}` interval" in line and "at n=16" in line and "(nominal 2.5%)" in line
+    rate = float(re.search(r"(\d+\.\d)% at n=16", line).group(1))
+    assert 0 <= rate <= 10
+    assert V.INTERVAL_NAMES[V.INTERVAL] in index  # the counts line names the interval
+
+
+def test_a_replayed_speed_verdict_inside_the_clocks_error_is_inconclusive():
+    """Issue 42: a replayed effect of 1.02 held on its interval is inconclusive under a clock whose replay / live
+    factors differ by 5% between methods; 1.10 stays held; a verdict without an effect passes unchanged."""
+    from specbench.reproduction.long_horizon import clock_error
+
+    cal = pd.DataFrame({"method": ["a", "b", "c"], "replay / live": [0.90, 0.945, 0.93]})
+    error = clock_error(cal)
+    assert error == pytest.approx(0.05)
+    near = V.faster("[replayed] a is faster", *timed(1.02, n=80, noise=0.0))
+    far = V.faster("[replayed] a is faster", *timed(1.10, n=80, noise=0.0))
+    assert near.held is True and far.held is True
+    moved = V.inside_error(near, error, "the replay clock's measured error")
+    assert (
+        moved.mark == "inconclusive"
+        and "inside the replay clock's measured error (+-5.0% around 1)" in moved.line()
+    )
+    assert V.inside_error(far, error, "x") is far
+    assert V.inside_error(V.missing("c", "d"), error, "x").mark == "not judged"
+    assert math.isnan(clock_error(cal.iloc[:1]))
+
+
+def test_a_cascade_is_at_the_targets_quality_by_a_paired_non_inferiority_test(tmp_path):
+    """Issue 43: on seeded synthetic per-query ROUGE-2, a cascade point whose quality equals the target's up to noise
+    of SD's size passes (its paired interval lies above minus lossless SD's scatter); one that loses 3 points a query
+    fails although its mean stays within a point estimate's reach of a noisy target; the old rule (mean at least the
+    target's) would have rejected lossless SD itself when its mean came out a little lower."""
+    from specbench.reproduction import cascade_exhibits as CE
+
+    rng = np.random.default_rng(5)
+    n = 64
+    target = rng.uniform(5, 25, n)
+    scores = {
+        "sd": target + rng.normal(-0.3, 1.0, n),  # lossless: its own scatter, mean a little below by chance
+        "diff@0.1": target + rng.normal(0.0, 1.0, n),
+        "opt@0.6": target - 3 + rng.normal(0.0, 1.0, n),
+    }
+    extra = {
+        m: (
+            lambda i, m=m: {"quality": {"rouge2": float((target if m == "autoregressive" else scores[m])[i])}}
+        )
+        for m in ["autoregressive", *scores]
+    }
+    write_examples(
+        tmp_path / "run",
+        {"summarization": {m: 1.2 for m in scores}},
+        n=n,
+        noise=0.05,
+        extra=extra,
+    )
+    ex = R.load_examples(tmp_path, "run")
+    ex = ex.assign(_q=CE.task_quality(ex, "summarization"))
+    margin = CE.quality_margin(ex)
+    assert 0.2 < margin < 1.0
+    passed = {m for _, m in CE.at_target_quality(ex, list(scores), margin)}
+    assert passed == {"sd", "diff@0.1"}
+    assert (
+        ex[ex.method == "sd"]._q.mean() < ex[ex.method == "autoregressive"]._q.mean()
+    )  # the old rule's failure
+
+
+def test_holm_corrects_the_seeds_claims_apart_from_the_projects_own():
+    """Issue 43: full information and the switching penalty are this project's claims, not the seeds': they form a
+    Holm family of their own, so a seed claim's threshold counts only the seeds' tested claims."""
+    from specbench.reproduction import render
+    from specbench.reproduction.exhibit import PROJECT, SEED, Exhibit
+    from specbench.reproduction.metasd import SWITCHING
+    from specbench.reproduction.metasd_rounds import FULL_INFO
+
+    assert FULL_INFO.family == PROJECT and SWITCHING.family == PROJECT
+    seed = [V.faster(f"seed {i}", *timed(1.3, n=16, noise=0.05, seed=i)) for i in range(3)]
+    own = [V.faster(f"own {i}", *timed(1.0, n=16, noise=0.05, seed=10 + i)) for i in range(5)]
+    exhibits = render.correct(
+        [
+            Exhibit("s", pd.DataFrame(), seed, key="metasd/main", family=SEED),
+            Exhibit("o", pd.DataFrame(), own, key="metasd/full_info", family=PROJECT),
+        ]
+    )
+    assert all("Holm over 3 tested claims" in v.detail for v in exhibits[0].verdicts)
+    assert all("Holm over 5 tested claims" in v.detail for v in exhibits[1].verdicts if v.p is not None)
+    line = render.counts_line(exhibits)
+    assert "the seeds' 3 tested claims" in line and "own 5 tested claims" in line

@@ -1,0 +1,85 @@
+"""Issue 42: every figure a hand-written page quotes comes from a generated one. A decimal in the prose of README.md
+or a hand-written page of docs/ (code spans, code blocks and comments aside: those are commands and settings) must
+appear, to the digits quoted, in a page a make target writes: the reproduction report (docs/reproduction/), the pages
+the Makefile copies into docs/ (`cp ... docs/<page>`), the shipped heads' generated records (specbench/heads/) or the
+papers' published numbers (specbench/reproduction/published.yaml). A figure rounded from a generated one counts as
+quoted from it (1.83 from 1.834). Pure text: no model is loaded."""
+
+from __future__ import annotations
+
+import re
+from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DECIMAL = re.compile(r"(?<![\w.])(\d+\.\d+)(?![\w.]*\d)")
+COPY = re.compile(r"^\s*cp\s+\S+\s+(docs/[\w./-]+\.md)", re.M)
+
+
+def generated_pages(root: Path = ROOT) -> list[Path]:
+    """The pages make targets write: the report and every ``cp ... docs/<page>.md`` of the Makefile."""
+    copied = [root / p for p in COPY.findall((root / "Makefile").read_text())]
+    return sorted({*root.glob("docs/reproduction/**/*.md"), *copied})
+
+
+def generated_sources(root: Path = ROOT) -> list[Path]:
+    heads = [p for p in root.glob("specbench/heads/**/*") if p.suffix in (".json", ".csv", ".md")]
+    return [*generated_pages(root), *heads, root / "specbench/reproduction/published.yaml"]
+
+
+def rounded(figures: set[str]) -> set[str]:
+    """Every figure and each of its roundings to fewer decimals (half up, as the tables print)."""
+    out = set()
+    for f in figures:
+        d = Decimal(f)
+        for k in range(1, len(f.split(".")[1]) + 1):
+            out.add(str(d.quantize(Decimal(1).scaleb(-k), rounding=ROUND_HALF_UP)))
+    return out
+
+
+def prose(text: str) -> str:
+    """``text`` with code blocks, code spans and HTML comments blanked (line numbers kept)."""
+
+    def blank(m: re.Match) -> str:
+        return "\n" * m.group(0).count("\n")
+
+    for pattern in (r"```.*?```", r"<!--.*?-->", r"`[^`\n]*`"):
+        text = re.sub(pattern, blank, text, flags=re.S)
+    return text
+
+
+def unquoted(page: Path, held: set[str]) -> list[tuple[int, str]]:
+    """(line, figure) of every decimal in ``page``'s prose that no generated page holds."""
+    return [
+        (i, m.group(1))
+        for i, line in enumerate(prose(page.read_text(encoding="utf-8")).splitlines(), 1)
+        for m in DECIMAL.finditer(line)
+        if m.group(1) not in held
+    ]
+
+
+def test_hand_written_pages_quote_only_generated_figures():
+    generated = generated_pages()
+    assert (
+        ROOT / "docs/budget-cpu.md" in generated and len(generated) > 10
+    )  # the scan sees the report's pages
+    held = rounded(
+        {f for p in generated_sources() if p.is_file() for f in DECIMAL.findall(p.read_text("utf-8"))}
+    )
+    hand = [ROOT / "README.md", *(p for p in sorted(ROOT.glob("docs/*.md")) if p not in generated)]
+    found = {str(p.relative_to(ROOT)): unquoted(p, held) for p in hand}
+    found = {k: v for k, v in found.items() if v}
+    assert not found, (
+        "hand-written pages quote figures no generated page holds (line, figure): "
+        f"{found}; quote a generated page's figure and link it, or write the figure into a generated page"
+    )
+
+
+def test_the_scan_catches_a_made_up_figure(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text(
+        "The method runs 1.834x.\nIn code: `speedup 9.99`.\n```\n7.77\n```\nIt runs 4.321x (made up).\n"
+    )
+    held = rounded({"1.834"})
+    assert unquoted(page, held) == [(6, "4.321")]
+    assert "1.83" in held and "1.8" in held and "1.84" not in held
