@@ -67,7 +67,7 @@ class Generation:
     rounds: list[Round] = field(default_factory=list)
     target_calls: int = 0
     seconds: float = 0.0
-    stop: str = "length"  # "eos" or "length"
+    stop: str = "length"  # "eos", "length" or "context" (decoding.fit_context: cut at the context's end)
     # Greedy lossless decoding: per output position, the top-2 ids and logits of the row that chose it
     # (``certify.deciders``), so a fork from the autoregressive output can be judged a tie or a defect.
     deciders: list[list[float]] | None = None

@@ -16,9 +16,9 @@ from specbench.reproduction.inputs import unfinished
 from specbench.reproduction.published import Published
 from specbench.reproduction.runs import Run
 
-TASKS = ("translation", "summarization", "math", "chat", "code")
+MIXED_TASKS = ("translation", "summarization", "math", "chat", "code")  # the mixed stream's five
 
-SPECIALISTS = {f"eagle_{t}": t for t in TASKS}
+SPECIALISTS = {f"eagle_{t}": t for t in MIXED_TASKS}
 
 GENERALIST = "eagle_general"
 
@@ -70,7 +70,7 @@ ACCEPTANCE_REWARD_NOTE = (
 class Layout:
     """What one scale's runs hold: the parts each drafter plays and the notes that name the models."""
 
-    name: str  # the scale whose runs it describes: cpu | paper (runs.SCALES)
+    name: str  # the scale whose runs it describes: cpu | paper (runs.RUN_SCALES)
     scale: str  # figure titles: "CPU scale" | "paper scale"
     huang_pair: dict[str, tuple[str, str]]  # Table 1: drafter -> (its task, the paper's row)
     huang_models: str
@@ -79,7 +79,7 @@ class Layout:
     depth_note: str
     training_note: str
     metasd: tuple[MetaRun, ...]
-    tasks: tuple[str, ...] | None = TASKS  # MetaSD columns (None: the run's own tasks, in its order)
+    tasks: tuple[str, ...] | None = MIXED_TASKS  # MetaSD columns (None: the run's own tasks, in its order)
     task_columns: dict[str, str] = field(default_factory=dict)  # our task -> the paper's column name
     stream_note: str = ""  # how the task changes in the non-stationary run
     held_out: str = "the"  # how many held-out queries the live policy evals read ("16 per source", ...)

@@ -23,6 +23,8 @@ from specbench.reproduction.compare import (
 from specbench.reproduction.exhibit import Exhibit, ExhibitSpec, Layout
 from specbench.reproduction.inputs import (
     NOT_PAIRED,
+    arm_choices,
+    choices_text,
     drafter_speeds,
     load_examples,
     n_val_of,
@@ -77,12 +79,18 @@ def huang_table1(root: Path, published: list[Published], lay: Layout) -> Exhibit
             f"{task} {metric}": getattr(r, metric, math.nan) if r and metric else math.nan,
         }
 
+    chosen = arm_choices(root, HUANG_EVAL.dir)
     table = pd.DataFrame(
         [
             {
                 "drafter": label,
                 **{t: sp.get(t, {}).get(m, math.nan) for t in ("translation", "summarization")},
                 **{k: v for t in ("translation", "summarization") for k, v in extra(t, m).items()},
+                "arms chosen (translation / summarization)": " / ".join(
+                    choices_text(chosen.get(t)) for t in ("translation", "summarization")
+                )
+                if m == "policy"
+                else "",
             }
             for m, label, _ in rows
         ]
@@ -299,7 +307,12 @@ def huang_table4(root: Path, published: list[Published], lay: Layout) -> Exhibit
     best = best_fixed(summary)
     table = pd.DataFrame(
         [
-            {"method": f"{a} alone", "speedup": v, "replayed": sp.get(f"always {a}", math.nan)}
+            {
+                "method": f"{a} alone",
+                "speedup": v,
+                "replayed": sp.get(f"always {a}", math.nan),
+                "arms chosen (queries)": "",
+            }
             for a, v in alone.items()
         ]
         + [
@@ -310,11 +323,13 @@ def huang_table4(root: Path, published: list[Published], lay: Layout) -> Exhibit
                     (v for k, v in sp.items() if k.startswith("always ") and k != "always autoregressive"),
                     default=math.nan,
                 ),
+                "arms chosen (queries)": "",
             },
             {
                 "method": "policy with the autoregressive arm",
                 "speedup": live.get("policy", math.nan),
                 "replayed": sp.get("policy", math.nan),
+                "arms chosen (queries)": choices_text(arm_choices(root, run).get(ALL_TASKS)),
             },
         ]
     )
@@ -379,6 +394,7 @@ def huang_table6(root: Path, published: list[Published], lay: Layout) -> Exhibit
                 "method": f"{m.split(':', 1)[1]} alone",
                 "speedup": v,
                 "replayed": with_ar.get(f"always {m.split(':', 1)[1]}", math.nan),
+                "arms chosen (queries)": "",
             }
             for m, v in live.items()
             if m.startswith("fixed:")
@@ -388,11 +404,13 @@ def huang_table6(root: Path, published: list[Published], lay: Layout) -> Exhibit
                 "method": "policy without the autoregressive arm",
                 "speedup": live.get("policy", math.nan),
                 "replayed": without.get("policy", math.nan),
+                "arms chosen (queries)": choices_text(arm_choices(root, without_run).get(ALL_TASKS)),
             },
             {
                 "method": "policy with the autoregressive arm",
                 "speedup": speeds(with_s).get(ALL_TASKS, {}).get("policy", math.nan),
                 "replayed": with_ar.get("policy", math.nan),
+                "arms chosen (queries)": choices_text(arm_choices(root, with_run).get(ALL_TASKS)),
             },
         ]
     )

@@ -5,6 +5,7 @@ the run finished (``unfinished``)."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -221,6 +222,35 @@ def load_examples(root: Path, run: str, fields: tuple[str, ...] = EXAMPLE_FIELDS
         if col in df:
             df[col] = pd.to_numeric(df[col], errors="coerce")
     return df.drop_duplicates(["query_id", "method"], keep="last").reset_index(drop=True)
+
+
+def arm_choices(root: Path, run: str, method: str = "policy") -> dict[str, Counter]:
+    """Per task (and ``ALL_TASKS``), how many of its queries ``method`` of the run ``root/run`` played on each arm:
+    the arm of most of the query's rounds (a per-query policy plays one), from the run's ``rounds.jsonl``; empty when
+    the file is absent."""
+    from collections import defaultdict
+
+    from specbench.pipelines.tables import ALL_TASKS
+    from specbench.records import ROUNDS, read_jsonl
+
+    path = Path(root) / run / ROUNDS
+    per_query: dict[str, Counter] = defaultdict(Counter)
+    task_of: dict[str, str] = {}
+    for r in read_jsonl(path) if path.is_file() else []:
+        if r.get("method") == method:
+            per_query[r["query_id"]][str(r.get("arm"))] += 1
+            task_of[r["query_id"]] = r.get("task")
+    out: dict[str, Counter] = defaultdict(Counter)
+    for q, counts in per_query.items():
+        arm = counts.most_common(1)[0][0]
+        out[task_of[q]][arm] += 1
+        out[ALL_TASKS][arm] += 1
+    return dict(out)
+
+
+def choices_text(counts: Counter | None) -> str:
+    """``"eagle_translation 12, autoregressive 4"``: queries per arm, most played first ("" when none)."""
+    return ", ".join(f"{arm} {n}" for arm, n in (counts or Counter()).most_common())
 
 
 def n_val_of(root: Path, run: str) -> int | None:

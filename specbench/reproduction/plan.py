@@ -95,7 +95,7 @@ TINY: dict[str, tuple[str, ...]] = {
 @dataclass(frozen=True)
 class Scale:
     """A scale of ``specbench reproduce --scale``: the run scale whose plan it runs, which is also its report
-    layout (runs.SCALES, layouts.LAYOUTS), and its own overrides."""
+    layout (runs.RUN_SCALES, layouts.LAYOUTS), and its own overrides."""
 
     layout: str
     overrides: dict[str, tuple[str, ...]] = field(default_factory=dict)  # by command or run directory
@@ -320,7 +320,7 @@ def run(
             "rerun with the settings they were run with, move those directories away, or use another --root",
         )
     (root / ROOT_RECORD).write_text(
-        json.dumps({"profile": scale, "layout": sc.layout}) + "\n", encoding="utf-8"
+        json.dumps({"scale": scale, "layout": sc.layout}) + "\n", encoding="utf-8"
     )
     run_steps(planned, stale, steps, root)
     return render.write(root, allow_empty=True)  # a restricted plan may complete no exhibit yet
@@ -356,7 +356,7 @@ def choose_steps(root: Path, scale: str, papers, extra, questions: str):
             "download it (`make data/spec_bench/question.jsonl`, from github.com/hemingkx/Spec-Bench) "
             "or pass --questions <question.jsonl>",
         )
-    if render.recorded(root).get("profile") not in (scale, None):  # the scale, under its older key
+    if render.recorded_scale(root) not in (scale, None):
         raise SpecbenchError(
             f"{root} holds the runs of another scale ({root / ROOT_RECORD})",
             "use another --root for this scale, or delete that root to start over",

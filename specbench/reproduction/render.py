@@ -31,8 +31,7 @@ LAYOUT_FILE = ROOT_RECORD
 
 
 def recorded(root: Path) -> dict:
-    """What ``specbench reproduce`` recorded under ``root`` (its scale, under the key ``profile``, and layout); empty
-    when nothing."""
+    """What ``specbench reproduce`` recorded under ``root`` (its ``scale`` and ``layout``); empty when nothing."""
     record = Path(root) / LAYOUT_FILE
     if not record.exists():
         return {}
@@ -43,10 +42,16 @@ def recorded(root: Path) -> dict:
     if not isinstance(found, dict):
         raise SpecbenchError(
             f"{record} is damaged (not the JSON object `specbench reproduce` writes)",
-            'write it again: {"profile": "cpu", "layout": "cpu"} (or "paper" for both), or pass '
+            'write it again: {"scale": "cpu", "layout": "cpu"} (or "paper" for both), or pass '
             "--layout to `specbench report`",
         )
     return found
+
+
+def recorded_scale(root: Path) -> str | None:
+    """The scale ``specbench reproduce`` recorded under ``root`` (roots of earlier versions keep it as ``profile``)."""
+    found = recorded(root)
+    return found.get("scale", found.get("profile"))
 
 
 def layout_of(root: Path, name: str | None = None) -> Layout:

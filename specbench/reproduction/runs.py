@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 # the record files' names live beside their writers (records.py); the plan reads them from here too
 from specbench.records import CONFIG, EXAMPLES, ROUNDS, ROWS, SEEDS, SUMMARY  # noqa: F401
 
-SCALES = (
+RUN_SCALES = (
     "cpu",
     "paper",
 )  # the scales a run has overrides for (a report layout each; `--scale tiny` runs cpu's)
@@ -203,7 +203,7 @@ HUANG_WITHOUT_AR = Run(
 HUANG_WITH_AR = Run(
     "huang/depth/with_ar",
     "train_policy",
-    {scale: (f"data={under_root(HUANG_DEPTH_COLLECT)}", *PAPER_REWARD) for scale in SCALES},
+    {scale: (f"data={under_root(HUANG_DEPTH_COLLECT)}", *PAPER_REWARD) for scale in RUN_SCALES},
     reads=(HUANG_DEPTH_COLLECT,),
 )
 HUANG_EVAL_WITHOUT_AR = Run(

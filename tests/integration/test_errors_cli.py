@@ -111,7 +111,11 @@ def test_wrong_types_fail_before_anything_loads(tmp_path, no_model_loads, comman
             "prefix it with +",
         ),
         (["selector.beta=2"], "error: unknown config key 'selector.beta'", "--help` lists the config groups"),
-        (["experiment=nope"], "error: no experiment config named 'nope'", "fix:   use one of: aa_cpu, cascades_cpu"),
+        (
+            ["experiment=nope"],
+            "error: no experiment config named 'nope'",
+            "fix:   use one of: aa_cpu, cascades_cpu",
+        ),
         (["decoding.draft_length=[1"], "error: cannot read the override", "KEY=VALUE"),
         (["-m", "target=tiny_llama,nope"], "error: no target config named 'nope'", "fix:   use one of:"),
     ],

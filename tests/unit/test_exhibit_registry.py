@@ -56,7 +56,7 @@ def test_adding_an_exhibit_is_one_object(tmp_path, monkeypatch):
 def test_the_plans_are_the_exhibits_runs_and_each_run_directory_is_declared_once():
     dirs = [r.dir for r in registry.RUNS]
     assert len(dirs) == len(set(dirs))
-    for scale in runs.SCALES:
+    for scale in runs.RUN_SCALES:
         steps = registry.plan_at(scale)
         needed = {r.dir for spec in registry.specs_at(scale) for r in spec.runs}
         assert {s.run for s in steps} >= needed

@@ -986,3 +986,46 @@ def test_holm_corrects_the_seeds_claims_apart_from_the_projects_own():
     assert all("Holm over 5 tested claims" in v.detail for v in exhibits[1].verdicts if v.p is not None)
     line = render.counts_line(exhibits)
     assert "the seeds' 3 tested claims" in line and "own 5 tested claims" in line
+
+
+def test_policy_rows_show_which_arm_each_query_played(tmp_path):
+    """Issue 43: every policy row of Huang et al.'s tables says how many queries it played on each arm (the arm of
+    most of a query's rounds, from rounds.jsonl), so a policy that is autoregressive in replay and slow live shows
+    what it chose live."""
+    from specbench.reproduction import huang
+    from specbench.reproduction.inputs import arm_choices, choices_text
+    from specbench.reproduction.runs import HUANG_EVAL
+    from tests.unit.test_reproduction import _huang_fixture
+
+    root = tmp_path / "reproduce"
+    _huang_fixture(root)
+    with (root / HUANG_EVAL.dir / "rounds.jsonl").open("w") as f:
+        for i in range(16):
+            for task, arm in (("translation", "eagle_translation"), ("summarization", "eagle_summarization")):
+                arms = [arm, arm, "eagle_translation"] if i < 12 else ["autoregressive"] * 3
+                for k, a in enumerate(arms):
+                    f.write(
+                        json.dumps(
+                            {
+                                "query_id": f"{task}-{i}",
+                                "task": task,
+                                "method": "policy",
+                                "round": k,
+                                "arm": a,
+                            }
+                        )
+                        + "\n"
+                    )
+                f.write(
+                    json.dumps({"query_id": f"{task}-{i}", "task": task, "method": "fixed:x", "arm": "x"})
+                    + "\n"
+                )
+    chosen = arm_choices(root, HUANG_EVAL.dir)
+    assert chosen["summarization"] == {"eagle_summarization": 12, "autoregressive": 4}
+    assert choices_text(chosen["all"]) == "eagle_translation 12, eagle_summarization 12, autoregressive 8"
+    assert arm_choices(root, "huang/absent") == {}
+    table = huang.huang_table1(root, [], CPU).table
+    col = "arms chosen (translation / summarization)"
+    policy = table[table.drafter == "policy"][col].item()
+    assert policy == "eagle_translation 12, autoregressive 4 / eagle_summarization 12, autoregressive 4"
+    assert (table[table.drafter != "policy"][col] == "").all()
