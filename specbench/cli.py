@@ -121,6 +121,12 @@ def hydra_run(config_name: str, pipeline: str, args: list[str]) -> None:
                 validate(
                     cfg, schema(LIGHT_TABLES)
                 )  # the keys whose tables load no more than torch, answered at once
+                if cfg.get("methods") is not None and cfg.get("pool") is not None:
+                    from specbench.pipelines.methods import check_methods
+
+                    check_methods(
+                        cfg
+                    )  # method names against the pool, before the pipeline (transformers) loads
                 module = importlib.import_module(f"specbench.pipelines.{pipeline}")
                 validate(cfg)  # every typed key, before the pipeline's own first checks (its door repeats it)
                 return module.run(cfg, out)

@@ -22,7 +22,7 @@ from specbench.decoding.loop import check_trees
 from specbench.errors import SpecbenchError
 from specbench.pipelines import spec_bench, tables
 from specbench.pipelines.cost_cache import startup_costs
-from specbench.pipelines.methods import Method, parse_methods
+from specbench.pipelines.methods import Method, check_methods, parse_methods
 from specbench.pipelines.session.core import Session, policy_checkpoint
 from specbench.pipelines.session.prompting import example_id, turns_of
 from specbench.pipelines.session.run_dir import RECORDS
@@ -127,19 +127,10 @@ def use_policy_pool(cfg: DictConfig, output_dir: str | Path) -> None:
 
 
 def check_methods_early(cfg: DictConfig) -> None:
-    """The methods against the pool's drafter names, before any model loads (a typo in a tree member, a router's
-    fallback or a fixed arm is answered in seconds, not after the target loads). Skipped for a policy, whose pool
-    may come from its checkpoint (``use_policy_pool``)."""
-    if policy_checkpoint(cfg) is not None:
-        return
-    names = [AUTOREGRESSIVE, *(cfg.pool.get("drafters") or {})]
-    parse_methods(
-        cfg.methods,
-        {name: None for name in names},
-        cfg.get("selector"),
-        cfg,
-        lambda: {"verify": [1.0, 0.0], "draft": {}},
-    )  # costs: profile is measured later
+    """``methods.check_methods`` unless a policy's checkpoint exists (its pool may come from the checkpoint:
+    ``use_policy_pool``)."""
+    if policy_checkpoint(cfg) is None:
+        check_methods(cfg)
 
 
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:

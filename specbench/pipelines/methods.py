@@ -168,3 +168,25 @@ def load_selector_config(name: str, root: DictConfig | None = None):
     )
     ctx.selector = loaded
     return ctx.selector
+
+
+def check_methods(cfg: DictConfig) -> None:
+    """The methods of ``cfg`` against its pool's drafter names, before any model loads (a typo in a fixed arm, a tree
+    member or a router's fallback is answered in about two seconds, not after the target loads): the command line
+    calls it for every config that holds ``methods`` and a pool, before it imports the pipeline. Skipped where a
+    policy plays (its pool may be the one kept in its checkpoint)."""
+    from specbench.selection.base import context_aware
+
+    methods = [str(m) for m in (cfg.get("methods") or [])]
+    if "selector:policy" in methods or (
+        "selector" in methods and context_aware(OmegaConf.select(cfg, "selector._target_", default=None))
+    ):
+        return
+    names = [AUTOREGRESSIVE, *((cfg.get("pool") or {}).get("drafters") or {})]
+    parse_methods(
+        cfg.methods,
+        {name: None for name in names},
+        cfg.get("selector"),
+        cfg,
+        lambda: {"verify": [1.0, 0.0], "draft": {}},
+    )  # costs: profile is measured later
