@@ -10,7 +10,15 @@ import pandas as pd
 
 from specbench.pipelines.tables import ALL_TASKS
 from specbench.reproduction import verdicts as V
-from specbench.reproduction.compare import faster_on, fixed_methods, paired, short_name, timed, with_published
+from specbench.reproduction.compare import (
+    faster_on,
+    fixed_methods,
+    pair_columns,
+    paired,
+    short_name,
+    timed,
+    with_published,
+)
 from specbench.reproduction.exhibit import CascadeRun, Exhibit, ExhibitSpec, Layout
 from specbench.reproduction.inputs import drafter_speeds, load_examples, run_table
 from specbench.reproduction.published import Published
@@ -184,12 +192,12 @@ def task_quality(ex: pd.DataFrame, task: str) -> pd.Series:
     )
 
 
-def quality_gap(ex: pd.DataFrame, m: str) -> tuple[float, float, float] | None:
+def quality_gap(p: dict[str, pd.DataFrame], m: str) -> tuple[float, float, float] | None:
     """(mean, lo, hi): ``m``'s per-query quality minus the target's (autoregressive) on the queries both ran and
-    scored, with the verdicts' paired bootstrap interval; None without such queries."""
+    scored (``p``: their records paired by query, ``compare.paired``), with the verdicts' paired bootstrap interval;
+    None without such queries."""
     from specbench.arms import AUTOREGRESSIVE
 
-    p = paired(ex, [m, AUTOREGRESSIVE])
     d = (p[m]._q - p[AUTOREGRESSIVE]._q).dropna() if not p[m].empty else pd.Series(dtype=float)
     if d.empty:
         return None
@@ -205,7 +213,10 @@ def quality_margin(ex: pd.DataFrame) -> float:
     """The non-inferiority margin: how far lossless SD's mean quality strays from the target's on these queries (the
     larger end of its paired 95% interval around 0), the scatter a method with the target's own quality shows; 0
     without an SD point."""
-    gap = quality_gap(ex, LOSSLESS_SD) if (ex.method == LOSSLESS_SD).any() else None
+    from specbench.arms import AUTOREGRESSIVE
+
+    has_sd = (ex.method == LOSSLESS_SD).any()
+    gap = quality_gap(paired(ex, [LOSSLESS_SD, AUTOREGRESSIVE]), LOSSLESS_SD) if has_sd else None
     return max(abs(gap[1]), abs(gap[2])) if gap is not None else 0.0
 
 
@@ -217,26 +228,10 @@ def at_target_quality(ex: pd.DataFrame, methods: list[str], margin: float = 0.0)
 
     out = []
     for m in methods:
-        gap = quality_gap(ex, m)
-        if gap is None or not gap[1] >= -margin:
-            continue
         p = paired(ex, [m, AUTOREGRESSIVE])
-        a, b = p[m], p[AUTOREGRESSIVE]
-        out.append(
-            (
-                float(
-                    V.speed_ratio()(
-                        {
-                            "a_s": a.seconds.to_numpy(float),
-                            "a_t": a.new_tokens.to_numpy(float),
-                            "b_s": b.seconds.to_numpy(float),
-                            "b_t": b.new_tokens.to_numpy(float),
-                        }
-                    )
-                ),
-                m,
-            )
-        )
+        gap = quality_gap(p, m)
+        if gap is not None and gap[1] >= -margin:
+            out.append((float(V.speed_ratio()(pair_columns(p[m], p[AUTOREGRESSIVE]))), m))
     return sorted(out, reverse=True)
 
 

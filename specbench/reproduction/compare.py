@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from specbench.pipelines.methods import AGAIN
@@ -38,6 +39,17 @@ def paired(ex: pd.DataFrame, methods: list[str], task: str | None = None) -> dic
 
 def _present(x) -> bool:
     return x is not None and not (isinstance(x, float) and math.isnan(x))
+
+
+def pair_columns(a: pd.DataFrame, b: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The paired per-query columns of two methods' records aligned by query (``verdicts.speed_ratio``'s: a_s, a_t,
+    b_s, b_t): ``speed_ratio()`` of them is how much faster ``a`` is than ``b``."""
+    return {
+        "a_s": a.seconds.to_numpy(float),
+        "a_t": a.new_tokens.to_numpy(float),
+        "b_s": b.seconds.to_numpy(float),
+        "b_t": b.new_tokens.to_numpy(float),
+    }
 
 
 def timed(p: pd.DataFrame) -> tuple[list[float], list[float]]:

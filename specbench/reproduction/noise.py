@@ -36,7 +36,7 @@ from specbench.errors import SpecbenchError
 from specbench.pipelines.methods import AGAIN
 from specbench.records import atomic_write_text
 from specbench.reproduction import verdicts as V
-from specbench.reproduction.compare import paired, short_name, timed
+from specbench.reproduction.compare import pair_columns, paired, short_name, timed
 from specbench.reproduction.exhibit import Exhibit, ExhibitSpec, Layout
 from specbench.reproduction.inputs import NotRun, load_examples
 from specbench.reproduction.published import Published
@@ -231,16 +231,6 @@ def rate_line(verdicts: Sequence[V.Verdict], floor: pd.DataFrame) -> str:
 
 CALIBRATION_SIZES = (16, 32, 80)  # the verdicts' n: a task cell, two cells, the mixed stream
 DRAWS = 500  # symmetrised null draws per (pair, n): the rate's binomial error about 0.5% per side at 2.5%
-
-
-def pair_columns(a: pd.DataFrame, b: pd.DataFrame) -> dict[str, np.ndarray]:
-    """The paired per-query columns of two runs of one method (``speed_ratio``'s: a_s, a_t, b_s, b_t)."""
-    return {
-        "a_s": a.seconds.to_numpy(float),
-        "a_t": a.new_tokens.to_numpy(float),
-        "b_s": b.seconds.to_numpy(float),
-        "b_t": b.new_tokens.to_numpy(float),
-    }
 
 
 def aa_pairs(runs: Sequence[pd.DataFrame]) -> list[tuple[str, str, dict[str, np.ndarray]]]:

@@ -291,7 +291,7 @@ def p_value(vals: np.ndarray, threshold: float) -> float:
     least one resample's worth, at most 1), the two-sided equivalent of the percentile interval's level."""
     if not len(vals):
         return math.nan
-    return float(min(1.0, 2 * max(np.mean(vals <= threshold), 1 / len(vals))))
+    return tail_p(max(float(np.mean(vals <= threshold)), 1 / len(vals)), "percentile", len(vals))
 
 
 def tail_p(share: float, method: str, n: int, bca: Bca | None = None) -> float:
