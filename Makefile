@@ -89,9 +89,10 @@ aa-cpu: install
 	cp $(AA_OUT)/one/calibration.md docs/aa-cpu.md  # the generated page the docs quote
 
 # MetaSD's bandit claims over thousands of rounds: acceptance traces of the mixed stream (16 queries a task, 512
-# new tokens or EOS: conf/experiment/trace_mixed.yaml; resumable), a live eval of 4 of its queries a task at 128
-# tokens (conf/experiment/replay_live.yaml: the replay's calibration), then the replays (100 seeds a selector) and
-# their exhibits with paired intervals (long_horizon.md). About 31 + 12 minutes on 2 CPUs; the replays take a minute.
+# new tokens or EOS: conf/experiment/trace_mixed.yaml; resumable), a live eval of 2 of its queries a task at the same
+# 512 tokens (conf/experiment/replay_live.yaml: the replay's calibration, one method per replayed family; its rounds
+# also fit the clock's per-round overheads), then the replays (100 seeds a selector) and their exhibits with paired
+# intervals (long_horizon.md). About 31 + 18 minutes on 2 CPUs; the replays take a few minutes.
 TRACE_OUT ?= outputs/trace_mixed/run
 LIVE_OUT ?= outputs/replay_live/run
 LONG_OUT ?= outputs/long_horizon

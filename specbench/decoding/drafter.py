@@ -51,6 +51,19 @@ class Draft:
         return max(depths, default=0)
 
 
+def full_precision(*modules: torch.nn.Module | None) -> bool:
+    """Whether every floating parameter of ``modules`` is float32 or wider: a forward over many tokens at once then
+    computes what one token at a time computes (to fp32 rounding), so a drafter of them is history-free; in bf16 or
+    fp16 a multi-token catch-up rounds differently from single-token steps, and its drafts can differ."""
+    return all(
+        p.dtype in (torch.float32, torch.float64)
+        for m in modules
+        if m is not None
+        for p in m.parameters()
+        if p.is_floating_point()
+    )
+
+
 def keep_tokens(draft: Draft, keep) -> Draft:
     """``draft`` cut to the token indices ``keep`` (closed under parents: a kept token's parent is kept), in draft
     order, re-indexed; a chain stays a chain when ``keep`` is one of its prefixes."""

@@ -18,25 +18,30 @@ the round (its ``t_select``, where the live loop books it); a counterfactual rep
 optimistic.
 
 Drafters whose distributions depend on how they caught up, not only on the committed tokens, replay
-approximately: dynamic int8 quantization scales each forward's whole input at once, so a catch-up over many
+approximately: dynamic int8 quantization scales each forward's whole input at once, and a model drafter or head
+in bf16 or fp16 rounds a forward over many tokens differently from one token at a time, so a catch-up over many
 tokens computes other probabilities than one over a single token (``Drafter.history_free``).
 
 Time is predicted, not measured (``Costs``): a round costs the target's forward over its scored tokens at
 its context length (the measured cost curve, interpolated), the members' traced propose times, and for
 a member not synced at the previous round's position its catch-up (the measured catch-up curve over the
-tokens it missed; on its first use in the query, its traced setup too). The prefill is the trace's.
+tokens it missed; on its first use in the query, its traced setup too). The prefill is the trace's. What a live
+verification costs beyond the forward (the probabilities of every row, the acceptance, Block Divergence of each
+member, the cache's commit, and in a tree round its mask and the move of the accepted path's rows) is the round's
+overhead (``Costs.overhead``): fitted per kind of round (``ROUND_KINDS``) from a live run's own rounds when one is
+given (``fit_overheads``), else a tree round is charged the trace's measured ``tree_extra`` and a chain nothing.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from specbench.arms import AUTOREGRESSIVE
 from specbench.decoding.loop import Generation, Limits, round_members, tree_label
 from specbench.decoding.trace import QueryTrace
-from specbench.decoding.tree import build_tree
+from specbench.decoding.tree import TokenTree, build_tree
 from specbench.decoding.verify import block_efficiency
 from specbench.errors import SpecbenchError
 from specbench.records import Round
@@ -50,6 +55,10 @@ def interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
     i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
     return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+AUTOREGRESSIVE_ROUND, CHAIN, TREE = "autoregressive", "chain", "tree"
+ROUND_KINDS = (AUTOREGRESSIVE_ROUND, CHAIN, TREE)  # the kinds of round whose overhead is fitted apart
 
 
 @dataclass(frozen=True)
@@ -66,6 +75,8 @@ class Costs:
     seconds: tuple[tuple[float, ...], ...]
     catch_up: Mapping[str, tuple[tuple[int, float], ...]] = field(default_factory=dict)
     tree_extra: float = 0.0
+    # per kind of round (ROUND_KINDS): the mean seconds a live verification took beyond the curve (fit_overheads)
+    overheads: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, d: Mapping, catch_up: Mapping | None = None, tree_extra: float | None = None) -> Costs:
@@ -97,12 +108,44 @@ class Costs:
         per = [interpolate(self.q, s, q) for s in self.seconds]
         return interpolate(self.contexts, per, context)
 
+    def overhead(self, kind: str) -> float:
+        """Seconds a round of ``kind`` (``ROUND_KINDS``) costs beyond its forward: the fitted overhead, else the
+        trace's ``tree_extra`` for a tree round and 0 for the others."""
+        if kind in self.overheads:
+            return self.overheads[kind]
+        return self.tree_extra if kind == TREE else 0.0
+
     def sync(self, name: str, tokens: int) -> float:
         """Seconds of ``name``'s catch-up over ``tokens`` missed tokens (0 for a drafter without a curve)."""
         pairs = self.catch_up.get(name)
         if not pairs or tokens <= 0:
             return 0.0
         return interpolate([n for n, _ in pairs], [s for _, s in pairs], tokens)
+
+
+def round_kind(drafted: int, tree: bool) -> str:
+    """A round's kind: a tree (several members, or a drafter's tree), a chain of drafted tokens, or one token."""
+    return TREE if tree else CHAIN if drafted else AUTOREGRESSIVE_ROUND
+
+
+def fit_overheads(
+    costs: Costs, queries: Iterable[tuple[int, Sequence[Mapping]]]
+) -> dict[str, tuple[float, int]]:
+    """Per kind of round (``ROUND_KINDS``): ``(mean seconds, rounds)`` a live round's verification (``t_verify``)
+    took beyond ``costs``' curve for a forward over as many tokens at its context. ``queries``: per live
+    generation, its prompt length and its rounds in order (eval's round records: ``drafted``, ``tree_size``,
+    ``members``, ``emitted``, ``t_verify``). The mean, not the median: the replay predicts total seconds."""
+    residuals: dict[str, list[float]] = {k: [] for k in ROUND_KINDS}
+    for prompt_len, rounds in queries:
+        t = 0
+        for r in rounds:
+            tree_size = int(r.get("tree_size") or 0)
+            tree = tree_size > 0 or len(r.get("members") or ()) > 1
+            scored = (tree_size if tree_size else int(r["drafted"])) + 1
+            kind = round_kind(int(r["drafted"]), tree)
+            residuals[kind].append(float(r["t_verify"]) - costs.verify(scored, prompt_len + t))
+            t += int(r["emitted"])
+    return {k: (sum(v) / len(v), len(v)) for k, v in residuals.items() if v}
 
 
 class TraceView:
@@ -119,12 +162,15 @@ class TraceView:
         room = self.max_new_tokens - t - 1
         context = tr.prompt_len + t
         if arm == AUTOREGRESSIVE:
-            return 1.0 / max(self.costs.verify(1, context), 1e-12)
+            return 1.0 / max(self.costs.verify(1, context) + self.costs.overhead(AUTOREGRESSIVE_ROUND), 1e-12)
         dt = tr.drafters[arm]
         n = len(dt.draft(t, min(self.lengths[arm], room)))
         last = self.synced.get(arm)
         catch_up = dt.t_setup + self.costs.sync(arm, t) if last is None else self.costs.sync(arm, t - last)
-        seconds = self.costs.verify(n + 1, context) + dt.seconds(t, n) + catch_up
+        seconds = (
+            self.costs.verify(n + 1, context) + self.costs.overhead(round_kind(n, False)) + dt.seconds(t, n)
+        )
+        seconds += catch_up
         return (dt.accepted_of(t, n) + 1) / max(seconds, 1e-12)
 
 
@@ -163,6 +209,36 @@ class _Member:
     match: int | None  # retrieval drafters: the context match of its traced draft (routing)
 
 
+@dataclass
+class _Walk:
+    """One query's replay in progress: its inputs, the arms' sync positions and the generation so far."""
+
+    trace: QueryTrace
+    selector: Selector
+    limits: Limits
+    costs: Costs
+    draft_lengths: Mapping[str, int]
+    synced: dict[str, int]  # arm -> position last synced at (first use: absent)
+    observable: list[str]  # drafters that give side observations, under a full-information selector
+    gen: Replayed
+    view: TraceView | None  # what a trace-reading selector (an oracle) looks at
+
+
+@dataclass
+class _Outcome:
+    """What a round's drafts earn on the trace: the round's label, its tree (several members), drafted and scored
+    size, greedy acceptance before the EOS cut, Block Divergence; per member its own acceptance and divergence."""
+
+    arm: str
+    tree: TokenTree | None
+    drafted: int
+    n_max: int
+    accepted_raw: int
+    bd: float
+    own: dict[str, int]
+    mine: dict[str, float]
+
+
 def replay(
     trace: QueryTrace,
     selector: Selector,
@@ -174,6 +250,33 @@ def replay(
     """Replay ``selector`` over one query's trace (module docstring): a ``Generation`` whose rounds carry the
     same fields as the loop's, with predicted times. ``draft_lengths``: each arm's draft length in the
     replayed run (at most its trace length)."""
+    w = _start(trace, selector, limits, costs, draft_lengths, query)
+    prev_members: tuple[str, ...] | None = None
+    seconds = trace.t_prefill
+    while len(w.gen.tokens) < limits.max_new_tokens:
+        t = len(w.gen.tokens)
+        if w.view is not None:
+            w.view.t = t
+        members, made, unused = _draft(w, t)
+        o = _outcome(w, t, members, made)
+        new = _emit(w, t, o.accepted_raw)
+        done = w.gen.stop == "eos" or len(w.gen.tokens) >= limits.max_new_tokens
+        switched = prev_members is not None and members != prev_members
+        rnd = _round(w, t, o, made, unused, len(new), switched)
+        _feed(w, o, rnd, members, made)
+        w.gen.rounds.append(rnd)
+        seconds += _observe(w, t, o, rnd, members, made)
+        seconds += rnd.t_draft + rnd.t_verify + rnd.t_switch
+        prev_members = members
+        if done:
+            break
+    w.gen.seconds = seconds
+    w.gen.target_calls = len(w.gen.rounds)
+    return w.gen
+
+
+def _start(trace, selector, limits, costs, draft_lengths, query) -> _Walk:
+    """Refuse what cannot replay, give a trace-reading selector its view, and reset the selector for the query."""
     if selector.embedding_pooling is not None:
         raise SpecbenchError(
             f"{type(selector).__name__} reads the query's embedding, which a trace does not record",
@@ -184,7 +287,6 @@ def replay(
             f"the replay asks for {limits.max_new_tokens} new tokens; the trace holds {trace.max_new_tokens}",
             "replay with replay.max_new_tokens at most the trace's",
         )
-    output, eos_ids = trace.output, frozenset(trace.eos_ids)
     view = (
         TraceView(trace, costs, draft_lengths, limits.max_new_tokens)
         if getattr(selector, "sees_trace", False)
@@ -194,154 +296,165 @@ def replay(
         selector.view = view
     selector.reset(query)
     observable = [n for n, dt in trace.drafters.items() if dt.observable] if selector.full_information else []
-    out: list[int] = []
-    gen = Replayed(tokens=out)
-    synced: dict[str, int] = (
-        view.synced if view is not None else {}
-    )  # arm -> position last synced at (first use: absent)
-    prev_members: tuple[str, ...] | None = None
-    seconds = trace.t_prefill
-    while len(out) < limits.max_new_tokens:
-        t = len(out)
-        if view is not None:
-            view.t = t
-        choice = selector.select()
-        room = limits.max_new_tokens - t - 1
-        context = trace.prompt_len + t
+    synced: dict[str, int] = view.synced if view is not None else {}
+    return _Walk(trace, selector, limits, costs, draft_lengths, synced, observable, Replayed(tokens=[]), view)
 
-        def draft_with(name: str, t: int = t, room: int = room) -> _Member:
-            if name == AUTOREGRESSIVE:
-                synced[name] = t
-                return _Member([], 0, 0, False, 0.0, 0.0, None)
-            dt = trace.drafters.get(name)
-            if dt is None:
-                raise SpecbenchError(
-                    f"the selector played '{name}', which the trace does not hold",
-                    f"replay with arms of the traced pool: {', '.join(trace.drafters)}",
-                )
-            k = min(draft_lengths[name], room)
-            first = name not in synced
-            t_sync = dt.t_setup + costs.sync(name, t) if first else costs.sync(name, t - synced[name])
+
+def _draft(w: _Walk, t: int):
+    """The selector's choice and its members' traced drafts at position ``t`` (``round_members``, as live)."""
+    trace, costs, synced = w.trace, w.costs, w.synced
+    choice = w.selector.select()
+    room = w.limits.max_new_tokens - t - 1
+
+    def draft_with(name: str) -> _Member:
+        if name == AUTOREGRESSIVE:
             synced[name] = t
-            draft = dt.draft(t, k)
-            return _Member(
-                draft, k, k, first, t_sync, dt.seconds(t, len(draft)) if k > 0 else 0.0, dt.match[t]
-            )
-
-        members, made, unused = round_members(
-            choice, draft_with, lambda d, n: bool(d.draft) and (d.match or 0) >= n, type(selector).__name__
-        )
-        routed = unused.t_sync + unused.t_propose if unused is not None else 0.0
-        switched = prev_members is not None and members != prev_members
-        first_use = any(d.first for d in made.values())
-        own = {m: (trace.drafters[m].accepted_of(t, len(d.draft)) if d.draft else 0) for m, d in made.items()}
-        mine = {
-            m: (trace.drafters[m].divergence(t, len(d.draft), d.n_max) if d.draft else 0.0)
-            for m, d in made.items()
-        }
-        tree = None
-        if len(members) == 1:
-            arm = members[0]
-            drafted, n_max = len(made[arm].draft), made[arm].n_max
-            accepted_raw, bd = own[arm], mine[arm]
-        else:
-            arm = tree_label(members)
-            tree = build_tree({m: made[m].draft for m in members})
-            drafted, n_max = tree.size, max(d.n_max for d in made.values())
-            accepted_raw, bd = max(own.values()), max(mine.values())
-        new = list(output[t : t + accepted_raw + 1])
-        for i, tok in enumerate(new):
-            if tok in eos_ids:
-                new = new[: i + 1]
-                gen.stop = "eos"
-                break
-        if len(new) < accepted_raw + 1 and gen.stop != "eos":
+            return _Member([], 0, 0, False, 0.0, 0.0, None)
+        dt = trace.drafters.get(name)
+        if dt is None:
             raise SpecbenchError(
-                f"the trace ends at {len(output)} tokens without an EOS, before the replay's round at "
-                f"position {t} could emit {accepted_raw + 1}",
-                "trace with more new tokens",
+                f"the selector played '{name}', which the trace does not hold",
+                f"replay with arms of the traced pool: {', '.join(trace.drafters)}",
             )
-        accepted = min(accepted_raw, len(new))
-        out.extend(new)
-        done = gen.stop == "eos" or len(out) >= limits.max_new_tokens
-        t_verify = costs.verify(drafted + 1, context) + (costs.tree_extra if tree is not None else 0.0)
-        setup = switched or first_use
-        t_sync = sum(d.t_sync for d in made.values())
-        t_draft = sum(d.t_propose for d in made.values()) + routed + (0.0 if setup else t_sync)
-        rnd = Round(
-            index=len(gen.rounds),
-            arm=arm,
-            drafted=drafted,
-            accepted=accepted,
-            n_max=n_max,
-            be=block_efficiency(accepted, n_max),
-            bd=bd,
-            emitted=len(new),
-            t_select=0.0,
-            t_draft=t_draft,
-            t_verify=t_verify,
-            t_switch=t_sync if setup else 0.0,
-            switched=switched,
-            first_use=first_use,
-        )
-        if tree is not None:
-            mem = {m: min(own[m], accepted) for m in members}
-            rnd.members, rnd.tree_size = list(members), tree.size
-            rnd.member_accepted = mem
-            rnd.winners = [m for m in tree.paths if accepted_raw and own[m] == accepted_raw]
-            selector.update_tree(
-                {
-                    m: Feedback(
-                        drafted=len(made[m].draft),
-                        accepted=mem[m],
-                        n_max=made[m].n_max,
-                        be=block_efficiency(mem[m], made[m].n_max),
-                        bd=mine[m],
-                        t_draft=made[m].t_propose,
-                        t_verify=t_verify,
-                        t_switch=made[m].t_sync if made[m].first else 0.0,
-                    )
-                    for m in members
-                }
-            )
-        else:
-            selector.update(
-                arm,
-                Feedback(
-                    drafted=drafted,
-                    accepted=accepted,
-                    n_max=n_max,
-                    be=rnd.be,
-                    bd=bd,
-                    t_draft=t_draft,
-                    t_verify=t_verify,
-                    t_switch=rnd.t_switch,
-                ),
-            )
-        gen.rounds.append(rnd)
-        if observable and tree is None and drafted:
-            traced_draft = len(made[arm].draft) == len(trace.drafters[arm].drafts[t])
-            t_observe = trace.drafters[arm].t_observe
-            if (
-                t_observe is not None
-            ):  # what the live loop pays for its observers' side observations (its t_select)
-                rnd.t_select += t_observe[t]
-                seconds += t_observe[t]
-            for name in observable:
-                if name not in members:
-                    dt = trace.drafters[name]
-                    if dt.side is not None and traced_draft:  # what the loop's observe returned (exact)
-                        value = dt.side[t].get(arm)
-                    else:  # counterfactual: its own draft's Block Divergence here (module docstring)
-                        k = min(draft_lengths[name], room)
-                        value = dt.divergence(t, len(dt.draft(t, k)), k)
-                        gen.counterfactual += 1
-                    if value is not None:
-                        selector.observe(name, value)
-        seconds += t_draft + t_verify + rnd.t_switch
-        prev_members = members
-        if done:
+        k = min(w.draft_lengths[name], room)
+        first = name not in synced
+        t_sync = dt.t_setup + costs.sync(name, t) if first else costs.sync(name, t - synced[name])
+        synced[name] = t
+        draft = dt.draft(t, k)
+        return _Member(draft, k, k, first, t_sync, dt.seconds(t, len(draft)) if k > 0 else 0.0, dt.match[t])
+
+    return round_members(
+        choice, draft_with, lambda d, n: bool(d.draft) and (d.match or 0) >= n, type(w.selector).__name__
+    )
+
+
+def _outcome(w: _Walk, t: int, members: tuple[str, ...], made: Mapping[str, _Member]) -> _Outcome:
+    """The round's acceptance and divergence on the trace: a chain's own, or a tree's longest member's."""
+    drafters = w.trace.drafters
+    own = {m: (drafters[m].accepted_of(t, len(d.draft)) if d.draft else 0) for m, d in made.items()}
+    mine = {
+        m: (drafters[m].divergence(t, len(d.draft), d.n_max) if d.draft else 0.0) for m, d in made.items()
+    }
+    if len(members) == 1:
+        arm = members[0]
+        return _Outcome(arm, None, len(made[arm].draft), made[arm].n_max, own[arm], mine[arm], own, mine)
+    tree = build_tree({m: made[m].draft for m in members})
+    n_max = max(d.n_max for d in made.values())
+    return _Outcome(
+        tree_label(members), tree, tree.size, n_max, max(own.values()), max(mine.values()), own, mine
+    )
+
+
+def _emit(w: _Walk, t: int, accepted_raw: int) -> list[int]:
+    """The traced output's next ``accepted_raw + 1`` tokens, cut after an EOS, appended to the generation."""
+    gen, output = w.gen, w.trace.output
+    new = list(output[t : t + accepted_raw + 1])
+    for i, tok in enumerate(new):
+        if tok in w.trace.eos_ids:
+            new = new[: i + 1]
+            gen.stop = "eos"
             break
-    gen.seconds = seconds
-    gen.target_calls = len(gen.rounds)
-    return gen
+    if len(new) < accepted_raw + 1 and gen.stop != "eos":
+        raise SpecbenchError(
+            f"the trace ends at {len(output)} tokens without an EOS, before the replay's round at "
+            f"position {t} could emit {accepted_raw + 1}",
+            "trace with more new tokens",
+        )
+    gen.tokens.extend(new)
+    return new
+
+
+def _round(w: _Walk, t: int, o: _Outcome, made, unused, emitted: int, switched: bool) -> Round:
+    """The round's record with its predicted times (the module docstring's clock)."""
+    costs = w.costs
+    routed = unused.t_sync + unused.t_propose if unused is not None else 0.0
+    first_use = any(d.first for d in made.values())
+    t_verify = costs.verify(o.drafted + 1, w.trace.prompt_len + t) + costs.overhead(
+        round_kind(o.drafted, o.tree is not None)
+    )
+    setup = switched or first_use
+    t_sync = sum(d.t_sync for d in made.values())
+    t_draft = sum(d.t_propose for d in made.values()) + routed + (0.0 if setup else t_sync)
+    accepted = min(o.accepted_raw, emitted)
+    return Round(
+        index=len(w.gen.rounds),
+        arm=o.arm,
+        drafted=o.drafted,
+        accepted=accepted,
+        n_max=o.n_max,
+        be=block_efficiency(accepted, o.n_max),
+        bd=o.bd,
+        emitted=emitted,
+        t_select=0.0,
+        t_draft=t_draft,
+        t_verify=t_verify,
+        t_switch=t_sync if setup else 0.0,
+        switched=switched,
+        first_use=first_use,
+    )
+
+
+def _feed(w: _Walk, o: _Outcome, rnd: Round, members, made) -> None:
+    """The selector's feedback, as the live loop gives it: per member of a tree (``update_tree``), else the arm's."""
+    if o.tree is None:
+        w.selector.update(
+            o.arm,
+            Feedback(
+                drafted=rnd.drafted,
+                accepted=rnd.accepted,
+                n_max=rnd.n_max,
+                be=rnd.be,
+                bd=rnd.bd,
+                t_draft=rnd.t_draft,
+                t_verify=rnd.t_verify,
+                t_switch=rnd.t_switch,
+            ),
+        )
+        return
+    mem = {m: min(o.own[m], rnd.accepted) for m in members}
+    rnd.members, rnd.tree_size = list(members), o.tree.size
+    rnd.member_accepted = mem
+    rnd.winners = [m for m in o.tree.paths if o.accepted_raw and o.own[m] == o.accepted_raw]
+    w.selector.update_tree(
+        {
+            m: Feedback(
+                drafted=len(made[m].draft),
+                accepted=mem[m],
+                n_max=made[m].n_max,
+                be=block_efficiency(mem[m], made[m].n_max),
+                bd=o.mine[m],
+                t_draft=made[m].t_propose,
+                t_verify=rnd.t_verify,
+                t_switch=made[m].t_sync if made[m].first else 0.0,
+            )
+            for m in members
+        }
+    )
+
+
+def _observe(w: _Walk, t: int, o: _Outcome, rnd: Round, members, made) -> float:
+    """Full information: each watching drafter outside the round gets its side observation (traced, else
+    counterfactual: counted); the seconds the live loop paid for them (traced ``t_observe``), booked to t_select."""
+    if not (w.observable and o.tree is None and o.drafted):
+        return 0.0
+    trace, arm = w.trace, o.arm
+    traced_draft = len(made[arm].draft) == len(trace.drafters[arm].drafts[t])
+    t_observe = trace.drafters[arm].t_observe
+    seconds = 0.0
+    if t_observe is not None:  # what the live loop pays for its observers' side observations (its t_select)
+        rnd.t_select += t_observe[t]
+        seconds = t_observe[t]
+    room = w.limits.max_new_tokens - t - 1
+    for name in w.observable:
+        if name in members:
+            continue
+        dt = trace.drafters[name]
+        if dt.side is not None and traced_draft:  # what the loop's observe returned (exact)
+            value = dt.side[t].get(arm)
+        else:  # counterfactual: its own draft's Block Divergence here (module docstring)
+            k = min(w.draft_lengths[name], room)
+            value = dt.divergence(t, len(dt.draft(t, k)), k)
+            w.gen.counterfactual += 1
+        if value is not None:
+            w.selector.observe(name, value)
+    return seconds

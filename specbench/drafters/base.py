@@ -11,6 +11,7 @@ from specbench.decoding.drafter import (
     Draft,
     Drafter,
     draft_ends,
+    full_precision,
 )
 from specbench.decoding.sampling import logits_to_probs, pick
 from specbench.drafters.dynamic_tree import TreeShape, frontier_attention, grow, tree_shape
@@ -63,6 +64,7 @@ class ModelDrafter(Drafter):
         self.lm = CachedLM(model, vocab_size=vocab_size)
         self.tree = tree
         self._next_logits: torch.Tensor | None = None
+        self.history_free = full_precision(model)  # bf16 / fp16: a multi-token catch-up rounds differently
 
     def begin(self, query: DecodeContext) -> None:
         self.lm.reset(query.encoder_ids, query.encoder_outputs if self.shares_encoder else None)

@@ -159,5 +159,5 @@ def build(
     drafter = ModelDrafter(name, qmodel, target.vocab_size, cost, confidence_threshold)
     # dynamic int8 scales each forward's whole input at once: a catch-up over many tokens computes other
     # probabilities than one token at a time, so a trace replays its Block Divergence only approximately
-    drafter.history_free = scheme != "dynamic_int8"
+    drafter.history_free = drafter.history_free and scheme != "dynamic_int8"
     return with_tree(drafter, tree, name)

@@ -21,6 +21,7 @@ Written to the run directory (every record says ``replayed: true``):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import statistics
 import time
@@ -35,7 +36,7 @@ from tqdm.auto import tqdm
 from specbench import profiling
 from specbench.arms import AUTOREGRESSIVE
 from specbench.decoding.loop import Limits
-from specbench.decoding.replay import Costs, RoundOracle, replay
+from specbench.decoding.replay import ROUND_KINDS, Costs, RoundOracle, fit_overheads, replay
 from specbench.decoding.trace import QueryTrace
 from specbench.errors import SpecbenchError
 from specbench.pipelines import tables
@@ -44,7 +45,12 @@ from specbench.pipelines.session.run_dir import RunFiles, start_run
 from specbench.pipelines.trace import load_traces
 from specbench.records import EXAMPLES, ROUNDS, SEEDS, JsonlWriter, atomic_write_text, read_jsonl, round_row
 from specbench.selection.base import context_aware
-from specbench.validate import COUNT, PATH, Rule, boolean, integer
+from specbench.validate import COUNT, PATH, Rule, boolean, integer, text
+
+# the orders queries can be replayed in: the trace's own, or its tasks one after another (each task's queries in the
+# trace's order): a stream whose best drafter changes between long segments, under carried statistics
+TRACED, BY_TASK = "traced", "by_task"
+ORDERS = (TRACED, BY_TASK)
 
 # replay.* and the command's own inputs (conf/replay.yaml)
 KEYS: dict[str, Rule] = {
@@ -53,6 +59,11 @@ KEYS: dict[str, Rule] = {
     "replay.max_new_tokens": integer(1, null=True, note=" (null: the trace's)"),
     "replay.draft_length": integer(1, null=True, note=" (null: the trace run's)"),
     "replay.partial": boolean(),
+    "replay.live": text(null=True),
+    "replay.counterfactual": boolean(),
+    "replay.order": Rule(
+        lambda v: v in ORDERS, " or ".join(ORDERS), note=" (the order queries are replayed in)"
+    ),
 }
 
 log = logging.getLogger(__name__)
@@ -65,7 +76,13 @@ LATE = 100  # the share on the best arm is also reported from this round index o
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     out = start_run(cfg, output_dir, FILES, "replay")
     rows, cost_dict = load_traces(cfg.traces, partial=bool(cfg.replay.get("partial")))
+    rows = ordered(rows, cfg.replay.get("order") or TRACED)
     costs = costs_of(cfg, cost_dict)
+    fitted = {}
+    if cfg.replay.get("live"):
+        fitted = fit_from_live(costs, cfg.replay.live, rows)
+        costs = dataclasses.replace(costs, overheads={k: s for k, (s, _) in fitted.items()})
+        log.info("replay: verification overheads fitted on %s: %s", cfg.replay.live, overheads_text(fitted))
     first = rows[0]
     arms = list(first["arms"])
     for r in rows:
@@ -84,6 +101,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     methods = parse_methods(
         [m for m in specs if m != ORACLE_ROUND], {a: None for a in arms}, cfg.get("selector"), cfg
     )
+    if not cfg.replay.get("counterfactual"):
+        refuse_counterfactual(methods, rows, cfg.traces)
     if ORACLE_ROUND in specs:
         methods.append(Method(ORACLE_ROUND, lambda: RoundOracle(arms)))
     for f in FILES.results:
@@ -94,8 +113,67 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     )
     elapsed = time.perf_counter() - t_start
     log.info("replayed %d rounds in %.1f s (%.0f rounds/s)", n_rounds, elapsed, n_rounds / max(elapsed, 1e-9))
-    write_outputs(out, per_seed, convergence, rows, n_rounds, elapsed, cfg)
+    write_outputs(out, per_seed, convergence, rows, n_rounds, elapsed, cfg, fitted)
     return out
+
+
+def ordered(rows: list[dict], order: str) -> list[dict]:
+    """The traced queries in the replay's ``order`` (``ORDERS``): as traced, or grouped by task (tasks in the order of
+    their first query, each task's queries as traced)."""
+    if order == TRACED:
+        return rows
+    first = {task: i for i, task in reversed(list(enumerate(r["task"] for r in rows)))}
+    return sorted(rows, key=lambda r: first[r["task"]])
+
+
+def refuse_counterfactual(methods: list[Method], rows: list[dict], traces) -> None:
+    """A full-information selector over a trace without side observations would replay with observations live never
+    had (each observer's own draft's Block Divergence) and pay nothing for them: refused unless asked for."""
+    blind = [
+        n for n, d in rows[0]["trace"]["drafters"].items() if d.get("observable") and d.get("side") is None
+    ]
+    if not blind:
+        return
+    for m in methods:
+        if getattr(m.make_selector(), "full_information", False):
+            raise SpecbenchError(
+                f"method '{m.name}' learns from full information, but {traces} holds no side observations for "
+                f"{', '.join(blind)}: its replay would see better information than live, at no cost",
+                "trace with trace.side_observations=true, evaluate it live, or replay it anyway with "
+                "replay.counterfactual=true (the output counts its counterfactual observations)",
+            )
+
+
+def live_queries(live: str | Path, rows: list[dict], ids=None) -> list[tuple[int, list[dict]]]:
+    """Per generation of the eval run ``live`` of a traced query (of ``ids`` when given): the query's prompt length
+    (from its trace) and the generation's round records in order, the input of ``fit_overheads``."""
+    live = Path(live)
+    if not (live / ROUNDS).is_file():
+        raise SpecbenchError(
+            f"replay.live={live}: no {ROUNDS} there", "point replay.live at a `specbench eval` run directory"
+        )
+    prompt = {r["query_id"]: int(r["trace"]["prompt_len"]) for r in rows}
+    gens: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for r in read_jsonl(live / ROUNDS):
+        if r.get("query_id") in prompt and (ids is None or r["query_id"] in ids):
+            gens[(r["query_id"], r["method"])].append(r)
+    if not gens:
+        raise SpecbenchError(
+            f"replay.live={live}: no generation of a query of the trace",
+            "evaluate the traced queries (the same dataset and limit) into the live run",
+        )
+    return [(prompt[q], sorted(rs, key=lambda r: r["round"])) for (q, _), rs in gens.items()]
+
+
+def fit_from_live(costs: Costs, live, rows: list[dict], ids=None) -> dict[str, tuple[float, int]]:
+    """The replay clock's per-round overheads (``fit_overheads``) fitted on the live run's rounds."""
+    return fit_overheads(costs, live_queries(live, rows, ids))
+
+
+def overheads_text(fitted: dict[str, tuple[float, int]]) -> str:
+    return ", ".join(
+        f"{k} {fitted[k][0] * 1e3:+.2f} ms ({fitted[k][1]:,} rounds)" for k in ROUND_KINDS if k in fitted
+    )
 
 
 def replay_all(out: Path, rows: list[dict], methods: list[Method], arms: list[str], seeds: int, clock: tuple):
@@ -323,6 +401,20 @@ def method_table(per_seed: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def fitted_note(fitted, cfg: DictConfig) -> str:
+    """What the clock charges a round beyond its forward, and where that came from."""
+    if fitted:
+        return (
+            f" A verification is charged its kind of round's mean overhead beyond the cost curve, fitted on the live "
+            f"run {cfg.replay.live}: {overheads_text(fitted)}."
+        )
+    return (
+        " No live run was given (replay.live): a tree round is charged the trace's measured tree_extra beyond a "
+        "chain forward, a chain round nothing beyond its forward (live rounds also pay their probabilities, "
+        "acceptance and cache commit)."
+    )
+
+
 def approximate_note(rows) -> str:
     """The traced drafters whose rewards replay approximately (not history-free: e.g. dynamic int8), named."""
     names = sorted(
@@ -343,7 +435,7 @@ def approximate_note(rows) -> str:
 
 
 def write_outputs(
-    out: Path, per_seed, convergence, rows, n_rounds: int, elapsed: float, cfg: DictConfig
+    out: Path, per_seed, convergence, rows, n_rounds: int, elapsed: float, cfg: DictConfig, fitted=None
 ) -> None:
     table = method_table(per_seed)
     tables.write_csv(table, out / "seeds.csv")
@@ -357,7 +449,7 @@ def write_outputs(
         f"count as no choice); _late: rounds from index {LATE} on. counterfactual: side observations a round given "
         "as the observer's own draft's Block Divergence, because the trace did not hold the live one "
         "(trace.side_observations off, or a draft cut shorter than traced): such runs replay with better "
-        "information than live." + approximate_note(rows)
+        "information than live." + approximate_note(rows) + fitted_note(fitted, cfg)
     )
     atomic_write_text(
         out / "seeds.md", f"# specbench replay (every seed)\n\n{note}\n\n{tables.to_markdown(table)}\n"

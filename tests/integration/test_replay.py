@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -631,12 +632,39 @@ def test_the_long_horizon_page_is_written_from_a_trace(trace_run, tmp_path):
         "## Reward variance",
         "## Regret",
         "## Switching costs",
-        "## Non-stationarity",
+        "## Non-stationarity: the interleaved stream",
+        "## MetaSD on the seed's kind of pool",
+        "## Non-stationarity: a stream whose best drafter changes",
     ):
         assert title in text, title
     verdicts = long_horizon.load_verdicts(tmp_path / "lh")
-    assert len(verdicts) == 4 + 1 + 1 + 2 + 2  # convergence, variance (one claim), regret, switching, stream
+    # convergence, variance (one claim), regret, switching, stream, the seed's pool, the changing stream
+    assert len(verdicts) == 4 + 1 + 1 + 2 + 2 + 2 + 4
     assert sum("for every single drafter" in v.claim for v in verdicts) == 1
+    assert (
+        "hedge-bd" not in (tmp_path / "lh" / "bandits" / "seeds.md").read_text()
+    )  # no side observations traced
+    changing = jsonl(tmp_path / "lh" / "changing" / "examples.jsonl")
+    models = long_horizon.model_drafters(trace_pipeline.load_traces(trace_run)[0])
+    assert "prompt_lookup" not in models and models
+    assert {e["method"] for e in changing} >= {f"fixed:{a}" for a in models} | {"ducb200-bd", "swucb200-bd"}
+    assert "fixed:prompt_lookup" not in {e["method"] for e in changing}
+    tasks = [e["task"] for e in changing if e["method"] == "ucb-bd"]
+    assert tasks == sorted(tasks, key=tasks.index)  # each task's queries one after another
+
+
+def test_replay_orders_queries_by_task_keeping_the_traced_order_within_each():
+    rows = [
+        {"task": t, "query_id": f"{t}{i}"} for i, t in enumerate(["chat", "math", "chat", "code", "math"])
+    ]
+    assert [r["query_id"] for r in replay_pipeline.ordered(rows, "by_task")] == [
+        "chat0",
+        "chat2",
+        "math1",
+        "math4",
+        "code3",
+    ]
+    assert replay_pipeline.ordered(rows, "traced") == rows
 
 
 def test_the_replay_clock_charges_a_tree_round_what_its_mask_costs(trace_run):
@@ -655,3 +683,85 @@ def test_the_replay_clock_charges_a_tree_round_what_its_mask_costs(trace_run):
     chain = [replay(hand_trace(), Fixed(arms, "A"), limits, c, lengths).seconds for c in (base, extra)]
     assert chain[0] == pytest.approx(chain[1])
     assert Costs.from_dict({**traced, "tree_extra_s": 0.002}).tree_extra == 0.002
+
+
+def test_the_replay_clock_charges_each_kind_of_round_its_fitted_overhead():
+    """Issue 42: a live verification pays more than the forward the cost curve times (probabilities, acceptance,
+    Block Divergence, the cache commit; a tree's mask and row moves). ``fit_overheads`` reads that excess per kind of
+    round off a live run's rounds, and the replay charges each kind its own: one token, a chain, a tree."""
+    from specbench.decoding.replay import fit_overheads
+
+    base = Costs(q=(1, 10), contexts=(10,), seconds=((0.012, 0.030),), tree_extra=0.0005)
+    live_rounds = [  # verify(q) = 0.012 + 0.002 (q - 1) s at every context
+        {"drafted": 0, "tree_size": 0, "members": None, "emitted": 1, "t_verify": 0.012 + 0.001},
+        {"drafted": 3, "tree_size": 0, "members": None, "emitted": 4, "t_verify": 0.018 + 0.004},
+        {"drafted": 3, "tree_size": 0, "members": None, "emitted": 2, "t_verify": 0.018 + 0.002},
+        {"drafted": 5, "tree_size": 5, "members": ["A", "B"], "emitted": 3, "t_verify": 0.022 + 0.006},
+    ]
+    fitted = fit_overheads(base, [(50, live_rounds)])
+    assert {k: n for k, (_, n) in fitted.items()} == {"autoregressive": 1, "chain": 2, "tree": 1}
+    assert [fitted[k][0] for k in ("autoregressive", "chain", "tree")] == pytest.approx([0.001, 0.003, 0.006])
+    costs = dataclasses.replace(base, overheads={k: s for k, (s, _) in fitted.items()})
+    arms = [AUTOREGRESSIVE, "A", "B"]
+    limits, lengths = Limits(max_new_tokens=10, draft_length=3), {"A": 3, "B": 3}
+    for selector, per_round in (
+        (lambda: Fixed(arms, AUTOREGRESSIVE), 0.001),
+        (lambda: Fixed(arms, "A"), 0.003),
+        (lambda: FixedTree(arms, ["A", "B"]), 0.006 - 0.0005),  # the fit replaces the trace's tree_extra
+    ):
+        plain, charged = (replay(hand_trace(), selector(), limits, c, lengths) for c in (base, costs))
+        assert [r.arm for r in charged.rounds] == [r.arm for r in plain.rounds]
+        assert charged.seconds == pytest.approx(plain.seconds + per_round * len(plain.rounds))
+
+
+def test_replay_refuses_full_information_without_side_observations(trace_run, tmp_path):
+    args = [f"traces={trace_run}", "seeds=1", "methods=[autoregressive,selector:hedge]"]
+    with pytest.raises(
+        SpecbenchError, match="full information.*no side observations for early_exit_1"
+    ) as err:
+        replay_pipeline.run(cfg_of("replay", args), tmp_path / "r")
+    assert "replay.counterfactual=true" in err.value.fix and "trace.side_observations=true" in err.value.fix
+    replay_pipeline.run(cfg_of("replay", [*args, "replay.counterfactual=true"]), tmp_path / "r2")
+    assert (tmp_path / "r2" / "seeds.md").exists()
+
+
+def test_replay_fits_its_round_overheads_on_a_live_run(trace_run, tmp_path):
+    """``replay.live``: the eval run of the traced queries gives each kind of round's overhead (every live round
+    counted once), the replay prints it, and the long-horizon calibration cross-fits it on the other half."""
+    from specbench.pipelines import evaluate
+    from specbench.reproduction import long_horizon
+
+    live = tmp_path / "live"
+    evaluate.run(cfg_of("eval", [*TRACE[:5], "methods=[autoregressive,fixed:prompt_lookup]"]), live)
+    rows, cost_dict = trace_pipeline.load_traces(trace_run)
+    fitted = replay_pipeline.fit_from_live(Costs.from_dict(cost_dict), live, rows)
+    live_rounds = jsonl(live / "rounds.jsonl")
+    assert sum(n for _, n in fitted.values()) == len(live_rounds)
+    assert fitted["autoregressive"][1] == sum(r["method"] == "autoregressive" for r in live_rounds)
+    out = tmp_path / "r"
+    args = [f"traces={trace_run}", "seeds=1", "methods=[autoregressive,fixed:prompt_lookup]"]
+    replay_pipeline.run(cfg_of("replay", [*args, f"replay.live={live}"]), out)
+    assert f"fitted on the live run {live}: autoregressive" in (out / "seeds.md").read_text()
+    with pytest.raises(SpecbenchError, match="no rounds.jsonl"):
+        replay_pipeline.run(cfg_of("replay", [*args, f"replay.live={tmp_path}"]), tmp_path / "r3")
+    cal, facts = long_horizon.calibration(trace_run, live)
+    assert len(facts["overheads"]) == 2 and all("autoregressive" in text for text in facts["overheads"])
+    assert set(cal.method) == {"autoregressive", "fixed:prompt_lookup"}
+
+
+def test_a_drafter_in_bf16_is_not_history_free(tiny_llama_target):
+    """Issue 42: in bf16 a multi-token catch-up rounds differently from single-token steps (the calibration saw
+    generations differ before any fork), so model drafters and heads in bf16 are marked approximate for the replay;
+    in fp32 they stay history-free."""
+    from specbench.decoding.drafter import full_precision
+    from specbench.drafters.base import ModelDrafter
+
+    lin = torch.nn.Linear(2, 2)
+    assert full_precision(lin) and not full_precision(lin.to(torch.bfloat16))
+    target = tiny_llama_target
+    fp32 = ModelDrafter("m", target.model, target.vocab_size, 0.5)
+    assert fp32.history_free
+    import copy
+
+    half = ModelDrafter("m", copy.deepcopy(target.model).to(torch.bfloat16), target.vocab_size, 0.5)
+    assert not half.history_free

@@ -37,6 +37,7 @@ from specbench.decoding.drafter import (
     ObservationGroup,
     Verification,
     draft_ends,
+    full_precision,
 )
 from specbench.decoding.sampling import logits_to_probs, pick
 from specbench.decoding.verify import block_divergence
@@ -119,6 +120,8 @@ class EagleDrafter(Drafter):
         self.head = head
         self.embed = target.model.get_input_embeddings()
         self.logits = HeadLogits(target, d2t)
+        # a catch-up feeds the head many (feature, token) pairs at once: exact only in full precision
+        self.history_free = full_precision(head, target.model.get_output_embeddings())
         self.layer = int(target.config.num_hidden_layers)
         self.cache = None
         self.real: list[int] = []  # x_{t+1} of the cached pairs built from the target's own features
