@@ -51,6 +51,12 @@ def plot_data_efficiency(df: pd.DataFrame, path: Path) -> None:
     y, ref = ("speedup_replayed", "oracle_speedup") if use_speed else ("val_reward", "oracle_reward")
     ax.plot(df.n_examples, df[y], marker="o", label="policy")
     ax.plot(df.n_examples, df[ref], "k:", label="oracle")
+    for column, style, label in (
+        ("best_single_speedup", "g--", "best single arm"),
+        ("random_speedup", "r--", "random"),
+    ):
+        if use_speed and column in df and df[column].notna().any():
+            ax.plot(df.n_examples, df[column], style, label=label)
     ax.set_xscale("log")
     ax.minorticks_off()
     ax.set_xticks(list(df.n_examples), [str(int(n)) for n in df.n_examples])

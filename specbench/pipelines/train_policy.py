@@ -2,7 +2,7 @@
 
 The reward of arm a on query i (``reward.source=proxy``, the default) is Huang et al.'s
 ``r = alpha * alignment + (1 - alpha) * (1 - cost)`` with ``cost`` the arm's cost divided by the
-largest cost among the arms trained on for that query (``reward.cost=params|measured``), and the
+largest cost among the arms trained on for that query (``reward.cost=params|measured|speed``), and the
 alignment the ROUGE-L of the drafter's own output (``reward.alignment=output``) or the acceptance of its
 drafts in its measured speculative run (``acceptance``, which scores draft heads too); the autoregressive
 arm has alignment 1 and the target's cost. ``reward.source=measured`` uses the speculative runs of
@@ -313,6 +313,9 @@ def data_efficiency(rows, X, arms, cfg, spec: RewardSpec, sizes: list[int], out:
                 "oracle_reward": result.metrics["oracle"],
                 "speedup_replayed": sp.get("policy"),
                 "oracle_speedup": sp.get("oracle"),
+                # the best arm alone on these queries (in hindsight) and a uniformly random arm: the floor to beat
+                "best_single_speedup": max((sp[a] for a in arms if sp.get(a) is not None), default=None),
+                "random_speedup": sp.get("random"),
             }
         )
         for i, arm in zip(result.val_idx.tolist(), chosen):

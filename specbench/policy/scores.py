@@ -27,7 +27,9 @@ from specbench.arms import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
 from specbench.policy.reward import check_alpha, reward_matrix
 
-COSTS = ("params", "measured")
+# params: parameters (weight bytes) | measured: the drafter's own generation's seconds per token | speed: its
+# speculative run's seconds per token (1 / its measured speedup; the target's own: 1), relative to the target's
+COSTS = ("params", "measured", "speed")
 SOURCES = ("proxy", "measured")
 ALIGNMENT_KINDS = ("output", "acceptance")  # (collect.ALIGNMENTS are the metrics of the output kind)
 
@@ -37,7 +39,7 @@ class RewardSpec:
     """How a training reward is made from collected rows (the ``reward`` config group)."""
 
     alpha: float = 0.5
-    cost: str = "params"  # params | measured
+    cost: str = "params"  # params | measured | speed (COSTS)
     source: str = "proxy"  # proxy | measured
     alignment: str = "output"  # output | acceptance
 
@@ -80,13 +82,29 @@ def cost_matrix(rows: list[dict], arms: list[str], kind: str) -> torch.Tensor:
     if kind not in COSTS:
         raise SpecbenchError(f"unknown reward.cost '{kind}'", f"use one of: {', '.join(COSTS)}")
 
-    def get(rec, _arm):
+    def get(rec, arm):
+        if kind == "speed":
+            return speed_cost(rec, arm)
         measured = rec.get("cost_measured")
         return measured if kind == "measured" and measured is not None else rec.get("cost_params")
 
     cost = _matrix(rows, arms, get)
     top = cost.nan_to_num(0.0).max(dim=1, keepdim=True).values.clamp_min(1e-12)
     return cost / top
+
+
+def speed_cost(rec: dict, arm: str) -> float:
+    """An arm's measured cost: its speculative run's seconds per token over the target's own (1 / its speedup; the
+    autoregressive arm 1). Refused where the run was not measured: the reward would silently lose its cost term."""
+    if arm == AUTOREGRESSIVE:
+        return 1.0
+    speedup = (rec.get("spec") or {}).get("speedup")
+    if not speedup:
+        raise SpecbenchError(
+            f"reward.cost=speed, but a row has no measured speculative run of {arm}",
+            "collect with collect.measure_speculative=true, or use reward.cost=params",
+        )
+    return 1.0 / float(speedup)
 
 
 def acceptance(rec: dict, arm: str) -> float | None:

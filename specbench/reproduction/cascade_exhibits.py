@@ -164,16 +164,75 @@ def cascades(root: Path, published: list[Published], lay: Layout, run: CascadeRu
         "point estimates: the 95% bootstrap interval of its per-query quality difference to the target lies above "
         "minus a margin, the larger end of lossless SD's own interval of that difference (the scatter a method with "
         "the target's quality shows on these queries); then the speculative cascade's point against the other two "
-        "families' points, "
-        "paired per query, speed with a bootstrap interval at a level Bonferroni-corrected over the speculative "
-        "points picked from."
+        "families' points, paired per query, speed with a bootstrap interval at a level Bonferroni-corrected over "
+        "the speculative points picked from."
     )
+    ex = load_examples(root, run.run.dir)
     return Exhibit(
         f"Speculative cascades, quality against speedup ({run.title})",
         pts,
-        cascade_verdicts(load_examples(root, run.run.dir), run),
-        notes,
+        cascade_verdicts(ex, run),
+        notes + separation_note(metric_separation(ex)),
         plot=plot,
+    )
+
+
+def metric_separation(ex: pd.DataFrame) -> pd.DataFrame:
+    """Per task and per-query metric the records hold: how far the target's quality lies above the drafter alone's
+    on the same queries (the paired mean difference, its 95% bootstrap interval, and the difference over its
+    standard deviation): which metric can tell the target from its drafter on these queries at all."""
+    from specbench.arms import AUTOREGRESSIVE
+    from specbench.pipelines.cascades import ALONE
+
+    rows = []
+    for task in dict.fromkeys(ex.task) if not ex.empty else ():
+        p = paired(ex, [AUTOREGRESSIVE, ALONE], task)
+        if p[AUTOREGRESSIVE].empty:
+            continue
+        keys = sorted(
+            {k for q in p[AUTOREGRESSIVE].quality if isinstance(q, dict) for k in q if k != "output_words"}
+        )
+        for key in keys:
+            target, alone = metric_scores(p[AUTOREGRESSIVE], key), metric_scores(p[ALONE], key)
+            d = (target - alone).dropna()
+            if len(d) < 2:
+                continue
+            mean, lo, hi = V.bootstrap({"d": d.to_numpy(float)}, V.mean_of("d"))
+            sd = float(d.std(ddof=1))
+            rows.append(
+                {
+                    "task": task,
+                    "metric": key,
+                    "n": len(d),
+                    "target": float(target.mean()),
+                    "drafter alone": float(alone.mean()),
+                    "difference": mean,
+                    "ci_low": lo,
+                    "ci_high": hi,
+                    "difference / sd": mean / sd if sd > 0 else math.nan,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def metric_scores(records: pd.DataFrame, key: str) -> pd.Series:
+    """Each record's per-query score on metric ``key`` (NaN where it has none), in the records' order."""
+    return pd.Series(
+        [q.get(key) if isinstance(q, dict) else None for q in records.quality], dtype=float
+    ).reset_index(drop=True)
+
+
+def separation_note(table: pd.DataFrame) -> str:
+    """The metric-separation table as a paragraph of the exhibit's notes (empty without rows)."""
+    if table.empty:
+        return ""
+    from specbench.pipelines.tables import to_markdown
+
+    return (
+        "\n\nWhich metric separates the target from its drafter alone on these queries (per query: the target's "
+        "score minus the drafter's, paired; a metric whose interval includes 0 cannot tell the target's quality "
+        "from the drafter's here, so a test of being at the target's quality on it is weak):\n\n"
+        + to_markdown(table)
     )
 
 
@@ -242,73 +301,72 @@ def cascade_verdicts(ex: pd.DataFrame, run: CascadeRun) -> list[V.Verdict]:
     query."""
     from specbench.pipelines.cascades import QUALITY
 
-    label = "speedup ratio speculative cascade / baseline"
-    claim = "at the target's quality a speculative cascade is faster than lossy SD and the sequential cascade"
     if ex.empty:
-        return [V.missing(claim, f"per-query records ({run.run.dir}/{EXAMPLES})", label)]
-    out = []
+        return [V.missing(CASCADE_CLAIM, f"per-query records ({run.run.dir}/{EXAMPLES})", CASCADE_LABEL)]
     methods = list(dict.fromkeys(ex.method))
-    for task in [t for t in dict.fromkeys(ex.task) if t in QUALITY]:
-        sub = ex[ex.task == task]
-        sub = sub.assign(_q=task_quality(sub, task))
-        named = f"on {task}, {claim}"
-        target_q = sub[sub.method == "autoregressive"]._q
-        if target_q.notna().any() and not (target_q.fillna(0) != 0).any():
-            out.append(
-                V.unpaired(
-                    named,
-                    f"the target scores 0 on {QUALITY[task][0]} on every query here, so the "
-                    "target's quality line cannot tell one point from another",
-                    label,
-                )
-            )
-            continue
-        margin = quality_margin(sub)
-        spec = at_target_quality(sub, [m for m in methods if family(m) == SPECULATIVE], margin)
-        if not spec:
-            out.append(
-                V.Verdict(
-                    named,
-                    False,
-                    "no speculative-cascade point reaches the target's quality on these queries",
-                    n=int((sub.method == "autoregressive").sum()),
-                    label=label,
-                )
-            )
-            continue
-        best = spec[0][1]
-        level = V.bonferroni(len(spec))
-        parts = []
-        for fam in (LOSSY, SEQUENTIAL_FAMILY):
-            base = at_target_quality(sub, [m for m in methods if family(m) == fam], margin)
-            if not base:
-                parts.append(
-                    (
-                        fam,
-                        V.unpaired(
-                            "", f"no {fam} point reaches the target's quality on these queries", label
-                        ),
-                    )
-                )
-                continue
-            b = base[0][1]
-            p = paired(sub, [best, b])
+    out = [
+        task_verdict(ex[ex.task == task], task, methods) for task in dict.fromkeys(ex.task) if task in QUALITY
+    ]
+    return out or [V.unpaired(CASCADE_CLAIM, "no task of the run has a quality metric", CASCADE_LABEL)]
+
+
+CASCADE_LABEL = "speedup ratio speculative cascade / baseline"
+CASCADE_CLAIM = (
+    "at the target's quality a speculative cascade is faster than lossy SD and the sequential cascade"
+)
+
+
+def task_verdict(sub: pd.DataFrame, task: str, methods: list[str]) -> V.Verdict:
+    """One task's cascade claim (``cascade_verdicts``): one verdict over its two baselines (lossy SD, the sequential
+    cascade), the speculative point chosen among those at the target's quality with Bonferroni's level."""
+    from specbench.pipelines.cascades import QUALITY
+
+    label = CASCADE_LABEL
+    sub = sub.assign(_q=task_quality(sub, task))
+    named = f"on {task}, {CASCADE_CLAIM}"
+    target_q = sub[sub.method == "autoregressive"]._q
+    if target_q.notna().any() and not (target_q.fillna(0) != 0).any():
+        return V.unpaired(
+            named,
+            f"the target scores 0 on {QUALITY[task][0]} on every query here, so the "
+            "target's quality line cannot tell one point from another",
+            label,
+        )
+    margin = quality_margin(sub)
+    spec = at_target_quality(sub, [m for m in methods if family(m) == SPECULATIVE], margin)
+    if not spec:
+        return V.Verdict(
+            named,
+            False,
+            "no speculative-cascade point reaches the target's quality on these queries",
+            n=int((sub.method == "autoregressive").sum()),
+            label=label,
+        )
+    best = spec[0][1]
+    level = V.bonferroni(len(spec))
+    parts = []
+    for fam in (LOSSY, SEQUENTIAL_FAMILY):
+        base = at_target_quality(sub, [m for m in methods if family(m) == fam], margin)
+        if not base:
             parts.append(
-                (
-                    f"{best} vs {b} ({fam})",
-                    V.faster("", timed(p[best]), timed(p[b]), (best, b), boot=V.Bootstrap(level=level)),
-                )
+                (fam, V.unpaired("", f"no {fam} point reaches the target's quality on these queries", label))
             )
-        out.append(
-            V.all_of(
-                named,
-                parts,
-                f"{QUALITY[task][0]} non-inferior to the target's (paired 95% interval of the quality difference "
-                f"above -{margin:.3g}, lossless SD's own scatter); the fastest of {len(spec)} "
-                f"speculative points at the target's quality, level {level:.2%} (Bonferroni)",
+            continue
+        b = base[0][1]
+        p = paired(sub, [best, b])
+        parts.append(
+            (
+                f"{best} vs {b} ({fam})",
+                V.faster("", timed(p[best]), timed(p[b]), (best, b), boot=V.Bootstrap(level=level)),
             )
         )
-    return out or [V.unpaired(claim, "no task of the run has a quality metric", label)]
+    return V.all_of(
+        named,
+        parts,
+        f"{QUALITY[task][0]} non-inferior to the target's (paired 95% interval of the quality difference "
+        f"above -{margin:.3g}, lossless SD's own scatter); the fastest of {len(spec)} "
+        f"speculative points at the target's quality, level {level:.2%} (Bonferroni)",
+    )
 
 
 LEADERBOARD = ExhibitSpec(

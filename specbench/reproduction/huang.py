@@ -29,10 +29,12 @@ from specbench.reproduction.inputs import (
     load_examples,
     n_val_of,
     optional_table,
+    policy_metrics,
     read_table,
     replayed,
     run_table,
     speeds,
+    validation_choices,
 )
 from specbench.reproduction.published import Published
 from specbench.reproduction.runs import (
@@ -44,6 +46,7 @@ from specbench.reproduction.runs import (
     HUANG_MATH_COLLECT,
     HUANG_MATH_EVAL,
     HUANG_MATH_POLICY,
+    HUANG_MATH_POLICY_SPEED,
     HUANG_POLICY,
     HUANG_WITH_AR,
     HUANG_WITHOUT_AR,
@@ -64,6 +67,32 @@ TABLE4_POLICY = 0.95
 
 def huang_table1(root: Path, published: list[Published], lay: Layout) -> Exhibit:
     summary = run_table(root, f"{HUANG_EVAL.dir}/summary.csv")
+    notes = (
+        "Speedup over autoregressive decoding on held-out rows (the policy's eval slice, disjoint from the "
+        "collected queries), with each cell's acceptance rate and output quality (BLEU, ROUGE-L: greedy "
+        "decoding is lossless in exact arithmetic, so a row's quality departs from the target's only where a bf16 "
+        "rounding tie changed an output: the columns show by how much). Paper: T5-large target with T5-small "
+        f"(a generalist that translates well) and T5-small-XSum; ours: {lay.huang_models}. Reward: "
+        f"{lay.table1_reward}"
+    )
+    val = replayed(optional_table(root, f"{HUANG_POLICY.dir}/summary.csv"))
+    if val:
+        notes += (
+            " Replayed on the validation queries of the collection: "
+            + ", ".join(f"{k} {v:.3f}" for k, v in val.items() if not math.isnan(v))
+            + "."
+        )
+    return Exhibit(
+        "Huang et al., Table 1: each specialist on both tasks, and the policy",
+        table1_frame(root, summary, published, lay),
+        table1_verdicts(root, summary, lay),
+        notes,
+    )
+
+
+def table1_frame(root: Path, summary: pd.DataFrame, published: list[Published], lay: Layout) -> pd.DataFrame:
+    """Table 1's rows (each specialist, the policy): speedup, acceptance and quality per task, the arms the policy
+    chose, and the paper's values beside them."""
     sp = speeds(summary)
     rows = [(f"fixed:{d}", d, paper_row) for d, (_, paper_row) in lay.huang_pair.items()] + [
         ("policy", "policy", "policy")
@@ -95,7 +124,7 @@ def huang_table1(root: Path, published: list[Published], lay: Layout) -> Exhibit
             for m, label, _ in rows
         ]
     )
-    table = with_published(
+    return with_published(
         table,
         published,
         "huang",
@@ -103,6 +132,11 @@ def huang_table1(root: Path, published: list[Published], lay: Layout) -> Exhibit
         {label: p for _, label, p in rows},
         ["translation", "summarization"],
     )
+
+
+def table1_verdicts(root: Path, summary: pd.DataFrame, lay: Layout) -> list[V.Verdict]:
+    """Table 1's claims: each specialist fastest on its own task, the policy within WITHIN of each task's best
+    specialist, and faster than autoregressive decoding on both tasks (each one verdict over its parts)."""
     pair = {d: task for d, (task, _) in lay.huang_pair.items()}
     ex = load_examples(root, HUANG_EVAL.dir)
     single = {
@@ -142,27 +176,7 @@ def huang_table1(root: Path, published: list[Published], lay: Layout) -> Exhibit
         ],
         "each part: speedup ratio policy / autoregressive > 1",
     )
-    notes = (
-        "Speedup over autoregressive decoding on held-out rows (the policy's eval slice, disjoint from the "
-        "collected queries), with each cell's acceptance rate and output quality (BLEU, ROUGE-L: greedy "
-        "decoding is lossless in exact arithmetic, so a row's quality departs from the target's only where a bf16 "
-        "rounding tie changed an output: the columns show by how much). Paper: T5-large target with T5-small "
-        f"(a generalist that translates well) and T5-small-XSum; ours: {lay.huang_models}. Reward: "
-        f"{lay.table1_reward}"
-    )
-    val = replayed(optional_table(root, f"{HUANG_POLICY.dir}/summary.csv"))
-    if val:
-        notes += (
-            " Replayed on the validation queries of the collection: "
-            + ", ".join(f"{k} {v:.3f}" for k, v in val.items() if not math.isnan(v))
-            + "."
-        )
-    return Exhibit(
-        "Huang et al., Table 1: each specialist on both tasks, and the policy",
-        table,
-        [fastest, within, both],
-        notes,
-    )
+    return [fastest, within, both]
 
 
 def huang_fig2(root: Path, published: list[Published], lay: Layout) -> Exhibit:
@@ -170,38 +184,7 @@ def huang_fig2(root: Path, published: list[Published], lay: Layout) -> Exhibit:
     shares = [c for c in df.columns if c.startswith("share_")]
     arms = [c.removeprefix("share_") for c in shares]
     cheap, aligned = lay.alpha_arms
-    lo, hi = df.loc[df.alpha.idxmin()], df.loc[df.alpha.idxmax()]
-    claim = "the alpha sweep moves the choice from the cheap drafter (alpha 0) to the better-aligned one (alpha 1)"
-    n_val = n_val_of(root, HUANG_ALPHA.dir)
-    if f"share_{cheap}" not in df or f"share_{aligned}" not in df:
-        verdict = V.missing(claim, f"shares of {cheap} and {aligned}")
-    elif n_val is None:
-        verdict = V.unpaired(
-            claim,
-            "the number of validation queries behind the shares is unknown (no n_val in "
-            f"{HUANG_ALPHA.dir}/metrics.json)",
-            "share",
-        )
-    else:
-        # a share of n validation queries is k = share * n queries given that arm: the per-query hits
-        def hits(share: float) -> list[float]:
-            k = int(round(float(share) * n_val))
-            return [1.0] * k + [0.0] * (n_val - k)
-
-        verdict = V.all_of(
-            claim,
-            [
-                (
-                    f"alpha {lo.alpha:g}: share of {cheap}",
-                    V.majority("", hits(lo[f"share_{cheap}"]), f"share of {cheap}"),
-                ),
-                (
-                    f"alpha {hi.alpha:g}: share of {aligned}",
-                    V.majority("", hits(hi[f"share_{aligned}"]), f"share of {aligned}"),
-                ),
-            ],
-            "each part: a majority of the validation queries, share > 0.5",
-        )
+    verdict = fig2_verdict(df, cheap, aligned, n_val_of(root, HUANG_ALPHA.dir))
 
     def plot(path: Path) -> None:
         def draw(ax):
@@ -229,8 +212,67 @@ def huang_fig2(root: Path, published: list[Published], lay: Layout) -> Exhibit:
     )
 
 
+def fig2_verdict(df: pd.DataFrame, cheap: str, aligned: str, n_val: int | None) -> V.Verdict:
+    """Fig. 2's claim on the sweep: a majority of the validation queries on the cheap drafter at the lowest alpha
+    and on the better-aligned one at the highest (``n_val``: the validation queries behind each share)."""
+    lo, hi = df.loc[df.alpha.idxmin()], df.loc[df.alpha.idxmax()]
+    claim = "the alpha sweep moves the choice from the cheap drafter (alpha 0) to the better-aligned one (alpha 1)"
+    if f"share_{cheap}" not in df or f"share_{aligned}" not in df:
+        return V.missing(claim, f"shares of {cheap} and {aligned}")
+    elif n_val is None:
+        return V.unpaired(
+            claim,
+            "the number of validation queries behind the shares is unknown (no n_val in "
+            f"{HUANG_ALPHA.dir}/metrics.json)",
+            "share",
+        )
+    else:
+        # a share of n validation queries is k = share * n queries given that arm: the per-query hits
+        def hits(share: float) -> list[float]:
+            k = int(round(float(share) * n_val))
+            return [1.0] * k + [0.0] * (n_val - k)
+
+        return V.all_of(
+            claim,
+            [
+                (
+                    f"alpha {lo.alpha:g}: share of {cheap}",
+                    V.majority("", hits(lo[f"share_{cheap}"]), f"share of {cheap}"),
+                ),
+                (
+                    f"alpha {hi.alpha:g}: share of {aligned}",
+                    V.majority("", hits(hi[f"share_{aligned}"]), f"share of {aligned}"),
+                ),
+            ],
+            "each part: a majority of the validation queries, share > 0.5",
+        )
+
+
 # make huang-fig3 (outside the plan): 1,000+ training queries
 FIG3_SWEEP = "huang/fig3/policy/data_efficiency.csv"
+
+
+def fig3_verdict(df: pd.DataFrame, queries: Path) -> V.Verdict:
+    """Fig. 3's claim: the most training queries against the fewest, paired per validation query when the sweep
+    kept each size's per-query runs (``queries``), else shown unpaired."""
+    first, last = df.iloc[0], df.iloc[-1]
+    claim = "more training queries give a higher speed than the fewest"
+    if not queries.is_file():
+        return V.unpaired(
+            claim,
+            f"{NOT_PAIRED}; aggregates: {int(last.n_examples)} queries "
+            f"{last.speedup_replayed:.3f} vs {int(first.n_examples)} {first.speedup_replayed:.3f}",
+            "speedup ratio",
+        )
+    q = read_table(queries)  # each size's chosen arm per validation query: paired
+    most, fewest = (q[q.n_examples == n].set_index("query_id") for n in (last.n_examples, first.n_examples))
+    ids = most.index.intersection(fewest.index)
+    return V.faster(
+        claim,
+        (most.seconds[ids], most.new_tokens[ids]),
+        (fewest.seconds[ids], fewest.new_tokens[ids]),
+        names=(f"{int(last.n_examples)} queries", f"{int(first.n_examples)} queries"),
+    )
 
 
 def huang_fig3(root: Path, published: list[Published], lay: Layout) -> Exhibit:
@@ -240,36 +282,22 @@ def huang_fig3(root: Path, published: list[Published], lay: Layout) -> Exhibit:
     df = (
         read_table(big) if big.is_file() else run_table(root, f"{HUANG_POLICY.dir}/data_efficiency.csv")
     ).sort_values("n_examples")
-    first, last = df.iloc[0], df.iloc[-1]
-    claim = "more training queries give a higher speed than the fewest"
     queries = (big if big.is_file() else Path(root) / HUANG_POLICY.dir / "data_efficiency.csv").with_name(
         "data_efficiency_queries.csv"
     )
-    if queries.is_file():  # each size's chosen arm per validation query: paired
-        q = read_table(queries)
-        most, fewest = (
-            q[q.n_examples == n].set_index("query_id") for n in (last.n_examples, first.n_examples)
-        )
-        ids = most.index.intersection(fewest.index)
-        verdict = V.faster(
-            claim,
-            (most.seconds[ids], most.new_tokens[ids]),
-            (fewest.seconds[ids], fewest.new_tokens[ids]),
-            names=(f"{int(last.n_examples)} queries", f"{int(first.n_examples)} queries"),
-        )
-    else:
-        verdict = V.unpaired(
-            claim,
-            f"{NOT_PAIRED}; aggregates: {int(last.n_examples)} queries "
-            f"{last.speedup_replayed:.3f} vs {int(first.n_examples)} {first.speedup_replayed:.3f}",
-            "speedup ratio",
-        )
+    verdict = fig3_verdict(df, queries)
 
     def plot(path: Path) -> None:
         def draw(ax):
             ax.plot(df.n_examples, df.speedup_replayed, marker="o", label="policy")
             if "oracle_speedup" in df:
                 ax.plot(df.n_examples, df.oracle_speedup, ls="--", color="gray", label="per-query oracle")
+            for column, color, label in (
+                ("best_single_speedup", "green", "best single arm"),
+                ("random_speedup", "red", "random arm"),
+            ):
+                if column in df:
+                    ax.plot(df.n_examples, df[column], ls=":", color=color, label=label)
 
         figure(
             path,
@@ -301,49 +329,8 @@ def huang_fig3(root: Path, published: list[Published], lay: Layout) -> Exhibit:
 def huang_table4(root: Path, published: list[Published], lay: Layout) -> Exhibit:
     run = HUANG_MATH_EVAL.dir
     summary = run_table(root, f"{run}/summary.csv")
-    live = speeds(summary).get(ALL_TASKS, {})
-    sp = replayed(optional_table(root, f"{HUANG_MATH_POLICY.dir}/summary.csv"))
-    alone = {m.split(":", 1)[1]: v for m, v in live.items() if m.startswith("fixed:")}
     best = best_fixed(summary)
-    table = pd.DataFrame(
-        [
-            {
-                "method": f"{a} alone",
-                "speedup": v,
-                "replayed": sp.get(f"always {a}", math.nan),
-                "arms chosen (queries)": "",
-            }
-            for a, v in alone.items()
-        ]
-        + [
-            {
-                "method": "drafting alone (best drafter)",
-                "speedup": live.get(best, math.nan) if best else math.nan,
-                "replayed": max(
-                    (v for k, v in sp.items() if k.startswith("always ") and k != "always autoregressive"),
-                    default=math.nan,
-                ),
-                "arms chosen (queries)": "",
-            },
-            {
-                "method": "policy with the autoregressive arm",
-                "speedup": live.get("policy", math.nan),
-                "replayed": sp.get("policy", math.nan),
-                "arms chosen (queries)": choices_text(arm_choices(root, run).get(ALL_TASKS)),
-            },
-        ]
-    )
-    table = with_published(
-        table,
-        published,
-        "huang",
-        "table4",
-        {
-            "drafting alone (best drafter)": "drafting alone",
-            "policy with the autoregressive arm": "policy with the autoregressive arm",
-        },
-        ["speedup"],
-    )
+    table = table4_frame(root, summary, published, best)
     ex = load_examples(root, run)
 
     claim = "with the autoregressive arm the policy is faster than drafting alone (the best drafter)"
@@ -375,8 +362,80 @@ def huang_table4(root: Path, published: list[Published], lay: Layout) -> Exhibit
         verdicts,
         f"GSM8K test rows: speedup of the policy evaluated live on {lay.held_out} held-out rows (after the "
         "collected ones), beside each drafter alone in the same run; `replayed`: the collection's "
-        f"validation queries replayed (train-policy). Reward: {lay.table4_reward}",
+        f"validation queries replayed (train-policy). Reward: {lay.table4_reward} The row with a measured cost "
+        "trains the same policy with each arm's cost set to its measured speculative seconds per token over the "
+        "target's (`reward.cost=speed`, run huang/math/policy_speed) instead of its parameter count: replayed "
+        "only, shown, not judged.",
     )
+
+
+def table4_frame(
+    root: Path, summary: pd.DataFrame, published: list[Published], best: str | None
+) -> pd.DataFrame:
+    """Table 4's rows: each drafter alone, the best of them, and the policy with the autoregressive arm (live, and
+    replayed on the collection's validation queries), with the arms the policy chose and the paper's values."""
+    run = HUANG_MATH_EVAL.dir
+    live = speeds(summary).get(ALL_TASKS, {})
+    sp = replayed(optional_table(root, f"{HUANG_MATH_POLICY.dir}/summary.csv"))
+    alone = {m.split(":", 1)[1]: v for m, v in live.items() if m.startswith("fixed:")}
+    table = pd.DataFrame(
+        [
+            {
+                "method": f"{a} alone",
+                "speedup": v,
+                "replayed": sp.get(f"always {a}", math.nan),
+                "arms chosen (queries)": "",
+            }
+            for a, v in alone.items()
+        ]
+        + [
+            {
+                "method": "drafting alone (best drafter)",
+                "speedup": live.get(best, math.nan) if best else math.nan,
+                "replayed": max(
+                    (v for k, v in sp.items() if k.startswith("always ") and k != "always autoregressive"),
+                    default=math.nan,
+                ),
+                "arms chosen (queries)": "",
+            },
+            {
+                "method": "policy with the autoregressive arm",
+                "speedup": live.get("policy", math.nan),
+                "replayed": sp.get("policy", math.nan),
+                "arms chosen (queries)": choices_text(arm_choices(root, run).get(ALL_TASKS)),
+            },
+            *measured_cost_rows(root),
+        ]
+    )
+    return with_published(
+        table,
+        published,
+        "huang",
+        "table4",
+        {
+            "drafting alone (best drafter)": "drafting alone",
+            "policy with the autoregressive arm": "policy with the autoregressive arm",
+        },
+        ["speedup"],
+    )
+
+
+def measured_cost_rows(root: Path) -> list[dict]:
+    """Table 4's policy trained with each arm's measured cost (its speculative seconds per token over the target's,
+    ``reward.cost=speed``) instead of the paper's parameter count: replayed on the collection's validation queries,
+    with the arms it chose there (no row before that run exists)."""
+    metrics = policy_metrics(root, HUANG_MATH_POLICY_SPEED.dir)
+    if not metrics:
+        return []
+    replayed_speed = (metrics.get("speedup_replayed") or {}).get("policy", math.nan)
+    return [
+        {
+            "method": "policy with the autoregressive arm, measured cost",
+            "speedup": math.nan,
+            "replayed": float(replayed_speed),
+            "arms chosen (queries)": choices_text(validation_choices(metrics)) + " (validation)",
+        }
+    ]
 
 
 def huang_table6(root: Path, published: list[Published], lay: Layout) -> Exhibit:
@@ -438,7 +497,10 @@ TABLE1 = ExhibitSpec("huang/table1", huang_table1, (HUANG_EVAL, HUANG_POLICY), (
 FIG2 = ExhibitSpec("huang/fig2", huang_fig2, (HUANG_DEPTH_COLLECT, HUANG_ALPHA))
 FIG3 = ExhibitSpec("huang/fig3", huang_fig3, (HUANG_POLICY,))
 TABLE4 = ExhibitSpec(
-    "huang/table4", huang_table4, (HUANG_MATH_COLLECT, HUANG_MATH_POLICY, HUANG_MATH_EVAL), ("huang/table4",)
+    "huang/table4",
+    huang_table4,
+    (HUANG_MATH_COLLECT, HUANG_MATH_POLICY, HUANG_MATH_POLICY_SPEED, HUANG_MATH_EVAL),
+    ("huang/table4",),
 )
 TABLE6 = ExhibitSpec(
     "huang/table6",

@@ -253,13 +253,26 @@ def choices_text(counts: Counter | None) -> str:
     return ", ".join(f"{arm} {n}" for arm, n in (counts or Counter()).most_common())
 
 
+def policy_metrics(root: Path, run: str) -> dict:
+    """The train-policy run ``root/run``'s metrics.json ({} when absent or unreadable)."""
+    try:
+        found = json.loads((Path(root) / run / "metrics.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
 def n_val_of(root: Path, run: str) -> int | None:
     """How many validation queries the train-policy run ``root/run`` judged on (its metrics.json), or None."""
-    try:
-        n = json.loads((Path(root) / run / "metrics.json").read_text(encoding="utf-8")).get("n_val")
-    except (OSError, ValueError, AttributeError):
-        return None
+    n = policy_metrics(root, run).get("n_val")
     return int(n) if isinstance(n, (int, float)) and n > 0 else None
+
+
+def validation_choices(metrics: dict) -> Counter:
+    """A train-policy run's arm shares on its validation queries as query counts (metrics.json's ``share``, ``n``)."""
+    n = metrics.get("n") or metrics.get("n_val") or 0
+    share = metrics.get("share") or {}
+    return Counter({str(a): round(float(x) * n) for a, x in share.items() if round(float(x) * n)})
 
 
 def load_round_values(

@@ -108,6 +108,8 @@ HELD_OUT = 16  # held-out queries per task cell of every CPU-scale speed claim (
 # arm's alignment as the acceptance of its drafts along the target's greedy output (reward.alignment=acceptance).
 PAPER_REWARD = ("reward.source=proxy", "reward.alpha=0.5", "reward.cost=params")
 ACCEPTANCE_REWARD = (*PAPER_REWARD, "reward.alignment=acceptance")
+# the paper's reward with each arm's measured cost: its speculative run's seconds per token over the target's
+SPEED_REWARD = ("reward.source=proxy", "reward.alpha=0.5", "reward.cost=speed")
 MEASURED = "collect.measure_speculative=true"
 SPEC_BENCH = "dataset.path={questions}"
 EXITS_CPU = "[small,early_exit_16,early_exit_24,quantized]"  # depths 2 (the small drafter, trained), 16, 24 (untrained exits), 30 (int8)
@@ -174,6 +176,15 @@ HUANG_MATH_POLICY = Run(
     {
         "cpu": (f"data={under_root(HUANG_MATH_COLLECT)}", *ACCEPTANCE_REWARD),
         "paper": (f"data={under_root(HUANG_MATH_COLLECT)}", *PAPER_REWARD),
+    },
+    reads=(HUANG_MATH_COLLECT,),
+)
+HUANG_MATH_POLICY_SPEED = Run(  # Table 4's policy trained on measured costs (replayed: no live eval)
+    "huang/math/policy_speed",
+    "train_policy",
+    {
+        "cpu": (f"data={under_root(HUANG_MATH_COLLECT)}", *SPEED_REWARD, "reward.alignment=acceptance"),
+        "paper": (f"data={under_root(HUANG_MATH_COLLECT)}", *SPEED_REWARD),
     },
     reads=(HUANG_MATH_COLLECT,),
 )

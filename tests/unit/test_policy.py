@@ -262,3 +262,29 @@ def test_check_compatible(trained, tmp_path):
         check_compatible(policy, ARMS, 576)
     assert "576" in e.value.problem and "8" in e.value.problem and "embedded:toy" in e.value.problem
     assert isinstance(policy, Policy)
+
+
+def test_the_measured_cost_is_each_arms_speculative_time_over_the_targets():
+    """Issue 43: ``reward.cost=speed`` costs an arm by its measured speculative seconds per token over the target's
+    (1 / its speedup; the target's own arm 1), so a drafter that slows decoding costs more than the target
+    although it has fewer parameters; rows without that measurement are refused, not scored on parameters."""
+    from specbench.policy.scores import cost_matrix
+
+    rows = [
+        {
+            "arms": {
+                "autoregressive": {"cost_params": 1.0},
+                "small": {"cost_params": 0.1, "spec": {"speedup": 0.8}},
+                "head": {"cost_params": 0.05, "spec": {"speedup": 1.25}},
+            }
+        }
+    ]
+    arms = ["autoregressive", "small", "head"]
+    speed = cost_matrix(rows, arms, "speed")[0].tolist()
+    assert speed == pytest.approx(
+        [1.0 / 1.25, 1.25 / 1.25, 0.8 / 1.25]
+    )  # each / the largest (the small one's)
+    assert cost_matrix(rows, arms, "params")[0].tolist() == pytest.approx([1.0, 0.1, 0.05])
+    del rows[0]["arms"]["head"]["spec"]
+    with pytest.raises(SpecbenchError, match="no measured speculative run of head"):
+        cost_matrix(rows, arms, "speed")

@@ -965,6 +965,29 @@ def test_a_cascade_is_at_the_targets_quality_by_a_paired_non_inferiority_test(tm
     )  # the old rule's failure
 
 
+def test_the_cascades_page_measures_which_metric_separates_the_target_from_its_drafter(tmp_path):
+    """Issue 43: a metric at its floor cannot tell the target from the drafter alone. On seeded synthetic scores,
+    ROUGE-L lies 4 points a query above the drafter's (held apart: its interval excludes 0), ROUGE-2 is equal up to
+    noise (its interval straddles 0); the table says so per metric."""
+    from specbench.reproduction import cascade_exhibits as CE
+
+    rng = np.random.default_rng(11)
+    n = 64
+    base = rng.uniform(10, 30, n)
+    scores = {
+        "autoregressive": {"rougeL": base + 4, "rouge2": base / 10},
+        "drafter_alone": {"rougeL": base + rng.normal(0, 1, n), "rouge2": base / 10 + rng.normal(0, 0.5, n)},
+        "sd": {"rougeL": base + 4, "rouge2": base / 10},
+    }
+    extra = {m: (lambda i, m=m: {"quality": {k: float(v[i]) for k, v in scores[m].items()}}) for m in scores}
+    write_examples(tmp_path / "run", {"summarization": {"drafter_alone": 3.0, "sd": 1.2}}, n=n, extra=extra)
+    table = CE.metric_separation(R.load_examples(tmp_path, "run")).set_index("metric")
+    assert list(table.n) == [n, n]
+    assert table.at["rougeL", "ci_low"] > 3.0 and table.at["rougeL", "difference / sd"] > 2
+    assert table.at["rouge2", "ci_low"] < 0 < table.at["rouge2", "ci_high"]
+    assert "Which metric separates" in CE.separation_note(table.reset_index())
+
+
 def test_holm_corrects_the_seeds_claims_apart_from_the_projects_own():
     """Issue 43: full information and the switching penalty are this project's claims, not the seeds': they form a
     Holm family of their own, so a seed claim's threshold counts only the seeds' tested claims."""
