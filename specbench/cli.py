@@ -100,7 +100,7 @@ def hydra_run(config_name: str, pipeline: str, args: list[str]) -> None:
     door (``run_dir.start_run``) before it loads anything.
     Bad input of any kind (Hydra's composition errors included) stops with ``error:``/``fix:``
     lines and exit code 2; a run that fails before writing any result removes its directory. An
-    ``+experiment`` written for another command (its ``# @commands`` header) is refused.
+    ``+experiment`` written for another command (its ``commands`` key) is refused.
     """
     import hydra
     from hydra.core.hydra_config import HydraConfig

@@ -88,24 +88,16 @@ def hydra_overrides(overrides) -> list[str]:
     return out
 
 
-_COMMANDS_HEADER = re.compile(r"#\s*@commands\s+(\S+)")
-
-
 def experiment_commands(name: str) -> list[str] | None:
-    """The commands an experiment is written for: the ``# @commands a,b`` line of the header of
-    ``conf/experiment/<name>.yaml`` (a Hydra config header, as ``# @package`` is: it declares
-    without adding a key to the composed config). None: the file declares none, or there is no such file."""
+    """The commands an experiment is written for: the ``commands`` key of ``conf/experiment/<name>.yaml``, read as
+    data (the file alone, before anything is composed). None: the file declares none, or there is no such file."""
+    from omegaconf import OmegaConf
+
     path = Path(conf_dir()) / "experiment" / f"{name}.yaml"
     if not path.is_file():
         return None
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            return None
-        match = _COMMANDS_HEADER.match(line)
-        if match:
-            return [c for c in match.group(1).split(",") if c]
-    return None
+    commands = OmegaConf.load(path).get("commands")
+    return [str(c) for c in commands] if commands else None
 
 
 def check_experiment_command(name: str | None, config_name: str) -> None:
@@ -119,7 +111,7 @@ def check_experiment_command(name: str | None, config_name: str) -> None:
         runs = " or ".join(f"`specbench {c} experiment={name} ...`" for c in commands)
         raise SpecbenchError(
             f"experiment '{name}' is written for {', '.join(commands)}, not {command} "
-            f"(conf/experiment/{name}.yaml, its '# @commands' line)",
+            f"(conf/experiment/{name}.yaml, its commands key)",
             f"run {runs}",
         )
 

@@ -121,6 +121,7 @@ SCHEMA: dict[str, Rule] = {
     "paths.data": text(),
     "run_name": text(),  # the run directory's folder under outputs/ (conf/hydra/run_dirs.yaml)
     "splits.*": text(),  # an experiment's split per command, picked by run_name (huang_t5, huang_gsm8k_qwen)
+    "commands": list_of(text()),  # the commands an experiment is written for (configs.experiment_commands)
     "threads": integer(1, null=True, note=" (null: torch's default)"),
     "warmup.max_new_tokens": integer(0, note=" (0: no warm-up)"),
     "timing.phases": boolean(),

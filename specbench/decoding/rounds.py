@@ -354,6 +354,14 @@ def feedback(w: Walk, choice, members, made: Mapping[str, Drafted], v: Verified,
         rnd.expected, rnd.predicted_s = choice.estimate()
     if v.tree is not None:  # a tree round, of several drafters' drafts or of one drafter's own tree
         rnd.tree_size = v.tree.size
+    learn(w, rnd, members, made, v)
+    return rnd
+
+
+def learn(w: Walk, rnd: Round, members, made: Mapping[str, Drafted], v: Verified) -> None:
+    """The selector's update from the round: each member's own feedback after a tree of several drafters'
+    drafts (``update_tree``), else the arm's; each with the outcomes of its judged nodes."""
+    accepted = rnd.accepted
     if v.tree is None:
         nodes = {v.arm: chain_outcomes(len(made[v.arm].draft.tokens), accepted)}
     else:
@@ -393,7 +401,6 @@ def feedback(w: Walk, choice, members, made: Mapping[str, Drafted], v: Verified,
                 nodes=nodes[v.arm],
             ),
         )
-    return rnd
 
 
 def play_round(w: Walk) -> bool:

@@ -179,87 +179,38 @@ def trace(
     side_observations: bool = False,
 ) -> tuple[QueryTrace, Generation]:
     """Walk the greedy output of one prompt, recording every drafter of ``lengths`` at every position (module
-    docstring). Returns the trace and the output as a ``Generation`` (its deciders certify it like eval's).
-    Drafters that draft trees are refused (``check_chains``).
-
-    ``side_observations``: also record, for every drafter that observes under full information
-    (``state_layers(True)``) and every other drafter's traced draft, the side observation its ``observe``
-    returns when that draft is the one verified (read off the same tree forward's rows along it), so that
-    full-information selectors replay to the round."""
+    docstring): the trace and the output as a ``Generation`` (its deciders certify it like eval's). Drafters
+    that draft trees are refused (``check_chains``). ``side_observations``: also record, for every drafter that
+    observes under full information (``state_layers(True)``) and every other drafter's traced draft, the side
+    observation its ``observe`` returns when that draft is the one verified (read off the same tree forward's
+    rows along it), so that full-information selectors replay to the round."""
     check_greedy(spec)
     check_decoder_only(target)
     check_chains(pool, lengths)
-    sampling, limits, eos_ids, clock = spec.sampling, spec.limits, spec.eos_ids, spec.clock
+    limits, eos_ids, clock = spec.limits, spec.eos_ids, spec.clock
     drafters = {name: pool[name] for name in lengths}
     observers = {name: d for name, d in drafters.items() if side_observations and d.state_layers(True)}
     layers = tuple(
-        sorted(
-            {layer for d in drafters.values() for layer in d.state_layers(False)}
-            | {layer for d in observers.values() for layer in d.state_layers(True)}
-        )
+        sorted({x for d in drafters.values() for x in d.state_layers(False)} | side_layers(observers))
     )
     t0 = clock.boundary()
-    prefilled = target.prefill(prompt_ids, layers=layers)
+    ctx = prefilled_context(target, prompt_ids, layers, bool(observers))
     t_prefill = clock.now() - t0
-    ctx = DecodeContext(
-        encoder_ids=target.encoder_ids,
-        encoder_outputs=target.encoder_outputs,
-        side_observations=bool(observers),
-    )
-    if layers:
-        ctx.record_states(prefilled.states, rows=len(target.tokens) - 1, start=0)
-    traces = {
-        name: DrafterTrace(
-            k=int(lengths[name]),
-            observable=bool(d.state_layers(True)),
-            side=[] if name in observers else None,
-            history_free=d.history_free,
-            t_observe=[] if observers else None,
-        )
-        for name, d in drafters.items()
-    }
+    traces = empty_traces(drafters, lengths, observers)
     out: list[int] = []
     gen = Generation(tokens=out, deciders=[])
     while len(out) < limits.max_new_tokens:
         room = limits.max_new_tokens - len(out) - 1
-        drafts: dict[str, Draft] = {}
-        for name, d in drafters.items():
-            tr = traces[name]
-            ta = clock.now()
-            d.sync(ctx, target.tokens)
-            tb = clock.now()
-            n = min(tr.k, room)
-            drafts[name] = d.propose(target.tokens, n, sampling, rng, eos_ids) if n > 0 else Draft([], None)
-            tc = clock.now()
-            if not out:
-                tr.t_setup = tb - ta
-            tr.t_propose.append(round(tc - tb, 7))
-            tr.drafts.append(list(drafts[name].tokens))
-            tr.match.append(drafts[name].match)
+        drafts = draft_all(drafters, traces, target, ctx, spec, rng, room, first=not out)
         tree = build_tree({name: drafts[name].tokens for name in drafters})
         scores = target.score_tree(tree, layers=layers)
         logits = scores.logits
-        p = logits_to_probs(logits, sampling)
+        p = logits_to_probs(logits, spec.sampling)
         best = torch.argmax(logits, dim=-1).tolist()
-        for name in drafters:
-            path, draft = tree.paths[name], drafts[name]
-            rows = [tree.parent_row(node) for node in path]
-            accepted = 0
-            while accepted < len(path) and best[rows[accepted]] == draft.tokens[accepted]:
-                accepted += 1
-            traces[name].accepted.append(accepted)
-            traces[name].overlap.append(overlaps(draft, p[rows]) if path else [])
+        record_acceptance(traces, tree, drafts, best, p)
         if observers:
-            observe_all(
-                observers,
-                traces,
-                TreeStep(tree, drafts, p, scores.states),
-                target.tokens,
-                ctx,
-                spec,
-                room,
-                clock,
-            )
+            step = TreeStep(tree, drafts, p, scores.states)
+            observe_all(observers, traces, step, target.tokens, ctx, spec, room, clock)
         token = best[0]
         gen.deciders.extend(deciders(logits, 1))
         out.append(token)
@@ -270,20 +221,98 @@ def trace(
             break
         last = len(target.tokens) - 1
         target.commit_tree((), [token])
-        if layers:
+        if layers:  # the committed token's row: the tree's root
             ctx.record_states({layer: x[:1] for layer, x in scores.states.items()}, rows=1, start=last)
     gen.target_calls = target.calls
     gen.seconds = clock.boundary() - t0
-    result = QueryTrace(
-        prompt_len=len(prompt_ids),
-        output=list(out),
-        stop=gen.stop,
-        max_new_tokens=limits.max_new_tokens,
-        t_prefill=t_prefill,
-        drafters=traces,
-        eos_ids=sorted(int(e) for e in eos_ids),
-    )
+    eos = sorted(int(e) for e in eos_ids)
+    result = QueryTrace(len(prompt_ids), list(out), gen.stop, limits.max_new_tokens, t_prefill, traces, eos)
     return result, gen
+
+
+def side_layers(observers: Mapping[str, Drafter]) -> set[int]:
+    """The target layers the observers read their side observations from."""
+    return {layer for d in observers.values() for layer in d.state_layers(True)}
+
+
+def prefilled_context(target: Target, prompt_ids: list[int], layers: tuple[int, ...], observing: bool):
+    """The target prefilled with the prompt, and the drafters' shared context holding its states at ``layers``."""
+    prefilled = target.prefill(prompt_ids, layers=layers)
+    ctx = DecodeContext(
+        encoder_ids=target.encoder_ids,
+        encoder_outputs=target.encoder_outputs,
+        side_observations=observing,
+    )
+    if layers:
+        ctx.record_states(prefilled.states, rows=len(target.tokens) - 1, start=0)
+    return ctx
+
+
+def empty_traces(
+    drafters: Mapping[str, Drafter], lengths: Mapping[str, int], observers: Mapping[str, Drafter]
+) -> dict[str, DrafterTrace]:
+    """Each drafter's trace before the first position: its traced length and what it records."""
+    return {
+        name: DrafterTrace(
+            k=int(lengths[name]),
+            observable=bool(d.state_layers(True)),
+            side=[] if name in observers else None,
+            history_free=d.history_free,
+            t_observe=[] if observers else None,
+        )
+        for name, d in drafters.items()
+    }
+
+
+def draft_all(
+    drafters: Mapping[str, Drafter],
+    traces: Mapping[str, DrafterTrace],
+    target: Target,
+    ctx: DecodeContext,
+    spec: DecodeSpec,
+    rng: torch.Generator,
+    room: int,
+    first: bool,
+) -> dict[str, Draft]:
+    """Every drafter synced and drafting at the current position (up to its traced length, cut by ``room``); its
+    draft, context match and propose time recorded, and on the ``first`` position its setup (the first sync)."""
+    clock = spec.clock
+    drafts: dict[str, Draft] = {}
+    for name, d in drafters.items():
+        tr = traces[name]
+        ta = clock.now()
+        d.sync(ctx, target.tokens)
+        tb = clock.now()
+        n = min(tr.k, room)
+        drafts[name] = (
+            d.propose(target.tokens, n, spec.sampling, rng, spec.eos_ids) if n > 0 else Draft([], None)
+        )
+        tc = clock.now()
+        if first:
+            tr.t_setup = tb - ta
+        tr.t_propose.append(round(tc - tb, 7))
+        tr.drafts.append(list(drafts[name].tokens))
+        tr.match.append(drafts[name].match)
+    return drafts
+
+
+def record_acceptance(
+    traces: Mapping[str, DrafterTrace],
+    tree: TokenTree,
+    drafts: Mapping[str, Draft],
+    best: list[int],
+    p: torch.Tensor,
+) -> None:
+    """Per drafter: how many of its draft's tokens the greedy target accepts (its path's rows' argmax), and the
+    overlap of its distributions with the target's along them."""
+    for name, draft in drafts.items():
+        path = tree.paths[name]
+        rows = [tree.parent_row(node) for node in path]
+        accepted = 0
+        while accepted < len(path) and best[rows[accepted]] == draft.tokens[accepted]:
+            accepted += 1
+        traces[name].accepted.append(accepted)
+        traces[name].overlap.append(overlaps(draft, p[rows]) if path else [])
 
 
 def observe_all(

@@ -234,54 +234,54 @@ def curves(examples: Iterable[dict], rounds: Iterable[dict]) -> pd.DataFrame:
     if "deferred" not in df:
         df["deferred"] = 0
     base = df[df.method == AUTOREGRESSIVE].drop_duplicates("query_id", keep="last").set_index("query_id")
-    rows = []
-    for task, sub in df.groupby("task"):
-        key = QUALITY.get(task, (None, 0.0))[0]
-        for method, m in sub.groupby("method", sort=False):
-            rule, alpha = parse_method(method)
-            paired = m[m.query_id.isin(base.index)]
-            b = base.loc[paired.query_id]
-            timed, tb = tables.timed_pairs(m, base)
-            total, mean = speed.speedup(list(tb.seconds), list(timed.seconds))
-            agree = [agreement(o, r) for o, r in zip(paired.output_ids, b.output_ids)]
-            rows.append(
-                {
-                    "task": task,
-                    "method": method,
-                    "rule": rule,
-                    "alpha": alpha,
-                    "n_examples": len(m),
-                    "metric": key or "",
-                    "quality": tables.quality(m, key) if key else float("nan"),
-                    "speedup": total,
-                    "speedup_mean": mean,
-                    "paired": len(timed),
-                    "rejection_rate": speed.rejection_rate(int(m.rejected.sum()), int(m.accepted.sum())),
-                    "mat": speed.mat(int(m.new_tokens.sum()), int(m.target_calls.sum()))
-                    if method != ALONE
-                    else float("nan"),
-                    "acceptance_rate": speed.acceptance_rate(int(m.accepted.sum()), int(m.drafted.sum())),
-                    # the sequential cascade counts the positions the target gave: a share of its output positions
-                    "deferral_rate": (
-                        speed.ratio(int(m.deferred.sum()), int(m.deferred.sum() + m.drafted.sum()))
-                        if rule == "sequential"
-                        else speed.ratio(int(m.deferred.sum()), int(m.drafted.sum()))
-                    ),
-                    "agreement_exact": sum(bool(a["exact"]) for a in agree) / len(agree)
-                    if agree
-                    else float("nan"),
-                    "agreement_tokens": sum(a["tokens"] for a in agree) / len(agree)
-                    if agree
-                    else float("nan"),
-                    "new_tokens": int(m.new_tokens.sum()),
-                    "seconds": float(m.seconds.sum()),
-                }
-            )
+    rows = [
+        curve_row(task, method, m, base)
+        for task, sub in df.groupby("task")
+        for method, m in sub.groupby("method", sort=False)
+    ]
     out = pd.DataFrame(rows, columns=COLUMNS)
     first = {AUTOREGRESSIVE: 0, ALONE: 1, SD: 2}
     out["_o"] = out.method.map(lambda x: first.get(x, 3))
     out["_r"] = out.rule.map(lambda r: RULES.index(r) if r in RULES else -1)
     return out.sort_values(["task", "_o", "_r", "alpha"]).drop(columns=["_o", "_r"]).reset_index(drop=True)
+
+
+def curve_row(task: str, method: str, m: pd.DataFrame, base: pd.DataFrame) -> dict:
+    """One (task, method) row of ``curves``: ``m`` its generations, ``base`` the autoregressive ones by query."""
+    key = QUALITY.get(task, (None, 0.0))[0]
+    rule, alpha = parse_method(method)
+    paired = m[m.query_id.isin(base.index)]
+    b = base.loc[paired.query_id]
+    timed, tb = tables.timed_pairs(m, base)
+    total, mean = speed.speedup(list(tb.seconds), list(timed.seconds))
+    agree = [agreement(o, r) for o, r in zip(paired.output_ids, b.output_ids)]
+    return {
+        "task": task,
+        "method": method,
+        "rule": rule,
+        "alpha": alpha,
+        "n_examples": len(m),
+        "metric": key or "",
+        "quality": tables.quality(m, key) if key else float("nan"),
+        "speedup": total,
+        "speedup_mean": mean,
+        "paired": len(timed),
+        "rejection_rate": speed.rejection_rate(int(m.rejected.sum()), int(m.accepted.sum())),
+        "mat": speed.mat(int(m.new_tokens.sum()), int(m.target_calls.sum()))
+        if method != ALONE
+        else float("nan"),
+        "acceptance_rate": speed.acceptance_rate(int(m.accepted.sum()), int(m.drafted.sum())),
+        # the sequential cascade counts the positions the target gave: a share of its output positions
+        "deferral_rate": (
+            speed.ratio(int(m.deferred.sum()), int(m.deferred.sum() + m.drafted.sum()))
+            if rule == "sequential"
+            else speed.ratio(int(m.deferred.sum()), int(m.drafted.sum()))
+        ),
+        "agreement_exact": sum(bool(a["exact"]) for a in agree) / len(agree) if agree else float("nan"),
+        "agreement_tokens": sum(a["tokens"] for a in agree) / len(agree) if agree else float("nan"),
+        "new_tokens": int(m.new_tokens.sum()),
+        "seconds": float(m.seconds.sum()),
+    }
 
 
 def best_at_loss(table: pd.DataFrame) -> pd.DataFrame:

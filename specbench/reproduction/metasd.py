@@ -130,29 +130,30 @@ def metasd_table(root: Path, published: list[Published], lay: Layout, meta: Meta
         ),
     ]
     if meta.generalist:
-        margin, claim = (
-            0.0,
-            "each specialist is faster on its task than the other specialists' mean and the generalist",
-        )
-        parts = []
-        for d, task in own.items():
-            others = [f"fixed:{o}" for o in own if o != d and f"fixed:{o}" in fixed_methods(ex, task)]
-            if others:
-                parts.append(
-                    (f"{task}: vs the others' mean", margin_over_mean(ex, f"fixed:{d}", others, task, margin))
-                )
-            parts.append(
-                (
-                    f"{task}: vs {meta.generalist}",
-                    faster_on(ex, "", f"fixed:{d}", f"fixed:{meta.generalist}", task),
-                )
-            )
-        verdicts.append(
-            V.all_of(claim, parts, "each part: ratio > 1")
-            if not ex.empty
-            else V.missing(claim, f"per-query records ({meta.run.dir}/{EXAMPLES})", "speedup ratio")
-        )
+        verdicts.append(specialists_verdict(ex, own, meta))
     return Exhibit(meta.title, table, verdicts, notes)
+
+
+def specialists_verdict(ex: pd.DataFrame, own: dict[str, str], meta: MetaRun) -> V.Verdict:
+    """One verdict over every specialist: faster on its own task than the other specialists' mean and than the
+    generalist."""
+    claim = "each specialist is faster on its task than the other specialists' mean and the generalist"
+    if ex.empty:
+        return V.missing(claim, f"per-query records ({meta.run.dir}/{EXAMPLES})", "speedup ratio")
+    parts = []
+    for d, task in own.items():
+        others = [f"fixed:{o}" for o in own if o != d and f"fixed:{o}" in fixed_methods(ex, task)]
+        if others:
+            parts.append(
+                (f"{task}: vs the others' mean", margin_over_mean(ex, f"fixed:{d}", others, task, 0.0))
+            )
+        parts.append(
+            (
+                f"{task}: vs {meta.generalist}",
+                faster_on(ex, "", f"fixed:{d}", f"fixed:{meta.generalist}", task),
+            )
+        )
+    return V.all_of(claim, parts, "each part: ratio > 1")
 
 
 def metasd_heads(root: Path, published: list[Published], lay: Layout) -> Exhibit:

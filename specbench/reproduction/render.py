@@ -130,8 +130,29 @@ def write(
             f"no reproduced exhibit under {root} ({lay.name} layout; missing: {', '.join(missing[:3])} ...)",
             f"run `{make}` first, or pass the root it wrote to",
         )
+    provenance = shipped_heads.provenance_line(root)
+    index = report_index(root, exhibits, missing, provenance, lay.scale, out, long_horizon)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "REPORT.md", "\n".join(index))
+    atomic_write_text(out / SUMMARY, summary_markdown(exhibits, missing, provenance))
+    held = sum(v.held is True for ex in exhibits for v in ex.verdicts)
+    total = sum(len(ex.verdicts) for ex in exhibits)
+    partial = sum(any(v.unfinished for v in ex.verdicts) for ex in exhibits)
+    note = f", {partial} exhibits on unfinished runs (not judged)" if partial else ""
+    print_table(
+        "\n".join(f"- {ex.key}: " + "; ".join(v.mark for v in ex.verdicts) for ex in exhibits),
+        title=f"report: {len(exhibits)} exhibits, {held} of {total} verdicts held{note} ({out / 'REPORT.md'})",
+    )
+    return out
+
+
+def report_index(
+    root: Path, exhibits, missing, provenance: str, scale: str, out: Path, long_horizon: Path | None
+) -> list[str]:
+    """REPORT.md's lines: the header and counts, each exhibit (writing its files under ``out``: the seeds' claims
+    first, then this project's own under their heading), then what is not run yet."""
     index = [
-        f"# Reproduction report ({lay.scale})",
+        f"# Reproduction report ({scale})",
         "",
         f"Built by `specbench report {root}` from the run directories under it. Each section: our numbers in the "
         "paper's layout, the published numbers beside them where the paper gives them (`published.yaml`, "
@@ -140,7 +161,6 @@ def write(
         counts_line(exhibits),
         "",
     ]
-    provenance = shipped_heads.provenance_line(root)
     if provenance:
         index += [provenance, ""]
     aa = aa_table(exhibits)
@@ -160,18 +180,7 @@ def write(
             index += write_exhibit(ex, out, long_horizon, aa)
     if missing:
         index += ["## Not run yet", "", *[f"- needs `{m}`" for m in missing], ""]
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "REPORT.md", "\n".join(index))
-    atomic_write_text(out / SUMMARY, summary_markdown(exhibits, missing, provenance))
-    held = sum(v.held is True for ex in exhibits for v in ex.verdicts)
-    total = sum(len(ex.verdicts) for ex in exhibits)
-    partial = sum(any(v.unfinished for v in ex.verdicts) for ex in exhibits)
-    note = f", {partial} exhibits on unfinished runs (not judged)" if partial else ""
-    print_table(
-        "\n".join(f"- {ex.key}: " + "; ".join(v.mark for v in ex.verdicts) for ex in exhibits),
-        title=f"report: {len(exhibits)} exhibits, {held} of {total} verdicts held{note} ({out / 'REPORT.md'})",
-    )
-    return out
+    return index
 
 
 def aa_table(exhibits: list[Exhibit]):

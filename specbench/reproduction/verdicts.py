@@ -371,6 +371,16 @@ def estimate(columns: Mapping[str, Sequence[float]], stat: Stat, threshold: floa
     return point, lo, hi, (adaptive_p(columns, stat, threshold, vals, boot, bca) if tested else None)
 
 
+def side_of(lo: float, hi: float, threshold: float, at_least: bool) -> bool | None:
+    """Where an interval lies against a claim's threshold: True above it, False at or below it (``at_least``:
+    strictly below it), None across it."""
+    if lo > threshold:
+        return True
+    if hi < threshold or (hi <= threshold and not at_least):
+        return False
+    return None
+
+
 def judge(
     claim: str,
     columns: Mapping[str, Sequence[float]],
@@ -412,12 +422,7 @@ def judge(
             level=level,
             reason=NOT_ESTIMABLE,
         )
-    if lo > threshold:
-        held = True
-    elif hi < threshold or (hi <= threshold and not at_least):
-        held = False
-    else:
-        held = None
+    held = side_of(lo, hi, threshold, at_least)
     side = ">=" if at_least else ">"
     note = f"claim: {label} {side} {threshold:g}" + (f"; {detail}" if detail else "")
     return Verdict(

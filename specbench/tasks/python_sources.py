@@ -40,6 +40,17 @@ def _segment(lines: list[str], start: tuple[int, int], end: tuple[int, int] | No
     return "\n".join([lines[l0 - 1][c0:], *lines[l0 : l1 - 1], lines[l1 - 1][:c1]])
 
 
+def public_functions(tree: ast.Module) -> list[tuple[ast.FunctionDef | ast.AsyncFunctionDef, str]]:
+    """A module's top-level functions and the methods of its public top-level classes, with their qualified
+    names, in source order."""
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef)
+    found = [(f, f.name) for f in tree.body if isinstance(f, kinds)]
+    for cls in tree.body:
+        if isinstance(cls, ast.ClassDef) and not cls.name.startswith("_"):
+            found += [(f, f"{cls.name}.{f.name}") for f in cls.body if isinstance(f, kinds)]
+    return sorted(found, key=lambda pair: pair[0].lineno)
+
+
 def python_function_records(
     path: str, max_chars: int = 4000, exclude_names: Iterable[str] = ()
 ) -> Iterable[tuple[dict, str]]:
@@ -72,15 +83,7 @@ def python_function_records(
         except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
             continue
         lines = text.split("\n")
-        found = [(f, f.name) for f in tree.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
-        for cls in tree.body:
-            if isinstance(cls, ast.ClassDef) and not cls.name.startswith("_"):
-                found += [
-                    (f, f"{cls.name}.{f.name}")
-                    for f in cls.body
-                    if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-                ]
-        found.sort(key=lambda pair: pair[0].lineno)
+        found = public_functions(tree)
         seen: set[str] = set()
         for node, qualname in found:
             if (

@@ -274,45 +274,17 @@ def agreement(
     1 .. ``max_depth``): conditional / unconditional agreement by draft depth (``DEPTH_DEFINITIONS``),
     over the positions that have a target token at that depth.
     """
-    from transformers import DynamicCache
-
     far = max(depth, max_depth)
     hits = [0] * far  # chains whose first j+1 drafts agree
     room = [0] * far  # positions with a target token at depth j+1
     tried = [0] * far  # chains that agreed at depths 1..j and have a target token at depth j+1
     total = 0
     for it in items:
-        feat, tok, top, mask = it["feat"], it["tok"], it["top_ids"][:, 0], it["mask"]
-        n = feat.shape[0]
-        starts = [i for i in range(n) if bool(mask[i])]
-        if not starts:
-            continue
-        emb = embed(tok[None])
-        hat = head(feat[None], emb)[0]  # depth 1 for every position at once
-        first = draft_argmax(torch.log_softmax(logits(hat), -1), logits)
-        for i in starts:
-            total += 1
-            tried[0] += 1
-            for j in range(far):
-                room[j] += i + j < n
-            if int(first[i]) != int(top[i]):
-                continue
-            hits[0] += 1
-            h = hat[i]
-            # deeper drafts: feed (own feature, own token) pairs after the true prefix
-            cache = DynamicCache()
-            head(feat[None, : i + 1], emb[:, : i + 1], cache)
-            prev = int(first[i])
-            for j in range(1, far):
-                if i + j >= n:
-                    break
-                tried[j] += 1
-                h = head(h[None, None], embed(torch.tensor([[prev]])), cache)[0, -1]
-                guess = int(draft_argmax(torch.log_softmax(logits(h), -1), logits))
-                if guess != int(top[i + j]):
-                    break
-                hits[j] += 1
-                prev = guess
+        counts = item_agreement(head, embed, logits, it, far)
+        for tally, more in zip((hits, room, tried), counts[:3]):
+            for j, x in enumerate(more):
+                tally[j] += x
+        total += counts[3]
     rates = [h / total if total else math.nan for h in hits[:depth]]
     cond = [hits[j] / tried[j] if tried[j] else None for j in range(max_depth)]  # None: no chain got there
     accept = [hits[j] / room[j] if room[j] else None for j in range(max_depth)]
@@ -325,3 +297,41 @@ def agreement(
         "accept_by_depth": accept,
         "positions_by_depth": room[:max_depth],
     }
+
+
+def item_agreement(head: EagleHead, embed: nn.Module, logits: HeadLogits, it: dict, far: int):
+    """One text's counts for ``agreement``, per depth 1 .. ``far``: chains that agree (hits), positions with a target
+    token there (room), chains tried there; and its response positions. Depth 1 drafts every position at once on
+    the target's features; deeper drafts feed (own feature, own token) pairs after the true prefix."""
+    from transformers import DynamicCache
+
+    hits, room, tried = [0] * far, [0] * far, [0] * far
+    feat, tok, top, mask = it["feat"], it["tok"], it["top_ids"][:, 0], it["mask"]
+    n = feat.shape[0]
+    starts = [i for i in range(n) if bool(mask[i])]
+    if not starts:
+        return hits, room, tried, 0
+    emb = embed(tok[None])
+    hat = head(feat[None], emb)[0]  # depth 1 for every position at once
+    first = draft_argmax(torch.log_softmax(logits(hat), -1), logits)
+    for i in starts:
+        tried[0] += 1
+        for j in range(far):
+            room[j] += i + j < n
+        if int(first[i]) != int(top[i]):
+            continue
+        hits[0] += 1
+        h, prev = hat[i], int(first[i])
+        cache = DynamicCache()
+        head(feat[None, : i + 1], emb[:, : i + 1], cache)
+        for j in range(1, far):
+            if i + j >= n:
+                break
+            tried[j] += 1
+            h = head(h[None, None], embed(torch.tensor([[prev]])), cache)[0, -1]
+            guess = int(draft_argmax(torch.log_softmax(logits(h), -1), logits))
+            if guess != int(top[i + j]):
+                break
+            hits[j] += 1
+            prev = guess
+    return hits, room, tried, len(starts)

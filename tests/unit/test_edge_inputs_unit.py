@@ -194,9 +194,9 @@ def test_confidence_thresholds_in_0_1_pass():
 
 @pytest.mark.parametrize("name", experiments())
 def test_every_experiment_declares_its_commands(name):
-    """Each experiment's ``# @commands`` header matches the commands the config tests compose it for."""
+    """Each experiment's ``commands`` key matches the commands the config tests compose it for."""
     declared = experiment_commands(name)
-    assert declared, f"conf/experiment/{name}.yaml has no '# @commands' line"
+    assert declared, f"conf/experiment/{name}.yaml has no commands key"
     assert [c.replace("-", "_") for c in declared] == commands_for(name)
     for command in declared:
         check_experiment_command(name, command.replace("-", "_"))

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 # takes (each shard writes its own rows file). Hydra's own settings (hydra.*) are not in the config
 # a pipeline gets. Every other key is compared: a rerun with any other change is a different run.
 NOT_COMPARED = (
+    "commands",  # an experiment's declaration of the commands it serves, not a setting (runs before it lack it)
     "threads",
     "warmup",
     "run_name",
