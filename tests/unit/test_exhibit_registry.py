@@ -94,6 +94,7 @@ def test_the_plan_order_is_the_declaration_order():
         "huang/eval",
         "huang/math/collect",
         "huang/math/policy",
+        "huang/math/policy_speed",
         "huang/math/eval",
         "huang/depth/collect",
         "huang/depth/without_ar",
