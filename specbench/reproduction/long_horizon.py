@@ -45,7 +45,7 @@ from specbench.arms import AUTOREGRESSIVE
 from specbench.configs import conf_dir
 from specbench.decoding import certify
 from specbench.decoding.loop import Limits
-from specbench.decoding.replay import Costs, replay
+from specbench.decoding.replay import Costs, fit_overheads, replay
 from specbench.decoding.trace import QueryTrace
 from specbench.errors import SpecbenchError
 from specbench.pipelines import replay as replay_pipeline
@@ -210,11 +210,10 @@ def side_observed(rows: list[dict]) -> bool:
 
 
 def run_replays(
-    trace_run: Path, out: Path, seeds: int, switch_cost: float, live: Path | None = None
+    trace_run: Path, rows: list[dict], out: Path, seeds: int, switch_cost: float, live: Path | None = None
 ) -> dict[str, Path]:
-    """The replays (module docstring); with ``live``, each charges the round overheads fitted on it; Hedge joins the
-    bandits only over a trace with side observations."""
-    rows = load_traces(trace_run)[0]
+    """The replays (module docstring) over ``trace_run`` (its trace records ``rows``, already loaded); with ``live``,
+    each charges the round overheads fitted on it; Hedge joins the bandits only over a trace with side observations."""
     bandits = BANDITS + (FULL_INFORMATION if side_observed(rows) else [])
     clock = [f"replay.live={live}"] if live is not None else []
     runs = {
@@ -500,7 +499,8 @@ def calibration(trace_run: Path, live_run: Path) -> tuple[pd.DataFrame, dict]:
     )
     lengths = replay_pipeline.draft_lengths(compose_replay([f"traces={trace_run}"]), first)
     order = list(dict.fromkeys(e["query_id"] for e in live))
-    clock_of, fits = cross_fitted(Costs.from_dict(cost_dict), live_run, rows, order)
+    prompt = {q: qt.prompt_len for q, (_, qt) in traces.items()}
+    clock_of, fits = cross_fitted(Costs.from_dict(cost_dict), live_rounds, prompt, order)
     by = {(e["query_id"], e["method"]): e for e in live}
     tally = Tally()
     for m in methods:
@@ -518,11 +518,25 @@ def calibration(trace_run: Path, live_run: Path) -> tuple[pd.DataFrame, dict]:
     return pd.DataFrame(tally.table()), facts
 
 
-def cross_fitted(costs: Costs, live_run: Path, rows: list[dict], order: list[str]) -> tuple[dict, list[dict]]:
+def cross_fitted(
+    costs: Costs, live_rounds: dict, prompt: dict[str, int], order: list[str]
+) -> tuple[dict, list]:
     """Per query, the clock with the round overheads fitted on the other half of ``order`` (alternate queries), and
-    the two halves' fits."""
+    the two halves' fits. ``live_rounds``: (query, method) -> its live rounds; ``prompt``: query -> prompt length."""
     folds = [set(order[0::2]), set(order[1::2])]
-    fits = [replay_pipeline.fit_from_live(costs, live_run, rows, f) if f else {} for f in folds]
+    fits = [
+        fit_overheads(
+            costs,
+            [
+                (prompt[q], sorted(rs, key=lambda r: r["round"]))
+                for (q, _), rs in live_rounds.items()
+                if q in f
+            ],
+        )
+        if f
+        else {}
+        for f in folds
+    ]
     clocks = [dataclasses.replace(costs, overheads={k: v for k, (v, _) in f.items()}) for f in fits]
     return {q: clocks[1] if q in folds[0] else clocks[0] for q in order}, fits
 
@@ -624,7 +638,7 @@ def write(trace_run: Path, out: Path, seeds: int = 100, live: Path | None = None
     out.mkdir(parents=True, exist_ok=True)
     rows, costs = load_traces(trace_run)
     switch_cost = measured_switch_cost(costs, rows)
-    dirs = run_replays(trace_run, out, seeds, switch_cost, live)
+    dirs = run_replays(trace_run, rows, out, seeds, switch_cost, live)
     lines = header_lines(trace_run, rows, seeds)
     judged: list[V.Verdict] = []
     cal = calibration(trace_run, live) if live is not None else None
