@@ -79,13 +79,19 @@ trees-own-task-cpu: install
 
 # A/A runs that calibrate the verdicts' interval (conf/experiment/aa_cpu.yaml: autoregressive decoding, prompt
 # lookup and UCB-BD each twice in one process, then autoregressive decoding and prompt lookup in a second process, on
-# 120 rows no reported table uses; resumable), then the false-hold rate of each interval method at n = 16, 32, 80
-# (calibration.md, copied to docs/aa-cpu.md). About 35 minutes.
+# 120 rows no reported table uses; then Huang's Table 1 policy (make reproduce-cpu's) sampling its arm per query
+# (selector.sample=true), twice in one process, on IWSLT2017 test rows 2,300-2,419, which no table, head or sweep
+# uses; resumable), then the false-hold rate of each interval method at n = 16, 32, 80 (calibration.md, copied to
+# docs/aa-cpu.md). About 45 minutes.
 AA_OUT ?= outputs/aa_cpu
+AA_POLICY ?= $(REPRO)/huang/policy/policy.pt
 aa-cpu: install
 	$(SPECBENCH) eval experiment=aa_cpu hydra.run.dir=$(AA_OUT)/one
 	$(SPECBENCH) eval experiment=aa_cpu 'methods=[autoregressive,fixed:prompt_lookup]' hydra.run.dir=$(AA_OUT)/two
-	$(PYTHON) -m specbench.reproduction.noise $(AA_OUT)/one $(AA_OUT)/two
+	$(SPECBENCH) eval selector=policy policy.checkpoint=$(AA_POLICY) selector.sample=true dataset=iwslt2017 \
+		'dataset.path=$${paths.data}/iwslt2017_de_en/test.json' dataset.offset=2300 dataset.limit=120 \
+		decoding.max_new_tokens=64 'methods=[selector,again:selector]' hydra.run.dir=$(AA_OUT)/policy
+	$(PYTHON) -m specbench.reproduction.noise $(AA_OUT)/one $(AA_OUT)/two $(AA_OUT)/policy
 	cp $(AA_OUT)/one/calibration.md docs/aa-cpu.md  # the generated page the docs quote
 
 # MetaSD's bandit claims over thousands of rounds: acceptance traces of the mixed stream (16 queries a task, 512
@@ -247,7 +253,7 @@ draft-confidence: install
 # Every CPU-scale reproduction (Huang et al. Tables 1, 4, 6 and Figs. 2, 3; MetaSD's main table, heads,
 # bandits, reward variance, convergence, full information, switching costs and a non-stationary stream;
 # speculative cascades greedy and at temperature 1) with the shipped specialist heads, then the report:
-# outputs/reproduce/report/REPORT.md. The plan is derived from the exhibits (specbench/reproduction/registry.py).
+# outputs/reproduce/report/REPORT.md. The plan is derived from the exhibits (specbench/reproduction/catalog.py).
 # Resumable: finished steps are skipped, an interrupted one resumes (specbench/reproduction/plan.py). A step run
 # with other settings or with shipped heads rebuilt since is refused; REDO=1 (--redo) runs such steps again.
 REPRO ?= outputs/reproduce

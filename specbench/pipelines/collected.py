@@ -13,7 +13,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from specbench.errors import SpecbenchError
-from specbench.pipelines.session.run_dir import differences, save_config, settings
+from specbench.pipelines.session.run_dir import compared_settings, differences, save_config
 from specbench.records import ROWS, atomic_write_text, read_jsonl
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ def collection_settings(path: str | Path) -> dict:
             f"{path} is not a collect directory (no {SIGNATURE_FILE})",
             "pass the output directories of `specbench collect` runs",
         )
-    return settings(OmegaConf.load(sig))
+    return compared_settings(OmegaConf.load(sig))
 
 
 def missing_shards(paths: Iterable[str | Path]) -> list[str]:

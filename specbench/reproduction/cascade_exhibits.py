@@ -335,13 +335,7 @@ def task_verdict(sub: pd.DataFrame, task: str, methods: list[str]) -> V.Verdict:
     margin = quality_margin(sub)
     spec = at_target_quality(sub, [m for m in methods if family(m) == SPECULATIVE], margin)
     if not spec:
-        return V.Verdict(
-            named,
-            False,
-            "no speculative-cascade point reaches the target's quality on these queries",
-            n=int((sub.method == "autoregressive").sum()),
-            label=label,
-        )
+        return no_point_verdict(sub, named, [m for m in methods if family(m) == SPECULATIVE], margin)
     best = spec[0][1]
     level = V.bonferroni(len(spec))
     parts = []
@@ -367,6 +361,37 @@ def task_verdict(sub: pd.DataFrame, task: str, methods: list[str]) -> V.Verdict:
         f"above -{margin:.3g}, lossless SD's own scatter); the fastest of {len(spec)} "
         f"speculative points at the target's quality, level {level:.2%} (Bonferroni)",
     )
+
+
+def no_point_verdict(sub: pd.DataFrame, named: str, points: list[str], margin: float) -> V.Verdict:
+    """The cascade claim when no speculative point is shown non-inferior to the target: not held only when every
+    point is shown inferior (its paired 95% interval of the quality difference lies wholly below ``-margin``);
+    otherwise inconclusive, since a point whose interval straddles the margin may be at the target's quality and
+    these queries cannot tell."""
+    from specbench.arms import AUTOREGRESSIVE
+
+    gaps = [quality_gap(paired(sub, [m, AUTOREGRESSIVE]), m) for m in points]
+    shown = [g for g in gaps if g is not None]
+    n = int((sub.method == AUTOREGRESSIVE).sum())
+    if not shown:
+        return V.unpaired(
+            named, "the run has no speculative-cascade point scored on these queries", CASCADE_LABEL
+        )
+    if n < V.MIN_N:
+        return V.Verdict(
+            named, None, f"fewer than {V.MIN_N} paired queries", n=n, label=CASCADE_LABEL, reason=V.N_SMALL
+        )
+    if len(shown) == len(gaps) and all(g[2] < -margin for g in shown):
+        why = (
+            f"every speculative-cascade point ({len(shown)}) is below the target's quality: its paired 95% "
+            f"interval of the quality difference lies under -{margin:.3g}"
+        )
+        return V.Verdict(named, False, why, n=n, label=CASCADE_LABEL)
+    why = (
+        "no speculative-cascade point is shown at the target's quality (non-inferior by its paired interval, "
+        f"margin {margin:.3g}), nor is every one shown below it: these queries cannot tell"
+    )
+    return V.Verdict(named, None, why, n=n, label=CASCADE_LABEL, reason=V.INCONCLUSIVE)
 
 
 LEADERBOARD = ExhibitSpec(

@@ -43,17 +43,12 @@ from omegaconf import OmegaConf
 from specbench.configs import EXPERIMENT, composing, hydra_error, hydra_overrides
 from specbench.errors import SpecbenchError
 from specbench.records import atomic_write_text
+from specbench.reproduction.catalog import plan_at
 from specbench.reproduction.inputs import count_lines
-from specbench.reproduction.registry import plan_at
 from specbench.reproduction.runs import (
     CONFIG,
     DONE,
     EXAMPLES,
-    HUANG_DEPTH_COLLECT,
-    HUANG_EVAL_WITH_AR,
-    HUANG_EVAL_WITHOUT_AR,
-    HUANG_MATH_COLLECT,
-    HUANG_MATH_EVAL,
     RECORD_FILES,
     ROOT_RECORD,
     ROUNDS,
@@ -65,33 +60,6 @@ from specbench.reproduction.runs import (
 log = logging.getLogger(__name__)
 
 
-# The dry run: the same plan on the tiny Llama (its eagle heads must be in $SPECBENCH_CACHE under the
-# specialists' names), enough rows for a policy, a few tokens per generation.
-TINY_EXITS = (
-    "pool.drafters.early_exit_16.layers=2",
-    "pool.drafters.early_exit_24.layers=3",
-)  # the tiny Llama has 4
-TINY_MATH_EXITS = ("pool.drafters.early_exit_8.layers=1", "pool.drafters.early_exit_16.layers=2")
-DECODE_TINY = ("target=tiny_llama", "decoding.max_new_tokens=6", "warmup.max_new_tokens=2", "threads=1")
-TINY: dict[str, tuple[str, ...]] = {
-    "collect": (*DECODE_TINY, "collect.max_new_tokens=6", "dataset.limit=6"),
-    "eval": (*DECODE_TINY, "dataset.limit=1"),
-    "cascades": (
-        *DECODE_TINY,
-        "dataset.limit=1",
-        "pool.drafters.early_exit_12.layers=1",
-        "pool.drafters.early_exit_16.layers=2",
-        "pool.drafters.early_exit_20.layers=3",
-    ),
-    "train_policy": ("train.epochs=5",),
-    HUANG_DEPTH_COLLECT.dir: (*TINY_EXITS, "dataset.limit=12"),
-    HUANG_MATH_COLLECT.dir: ("dataset.limit=12", *TINY_MATH_EXITS),
-    HUANG_MATH_EVAL.dir: TINY_MATH_EXITS,
-    HUANG_EVAL_WITHOUT_AR.dir: TINY_EXITS,
-    HUANG_EVAL_WITH_AR.dir: TINY_EXITS,
-}
-
-
 @dataclass(frozen=True)
 class Scale:
     """A scale of ``specbench reproduce --scale``: the run scale whose plan it runs, which is also its report
@@ -101,11 +69,27 @@ class Scale:
     overrides: dict[str, tuple[str, ...]] = field(default_factory=dict)  # by command or run directory
 
     def plan(self) -> tuple[Step, ...]:
-        """Every run the exhibits of ``layout`` read, upstream runs first (``registry.plan_at``)."""
+        """Every run the exhibits of ``layout`` read, upstream runs first (``catalog.plan_at``)."""
         return plan_at(self.layout)
 
 
-SCALES = {"cpu": Scale("cpu"), "tiny": Scale("cpu", TINY), "paper": Scale("paper")}
+SCALES_FILE = Path(__file__).with_name("scales.yaml")
+
+
+def load_scales(path: Path = SCALES_FILE) -> dict[str, Scale]:
+    """The scales of ``specbench reproduce --scale`` as ``scales.yaml`` declares them (each: its layout and its
+    overrides by command or run directory, e.g. ``tiny``'s stand-ins for the dry run), keyed by name."""
+    spec = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    return {
+        str(name): Scale(
+            str(s["layout"]),
+            {str(k): tuple(str(o) for o in v) for k, v in (s.get("overrides") or {}).items()},
+        )
+        for name, s in spec.items()
+    }
+
+
+SCALES = load_scales()
 # Spec-Bench's question.jsonl (`make reproduce-paper` downloads it)
 QUESTIONS = "data/spec_bench/question.jsonl"
 
@@ -368,7 +352,7 @@ def plan_steps(chosen, root: Path, sc, extra, questions: str, adapt) -> list[tup
     """Each chosen step's overrides, composed and validated config, root-relative settings and heads, before anything
     is written or loaded; a per-drafter override (``pool.drafters.<name>.<key>=...``) goes to the steps whose pool has
     that drafter, and one that no step's pool has is refused."""
-    from specbench.pipelines.session.run_dir import settings
+    from specbench.pipelines.session.run_dir import compared_settings
     from specbench.reproduction import heads
 
     planned = []
@@ -388,7 +372,7 @@ def plan_steps(chosen, root: Path, sc, extra, questions: str, adapt) -> list[tup
             used.update(mine)
             overrides = [*overrides, *("++" + o.lstrip("+") for o in mine)]
             cfg = compose_step(step, overrides, adapt)
-        now = root_relative(settings(cfg), root)
+        now = root_relative(compared_settings(cfg), root)
         planned.append((step, overrides, cfg, now, heads.heads_of(now)))
 
     unused = [o for o in per_drafter if o not in used]

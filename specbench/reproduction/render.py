@@ -18,10 +18,10 @@ from specbench.records import SUMMARY_CSV, atomic_write_text
 from specbench.reproduction import heads as shipped_heads
 from specbench.reproduction import published as published_values
 from specbench.reproduction import verdicts as V
+from specbench.reproduction.catalog import builders
 from specbench.reproduction.exhibit import FAMILIES, PROJECT, SEED, Exhibit, Layout, mark_unfinished
 from specbench.reproduction.inputs import NotRun
 from specbench.reproduction.layouts import LAYOUTS
-from specbench.reproduction.registry import builders
 from specbench.reproduction.runs import CONFIG, ROOT_RECORD
 
 log = logging.getLogger(__name__)

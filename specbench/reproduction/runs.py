@@ -1,5 +1,5 @@
 """Every run directory of ``specbench reproduce``, once: which command writes it and, per scale, with which
-overrides. Exhibits (``registry.py``) name the runs they read; the plans are derived from them (``steps_at``).
+overrides. Exhibits (``catalog.py``) name the runs they read; the plans are derived from them (``steps_at``).
 
 A run is one of our commands with an experiment config and a fixed directory under the root
 (``<paper>/...``). The CPU and paper scales share a directory where the papers overlap (``huang/...``,

@@ -53,9 +53,17 @@ MIN_N = 16  # fewer paired queries than this: not judged (a speed claim's task c
 # degrees of freedom: it undoes the bootstrap's narrowness at small n) or Efron's BCa (bias-corrected and
 # accelerated, the acceleration from the jackknife). The default is the one whose A/A false-hold rate stays at most
 # the nominal (1 - LEVEL) / 2 at n = 16, 32 and 80 (``make aa-cpu``: docs/aa-cpu.md).
-INTERVALS = ("percentile", "expanded", "bca")
+# Or no resampling at all: the jackknife t interval, the point estimate plus or minus Student's t quantile (n - 1
+# degrees of freedom) times the jackknife's standard error, its p-value read on the same t law (exact to the
+# integration's precision, so it has no resampling floor).
+INTERVALS = ("percentile", "expanded", "bca", "t")
 INTERVAL = "expanded"
-INTERVAL_NAMES = {"percentile": "percentile", "expanded": "expanded percentile (Hesterberg)", "bca": "BCa"}
+INTERVAL_NAMES = {
+    "percentile": "percentile",
+    "expanded": "expanded percentile (Hesterberg)",
+    "bca": "BCa",
+    "t": "jackknife t",
+}
 
 N_SMALL = f"n < {MIN_N}"
 INCONCLUSIVE = "inconclusive"  # the interval straddles the claim's threshold at an adequate n
@@ -360,9 +368,37 @@ def normal_tail(vals: np.ndarray, threshold: float) -> float:
     return _NORMAL.cdf((threshold - float(np.mean(vals))) / sd)
 
 
+T_FLOOR = 1e-9  # the jackknife t p-value's floor: the precision of ``t_cdf``'s integration
+
+
+def jackknife_t(columns: Mapping[str, Sequence[float]], stat: Stat, threshold: float, level: float):
+    """``(point, lo, hi, p)`` of the jackknife t interval: the point estimate plus or minus Student's t quantile of
+    ``level`` (n - 1 df) times the jackknife standard error sqrt((n - 1) / n * sum (theta_i - mean)^2), and the
+    p-value of "effect > threshold" on the same law (nan / None unless every leave-one-out value is finite and there
+    are at least two)."""
+    point, _ = resample(columns, stat, 1, SEED)
+    jack = jackknife(columns, stat)
+    n = len(jack)
+    jack = jack[np.isfinite(jack)]
+    if len(jack) < 2 or len(jack) < n or not math.isfinite(point):
+        return point, math.nan, math.nan, None
+    se = math.sqrt((n - 1) / n * float(np.sum((jack - jack.mean()) ** 2)))
+    half = t_quantile(1 - (1 - level) / 2, n - 1) * se
+    if math.isnan(threshold):
+        p = None
+    elif se > 0:
+        p = float(min(1.0, max(T_FLOOR, 2 * t_cdf((threshold - point) / se, n - 1))))
+    else:
+        p = T_FLOOR if point > threshold else 1.0
+    return point, point - half, point + half, p
+
+
 def estimate(columns: Mapping[str, Sequence[float]], stat: Stat, threshold: float, boot: Bootstrap):
     """``(point, lo, hi, p)``: ``stat`` on every query, its ``boot.interval`` interval at ``boot.level`` and the
-    p-value of "effect > threshold" (``adaptive_p``); nan / None where no resample is finite."""
+    p-value of "effect > threshold" (``adaptive_p``; the jackknife t's own law for ``t``); nan / None where no
+    resample is finite."""
+    if boot.interval == "t":
+        return jackknife_t(columns, stat, threshold, boot.level)
     point, vals = resample(columns, stat, boot.resamples, boot.seed)
     n = len(next(iter(columns.values())))
     bca = bca_constants(columns, stat, point, vals) if boot.interval == "bca" and len(vals) else None

@@ -381,8 +381,8 @@ def test_reproduce_paper_runs_every_step_and_ends_in_the_paper_report(stand_ins,
     runs in its fixed directory, and `specbench report` on that root builds every paper-scale exhibit
     (Spec-Bench, Huang et al., MetaSD black-box / white-box / stream / multilingual, each cascades run)."""
     from specbench.reproduction import plan, render
+    from specbench.reproduction.catalog import builders, specs_at
     from specbench.reproduction.layouts import PAPER as LAYOUT
-    from specbench.reproduction.registry import builders, specs_at
     from specbench.reproduction.runs import PAPER_CASCADES
 
     def adapt(step, cfg):

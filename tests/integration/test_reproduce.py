@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from specbench.reproduction import plan
+from specbench.reproduction.catalog import builders
 from specbench.reproduction.layouts import CPU as CPU_LAYOUT
-from specbench.reproduction.registry import builders
 from tests.conftest import write_tiny_shipped
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"

@@ -71,7 +71,7 @@ def test_a_finished_step_is_not_reused_under_other_settings(tmp_path, monkeypatc
         monkeypatch,
         [COLLECT, POLICY],
         **{
-            "huang/math/collect": ("dataset.limit=6", *plan.TINY_MATH_EXITS),
+            "huang/math/collect": ("dataset.limit=6", *TINY.overrides["huang/math/eval"]),
             "train_policy": ("train.epochs=2", "train.val_fraction=0.5"),
         },
     )
@@ -144,7 +144,11 @@ def test_a_step_run_with_heads_rebuilt_since_is_not_reused_and_the_report_says_s
     tmp_path, monkeypatch, heads, tiny_llama_target
 ):
     depth = plan.Step("huang", "collect", "huang/depth/collect", ("experiment=reproduce_huang_depth",))
-    scale = mini(monkeypatch, [depth], **{"huang/depth/collect": ("dataset.limit=4", *plan.TINY_EXITS)})
+    scale = mini(
+        monkeypatch,
+        [depth],
+        **{"huang/depth/collect": ("dataset.limit=4", *TINY.overrides["huang/depth/eval_with_ar"])},
+    )
     root = tmp_path / "rp"
     plan.run(root, scale=scale)
     done = json.loads((root / depth.run / plan.DONE).read_text())

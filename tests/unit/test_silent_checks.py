@@ -15,7 +15,7 @@ from specbench.errors import SpecbenchError
 from specbench.pipelines.bench import hf_unsupported
 from specbench.pipelines.collected import missing_shards
 from specbench.pipelines.session.prompting import CONTEXT_KEYS, Context
-from specbench.pipelines.session.run_dir import RunFiles, claim_run_dir, differences, settings
+from specbench.pipelines.session.run_dir import RunFiles, claim_run_dir, compared_settings, differences
 from specbench.pipelines.train_policy import check_held_out
 from specbench.records import read_jsonl
 from specbench.tasks.datasets import load_source
@@ -36,7 +36,7 @@ def test_settings_leave_out_what_changes_no_result():
             "seed": 0,
         }
     )
-    assert settings(cfg) == {
+    assert compared_settings(cfg) == {
         "collect": {"alignment": "rougeL"},
         "decoding": {"max_new_tokens": 16},
         "seed": 0,

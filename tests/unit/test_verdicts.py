@@ -790,6 +790,23 @@ def test_the_expanded_interval_is_wider_at_small_n_and_bca_follows_skew():
         V.Bootstrap(interval="studentised")
 
 
+def test_the_jackknife_t_interval_of_a_mean_is_the_textbook_t_interval():
+    """For a mean the jackknife's standard error is s / sqrt(n) exactly, so the jackknife t interval is the textbook
+    mean +- t_{0.975, n-1} s / sqrt(n); its p-value has no resampling floor (a large effect resolves far below
+    Holm's thresholds), and a statistic undefined on a leave-one-out subset gives no interval."""
+    x = np.random.default_rng(3).normal(1.0, 0.2, 16)
+    point, lo, hi = V.bootstrap({"x": x}, V.mean_of("x"), V.Bootstrap(interval="t"))
+    half = V.t_quantile(0.975, 15) * x.std(ddof=1) / math.sqrt(16)
+    assert point == pytest.approx(x.mean()) and (lo, hi) == pytest.approx((x.mean() - half, x.mean() + half))
+    fast, base = timed(1.5, n=16, noise=0.02)
+    v = V.faster("a is faster", fast, base, ("a", "b"), boot=V.Bootstrap(interval="t"))
+    assert v.held is True and v.p < 1e-6
+    one = V.bootstrap(
+        {"a": [1.0, 0.0], "b": [1.0, 0.0]}, V.ratio_of_sums("a", "b"), V.Bootstrap(interval="t")
+    )
+    assert math.isnan(one[1]) and math.isnan(one[2])
+
+
 def aa_pair(n: int, seed: int, spread: float = 0.6, noise: float = 0.03):
     """One method run twice: heavy-tailed query lengths and costs (lognormal), each run's seconds scattered by
     ``noise``: an A/A pair whose true ratio is 1."""
@@ -926,6 +943,31 @@ def test_a_replayed_speed_verdict_inside_the_clocks_error_is_inconclusive():
     assert math.isnan(clock_error(cal.iloc[:1]))
 
 
+def test_the_clocks_error_comes_from_the_rounds_before_the_first_fork():
+    """Issue 42: the calibration compares the replay with the live run on the rounds whose tokens all lie before the
+    generation's first fork (the same text on both sides); the clock's error is the spread of those factors, not
+    of whole generations, whose forked texts differ."""
+    from specbench.records import Round
+    from specbench.reproduction.long_horizon import PREFIX, before_fork, clock_error, round_seconds
+
+    live = [
+        {"emitted": e, "t_select": 0.001, "t_draft": 0.002, "t_verify": 0.03, "t_switch": 0.0}
+        for e in (3, 2, 4, 1)
+    ]
+    assert [r["emitted"] for r in before_fork(live, 5)] == [3, 2]  # 3 + 2 tokens end at position 5
+    assert [r["emitted"] for r in before_fork(live, 4)] == [3]
+    assert before_fork(live, None) == live
+    assert round_seconds(before_fork(live, 5)) == (pytest.approx(0.066), 5)
+    rnd = Round(0, "a", 4, 2, 4, 0.5, 0.5, 3, 0.0, 0.004, 0.031, 0.002, False)
+    assert round_seconds([rnd]) == (pytest.approx(0.037), 3)
+    cal = pd.DataFrame({"method": ["a", "b"], "replay / live": [0.9, 1.4], PREFIX: [0.98, 1.01]})
+    assert clock_error(cal) == pytest.approx(1.01 / 0.98 - 1)
+    assert clock_error(cal.drop(columns=[PREFIX])) == pytest.approx(1.4 / 0.9 - 1)
+    assert clock_error(cal.assign(**{PREFIX: [0.98, math.nan]})) == pytest.approx(
+        1.4 / 0.9 - 1
+    )  # one: no spread
+
+
 def test_a_cascade_is_at_the_targets_quality_by_a_paired_non_inferiority_test(tmp_path):
     """Issue 43: on seeded synthetic per-query ROUGE-2, a cascade point whose quality equals the target's up to noise
     of SD's size passes (its paired interval lies above minus lossless SD's scatter); one that loses 3 points a query
@@ -963,6 +1005,42 @@ def test_a_cascade_is_at_the_targets_quality_by_a_paired_non_inferiority_test(tm
     assert (
         ex[ex.method == "sd"]._q.mean() < ex[ex.method == "autoregressive"]._q.mean()
     )  # the old rule's failure
+
+
+def test_a_cascade_claim_without_a_point_at_the_targets_quality_is_not_held_only_when_every_point_is_below(
+    tmp_path,
+):
+    """Issue 43: when no speculative point is shown non-inferior, the claim is not held only if every point is shown
+    inferior (its interval wholly below minus the margin); a point whose interval straddles the margin leaves the
+    claim inconclusive (16 queries cannot tell), not "not held" without an estimate."""
+    from specbench.reproduction import cascade_exhibits as CE
+
+    def run(name: str, spec_shift: float, spec_noise: float):
+        rng = np.random.default_rng(7)
+        n = 16
+        target = rng.uniform(5, 25, n)
+        scores = {
+            "sd": target + rng.normal(0.0, 0.3, n),
+            "diff@0.3": target + spec_shift + rng.normal(0.0, spec_noise, n),
+        }
+        extra = {
+            m: (
+                lambda i, m=m: {
+                    "quality": {"rouge2": float((target if m == "autoregressive" else scores[m])[i])}
+                }
+            )
+            for m in ["autoregressive", *scores]
+        }
+        write_examples(
+            tmp_path / name, {"summarization": {m: 1.2 for m in scores}}, n=n, noise=0.05, extra=extra
+        )
+        ex = R.load_examples(tmp_path, name)
+        return CE.task_verdict(ex, "summarization", list(dict.fromkeys(ex.method)))
+
+    below = run("below", -6.0, 0.5)
+    assert below.mark == "not held" and "every speculative-cascade point (1) is below" in below.detail
+    noisy = run("noisy", -1.0, 6.0)
+    assert noisy.mark == "inconclusive" and "cannot tell" in noisy.detail
 
 
 def test_the_cascades_page_measures_which_metric_separates_the_target_from_its_drafter(tmp_path):

@@ -1,6 +1,6 @@
 """A run directory: claimed by one command and one process at a time (``lock_run_dir``: an flock on its
 ``.specbench.yaml``), refused when its records were made with other settings (``claim_run_dir``, compared by
-``settings`` / ``differences``), its composed config saved atomically (``start_run``)."""
+``compared_settings`` / ``differences``), its composed config saved atomically (``start_run``)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ NOT_COMPARED = (
 )
 
 
-def settings(cfg) -> dict:
+def compared_settings(cfg) -> dict:
     """The resolved settings of a config (a DictConfig or a plain dict) that a rerun must match:
     everything but :data:`NOT_COMPARED`."""
     tree = OmegaConf.to_container(cfg if OmegaConf.is_config(cfg) else OmegaConf.create(cfg), resolve=True)
@@ -104,7 +104,7 @@ def claim_run_dir(out: Path, cfg: DictConfig, files: RunFiles) -> None:
         return
     saved = out / files.settings
     diff = (
-        differences(settings(OmegaConf.load(saved)), settings(cfg))
+        differences(compared_settings(OmegaConf.load(saved)), compared_settings(cfg))
         if saved.exists()
         else [f"(no {files.settings} to compare with)"]
     )
@@ -160,7 +160,7 @@ def start_run(
     save_hydra_record(cfg, out)
     save_config(cfg, out / CONFIG)
     if files is not None and files.settings != CONFIG:
-        save_config(OmegaConf.create(settings(cfg)), out / files.settings)
+        save_config(OmegaConf.create(compared_settings(cfg)), out / files.settings)
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
     return out

@@ -7,7 +7,7 @@ import re
 
 import pandas as pd
 
-from specbench.reproduction import plan, registry, render, runs
+from specbench.reproduction import catalog, plan, render, runs
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.exhibit import Exhibit, ExhibitSpec
 from specbench.reproduction.published import load
@@ -38,7 +38,7 @@ def test_adding_an_exhibit_is_one_object(tmp_path, monkeypatch):
         )
 
     spec = ExhibitSpec("extra/table", build, (mine,))
-    monkeypatch.setattr(registry, "EXHIBITS", (*registry.EXHIBITS, spec))
+    monkeypatch.setattr(catalog, "EXHIBITS", (*catalog.EXHIBITS, spec))
 
     steps = plan.SCALES["cpu"].plan()
     order = [s.run for s in steps]
@@ -54,31 +54,31 @@ def test_adding_an_exhibit_is_one_object(tmp_path, monkeypatch):
 
 
 def test_the_plans_are_the_exhibits_runs_and_each_run_directory_is_declared_once():
-    dirs = [r.dir for r in registry.RUNS]
+    dirs = [r.dir for r in catalog.RUNS]
     assert len(dirs) == len(set(dirs))
     for scale in runs.RUN_SCALES:
-        steps = registry.plan_at(scale)
-        needed = {r.dir for spec in registry.specs_at(scale) for r in spec.runs}
+        steps = catalog.plan_at(scale)
+        needed = {r.dir for spec in catalog.specs_at(scale) for r in spec.runs}
         assert {s.run for s in steps} >= needed
         for i, step in enumerate(steps):  # every upstream run a step reads runs before it
             for up in plan.upstream_of(step, steps):
                 assert steps.index(up) < i, (step.run, up.run)
     # every run is read by some exhibit at every scale it runs at
-    for r in registry.RUNS:
+    for r in catalog.RUNS:
         for scale in r.at:
-            assert any(r in spec.runs for spec in registry.specs_at(scale)) or any(
-                r in other.reads_at(scale) for other in registry.RUNS
+            assert any(r in spec.runs for spec in catalog.specs_at(scale)) or any(
+                r in other.reads_at(scale) for other in catalog.RUNS
             ), (r.dir, scale)
 
 
 def test_each_run_declares_the_runs_its_overrides_read():
     """``Run.reads`` is the runs whose directories its overrides name (``{root}/<dir>``), at every scale it runs at;
     a run is declared after the runs it reads, so the plan's order (declaration order) runs them first."""
-    for r in registry.RUNS:
+    for r in catalog.RUNS:
         for scale, overrides in r.at.items():
             named = {
                 o.dir
-                for o in registry.RUNS
+                for o in catalog.RUNS
                 if any(re.search(rf"\{{root\}}/{re.escape(o.dir)}(/|$)", x) for x in overrides)
             }
             assert named == {u.dir for u in r.reads_at(scale)}, (r.dir, scale)
@@ -87,7 +87,7 @@ def test_each_run_declares_the_runs_its_overrides_read():
 
 def test_the_plan_order_is_the_declaration_order():
     """``RUNS``, derived from the exhibits, lists every run in the order ``runs.py`` declares them (upstream first)."""
-    assert [r.dir for r in registry.RUNS] == [
+    assert [r.dir for r in catalog.RUNS] == [
         "spec_bench/eval",
         "huang/collect",
         "huang/policy",
@@ -114,5 +114,5 @@ def test_the_plan_order_is_the_declaration_order():
 
 
 def test_every_published_value_belongs_to_an_exhibit():
-    owned = {key for spec in registry.EXHIBITS for key in spec.published}
+    owned = {key for spec in catalog.EXHIBITS for key in spec.published}
     assert {f"{p.paper}/{p.exhibit}" for p in load()} <= owned
