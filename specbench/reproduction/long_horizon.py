@@ -553,9 +553,8 @@ class Tally:
         self.seconds: dict[str, list[float]] = {}  # method -> [predicted s, tokens, measured s, tokens]
         # method -> the same over the rounds before the generation's first fork (both sides decode the traced text)
         self.prefix: dict[str, list[float]] = {}
-        self.outside: dict[
-            str, list[float]
-        ] = {}  # method -> [trace's prefill s, live s outside rounds, queries]
+        # method -> [trace's prefill s, live s outside rounds, queries]
+        self.outside: dict[str, list[float]] = {}
         self.forks: list[int | None] = []
         self.verdicts: dict[str, int] = {}
         self.equal = self.compared = 0
@@ -573,16 +572,15 @@ class Tally:
             )
             if judged is not None:
                 self.verdicts[judged.verdict] = self.verdicts.get(judged.verdict, 0) + 1
-        upto = [r for r in lr if fork is None or sum(x["emitted"] for x in lr[: r["round"] + 1]) <= fork]
+        mine, theirs = before_fork(gen.rounds, fork), before_fork(lr, fork)
         self.equal += all(
             a["arm"] == b.arm and a["accepted"] == b.accepted and a["drafted"] == b.drafted
-            for a, b in zip(upto, gen.rounds)
+            for a, b in zip(theirs, gen.rounds)
         )
         self.compared += 1
         acc = self.seconds.setdefault(method, [0.0, 0.0, 0.0, 0.0])
         for i, x in enumerate((gen.seconds, len(gen.tokens), e["seconds"], e["new_tokens"])):
             acc[i] += x
-        mine, theirs = before_fork(gen.rounds, fork), before_fork(lr, fork)
         pre = self.prefix.setdefault(method, [0.0, 0.0, 0.0, 0.0])
         for i, x in enumerate((*round_seconds(mine), *round_seconds(theirs))):
             pre[i] += x
