@@ -161,10 +161,10 @@ def cascades(root: Path, published: list[Published], lay: Layout, run: CascadeRu
         "Chow's test on its own distribution, is deferred to the target, called only then), and the speculative "
         "cascades (chow, diff, opt, token_*: the deferral decided with the target's scores, in parallel). "
         "Verdicts, per task: each family's fastest point at the target's quality, judged by a paired test, not by "
-        "point estimates: the 95% bootstrap interval of its per-query quality difference to the target lies above "
+        f"point estimates: the 95% {V.INTERVAL_TEXT} of its per-query quality difference to the target lies above "
         "minus a margin, the larger end of lossless SD's own interval of that difference (the scatter a method with "
         "the target's quality shows on these queries); then the speculative cascade's point against the other two "
-        "families' points, paired per query, speed with a bootstrap interval at a level Bonferroni-corrected over "
+        "families' points, paired per query, speed with that interval at a level Bonferroni-corrected over "
         "the speculative points picked from."
     )
     ex = load_examples(root, run.run.dir)
@@ -179,7 +179,7 @@ def cascades(root: Path, published: list[Published], lay: Layout, run: CascadeRu
 
 def metric_separation(ex: pd.DataFrame) -> pd.DataFrame:
     """Per task and per-query metric the records hold: how far the target's quality lies above the drafter alone's
-    on the same queries (the paired mean difference, its 95% bootstrap interval, and the difference over its
+    on the same queries (the paired mean difference, its 95% interval, and the difference over its
     standard deviation): which metric can tell the target from its drafter on these queries at all."""
     from specbench.arms import AUTOREGRESSIVE
     from specbench.pipelines.cascades import ALONE
@@ -253,7 +253,7 @@ def task_quality(ex: pd.DataFrame, task: str) -> pd.Series:
 
 def quality_gap(p: dict[str, pd.DataFrame], m: str) -> tuple[float, float, float] | None:
     """(mean, lo, hi): ``m``'s per-query quality minus the target's (autoregressive) on the queries both ran and
-    scored (``p``: their records paired by query, ``compare.paired``), with the verdicts' paired bootstrap interval;
+    scored (``p``: their records paired by query, ``compare.paired``), with the verdicts' paired interval;
     None without such queries."""
     from specbench.arms import AUTOREGRESSIVE
 

@@ -158,7 +158,7 @@ def exhibit(out: Path):
     notes = (
         f"Replayed, not live: selectors run round by round over acceptance traces of the mixed stream "
         f"(`make trace-mixed`: 16 queries a task, up to 512 new tokens), times predicted from the cost curves "
-        f"measured with the trace; each verdict paired per query with its 95% bootstrap interval. The full page "
+        f"measured with the trace; each verdict paired per query with its 95% {V.INTERVAL_TEXT}. The full page "
         f"(convergence by round index, reward variance, regret, switching, the carried stream and the calibration "
         f"against a live run): [replay/long_horizon.md](replay/long_horizon.md). Replays in `{out}`."
     )
@@ -749,7 +749,7 @@ def header_lines(trace_run: Path, rows: list[dict], seeds: int) -> list[str]:
         "UCB are deterministic: one replay stands for every seed). "
         "Every line below is **replayed**: selectors run round by round over the traces, times predicted from "
         "the cost curves measured with the trace (same dtype, threads). Verdicts are paired per query (seconds "
-        "and shares averaged over seeds first) with 95% bootstrap intervals.",
+        f"and shares averaged over seeds first) with 95% {V.INTERVAL_TEXT}s.",
         "",
     ]
     if trace_md:

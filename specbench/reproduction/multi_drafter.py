@@ -7,7 +7,7 @@ Read from a run directory (``examples.jsonl``, ``rounds.jsonl``), nothing re-tim
   per-query oracle (the fastest single drafter of each query: in hindsight, or cross-fitted when every single
   drafter has an A/A repeat, ``again:fixed:*`` in methods: chosen on the first runs, its seconds the repeat's);
 - every other method (trees, the router, bandits): its speedup, MAT, and its speed ratio to the best single
-  drafter and to the per-task oracle, each with a paired 95% bootstrap interval over queries
+  drafter and to the per-task oracle, each with a paired 95% interval over queries
   (``reproduction.verdicts``); the claims "at least 1.15x the best single drafter" and "at least the
   per-task oracle" are judged on them;
 - for a ``tree:*`` method (the whole pool in every round's tree): the per-round oracle's acceptance, the
@@ -224,8 +224,8 @@ def write(run_dir: Path, arms: list[str] | None = None, margin: float = BEST_SIN
         f"# Multi-drafter methods against the best single drafter ({run_dir})",
         "",
         f"Best single drafter over the run: `{facts['best_single']}`. Speedups are over autoregressive decoding "
-        "on the same queries (total seconds per token); `vs` columns are speed ratios with paired 95% bootstrap "
-        "intervals over queries; `mat`: mean tokens per target forward (rounds.jsonl)."
+        "on the same queries (total seconds per token); `vs` columns are speed ratios with paired 95% "
+        f"{V.INTERVAL_TEXT}s over queries; `mat`: mean tokens per target forward (rounds.jsonl)."
         + (
             f" Reference rows, never the best single drafter nor in an oracle: {', '.join(facts['reference'])}."
             if facts["reference"]
@@ -300,7 +300,7 @@ def trees_exhibit(root: Path, published, layout) -> Exhibit:
     notes = (
         f"Best single drafter over the run: {facts['best_single']}. Speedups over autoregressive decoding on the "
         "same queries; the ratios to the best single drafter and to the per-task oracle carry paired 95% "
-        "bootstrap intervals over queries. Not a paper's table: this project's multi-drafter methods."
+        f"{V.INTERVAL_TEXT}s over queries. Not a paper's table: this project's multi-drafter methods."
     )
     return Exhibit(
         "Multi-drafter decoding: token trees and the router against the best single drafter",

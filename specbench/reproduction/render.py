@@ -235,7 +235,7 @@ def counts_line(exhibits: list[Exhibit]) -> str:
     return (
         f"{len(marks)} verdicts: {marks.count('held')} held, {marks.count('not held')} not held, "
         f"{marks.count('inconclusive')} inconclusive, {marks.count('not judged')} not judged. Each is judged on "
-        f"per-query paired data with a 95% bootstrap interval ({V.INTERVAL_NAMES[V.INTERVAL]}): held only when the interval excludes the null, not "
+        f"per-query paired data with a 95% {V.INTERVAL_TEXT}: held only when the interval excludes the null, not "
         f"held when it excludes the claim, inconclusive when it straddles it, not judged below {V.MIN_N} paired "
         f"queries or without per-query data. Held verdicts also pass Holm's step-down correction across the "
         f"seeds' {tested} tested claims (family-wise error 5%; without it about "

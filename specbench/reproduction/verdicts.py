@@ -1,10 +1,10 @@
 """Pattern verdicts: each checks one claim of a paper on per-query PAIRED data, with a confidence interval.
 
-Every comparison of speeds or qualities is judged on the queries both sides ran (paired by query id),
-with a seeded bootstrap over queries (``RESAMPLES`` resamples, ``numpy.random.default_rng(SEED)``) at a stated level
-(``LEVEL``: 95%, two-sided); the resamples become an interval by ``INTERVAL`` (the expanded percentile interval,
-chosen by its A/A false-hold rate at small n: ``make aa-cpu``). A claim "effect > x" (x: the null, e.g. a speedup ratio
-of 1, or a threshold such as 0.95 of the oracle) is
+Every comparison of speeds or qualities is judged on the queries both sides ran (paired by query id), with an
+interval over queries at a stated level (``LEVEL``: 95%, two-sided) made by ``INTERVAL``: the jackknife t interval,
+chosen by its A/A false-hold rate at small n (``make aa-cpu``), or a seeded bootstrap (``RESAMPLES`` resamples,
+``numpy.random.default_rng(SEED)``) read as a percentile, expanded or BCa interval. A claim "effect > x" (x: the
+null, e.g. a speedup ratio of 1, or a threshold such as 0.95 of the oracle) is
 
 - ``held`` only when the whole interval lies above x (strictly: a tie is never held; no tolerance turns
   ``>`` into ``>=``);
@@ -15,9 +15,10 @@ of 1, or a threshold such as 0.95 of the oracle) is
   cell needs here), and ``not judged`` when the data have no per-query form (``unpaired``) or are missing
   (``missing``).
 
-Each judged verdict also carries a bootstrap p-value for its claim (``p``: twice the share of resampled effects
-on the null's side of x, so ``p < 1 - LEVEL`` exactly when the interval excludes x on the claim's side); where
-fewer than ``TAIL`` of the interval's resamples fall there, more are drawn (``adaptive_p``, up to
+Each judged verdict also carries a p-value for its claim (``p``: the level at which the interval's bound reaches x,
+so ``p < 1 - LEVEL`` exactly when the interval excludes x on the claim's side): read on Student's t law for the t
+interval, from the share of resampled effects on the null's side of x for a bootstrap interval; there, where fewer
+than ``TAIL`` of the interval's resamples fall on that side, more are drawn (``adaptive_p``, up to
 ``MAX_RESAMPLES``), so a p-value resolves far below the 2 / 2000 floor of the interval's own resamples. A report
 judges many claims at once, so :func:`holm` applies Holm's step-down correction across all of them: a verdict
 held at its own level stays held only if its p-value passes Holm's threshold at the family-wise level
@@ -51,19 +52,20 @@ MIN_N = 16  # fewer paired queries than this: not judged (a speed claim's task c
 # how the resamples become an interval: the plain percentile interval, Hesterberg's expanded percentile interval (the
 # percentile interval at the level whose normal quantile is sqrt(n / (n - 1)) times Student's t quantile on n - 1
 # degrees of freedom: it undoes the bootstrap's narrowness at small n) or Efron's BCa (bias-corrected and
-# accelerated, the acceleration from the jackknife). The default is the one whose A/A false-hold rate stays at most
-# the nominal (1 - LEVEL) / 2 at n = 16, 32 and 80 (``make aa-cpu``: docs/aa-cpu.md).
-# Or no resampling at all: the jackknife t interval, the point estimate plus or minus Student's t quantile (n - 1
-# degrees of freedom) times the jackknife's standard error, its p-value read on the same t law (exact to the
-# integration's precision, so it has no resampling floor).
+# accelerated, the acceleration from the jackknife). Or no resampling at all: the jackknife t interval, the point
+# estimate plus or minus Student's t quantile (n - 1 degrees of freedom) times the jackknife's standard error, its
+# p-value read on the same t law (exact to the integration's precision, so it has no resampling floor). The default
+# is the narrowest whose pooled A/A false-hold rate stays at most the nominal (1 - LEVEL) / 2 at n = 16, 32 and 80
+# (``make aa-cpu``: docs/aa-cpu.md): the t interval (2.3%, 2.1%, 2.4%; expanded 3.2%, 2.7%, 3.1%).
 INTERVALS = ("percentile", "expanded", "bca", "t")
-INTERVAL = "expanded"
+INTERVAL = "t"
 INTERVAL_NAMES = {
     "percentile": "percentile",
     "expanded": "expanded percentile (Hesterberg)",
     "bca": "BCa",
     "t": "jackknife t",
 }
+INTERVAL_TEXT = f"{INTERVAL_NAMES[INTERVAL]} interval"  # how pages name the verdicts' interval
 
 N_SMALL = f"n < {MIN_N}"
 INCONCLUSIVE = "inconclusive"  # the interval straddles the claim's threshold at an adequate n

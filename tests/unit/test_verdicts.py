@@ -109,8 +109,12 @@ def test_the_interval_is_reproducible():
     fast, base = timed(1.1, noise=0.2, seed=7)
     a, b = V.faster("c", fast, base), V.faster("c", fast, base)
     assert a.interval == b.interval and a.line() == b.line()
-    other = V.faster("c", fast, base, boot=V.Bootstrap(seed=V.SEED + 1))
-    assert other.interval != a.interval  # the seed is what fixes it
+    for interval in ("percentile", "expanded", "bca"):  # a resampled interval: the seed is what fixes it
+        boot = V.Bootstrap(interval=interval)
+        again = V.faster("c", fast, base, boot=boot), V.faster("c", fast, base, boot=boot)
+        assert again[0].interval == again[1].interval
+        other = V.faster("c", fast, base, boot=V.Bootstrap(seed=V.SEED + 1, interval=interval))
+        assert other.interval != again[0].interval
     point, lo, hi = V.bootstrap({"x": [1.0, 2.0, 3.0, 4.0]}, V.mean_of("x"))
     assert (point, lo, hi) == V.bootstrap({"x": [1.0, 2.0, 3.0, 4.0]}, V.mean_of("x"))
     assert point == 2.5 and lo < point < hi
@@ -689,22 +693,22 @@ def test_p_values_resolve_below_holms_threshold_over_100_claims():
 def test_adaptive_p_agrees_with_many_resamples():
     """Where few of the interval's resamples fall on the null's side, the resampled p-value is within a factor 2 of
     the one of 200,000 resamples drawn at once (its Monte Carlo error with 20 resamples in the tail is about 25%);
-    where many do, it is the interval's own."""
+    where many do, it is the interval's own (for a resampled interval: the t interval's p has no resamples)."""
     stat = V.speed_ratio()
     for speedup, noise, seed in ((1.06, 0.06, 7), (1.1, 0.1, 3), (1.02, 0.1, 5)):
         (ms, mt), (bs, bt) = timed(speedup, n=16, noise=noise, seed=seed)
         cols = {"a_s": ms, "a_t": mt, "b_s": bs, "b_t": bt}
         _, vals = V.resample(cols, stat)
-        p = V.adaptive_p(cols, stat, 1.0, vals, V.DEFAULT)
+        p = V.adaptive_p(cols, stat, 1.0, vals, V.Bootstrap(interval="expanded"))
         _, many = V.resample(cols, stat, 200_000, seed=99)
         share = np.mean(many <= 1.0)
-        truth = V.tail_p(share, V.INTERVAL, 16)
+        truth = V.tail_p(share, "expanded", 16)
         if np.sum(vals <= 1.0) >= V.TAIL:
-            assert p == V.tail_p(np.mean(vals <= 1.0), V.INTERVAL, 16)
+            assert p == V.tail_p(np.mean(vals <= 1.0), "expanded", 16)
         elif share > 0:
             assert truth / 2 <= p <= 2 * truth, (p, truth)
         else:  # none of 200,000 below: at most one resample's worth, from the normal tail
-            assert p <= V.tail_p(1 / 200_000, V.INTERVAL, 16), p
+            assert p <= V.tail_p(1 / 200_000, "expanded", 16), p
 
 
 def test_tree_pairs_match_a_tree_drafter_to_its_chain_by_config():
