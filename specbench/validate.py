@@ -141,6 +141,11 @@ SCHEMA: dict[str, Rule] = {
     "tasks": list_of(text(), null=True),
     "rules": list_of(text()),
     "alphas.*": list_of(number()),
+    "pool.from_policy": boolean(),  # conf/pool/auto.yaml: eval's pool a policy's own may replace
+    "quality_metric": mapping(
+        null=True, note=" (task -> a column of its metric, e.g. {summarization: rouge1})"
+    ),
+    "quality_metric.*": text(),
     "profile_path": PATH,
 }
 

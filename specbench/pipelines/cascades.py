@@ -31,13 +31,14 @@ from specbench.pipelines.session.core import Session
 from specbench.pipelines.session.run_dir import RECORDS
 from specbench.pipelines.session.run_records import Records, write_after_stop
 from specbench.pipelines.session.schedule import rotation
-from specbench.tasks.registry import TASKS, quality_columns
+from specbench.tasks.registry import quality_columns, quality_label
 
 log = logging.getLogger(__name__)
 
 SD = "sd"
 ALONE = "drafter_alone"
-# quality column per task and the loss the closing note tolerates against lossless SD: from the task registry
+# quality column per task and the loss the closing note tolerates against lossless SD: the task registry's (a run's
+# quality_metric chooses another column of a task's metric: quality_columns)
 QUALITY = quality_columns()
 COLUMNS = [
     "task",
@@ -60,9 +61,7 @@ COLUMNS = [
     "seconds",
 ]
 NOTES = (
-    "One row per (task, method). quality: "
-    + ", ".join(f"{TASKS[t].quality_label} ({t})" for t in QUALITY)
-    + ". speedup = total autoregressive seconds / total method seconds on the same "
+    ". speedup = total autoregressive seconds / total method seconds on the same "
     "examples, each paired with the autoregressive run timed in the same process (speedup_mean: mean of "
     "per-example ratios; paired: how many examples that pairs). rejection_rate = draft tokens the verifier rejected "
     "/ draft tokens it judged (accepted + rejected; tokens after a rejection are not judged): the paper's "
@@ -117,6 +116,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         )
     drafter = s.pool[name]
     runs = variants(cfg.rules, cfg.alphas)
+    quality = quality_columns(cfg.get("quality_metric"))
     if not drafter.can_generate_alone:
         log.warning("drafter %s has no model of its own: the drafter-alone row is skipped", name)
         runs = [v for v in runs if v.name != ALONE]
@@ -159,10 +159,10 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
             s.out,
             "cascades",
             "curves",
-            lambda: write_curves(records, s.out, model, name, stopped=True),
+            lambda: write_curves(records, s.out, model, name, quality, stopped=True),
         )
         raise
-    write_curves(records, s.out, f"{cfg.target.model} in {cfg.target.dtype}", name)
+    write_curves(records, s.out, f"{cfg.target.model} in {cfg.target.dtype}", name, quality)
     return s.out
 
 
@@ -179,9 +179,26 @@ def of_tasks(queries: list, tasks) -> list:
     return chosen
 
 
-def write_curves(records: Records, out: Path, model: str, name: str, stopped: bool = False) -> None:
-    """curves.csv/md, best.csv and the per-task plots from the run's records (``stopped``: a partial run)."""
-    table = curves(records.examples(), records.rounds())
+def notes(quality: dict[str, tuple[str, float]]) -> str:
+    """The curves table's notes, naming each task's quality column."""
+    return (
+        "One row per (task, method). quality: "
+        + ", ".join(f"{quality_label(t, col)} ({t})" for t, (col, _) in quality.items())
+        + NOTES
+    )
+
+
+def write_curves(
+    records: Records,
+    out: Path,
+    model: str,
+    name: str,
+    quality: dict[str, tuple[str, float]] = QUALITY,
+    stopped: bool = False,
+) -> None:
+    """curves.csv/md, best.csv and the per-task plots from the run's records (``quality``: each task's quality
+    column, ``quality_columns``; ``stopped``: a partial run)."""
+    table = curves(records.examples(), records.rounds(), quality)
     best = best_at_loss(table)
     title = f"specbench cascades: {model}, drafter {name}" + (
         " (stopped early: the finished generations only)" if stopped else ""
@@ -191,7 +208,7 @@ def write_curves(records: Records, out: Path, model: str, name: str, stopped: bo
         out,
         stem="curves",
         title=title,
-        notes=NOTES + "\n\n" + closing_note(best, table) + tables.pairing_note(table),
+        notes=notes(quality) + "\n\n" + closing_note(best, table) + tables.pairing_note(table),
     )
     tables.write_csv(best, out / "best.csv")
     try:
@@ -219,9 +236,11 @@ def parse_method(method: str) -> tuple[str, float]:
     return method, float("nan")
 
 
-def curves(examples: Iterable[dict], rounds: Iterable[dict]) -> pd.DataFrame:
-    """One row per (task, method): quality, speedup over autoregressive, rejection rate, MAT, agreement
-    with the autoregressive output of the same query."""
+def curves(
+    examples: Iterable[dict], rounds: Iterable[dict], quality: dict[str, tuple[str, float]] = QUALITY
+) -> pd.DataFrame:
+    """One row per (task, method): quality (the column ``quality`` names for the task), speedup over
+    autoregressive, rejection rate, MAT, agreement with the autoregressive output of the same query."""
     df = pd.DataFrame(list(examples))
     if df.empty:
         return pd.DataFrame(columns=COLUMNS)
@@ -235,7 +254,7 @@ def curves(examples: Iterable[dict], rounds: Iterable[dict]) -> pd.DataFrame:
         df["deferred"] = 0
     base = df[df.method == AUTOREGRESSIVE].drop_duplicates("query_id", keep="last").set_index("query_id")
     rows = [
-        curve_row(task, method, m, base)
+        curve_row(task, method, m, base, quality.get(task, (None, 0.0))[0])
         for task, sub in df.groupby("task")
         for method, m in sub.groupby("method", sort=False)
     ]
@@ -246,9 +265,9 @@ def curves(examples: Iterable[dict], rounds: Iterable[dict]) -> pd.DataFrame:
     return out.sort_values(["task", "_o", "_r", "alpha"]).drop(columns=["_o", "_r"]).reset_index(drop=True)
 
 
-def curve_row(task: str, method: str, m: pd.DataFrame, base: pd.DataFrame) -> dict:
-    """One (task, method) row of ``curves``: ``m`` its generations, ``base`` the autoregressive ones by query."""
-    key = QUALITY.get(task, (None, 0.0))[0]
+def curve_row(task: str, method: str, m: pd.DataFrame, base: pd.DataFrame, key: str | None) -> dict:
+    """One (task, method) row of ``curves``: ``m`` its generations, ``base`` the autoregressive ones by query,
+    ``key`` the quality column (None: the task has none)."""
     rule, alpha = parse_method(method)
     paired = m[m.query_id.isin(base.index)]
     b = base.loc[paired.query_id]
@@ -286,7 +305,7 @@ def curve_row(task: str, method: str, m: pd.DataFrame, base: pd.DataFrame) -> di
 
 def best_at_loss(table: pd.DataFrame) -> pd.DataFrame:
     """Per task and rule, the fastest alpha whose quality is within the task's tolerance of lossless SD
-    (1 BLEU / ROUGE-2 point, 0.01 accuracy); then the best rule per task first.
+    (1 BLEU / ROUGE point, 0.01 accuracy); then the best rule per task first.
 
     Columns: task, rule, alpha, quality, sd_quality, speedup, sd_speedup, gain (speedup / sd_speedup).
     A task without speedups (a run stopped before that task's autoregressive generations: NaN) is
@@ -360,7 +379,8 @@ def closing_note(best: pd.DataFrame, table: pd.DataFrame | None = None) -> str:
     lines = []
     for task, sub in best.groupby("task", sort=False):
         b = sub.iloc[0]
-        metric, tol = QUALITY[task]
+        tol = QUALITY[task][1]
+        metric = table[table.task == task].metric.iloc[0] if table is not None else QUALITY[task][0]
         loss = f"{tol:g} point" if metric != "accuracy" else f"{tol * 100:g}% accuracy"
         lines.append(
             f"- {task}: best rule {b.rule} (alpha {b.alpha:g}): speedup {b.speedup:.3f}x over "

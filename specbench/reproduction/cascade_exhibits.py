@@ -153,8 +153,9 @@ def cascades(root: Path, published: list[Published], lay: Layout, run: CascadeRu
         fig.savefig(path, dpi=110)
         plt.close(fig)
 
+    columns = task_columns(curves)
     notes = (
-        f"Quality: {run.quality_label}. The dotted line of each panel is the target's own quality (its "
+        f"Quality: {run.quality_label or quality_text(columns)}. The dotted line of each panel is the target's own quality (its "
         "autoregressive run on the same queries). tokens_per_target_call: new tokens per target forward (MAT). "
         "Families: lossy SD (plain SD is its alpha 0; under greedy decoding lossy SD is plain SD for alpha < 1, "
         "so plain SD is its point), the sequential cascade (the drafter generates; a position it is unsure of, "
@@ -171,7 +172,7 @@ def cascades(root: Path, published: list[Published], lay: Layout, run: CascadeRu
     return Exhibit(
         f"Speculative cascades, quality against speedup ({run.title})",
         pts,
-        cascade_verdicts(ex, run),
+        cascade_verdicts(ex, run, columns),
         notes + separation_note(metric_separation(ex)),
         plot=plot,
     )
@@ -236,11 +237,24 @@ def separation_note(table: pd.DataFrame) -> str:
     )
 
 
-def task_quality(ex: pd.DataFrame, task: str) -> pd.Series:
-    """Per-record quality on ``task``'s metric (NaN where a record has none)."""
-    from specbench.pipelines.cascades import QUALITY
+def task_columns(curves: pd.DataFrame) -> dict[str, str]:
+    """task -> the quality column its run judged it on (curves.csv's ``metric``: the run's ``quality_metric`` or
+    the task registry's), for the tasks with one."""
+    if "metric" not in curves:
+        return {}
+    named = curves[curves.metric.fillna("").astype(str) != ""]
+    return {str(t): str(m) for t, m in zip(named.task, named.metric)}
 
-    key = QUALITY[task][0]
+
+def quality_text(columns: dict[str, str]) -> str:
+    """How a page names the tasks' quality columns."""
+    from specbench.tasks.registry import quality_label
+
+    return "each task's own metric: " + ", ".join(f"{quality_label(t, c)} ({t})" for t, c in columns.items())
+
+
+def task_quality(ex: pd.DataFrame, key: str) -> pd.Series:
+    """Per-record quality on the column ``key`` of the records' metric (NaN where a record has none)."""
     return pd.Series(
         [
             float((q or {}).get(key)) if isinstance(q, dict) and (q or {}).get(key) is not None else math.nan
@@ -294,18 +308,18 @@ def at_target_quality(ex: pd.DataFrame, methods: list[str], margin: float = 0.0)
     return sorted(out, reverse=True)
 
 
-def cascade_verdicts(ex: pd.DataFrame, run: CascadeRun) -> list[V.Verdict]:
+def cascade_verdicts(ex: pd.DataFrame, run: CascadeRun, columns: dict[str, str]) -> list[V.Verdict]:
     """Per task with a metric: at the target's quality, the fastest speculative-cascade point is faster than the
     fastest lossy-SD point and the fastest sequential-cascade point (each family's points non-inferior to the
     target's quality by a paired interval, margin lossless SD's own scatter: :func:`at_target_quality`), paired per
-    query."""
-    from specbench.pipelines.cascades import QUALITY
-
+    query. ``columns``: each task's quality column (:func:`task_columns`)."""
     if ex.empty:
         return [V.missing(CASCADE_CLAIM, f"per-query records ({run.run.dir}/{EXAMPLES})", CASCADE_LABEL)]
     methods = list(dict.fromkeys(ex.method))
     out = [
-        task_verdict(ex[ex.task == task], task, methods) for task in dict.fromkeys(ex.task) if task in QUALITY
+        task_verdict(ex[ex.task == task], task, methods, columns[task])
+        for task in dict.fromkeys(ex.task)
+        if task in columns
     ]
     return out or [V.unpaired(CASCADE_CLAIM, "no task of the run has a quality metric", CASCADE_LABEL)]
 
@@ -316,19 +330,18 @@ CASCADE_CLAIM = (
 )
 
 
-def task_verdict(sub: pd.DataFrame, task: str, methods: list[str]) -> V.Verdict:
+def task_verdict(sub: pd.DataFrame, task: str, methods: list[str], key: str) -> V.Verdict:
     """One task's cascade claim (``cascade_verdicts``): one verdict over its two baselines (lossy SD, the sequential
-    cascade), the speculative point chosen among those at the target's quality with Bonferroni's level."""
-    from specbench.pipelines.cascades import QUALITY
-
+    cascade), the speculative point chosen among those at the target's quality with Bonferroni's level; quality on
+    the column ``key``."""
     label = CASCADE_LABEL
-    sub = sub.assign(_q=task_quality(sub, task))
+    sub = sub.assign(_q=task_quality(sub, key))
     named = f"on {task}, {CASCADE_CLAIM}"
     target_q = sub[sub.method == "autoregressive"]._q
     if target_q.notna().any() and not (target_q.fillna(0) != 0).any():
         return V.unpaired(
             named,
-            f"the target scores 0 on {QUALITY[task][0]} on every query here, so the "
+            f"the target scores 0 on {key} on every query here, so the "
             "target's quality line cannot tell one point from another",
             label,
         )
@@ -357,7 +370,7 @@ def task_verdict(sub: pd.DataFrame, task: str, methods: list[str]) -> V.Verdict:
     return V.all_of(
         named,
         parts,
-        f"{QUALITY[task][0]} non-inferior to the target's (paired 95% interval of the quality difference "
+        f"{key} non-inferior to the target's (paired 95% interval of the quality difference "
         f"above -{margin:.3g}, lossless SD's own scatter); the fastest of {len(spec)} "
         f"speculative points at the target's quality, level {level:.2%} (Bonferroni)",
     )
@@ -403,10 +416,9 @@ def cascades_exhibit(run: CascadeRun) -> ExhibitSpec:
     return ExhibitSpec(run.run.dir, lambda root, pub, lay: cascades(root, pub, lay, run), (run.run,))
 
 
-TASK_METRICS = "each task's own metric: corpus BLEU (translation), ROUGE-2 F x 100 (summarization), GSM8K accuracy (math)"
-CPU_CASCADES = (
-    CascadeRun(CASCADES_GREEDY, "greedy", "quality", TASK_METRICS, greedy=True),
-    CascadeRun(CASCADES_SAMPLING, "temperature 1", "quality", TASK_METRICS),
+CPU_CASCADES = (  # quality label "": each task's column as its run's curves name it (quality_text)
+    CascadeRun(CASCADES_GREEDY, "greedy", "quality", "", greedy=True),
+    CascadeRun(CASCADES_SAMPLING, "temperature 1", "quality", ""),
 )
 PAPER_CASCADE_RUNS = tuple(
     CascadeRun(CASCADES_PAPER[name], title, "quality", f"{metric} (the task's metric)")

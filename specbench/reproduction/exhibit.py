@@ -44,7 +44,7 @@ class CascadeRun:
     run: Run
     title: str
     quality: str  # a column of cascade_points: agreement | rouge2_summarization | quality
-    quality_label: str
+    quality_label: str  # how the page names the quality ("": each task's column from the run's curves)
     greedy: bool = False
 
     @property

@@ -33,7 +33,7 @@ def test_the_consumers_maps_are_derived_from_the_registry():
     assert {t.name: (t.quality, t.tolerance) for t in TASKS.values() if t.quality} == cascades.QUALITY
     assert {t.name: t.table1 for t in TASKS.values() if t.table1} == huang.TABLE1_QUALITY
     for name in cascades.QUALITY:
-        assert f"{TASKS[name].quality_label} ({name})" in cascades.NOTES
+        assert f"{TASKS[name].quality_label} ({name})" in cascades.notes(cascades.QUALITY)
     # the values every record and table so far was written with
     assert cascades.QUALITY == {
         "translation": ("bleu", 1.0),
@@ -75,3 +75,35 @@ def test_every_template_set_has_a_template_for_every_registered_task():
 def test_a_quality_column_needs_a_metric():
     with pytest.raises(ValueError, match="without a metric"):
         Task("broken", quality="bleu")
+
+
+def test_a_run_may_judge_a_task_on_another_column_of_its_metric():
+    from specbench.errors import SpecbenchError
+    from specbench.pipelines import cascades
+    from specbench.tasks.registry import quality_columns
+
+    chosen = quality_columns({"summarization": "rouge1"})
+    assert chosen["summarization"] == ("rouge1", 1.0) and chosen["translation"] == ("bleu", 1.0)
+    assert "mean ROUGE-1 F x 100 (summarization)" in cascades.notes(chosen)
+    with pytest.raises(SpecbenchError, match=r"quality_metric.summarization=rouge3: expected one of rouge1"):
+        quality_columns({"summarization": "rouge3"})
+    with pytest.raises(SpecbenchError, match="no quality metric for task 'chat'"):
+        quality_columns({"chat": "rouge1"})
+    records = [
+        {
+            "query_id": "q",
+            "task": "summarization",
+            "method": m,
+            "quality": {"rouge1": 40.0, "rouge2": 10.0},
+            "output_ids": [1, 2],
+            "new_tokens": 2,
+            "seconds": 1.0,
+            "target_calls": 2,
+            "accepted": 0,
+            "rejected": 0,
+            "drafted": 0,
+        }
+        for m in ("autoregressive", "sd")
+    ]
+    assert cascades.curves(records, [], chosen).quality.tolist() == [40.0, 40.0]
+    assert cascades.curves(records, []).quality.tolist() == [10.0, 10.0]

@@ -1001,7 +1001,7 @@ def test_a_cascade_is_at_the_targets_quality_by_a_paired_non_inferiority_test(tm
         extra=extra,
     )
     ex = R.load_examples(tmp_path, "run")
-    ex = ex.assign(_q=CE.task_quality(ex, "summarization"))
+    ex = ex.assign(_q=CE.task_quality(ex, "rouge2"))
     margin = CE.quality_margin(ex)
     assert 0.2 < margin < 1.0
     passed = {m for _, m in CE.at_target_quality(ex, list(scores), margin)}
@@ -1039,7 +1039,7 @@ def test_a_cascade_claim_without_a_point_at_the_targets_quality_is_not_held_only
             tmp_path / name, {"summarization": {m: 1.2 for m in scores}}, n=n, noise=0.05, extra=extra
         )
         ex = R.load_examples(tmp_path, name)
-        return CE.task_verdict(ex, "summarization", list(dict.fromkeys(ex.method)))
+        return CE.task_verdict(ex, "summarization", list(dict.fromkeys(ex.method)), "rouge2")
 
     below = run("below", -6.0, 0.5)
     assert below.mark == "not held" and "every speculative-cascade point (1) is below" in below.detail
