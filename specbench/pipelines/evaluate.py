@@ -96,29 +96,22 @@ def check_resumable(
             )
 
 
-def pool_chosen(output_dir: str | Path) -> bool:
-    """Whether the user chose the pool: a ``pool`` or ``experiment`` override on the command line of the Hydra app
-    running this eval (its run directory is ``output_dir``). Outside one (a pipeline called directly, or the Hydra
-    state of an earlier app in the same process) nobody can tell, so the composed pool counts as chosen."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        hc = HydraConfig.get()
-        if Path(hc.runtime.output_dir).resolve() != Path(output_dir).resolve():
-            return True
-        task = [str(o).lstrip("+~") for o in hc.overrides.task]
-    except Exception:  # noqa: BLE001 - not under @hydra.main
-        return True
-    return any(o.startswith(("pool=", "pool.", "experiment=")) for o in task)
+POLICY_POOL = (
+    "from_policy"  # the key of conf/pool/auto.yaml: the pool a policy was collected with may replace it
+)
 
 
-def use_policy_pool(cfg: DictConfig, output_dir: str | Path) -> None:
-    """``selector=policy`` and no pool chosen: the pool the policy's rows were collected with (kept in its
-    checkpoint), so ``eval selector=policy`` after a default collect and train-policy needs no ``pool=``."""
-    path = policy_checkpoint(cfg)
-    if path is None or pool_chosen(output_dir):
+def use_policy_pool(cfg: DictConfig) -> None:
+    """``pool=auto`` (eval's default: ``from_policy: true``, conf/pool/auto.yaml) and a method that plays a policy
+    whose checkpoint keeps its collection's pool: that pool, so ``eval selector=policy`` after a default collect
+    and train-policy needs no ``pool=``. A chosen pool has no ``from_policy`` and is kept. The key is removed
+    either way (the run's config.yaml holds the pool it ran)."""
+    if not OmegaConf.select(cfg, f"pool.{POLICY_POOL}", default=False):
         return
-    pool = load_checkpoint(path).meta.get("pool")  # checkpoints of older specbench versions keep none
+    with open_dict(cfg):
+        del cfg.pool[POLICY_POOL]
+    path = policy_checkpoint(cfg)
+    pool = load_checkpoint(path).meta.get("pool") if path is not None else None  # older checkpoints keep none
     if not pool or OmegaConf.to_container(cfg.pool, resolve=True) == pool:
         return
     log.info("pool: the one the policy in %s was collected with (set pool=<name> to choose another)", path)
@@ -134,7 +127,7 @@ def check_methods_early(cfg: DictConfig) -> None:
 
 
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
-    use_policy_pool(cfg, output_dir)
+    use_policy_pool(cfg)
     check_methods_early(cfg)
     s = Session.open(cfg, output_dir, RECORDS, "eval")
     costs = functools.cache(  # a budget's start-up cost profile (costs: profile), measured once

@@ -57,7 +57,7 @@ def save_checkpoint(
     "decoder_last_hidden", "dim": 576, "target": "embedded:smollm2_135m"}``. ``training_queries``: the
     content fingerprints of every query the policy saw (training and validation), which
     ``check_not_trained_on`` compares with an evaluation slice. ``pool``: the drafter pool config the rows were
-    collected with, which ``eval selector=policy`` uses when the user chooses no pool. Returns the path."""
+    collected with, which ``eval selector=policy`` uses under eval's default ``pool=auto``. Returns the path."""
     src = result_or_policy
     if not isinstance(src, (TrainResult, Policy)):
         raise SpecbenchError(

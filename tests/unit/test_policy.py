@@ -288,3 +288,34 @@ def test_the_measured_cost_is_each_arms_speculative_time_over_the_targets():
     del rows[0]["arms"]["head"]["spec"]
     with pytest.raises(SpecbenchError, match="no measured speculative run of head"):
         cost_matrix(rows, arms, "speed")
+
+
+def test_eval_default_pool_becomes_the_policys_own_and_a_chosen_pool_stays(trained, tmp_path):
+    """pool=auto (eval's default) carries ``from_policy``: with a policy whose checkpoint keeps its collection's
+    pool, the eval runs on that pool; a pool chosen by name has no such key and is kept; the key never reaches the
+    run's config."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from specbench.configs import conf_dir
+    from specbench.pipelines.evaluate import use_policy_pool
+
+    own = {"drafters": {"prompt_lookup": {"_target_": "specbench.drafters.prompt_lookup.build"}}}
+    path = save_checkpoint(
+        tmp_path / "policy.pt", trained, arms=ARMS, embedding=EMB, alpha=0.5, config={}, pool=own
+    )
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        default, chosen = (
+            compose("eval", overrides=[*extra, "selector=policy", f"policy.checkpoint={path}"])
+            for extra in ([], ["pool=tiny"])
+        )
+        no_policy = compose("eval")
+    assert default.pool.from_policy is True and "from_policy" not in chosen.pool
+    use_policy_pool(default)
+    assert OmegaConf.to_container(default.pool) == own
+    tiny = OmegaConf.to_container(chosen.pool)
+    use_policy_pool(chosen)
+    assert OmegaConf.to_container(chosen.pool) == tiny
+    heads = {k: v for k, v in OmegaConf.to_container(no_policy.pool).items() if k != "from_policy"}
+    use_policy_pool(no_policy)  # no policy: the default pool, without the key
+    assert OmegaConf.to_container(no_policy.pool) == heads and "eagle_general" in heads["drafters"]
