@@ -25,6 +25,7 @@ from specbench.errors import SpecbenchError
 
 MEASURED = "measured"  # a drafter config's ``cost`` read from a profile
 PROFILE_FILE = "profile.json"
+PROFILE_CSV = "profile.csv"  # the same profile as a table
 FORMAT = 1  # profile.json's ``format``
 DRAFT_LENGTHS = range(1, 17)  # the draft lengths ``best_draft_length`` considers
 

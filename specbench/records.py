@@ -269,6 +269,32 @@ SEEDS = "seeds.jsonl"  # replay: one record per (method, seed, query)
 CONFIG = "config.yaml"  # every command: the settings its records were made with
 SUMMARY = "summary.md"  # eval: its summary table (says when the run stopped early)
 SUMMARY_CSV = "summary.csv"  # eval: the same table as CSV
+METRICS = (
+    "metrics.json"  # train-drafter, train-policy: the run's metrics (read by the shipped heads, the report)
+)
+HISTORY_CSV = "history.csv"  # train-drafter, train-policy: one row per epoch
+SIGNATURE = (
+    "signature.json"  # train-drafter: what a checkpoint was trained from (compared on resume, shipped)
+)
+BENCH = "bench.jsonl"  # bench: one record per timed generation
+CONVERGENCE_CSV = (
+    "convergence.csv"  # eval, replay: a selector's share on the best drafter by round (the report)
+)
+FORKS_CSV = "forks.csv"  # eval: where outputs left the autoregressive one, each fork's tie verdict
+SEEDS_CSV = "seeds.csv"  # replay: per method, over seeds
+CURVES = "curves"  # cascades: curves.csv / curves.md, quality against speed per (task, method)
+CURVES_CSV = f"{CURVES}.csv"
+BEST_CSV = "best.csv"  # cascades: the fastest alpha per rule within the quality tolerance
+ALPHA_SWEEP = "alpha_sweep"  # train-policy sweep.alpha: one policy per alpha (.csv, .md)
+ALPHA_SWEEP_CSV = f"{ALPHA_SWEEP}.csv"
+DATA_EFFICIENCY = (
+    "data_efficiency"  # train-policy sweep.n_examples: one policy per training-set size (.csv, .md)
+)
+DATA_EFFICIENCY_CSV = f"{DATA_EFFICIENCY}.csv"
+DATA_EFFICIENCY_QUERIES_CSV = "data_efficiency_queries.csv"  # the same, per validation query
+# a saved model's files (a head, the small drafter, the embedded target): transformers' names
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
 
 # what a multi-part run set out to write: readers check it is all there (``unfinished``)
 PLAN_FILE = "plan.json"

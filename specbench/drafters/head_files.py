@@ -14,10 +14,7 @@ import torch
 from specbench.drafters import shipped
 from specbench.errors import SpecbenchError
 from specbench.models.loading import resolve_cached
-from specbench.records import atomic_write_text, save_tensors
-
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
+from specbench.records import CONFIG_FILE, WEIGHTS_FILE, atomic_write_text, save_tensors
 
 
 def vocab_fingerprint(tokenizer) -> str:

@@ -26,10 +26,18 @@ from pathlib import Path
 import torch
 
 from specbench.errors import SpecbenchError
-from specbench.records import atomic_write_text, save_tensors
+from specbench.records import (
+    CONFIG_FILE,
+    HISTORY_CSV,
+    METRICS,
+    SIGNATURE,
+    WEIGHTS_FILE,
+    atomic_write_text,
+    save_tensors,
+)
 
 PREFIX = "package:"
-COPIED = ("metrics.json", "history.csv", "loss.png")
+COPIED = (METRICS, HISTORY_CSV, "loss.png")
 RECIPE = "recipe.json"
 SHIPPED_DTYPE = torch.bfloat16
 
@@ -70,14 +78,14 @@ def other_target_fix(checkpoint: str, target: str, default: str) -> str:
 
 def shipped_names() -> list[str]:
     root = heads_dir()
-    return sorted(p.name for p in root.iterdir() if (p / "config.json").exists()) if root.is_dir() else []
+    return sorted(p.name for p in root.iterdir() if (p / CONFIG_FILE).exists()) if root.is_dir() else []
 
 
 def resolve_package(name: str, make_target: str | None = None) -> Path:
     """``package:<name>`` -> the shipped head's directory, or a clear error listing the shipped heads."""
     entry = name[len(PREFIX) :]
     path = heads_dir() / entry
-    if not (path / "config.json").exists():
+    if not (path / CONFIG_FILE).exists():
         names = shipped_names()
         have = ", ".join(PREFIX + n for n in names) or "none"
         env = os.environ.get("SPECBENCH_HEADS")
@@ -109,27 +117,27 @@ def ship(src: Path, dst: Path) -> Path:
     from safetensors.torch import load_file
 
     src, dst = Path(src), Path(dst)
-    for need in ("model.safetensors", "config.json", "signature.json"):
+    for need in (WEIGHTS_FILE, CONFIG_FILE, SIGNATURE):
         if not (src / need).exists():
             raise SpecbenchError(
                 f"{src} has no {need}: not a finished train-drafter checkpoint",
                 "run `make specialists` (or specbench train-drafter) to the end first",
             )
-    state = load_file(str(src / "model.safetensors"))
+    state = load_file(str(src / WEIGHTS_FILE))
     kept = {
         k: (v if k == "d2t" or not v.is_floating_point() else v.to(SHIPPED_DTYPE)).contiguous()
         for k, v in state.items()
         if k.startswith(("fc.", "layers.", "norm.")) or k == "d2t"
     }
-    config = json.loads((src / "config.json").read_text())
+    config = json.loads((src / CONFIG_FILE).read_text())
     config.setdefault("specbench", {})["shipped"] = {
         "dtype": str(SHIPPED_DTYPE).removeprefix("torch."),
         "from": src.name,
     }
     dst.mkdir(parents=True, exist_ok=True)
-    save_tensors(kept, dst / "model.safetensors")
-    atomic_write_text(dst / "config.json", json.dumps(config, indent=1, default=str))
-    atomic_write_text(dst / RECIPE, (src / "signature.json").read_text())
+    save_tensors(kept, dst / WEIGHTS_FILE)
+    atomic_write_text(dst / CONFIG_FILE, json.dumps(config, indent=1, default=str))
+    atomic_write_text(dst / RECIPE, (src / SIGNATURE).read_text())
     for name in COPIED:
         if (src / name).exists():
             shutil.copyfile(src / name, dst / name)
@@ -146,9 +154,9 @@ def summary(root: Path | None = None) -> str:
         "E[accepted] at k=4 | other tasks' top-1 (mean) | weights |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for name in sorted(p.name for p in root.iterdir() if (p / "metrics.json").exists()):
-        metrics = json.loads((root / name / "metrics.json").read_text())
-        meta = json.loads((root / name / "config.json").read_text()).get("specbench", {})
+    for name in sorted(p.name for p in root.iterdir() if (p / METRICS).exists()):
+        metrics = json.loads((root / name / METRICS).read_text())
+        meta = json.loads((root / name / CONFIG_FILE).read_text()).get("specbench", {})
         tasks = metrics.get("tasks") or {}
         own = name.removeprefix("eagle_")
         mine = [own] if own in tasks else list(tasks)
@@ -163,7 +171,7 @@ def summary(root: Path | None = None) -> str:
         depth = [[x for x in xs if x is not None] for xs in depth]
         fmt = lambda xs: f"{sum(xs) / len(xs):.2f}" if xs else "-"  # noqa: E731
         others = [t["top1"] for k, t in tasks.items() if k not in mine]
-        size = (root / name / "model.safetensors").stat().st_size / 2**20
+        size = (root / name / WEIGHTS_FILE).stat().st_size / 2**20
         rows.append(
             f"| `{name}` | {meta.get('train_sequences')} | {meta.get('train_tokens')} "
             f"({meta.get('train_response_tokens')}) | {meta.get('epochs')} | "
@@ -195,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
         return 2
     out = ship(Path(args[0]), Path(args[1]))
-    size = (out / "model.safetensors").stat().st_size / 2**20
+    size = (out / WEIGHTS_FILE).stat().st_size / 2**20
     print(f"shipped {args[0]} -> {out} ({size:.1f} MiB)")
     return 0
 

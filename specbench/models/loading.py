@@ -25,6 +25,7 @@ from specbench.errors import SpecbenchError, inside
 from specbench.models.devices import DTYPE_KW, check_dtype_supported, resolve_device, resolve_dtype
 from specbench.models.store import cache_dir, smollm2_dir
 from specbench.models.tiny import TINY_SPECS, build_tiny
+from specbench.records import CONFIG_FILE
 
 log = logging.getLogger(__name__)
 EMBEDDED_MODELS = ["smollm2_135m", *TINY_SPECS]
@@ -129,7 +130,7 @@ def load_model(name: str, dtype: str | None = "float32", device: str | None = "a
                 f"model directory '{name}' does not exist",
                 "check the path, or name a hub id or an embedded model (embedded:smollm2_135m)",
             )
-        if not (path / "config.json").is_file():
+        if not (path / CONFIG_FILE).is_file():
             held = sorted(p.name for p in path.iterdir())
             raise SpecbenchError(
                 f"'{name}' is not a model directory: it has no config.json ("

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specbench.errors import SpecbenchError
 from specbench.models.devices import DTYPE_KW
-from specbench.records import current_umask
+from specbench.records import CONFIG_FILE, WEIGHTS_FILE, current_umask
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def smollm2_dir() -> Path:
     The cache must be writable (else an error naming it and ``SPECBENCH_CACHE``); temporary
     directories left by killed conversions are removed first (:func:`remove_stale_conversions`)."""
     out = cache_dir() / "smollm2-135m-instruct"
-    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+    if (out / CONFIG_FILE).exists() and (out / WEIGHTS_FILE).exists():
         return out
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:

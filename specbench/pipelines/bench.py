@@ -48,7 +48,7 @@ from specbench.pipelines import speed, tables
 from specbench.pipelines.session.core import Session
 from specbench.pipelines.session.run_dir import RunFiles
 from specbench.pipelines.session.schedule import rotation
-from specbench.records import JsonlWriter, read_jsonl
+from specbench.records import BENCH, JsonlWriter, read_jsonl
 from specbench.selection import Fixed
 
 log = logging.getLogger(__name__)
@@ -304,13 +304,13 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
             f"bench compares greedy outputs token for token; got decoding.temperature={dec.temperature}",
             "use decoding=greedy (the default)",
         )
-    s = Session.open(cfg, output_dir, RunFiles(results=("bench.jsonl",)), "bench")
+    s = Session.open(cfg, output_dir, RunFiles(results=(BENCH,)), "bench")
     k, max_new, warm_n = int(dec.draft_length), int(dec.max_new_tokens), int(cfg.warmup.max_new_tokens)
     names = drafter_names(s, cfg.get("drafters"))
     variants = variants_of(s, names, k)
     attempt = Attempts(s.clock, s.eos_ids)
     prompts = [s.prompter(q) for q in s.queries]
-    path = s.out / "bench.jsonl"
+    path = s.out / BENCH
     done = {(r["query_id"], r["method"], r["impl"]) for r in read_jsonl(path)}
     todo = [(q, v) for q in s.queries for v in variants if (q.id, v.method, v.impl) not in done]
     if todo and warm_n > 0:

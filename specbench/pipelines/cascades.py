@@ -31,6 +31,7 @@ from specbench.pipelines.session.core import Session
 from specbench.pipelines.session.run_dir import RECORDS
 from specbench.pipelines.session.run_records import Records, write_after_stop
 from specbench.pipelines.session.schedule import rotation
+from specbench.records import BEST_CSV, CURVES
 from specbench.tasks.registry import quality_columns, quality_label
 
 log = logging.getLogger(__name__)
@@ -206,11 +207,11 @@ def write_curves(
     tables.write_tables(
         table,
         out,
-        stem="curves",
+        stem=CURVES,
         title=title,
         notes=notes(quality) + "\n\n" + closing_note(best, table) + tables.pairing_note(table),
     )
-    tables.write_csv(best, out / "best.csv")
+    tables.write_csv(best, out / BEST_CSV)
     try:
         for task in table.task.unique():
             if task not in QUALITY:

@@ -29,7 +29,7 @@ from specbench.pipelines.session.run_dir import RECORDS
 from specbench.pipelines.session.run_records import Records, write_after_stop
 from specbench.pipelines.session.schedule import rotation
 from specbench.policy import check_not_trained_on, load_checkpoint
-from specbench.records import ROUNDS, read_jsonl
+from specbench.records import CONVERGENCE_CSV, FORKS_CSV, ROUNDS, read_jsonl
 from specbench.selection import PolicySelector, Selector
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ def write_convergence(examples: list[dict], out: Path) -> None:
     if not adaptive:
         return
     conv = tables.convergence(read_jsonl(out / ROUNDS), tables.oracle_arms(pd.DataFrame(examples)))
-    tables.write_csv(conv, out / "convergence.csv")
+    tables.write_csv(conv, out / CONVERGENCE_CSV)
     try:
         tables.plot_convergence(conv, out / "convergence.png")
     except ImportError:
@@ -59,9 +59,9 @@ def write_forks(examples: list[dict], out: Path) -> None:
     the two tokens, both runs' logit margins and the verdict; a warning names every query with a defect."""
     table = tables.forks(examples)
     if table.empty:
-        (out / "forks.csv").unlink(missing_ok=True)
+        (out / FORKS_CSV).unlink(missing_ok=True)
         return
-    tables.write_csv(table, out / "forks.csv")
+    tables.write_csv(table, out / FORKS_CSV)
     bad = table[table.verdict == certify.DEFECT]
     if len(bad):
         log.warning(
@@ -69,7 +69,7 @@ def write_forks(examples: list[dict], out: Path) -> None:
             "see %s",
             len(bad),
             ", ".join(f"{q} ({m})" for q, m in zip(bad.query_id, bad.method)),
-            out / "forks.csv",
+            out / FORKS_CSV,
         )
 
 

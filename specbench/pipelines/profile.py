@@ -77,7 +77,7 @@ KEYS: dict[str, Rule] = {
 
 log = logging.getLogger(__name__)
 
-FILES = RunFiles(results=("profile.json", "profile.csv"))
+FILES = RunFiles(results=(profiling.PROFILE_FILE, profiling.PROFILE_CSV))
 TOKENS = ("prompt", "random")
 
 

@@ -122,7 +122,7 @@ def rounding_text(prof: Mapping) -> str | None:
 
 def write_profile(out: Path, prof: dict) -> None:
     atomic_write_text(out / profiling.PROFILE_FILE, json.dumps(prof, indent=2) + "\n")
-    tables.write_csv(profile_rows(prof), out / "profile.csv")
+    tables.write_csv(profile_rows(prof), out / profiling.PROFILE_CSV)
     verify_md, drafter_md = profile_markdown(prof)
     head = (
         f"# Cost profile: {prof['target']} ({prof['dtype']}, {prof['device']} {prof['device_name']}, "

@@ -43,7 +43,17 @@ from specbench.pipelines import tables
 from specbench.pipelines.methods import Method, load_selector_config, parse_methods
 from specbench.pipelines.session.run_dir import RunFiles, start_run
 from specbench.pipelines.trace import load_traces
-from specbench.records import EXAMPLES, ROUNDS, SEEDS, JsonlWriter, atomic_write_text, read_jsonl, round_row
+from specbench.records import (
+    CONVERGENCE_CSV,
+    EXAMPLES,
+    ROUNDS,
+    SEEDS,
+    SEEDS_CSV,
+    JsonlWriter,
+    atomic_write_text,
+    read_jsonl,
+    round_row,
+)
 from specbench.selection.base import context_aware
 from specbench.validate import COUNT, PATH, Rule, boolean, integer, text
 
@@ -438,7 +448,7 @@ def write_outputs(
     out: Path, per_seed, convergence, rows, n_rounds: int, elapsed: float, cfg: DictConfig, fitted=None
 ) -> None:
     table = method_table(per_seed)
-    tables.write_csv(table, out / "seeds.csv")
+    tables.write_csv(table, out / SEEDS_CSV)
     positions = sum(len(r["output_ids"]) for r in rows)
     note = (
         f"Replayed over {len(rows)} traced queries ({positions:,} positions) from {cfg.traces}: {n_rounds:,} rounds in "
@@ -462,7 +472,7 @@ def write_outputs(
         ]
     )
     if not conv.empty:
-        tables.write_csv(conv, out / "convergence.csv")
+        tables.write_csv(conv, out / CONVERGENCE_CSV)
     examples = list(read_jsonl(out / EXAMPLES))
     summary = tables.summarize(examples)
     tables.write_tables(

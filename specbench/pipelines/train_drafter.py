@@ -49,7 +49,7 @@ from specbench.models.store import cache_dir, make_cache_dir
 from specbench.pipelines import tables
 from specbench.pipelines.session.prompting import eos_ids_of, load_inputs
 from specbench.pipelines.session.run_dir import differences, lock_run_dir, start_run
-from specbench.records import atomic_write_text
+from specbench.records import HISTORY_CSV, METRICS, SIGNATURE, atomic_write_text
 from specbench.training.fit import LR_SCHEDULES, FitSpec, epochs_done, fit
 from specbench.training.responses import response_cache, target_responses
 from specbench.training.trainees import (
@@ -160,7 +160,7 @@ def claim_checkpoint(cfg: DictConfig) -> Path:
         elsewhere=f"out=<another directory> or name=<name> (now {ckpt})",
     )
     sig = signature(cfg)
-    stored = json.loads((ckpt / "signature.json").read_text()) if (ckpt / "signature.json").exists() else None
+    stored = json.loads((ckpt / SIGNATURE).read_text()) if (ckpt / SIGNATURE).exists() else None
     if stored is not None and not same_signature(stored, sig):
         if not cfg.get("overwrite"):
             raise SpecbenchError(
@@ -170,7 +170,7 @@ def claim_checkpoint(cfg: DictConfig) -> Path:
                 "pass out=<another directory> or name=<another name>, or overwrite=true",
             )
         (ckpt / STATE).unlink(missing_ok=True)
-    atomic_write_text(ckpt / "signature.json", json.dumps(sig, indent=1))
+    atomic_write_text(ckpt / SIGNATURE, json.dumps(sig, indent=1))
     return ckpt
 
 
@@ -267,7 +267,7 @@ def save_metrics(
         "teacher_pass (this session)": round(teacher_s, 1),
         "training": round(sum(float(r.get("seconds") or 0) for r in history), 1),
     }
-    atomic_write_text(ckpt / "metrics.json", json.dumps(metrics, indent=1))
+    atomic_write_text(ckpt / METRICS, json.dumps(metrics, indent=1))
     write_metrics(metrics, out, ckpt)
 
 
@@ -312,7 +312,7 @@ def answers_only(out: Path, target, responses: dict | None) -> Path:
 def write_history(history: list[dict], ckpt: Path, title: str) -> None:
     """``history.csv`` and ``loss.png`` beside the checkpoint."""
     hist = pd.DataFrame(history)
-    tables.write_csv(hist, ckpt / "history.csv")
+    tables.write_csv(hist, ckpt / HISTORY_CSV)
     try:
         if len(hist):
             plot_history(hist, ckpt / "loss.png", title=title)
@@ -373,7 +373,7 @@ def compare(dirs: list[Path]) -> pd.DataFrame:
     own split's held-out rows, expected accepted tokens at draft length 4, data and training seconds."""
     rows = []
     for d in dirs:
-        m = json.loads((Path(d) / "metrics.json").read_text())
+        m = json.loads((Path(d) / METRICS).read_text())
         v = m.get("validation") or {}
         rows.append(
             {

@@ -35,7 +35,14 @@ from specbench.pipelines.session.run_dir import differences, start_run
 from specbench.pipelines.tables import print_table, write_csv, write_tables
 from specbench.policy import TrainConfig, TrainResult, save_checkpoint
 from specbench.policy.scores import RewardSpec, proxy_check, replay, rewards
-from specbench.records import atomic_write_text
+from specbench.records import (
+    ALPHA_SWEEP,
+    DATA_EFFICIENCY,
+    DATA_EFFICIENCY_QUERIES_CSV,
+    HISTORY_CSV,
+    METRICS,
+    atomic_write_text,
+)
 from specbench.training.reinforce import held_out, train_policy
 
 log = logging.getLogger(__name__)
@@ -203,7 +210,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         training_queries=[r["fingerprint"] for r in rows if r.get("fingerprint")],
         pool=sig.get("pool"),
     )
-    write_csv(pd.DataFrame(result.history), out / "history.csv")
+    write_csv(pd.DataFrame(result.history), out / HISTORY_CSV)
 
     table, notes = summary_of(metrics, arms, spec)
     md = write_tables(table, out, stem="summary", title="specbench train-policy", notes=notes)
@@ -215,9 +222,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         sweeps["n_examples"] = data_efficiency(
             rows, X, arms, cfg, spec, [int(n) for n in cfg.sweep.n_examples], out
         )
-    atomic_write_text(
-        out / "metrics.json", json.dumps({**metrics, "sweeps": sweeps}, indent=2, default=float)
-    )
+    atomic_write_text(out / METRICS, json.dumps({**metrics, "sweeps": sweeps}, indent=2, default=float))
     print_table(md, title=f"train-policy ({out}; policy.pt, metrics.json, history.csv)")
     print(notes)
     return out
@@ -281,7 +286,7 @@ def alpha_sweep(rows, X, arms, cfg, spec: RewardSpec, alphas: list[float], out: 
     write_tables(
         df,
         out,
-        stem="alpha_sweep",
+        stem=ALPHA_SWEEP,
         title="alpha trade-off",
         notes="One policy per alpha (same seed and split). share_<arm>: share of validation queries "
         "given that arm; speedup_replayed as in summary.md.",
@@ -334,11 +339,11 @@ def data_efficiency(rows, X, arms, cfg, spec: RewardSpec, sizes: list[int], out:
                 }
             )
     df = pd.DataFrame(table)
-    write_csv(pd.DataFrame(per_query), out / "data_efficiency_queries.csv")
+    write_csv(pd.DataFrame(per_query), out / DATA_EFFICIENCY_QUERIES_CSV)
     write_tables(
         df,
         out,
-        stem="data_efficiency",
+        stem=DATA_EFFICIENCY,
         title="data efficiency",
         notes="One policy per training-set size (same validation queries; per query: "
         "data_efficiency_queries.csv).",

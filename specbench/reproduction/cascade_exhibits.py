@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from specbench.pipelines.tables import ALL_TASKS
+from specbench.records import CURVES_CSV, SUMMARY_CSV
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.compare import (
     faster_on,
@@ -34,7 +35,7 @@ SPEC_BENCH_ROWS = {"vicuna_68m": "SpS (vicuna-68m)", "prompt_lookup": "prompt lo
 
 
 def spec_bench_leaderboard(root: Path, published: list[Published], lay: Layout) -> Exhibit:
-    summary = run_table(root, f"{SPEC_BENCH_EVAL.dir}/summary.csv")
+    summary = run_table(root, f"{SPEC_BENCH_EVAL.dir}/{SUMMARY_CSV}")
     ds = drafter_speeds(summary)
     tasks = [t for t in ds if t != ALL_TASKS]
     table = pd.DataFrame(
@@ -116,7 +117,7 @@ def family(method: str) -> str:
 
 
 def cascades(root: Path, published: list[Published], lay: Layout, run: CascadeRun) -> Exhibit:
-    curves = run_table(root, f"{run.run.dir}/curves.csv")
+    curves = run_table(root, f"{run.run.dir}/{CURVES_CSV}")
     pts = cascade_points(curves)
     tasks = [t for t in dict.fromkeys(pts.task) if pts[pts.task == t].quality.notna().any()]
 

@@ -11,6 +11,7 @@ import pandas as pd
 
 from specbench.arms import AUTOREGRESSIVE
 from specbench.pipelines.tables import ALL_TASKS
+from specbench.records import ALPHA_SWEEP_CSV, DATA_EFFICIENCY_CSV, DATA_EFFICIENCY_QUERIES_CSV, SUMMARY_CSV
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.compare import (
     best_fixed,
@@ -24,6 +25,7 @@ from specbench.reproduction.exhibit import Exhibit, ExhibitSpec, Layout
 from specbench.reproduction.inputs import (
     NOT_PAIRED,
     arm_choices,
+    choices_speed,
     choices_text,
     drafter_speeds,
     load_examples,
@@ -39,6 +41,7 @@ from specbench.reproduction.inputs import (
 from specbench.reproduction.published import Published
 from specbench.reproduction.runs import (
     HUANG_ALPHA,
+    HUANG_ALPHA_SPEED,
     HUANG_DEPTH_COLLECT,
     HUANG_EVAL,
     HUANG_EVAL_WITH_AR,
@@ -49,7 +52,10 @@ from specbench.reproduction.runs import (
     HUANG_MATH_POLICY_SPEED,
     HUANG_POLICY,
     HUANG_WITH_AR,
+    HUANG_WITH_AR_SPEED,
     HUANG_WITHOUT_AR,
+    HUANG_WITHOUT_AR_SPEED,
+    Run,
 )
 from specbench.tasks.registry import table1_columns
 
@@ -66,7 +72,7 @@ TABLE4_POLICY = 0.95
 
 
 def huang_table1(root: Path, published: list[Published], lay: Layout) -> Exhibit:
-    summary = run_table(root, f"{HUANG_EVAL.dir}/summary.csv")
+    summary = run_table(root, f"{HUANG_EVAL.dir}/{SUMMARY_CSV}")
     notes = (
         "Speedup over autoregressive decoding on held-out rows (the policy's eval slice, disjoint from the "
         "collected queries), with each cell's acceptance rate and output quality (BLEU, ROUGE-L: greedy "
@@ -75,7 +81,8 @@ def huang_table1(root: Path, published: list[Published], lay: Layout) -> Exhibit
         f"(a generalist that translates well) and T5-small-XSum; ours: {lay.huang_models}. Reward: "
         f"{lay.table1_reward}"
     )
-    val = replayed(optional_table(root, f"{HUANG_POLICY.dir}/summary.csv"))
+    notes += choices_note(root, HUANG_EVAL.dir, speeds(summary), ("translation", "summarization"))
+    val = replayed(optional_table(root, f"{HUANG_POLICY.dir}/{SUMMARY_CSV}"))
     if val:
         notes += (
             " Replayed on the validation queries of the collection: "
@@ -87,6 +94,24 @@ def huang_table1(root: Path, published: list[Published], lay: Layout) -> Exhibit
         table1_frame(root, summary, published, lay),
         table1_verdicts(root, summary, lay),
         notes,
+    )
+
+
+def choices_note(root: Path, run: str, live: dict, tasks: tuple[str, ...]) -> str:
+    """A sentence setting the policy's live speedup per task beside the one its arm choices would give
+    (``choices_speed``): what is left between them is what choosing costs."""
+    from_choices = choices_speed(root, run)
+    parts = [
+        f"{t} {from_choices[t]:.3f} (live {live.get(t, {}).get('policy', math.nan):.3f})"
+        for t in tasks
+        if not math.isnan(from_choices.get(t, math.nan))
+    ]
+    if not parts:
+        return ""
+    return (
+        " The policy's speedup from its choices (each query at the speed its chosen arm ran alone in the same run): "
+        + ", ".join(parts)
+        + "; the gap to the live speedup is what choosing costs (embedding the prompt, the policy's forward)."
     )
 
 
@@ -180,16 +205,22 @@ def table1_verdicts(root: Path, summary: pd.DataFrame, lay: Layout) -> list[V.Ve
 
 
 def huang_fig2(root: Path, published: list[Published], lay: Layout) -> Exhibit:
-    df = run_table(root, f"{HUANG_ALPHA.dir}/alpha_sweep.csv")
+    df = run_table(root, f"{HUANG_ALPHA.dir}/{ALPHA_SWEEP_CSV}")
+    measured = optional_table(root, f"{HUANG_ALPHA_SPEED.dir}/{ALPHA_SWEEP_CSV}")
     shares = [c for c in df.columns if c.startswith("share_")]
     arms = [c.removeprefix("share_") for c in shares]
     cheap, aligned = lay.alpha_arms
     verdict = fig2_verdict(df, cheap, aligned, n_val_of(root, HUANG_ALPHA.dir))
+    sweeps = {"parameters": df, **({"measured": measured} if not measured.empty else {})}
+    table = pd.concat([s.assign(cost=cost) for cost, s in sweeps.items()], ignore_index=True)
+    table = table[["cost", *[c for c in table.columns if c != "cost"]]]
 
     def plot(path: Path) -> None:
         def draw(ax):
-            for a in arms:
-                ax.plot(df.alpha, df[f"share_{a}"], marker="o", label=a)
+            for (cost, s), style in zip(sweeps.items(), ("-", "--")):
+                for a in arms:
+                    if f"share_{a}" in s:
+                        ax.plot(s.alpha, s[f"share_{a}"], style, marker="o", label=f"{a} ({cost} cost)")
 
         figure(
             path,
@@ -201,11 +232,14 @@ def huang_fig2(root: Path, published: list[Published], lay: Layout) -> Exhibit:
 
     notes = (
         "Proxy reward r = alpha * alignment (ROUGE-L of the drafter's own output to the target's) + (1 - alpha) * "
-        f"(1 - cost) (parameters relative to the largest arm); one policy per alpha. Arms: {lay.alpha_note}."
+        f"(1 - cost) (parameters relative to the largest arm); one policy per alpha. Arms: {lay.alpha_note}. "
+        "Rows `measured` (when run huang/depth/alpha_speed exists): the same sweep with each arm's cost its measured "
+        "speculative seconds per token over the target's (`reward.cost=speed`), the paper's parameter count "
+        "replaced by what the arm costs here; the verdict judges the paper's setting."
     )
     return Exhibit(
         "Huang et al., Fig. 2: the alpha trade-off between a cheap and a better-aligned drafter",
-        df,
+        table,
         [verdict],
         notes,
         plot=plot,
@@ -249,7 +283,7 @@ def fig2_verdict(df: pd.DataFrame, cheap: str, aligned: str, n_val: int | None) 
 
 
 # make huang-fig3 (outside the plan): 1,000+ training queries
-FIG3_SWEEP = "huang/fig3/policy/data_efficiency.csv"
+FIG3_SWEEP = f"huang/fig3/policy/{DATA_EFFICIENCY_CSV}"
 
 
 def fig3_verdict(df: pd.DataFrame, queries: Path) -> V.Verdict:
@@ -280,10 +314,10 @@ def huang_fig3(root: Path, published: list[Published], lay: Layout) -> Exhibit:
     trace), else from Table 1's policy run (its few collected queries)."""
     big = Path(root) / FIG3_SWEEP
     df = (
-        read_table(big) if big.is_file() else run_table(root, f"{HUANG_POLICY.dir}/data_efficiency.csv")
+        read_table(big) if big.is_file() else run_table(root, f"{HUANG_POLICY.dir}/{DATA_EFFICIENCY_CSV}")
     ).sort_values("n_examples")
-    queries = (big if big.is_file() else Path(root) / HUANG_POLICY.dir / "data_efficiency.csv").with_name(
-        "data_efficiency_queries.csv"
+    queries = (big if big.is_file() else Path(root) / HUANG_POLICY.dir / DATA_EFFICIENCY_CSV).with_name(
+        DATA_EFFICIENCY_QUERIES_CSV
     )
     verdict = fig3_verdict(df, queries)
 
@@ -328,7 +362,7 @@ def huang_fig3(root: Path, published: list[Published], lay: Layout) -> Exhibit:
 
 def huang_table4(root: Path, published: list[Published], lay: Layout) -> Exhibit:
     run = HUANG_MATH_EVAL.dir
-    summary = run_table(root, f"{run}/summary.csv")
+    summary = run_table(root, f"{run}/{SUMMARY_CSV}")
     best = best_fixed(summary)
     table = table4_frame(root, summary, published, best)
     ex = load_examples(root, run)
@@ -365,7 +399,9 @@ def huang_table4(root: Path, published: list[Published], lay: Layout) -> Exhibit
         f"validation queries replayed (train-policy). Reward: {lay.table4_reward} The row with a measured cost "
         "trains the same policy with each arm's cost set to its measured speculative seconds per token over the "
         "target's (`reward.cost=speed`, run huang/math/policy_speed) instead of its parameter count: replayed "
-        "only, shown, not judged.",
+        "only, shown, not judged. `from its choices`: the speedup the live policy's arm choices would give if each "
+        "query ran at the speed its chosen arm ran alone in the same run; the gap to `speedup` is what choosing "
+        "costs (embedding the prompt, the policy's forward).",
     )
 
 
@@ -376,7 +412,7 @@ def table4_frame(
     replayed on the collection's validation queries), with the arms the policy chose and the paper's values."""
     run = HUANG_MATH_EVAL.dir
     live = speeds(summary).get(ALL_TASKS, {})
-    sp = replayed(optional_table(root, f"{HUANG_MATH_POLICY.dir}/summary.csv"))
+    sp = replayed(optional_table(root, f"{HUANG_MATH_POLICY.dir}/{SUMMARY_CSV}"))
     alone = {m.split(":", 1)[1]: v for m, v in live.items() if m.startswith("fixed:")}
     table = pd.DataFrame(
         [
@@ -401,10 +437,13 @@ def table4_frame(
             {
                 "method": "policy with the autoregressive arm",
                 "speedup": live.get("policy", math.nan),
+                "from its choices": choices_speed(root, run).get(ALL_TASKS, math.nan),
                 "replayed": sp.get("policy", math.nan),
                 "arms chosen (queries)": choices_text(arm_choices(root, run).get(ALL_TASKS)),
             },
-            *measured_cost_rows(root),
+            *measured_cost_rows(
+                root, HUANG_MATH_POLICY_SPEED, "policy with the autoregressive arm, measured cost"
+            ),
         ]
     )
     return with_published(
@@ -420,17 +459,17 @@ def table4_frame(
     )
 
 
-def measured_cost_rows(root: Path) -> list[dict]:
-    """Table 4's policy trained with each arm's measured cost (its speculative seconds per token over the target's,
-    ``reward.cost=speed``) instead of the paper's parameter count: replayed on the collection's validation queries,
-    with the arms it chose there (no row before that run exists)."""
-    metrics = policy_metrics(root, HUANG_MATH_POLICY_SPEED.dir)
+def measured_cost_rows(root: Path, run: Run, method: str) -> list[dict]:
+    """The row of a policy trained (run ``run``) with each arm's measured cost (its speculative seconds per token
+    over the target's, ``reward.cost=speed``) instead of the paper's parameter count: replayed on the collection's
+    validation queries, with the arms it chose there (no row before that run exists)."""
+    metrics = policy_metrics(root, run.dir)
     if not metrics:
         return []
     replayed_speed = (metrics.get("speedup_replayed") or {}).get("policy", math.nan)
     return [
         {
-            "method": "policy with the autoregressive arm, measured cost",
+            "method": method,
             "speedup": math.nan,
             "replayed": float(replayed_speed),
             "arms chosen (queries)": choices_text(validation_choices(metrics)) + " (validation)",
@@ -441,12 +480,12 @@ def measured_cost_rows(root: Path) -> list[dict]:
 def huang_table6(root: Path, published: list[Published], lay: Layout) -> Exhibit:
     without_run, with_run = HUANG_EVAL_WITHOUT_AR.dir, HUANG_EVAL_WITH_AR.dir
     without_s, with_s = (
-        run_table(root, f"{without_run}/summary.csv"),
-        run_table(root, f"{with_run}/summary.csv"),
+        run_table(root, f"{without_run}/{SUMMARY_CSV}"),
+        run_table(root, f"{with_run}/{SUMMARY_CSV}"),
     )
     live = speeds(without_s).get(ALL_TASKS, {})
-    without = replayed(optional_table(root, f"{HUANG_WITHOUT_AR.dir}/summary.csv"))
-    with_ar = replayed(optional_table(root, f"{HUANG_WITH_AR.dir}/summary.csv"))
+    without = replayed(optional_table(root, f"{HUANG_WITHOUT_AR.dir}/{SUMMARY_CSV}"))
+    with_ar = replayed(optional_table(root, f"{HUANG_WITH_AR.dir}/{SUMMARY_CSV}"))
     table = pd.DataFrame(
         [
             {
@@ -462,6 +501,7 @@ def huang_table6(root: Path, published: list[Published], lay: Layout) -> Exhibit
             {
                 "method": "policy without the autoregressive arm",
                 "speedup": live.get("policy", math.nan),
+                "from its choices": choices_speed(root, without_run).get(ALL_TASKS, math.nan),
                 "replayed": without.get("policy", math.nan),
                 "arms chosen (queries)": choices_text(arm_choices(root, without_run).get(ALL_TASKS)),
             },
@@ -471,6 +511,12 @@ def huang_table6(root: Path, published: list[Published], lay: Layout) -> Exhibit
                 "replayed": with_ar.get("policy", math.nan),
                 "arms chosen (queries)": choices_text(arm_choices(root, with_run).get(ALL_TASKS)),
             },
+            *measured_cost_rows(
+                root, HUANG_WITHOUT_AR_SPEED, "policy without the autoregressive arm, measured cost"
+            ),
+            *measured_cost_rows(
+                root, HUANG_WITH_AR_SPEED, "policy with the autoregressive arm, measured cost"
+            ),
         ]
     )
     claim = "adding the autoregressive arm makes the policy faster"
@@ -489,12 +535,17 @@ def huang_table6(root: Path, published: list[Published], lay: Layout) -> Exhibit
         f"{lay.depth_note}. Each policy evaluated live on {lay.held_out} held-out rows, each run with its own "
         "autoregressive baseline (the two runs are separate processes, so the verdict compares each policy's "
         "per-query speedup over its own run's autoregressive decoding of the same query); `replayed`: the "
-        f"collection's validation queries replayed. Reward: {lay.table6_reward}",
+        f"collection's validation queries replayed. Reward: {lay.table6_reward} The rows with a measured cost train "
+        "the same policies with each arm's cost set to its measured speculative seconds per token over the "
+        "target's (`reward.cost=speed`, runs huang/depth/without_ar_speed and with_ar_speed) instead of its "
+        "parameter count: replayed only, with the arms chosen on the validation queries. `from its choices`: the "
+        "speedup the live policy's arm choices would give if each query ran at the speed its chosen arm ran alone "
+        "in the same run (the run with the autoregressive arm has no single-drafter rows).",
     )
 
 
 TABLE1 = ExhibitSpec("huang/table1", huang_table1, (HUANG_EVAL, HUANG_POLICY), ("huang/table1",))
-FIG2 = ExhibitSpec("huang/fig2", huang_fig2, (HUANG_DEPTH_COLLECT, HUANG_ALPHA))
+FIG2 = ExhibitSpec("huang/fig2", huang_fig2, (HUANG_DEPTH_COLLECT, HUANG_ALPHA, HUANG_ALPHA_SPEED))
 FIG3 = ExhibitSpec("huang/fig3", huang_fig3, (HUANG_POLICY,))
 TABLE4 = ExhibitSpec(
     "huang/table4",
@@ -505,6 +556,14 @@ TABLE4 = ExhibitSpec(
 TABLE6 = ExhibitSpec(
     "huang/table6",
     huang_table6,
-    (HUANG_DEPTH_COLLECT, HUANG_WITHOUT_AR, HUANG_WITH_AR, HUANG_EVAL_WITHOUT_AR, HUANG_EVAL_WITH_AR),
+    (
+        HUANG_DEPTH_COLLECT,
+        HUANG_WITHOUT_AR,
+        HUANG_WITH_AR,
+        HUANG_WITHOUT_AR_SPEED,
+        HUANG_WITH_AR_SPEED,
+        HUANG_EVAL_WITHOUT_AR,
+        HUANG_EVAL_WITH_AR,
+    ),
 )
 EXHIBITS = (TABLE1, FIG2, FIG3, TABLE4, TABLE6)

@@ -5,12 +5,14 @@ the run finished (``unfinished``)."""
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from pathlib import Path
 
 import pandas as pd
 
 from specbench.errors import SpecbenchError
+from specbench.records import METRICS
 from specbench.reproduction.runs import (
     CONFIG,
     DONE,
@@ -248,6 +250,46 @@ def arm_choices(root: Path, run: str, method: str = "policy") -> dict[str, Count
     return dict(out)
 
 
+def query_arms(root: Path, run: str, method: str = "policy") -> dict[str, str]:
+    """query id -> the arm ``method`` of the run ``root/run`` played on most of the query's rounds."""
+    from specbench.records import ROUNDS, read_jsonl
+
+    path = Path(root) / run / ROUNDS
+    counts: dict[str, Counter] = {}
+    for r in read_jsonl(path) if path.is_file() else []:
+        if r.get("method") == method:
+            counts.setdefault(r["query_id"], Counter())[str(r.get("arm"))] += 1
+    return {q: c.most_common(1)[0][0] for q, c in counts.items()}
+
+
+def choices_speed(root: Path, run: str, method: str = "policy") -> dict[str, float]:
+    """Per task (and ``ALL_TASKS``): the speedup over autoregressive decoding that ``method``'s arm choices would
+    give if each query ran at the speed its chosen arm ran alone in the same run (``fixed:<arm>``, or the
+    autoregressive run), total seconds per token over the queries where both exist. Beside the method's own
+    speedup, the gap is what choosing costs (embedding the prompt, the selector); NaN where the run has no
+    single-arm records of the chosen arms."""
+    from specbench.arms import AUTOREGRESSIVE
+    from specbench.pipelines.tables import ALL_TASKS
+
+    ex = load_examples(root, run)
+    arms = query_arms(root, run, method)
+    by = {(q, m): r for q, m, r in zip(ex.query_id, ex.method, ex.itertuples())}
+    sums: dict[str, list[float]] = {}
+    for q, arm in arms.items():
+        chosen = by.get((q, AUTOREGRESSIVE if arm == AUTOREGRESSIVE else f"fixed:{arm}"))
+        base = by.get((q, AUTOREGRESSIVE))
+        if chosen is None or base is None:
+            continue
+        for task in (base.task, ALL_TASKS):
+            acc = sums.setdefault(task, [0.0, 0.0, 0.0, 0.0])
+            for i, x in enumerate((chosen.seconds, chosen.new_tokens, base.seconds, base.new_tokens)):
+                acc[i] += float(x)
+    return {
+        t: (bs / bt) / (cs / ct) if cs > 0 and ct > 0 and bt > 0 else math.nan
+        for t, (cs, ct, bs, bt) in sums.items()
+    }
+
+
 def choices_text(counts: Counter | None) -> str:
     """``"eagle_translation 12, autoregressive 4"``: queries per arm, most played first ("" when none)."""
     return ", ".join(f"{arm} {n}" for arm, n in (counts or Counter()).most_common())
@@ -256,7 +298,7 @@ def choices_text(counts: Counter | None) -> str:
 def policy_metrics(root: Path, run: str) -> dict:
     """The train-policy run ``root/run``'s metrics.json ({} when absent or unreadable)."""
     try:
-        found = json.loads((Path(root) / run / "metrics.json").read_text(encoding="utf-8"))
+        found = json.loads((Path(root) / run / METRICS).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return found if isinstance(found, dict) else {}

@@ -54,7 +54,7 @@ from specbench.pipelines import replay as replay_pipeline
 from specbench.pipelines.methods import parse_methods
 from specbench.pipelines.tables import to_markdown
 from specbench.pipelines.trace import load_traces
-from specbench.records import atomic_write_text, read_jsonl
+from specbench.records import CONVERGENCE_CSV, atomic_write_text, read_jsonl
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.runs import CONFIG, EXAMPLES, ROUNDS, SEEDS
 
@@ -370,7 +370,7 @@ def share_verdict(q: pd.DataFrame, claim: str, a: str, b: str, column: str) -> V
 
 
 def convergence_table(run: Path) -> pd.DataFrame:
-    conv = pd.read_csv(run / "convergence.csv")
+    conv = pd.read_csv(run / CONVERGENCE_CSV)
     rows = []
     for method, sub in conv.groupby("method", sort=False):
         row = {"method": method}
@@ -390,7 +390,7 @@ def plot_convergence(run: Path, path: Path, methods: list[str]) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    conv = pd.read_csv(run / "convergence.csv")
+    conv = pd.read_csv(run / CONVERGENCE_CSV)
     fig, ax = plt.subplots(figsize=(7, 4))
     for m in methods:
         sub = conv[(conv.method == m) & (conv.n >= 20)].sort_values("round")

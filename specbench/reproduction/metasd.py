@@ -11,6 +11,7 @@ import pandas as pd
 
 from specbench.arms import AUTOREGRESSIVE
 from specbench.pipelines.tables import ALL_TASKS, ORACLE
+from specbench.records import SUMMARY_CSV
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.compare import (
     faster_on,
@@ -73,7 +74,7 @@ BEST_ROW = "best single drafter"  # the paper's row name for it (published.yaml)
 
 
 def metasd_table(root: Path, published: list[Published], lay: Layout, meta: MetaRun) -> Exhibit:
-    summary = run_table(root, f"{meta.run.dir}/summary.csv")
+    summary = run_table(root, f"{meta.run.dir}/{SUMMARY_CSV}")
     sp = speeds(summary)
     tasks = _tasks(sp, lay) + [ALL_TASKS]
     methods = [m for m in dict.fromkeys(summary.method) if m != "autoregressive"]
@@ -159,7 +160,7 @@ def specialists_verdict(ex: pd.DataFrame, own: dict[str, str], meta: MetaRun) ->
 def metasd_heads(root: Path, published: list[Published], lay: Layout) -> Exhibit:
     """The specialists' own table: acceptance and MAT of every specialist on every task."""
     meta = lay.metasd[0]
-    summary = run_table(root, f"{meta.run.dir}/summary.csv")
+    summary = run_table(root, f"{meta.run.dir}/{SUMMARY_CSV}")
     mat, acc = drafter_speeds(summary, "mat"), drafter_speeds(summary, "acceptance_rate")
     tasks = _tasks(mat, lay)
     pool = [*meta.specialists, *([meta.generalist] if meta.generalist else [])]
@@ -216,7 +217,7 @@ def metasd_heads(root: Path, published: list[Published], lay: Layout) -> Exhibit
 
 
 def metasd_switching(root: Path, published: list[Published], lay: Layout) -> Exhibit:
-    summary = run_table(root, f"{METASD_EVAL.dir}/summary.csv")
+    summary = run_table(root, f"{METASD_EVAL.dir}/{SUMMARY_CSV}")
     shown = [m for m in (UCB, UCB_SWITCH, ETC) if m in set(summary.method)]
     rows = summary[(summary.task == ALL_TASKS) & summary.method.isin(shown)]
     table = rows[["method", "speedup", "switches", "mat"]].reset_index(drop=True)
@@ -266,7 +267,7 @@ def metasd_switching(root: Path, published: list[Published], lay: Layout) -> Exh
 
 
 def metasd_stream(root: Path, published: list[Published], lay: Layout) -> Exhibit:
-    summary = run_table(root, f"{METASD_STREAM.dir}/summary.csv")
+    summary = run_table(root, f"{METASD_STREAM.dir}/{SUMMARY_CSV}")
     sp = speeds(summary)
     tasks = _tasks(sp, lay) + [ALL_TASKS]
     methods = [m for m in (UCB, *NON_STATIONARY) if m in sp.get(ALL_TASKS, {})]
@@ -306,7 +307,7 @@ def metasd_multilingual(root: Path, published: list[Published], lay: Layout) -> 
     """One row per source language: its own drafter, the best single drafter, UCB-BD and the oracle."""
     rows, parts = [], []
     for lang, run in METASD_MULTILINGUAL.items():
-        summary = run_table(root, f"{run.dir}/summary.csv")
+        summary = run_table(root, f"{run.dir}/{SUMMARY_CSV}")
         alls = speeds(summary).get(ALL_TASKS, {})
         single = drafter_speeds(summary).get(ALL_TASKS, {})
         best = max(single, key=single.get) if single else ""

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from specbench.pipelines.tables import ALL_TASKS
+from specbench.records import CONVERGENCE_CSV, SUMMARY_CSV
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.compare import faster_on, figure, short_name
 from specbench.reproduction.exhibit import PROJECT, Exhibit, ExhibitSpec, Layout
@@ -77,7 +78,7 @@ def sooner(
 def metasd_convergence(
     root: Path, published: list[Published], lay: Layout, first_rounds: int = FIRST_ROUNDS
 ) -> Exhibit:
-    conv = run_table(root, f"{METASD_EVAL.dir}/convergence.csv")
+    conv = run_table(root, f"{METASD_EVAL.dir}/{CONVERGENCE_CSV}")
     early = conv[conv["round"] < first_rounds].groupby("method").share.mean()
     table = early.rename("share of the first rounds on the oracle's arm").reset_index()
 
@@ -120,7 +121,7 @@ def metasd_bandits(
 ) -> Exhibit:
     """UCB-BD against EXP3, sequential halving and the static uniform mixture: speed and convergence."""
     run = METASD_EVAL.dir
-    summary = run_table(root, f"{run}/summary.csv")
+    summary = run_table(root, f"{run}/{SUMMARY_CSV}")
     alls = speeds(summary).get(ALL_TASKS, {})
     shown = [m for m in (UCB, *BANDITS, UNIFORM) if m in alls]
     rounds = round_shares(root, run, tuple(shown), first_rounds)  # one read, for the table and every verdict
@@ -234,7 +235,7 @@ def metasd_full_info(
 ) -> Exhibit:
     """Every head scored on every round (full information) against bandit feedback."""
     run = METASD_EVAL.dir
-    summary = run_table(root, f"{run}/summary.csv")
+    summary = run_table(root, f"{run}/{SUMMARY_CSV}")
     alls = speeds(summary).get(ALL_TASKS, {})
     shown = [m for m in (UCB, UCB_FI, "hedge-bd") if m in alls]
     rounds = round_shares(root, run, tuple(shown), first_rounds)  # one read, for the table and every verdict

@@ -235,6 +235,23 @@ HUANG_EVAL_WITH_AR = Run(
     },
     reads=(HUANG_WITH_AR,),
 )
+# Table 6 and Fig. 2 with each arm's measured cost (its speculative seconds per token over the target's, from the
+# collection's measured runs) in place of the paper's parameter count: replayed on the validation queries
+HUANG_WITHOUT_AR_SPEED = Run(
+    "huang/depth/without_ar_speed",
+    "train_policy",
+    {
+        scale: (f"data={under_root(HUANG_DEPTH_COLLECT)}", *SPEED_REWARD, f"train.arms={exits}")
+        for scale, exits in (("cpu", EXITS_CPU), ("paper", EXITS_PAPER))
+    },
+    reads=(HUANG_DEPTH_COLLECT,),
+)
+HUANG_WITH_AR_SPEED = Run(
+    "huang/depth/with_ar_speed",
+    "train_policy",
+    {scale: (f"data={under_root(HUANG_DEPTH_COLLECT)}", *SPEED_REWARD) for scale in RUN_SCALES},
+    reads=(HUANG_DEPTH_COLLECT,),
+)
 HUANG_ALPHA = Run(
     "huang/depth/alpha",
     "train_policy",
@@ -242,6 +259,21 @@ HUANG_ALPHA = Run(
         scale: (
             f"data={under_root(HUANG_DEPTH_COLLECT)}",
             "reward.source=proxy",
+            f"train.arms={arms}",
+            "sweep.alpha=[0,0.2,0.4,0.5,0.6,0.8,1]",
+        )
+        for scale, arms in (("cpu", "[small,quantized]"), ("paper", "[early_exit_4,early_exit_12]"))
+    },
+    reads=(HUANG_DEPTH_COLLECT,),
+)
+HUANG_ALPHA_SPEED = Run(
+    "huang/depth/alpha_speed",
+    "train_policy",
+    {
+        scale: (
+            f"data={under_root(HUANG_DEPTH_COLLECT)}",
+            "reward.source=proxy",
+            "reward.cost=speed",
             f"train.arms={arms}",
             "sweep.alpha=[0,0.2,0.4,0.5,0.6,0.8,1]",
         )
