@@ -202,21 +202,25 @@ HUANG_DEPTH_COLLECT = Run(
     "collect",
     {"cpu": ("experiment=reproduce_huang_depth",), "paper": ("experiment=huang_early_exit", MEASURED)},
 )
-HUANG_WITHOUT_AR = Run(
-    "huang/depth/without_ar",
-    "train_policy",
-    {
-        scale: (f"data={under_root(HUANG_DEPTH_COLLECT)}", *PAPER_REWARD, f"train.arms={exits}")
-        for scale, exits in (("cpu", EXITS_CPU), ("paper", EXITS_PAPER))
-    },
-    reads=(HUANG_DEPTH_COLLECT,),
-)
-HUANG_WITH_AR = Run(
-    "huang/depth/with_ar",
-    "train_policy",
-    {scale: (f"data={under_root(HUANG_DEPTH_COLLECT)}", *PAPER_REWARD) for scale in RUN_SCALES},
-    reads=(HUANG_DEPTH_COLLECT,),
-)
+
+
+def depth_policy(directory: str, reward: tuple[str, ...], drafters_only: bool) -> Run:
+    """A Table 6 policy trained on the depth collection with ``reward``: over the drafters only (``drafters_only``:
+    without the autoregressive arm) or over every collected arm."""
+    data = f"data={under_root(HUANG_DEPTH_COLLECT)}"
+    return Run(
+        directory,
+        "train_policy",
+        {
+            scale: (data, *reward, *((f"train.arms={exits}",) if drafters_only else ()))
+            for scale, exits in (("cpu", EXITS_CPU), ("paper", EXITS_PAPER))
+        },
+        reads=(HUANG_DEPTH_COLLECT,),
+    )
+
+
+HUANG_WITHOUT_AR = depth_policy("huang/depth/without_ar", PAPER_REWARD, drafters_only=True)
+HUANG_WITH_AR = depth_policy("huang/depth/with_ar", PAPER_REWARD, drafters_only=False)
 HUANG_EVAL_WITHOUT_AR = Run(
     "huang/depth/eval_without_ar",
     "eval",
@@ -237,50 +241,32 @@ HUANG_EVAL_WITH_AR = Run(
 )
 # Table 6 and Fig. 2 with each arm's measured cost (its speculative seconds per token over the target's, from the
 # collection's measured runs) in place of the paper's parameter count: replayed on the validation queries
-HUANG_WITHOUT_AR_SPEED = Run(
-    "huang/depth/without_ar_speed",
-    "train_policy",
-    {
-        scale: (f"data={under_root(HUANG_DEPTH_COLLECT)}", *SPEED_REWARD, f"train.arms={exits}")
-        for scale, exits in (("cpu", EXITS_CPU), ("paper", EXITS_PAPER))
-    },
-    reads=(HUANG_DEPTH_COLLECT,),
-)
-HUANG_WITH_AR_SPEED = Run(
-    "huang/depth/with_ar_speed",
-    "train_policy",
-    {scale: (f"data={under_root(HUANG_DEPTH_COLLECT)}", *SPEED_REWARD) for scale in RUN_SCALES},
-    reads=(HUANG_DEPTH_COLLECT,),
-)
-HUANG_ALPHA = Run(
-    "huang/depth/alpha",
-    "train_policy",
-    {
-        scale: (
-            f"data={under_root(HUANG_DEPTH_COLLECT)}",
-            "reward.source=proxy",
-            f"train.arms={arms}",
-            "sweep.alpha=[0,0.2,0.4,0.5,0.6,0.8,1]",
-        )
-        for scale, arms in (("cpu", "[small,quantized]"), ("paper", "[early_exit_4,early_exit_12]"))
-    },
-    reads=(HUANG_DEPTH_COLLECT,),
-)
-HUANG_ALPHA_SPEED = Run(
-    "huang/depth/alpha_speed",
-    "train_policy",
-    {
-        scale: (
-            f"data={under_root(HUANG_DEPTH_COLLECT)}",
-            "reward.source=proxy",
-            "reward.cost=speed",
-            f"train.arms={arms}",
-            "sweep.alpha=[0,0.2,0.4,0.5,0.6,0.8,1]",
-        )
-        for scale, arms in (("cpu", "[small,quantized]"), ("paper", "[early_exit_4,early_exit_12]"))
-    },
-    reads=(HUANG_DEPTH_COLLECT,),
-)
+HUANG_WITHOUT_AR_SPEED = depth_policy("huang/depth/without_ar_speed", SPEED_REWARD, drafters_only=True)
+HUANG_WITH_AR_SPEED = depth_policy("huang/depth/with_ar_speed", SPEED_REWARD, drafters_only=False)
+
+
+def alpha_sweep(directory: str, *cost: str) -> Run:
+    """Fig. 2's sweep over alpha (one policy per alpha) between the cheap and the better-aligned drafter; ``cost``:
+    the reward's cost overrides (none: the paper's parameter count)."""
+    return Run(
+        directory,
+        "train_policy",
+        {
+            scale: (
+                f"data={under_root(HUANG_DEPTH_COLLECT)}",
+                "reward.source=proxy",
+                *cost,
+                f"train.arms={arms}",
+                "sweep.alpha=[0,0.2,0.4,0.5,0.6,0.8,1]",
+            )
+            for scale, arms in (("cpu", "[small,quantized]"), ("paper", "[early_exit_4,early_exit_12]"))
+        },
+        reads=(HUANG_DEPTH_COLLECT,),
+    )
+
+
+HUANG_ALPHA = alpha_sweep("huang/depth/alpha")
+HUANG_ALPHA_SPEED = alpha_sweep("huang/depth/alpha_speed", "reward.cost=speed")
 
 # ---------------------------------------------------------------- MetaSD
 # CPU: the main table's mixed stream (+ heads, bandits, variance, convergence, full information, switching
