@@ -93,11 +93,11 @@ def _fail(exc: SpecbenchError) -> None:
 
 def hydra_run(config_name: str, pipeline: str, args: list[str]) -> None:
     """Run ``specbench.pipelines.<pipeline>.run(cfg, output_dir)`` under ``@hydra.main`` with ``args`` as Hydra's
-    argv. The keys of no class and those of the tables that load no more than torch (``validate.LIGHT_TABLES``:
-    decoding, cascade, selector, dataset, train-policy) are validated before the pipeline's module (models,
+    argv. The keys of no class, those of the tables that load no more than torch (decoding, cascade, dataset,
+    train-policy) and a selector's (its class's signature) are validated before the pipeline's module (models,
     transformers) is imported, so a bad value of one is answered in about 1.6 s; every typed key (target, pool,
-    the commands' own sections too) once the pipeline is imported, before its own first checks, and again at its
-    door (``run_dir.start_run``) before it loads anything.
+    the commands' own sections too: ``pipelines.keys``) once the pipeline is imported, before its own first
+    checks, and again at its door (``run_dir.start_run``) before it loads anything.
     Bad input of any kind (Hydra's composition errors included) stops with ``error:``/``fix:``
     lines and exit code 2; a run that fails before writing any result removes its directory. An
     ``+experiment`` written for another command (its ``commands`` key) is refused.
@@ -105,7 +105,13 @@ def hydra_run(config_name: str, pipeline: str, args: list[str]) -> None:
     import hydra
     from hydra.core.hydra_config import HydraConfig
 
-    from specbench.validate import LIGHT_TABLES, schema, validate
+    from specbench import selection
+    from specbench.decoding import cascade, sampling
+    from specbench.policy import model
+    from specbench.tasks import datasets
+    from specbench.validate import schema, validate
+
+    light = schema(sampling.KEYS, cascade.KEYS, datasets.KEYS, model.KEYS)
 
     try:
         path = conf_dir()
@@ -118,9 +124,7 @@ def hydra_run(config_name: str, pipeline: str, args: list[str]) -> None:
         with discard_if_unused(Path(out)):
             try:
                 check_experiment_command(HydraConfig.get().runtime.choices.get("experiment"), config_name)
-                validate(
-                    cfg, schema(LIGHT_TABLES)
-                )  # the keys whose tables load no more than torch, answered at once
+                validate(cfg, light, locate=selection.TARGETS.get)  # what loads no more than torch, at once
                 if cfg.get("methods") is not None and cfg.get("pool") is not None:
                     from specbench.pipelines.methods import check_methods
 
@@ -128,7 +132,11 @@ def hydra_run(config_name: str, pipeline: str, args: list[str]) -> None:
                         cfg
                     )  # method names against the pool, before the pipeline (transformers) loads
                 module = importlib.import_module(f"specbench.pipelines.{pipeline}")
-                validate(cfg)  # every typed key, before the pipeline's own first checks (its door repeats it)
+                from specbench.pipelines import keys
+
+                keys.check(
+                    cfg
+                )  # every typed key, before the pipeline's own first checks (its door repeats it)
                 return module.run(cfg, out)
             except Exception as exc:  # noqa: BLE001 - bad input is reported, anything else re-raised
                 _fail_or_raise(exc, config_name)

@@ -1,20 +1,22 @@
 """Typed checks of a composed config, run before anything loads.
 
-``validate(cfg)`` checks every key of ``schema()`` that the config holds (a key a command's config does not
-have is skipped) and every value left as ``???``, and raises one ``SpecbenchError`` naming each bad key, its
-value and what it takes. ``schema()`` joins ``SCHEMA`` (the keys that belong to no class) and the ``KEYS``
-table beside each class that reads config keys (``TABLES``: selectors, drafters, the target, datasets, the
-training recipes, the commands' own sections), built from the ``Rule`` helpers here; a test composes every
-config and fails on a key no pattern types. Only types and ranges live here; which names are valid (a drafter
-arm, a cascade rule, an alignment metric) is checked by the code that uses them.
+``validate(cfg, rules, locate)`` checks every key of ``rules`` that the config holds (a key a command's config
+does not have is skipped), the keys that the class or builder of each ``_target_`` node declares in its signature
+(``declared``: ``beta: Annotated[float, number(0)] = 1.0``), and every value left as ``???``, and raises one
+``SpecbenchError`` naming each bad key, its value and what it takes. The rules are the ``Rule`` helpers here;
+``schema(*tables)`` joins ``SCHEMA`` (the keys that belong to no class) with the ``KEYS`` tables of the modules
+that read settings (decoding, the target, datasets, the training recipes, the commands' own sections);
+``specbench.pipelines.keys`` holds every command's. A test composes every config and fails on a key nothing types.
+Only types and ranges live here; which names are valid (a drafter arm, a cascade rule, an alignment metric) is
+checked by the code that uses them.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+import typing
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationToMissingValueError, OmegaConfBaseException
@@ -28,6 +30,7 @@ class Rule:
     expect: str  # "an integer >= 1"
     null: bool = False  # null (None) is allowed
     note: str = ""  # what the value means, for the error line: " (0: greedy)"
+    keys: Mapping[str, Rule] = field(default_factory=dict)  # a mapping's own keys (``*``: any key)
 
     def ok(self, value) -> bool:
         return (value is None and self.null) or (value is not None and self.test(value))
@@ -86,9 +89,11 @@ def text(null: bool = False) -> Rule:
     return Rule(lambda v: isinstance(v, str) and v != "", "a non-empty string", null)
 
 
-def mapping(null: bool = False, note: str = "", expect: str = "a mapping") -> Rule:
-    """A mapping (its keys are typed by their own patterns, ``<key>.*``)."""
-    return Rule(lambda v: isinstance(v, dict), expect, null, note)
+def mapping(
+    null: bool = False, note: str = "", expect: str = "a mapping", keys: Mapping[str, Rule] | None = None
+) -> Rule:
+    """A mapping; ``keys`` types its own keys (``*``: any key), or patterns ``<key>.*`` of a table do."""
+    return Rule(lambda v: isinstance(v, dict), expect, null, note, dict(keys or {}))
 
 
 def list_of(item: Rule, null: bool = False) -> Rule:
@@ -114,9 +119,11 @@ SEED = integer(0)
 COUNT = integer(1)
 PATH = text(null=True)
 
-# Keys that belong to no class: the commands' shared settings, paths and lists of names. The keys a class reads
-# live in a ``KEYS`` table beside it (the modules of ``TABLES``); ``schema()`` joins them all.
+# Keys that belong to no class: the commands' shared settings, paths and lists of names. The settings a module
+# reads live in a ``KEYS`` table beside it, and the arguments of a class or builder a config names by ``_target_``
+# in its own signature (``declared``); ``specbench.pipelines.keys`` joins them for every command.
 SCHEMA: dict[str, Rule] = {
+    "selector.name": text(),  # the method's name in the tables (taken off before the selector is built)
     "seed": SEED,
     "paths.data": text(),
     "run_name": text(),  # the run directory's folder under outputs/ (conf/hydra/run_dirs.yaml)
@@ -149,81 +156,121 @@ SCHEMA: dict[str, Rule] = {
     "profile_path": PATH,
 }
 
-# The modules whose ``KEYS`` table types the keys their classes read: imported at the first ``schema()``, not
-# with this module (most import torch, some transformers; the door imports validate before anything loads).
-TABLES = (
-    "specbench.decoding.sampling",  # decoding.*
-    "specbench.decoding.cascade",  # cascade.*
-    "specbench.selection.base",  # selector.*: every selector's knobs, one table (a key means one thing)
-    "specbench.drafters",  # pool.drafters.*.*: every drafter builder's arguments
-    "specbench.models.target",  # target.*
-    "specbench.tasks.datasets",  # dataset.*
-    "specbench.policy.model",  # train-policy: train.*, reward.*, sweep.*
-    "specbench.training.trainees",  # train-drafter: drafter.*, its own train.*, eval_sets.*
-    "specbench.pipelines.collect",  # collect.*, embedding.*
-    "specbench.pipelines.profile",  # profile.*
-    "specbench.pipelines.trace",  # trace.*
-    "specbench.pipelines.replay",  # replay.*, seeds, traces
-)
 
-
-# the tables whose modules load no more than torch (no transformers, no pipeline): what the command line checks
-# before it imports the pipeline (cli.hydra_run), so that a bad value of these keys is answered in about a second
-LIGHT_TABLES = (
-    "specbench.decoding.sampling",
-    "specbench.decoding.cascade",
-    "specbench.selection.base",
-    "specbench.tasks.datasets",
-    "specbench.policy.model",
-)
-
-
-def schema(tables: tuple[str, ...] = TABLES) -> dict[str, Rule]:
-    """Every typed key: ``SCHEMA`` and each module's ``KEYS`` of ``tables`` (default: all of ``TABLES``). A key has
-    one home: a pattern in two tables is an error (the second would silently replace the first's rule)."""
+def schema(*tables: Mapping[str, Rule]) -> dict[str, Rule]:
+    """``SCHEMA`` joined with ``tables`` (each a module's ``KEYS``). A key has one home: a pattern in two tables is an
+    error (the second would silently replace the first's rule)."""
     full = dict(SCHEMA)
-    for module in tables:
-        for pattern, rule in importlib.import_module(module).KEYS.items():
+    for table in tables:
+        for pattern, rule in table.items():
             if pattern in full:
-                raise RuntimeError(
-                    f"config key {pattern} is typed twice ({module}.KEYS and an earlier table)"
-                )
+                raise RuntimeError(f"config key {pattern} is typed twice")
             full[pattern] = rule
     return full
 
 
-def validate(cfg: DictConfig, rules: dict[str, Rule] | None = None) -> None:
-    """Raise one ``SpecbenchError`` listing every value of ``cfg`` that breaks ``rules`` (default: ``schema()``,
-    every typed key) or is left as ``???`` (a value the user must supply)."""
-    rules = schema() if rules is None else rules
+def declared(fn: Callable) -> dict[str, Rule]:
+    """The config keys a class or builder declares beside itself: each parameter of its signature annotated
+    ``Annotated[type, rule]`` (a class: the ``__init__`` of it and of its bases, which ``**kwargs`` reaches; a
+    subclass's rule replaces its base's), and a mapping rule's own keys as ``<name>.<key>``. This one declaration
+    is what ``validate`` checks in a config and ``check_arguments`` in the arguments a config builds it with."""
+    if isinstance(fn, type):
+        inits = [
+            vars(c)["__init__"] for c in reversed(fn.__mro__) if c is not object and "__init__" in vars(c)
+        ]
+    else:
+        inits = [fn]
+    keys: dict[str, Rule] = {}
+    for init in inits:
+        for name, hint in typing.get_type_hints(init, include_extras=True).items():
+            for rule in getattr(hint, "__metadata__", ()):
+                if isinstance(rule, Rule):
+                    keys.update(_flatten(name, rule))
+    return keys
+
+
+def _flatten(name: str, rule: Rule) -> dict[str, Rule]:
+    keys = {name: rule}
+    for key, sub in rule.keys.items():
+        keys.update(_flatten(f"{name}.{key}", sub))
+    return keys
+
+
+def check_arguments(fn: Callable, arguments: Mapping, at: str) -> None:
+    """Raise one ``SpecbenchError`` for the values of ``arguments`` (the keyword arguments a config at ``at`` builds
+    ``fn`` with, e.g. a selector of ``methods=``) that break the rules ``fn`` declares; the same words as
+    ``validate``'s, the keys named ``<at>.<key>``."""
+    if isinstance(arguments, DictConfig):
+        arguments = OmegaConf.to_container(arguments, resolve=True)
+    cfg = OmegaConf.create({})
+    OmegaConf.update(cfg, at, dict(arguments), force_add=True)
+    validate(cfg, {f"{at}.{key}": rule for key, rule in declared(fn).items()})
+
+
+def validate(
+    cfg: DictConfig,
+    rules: Mapping[str, Rule] | None = None,
+    locate: Callable[[str], Callable | None] | None = None,
+) -> None:
+    """Raise one ``SpecbenchError`` listing every value of ``cfg`` that breaks ``rules`` (default: ``SCHEMA``) or,
+    with ``locate`` (a ``_target_`` -> its class or builder, or None to leave it), the rules the ``_target_`` of its
+    node declares (``declared``), or is left as ``???`` (a value the user must supply)."""
+    rules = SCHEMA if rules is None else rules
     missing = list(_missing(OmegaConf.to_container(cfg, resolve=False)))
     problems = [f"{key} is not set (the config leaves it as ???)" for key in missing]
     fixes = [f"{key}=<value>" for key in missing]
-    for pattern, rule in rules.items():
-        for key in _expand(cfg, pattern):
-            if key in missing:
-                continue
-            try:
-                value = OmegaConf.select(cfg, key, throw_on_missing=True)
-                if isinstance(value, ListConfig):
-                    value = OmegaConf.to_container(value, resolve=True)
-                elif isinstance(
-                    value, DictConfig
-                ):  # a mapping's own keys are checked (and resolved) by theirs
-                    value = OmegaConf.to_container(value, resolve=False)
-            except InterpolationToMissingValueError:  # points at a ??? value, reported above
-                continue
-            except OmegaConfBaseException as exc:  # an interpolation that does not resolve
-                problems.append(f"{key}: {_first_line(exc)}")
-                fixes.append(f"{key}=<{rule.expected}>")
-                continue
-            if not rule.ok(value):
-                problems.append(f"{key}={_show(value)}: expected {rule.expected}{rule.note}")
-                fixes.append(f"{key}=<{rule.expected}>")
+    for key, rule in typed(cfg, rules, locate):
+        if key in missing:
+            continue
+        try:
+            value = OmegaConf.select(cfg, key, throw_on_missing=True)
+            if isinstance(value, ListConfig):
+                value = OmegaConf.to_container(value, resolve=True)
+            elif isinstance(value, DictConfig):  # a mapping's own keys are checked (and resolved) by theirs
+                value = OmegaConf.to_container(value, resolve=False)
+        except InterpolationToMissingValueError:  # points at a ??? value, reported above
+            continue
+        except OmegaConfBaseException as exc:  # an interpolation that does not resolve
+            problems.append(f"{key}: {_first_line(exc)}")
+            fixes.append(f"{key}=<{rule.expected}>")
+            continue
+        if not rule.ok(value):
+            problems.append(f"{key}={_show(value)}: expected {rule.expected}{rule.note}")
+            fixes.append(f"{key}=<{rule.expected}>")
     if problems:
         raise SpecbenchError(
             "\n       ".join(problems), "set " + " ".join(fixes) + " (on the command line or in the config)"
         )
+
+
+def typed(
+    cfg: DictConfig, rules: Mapping[str, Rule], locate: Callable[[str], Callable | None] | None = None
+) -> Iterator[tuple[str, Rule]]:
+    """Each key of ``cfg`` that a rule types, with that rule: the patterns of ``rules``, then (with ``locate``) the
+    keys declared by the callable of each ``_target_`` node."""
+    for pattern, rule in rules.items():
+        for key in _expand(cfg, pattern):
+            yield key, rule
+    if locate is None:
+        return
+    for at, target in _targets(OmegaConf.to_container(cfg, resolve=False)):
+        try:
+            fn = locate(target)
+        except ImportError:  # a _target_ that does not import: instantiate names it, where it is built
+            continue
+        for name, rule in declared(fn).items() if fn is not None else ():
+            for key in _expand(cfg, f"{at}.{name}" if at else name):
+                yield key, rule
+
+
+def _targets(node, prefix: str = "") -> Iterator[tuple[str, str]]:
+    """``(dotted key, _target_)`` of each mapping in a config turned into containers that names a ``_target_``."""
+    if not isinstance(node, dict):
+        return
+    if isinstance(node.get("_target_"), str):
+        yield prefix, node["_target_"]
+    for key, value in node.items():
+        yield from _targets(value, f"{prefix}.{key}" if prefix else str(key))
 
 
 def _expand(cfg: DictConfig, pattern: str) -> list[str]:
@@ -235,7 +282,8 @@ def _expand(cfg: DictConfig, pattern: str) -> list[str]:
             node = OmegaConf.select(cfg, prefix, throw_on_missing=False) if prefix else cfg
             if not isinstance(node, DictConfig):
                 continue
-            names = [str(k) for k in node] if part == "*" else [part] if part in node else []
+            # every key, ??? values too (``in`` on a DictConfig leaves those out)
+            names = [str(k) for k in node if part in ("*", str(k))]
             nxt += [f"{prefix}.{n}" if prefix else n for n in names]
         keys = nxt
     return keys

@@ -5,16 +5,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from hydra.errors import InstantiationException
-from hydra.utils import instantiate
+from hydra.utils import get_object, instantiate
+from omegaconf import DictConfig, OmegaConf
 
 from specbench.decoding.drafter import AUTOREGRESSIVE, AutoregressiveArm, Draft, Drafter
 from specbench.drafters.base import ModelDrafter
 from specbench.errors import SpecbenchError
 from specbench.profiling import MEASURED, load_profile, measured_cost
-from specbench.validate import COUNT, PATH, Rule, boolean, integer, list_of, mapping, number, text
+from specbench.validate import Rule, integer, mapping, number, validate
 
-# pool.drafters.<name>.*: the arguments of every drafter builder (conf/drafter/; a key means one thing in every
-# kind that takes it), and the two build_pool reads itself (draft_length, cost: measured)
+# pool.drafters.<name>.*: the two keys build_pool reads itself (draft_length, cost: measured); each builder's own
+# arguments are declared in its signature (validate.declared; the shared ones in drafters/base.py)
 KEYS: dict[str, Rule] = {
     "pool.drafters": mapping(null=True, note=" (drafter name -> its config; null: no drafter)"),
     "pool.drafters.*.draft_length": integer(1, null=True, note=" (null: decoding.draft_length)"),
@@ -24,39 +25,6 @@ KEYS: dict[str, Rule] = {
         null=True,
         note=" (c_draft; null: the kind's own estimate; measured: profile_path's)",
     ),
-    "pool.drafters.*.confidence_threshold": number(
-        0, 1, note=" (a drafter probability: 0 drafts every token)"
-    ),
-    "pool.drafters.*.dtype": text(null=True),
-    "pool.drafters.*.device": text(null=True),
-    "pool.drafters.*.make_target": text(
-        null=True
-    ),  # the command that builds a missing checkpoint, for its error
-    # eagle, eagle3, small: the head's checkpoint; hf: the model
-    "pool.drafters.*.checkpoint": PATH,
-    "pool.drafters.*.model": text(),
-    "pool.drafters.*.sub_vocabulary": boolean(),  # eagle
-    # a tree draft each round ({width, nodes}; null: a chain; every kind but prompt_lookup and eagle3); checked by
-    # dynamic_tree.tree_shape
-    "pool.drafters.*.tree": mapping(null=True, note=" ({width, nodes}; null: a chain)"),
-    "pool.drafters.*.tree.width": COUNT,
-    "pool.drafters.*.tree.nodes": COUNT,
-    "pool.drafters.*.aux_layers": list_of(integer(0), null=True),  # eagle3: the target layers the head reads
-    # early_exit
-    "pool.drafters.*.layers": COUNT,
-    "pool.drafters.*.layers_key": text(),
-    "pool.drafters.*.final_norm": text(),
-    "pool.drafters.*.head_scale": number(low=0, low_open=True),
-    # prompt_lookup
-    "pool.drafters.*.max_ngram": COUNT,
-    "pool.drafters.*.min_ngram": COUNT,
-    # suffix (and prompt_lookup's max_ngram / min_ngram)
-    "pool.drafters.*.min_prob": number(0, 1, note=" (a continuation frequency)"),
-    "pool.drafters.*.memory": boolean(),
-    "pool.drafters.*.memory_tokens": COUNT,
-    # quantized
-    "pool.drafters.*.scheme": text(),
-    "pool.drafters.*.skip": list_of(text(), null=True),
 }
 
 
@@ -82,17 +50,11 @@ def build_pool(target, drafters: Mapping, profile=None, measuring: bool = False)
                 f"drafter '{name}' in the pool has no _target_ (got {cfg!r})",
                 "compose it from conf/drafter/ (e.g. /drafter@drafters.NAME: quantized)",
             )
+        values = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+        validate(OmegaConf.create({"pool": {"drafters": {name: values}}}), KEYS, locate=get_object)
         draft_length = cfg.get("draft_length")
         if "draft_length" in cfg:  # the loop's setting, not the builder's: set on the built drafter
             cfg = {k: cfg[k] for k in cfg if k != "draft_length"}
-        if draft_length is not None and (
-            isinstance(draft_length, bool) or not isinstance(draft_length, int) or draft_length < 1
-        ):
-            raise SpecbenchError(
-                f"drafter '{name}': draft_length must be a whole number >= 1, got {draft_length!r}",
-                f"set pool.drafters.{name}.draft_length to a positive integer, or null for "
-                "decoding.draft_length",
-            )
         extra = {}
         if cfg.get("cost") == MEASURED:  # read before instantiating: the builders take a number (or null)
             if not measuring and profile is not None and loaded_profile is None:

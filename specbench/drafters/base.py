@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 
 from specbench.decoding.drafter import (
@@ -17,6 +19,22 @@ from specbench.decoding.sampling import logits_to_probs, pick
 from specbench.drafters.dynamic_tree import TreeShape, frontier_attention, grow, tree_shape
 from specbench.errors import SpecbenchError
 from specbench.models.cache import CachedLM, check_tree_attention
+from specbench.validate import COUNT, PATH, mapping, number, text
+
+# The arguments several drafter builders take (conf/drafter/), each declared once: a builder's signature names them,
+# and validate.declared reads the rule from it (pool.drafters.<name>.<argument>)
+Checkpoint = Annotated[str | None, PATH]  # eagle, eagle3, small: the head's checkpoint
+Confidence = Annotated[float, number(0, 1, note=" (a drafter probability: 0 drafts every token)")]
+Dtype = Annotated[str | None, text(null=True)]  # null: the target's
+MakeTarget = Annotated[
+    str | None, text(null=True)
+]  # the command that builds a missing checkpoint, for its error
+TreeDraft = Annotated[  # a tree draft each round; its shape is checked by dynamic_tree.tree_shape
+    dict | None,
+    mapping(null=True, note=" ({width, nodes}; null: a chain)", keys={"width": COUNT, "nodes": COUNT}),
+]
+LayersKey = Annotated[str, text()]  # the target config's key of its layer count
+NGram = Annotated[int, COUNT]  # prompt lookup's and suffix's match lengths
 
 
 def check_confidence_threshold(value, name: str) -> float:

@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 
 from specbench.decoding.drafter import ObservationGroup, Verification
 from specbench.decoding.sampling import logits_to_probs
 from specbench.decoding.verify import block_divergence
-from specbench.drafters.base import ModelDrafter, param_count, with_tree
+from specbench.drafters.base import Confidence, LayersKey, ModelDrafter, TreeDraft, param_count, with_tree
 from specbench.errors import SpecbenchError
 from specbench.models.cache import fit_vocab
 from specbench.models.target import Target
+from specbench.validate import COUNT, number, text
 
 
 @dataclass(frozen=True)
@@ -160,13 +162,13 @@ def truncated_model(
 def build(
     target: Target,
     name: str,
-    layers: int,
-    layers_key: str = "num_hidden_layers",
+    layers: Annotated[int, COUNT],
+    layers_key: LayersKey = "num_hidden_layers",
     cost: float | None = None,
-    confidence_threshold: float = 0.0,
-    final_norm: str = "model.norm",
-    head_scale: float = 1.0,
-    tree: dict | None = None,
+    confidence_threshold: Confidence = 0.0,
+    final_norm: Annotated[str, text()] = "model.norm",
+    head_scale: Annotated[float, number(low=0, low_open=True)] = 1.0,
+    tree: TreeDraft = None,
 ) -> EarlyExitDrafter:
     small = truncated_model(target.model, int(layers), layers_key)
     if cost is None:

@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Annotated
 
-from specbench.drafters.base import ModelDrafter, param_count, with_tree
+from specbench.drafters.base import (
+    Confidence,
+    Dtype,
+    MakeTarget,
+    ModelDrafter,
+    TreeDraft,
+    param_count,
+    with_tree,
+)
 from specbench.drafters.head_files import vocab_fingerprint
 from specbench.errors import SpecbenchError
 from specbench.models.loading import LoadedModel, load_model, resolve_cached
 from specbench.models.target import Target
 from specbench.records import files_fingerprint
+from specbench.validate import text
 
 MODEL_META = "specbench.json"  # written beside a fine-tuned drafter by `specbench train-drafter`
 
@@ -69,13 +79,13 @@ def check_trained_for(path: Path, target: Target, name: str) -> None:
 def build(
     target: Target,
     name: str,
-    model: str,
-    dtype: str | None = None,
-    device: str | None = None,
+    model: Annotated[str, text()],
+    dtype: Dtype = None,
+    device: Annotated[str | None, text(null=True)] = None,
     cost: float | None = None,
-    confidence_threshold: float = 0.0,
-    make_target: str | None = None,
-    tree: dict | None = None,
+    confidence_threshold: Confidence = 0.0,
+    make_target: MakeTarget = None,
+    tree: TreeDraft = None,
 ) -> ModelDrafter:
     """``model``: a hub id, a local directory, ``embedded:<entry>``, or ``cache:<path>`` (under
     ``$SPECBENCH_CACHE``, where ``train-drafter`` writes; ``make_target`` names what builds it). ``tree``:

@@ -6,7 +6,7 @@ tokens so far. Drafts are deterministic (``probs = None``, one-hot for verificat
 
 from __future__ import annotations
 
-from specbench.drafters.base import Draft, Drafter
+from specbench.drafters.base import Draft, Drafter, NGram
 from specbench.errors import SpecbenchError
 
 
@@ -52,5 +52,5 @@ class PromptLookup(Drafter):
         return Draft(tokens=draft, probs=None, match=n)
 
 
-def build(target, name: str, max_ngram: int = 3, min_ngram: int = 1, cost: float = 0.0) -> PromptLookup:
+def build(target, name: str, max_ngram: NGram = 3, min_ngram: NGram = 1, cost: float = 0.0) -> PromptLookup:
     return PromptLookup(name, max_ngram=max_ngram, min_ngram=min_ngram, cost=cost)

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import copy
 import warnings
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
 
-from specbench.drafters.base import ModelDrafter, with_tree
+from specbench.drafters.base import Confidence, ModelDrafter, TreeDraft, with_tree
 from specbench.errors import SpecbenchError
 from specbench.models.target import Target
+from specbench.validate import list_of, text
 
 SCHEMES = ("dynamic_int8", "weight_int8")
 
@@ -147,11 +149,11 @@ def weight_bytes(model: torch.nn.Module) -> float:
 def build(
     target: Target,
     name: str,
-    scheme: str = "dynamic_int8",
-    skip: list[str] | None = None,
+    scheme: Annotated[str, text()] = "dynamic_int8",
+    skip: Annotated[list[str] | None, list_of(text(), null=True)] = None,
     cost: float | None = None,
-    confidence_threshold: float = 0.0,
-    tree: dict | None = None,
+    confidence_threshold: Confidence = 0.0,
+    tree: TreeDraft = None,
 ) -> ModelDrafter:
     qmodel = quantize(target.model, scheme, skip)
     if cost is None:  # against the target's own bytes (its dtype: 2 per weight in bf16 / fp16)

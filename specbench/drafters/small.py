@@ -24,7 +24,16 @@ import torch
 from torch import nn
 
 from specbench.drafters import shipped
-from specbench.drafters.base import ModelDrafter, with_tree
+from specbench.drafters.base import (
+    Checkpoint,
+    Confidence,
+    Dtype,
+    LayersKey,
+    MakeTarget,
+    ModelDrafter,
+    TreeDraft,
+    with_tree,
+)
 from specbench.drafters.eagle.head import HeadLogits
 from specbench.drafters.early_exit import truncated_model
 from specbench.drafters.head_files import (
@@ -205,13 +214,13 @@ def load(
 def build(
     target: Target,
     name: str,
-    checkpoint: str | None = None,
+    checkpoint: Checkpoint = None,
     cost: float | None = None,
-    make_target: str | None = None,
-    layers_key: str = "num_hidden_layers",
-    confidence_threshold: float = 0.0,
-    dtype: str | None = None,
-    tree: dict | None = None,
+    make_target: MakeTarget = None,
+    layers_key: LayersKey = "num_hidden_layers",
+    confidence_threshold: Confidence = 0.0,
+    dtype: Dtype = None,
+    tree: TreeDraft = None,
 ) -> ModelDrafter:
     """A ``ModelDrafter`` over the small model of ``checkpoint`` (``package:<name>``, ``cache:<path>``, a directory);
     ``tree``: ``{width, nodes}`` drafts a dynamic draft tree each round (null: a chain)."""

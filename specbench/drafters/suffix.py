@@ -19,11 +19,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Annotated
 
 from specbench.decoding.drafter import DecodeContext, Draft, Drafter
+from specbench.drafters.base import NGram, TreeDraft
 from specbench.drafters.dynamic_tree import TreeShape, tree_shape
 from specbench.errors import SpecbenchError
 from specbench.models.cache import check_tree_attention
+from specbench.validate import COUNT, boolean, number
 
 KEY_LENGTHS = (3, 2, 1)  # the n-grams indexed: a match starts from the longest indexed key the text ends with
 MAX_OCCURRENCES = 256  # the most recent occurrences of a key examined per round
@@ -217,23 +220,18 @@ def continuation_tree(
 def build(
     target,
     name: str,
-    max_ngram: int = 32,
-    min_ngram: int = 1,
-    min_prob: float = 0.1,
-    tree: dict | None = None,
-    memory: bool = True,
-    memory_tokens: int = 100_000,
+    max_ngram: NGram = 32,
+    min_ngram: NGram = 1,
+    min_prob: Annotated[float, number(0, 1, note=" (a continuation frequency)")] = 0.1,
+    tree: TreeDraft = None,
+    memory: Annotated[bool, boolean()] = True,
+    memory_tokens: Annotated[int, COUNT] = 100_000,
     cost: float = 0.0,
 ) -> SuffixDrafter:
     if isinstance(max_ngram, bool) or isinstance(min_ngram, bool) or not 1 <= min_ngram <= max_ngram:
         raise SpecbenchError(
             f"drafter '{name}' (suffix) needs 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}",
             f"set pool.drafters.{name}.min_ngram / max_ngram accordingly (defaults 1 and 32)",
-        )
-    if not 0.0 <= float(min_prob) <= 1.0:
-        raise SpecbenchError(
-            f"drafter '{name}' (suffix): min_prob {min_prob!r} is not a frequency in [0, 1]",
-            f"set pool.drafters.{name}.min_prob to a number in [0, 1] (default 0.1)",
         )
     shape = tree_shape(tree, name)
     if shape is not None and target is not None and target.is_encoder_decoder:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from hydra.errors import InstantiationException
-from hydra.utils import instantiate
+from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from specbench.arms import AUTOREGRESSIVE
@@ -14,6 +15,7 @@ from specbench.configs import group_options, load_option
 from specbench.errors import SpecbenchError
 from specbench.selection import Fixed, FixedTree, Selector
 from specbench.selection.budget import PROFILE
+from specbench.validate import check_arguments
 
 AGAIN = "again:"  # a method run a second time in the same run (A/A: the noise between two runs of one method)
 
@@ -142,7 +144,11 @@ def tree_method(spec: str, arms: list[str]) -> Method:
 
 
 def make_selector(scfg: dict, arms: list[str]) -> Selector:
-    """Instantiate a selector config; a ``SpecbenchError`` inside surfaces as itself."""
+    """Instantiate a selector config, its values checked first against what its class declares
+    (``validate.check_arguments``: a selector of ``methods=`` is not in the validated config); a ``SpecbenchError``
+    inside surfaces as itself."""
+    with contextlib.suppress(ImportError):  # a _target_ that does not import: instantiate names it below
+        check_arguments(get_object(str(scfg.get("_target_"))), scfg, "selector")
     try:
         return instantiate(scfg, arms=arms)
     except InstantiationException as exc:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -116,10 +117,8 @@ def family(method: str) -> str:
     return "drafter alone" if m == ALONE else m
 
 
-def cascades(root: Path, published: list[Published], lay: Layout, run: CascadeRun) -> Exhibit:
-    curves = run_table(root, f"{run.run.dir}/{CURVES_CSV}")
-    pts = cascade_points(curves)
-    tasks = [t for t in dict.fromkeys(pts.task) if pts[pts.task == t].quality.notna().any()]
+def points_plot(pts: pd.DataFrame, tasks: list[str], title: str) -> Callable[[Path], None]:
+    """The exhibit's figure: quality against speedup per task, each family in its colour, the target's line."""
 
     def plot(path: Path) -> None:
         from specbench.pipelines.tables import pyplot
@@ -149,10 +148,18 @@ def cascades(root: Path, published: list[Published], lay: Layout, run: CascadeRu
             ax.set(xlabel="speedup over autoregressive", ylabel=str(sub.metric.iloc[0]), title=task)
             ax.grid(alpha=0.3)
         axes[0][0].legend(fontsize=7)
-        fig.suptitle(f"Speculative cascades ({lay.scale}, {run.name}): task quality vs speed", fontsize=9)
+        fig.suptitle(title, fontsize=9)
         fig.tight_layout()
         fig.savefig(path, dpi=110)
         plt.close(fig)
+
+    return plot
+
+
+def cascades(root: Path, published: list[Published], lay: Layout, run: CascadeRun) -> Exhibit:
+    curves = run_table(root, f"{run.run.dir}/{CURVES_CSV}")
+    pts = cascade_points(curves)
+    tasks = [t for t in dict.fromkeys(pts.task) if pts[pts.task == t].quality.notna().any()]
 
     columns = task_columns(curves)
     notes = (
@@ -175,7 +182,9 @@ def cascades(root: Path, published: list[Published], lay: Layout, run: CascadeRu
         pts,
         cascade_verdicts(ex, run, columns),
         notes + separation_note(metric_separation(ex)),
-        plot=plot,
+        plot=points_plot(
+            pts, tasks, f"Speculative cascades ({lay.scale}, {run.name}): task quality vs speed"
+        ),
     )
 
 

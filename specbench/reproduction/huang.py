@@ -477,8 +477,8 @@ def measured_cost_rows(root: Path, run: Run, method: str) -> list[dict]:
     ]
 
 
-def huang_table6(root: Path, published: list[Published], lay: Layout) -> Exhibit:
-    without_run, with_run = HUANG_EVAL_WITHOUT_AR.dir, HUANG_EVAL_WITH_AR.dir
+def table6_rows(root: Path, without_run: str, with_run: str) -> pd.DataFrame:
+    """Table 6's rows: each drafter alone (live, replayed), the two live policies, the measured-cost policies."""
     without_s, with_s = (
         run_table(root, f"{without_run}/{SUMMARY_CSV}"),
         run_table(root, f"{with_run}/{SUMMARY_CSV}"),
@@ -486,7 +486,7 @@ def huang_table6(root: Path, published: list[Published], lay: Layout) -> Exhibit
     live = speeds(without_s).get(ALL_TASKS, {})
     without = replayed(optional_table(root, f"{HUANG_WITHOUT_AR.dir}/{SUMMARY_CSV}"))
     with_ar = replayed(optional_table(root, f"{HUANG_WITH_AR.dir}/{SUMMARY_CSV}"))
-    table = pd.DataFrame(
+    return pd.DataFrame(
         [
             {
                 "method": f"{m.split(':', 1)[1]} alone",
@@ -519,6 +519,11 @@ def huang_table6(root: Path, published: list[Published], lay: Layout) -> Exhibit
             ),
         ]
     )
+
+
+def huang_table6(root: Path, published: list[Published], lay: Layout) -> Exhibit:
+    without_run, with_run = HUANG_EVAL_WITHOUT_AR.dir, HUANG_EVAL_WITH_AR.dir
+    table = table6_rows(root, without_run, with_run)
     claim = "adding the autoregressive arm makes the policy faster"
     verdict = relative_faster(
         claim,

@@ -82,6 +82,7 @@ BINS = [(0, 10), (10, 25), (25, 50), (50, 100), (100, 200), (200, 10**9)]
 FLAG = 0.10  # a method whose predicted seconds per token are off the live ones by more than this is named
 # the calibration column of replay / live seconds over the rounds before each generation's first fork
 PREFIX = "rounds before fork: replay / live"
+SWITCHING = "switching before fork: replay / live"  # the drafters' catch-up seconds of those rounds
 
 
 # every verdict's fields (the reproduction report reads them back: load_verdicts)
@@ -553,6 +554,10 @@ class Tally:
         self.seconds: dict[str, list[float]] = {}  # method -> [predicted s, tokens, measured s, tokens]
         # method -> the same over the rounds before the generation's first fork (both sides decode the traced text)
         self.prefix: dict[str, list[float]] = {}
+        # method -> [replayed, live] catch-up seconds of those rounds
+        self.switching: dict[str, list[float]] = {}
+        # method -> its generation with the lowest before-fork factor, and that factor
+        self.lowest: dict[str, tuple[float, str]] = {}
         # method -> [trace's prefill s, live s outside rounds, queries]
         self.outside: dict[str, list[float]] = {}
         self.forks: list[int | None] = []
@@ -581,9 +586,18 @@ class Tally:
         acc = self.seconds.setdefault(method, [0.0, 0.0, 0.0, 0.0])
         for i, x in enumerate((gen.seconds, len(gen.tokens), e["seconds"], e["new_tokens"])):
             acc[i] += x
+        (rs, rt), (ls, lt) = round_seconds(mine), round_seconds(theirs)
         pre = self.prefix.setdefault(method, [0.0, 0.0, 0.0, 0.0])
-        for i, x in enumerate((*round_seconds(mine), *round_seconds(theirs))):
+        for i, x in enumerate((rs, rt, ls, lt)):
             pre[i] += x
+        if rt and lt and ls > 0:
+            factor = (rs / rt) / (ls / lt)
+            self.lowest[method] = min(self.lowest.get(method, (math.inf, "")), (factor, e["query_id"]))
+        switching = self.switching.setdefault(method, [0.0, 0.0])
+        for i, rounds in enumerate((mine, theirs)):
+            switching[i] += sum(
+                float((r.get("t_switch") if isinstance(r, dict) else r.t_switch) or 0.0) for r in rounds
+            )
         out = self.outside.setdefault(method, [0.0, 0.0, 0.0])
         for i, x in enumerate((qt.t_prefill, e["seconds"] - round_seconds(lr)[0], 1)):
             out[i] += x
@@ -605,6 +619,7 @@ class Tally:
                 else math.nan
             )
             prefill, outside, queries = self.outside[method]
+            switch_replay, switch_live = self.switching[method]
             out.append(
                 {
                     "method": method,
@@ -616,6 +631,10 @@ class Tally:
                     "replay speedup": base.get("replay", math.nan) / rep_spt,
                     "tokens before fork": int(live_tokens_pre),
                     PREFIX: pre_ratio,
+                    SWITCHING: switch_replay / switch_live if switch_live > 0 else math.nan,
+                    "lowest generation before fork": "{:.3f} ({})".format(*self.lowest[method])
+                    if method in self.lowest
+                    else "",
                     "outside rounds: replay / live": prefill / outside if outside > 0 else math.nan,
                     "live s outside rounds": outside / queries,
                 }
@@ -971,7 +990,10 @@ def calibration_section(trace_run: Path, live: Path, cal=None, error: float = ma
         "text: after a bf16 fork the live run decodes a different, equally valid continuation than the trace, and "
         "prompt lookup and the router's speed depend most on how repetitive that text is. "
         f"`{PREFIX}` compares only the rounds before the generation's first fork (`tokens before fork` of them), "
-        "where both sides decode the traced text, so only the clock differs; `outside rounds` compares the trace's "
+        "where both sides decode the traced text, so only the clock differs; `switching before fork` is the part "
+        "of those rounds' seconds that the drafters' catch-up after a switch takes (the trace's catch-up curve "
+        "against the live run's), and `lowest generation` the one generation whose before-fork factor is lowest "
+        "(one slow live generation moves its method's factor); `outside rounds` compares the trace's "
         "prefill with the live seconds outside the rounds (prefill and the loop's set-up, the same for every "
         "method). The forked texts' differences are per-query variation, which the verdicts' intervals over the "
         "traced queries already carry; the clock's own error is the spread of the before-fork factors.",

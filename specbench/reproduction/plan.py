@@ -29,7 +29,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import time
 from collections.abc import Callable
@@ -38,6 +37,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from hydra import compose
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import OverrideParseException
 from omegaconf import OmegaConf
 
 from specbench.configs import EXPERIMENT, composing, hydra_error, hydra_overrides
@@ -107,9 +108,15 @@ def overrides_of(
     ]
 
 
-DRAFTER_KEY = re.compile(
-    r"^\+{0,2}pool\.drafters\.([^.=]+)\."
-)  # a per-drafter override: applied where the pool has it
+def drafter_of(override: str) -> str | None:
+    """The drafter a per-drafter override (``pool.drafters.<name>.<key>=...``, read by Hydra's own override
+    grammar) sets, else None (and None for one that does not parse: composing the step reports it)."""
+    try:
+        key = OverridesParser.create().parse_overrides([override])[0].key_or_group
+    except OverrideParseException:
+        return None
+    parts = key.split(".")
+    return parts[2] if len(parts) > 3 and parts[:2] == ["pool", "drafters"] else None
 
 
 def root_relative(value, root: Path):
@@ -242,7 +249,7 @@ def compose_step(step: Step, overrides: list[str], adapt: Callable[[Step, object
     """The step's composed config (Hydra's errors as error/fix lines), adapted, then validated."""
     from hydra.errors import ConfigCompositionException, OverrideParseException
 
-    from specbench.validate import validate
+    from specbench.pipelines.keys import check
 
     try:
         with composing():
@@ -255,7 +262,7 @@ def compose_step(step: Step, overrides: list[str], adapt: Callable[[Step, object
     if adapt is not None:
         adapt(step, cfg)
     try:
-        validate(cfg)
+        check(cfg)
     except SpecbenchError as exc:
         raise SpecbenchError(
             f"step {step.run} (specbench {step.command.replace('_', '-')}): {exc.problem}", exc.fix
@@ -356,18 +363,15 @@ def plan_steps(chosen, root: Path, sc, extra, questions: str, adapt) -> list[tup
     from specbench.reproduction import heads
 
     planned = []
-    per_drafter = [str(o) for o in extra or [] if DRAFTER_KEY.match(str(o))]  # pool.drafters.<name>.<key>=...
-    general = [str(o) for o in extra or [] if not DRAFTER_KEY.match(str(o))]
+    drafter = {str(o): drafter_of(str(o)) for o in extra or []}  # pool.drafters.<name>.<key>=... -> <name>
+    per_drafter = [o for o, name in drafter.items() if name is not None]
+    general = [o for o, name in drafter.items() if name is None]
     used: set[str] = set()
     for step in chosen:
         overrides = overrides_of(step, root, sc, general, questions)
         cfg = compose_step(step, overrides, adapt)
         pool = OmegaConf.select(cfg, "pool.drafters", default=None) or {}
-        mine = (
-            [o for o in per_drafter if DRAFTER_KEY.match(o).group(1) in pool]
-            if step.command != "train_policy"
-            else []
-        )
+        mine = [o for o in per_drafter if drafter[o] in pool] if step.command != "train_policy" else []
         if mine:  # only the steps whose pool has the drafter (issue 34: one spelling, applied where it means something)
             used.update(mine)
             overrides = [*overrides, *("++" + o.lstrip("+") for o in mine)]
@@ -385,8 +389,7 @@ def plan_steps(chosen, root: Path, sc, extra, questions: str, adapt) -> list[tup
             }
         )
         raise SpecbenchError(
-            f"{unused[0]}: no step of this plan has drafter '{DRAFTER_KEY.match(unused[0]).group(1)}' "
-            "in its pool",
+            f"{unused[0]}: no step of this plan has drafter '{drafter[unused[0]]}' in its pool",
             f"name one of the plan's drafters: {', '.join(names) or 'none'}",
         )
     return planned

@@ -35,3 +35,26 @@ __all__ = [
     "TreeUCB",
     "UCB",
 ]
+
+# each selector class by the ``_target_`` a config names it with (conf/selector/): what the command line checks a
+# selector config against (the keys its signature declares) before any model loads
+TARGETS = {
+    f"{__name__}.{cls.__name__}": cls
+    for cls in (
+        Budget,
+        DiscountedUCB,
+        EXP3,
+        EpsilonGreedy,
+        ExploreThenCommit,
+        Fixed,
+        Hedge,
+        PolicySelector,
+        RandomSelector,
+        Router,
+        SequentialHalving,
+        SlidingWindowUCB,
+        TreeHedge,
+        TreeUCB,
+        UCB,
+    )
+}

@@ -8,10 +8,12 @@ variance) or Block Efficiency ``be = accepted / N_max`` (sparse); both lie in [0
 from __future__ import annotations
 
 import random
+from typing import Annotated
 
 from specbench.arms import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
 from specbench.selection.base import Feedback, Selector
+from specbench.validate import SEED, boolean, list_of, number, text
 
 REWARDS = ("bd", "be")
 
@@ -34,13 +36,13 @@ class BanditSelector(Selector):
     def __init__(
         self,
         arms: list[str],
-        reward: str = "bd",
-        candidates: list[str] | None = None,
-        include_autoregressive: bool = False,
-        seed: int = 0,
-        carry_over: bool = False,
-        decay: float = 1.0,
-        full_information: bool = False,
+        reward: Annotated[str, text()] = "bd",  # bd | be
+        candidates: Annotated[list[str] | None, list_of(text(), null=True)] = None,
+        include_autoregressive: Annotated[bool, boolean()] = False,
+        seed: Annotated[int, SEED] = 0,
+        carry_over: Annotated[bool, boolean()] = False,
+        decay: Annotated[float, number(0, 1)] = 1.0,
+        full_information: Annotated[bool, boolean()] = False,
     ):
         super().__init__(arms)
         if reward not in REWARDS:
@@ -62,10 +64,6 @@ class BanditSelector(Selector):
             raise SpecbenchError(
                 "bandit selector: no arm to play",
                 "add a drafter to the pool, list candidates, or set include_autoregressive: true",
-            )
-        if not 0.0 <= decay <= 1.0:
-            raise SpecbenchError(
-                f"bandit selector: decay {decay} is outside [0, 1]", "set decay between 0 and 1"
             )
         if full_information and reward != "bd":
             raise SpecbenchError(
@@ -156,7 +154,7 @@ class RandomSelector(BanditSelector):
 
     randomized = True
 
-    def __init__(self, arms: list[str], per_query: bool = False, **kwargs):
+    def __init__(self, arms: list[str], per_query: Annotated[bool, boolean()] = False, **kwargs):
         super().__init__(arms, **kwargs)
         self.per_query = bool(per_query)
         self._arm: int | None = None
@@ -178,12 +176,8 @@ class EpsilonGreedy(BanditSelector):
 
     randomized = True
 
-    def __init__(self, arms: list[str], epsilon: float = 0.1, **kwargs):
+    def __init__(self, arms: list[str], epsilon: Annotated[float, number(0, 1)] = 0.1, **kwargs):
         super().__init__(arms, **kwargs)
-        if not 0.0 <= epsilon <= 1.0:
-            raise SpecbenchError(
-                f"epsilon_greedy: epsilon {epsilon} is outside [0, 1]", "set epsilon between 0 and 1"
-            )
         self.epsilon = float(epsilon)
 
     def _choose(self) -> int:

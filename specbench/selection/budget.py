@@ -32,9 +32,12 @@ beside the measured ones. Statistics carry across the queries of a run (the cali
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from specbench.arms import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
 from specbench.selection.base import Feedback, Plan, Selector
+from specbench.validate import COUNT, Rule, list_of, mapping, number, text
 
 BINS = 10
 MIN_FIT = 8  # rounds before the verification cost's slope is fitted
@@ -142,19 +145,29 @@ def _running(old: float | None, new: float, weight: float = 0.1) -> float:
     return new if old is None else (1 - weight) * old + weight * new
 
 
+COSTS = Rule(
+    lambda v: isinstance(v, dict) or v == "profile",
+    "a mapping or 'profile'",
+    null=True,
+    note=" ({verify: [a, b], draft: {drafter: seconds}}; profile: measured at start-up and cached; null: measured "
+    "online)",
+    keys={"verify": list_of(number(0)), "draft": mapping(keys={"*": number(0)})},
+)
+
+
 class Budget(Selector):
     trees = True
 
     def __init__(
         self,
         arms: list[str],
-        retrieval: str = "suffix",
-        models: list[str] | None = None,
-        max_nodes: int = 24,
-        node_cost: float = 0.025,
-        prior: float = 2.0,
-        optimism: float = 2.0,
-        costs: dict | None = None,
+        retrieval: Annotated[str, text()] = "suffix",
+        models: Annotated[list[str] | None, list_of(text(), null=True)] = None,
+        max_nodes: Annotated[int, COUNT] = 24,
+        node_cost: Annotated[float, number(0)] = 0.025,
+        prior: Annotated[float, number(0)] = 2.0,
+        optimism: Annotated[float, number(0)] = 2.0,
+        costs: Annotated[dict | str | None, COSTS] = None,
     ):
         super().__init__(arms)
         drafters = [a for a in self.arms if a != AUTOREGRESSIVE]
@@ -172,17 +185,6 @@ class Budget(Selector):
                 "autoregressive arm or the retrieval drafter)",
                 f"list drafters from: {', '.join(m for m in drafters if m != retrieval)}",
             )
-        for key, value, low in (
-            ("max_nodes", max_nodes, 1),
-            ("node_cost", node_cost, 0),
-            ("prior", prior, 0),
-            ("optimism", optimism, 0),
-        ):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
-                raise SpecbenchError(
-                    f"budget: {key} {value!r} must be a number >= {low}",
-                    f"set selector.{key} (defaults: max_nodes 24, node_cost 0.025, prior 2, optimism 2)",
-                )
         self.models = models
         self.max_nodes = int(max_nodes)
         self.calibration = {name: Calibration(float(prior)) for name in drafters}

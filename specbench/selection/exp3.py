@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 from specbench.errors import SpecbenchError
 from specbench.selection.bandits import BanditSelector
+from specbench.validate import number
 
 
 class EXP3(BanditSelector):
@@ -20,7 +22,12 @@ class EXP3(BanditSelector):
 
     randomized = True
 
-    def __init__(self, arms: list[str], gamma: float = 0.2, **kwargs):
+    def __init__(
+        self,
+        arms: list[str],
+        gamma: Annotated[float, number(0, 1, low_open=True, note=" (the exploration share)")] = 0.2,
+        **kwargs,
+    ):
         super().__init__(arms, **kwargs)
         if self.full_information:
             # Its importance weights assume an arm's reward is seen only when the arm is drawn.
@@ -28,8 +35,6 @@ class EXP3(BanditSelector):
                 "exp3 does not take full_information (side observations would bias its estimates)",
                 "set full_information: false, or use ucb / discounted_ucb / sliding_window_ucb",
             )
-        if not 0.0 < gamma <= 1.0:
-            raise SpecbenchError(f"exp3: gamma {gamma} is outside (0, 1]", "set 0 < gamma <= 1")
         self.gamma = float(gamma)
         self.log_w = [0.0] * self.k
 

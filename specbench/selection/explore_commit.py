@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
-from specbench.errors import SpecbenchError
 from specbench.selection.bandits import BanditSelector
+from specbench.validate import integer, number
 
 
 class ExploreThenCommit(BanditSelector):
@@ -18,14 +19,16 @@ class ExploreThenCommit(BanditSelector):
     is left. Counts include carried statistics with ``carry_over``, so a warm start can commit at once.
     """
 
-    def __init__(self, arms: list[str], m: int = 3, delta: float | None = 0.1, **kwargs):
+    def __init__(
+        self,
+        arms: list[str],
+        m: Annotated[int, integer(1, note=" (exploration pulls per arm)")] = 3,
+        delta: Annotated[
+            float | None, number(0, 1, null=True, low_open=True, note=" (null: no elimination)")
+        ] = 0.1,
+        **kwargs,
+    ):
         super().__init__(arms, **kwargs)
-        if int(m) < 1:
-            raise SpecbenchError(f"etc: m {m} is below 1", "set m >= 1 (exploration pulls per arm)")
-        if delta is not None and not 0.0 < delta < 1.0:
-            raise SpecbenchError(
-                f"etc: delta {delta} is outside (0, 1)", "set 0 < delta < 1, or null for no elimination"
-            )
         self.m = int(m)
         self.delta = delta
         self._start()

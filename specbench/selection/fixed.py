@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from specbench.errors import SpecbenchError
 from specbench.selection.base import Selector
+from specbench.validate import text
 
 
 class Fixed(Selector):
-    def __init__(self, arms: list[str], arm: str):
+    def __init__(self, arms: list[str], arm: Annotated[str, text()]):
         super().__init__(arms)
         if arm not in self.arms:
             raise SpecbenchError(

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
-from specbench.errors import SpecbenchError
 from specbench.selection.bandits import BanditSelector
+from specbench.validate import integer
 
 
 class SequentialHalving(BanditSelector):
@@ -18,12 +19,8 @@ class SequentialHalving(BanditSelector):
     the query. The schedule restarts at every ``reset``.
     """
 
-    def __init__(self, arms: list[str], budget: int = 24, **kwargs):
+    def __init__(self, arms: list[str], budget: Annotated[int, integer(1, note=" (rounds)")] = 24, **kwargs):
         super().__init__(arms, **kwargs)
-        if int(budget) < 1:
-            raise SpecbenchError(
-                f"sequential_halving: budget {budget} is below 1", "set budget >= 1 (rounds)"
-            )
         self.budget = int(budget)
         self.phases = math.ceil(math.log2(self.k)) if self.k > 1 else 0
         self._start_schedule()

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
-from specbench.errors import SpecbenchError
 from specbench.selection.bandits import BanditSelector
+from specbench.validate import number
 
 
 class Hedge(BanditSelector):
@@ -23,10 +24,13 @@ class Hedge(BanditSelector):
 
     randomized = True
 
-    def __init__(self, arms: list[str], eta: float = 0.5, **kwargs):
+    def __init__(
+        self,
+        arms: list[str],
+        eta: Annotated[float, number(0, low_open=True, note=" (Hedge's learning rate, e.g. 0.5)")] = 0.5,
+        **kwargs,
+    ):
         super().__init__(arms, **kwargs)
-        if not (isinstance(eta, (int, float)) and math.isfinite(eta) and eta > 0):
-            raise SpecbenchError(f"hedge: eta {eta!r} must be a positive number", "set eta > 0 (e.g. 0.5)")
         self.eta = float(eta)
         self.losses = [0.0] * self.k
         self._seen: dict[int, float] = {}  # this round's observed rewards, folded in at the next select

@@ -4,11 +4,14 @@ whole query (``specbench train-policy`` writes the checkpoint)."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 
 from specbench.errors import SpecbenchError
 from specbench.policy import check_compatible, load_checkpoint
 from specbench.selection.base import Selector
+from specbench.validate import PATH, SEED, boolean, text
 
 
 class PolicySelector(Selector):
@@ -21,10 +24,12 @@ class PolicySelector(Selector):
     def __init__(
         self,
         arms: list[str],
-        checkpoint: str | None = None,
-        sample: bool = False,
-        seed: int = 0,
-        target: str | None = None,
+        checkpoint: Annotated[str | None, PATH] = None,
+        sample: Annotated[bool, boolean()] = False,
+        seed: Annotated[int, SEED] = 0,
+        target: Annotated[
+            str | None, text(null=True)
+        ] = None,  # the run's target model, checked against the policy's
     ):
         super().__init__(arms)
         if not checkpoint:

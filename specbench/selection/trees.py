@@ -18,11 +18,14 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from specbench.arms import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
 from specbench.selection.base import Feedback, Route, Selector
 from specbench.selection.hedge import Hedge
 from specbench.selection.ucb import UCB
+from specbench.validate import boolean, declared, integer, list_of, mapping, number, text
 
 
 def _check_arms(kind: str, names, arms: list[str], what: str) -> list[str]:
@@ -96,8 +99,8 @@ class _TreeSubset:
     def __init__(
         self,
         arms: list[str],
-        always: list[str] | None = None,
-        size: int = 1,
+        always: Annotated[list[str] | None, list_of(text(), null=True)] = None,
+        size: Annotated[int, integer(1, note=" (drafters the bandit adds to each tree)")] = 1,
         candidates: list[str] | None = None,
         **kwargs,
     ):
@@ -158,30 +161,21 @@ class Router(Selector):
     def __init__(
         self,
         arms: list[str],
-        lookup: str = "prompt_lookup",
-        min_match: int = 2,
-        fallback: str | None = None,
-        ucb: dict | None = None,
-        tree: bool = False,
-        min_expected: float | None = None,
+        lookup: Annotated[str, text()] = "prompt_lookup",
+        min_match: Annotated[int, integer(1, note=" (tokens of suffix match)")] = 2,
+        fallback: Annotated[str | None, text(null=True)] = None,
+        ucb: Annotated[
+            dict | None, mapping(null=True, note=" (the fallback UCB's knobs)", keys=declared(UCB))
+        ] = None,
+        tree: Annotated[bool, boolean()] = False,
+        min_expected: Annotated[
+            float | None, number(0, null=True, note=" (expected accepted tokens of the retrieval draft)")
+        ] = None,
     ):
         super().__init__(arms)
         self.tree = self.trees = bool(tree)
         self.lookup = _check_arms("router", [lookup], self.arms, "lookup")[0]
-        if isinstance(min_match, bool) or not isinstance(min_match, int) or min_match < 1:
-            raise SpecbenchError(
-                f"router: min_match {min_match!r} must be a whole number of tokens >= 1",
-                "set min_match to 1 or more (the suffix length prompt lookup must match)",
-            )
         self.min_match = min_match
-        if min_expected is not None and (
-            isinstance(min_expected, bool) or not isinstance(min_expected, (int, float)) or min_expected < 0
-        ):
-            raise SpecbenchError(
-                f"router: min_expected {min_expected!r} must be a number of tokens >= 0 or null",
-                "set min_expected to the model drafter's draft length (SuffixDecoding's hybrid), or "
-                "null to route by the match length alone",
-            )
         self.min_expected = None if min_expected is None else float(min_expected)
         self.inner: UCB | None = None
         if fallback is not None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from typing import Annotated
 
-from specbench.errors import SpecbenchError
 from specbench.selection.bandits import BanditSelector
+from specbench.validate import COUNT, number
 
 
 class UCB(BanditSelector):
@@ -16,14 +17,14 @@ class UCB(BanditSelector):
     from the index of every arm but the one played last round (a switch costs the new drafter a
     KV-cache catch-up), so the selector switches only for a clear gain (0: plain UCB)."""
 
-    def __init__(self, arms: list[str], beta: float = 1.0, switch_cost: float = 0.0, **kwargs):
+    def __init__(
+        self,
+        arms: list[str],
+        beta: Annotated[float, number(0, note=" (1.0 is UCB1)")] = 1.0,
+        switch_cost: Annotated[float, number(0, note=" (0: plain UCB)")] = 0.0,
+        **kwargs,
+    ):
         super().__init__(arms, **kwargs)
-        if beta < 0:
-            raise SpecbenchError(f"ucb: beta {beta} is negative", "set beta >= 0 (1.0 is UCB1)")
-        if switch_cost < 0:
-            raise SpecbenchError(
-                f"ucb: switch_cost {switch_cost} is negative", "set switch_cost >= 0 (0: plain UCB)"
-            )
         self.beta = float(beta)
         self.switch_cost = float(switch_cost)
         self.last: int | None = None
@@ -56,12 +57,14 @@ class DiscountedUCB(UCB):
     ``beta`` defaults to 0.5: with beta = 1 the bonus ``sqrt(2 ln t / n_i)``, n_i <= 1 / (1 - gamma),
     outweighs drafter gaps of ~0.3 and the choice degenerates to round robin."""
 
-    def __init__(self, arms: list[str], gamma: float = 0.95, beta: float = 0.5, **kwargs):
+    def __init__(
+        self,
+        arms: list[str],
+        gamma: Annotated[float, number(0, 1, low_open=True, note=" (the discount; 1 is UCB)")] = 0.95,
+        beta: float = 0.5,
+        **kwargs,
+    ):
         super().__init__(arms, beta=beta, **kwargs)
-        if not 0.0 < gamma <= 1.0:
-            raise SpecbenchError(
-                f"discounted_ucb: gamma {gamma} is outside (0, 1]", "set 0 < gamma <= 1 (1 is UCB)"
-            )
         self.gamma = float(gamma)
 
     def _record(self, i: int, r: float) -> None:
@@ -78,12 +81,10 @@ class SlidingWindowUCB(UCB):
     With ``carry_over`` the window survives ``reset`` and its entries are weighted by ``decay``.
     ``beta`` defaults to 0.5 for the reason given in ``DiscountedUCB``."""
 
-    def __init__(self, arms: list[str], window: int = 32, beta: float = 0.5, **kwargs):
+    def __init__(
+        self, arms: list[str], window: Annotated[int, COUNT] = 32, beta: float = 0.5, **kwargs
+    ):  # window: rounds
         super().__init__(arms, beta=beta, **kwargs)
-        if int(window) < 1:
-            raise SpecbenchError(
-                f"sliding_window_ucb: window {window} is below 1", "set window >= 1 (rounds)"
-            )
         self.window = int(window)
         self._pulls: deque[tuple[int, float, float]] = deque(maxlen=self.window)  # (arm, weight, reward)
 

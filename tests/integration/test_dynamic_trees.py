@@ -21,6 +21,7 @@ from specbench.decoding.sampling import SamplingParams, logits_to_probs
 from specbench.drafters import build_pool
 from specbench.drafters.dynamic_tree import ancestors
 from specbench.errors import SpecbenchError
+from specbench.pipelines.methods import make_selector
 from tests.integration.test_eagle import PROMPTS, write_head
 
 
@@ -284,8 +285,16 @@ def test_router_by_expected_tokens(retrieval_pool, tiny_decode):
         assert gen.tokens == ref.tokens
         arms[bar] = {r.arm for r in gen.rounds}
     assert "suffix_chain" in arms[0.0] and arms[1000.0] == {"chain"}
-    with pytest.raises(SpecbenchError, match="min_expected"):
-        Router(list(pool), lookup="suffix", fallback="chain", min_expected=-1)
+    bad = {
+        "_target_": "specbench.selection.Router",
+        "lookup": "suffix",
+        "fallback": "chain",
+        "min_expected": -1,
+    }
+    with pytest.raises(
+        SpecbenchError, match="selector.min_expected=-1: expected a finite number >= 0 or null"
+    ):
+        make_selector(bad, list(pool))
 
 
 def test_trace_refuses_tree_drafters(retrieval_pool):

@@ -140,7 +140,7 @@ def test_feature_noise_is_seeded_and_resumes(toy, heads, tmp_path):
 
 
 def test_bad_depth_settings_are_refused(toy, tmp_path):
-    from specbench.validate import validate
+    from specbench.pipelines.keys import check as validate
 
     for bad in ("train.unroll=0", "train.feature_noise=-0.1", "train.unroll_weights=[1,-1]"):
         with pytest.raises(SpecbenchError, match=bad.split("=")[0]):

@@ -14,6 +14,7 @@ import torch
 from specbench.decoding.drafter import Draft, Drafter
 from specbench.decoding.tree import build_tree
 from specbench.errors import SpecbenchError
+from specbench.pipelines.methods import make_selector
 from specbench.selection import FixedTree, Router, TreeHedge, TreeUCB
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown"
@@ -270,8 +271,8 @@ def test_tree_selectors_refuse_bad_members(tiny_llama_pool):
         FixedTree(arms, ["autoregressive", "hf"])
     with pytest.raises(SpecbenchError, match="size 9"):
         TreeUCB(arms, always=["prompt_lookup"], size=9)
-    with pytest.raises(SpecbenchError, match="min_match"):
-        Router(arms, min_match=0)
+    with pytest.raises(SpecbenchError, match="selector.min_match=0: expected an integer >= 1"):
+        make_selector({"_target_": "specbench.selection.Router", "min_match": 0}, arms)
 
 
 def test_encoder_decoder_targets_refuse_trees(tiny_t5_target):

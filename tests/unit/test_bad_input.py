@@ -15,11 +15,11 @@ from specbench.configs import conf_dir, group_options
 from specbench.drafters import hf
 from specbench.errors import SpecbenchError
 from specbench.models import load_model
+from specbench.pipelines.keys import check as validate
 from specbench.pipelines.session.run_records import Records
 from specbench.records import read_jsonl
 from specbench.tasks.datasets import load_dataset_config
 from specbench.tasks.files import read_records
-from specbench.validate import validate
 
 ROOTS = ["eval", "bench", "cascades", "collect", "profile", "train_policy", "train_drafter", "trace"]
 EXPERIMENTS = sorted(p.stem for p in (Path(conf_dir()) / "experiment").glob("*.yaml"))

@@ -12,6 +12,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from specbench.errors import SpecbenchError
+from specbench.pipelines.methods import make_selector
 from specbench.selection import (
     EXP3,
     UCB,
@@ -237,8 +238,8 @@ def test_arms_and_reward_choice():
         UCB(ARMS, reward="rouge")
     with pytest.raises(SpecbenchError, match="no arm to play"):
         UCB(["autoregressive"])
-    with pytest.raises(SpecbenchError, match="decay"):
-        UCB(ARMS, carry_over=True, decay=1.5)
+    with pytest.raises(SpecbenchError, match=r"selector.decay=1.5: expected a finite number in \[0, 1\]"):
+        make_selector({"_target_": "specbench.selection.UCB", "carry_over": True, "decay": 1.5}, ARMS)
 
     for reward, value in (("bd", 0.25), ("be", 0.75)):
         sel = UCB(ARMS, reward=reward)
@@ -269,8 +270,8 @@ def test_switch_cost_cuts_switches_between_close_arms():
     plain = switches(play(UCB(ARMS, beta=0.5), env, 300))
     sticky = switches(play(UCB(ARMS, beta=0.5, switch_cost=0.1), env, 300))
     assert sticky < plain / 3, (sticky, plain)
-    with pytest.raises(SpecbenchError):
-        UCB(ARMS, switch_cost=-1)
+    with pytest.raises(SpecbenchError, match="selector.switch_cost=-1: expected a finite number >= 0"):
+        make_selector({"_target_": "specbench.selection.UCB", "switch_cost": -1}, ARMS)
 
 
 # -- configs -----------------------------------------------------------------------------------------
@@ -492,8 +493,8 @@ def test_hedge_weights_follow_the_cumulative_losses():
     p = sel.probabilities()
     assert p[2] > p[1] > p[0] and sum(p) == pytest.approx(1.0)
     assert p[2] / p[0] == pytest.approx(math.exp(1.0))
-    with pytest.raises(SpecbenchError, match="eta"):
-        Hedge(ARMS, eta=0)
+    with pytest.raises(SpecbenchError, match="selector.eta=0: expected a finite number > 0"):
+        make_selector({"_target_": "specbench.selection.Hedge", "eta": 0}, ARMS)
 
 
 def test_hedge_settles_on_the_best_arm_sooner_with_full_information():

@@ -1,24 +1,30 @@
 """Every YAML key has a typed home (issue 35): each root config of conf/, each root with each experiment written
-for it, and each option of each group is composed, and every leaf key must match a pattern of
-``specbench.validate.schema()`` (the ``KEYS`` table beside the class that reads it, or ``SCHEMA`` for the keys
-that belong to no class), or be one of the few exemptions below, each with its reason. Also: a key added to a
-class's table is enforced by ``validate``, with the key and the fix named, and a key has one home."""
+for it, and each option of each group is composed, and every leaf key must be typed: by a pattern of
+``specbench.pipelines.keys.every_key()`` (the ``KEYS`` table of the module that reads a setting, or ``SCHEMA`` for
+the keys that belong to no class), by the signature of its node's ``_target_`` (a selector class, a drafter
+builder: ``validate.declared``), or be one of the few exemptions below, each with its reason. Also: an argument a
+class declares is enforced by ``validate`` and when a config builds it, with the key and the fix named, and a key
+has one home."""
 
 from __future__ import annotations
 
 import functools
-import importlib
 import subprocess
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.utils import get_object
 from omegaconf import OmegaConf
 
 from specbench.configs import conf_dir, group_options
 from specbench.errors import SpecbenchError
-from specbench.validate import SCHEMA, TABLES, Rule, integer, schema, validate
+from specbench.pipelines.keys import TABLES, check, every_key
+from specbench.pipelines.methods import make_selector
+from specbench.selection import TARGETS, UCB
+from specbench.validate import SCHEMA, Rule, declared, integer, schema, typed
 from tests.experiments import commands_for, experiments
 
 ROOTS = [
@@ -84,19 +90,19 @@ def matches(key: str, pattern: str) -> bool:
 
 
 def untyped(root, overrides) -> list[str]:
-    rules = schema()
-    keys = leaves(OmegaConf.to_container(composed(root, overrides), resolve=False))
-    return [
-        k for k in keys if not any(matches(k, p) for p in rules) and not any(matches(k, p) for p in EXEMPT)
-    ]
+    cfg = composed(root, overrides)
+    covered = {key for key, _ in typed(cfg, every_key(), locate=get_object)}
+    keys = leaves(OmegaConf.to_container(cfg, resolve=False))
+    return [k for k in keys if k not in covered and not any(matches(k, p) for p in EXEMPT)]
 
 
 @pytest.mark.parametrize("case", CONFIGS, ids=_id)
 def test_every_yaml_key_has_a_typed_home(case):
     missing = untyped(*case)
     assert not missing, (
-        f"{_id(case)}: no rule types {', '.join(missing)}: add each to the KEYS table beside the "
-        "class that reads it (validate.TABLES), or to validate.SCHEMA if no class reads it"
+        f"{_id(case)}: no rule types {', '.join(missing)}: annotate the argument in the signature of the "
+        "class its _target_ names (Annotated[type, rule]), add it to the KEYS table of the module that reads "
+        "it (pipelines.keys.TABLES), or to validate.SCHEMA if no class reads it"
     )
 
 
@@ -104,38 +110,49 @@ def test_each_exemption_is_still_needed():
     keys = {k for case in CONFIGS for k in leaves(OmegaConf.to_container(composed(*case), resolve=False))}
     stale = [p for p in EXEMPT if not any(matches(k, p) for k in keys)]
     assert not stale, f"exemptions no config uses any more: {stale}"
-    typed = [p for p in EXEMPT if p in schema()]
-    assert not typed, f"exempt and typed at once: {typed}"
+    typed_patterns = [p for p in EXEMPT if p in every_key()]
+    assert not typed_patterns, f"exempt and typed at once: {typed_patterns}"
 
 
 def test_each_key_has_one_home():
-    tables = {module: importlib.import_module(module).KEYS for module in TABLES}
-    assert all(isinstance(rule, Rule) for keys in tables.values() for rule in keys.values())
-    homes: dict[str, list[str]] = {}
-    for module, keys in [("validate.SCHEMA", SCHEMA), *tables.items()]:
-        for pattern in keys:
-            homes.setdefault(pattern, []).append(module)
-    assert not {p: m for p, m in homes.items() if len(m) > 1}
-    assert len(schema()) == len(homes)
+    """A pattern in one table only, and no table types a key that a selector class or drafter builder declares."""
+    assert all(isinstance(rule, Rule) for keys in TABLES for rule in keys.values())
+    assert sum(len(keys) for keys in TABLES) + len(SCHEMA) == len(every_key())
+    builders = {OmegaConf.load(p).get("_target_") for p in Path(conf_dir(), "drafter").glob("*.yaml")} - {
+        None
+    }
+    for target in [*TARGETS, *builders]:
+        prefix = "selector" if target in TARGETS else "pool.drafters.*"
+        twice = [k for k in declared(get_object(target)) if f"{prefix}.{k}" in every_key()]
+        assert not twice, f"{target} declares {twice}, which a table types too"
 
 
-def test_a_key_typed_twice_is_refused(monkeypatch):
-    base = importlib.import_module("specbench.selection.base")
-    monkeypatch.setitem(base.KEYS, "seed", integer(0))  # already validate.SCHEMA's
+def test_a_key_typed_twice_is_refused():
     with pytest.raises(RuntimeError, match="seed is typed twice"):
-        schema()
+        schema({"seed": integer(0)})  # already validate.SCHEMA's
 
 
-def test_a_key_added_to_a_class_table_is_enforced(monkeypatch):
-    """A new selector knob is checked as soon as it is in the selector table: no second list to update."""
-    cfg = composed("eval", ("selector=hedge", "+selector.horizon=0"))
-    validate(cfg)  # untyped: nothing checks it
-    base = importlib.import_module("specbench.selection.base")
-    monkeypatch.setitem(base.KEYS, "selector.horizon", integer(1, note=" (rounds)"))
+class Horizon(UCB):
+    """A new selector with a knob of its own: declared once, in its signature."""
+
+    def __init__(self, arms, horizon: Annotated[int, integer(1, note=" (rounds)")] = 10, **kwargs):
+        super().__init__(arms, **kwargs)
+        self.horizon = horizon
+
+
+def test_an_argument_a_class_declares_is_enforced():
+    """A new selector knob is checked as soon as its signature declares it: no second list to update, in the
+    composed config and when a config builds the class (a selector of methods=, outside the validated config)."""
+    cfg = composed("eval", ("selector=ucb", f"selector._target_={__name__}.Horizon", "+selector.horizon=0"))
     with pytest.raises(SpecbenchError) as err:
-        validate(cfg)
+        check(cfg)
     assert "selector.horizon=0: expected an integer >= 1 (rounds)" in err.value.problem
     assert "selector.horizon=<an integer >= 1>" in err.value.fix
+    with pytest.raises(SpecbenchError, match=r"selector.horizon=0: expected an integer >= 1 \(rounds\)"):
+        make_selector({"_target_": f"{__name__}.Horizon", "horizon": 0}, ["a", "b"])
+    with pytest.raises(SpecbenchError, match="selector.beta=-1: expected a finite number >= 0"):
+        make_selector({"_target_": f"{__name__}.Horizon", "beta": -1}, ["a", "b"])  # its base's, inherited
+    assert make_selector({"_target_": f"{__name__}.Horizon", "horizon": 5}, ["a", "b"]).horizon == 5
 
 
 @pytest.mark.parametrize(
@@ -196,7 +213,7 @@ def test_a_key_added_to_a_class_table_is_enforced(monkeypatch):
 )
 def test_newly_typed_keys_refuse_bad_values_by_name(overrides, problem, fix):
     with pytest.raises(SpecbenchError) as err:
-        validate(composed("eval", overrides))
+        check(composed("eval", overrides))
     assert problem in err.value.problem
     assert fix in err.value.fix and err.value.fix.endswith("(on the command line or in the config)")
 
@@ -205,11 +222,11 @@ def test_newly_typed_keys_of_other_commands():
     with pytest.raises(
         SpecbenchError, match=r"profile.trees=\[\[2\]\]: expected a list of \[branches, depth\]"
     ):
-        validate(composed("profile", ("profile.trees=[[2]]",)))
+        check(composed("profile", ("profile.trees=[[2]]",)))
     with pytest.raises(SpecbenchError, match="eval_sets.math.limit=0: expected an integer >= 1 or null"):
-        validate(composed("train_drafter", ("eval_sets.math.limit=0",)))
+        check(composed("train_drafter", ("eval_sets.math.limit=0",)))
     cost = composed("eval", ("pool.drafters.prompt_lookup.cost=measured",))
-    validate(cost)  # a name the cost rule takes besides numbers
+    check(cost)  # a name the cost rule takes besides numbers
 
 
 def test_validate_imports_no_table_until_it_runs():

@@ -24,8 +24,8 @@ from specbench.drafters.eagle import EagleDrafter, load_head
 from specbench.drafters.head_files import load_state
 from specbench.errors import SpecbenchError
 from specbench.models import store
+from specbench.pipelines.keys import check as validate
 from specbench.tasks.datasets import load_dataset_config, read_source
-from specbench.validate import validate
 from tests.experiments import commands_for, experiments
 
 

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 
 from specbench.configs import check_experiment_command, conf_dir, hydra_error
 from specbench.errors import SpecbenchError, plain_name
-from specbench.validate import validate
+from specbench.pipelines.keys import check as validate
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 OVERRIDE = re.compile(r"(\+?[A-Za-z_][\w.]*=(?:'[^']*'|\"[^\"]*\"|<[^>]*>|[^\s,;()`]+))")

@@ -16,7 +16,7 @@ from specbench.configs import conf_dir
 from specbench.errors import SpecbenchError
 from specbench.pipelines import profile as pipeline
 from specbench.pipelines import profile_tables
-from specbench.validate import validate
+from specbench.pipelines.keys import check as validate
 
 
 def full(accepted, K=4, name="d"):

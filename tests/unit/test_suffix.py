@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from specbench.decoding.drafter import DecodeContext
+from specbench.drafters import build_pool
 from specbench.drafters.dynamic_tree import TreeShape
 from specbench.drafters.suffix import SuffixDrafter, build, continuation_tree
 from specbench.errors import SpecbenchError
@@ -78,5 +79,6 @@ def test_no_memory_means_history_free():
     ],
 )
 def test_bad_settings_are_refused(kwargs, words):
+    """Through a pool config, as a run builds it: the builder's own checks, or the rules its signature declares."""
     with pytest.raises(SpecbenchError, match=words):
-        build(None, "s", **kwargs)
+        build_pool(None, {"s": {"_target_": "specbench.drafters.suffix.build", **kwargs}})

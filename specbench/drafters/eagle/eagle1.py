@@ -26,6 +26,7 @@ it into the next-token distribution. Drafting continues on its own predicted fea
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 from transformers import DynamicCache
@@ -42,7 +43,14 @@ from specbench.decoding.drafter import (
 from specbench.decoding.sampling import logits_to_probs, pick
 from specbench.decoding.verify import block_divergence
 from specbench.drafters import shipped
-from specbench.drafters.base import check_confidence_threshold
+from specbench.drafters.base import (
+    Checkpoint,
+    Confidence,
+    Dtype,
+    MakeTarget,
+    TreeDraft,
+    check_confidence_threshold,
+)
 from specbench.drafters.dynamic_tree import TreeShape, frontier_attention, grow, tree_shape
 from specbench.drafters.eagle.head import EagleHead, HeadLogits
 from specbench.drafters.head_files import load_state, read_meta, resolve_checkpoint, vocab_fingerprint
@@ -51,6 +59,7 @@ from specbench.models.cache import check_tree_attention, common_prefix, crop_cac
 from specbench.models.devices import resolve_dtype
 from specbench.models.target import Target
 from specbench.records import files_fingerprint
+from specbench.validate import boolean
 
 
 def load_head(
@@ -330,13 +339,13 @@ def head_cost(head: EagleHead, logits: HeadLogits, target: Target) -> float:
 def build(
     target: Target,
     name: str,
-    checkpoint: str | None = None,
+    checkpoint: Checkpoint = None,
     cost: float | None = None,
-    make_target: str | None = None,
-    sub_vocabulary: bool = True,
-    confidence_threshold: float = 0.0,
-    dtype: str | None = None,
-    tree: dict | None = None,
+    make_target: MakeTarget = None,
+    sub_vocabulary: Annotated[bool, boolean()] = True,
+    confidence_threshold: Confidence = 0.0,
+    dtype: Dtype = None,
+    tree: TreeDraft = None,
 ) -> EagleDrafter:
     """``sub_vocabulary=false`` scores the whole vocabulary even when the head has a ``d2t`` (to measure
     what the sub-vocabulary saves); ``confidence_threshold``: a dynamic draft length (``draft_ends``);

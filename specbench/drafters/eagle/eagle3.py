@@ -44,10 +44,12 @@ import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import torch
 from torch import nn
 
+from specbench.drafters.base import Checkpoint, Confidence, Dtype, MakeTarget
 from specbench.drafters.eagle.eagle1 import EagleDrafter
 from specbench.drafters.eagle.head import HeadLogits, family_config
 from specbench.drafters.head_files import CONFIG_FILE, damaged, load_state, resolve_checkpoint
@@ -56,6 +58,7 @@ from specbench.models.cache import cache_argument
 from specbench.models.devices import resolve_dtype
 from specbench.models.target import Target
 from specbench.records import files_fingerprint
+from specbench.validate import integer, list_of
 
 AUX_KEY = "eagle_aux_hidden_state_layer_ids"
 # the head's architecture: taken from the checkpoint's config, the target's where the checkpoint is silent
@@ -512,12 +515,14 @@ def head_cost(head: Eagle3Head, target: Target) -> float:
 def build(
     target: Target,
     name: str,
-    checkpoint: str | None = None,
+    checkpoint: Checkpoint = None,
     cost: float | None = None,
-    make_target: str | None = None,
-    confidence_threshold: float = 0.0,
-    dtype: str | None = None,
-    aux_layers: list[int] | None = None,
+    make_target: MakeTarget = None,
+    confidence_threshold: Confidence = 0.0,
+    dtype: Dtype = None,
+    aux_layers: Annotated[
+        list[int] | None, list_of(integer(0), null=True)
+    ] = None,  # the target layers it reads
 ) -> Eagle3Drafter:
     """An EAGLE-3 head as a drafter. ``aux_layers``: the target layers it reads (null: the checkpoint's, else
     EAGLE-3's default ``[2, L // 2, L - 3]``); ``dtype``: the head's (null: the target's);

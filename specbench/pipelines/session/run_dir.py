@@ -20,7 +20,6 @@ from omegaconf import DictConfig, OmegaConf
 from specbench.errors import SpecbenchError
 from specbench.pipelines.session.settings import resolve_target_dtype
 from specbench.records import CONFIG, EXAMPLES, ROUNDS, atomic_path, sweep_temporaries
-from specbench.validate import validate
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +145,9 @@ def start_run(
     config name), then (with ``files``: after :func:`claim_run_dir`) save the composed config there
     (``target.dtype`` resolved: :func:`resolve_target_dtype`; and the settings file of ``files``), apply
     ``threads``."""
-    validate(cfg)
+    from specbench.pipelines.keys import check  # the commands' tables: their modules import this one
+
+    check(cfg)
     resolve_target_dtype(cfg)
     out = Path(output_dir)
     if out.exists() and not out.is_dir():
