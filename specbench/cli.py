@@ -111,7 +111,10 @@ def hydra_run(config_name: str, pipeline: str, args: list[str]) -> None:
     from specbench.tasks import datasets
     from specbench.validate import schema, validate
 
-    light = schema(sampling.KEYS, cascade.KEYS, datasets.KEYS, model.KEYS)
+    own = (
+        [model.KEYS] if config_name == "train_policy" else []
+    )  # train-policy's section loads no more than torch
+    light = schema(sampling.KEYS, cascade.KEYS, datasets.KEYS, *own)
 
     try:
         path = conf_dir()
@@ -134,9 +137,8 @@ def hydra_run(config_name: str, pipeline: str, args: list[str]) -> None:
                 module = importlib.import_module(f"specbench.pipelines.{pipeline}")
                 from specbench.pipelines import keys
 
-                keys.check(
-                    cfg
-                )  # every typed key, before the pipeline's own first checks (its door repeats it)
+                # every typed key, before the pipeline's own first checks (its door repeats it)
+                keys.check(cfg, config_name)
                 return module.run(cfg, out)
             except Exception as exc:  # noqa: BLE001 - bad input is reported, anything else re-raised
                 _fail_or_raise(exc, config_name)

@@ -13,6 +13,7 @@ checked by the code that uses them.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import typing
 from collections.abc import Callable, Iterator, Mapping
@@ -40,16 +41,18 @@ class Rule:
         return f"{self.expect} or null" if self.null else self.expect
 
 
-def _bounds(low, high, low_open: bool) -> str:
+def _bounds(low, high, low_open: bool, high_open: bool = False) -> str:
     if low is not None and high is not None:
-        return f" in {'(' if low_open else '['}{low}, {high}]"
+        return f" in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
     if low is not None:
         return f" {'>' if low_open else '>='} {low}"
-    return f" <= {high}" if high is not None else ""
+    return f" {'<' if high_open else '<='} {high}" if high is not None else ""
 
 
-def _within(x, low, high, low_open: bool) -> bool:
-    return (low is None or (x > low if low_open else x >= low)) and (high is None or x <= high)
+def _within(x, low, high, low_open: bool, high_open: bool = False) -> bool:
+    return (low is None or (x > low if low_open else x >= low)) and (
+        high is None or (x < high if high_open else x <= high)
+    )
 
 
 def integer(low: int | None = None, high: int | None = None, null: bool = False, note: str = "") -> Rule:
@@ -67,6 +70,7 @@ def number(
     null: bool = False,
     low_open: bool = False,
     note: str = "",
+    high_open: bool = False,
 ) -> Rule:
     """A finite int or float (not nan, not inf, not a bool)."""
 
@@ -75,10 +79,10 @@ def number(
             isinstance(v, (int, float))
             and not isinstance(v, bool)
             and math.isfinite(v)
-            and _within(v, low, high, low_open)
+            and _within(v, low, high, low_open, high_open)
         )
 
-    return Rule(test, f"a finite number{_bounds(low, high, low_open)}", null, note)
+    return Rule(test, f"a finite number{_bounds(low, high, low_open, high_open)}", null, note)
 
 
 def boolean() -> Rule:
@@ -172,9 +176,12 @@ def schema(*tables: Mapping[str, Rule]) -> dict[str, Rule]:
 def declared(fn: Callable) -> dict[str, Rule]:
     """The config keys a class or builder declares beside itself: each parameter of its signature annotated
     ``Annotated[type, rule]`` (a class: the ``__init__`` of it and of its bases, which ``**kwargs`` reaches; a
-    subclass's rule replaces its base's), and a mapping rule's own keys as ``<name>.<key>``. This one declaration
-    is what ``validate`` checks in a config and ``check_arguments`` in the arguments a config builds it with."""
-    if isinstance(fn, type):
+    subclass's rule replaces its base's; a dataclass: its fields), and a mapping rule's own keys as
+    ``<name>.<key>``. This one declaration is what ``validate`` checks in a config and ``check_arguments`` in the
+    arguments a config builds it with."""
+    if dataclasses.is_dataclass(fn):
+        inits = [fn]
+    elif isinstance(fn, type):
         inits = [
             vars(c)["__init__"] for c in reversed(fn.__mro__) if c is not object and "__init__" in vars(c)
         ]

@@ -1,7 +1,8 @@
 """Every command's typed keys, joined where the commands live: ``validate.SCHEMA`` (the keys no class reads), the
 ``KEYS`` table of each module that reads settings (decoding, cascade, the pool's own two, the target, datasets, the
-training recipes, the commands' own sections), and, through each node's ``_target_``, the arguments each selector
-class and drafter builder declares in its signature (``validate.declared``)."""
+commands' own sections), the sections one command alone reads (``COMMANDS``: the two training commands' ``train.*``
+mean different things), and, through each node's ``_target_``, the arguments each selector class and drafter
+builder declares in its signature (``validate.declared``)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,6 @@ TABLES = (
     drafters.KEYS,  # pool.drafters.<name>.draft_length / cost
     target.KEYS,  # target.*
     datasets.KEYS,  # dataset.*
-    model.KEYS,  # train-policy: train.*, reward.*, sweep.*
-    trainees.KEYS,  # train-drafter: drafter.*, its own train.*, eval_sets.*
     collect.KEYS,  # collect.*, embedding.*
     profile.KEYS,  # profile.*
     trace.KEYS,  # trace.*
@@ -32,11 +31,20 @@ TABLES = (
 )
 
 
-def every_key() -> dict[str, Rule]:
-    """Each typed key pattern of every command (the ``_target_`` classes' own keys are read per config)."""
-    return schema(*TABLES)
+# the sections one command reads (its config's name: train_policy, ...); the same key may mean another thing elsewhere
+COMMANDS = {
+    "train_policy": model.KEYS,  # train.* (TrainConfig's fields), reward.*, sweep.*
+    "train_drafter": trainees.KEYS,  # drafter.*, its own train.*, eval_sets.*
+}
 
 
-def check(cfg: DictConfig) -> None:
-    """``validate`` a composed config of any command against every typed key, the ``_target_`` classes' included."""
-    validate(cfg, every_key(), locate=get_object)
+def every_key(command: str | None = None) -> dict[str, Rule]:
+    """Each typed key pattern of ``command`` (a config name or the command's spelling, ``train-policy``; None: the
+    keys every command shares). The ``_target_`` classes' own keys are read per config."""
+    own = COMMANDS.get(str(command).replace("-", "_")) if command else None
+    return schema(*TABLES, *([own] if own else []))
+
+
+def check(cfg: DictConfig, command: str | None = None) -> None:
+    """``validate`` a composed config of ``command`` against its typed keys, the ``_target_`` classes' included."""
+    validate(cfg, every_key(command), locate=get_object)

@@ -4,32 +4,73 @@ inference wrapper (``Policy``: embedding -> arm). Training itself is ``specbench
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 
 from specbench.errors import SpecbenchError
 from specbench.policy.net import PolicyNet
-from specbench.validate import COUNT, SEED, Rule, boolean, integer, list_of, number, text
+from specbench.validate import (
+    COUNT,
+    SEED,
+    Rule,
+    boolean,
+    check_arguments,
+    declared,
+    integer,
+    list_of,
+    nonempty_list_of,
+    number,
+    text,
+)
 
-# train-policy (conf/train_policy.yaml): TrainConfig's train.* (epochs, lr, batch_size and seed are train-drafter's
-# too: one rule each, here), the reward (reward.py, scores.py: RewardSpec) and the sweeps
+
+@dataclass
+class TrainConfig:
+    """Policy-training settings (see the module docstring for the objective)."""
+
+    hidden: Annotated[Sequence[int], nonempty_list_of(integer(1), note=" (MLP hidden sizes)")] = (64,)
+    epochs: Annotated[int, COUNT] = 300
+    lr: Annotated[float, number(0, low_open=True)] = 1e-2  # Adam
+    batch_size: Annotated[int, COUNT] = 64
+    entropy: Annotated[float, number(0, note=" (the entropy bonus's weight)")] = 0.0
+    baseline: Annotated[str, text()] = "mean"  # "mean": batch mean of the sampled rewards; "none": 0
+    weight_decay: Annotated[float, number(0)] = 0.0
+    seed: Annotated[int, SEED] = 0
+    val_fraction: Annotated[float, number(0, 1, high_open=True, note=" (held-out queries)")] = 0.2
+    # cap on training queries (data-efficiency sweeps); validation set unchanged
+    n_examples: Annotated[int | None, integer(1, null=True, note=" (null: every training query)")] = None
+    standardize: Annotated[bool, boolean()] = (
+        True  # standardize embeddings with the training set's mean / std
+    )
+    dropout: Annotated[float, number(0, 1, high_open=True)] = 0.0
+
+    def check(self) -> None:
+        """SpecbenchError for a setting its field's rule refuses (``train.<field>=...``, as the config check words
+        it), or for a combination that cannot train."""
+        check_arguments(TrainConfig, dataclasses.asdict(self), "train")
+        bad = []
+        if self.baseline == "mean" and int(self.batch_size) < 2:
+            bad.append(
+                "batch_size 1 with baseline=mean (the batch mean cancels every reward; use >= 2 or none)"
+            )
+        if self.baseline not in ("mean", "none"):
+            bad.append(f"baseline {self.baseline!r} ('mean' or 'none')")
+        if bad:
+            raise SpecbenchError(
+                "policy training config out of range: " + "; ".join(bad),
+                "fix those settings (the allowed range follows each)",
+            )
+
+
+# train-policy (conf/train_policy.yaml): TrainConfig's train.* (declared by its fields), the two train.* keys the
+# pipeline reads itself, the reward (reward.py, scores.py: RewardSpec) and the sweeps
 KEYS: dict[str, Rule] = {
+    **{f"train.{key}": rule for key, rule in declared(TrainConfig).items()},
     "train.arms": list_of(text(), null=True),
-    "train.hidden": list_of(integer(1)),
-    "train.epochs": integer(0),
-    "train.lr": number(0, low_open=True, null=True, note=" (train-drafter: null is the kind's default)"),
-    "train.batch_size": COUNT,
-    "train.entropy": number(0),
-    "train.baseline": text(),
-    "train.weight_decay": number(0),
-    "train.dropout": number(0, 1),
-    "train.seed": SEED,
-    "train.val_fraction": number(0, 1),
-    "train.n_examples": integer(1, null=True),
-    "train.standardize": boolean(),
     "train.allow_incomplete": boolean(),
     "reward.alpha": number(0, 1),
     "reward.cost": text(),
@@ -38,58 +79,6 @@ KEYS: dict[str, Rule] = {
     "sweep.alpha": list_of(number(0, 1), null=True),
     "sweep.n_examples": list_of(integer(1), null=True),
 }
-
-
-@dataclass
-class TrainConfig:
-    """Policy-training settings (see the module docstring for the objective)."""
-
-    hidden: Sequence[int] = (64,)
-    epochs: int = 300
-    lr: float = 1e-2  # Adam
-    batch_size: int = 64
-    entropy: float = 0.0  # entropy-bonus weight
-    baseline: str = "mean"  # "mean": batch mean of the sampled rewards; "none": 0
-    weight_decay: float = 0.0
-    seed: int = 0
-    val_fraction: float = 0.2
-    # cap on training queries (data-efficiency sweeps); validation set unchanged
-    n_examples: int | None = None
-    standardize: bool = True  # standardize embeddings with the training set's mean / std
-    dropout: float = 0.0
-
-    def check(self) -> None:
-        """SpecbenchError for any setting out of range."""
-        bad = []
-        if int(self.epochs) < 1:
-            bad.append(f"epochs {self.epochs} (>= 1)")
-        if not float(self.lr) > 0:
-            bad.append(f"lr {self.lr} (> 0)")
-        if int(self.batch_size) < 1:
-            bad.append(f"batch_size {self.batch_size} (>= 1)")
-        if self.baseline == "mean" and int(self.batch_size) < 2:
-            bad.append(
-                "batch_size 1 with baseline=mean (the batch mean cancels every reward; use >= 2 or none)"
-            )
-        if not float(self.entropy) >= 0:
-            bad.append(f"entropy {self.entropy} (>= 0)")
-        if self.baseline not in ("mean", "none"):
-            bad.append(f"baseline {self.baseline!r} ('mean' or 'none')")
-        if not float(self.weight_decay) >= 0:
-            bad.append(f"weight_decay {self.weight_decay} (>= 0)")
-        if not 0.0 <= float(self.val_fraction) < 1.0:
-            bad.append(f"val_fraction {self.val_fraction} (in [0, 1))")
-        if self.n_examples is not None and int(self.n_examples) < 1:
-            bad.append(f"n_examples {self.n_examples} (>= 1, or null for all)")
-        if not list(self.hidden) or any(int(h) < 1 for h in self.hidden):
-            bad.append(f"hidden {list(self.hidden)} (a non-empty list of sizes >= 1)")
-        if not 0.0 <= float(self.dropout) < 1.0:
-            bad.append(f"dropout {self.dropout} (in [0, 1))")
-        if bad:
-            raise SpecbenchError(
-                "policy training config out of range: " + "; ".join(bad),
-                "fix those settings (the allowed range follows each)",
-            )
 
 
 @dataclass

@@ -262,7 +262,7 @@ def compose_step(step: Step, overrides: list[str], adapt: Callable[[Step, object
     if adapt is not None:
         adapt(step, cfg)
     try:
-        check(cfg)
+        check(cfg, step.command)
     except SpecbenchError as exc:
         raise SpecbenchError(
             f"step {step.run} (specbench {step.command.replace('_', '-')}): {exc.problem}", exc.fix

@@ -27,11 +27,15 @@ from specbench.tasks.datasets import load_source, source_keys
 from specbench.training import distill, finetune
 from specbench.training.distill import Example, pairs, shared_prefix, sub_vocabulary, teach_all
 from specbench.training.responses import response_cache, target_responses
-from specbench.validate import COUNT, Rule, boolean, integer, list_of, mapping, number, text
+from specbench.validate import COUNT, SEED, Rule, boolean, integer, list_of, mapping, number, text
 
-# train-drafter (conf/train_drafter.yaml): the drafter recipe, its train.* (train.epochs, lr, batch_size and seed:
-# shared with the policy's, typed in policy/model.py) and the held-out sets of held_out_metrics
+# train-drafter (conf/train_drafter.yaml): the drafter recipe, its train.* and the held-out sets of held_out_metrics
+# (train-policy's train.* is another command's section: policy/model.py's TrainConfig)
 KEYS: dict[str, Rule] = {
+    "train.epochs": integer(0, note=" (0: the drafter as it starts, measured)"),
+    "train.lr": number(0, low_open=True, null=True, note=" (null: the kind's default)"),
+    "train.batch_size": COUNT,
+    "train.seed": SEED,
     "drafter.kind": text(),  # eagle | hf | small, checked by the trainee
     "drafter.layers": COUNT,
     "drafter.vocab": integer(1, null=True, note=" (null: the full vocabulary)"),

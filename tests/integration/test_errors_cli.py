@@ -81,7 +81,7 @@ def no_model_loads(monkeypatch):
         ("collect", "seed=abc", "error: seed=abc: expected an integer >= 0"),
         ("cascades", "decoding.draft_length=abc", "error: decoding.draft_length=abc"),
         ("bench", "threads=-1", "error: threads=-1"),
-        ("train-policy", "train.epochs=abc", "error: train.epochs=abc: expected an integer >= 0"),
+        ("train-policy", "train.epochs=abc", "error: train.epochs=abc: expected an integer >= 1"),
         ("train-drafter", "drafter.layers=abc", "error: drafter.layers=abc: expected an integer >= 1"),
     ],
 )

@@ -144,7 +144,7 @@ def test_bad_depth_settings_are_refused(toy, tmp_path):
 
     for bad in ("train.unroll=0", "train.feature_noise=-0.1", "train.unroll_weights=[1,-1]"):
         with pytest.raises(SpecbenchError, match=bad.split("=")[0]):
-            validate(depth_config(toy, tmp_path / "x", bad))
+            validate(depth_config(toy, tmp_path / "x", bad), "train_drafter")
     with pytest.raises(SpecbenchError, match="unroll_weights"):
         train_drafter.run(
             depth_config(toy, tmp_path / "y", "train.unroll=3", "train.unroll_weights=[1,1]"), tmp_path / "r"

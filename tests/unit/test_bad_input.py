@@ -35,7 +35,7 @@ def composed(name: str, *overrides: str):
 
 @pytest.mark.parametrize("root", ROOTS)
 def test_every_root_config_passes_validation_as_shipped(root):
-    validate(composed(root))
+    validate(composed(root), root)
 
 
 @pytest.mark.parametrize("group", ["target", "pool", "dataset", "decoding", "selector", "cascade"])
@@ -55,7 +55,7 @@ def test_every_group_option_passes_validation(group):
 def test_every_experiment_passes_validation(name):
     command = "cascades" if name.startswith("cascades") else "eval"
     try:
-        validate(composed(command, f"experiment={name}"))
+        validate(composed(command, f"experiment={name}"), command)
     except SpecbenchError as exc:  # paper-scale experiments leave a model to the user
         assert "expected" not in exc.problem and "???" in exc.problem, (name, exc.problem)
 
@@ -86,7 +86,12 @@ def test_every_experiment_passes_validation(name):
         ("cascades", "alphas.chow=[0.1,x]", "alphas.chow=[0.1, 'x']: expected a list, each a finite number"),
         ("collect", "collect.num_shards=0", "collect.num_shards=0: expected an integer >= 1"),
         ("bench", "warmup.max_new_tokens=-2", "warmup.max_new_tokens=-2: expected an integer >= 0"),
-        ("train_policy", "train.epochs=abc", "train.epochs=abc: expected an integer >= 0"),
+        ("train_policy", "train.epochs=abc", "train.epochs=abc: expected an integer >= 1"),
+        (
+            "train_drafter",
+            "train.epochs=-1",
+            "train.epochs=-1: expected an integer >= 0",
+        ),  # 0: measure as it starts
         ("train_policy", "reward.alpha=2", "reward.alpha=2: expected a finite number in [0, 1]"),
         ("train_drafter", "drafter.layers=0", "drafter.layers=0: expected an integer >= 1"),
         ("trace", "trace.draft_length=0", "trace.draft_length=0: expected an integer >= 1 or null"),
@@ -123,7 +128,7 @@ def test_every_experiment_passes_validation(name):
 )
 def test_bad_values_name_key_value_and_expectation(root, override, line):
     with pytest.raises(SpecbenchError) as info:
-        validate(composed(root, override))
+        validate(composed(root, override), root)
     assert line in info.value.problem
     key = line.split("=")[0].split(" ")[0]
     assert info.value.fix.startswith("set ") and f"{key}=<" in info.value.fix

@@ -147,7 +147,7 @@ def start_run(
     ``threads``."""
     from specbench.pipelines.keys import check  # the commands' tables: their modules import this one
 
-    check(cfg)
+    check(cfg, command or hydra_command())
     resolve_target_dtype(cfg)
     out = Path(output_dir)
     if out.exists() and not out.is_dir():
