@@ -29,7 +29,10 @@ tokens it missed; on its first use in the query, its traced setup too). The pref
 verification costs beyond the forward (the probabilities of every row, the acceptance, Block Divergence of each
 member, the cache's commit, and in a tree round its mask and the move of the accepted path's rows) is the round's
 overhead (``Costs.overhead``): fitted per kind of round (``ROUND_KINDS``) from a live run's own rounds when one is
-given (``fit_overheads``), else a tree round is charged the trace's measured ``tree_extra`` and a chain nothing.
+given (``fit_overheads``), else a tree round is charged the trace's measured ``tree_extra`` and a chain nothing. A
+switch back to a drafter used earlier in the query is charged, beyond its catch-up curve, what a live switch took
+beyond it (``SWITCH``, fitted the same way: the curve is timed on a drafter alone, a switch inside the loop also
+pays for its cache's crop and the features it catches up on).
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ def interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
 
 AUTOREGRESSIVE_ROUND, CHAIN, TREE = "autoregressive", "chain", "tree"
 ROUND_KINDS = (AUTOREGRESSIVE_ROUND, CHAIN, TREE)  # the kinds of round whose overhead is fitted apart
+SWITCH = "switch"  # a round that switches back to drafters used before in the query: its catch-up's overhead
 
 
 @dataclass(frozen=True)
@@ -132,19 +136,26 @@ def fit_overheads(
     costs: Costs, queries: Iterable[tuple[int, Sequence[Mapping]]]
 ) -> dict[str, tuple[float, int]]:
     """Per kind of round (``ROUND_KINDS``): ``(mean seconds, rounds)`` a live round's verification (``t_verify``)
-    took beyond ``costs``' curve for a forward over as many tokens at its context. ``queries``: per live
-    generation, its prompt length and its rounds in order (eval's round records: ``drafted``, ``tree_size``,
-    ``members``, ``emitted``, ``t_verify``). The mean, not the median: the replay predicts total seconds."""
-    residuals: dict[str, list[float]] = {k: [] for k in ROUND_KINDS}
+    took beyond ``costs``' curve for a forward over as many tokens at its context; and for ``SWITCH``, what a live
+    round that switched back to drafters used before (``switched``, not ``first_use``) took to catch them up
+    (``t_switch``) beyond their catch-up curves over the tokens each missed. ``queries``: per live generation, its
+    prompt length and its rounds in order (eval's round records: ``arm``, ``drafted``, ``tree_size``, ``members``,
+    ``emitted``, ``t_verify``, ``t_switch``). The mean, not the median: the replay predicts total seconds."""
+    residuals: dict[str, list[float]] = {k: [] for k in (*ROUND_KINDS, SWITCH)}
     for prompt_len, rounds in queries:
-        t = 0
+        t, synced = 0, {}  # drafter -> the position it last drafted at
         for r in rounds:
             tree_size = int(r.get("tree_size") or 0)
-            tree = tree_size > 0 or len(r.get("members") or ()) > 1
+            members = list(r.get("members") or ()) or ([r.get("arm")] if int(r["drafted"]) else [])
+            tree = tree_size > 0 or len(members) > 1
             scored = (tree_size if tree_size else int(r["drafted"])) + 1
             kind = round_kind(int(r["drafted"]), tree)
             residuals[kind].append(float(r["t_verify"]) - costs.verify(scored, prompt_len + t))
+            if r.get("switched") and not r.get("first_use") and all(m in synced for m in members):
+                curve = sum(costs.sync(m, t - synced[m]) for m in members if synced[m] != t)
+                residuals[SWITCH].append(float(r.get("t_switch") or 0.0) - curve)
             t += int(r["emitted"])
+            synced.update({m: t for m in members})
     return {k: (sum(v) / len(v), len(v)) for k, v in residuals.items() if v}
 
 
@@ -375,6 +386,8 @@ def _round(w: _Walk, t: int, o: _Outcome, made, unused, emitted: int, switched: 
     setup = switched or first_use
     t_sync = sum(d.t_sync for d in made.values())
     t_draft = sum(d.t_propose for d in made.values()) + routed + (0.0 if setup else t_sync)
+    if switched and not first_use:  # beyond the catch-up curve, what a live switch pays (fit_overheads)
+        t_sync += costs.overhead(SWITCH)
     accepted = min(o.accepted_raw, emitted)
     return Round(
         index=len(w.gen.rounds),

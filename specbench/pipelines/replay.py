@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from specbench import profiling
 from specbench.arms import AUTOREGRESSIVE
 from specbench.decoding.loop import Limits
-from specbench.decoding.replay import ROUND_KINDS, Costs, RoundOracle, fit_overheads, replay
+from specbench.decoding.replay import ROUND_KINDS, SWITCH, Costs, RoundOracle, fit_overheads, replay
 from specbench.decoding.trace import QueryTrace
 from specbench.errors import SpecbenchError
 from specbench.pipelines import tables
@@ -182,7 +182,9 @@ def fit_from_live(costs: Costs, live, rows: list[dict], ids=None) -> dict[str, t
 
 def overheads_text(fitted: dict[str, tuple[float, int]]) -> str:
     return ", ".join(
-        f"{k} {fitted[k][0] * 1e3:+.2f} ms ({fitted[k][1]:,} rounds)" for k in ROUND_KINDS if k in fitted
+        f"{k} {fitted[k][0] * 1e3:+.2f} ms ({fitted[k][1]:,} rounds)"
+        for k in (*ROUND_KINDS, SWITCH)
+        if k in fitted
     )
 
 

@@ -22,7 +22,7 @@ from hydra import compose, initialize_config_dir
 from specbench.configs import conf_dir, group_options, load_option
 from specbench.decoding.drafter import AUTOREGRESSIVE
 from specbench.decoding.loop import DecodeSpec, Limits
-from specbench.decoding.replay import Costs, replay
+from specbench.decoding.replay import ROUND_KINDS, Costs, replay
 from specbench.decoding.sampling import SamplingParams
 from specbench.decoding.trace import DrafterTrace, QueryTrace, trace, trace_lengths
 from specbench.drafters import build_pool
@@ -30,7 +30,7 @@ from specbench.errors import SpecbenchError
 from specbench.pipelines import replay as replay_pipeline
 from specbench.pipelines import trace as trace_pipeline
 from specbench.pipelines.methods import make_selector
-from specbench.selection import Fixed, FixedTree
+from specbench.selection import UCB, Fixed, FixedTree
 from specbench.timing import Clock
 from tests.conftest import tiny_drafter_configs
 from tests.integration.test_eagle import write_head
@@ -714,6 +714,43 @@ def test_the_replay_clock_charges_each_kind_of_round_its_fitted_overhead():
         assert charged.seconds == pytest.approx(plain.seconds + per_round * len(plain.rounds))
 
 
+def test_the_replay_clock_charges_a_switch_what_a_live_switch_pays_beyond_the_catch_up_curve():
+    """A live switch back to a drafter used before pays more than its catch-up curve (timed on the drafter alone):
+    ``fit_overheads`` reads that excess off the live rounds that switched back (not a first use), and the replay
+    charges it to each such round, on top of the curve over the tokens the drafter missed."""
+    from specbench.decoding.replay import SWITCH, fit_overheads
+
+    curve = {
+        "A": ((1, 0.001), (11, 0.011)),
+        "B": ((1, 0.002), (11, 0.012)),
+    }  # sync(n) = 0.001 n (+ 0.001 for B)
+    base = Costs(q=(1, 10), contexts=(10,), seconds=((0.012, 0.030),), catch_up=curve)
+
+    def live(arm, emitted, t_switch=0.0, switched=False, first_use=False):
+        return {"arm": arm, "drafted": 3, "emitted": emitted, "t_verify": 0.018, "t_switch": t_switch,
+                "switched": switched, "first_use": first_use}  # fmt: skip
+
+    rounds = [
+        live("A", 2, first_use=True, t_switch=0.05),  # first uses: their setup is the trace's, not fitted
+        live("B", 3, switched=True, first_use=True, t_switch=0.05),
+        live(
+            "A", 4, switched=True, t_switch=0.003 + 0.002
+        ),  # A missed 3 tokens: curve 0.003, live paid 0.002 more
+        live("A", 1),  # no switch
+        live("B", 2, switched=True, t_switch=0.006 + 0.004),  # B missed 5: curve 0.006, 0.004 more
+    ]
+    fitted = fit_overheads(base, [(50, rounds)])
+    assert fitted[SWITCH][1] == 2 and fitted[SWITCH][0] == pytest.approx(0.003)
+    costs = dataclasses.replace(base, overheads={SWITCH: fitted[SWITCH][0]})
+    arms = [AUTOREGRESSIVE, "A", "B"]
+    limits, lengths = Limits(max_new_tokens=10, draft_length=3), {"A": 3, "B": 3}
+    ucb = lambda: UCB(arms, seed=0)  # noqa: E731 - plays A, then B, then switches between them
+    plain, charged = (replay(hand_trace(), ucb(), limits, c, lengths) for c in (base, costs))
+    back = [r for r in plain.rounds if r.switched and not r.first_use]
+    assert back and [r.arm for r in charged.rounds] == [r.arm for r in plain.rounds]
+    assert charged.seconds == pytest.approx(plain.seconds + 0.003 * len(back))
+
+
 def test_replay_refuses_full_information_without_side_observations(trace_run, tmp_path):
     args = [f"traces={trace_run}", "seeds=1", "methods=[autoregressive,selector:hedge]"]
     with pytest.raises(
@@ -736,7 +773,7 @@ def test_replay_fits_its_round_overheads_on_a_live_run(trace_run, tmp_path):
     rows, cost_dict = trace_pipeline.load_traces(trace_run)
     fitted = replay_pipeline.fit_from_live(Costs.from_dict(cost_dict), live, rows)
     live_rounds = jsonl(live / "rounds.jsonl")
-    assert sum(n for _, n in fitted.values()) == len(live_rounds)
+    assert sum(fitted[k][1] for k in ROUND_KINDS if k in fitted) == len(live_rounds)
     # one-token rounds: the autoregressive method's and prompt lookup's rounds that found nothing to draft
     assert fitted["autoregressive"][1] == sum(r["drafted"] == 0 for r in live_rounds)
     assert fitted["chain"][1] == sum(r["drafted"] > 0 for r in live_rounds)
