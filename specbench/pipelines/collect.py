@@ -211,7 +211,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     col = cfg.collect
     check_options(col)
     shard, num_shards = int(col.shard), int(col.num_shards)
-    s = Session.open(cfg, output_dir, RUN_FILES, "collect")
+    s = Session.open(cfg, output_dir, RUN_FILES, "collect", KEYS)
     write_plan(s.out, len(s.queries))
     limits = Limits(
         max_new_tokens=col.max_new_tokens or s.limits.max_new_tokens, draft_length=s.limits.draft_length

@@ -1,47 +1,34 @@
 """Every command's typed keys, joined where the commands live: ``validate.SCHEMA`` (the keys no class reads), the
-``KEYS`` table of each module that reads settings (decoding, cascade, the pool's own two, the target, datasets, the
-commands' own sections), the sections one command alone reads (``COMMANDS``: the two training commands' ``train.*``
-mean different things), and, through each node's ``_target_``, the arguments each selector class and drafter
-builder declares in its signature (``validate.declared``)."""
+shared settings tables (``session.tables``: decoding, cascade, the pool's own two, the target, datasets), each
+command's own section (``SECTIONS``: the two training commands' ``train.*`` mean different things; ``collect.*``,
+``profile.*``, ``trace.*``, ``replay.*`` beside the pipelines that read them), and, through each node's
+``_target_``, the arguments each selector class and drafter builder declares in its signature
+(``validate.declared``). What the command line, the reproduction plan and the tests check a config against; a
+pipeline's door (``start_run``) checks the same with its own section."""
 
 from __future__ import annotations
 
 from hydra.utils import get_object
 from omegaconf import DictConfig
 
-from specbench import drafters
-from specbench.decoding import cascade, sampling
-from specbench.models import target
 from specbench.pipelines import collect, profile, replay, trace
-from specbench.policy import model
-from specbench.tasks import datasets
-from specbench.training import trainees
+from specbench.pipelines.session.tables import COMMANDS, TABLES, command_name
 from specbench.validate import Rule, schema, validate
 
-TABLES = (
-    sampling.KEYS,  # decoding.*
-    cascade.KEYS,  # cascade.*
-    drafters.KEYS,  # pool.drafters.<name>.draft_length / cost
-    target.KEYS,  # target.*
-    datasets.KEYS,  # dataset.*
-    collect.KEYS,  # collect.*, embedding.*
-    profile.KEYS,  # profile.*
-    trace.KEYS,  # trace.*
-    replay.KEYS,  # replay.*, seeds, traces
-)
-
-
-# the sections one command reads (its config's name: train_policy, ...); the same key may mean another thing elsewhere
-COMMANDS = {
-    "train_policy": model.KEYS,  # train.* (TrainConfig's fields), reward.*, sweep.*
-    "train_drafter": trainees.KEYS,  # drafter.*, its own train.*, eval_sets.*
+# each command's own section, by command (its config's name)
+SECTIONS = {
+    **COMMANDS,
+    "collect": collect.KEYS,  # collect.*, embedding.*
+    "profile": profile.KEYS,  # profile.*
+    "trace": trace.KEYS,  # trace.*
+    "replay": replay.KEYS,  # replay.*, seeds, traces
 }
 
 
 def every_key(command: str | None = None) -> dict[str, Rule]:
     """Each typed key pattern of ``command`` (a config name or the command's spelling, ``train-policy``; None: the
     keys every command shares). The ``_target_`` classes' own keys are read per config."""
-    own = COMMANDS.get(str(command).replace("-", "_")) if command else None
+    own = SECTIONS.get(command_name(command) or "")
     return schema(*TABLES, *([own] if own else []))
 
 

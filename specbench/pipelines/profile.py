@@ -86,7 +86,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     qs, contexts, tokens_from = checked_points(p)
     repeats, warmup, k = int(p.repeats), int(p.get("warmup", 2)), int(p.get("draft_tokens", 8))
     shapes = tree_shapes(p.get("trees"))
-    out = start_run(cfg, output_dir, FILES)
+    out = start_run(cfg, output_dir, FILES, keys=KEYS)
     eval_rounds = rounds_of(p.run, cfg) if p.get("run") else None  # a wrong directory fails before measuring
 
     from specbench.drafters import build_pool

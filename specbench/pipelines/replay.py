@@ -84,7 +84,7 @@ LATE = 100  # the share on the best arm is also reported from this round index o
 
 
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
-    out = start_run(cfg, output_dir, FILES, "replay")
+    out = start_run(cfg, output_dir, FILES, "replay", KEYS)
     rows, cost_dict = load_traces(cfg.traces, partial=bool(cfg.replay.get("partial")))
     rows = ordered(rows, cfg.replay.get("order") or TRACED)
     costs = costs_of(cfg, cost_dict)

@@ -59,7 +59,7 @@ FILES = RunFiles(results=(*RECORDS.results, TRACES, COSTS))
 
 
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
-    s = Session.open(cfg, output_dir, FILES, "trace")
+    s = Session.open(cfg, output_dir, FILES, "trace", KEYS)
     spec = DecodeSpec(s.sampling, s.limits, s.eos_ids, s.clock, s.cascade)
     check_greedy(spec)
     check_decoder_only(s.target)

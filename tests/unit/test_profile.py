@@ -230,7 +230,7 @@ def composed(*overrides):
 
 def test_profile_config_defaults_and_validation():
     cfg = composed()
-    validate(cfg)
+    validate(cfg, "profile")
     assert list(cfg.profile.q) == [*range(1, 18), 21, 25] and list(cfg.profile.contexts) == [128, 512]
     assert [list(t) for t in cfg.profile.trees] == [[2, 4], [2, 5], [2, 8], [3, 4], [3, 5], [2, 10], [3, 8]]
     assert cfg.profile.repeats == 15 and cfg.run_name == "profile" and cfg.profile.run is None
@@ -241,7 +241,7 @@ def test_profile_config_defaults_and_validation():
         ("profile.repeats=0", "profile.repeats=0: expected an integer >= 1"),
     ]:
         with pytest.raises(SpecbenchError) as exc:
-            validate(composed(override))
+            validate(composed(override), "profile")
         assert line in exc.value.problem, (override, exc.value.problem)
 
 
