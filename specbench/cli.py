@@ -12,7 +12,7 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -105,16 +105,7 @@ def hydra_run(config_name: str, pipeline: str, args: list[str]) -> None:
     import hydra
     from hydra.core.hydra_config import HydraConfig
 
-    from specbench import selection
-    from specbench.decoding import cascade, sampling
-    from specbench.policy import model
-    from specbench.tasks import datasets
-    from specbench.validate import schema, validate
-
-    own = (
-        [model.KEYS] if config_name == "train_policy" else []
-    )  # train-policy's section loads no more than torch
-    light = schema(sampling.KEYS, cascade.KEYS, datasets.KEYS, *own)
+    light = light_check(config_name)
 
     try:
         path = conf_dir()
@@ -127,13 +118,11 @@ def hydra_run(config_name: str, pipeline: str, args: list[str]) -> None:
         with discard_if_unused(Path(out)):
             try:
                 check_experiment_command(HydraConfig.get().runtime.choices.get("experiment"), config_name)
-                validate(cfg, light, locate=selection.TARGETS.get)  # what loads no more than torch, at once
+                light(cfg)  # what loads no more than torch, at once
                 if cfg.get("methods") is not None and cfg.get("pool") is not None:
                     from specbench.pipelines.methods import check_methods
 
-                    check_methods(
-                        cfg
-                    )  # method names against the pool, before the pipeline (transformers) loads
+                    check_methods(cfg)  # method names against the pool, before the pipeline loads
                 module = importlib.import_module(f"specbench.pipelines.{pipeline}")
                 from specbench.pipelines import keys
 
@@ -152,6 +141,21 @@ def hydra_run(config_name: str, pipeline: str, args: list[str]) -> None:
         _fail_or_raise(exc, config_name)
     finally:
         sys.argv = argv
+
+
+def light_check(config_name: str) -> Callable:
+    """What the command line checks before it imports the pipeline: the keys of no class, the tables whose modules
+    load no more than torch (decoding, cascade, dataset; train-policy's own section) and a selector's arguments
+    (its class's signature), so a bad value of one is answered in about a second."""
+    from specbench import selection
+    from specbench.decoding import cascade, sampling
+    from specbench.policy import model
+    from specbench.tasks import datasets
+    from specbench.validate import schema, validate
+
+    own = [model.KEYS] if config_name == "train_policy" else []
+    rules = schema(sampling.KEYS, cascade.KEYS, datasets.KEYS, *own)
+    return lambda cfg: validate(cfg, rules, locate=selection.TARGETS.get)
 
 
 def _fail_or_raise(exc: Exception, config_name: str) -> None:
