@@ -58,23 +58,19 @@ Lenience ranges (the extremes, used by the tests): every rule accepts ``alpha`` 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 
 from specbench.decoding.sampling import SamplingParams, logits_to_probs
 from specbench.decoding.verify import Verdict, verify_sampling
 from specbench.errors import SpecbenchError
-from specbench.validate import Rule, number, text
+from specbench.validate import Rule, check_arguments, declared, number, text
 
 MIXTURE_RULES = ("chow", "diff", "opt", "sequential")
 TOKEN_RULES = ("token_v1", "token_v2", "token_v3")
 RULES = ("none", *MIXTURE_RULES, *TOKEN_RULES, "lossy_sd")
 
-# cascade.*: the deferral rule (a name of RULES, checked where the cascade is built) and its threshold
-KEYS: dict[str, Rule] = {
-    "cascade.rule": text(),
-    "cascade.alpha": number(),
-}
 # alpha that always defers (lossless) and alpha that never defers (keep every draft token)
 ALWAYS = {
     "none": 0.0,
@@ -222,12 +218,14 @@ def verify_greedy_kept(draft: list[int], keep: torch.Tensor, target_logits: torc
 
 @dataclass(frozen=True)
 class Cascade:
-    """A deferral rule and its lenience; ``verify`` replaces lossless verification in the loop."""
+    """A deferral rule and its lenience; ``verify`` replaces lossless verification in the loop. Its fields' types are
+    declared on them (the config's ``cascade.*``); which rule and what range of alpha, here."""
 
-    rule: str = "none"
-    alpha: float = 0.0
+    rule: Annotated[str, text()] = "none"  # a name of RULES
+    alpha: Annotated[float, number()] = 0.0  # its range depends on the rule (ALWAYS, NEVER)
 
     def __post_init__(self):
+        check_arguments(Cascade, vars(self), "cascade")
         if self.rule not in RULES:
             raise SpecbenchError(
                 f"unknown cascade rule '{self.rule}'",
@@ -335,3 +333,7 @@ class Cascade:
             deferred = int(mask.sum())
         target_rows = torch.cat([pi, p[k:]], dim=0)
         return verify_sampling(draft, q, target_rows, rng), deferred
+
+
+# cascade.*: Cascade's fields as it declares them (which rule, and alpha's range for it, Cascade checks itself)
+KEYS: dict[str, Rule] = {f"cascade.{key}": rule for key, rule in declared(Cascade).items()}

@@ -13,7 +13,7 @@ import torch
 from specbench.decoding.cascade import Cascade
 from specbench.decoding.drafter import DecodeContext, Drafter
 from specbench.decoding.rounds import Walk, cascade_with_tree, play_round, round_members, tree_label
-from specbench.decoding.sampling import SamplingParams
+from specbench.decoding.sampling import Limits, SamplingParams
 from specbench.errors import SpecbenchError
 from specbench.models.cache import check_tree_attention
 from specbench.models.target import Target
@@ -32,33 +32,6 @@ __all__ = [
     "round_members",
     "tree_label",
 ]
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_new_tokens: int = 128
-    draft_length: int = 4
-
-    def __post_init__(self):
-        for name, value, key in (
-            ("draft length", self.draft_length, "decoding.draft_length"),
-            ("max_new_tokens", self.max_new_tokens, "decoding.max_new_tokens"),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int):  # 2.9 must not run as 2
-                raise SpecbenchError(
-                    f"{name} must be a whole number of tokens, got {value!r}",
-                    f"set {key} to a positive integer",
-                )
-        if self.draft_length < 1:
-            raise SpecbenchError(
-                f"draft length must be at least 1, got {self.draft_length}",
-                "set decoding.draft_length to 1 or more (use the autoregressive arm for no draft)",
-            )
-        if self.max_new_tokens < 1:
-            raise SpecbenchError(
-                f"max_new_tokens must be at least 1, got {self.max_new_tokens}",
-                "set decoding.max_new_tokens to 1 or more",
-            )
 
 
 @dataclass

@@ -1,33 +1,25 @@
-"""Turning logits into the distributions that drafting and verification use (pure functions)."""
+"""The decoding settings (``decoding.*``: ``SamplingParams``, ``Limits``, each field's rule declared on it) and turning
+logits into the distributions that drafting and verification use (pure functions)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 
-from specbench.errors import SpecbenchError
-from specbench.validate import COUNT, Rule, boolean, integer, list_of, number
+from specbench.validate import COUNT, Rule, boolean, check_arguments, declared, integer, list_of, number
 
 # The smallest positive temperature: logits are divided by it in float32, and below about 1e-38 a
 # logit of order 1 divided by it overflows to inf (softmax then gives nan). Temperatures between 0
 # and this are refused rather than silently treated as greedy: 0 is the way to ask for greedy.
 MIN_TEMPERATURE = 1e-6
 
-# decoding.*: SamplingParams' three, and the loop's limits (DecodeSpec, built from the same section)
-KEYS: dict[str, Rule] = {
-    "decoding.temperature": Rule(
-        lambda v: number(0).ok(v) and (v == 0 or v >= MIN_TEMPERATURE),
-        f"a finite number >= 0: 0 (greedy) or at least {MIN_TEMPERATURE:g}",
-        note=f" (below {MIN_TEMPERATURE:g} the scaled logits overflow float32)",
-    ),
-    "decoding.top_k": integer(0, note=" (0: off)"),
-    "decoding.top_p": number(0, 1, low_open=True),
-    "decoding.max_new_tokens": COUNT,
-    "decoding.draft_length": integer(1, note=" (tokens drafted per round)"),
-    "decoding.extra_eos_ids": list_of(integer(0), null=True),
-    "decoding.fit_context": boolean(),
-}
+TEMPERATURE = Rule(
+    lambda v: number(0).ok(v) and (v == 0 or v >= MIN_TEMPERATURE),
+    f"a finite number >= 0: 0 (greedy) or at least {MIN_TEMPERATURE:g}",
+    note=f" (below {MIN_TEMPERATURE:g} the scaled logits overflow float32)",
+)
 
 
 @dataclass(frozen=True)
@@ -35,33 +27,41 @@ class SamplingParams:
     """``temperature == 0`` means greedy decoding; top-k/top-p apply to sampling only.
 
     A positive temperature must be at least :data:`MIN_TEMPERATURE` (1e-6): a smaller one overflows
-    float32 when the logits are divided by it, so it is refused (``SpecbenchError``).
+    float32 when the logits are divided by it, so it is refused (``SpecbenchError``), as every field whose rule
+    (declared on it, the config's ``decoding.<field>`` too) a value breaks.
     """
 
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
+    temperature: Annotated[float, TEMPERATURE] = 0.0
+    top_k: Annotated[int, integer(0, note=" (0: off)")] = 0
+    top_p: Annotated[float, number(0, 1, low_open=True)] = 1.0
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise SpecbenchError(
-                f"temperature must be >= 0, got {self.temperature}",
-                "set decoding.temperature to 0 (greedy) or a positive value",
-            )
-        if 0 < self.temperature < MIN_TEMPERATURE:
-            raise SpecbenchError(
-                f"temperature {self.temperature:g} is below the smallest positive temperature, "
-                f"{MIN_TEMPERATURE:g} (logits divided by it overflow float32)",
-                f"set decoding.temperature=0 for greedy decoding, or a value >= {MIN_TEMPERATURE:g}",
-            )
-        if self.top_k < 0:
-            raise SpecbenchError(f"top_k must be >= 0 (0 = off), got {self.top_k}", "set decoding.top_k")
-        if not 0.0 < self.top_p <= 1.0:
-            raise SpecbenchError(f"top_p must be in (0, 1], got {self.top_p}", "set decoding.top_p")
+        check_arguments(SamplingParams, vars(self), "decoding")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How long a generation runs and how many tokens a round drafts at most (its drafter's own length may be less);
+    a value its field's rule refuses is a ``SpecbenchError`` (2.9 must not run as 2)."""
+
+    max_new_tokens: Annotated[int, COUNT] = 128
+    draft_length: Annotated[int, integer(1, note=" (tokens drafted per round)")] = 4
+
+    def __post_init__(self):
+        check_arguments(Limits, vars(self), "decoding")
+
+
+# decoding.*: the fields of SamplingParams and Limits (DecodeSpec, built from the same section) as they declare them,
+# and the eos ids and context fit of the spec the session builds from it
+KEYS: dict[str, Rule] = {
+    **{f"decoding.{key}": rule for cls in (SamplingParams, Limits) for key, rule in declared(cls).items()},
+    "decoding.extra_eos_ids": list_of(integer(0), null=True),
+    "decoding.fit_context": boolean(),
+}
 
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

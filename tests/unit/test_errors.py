@@ -27,9 +27,9 @@ def test_error_carries_problem_and_fix():
 @pytest.mark.parametrize(
     "kwargs, words",
     [
-        ({"draft_length": 0}, "draft length"),
-        ({"draft_length": -3}, "draft length"),
-        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"draft_length": 0}, "decoding.draft_length=0: expected an integer >= 1"),
+        ({"draft_length": -3}, "decoding.draft_length=-3: expected an integer >= 1"),
+        ({"max_new_tokens": 0}, "decoding.max_new_tokens=0: expected an integer >= 1"),
     ],
 )
 def test_limits_reject_non_positive_values(kwargs, words):
