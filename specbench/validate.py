@@ -211,15 +211,27 @@ def check_arguments(fn: Callable, arguments: Mapping, at: str) -> None:
     in ``__post_init__``, at the cost of a few microseconds)."""
     if isinstance(arguments, DictConfig):
         arguments = OmegaConf.to_container(arguments, resolve=True)
-    problems, fixes = [], []
-    for pattern, rule in _declared(fn).items():
-        for key, value in _pick(arguments, pattern.split(".")):
-            if not rule.ok(value):
-                problems.append(f"{at}.{key}={_show(value)}: expected {rule.expected}{rule.note}")
-                fixes.append(f"{at}.{key}=<{rule.expected}>")
-    if problems:
+    _report(
+        [
+            _refusal(f"{at}.{key}", value, rule)
+            for pattern, rule in _declared(fn).items()
+            for key, value in _pick(arguments, pattern.split("."))
+            if not rule.ok(value)
+        ]
+    )
+
+
+def _refusal(key: str, value, rule: Rule) -> tuple[str, str]:
+    """The error line and the fix of a value its rule refuses."""
+    return f"{key}={_show(value)}: expected {rule.expected}{rule.note}", f"{key}=<{rule.expected}>"
+
+
+def _report(refused: list[tuple[str, str]]) -> None:
+    """One ``SpecbenchError`` for every ``(problem, fix)`` of ``refused``, if any."""
+    if refused:
         raise SpecbenchError(
-            "\n       ".join(problems), "set " + " ".join(fixes) + " (on the command line or in the config)"
+            "\n       ".join(p for p, _ in refused),
+            "set " + " ".join(f for _, f in refused) + " (on the command line or in the config)",
         )
 
 
@@ -268,12 +280,10 @@ def validate(
             fixes.append(f"{key}=<{rule.expected}>")
             continue
         if not rule.ok(value):
-            problems.append(f"{key}={_show(value)}: expected {rule.expected}{rule.note}")
-            fixes.append(f"{key}=<{rule.expected}>")
-    if problems:
-        raise SpecbenchError(
-            "\n       ".join(problems), "set " + " ".join(fixes) + " (on the command line or in the config)"
-        )
+            problem, fix = _refusal(key, value, rule)
+            problems.append(problem)
+            fixes.append(fix)
+    _report(list(zip(problems, fixes)))
 
 
 def typed(
