@@ -83,6 +83,8 @@ FLAG = 0.10  # a method whose predicted seconds per token are off the live ones 
 # the calibration column of replay / live seconds over the rounds before each generation's first fork
 PREFIX = "rounds before fork: replay / live"
 SWITCHING = "switching before fork: replay / live"  # the drafters' catch-up seconds of those rounds
+# the leading rounds that equal the replay's (arm, drafted, accepted): there the clock alone differs
+EQUAL = "equal rounds: replay / live"
 
 
 # every verdict's fields (the reproduction report reads them back: load_verdicts)
@@ -558,6 +560,9 @@ class Tally:
         self.switching: dict[str, list[float]] = {}
         # method -> its generation with the lowest before-fork factor, and that factor
         self.lowest: dict[str, tuple[float, str]] = {}
+        self.same: dict[
+            str, list[float]
+        ] = {}  # method -> [replay s, live s, tokens] of its leading equal rounds
         # method -> [trace's prefill s, live s outside rounds, queries]
         self.outside: dict[str, list[float]] = {}
         self.forks: list[int | None] = []
@@ -593,6 +598,10 @@ class Tally:
         if rt and lt and ls > 0:
             factor = (rs / rt) / (ls / lt)
             self.lowest[method] = min(self.lowest.get(method, (math.inf, "")), (factor, e["query_id"]))
+        n = same_rounds(theirs, mine)
+        same = self.same.setdefault(method, [0.0, 0.0, 0.0])
+        for i, x in enumerate((round_seconds(mine[:n])[0], *round_seconds(theirs[:n]))):
+            same[i] += x
         switching = self.switching.setdefault(method, [0.0, 0.0])
         for i, rounds in enumerate((mine, theirs)):
             switching[i] += sum(
@@ -632,6 +641,8 @@ class Tally:
                     "tokens before fork": int(live_tokens_pre),
                     PREFIX: pre_ratio,
                     SWITCHING: switch_replay / switch_live if switch_live > 0 else math.nan,
+                    EQUAL: self.same[method][0] / self.same[method][1] if self.same[method][1] else math.nan,
+                    "tokens of equal rounds": int(self.same[method][2]),
                     "lowest generation before fork": "{:.3f} ({})".format(*self.lowest[method])
                     if method in self.lowest
                     else "",
@@ -662,6 +673,16 @@ def before_fork(rounds: list, fork: int | None) -> list:
             break
         out.append(r)
     return out
+
+
+def same_rounds(live: list[dict], replayed: list) -> int:
+    """How many leading rounds of a live generation equal the replay's: same arm, drafted and accepted tokens."""
+    n = 0
+    for a, b in zip(live, replayed):
+        if (a["arm"], a["drafted"], a["accepted"]) != (b.arm, b.drafted, b.accepted):
+            break
+        n += 1
+    return n
 
 
 def round_seconds(rounds: list) -> tuple[float, int]:
@@ -992,8 +1013,12 @@ def calibration_section(trace_run: Path, live: Path, cal=None, error: float = ma
         f"`{PREFIX}` compares only the rounds before the generation's first fork (`tokens before fork` of them), "
         "where both sides decode the traced text, so only the clock differs; `switching before fork` is the part "
         "of those rounds' seconds that the drafters' catch-up after a switch takes (the trace's catch-up curve "
-        "against the live run's), and `lowest generation` the one generation whose before-fork factor is lowest "
-        "(one slow live generation moves its method's factor); `outside rounds` compares the trace's "
+        "against the live run's), and `lowest generation` the one generation whose before-fork factor is lowest; "
+        f"`{EQUAL}` compares only the leading rounds that equal the replay's (same arm, drafted and accepted "
+        "tokens: `tokens of equal rounds` of them), where nothing but the clock can differ. Before the fork the "
+        "two can still part: the heads' bf16 rewards round differently from the trace's, a selector that reads "
+        "them may choose another arm, and the rounds that follow differ (the before-fork factor carries that, "
+        "the equal-rounds one does not); `outside rounds` compares the trace's "
         "prefill with the live seconds outside the rounds (prefill and the loop's set-up, the same for every "
         "method). The forked texts' differences are per-query variation, which the verdicts' intervals over the "
         "traced queries already carry; the clock's own error is the spread of the before-fork factors.",
@@ -1007,6 +1032,13 @@ def calibration_section(trace_run: Path, live: Path, cal=None, error: float = ma
             "threshold is **inconclusive** (the clock could have made it), whatever its interval says.",
             "",
         ]
+        if EQUAL in cal and cal[EQUAL].notna().sum() > 1:
+            low, high = cal[EQUAL].min(), cal[EQUAL].max()
+            lines += [
+                f"That error is conservative: it also holds the selectors' own parting before the fork. Over the "
+                f"equal rounds alone the factors lie between {low:.3f} and {high:.3f}.",
+                "",
+            ]
     return lines + ranking_lines(cal)
 
 

@@ -972,6 +972,27 @@ def test_the_clocks_error_comes_from_the_rounds_before_the_first_fork():
     )  # one: no spread
 
 
+def test_the_clock_alone_is_read_on_the_rounds_that_equal_the_replays():
+    """Before the fork a selector may still part from its replay (bf16 rewards round differently, another arm is
+    chosen): the rounds from there differ, so the clock alone is read on the leading rounds with the same arm,
+    drafted and accepted tokens."""
+    from specbench.records import Round
+    from specbench.reproduction.long_horizon import same_rounds
+
+    live = [{"arm": a, "drafted": 4, "accepted": k} for a, k in (("x", 2), ("y", 0), ("x", 4))]
+
+    def replayed(*rounds):
+        return [
+            Round(i, a, 4, k, 4, 0.5, 0.5, k + 1, 0.0, 0.0, 0.03, 0.0, False)
+            for i, (a, k) in enumerate(rounds)
+        ]
+
+    assert same_rounds(live, replayed(("x", 2), ("y", 0), ("x", 4))) == 3
+    assert same_rounds(live, replayed(("x", 2), ("x", 3), ("x", 4))) == 1  # parted at the second round
+    assert same_rounds(live, replayed(("x", 1))) == 0
+    assert same_rounds(live, []) == 0
+
+
 def test_a_cascade_is_at_the_targets_quality_by_a_paired_non_inferiority_test(tmp_path):
     """Issue 43: on seeded synthetic per-query ROUGE-2, a cascade point whose quality equals the target's up to noise
     of SD's size passes (its paired interval lies above minus lossless SD's scatter); one that loses 3 points a query
