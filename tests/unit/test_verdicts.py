@@ -1155,3 +1155,23 @@ def test_policy_rows_show_which_arm_each_query_played(tmp_path):
     policy = table[table.drafter == "policy"][col].item()
     assert policy == "eagle_translation 12, autoregressive 4 / eagle_summarization 12, autoregressive 4"
     assert (table[table.drafter != "policy"][col] == "").all()
+
+
+def test_the_seed_pool_section_names_its_measured_cause():
+    """Issue 43: a seed claim that is not held says why on its page, from the numbers its table shows."""
+    from specbench.reproduction.long_horizon import seed_pool_cause
+
+    st = pd.DataFrame(
+        {
+            "method": ["fixed:a", "fixed:b", "ucb-bd", "ucb-bd-carry"],
+            "speedup": [1.007, 0.843, 0.944, 0.994],
+            "best share": [math.nan, math.nan, 0.237, 0.324],
+            "switches / query": [0.0, 0.0, 140.2, 62.7],
+            "rounds / query": [138.4, 169.0, 146.0, 139.6],
+        }
+    )
+    text = seed_pool_cause(st)
+    assert "the 2 heads run within 0.843-1.007x" in text
+    assert "switches drafters on 140 of its 146 rounds" in text and "on 24% of them" in text
+    assert "switches 63 times a query and runs at 0.994x" in text
+    assert seed_pool_cause(st[st.method != "ucb-bd"]) == ""
