@@ -237,6 +237,7 @@ def _report(refused: list[tuple[str, str]]) -> None:
 
 @functools.cache
 def _declared(fn: Callable) -> dict[str, Rule]:
+    """``declared``, read once per class or builder (its type hints are evaluated on each call)."""
     return declared(fn)
 
 
@@ -301,7 +302,7 @@ def typed(
             fn = locate(target)
         except ImportError:  # a _target_ that does not import: instantiate names it, where it is built
             continue
-        for name, rule in declared(fn).items() if fn is not None else ():
+        for name, rule in _declared(fn).items() if fn is not None else ():
             for key in _expand(cfg, f"{at}.{name}" if at else name):
                 yield key, rule
 

@@ -8,12 +8,11 @@ pipeline's door (``start_run``) checks the same with its own section."""
 
 from __future__ import annotations
 
-from hydra.utils import get_object
 from omegaconf import DictConfig
 
 from specbench.pipelines import collect, profile, replay, trace
-from specbench.pipelines.session.tables import COMMANDS, TABLES, command_name
-from specbench.validate import Rule, schema, validate
+from specbench.pipelines.session.tables import COMMANDS, check_config, command_name, rules
+from specbench.validate import Rule
 
 # each command's own section, by command (its config's name)
 SECTIONS = {
@@ -28,10 +27,9 @@ SECTIONS = {
 def every_key(command: str | None = None) -> dict[str, Rule]:
     """Each typed key pattern of ``command`` (a config name or the command's spelling, ``train-policy``; None: the
     keys every command shares). The ``_target_`` classes' own keys are read per config."""
-    own = SECTIONS.get(command_name(command) or "")
-    return schema(*TABLES, *([own] if own else []))
+    return rules(SECTIONS.get(command_name(command) or ""))
 
 
 def check(cfg: DictConfig, command: str | None = None) -> None:
     """``validate`` a composed config of ``command`` against its typed keys, the ``_target_`` classes' included."""
-    validate(cfg, every_key(command), locate=get_object)
+    check_config(cfg, SECTIONS.get(command_name(command) or ""))

@@ -21,8 +21,9 @@ from omegaconf import OmegaConf
 
 from specbench.configs import conf_dir, group_options
 from specbench.errors import SpecbenchError
-from specbench.pipelines.keys import SECTIONS, TABLES, check, every_key
+from specbench.pipelines.keys import SECTIONS, check, every_key
 from specbench.pipelines.methods import make_selector
+from specbench.pipelines.session.tables import TABLES
 from specbench.policy.model import TrainConfig
 from specbench.selection import TARGETS, UCB
 from specbench.validate import SCHEMA, Rule, declared, integer, schema, typed
@@ -104,7 +105,7 @@ def test_every_yaml_key_has_a_typed_home(case):
     assert not missing, (
         f"{_id(case)}: no rule types {', '.join(missing)}: annotate the argument in the signature of the "
         "class its _target_ names (Annotated[type, rule]), add it to the KEYS table of the module that reads "
-        "it (pipelines.keys.TABLES), or to validate.SCHEMA if no class reads it"
+        "it (pipelines/session/tables.py or pipelines/keys.py), or to validate.SCHEMA if no class reads it"
     )
 
 

@@ -39,7 +39,12 @@ def command_name(command: str | None) -> str | None:
     return str(command).replace("-", "_") if command else None
 
 
+def rules(own: Mapping[str, Rule] | None = None) -> dict[str, Rule]:
+    """The shared tables' key patterns, and ``own`` (a command's section)."""
+    return schema(*TABLES, *([own] if own else []))
+
+
 def check_config(cfg: DictConfig, own: Mapping[str, Rule] | None = None) -> None:
     """``validate`` ``cfg`` against the shared tables and ``own`` (the command's section), the keys each
     ``_target_`` class declares included."""
-    validate(cfg, schema(*TABLES, *([own] if own else [])), locate=get_object)
+    validate(cfg, rules(own), locate=get_object)
