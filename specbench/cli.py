@@ -144,18 +144,29 @@ def hydra_run(config_name: str, pipeline: str, args: list[str]) -> None:
 
 
 def light_check(config_name: str) -> Callable:
-    """What the command line checks before it imports the pipeline: the keys of no class, the tables whose modules
-    load no more than torch (decoding, cascade, dataset; train-policy's own section) and a selector's arguments
-    (its class's signature), so a bad value of one is answered in about a second."""
+    """What the command line checks before it imports the pipeline: the keys of no class, the sections whose modules
+    load no more than torch (decoding, cascade, dataset; a light command's own, ``LIGHT_SECTIONS``) and a selector's
+    arguments (its class's signature), so a bad value of one is answered in about a second."""
     from specbench import selection
-    from specbench.decoding import cascade, sampling
-    from specbench.policy import model
-    from specbench.tasks import datasets
-    from specbench.validate import schema, validate
+    from specbench.decoding.cascade import Cascade
+    from specbench.decoding.sampling import DECODING
+    from specbench.tasks.datasets import DatasetSettings
+    from specbench.validate import schema, tables, validate
 
-    own = [model.KEYS] if config_name == "train_policy" else []
-    rules = schema(sampling.KEYS, cascade.KEYS, datasets.KEYS, *own)
+    light = {"decoding": DECODING, "cascade": (Cascade,), "dataset": (DatasetSettings,)}
+    own = LIGHT_SECTIONS.get(config_name)
+    rules = schema(*tables(light), *tables(own() if own else {}))
     return lambda cfg: validate(cfg, rules, locate=selection.TARGETS.get)
+
+
+def _policy_sections():
+    from specbench.policy import model
+
+    return model.SECTIONS
+
+
+# the commands whose own sections are declared in modules that load no more than torch, by config name
+LIGHT_SECTIONS: dict[str, Callable] = {"train_policy": _policy_sections}
 
 
 def _fail_or_raise(exc: Exception, config_name: str) -> None:

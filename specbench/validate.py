@@ -4,9 +4,9 @@
 does not have is skipped), the keys that the class or builder of each ``_target_`` node declares in its signature
 (``declared``: ``beta: Annotated[float, number(0)] = 1.0``), and every value left as ``???``, and raises one
 ``SpecbenchError`` naming each bad key, its value and what it takes. The rules are the ``Rule`` helpers here;
-``schema(*tables)`` joins ``SCHEMA`` (the keys that belong to no class) with the ``KEYS`` tables of the modules
-that read settings (decoding, the target, datasets, the training recipes, the commands' own sections);
-``specbench.pipelines.keys`` holds every command's. A test composes every config and fails on a key nothing types.
+a config section's keys are the fields of the dataclasses declared beside the code that reads it (``section``:
+decoding, the target, datasets, the training recipes, the commands' own sections), and ``schema(*tables)`` joins
+them with ``SCHEMA`` (the keys that belong to no class); ``specbench.pipelines.keys`` holds every command's. A test composes every config and fails on a key nothing types.
 Only types and ranges live here; which names are valid (a drafter arm, a cascade rule, an alignment metric) is
 checked by the code that uses them.
 """
@@ -124,9 +124,9 @@ SEED = integer(0)
 COUNT = integer(1)
 PATH = text(null=True)
 
-# Keys that belong to no class: the commands' shared settings, paths and lists of names. The settings a module
-# reads live in a ``KEYS`` table beside it, and the arguments of a class or builder a config names by ``_target_``
-# in its own signature (``declared``); ``specbench.pipelines.keys`` joins them for every command.
+# Keys that belong to no class: the commands' shared settings, paths and lists of names. A section a module reads
+# is declared by its dataclasses beside it (``section``), and the arguments of a class or builder a config names by
+# ``_target_`` in its own signature (``declared``); ``specbench.pipelines.keys`` joins them for every command.
 SCHEMA: dict[str, Rule] = {
     "selector.name": text(),  # the method's name in the tables (taken off before the selector is built)
     "seed": SEED,
@@ -163,7 +163,7 @@ SCHEMA: dict[str, Rule] = {
 
 
 def schema(*tables: Mapping[str, Rule]) -> dict[str, Rule]:
-    """``SCHEMA`` joined with ``tables`` (each a module's ``KEYS``). A key has one home: a pattern in two tables is an
+    """``SCHEMA`` joined with ``tables`` (each a section's, ``section``). A key has one home: a pattern in two tables is an
     error (the second would silently replace the first's rule)."""
     full = dict(SCHEMA)
     for table in tables:
@@ -195,6 +195,32 @@ def declared(fn: Callable) -> dict[str, Rule]:
                 if isinstance(rule, Rule):
                     keys.update(_flatten(name, rule))
     return keys
+
+
+def section(at: str, *classes: type) -> dict[str, Rule]:
+    """The key patterns of the config section ``at`` (``""``: the top level) as ``classes`` declare them: each a
+    dataclass whose fields are the section's keys (``Annotated[type, rule]``), the schema of the YAML that holds
+    the section's defaults (conf/<group>/), as a structured config is Hydra's."""
+    return {f"{at}.{key}" if at else key: rule for cls in classes for key, rule in declared(cls).items()}
+
+
+# config sections by where they sit in a config ("": the top level), each with the dataclasses that declare its keys
+Sections = Mapping[str, tuple[type, ...]]
+
+
+def tables(sections: Sections) -> list[dict[str, Rule]]:
+    """Each section's key patterns (``section``), for ``schema`` to join (a key typed twice is refused there)."""
+    return [section(at, *classes) for at, classes in sections.items()]
+
+
+def nested(cls: type, null: bool = False, note: str = "", expect: str = "a mapping") -> Rule:
+    """A mapping whose own keys the dataclass ``cls`` declares (a sub-section: target.prompt, a dataset's source)."""
+    return mapping(null=null, note=note, expect=expect, keys=declared(cls))
+
+
+def each(item: Rule, null: bool = False, note: str = "", expect: str = "a mapping") -> Rule:
+    """A mapping of any keys to values that ``item`` types (``*``): template sets, tolerances per dtype."""
+    return mapping(null=null, note=note, expect=expect, keys={"*": item})
 
 
 def _flatten(name: str, rule: Rule) -> dict[str, Rule]:

@@ -65,7 +65,7 @@ import torch
 from specbench.decoding.sampling import SamplingParams, logits_to_probs
 from specbench.decoding.verify import Verdict, verify_sampling
 from specbench.errors import SpecbenchError
-from specbench.validate import Rule, check_arguments, declared, number, text
+from specbench.validate import check_arguments, number, text
 
 MIXTURE_RULES = ("chow", "diff", "opt", "sequential")
 TOKEN_RULES = ("token_v1", "token_v2", "token_v3")
@@ -333,7 +333,3 @@ class Cascade:
             deferred = int(mask.sum())
         target_rows = torch.cat([pi, p[k:]], dim=0)
         return verify_sampling(draft, q, target_rows, rng), deferred
-
-
-# cascade.*: Cascade's fields as it declares them (which rule, and alpha's range for it, Cascade checks itself)
-KEYS: dict[str, Rule] = {f"cascade.{key}": rule for key, rule in declared(Cascade).items()}

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import torch
 
-from specbench.validate import COUNT, Rule, boolean, check_arguments, declared, integer, list_of, number
+from specbench.validate import COUNT, Rule, boolean, check_arguments, integer, list_of, number
 
 # The smallest positive temperature: logits are divided by it in float32, and below about 1e-38 a
 # logit of order 1 divided by it overflows to inf (softmax then gives nan). Temperatures between 0
@@ -55,13 +55,16 @@ class Limits:
         check_arguments(Limits, vars(self), "decoding")
 
 
-# decoding.*: the fields of SamplingParams and Limits (DecodeSpec, built from the same section) as they declare them,
-# and the eos ids and context fit of the spec the session builds from it
-KEYS: dict[str, Rule] = {
-    **{f"decoding.{key}": rule for cls in (SamplingParams, Limits) for key, rule in declared(cls).items()},
-    "decoding.extra_eos_ids": list_of(integer(0), null=True),
-    "decoding.fit_context": boolean(),
-}
+@dataclass(frozen=True, kw_only=True)
+class SpecOptions:
+    """decoding.*'s keys beside SamplingParams' and Limits' fields (DecodeSpec, built from the same section): the eos
+    ids and the context fit of the spec the session builds from it."""
+
+    extra_eos_ids: Annotated[list[int] | None, list_of(integer(0), null=True)]
+    fit_context: Annotated[bool, boolean()]
+
+
+DECODING = (SamplingParams, Limits, SpecOptions)  # the classes that declare decoding.*
 
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

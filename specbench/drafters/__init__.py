@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated
 
 from hydra.errors import InstantiationException
 from hydra.utils import get_object, instantiate
@@ -12,20 +14,34 @@ from specbench.decoding.drafter import AUTOREGRESSIVE, AutoregressiveArm, Draft,
 from specbench.drafters.base import ModelDrafter
 from specbench.errors import SpecbenchError
 from specbench.profiling import MEASURED, load_profile, measured_cost
-from specbench.validate import Rule, integer, mapping, number, validate
+from specbench.validate import Rule, each, integer, nested, number, section, validate
 
-# pool.drafters.<name>.*: the two keys build_pool reads itself (draft_length, cost: measured); each builder's own
-# arguments are declared in its signature (validate.declared; the shared ones in drafters/base.py)
-KEYS: dict[str, Rule] = {
-    "pool.drafters": mapping(null=True, note=" (drafter name -> its config; null: no drafter)"),
-    "pool.drafters.*.draft_length": integer(1, null=True, note=" (null: decoding.draft_length)"),
-    "pool.drafters.*.cost": Rule(
-        lambda v: v == MEASURED or number(0).ok(v),
-        f"a finite number >= 0 or {MEASURED}",
-        null=True,
-        note=" (c_draft; null: the kind's own estimate; measured: profile_path's)",
-    ),
-}
+# (a rule whose test reads module names sits outside the annotation: get_type_hints evaluates it in the class's scope)
+COST = Rule(
+    lambda v: v == MEASURED or number(0).ok(v),
+    f"a finite number >= 0 or {MEASURED}",
+    null=True,
+    note=" (c_draft; null: the kind's own estimate; measured: profile_path's)",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolEntry:
+    """pool.drafters.<name>.*: the two keys build_pool reads itself; each builder's own arguments are declared in
+    its signature (validate.declared; the shared ones in drafters/base.py)."""
+
+    draft_length: Annotated[int | None, integer(1, null=True, note=" (null: decoding.draft_length)")]
+    cost: Annotated[float | str | None, COST]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolSettings:
+    """pool.*: the drafters by name (null: none), each composed from conf/drafter/."""
+
+    drafters: Annotated[
+        dict[str, PoolEntry] | None,
+        each(nested(PoolEntry, null=True), null=True, note=" (drafter name -> its config; null: no drafter)"),
+    ]
 
 
 def build_pool(target, drafters: Mapping, profile=None, measuring: bool = False) -> dict[str, Drafter]:
@@ -51,7 +67,11 @@ def build_pool(target, drafters: Mapping, profile=None, measuring: bool = False)
                 "compose it from conf/drafter/ (e.g. /drafter@drafters.NAME: quantized)",
             )
         values = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
-        validate(OmegaConf.create({"pool": {"drafters": {name: values}}}), KEYS, locate=get_object)
+        validate(
+            OmegaConf.create({"pool": {"drafters": {name: values}}}),
+            section("pool", PoolSettings),
+            get_object,
+        )
         draft_length = cfg.get("draft_length")
         if "draft_length" in cfg:  # the loop's setting, not the builder's: set on the built drafter
             cfg = {k: cfg[k] for k in cfg if k != "draft_length"}

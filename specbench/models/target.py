@@ -10,46 +10,71 @@ bonus position). An autoregressive step is ``score([])``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Annotated, Protocol
 
 import torch
 
 from specbench.errors import SpecbenchError
 from specbench.models.cache import CachedLM
 from specbench.models.loading import LoadedModel
-from specbench.validate import MAX_TIE_TOLERANCE, Rule, integer, list_of, mapping, number, text
+from specbench.validate import MAX_TIE_TOLERANCE, each, integer, list_of, nested, number, text
 
-# target.* (conf/target/): what the session opens the target with (pipelines/session: load_inputs, Context,
-# the tie tolerance), and the template sets target.prompt.templates picks from (conf/templates/)
-KEYS: dict[str, Rule] = {
-    "target.model": text(),
-    "target.dtype": text(null=True),
-    "target.device": text(null=True),
-    "target.layers_key": text(),  # the model-config field holding the layer count (early exits)
-    "target.final_norm": text(),  # the final norm's module path (early exits read layer states through it)
-    "target.head_scale": number(low=0, low_open=True),
-    "target.context_keys": list_of(text()),  # model-config fields holding the context length ([]: none, T5)
-    "target.context_limit": integer(
-        1, null=True, note=" (positions, for models whose config sets no hard limit)"
-    ),
+
+@dataclass(frozen=True, kw_only=True)
+class PromptSettings:
+    """target.prompt.*: how a query becomes the model's input (tasks.Prompter)."""
+
+    style: Annotated[str, text()]
+    templates: Annotated[str, text()]  # a template set of conf/templates/ (TemplateSets)
+    system: Annotated[str | None, text(null=True)]
+    chat_template: Annotated[str | None, text(null=True)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TargetSettings:
+    """target.* (conf/target/, which holds the defaults): what the session opens the target with (pipelines/session:
+    load_inputs, Context, the tie tolerance)."""
+
+    model: Annotated[str, text()]
+    dtype: Annotated[str | None, text(null=True)]
+    device: Annotated[str | None, text(null=True)]
+    layers_key: Annotated[str, text()]  # the model-config field holding the layer count (early exits)
+    final_norm: Annotated[
+        str, text()
+    ]  # the final norm's module path (early exits read layer states through it)
+    head_scale: Annotated[float, number(low=0, low_open=True)]
+    context_keys: Annotated[
+        list[str], list_of(text())
+    ]  # model-config fields holding the context length ([]: T5)
+    context_limit: Annotated[
+        int | None, integer(1, null=True, note=" (positions, for models whose config sets no hard limit)")
+    ]
     # the largest logit gap a bf16/fp32 rounding can make, per dtype: forks within it are ties, beyond it defects
-    "target.tie_tolerance": mapping(
-        null=True, note=" (e.g. {float32: 1.0e-4, bfloat16: 1.0})", expect="a mapping of dtype to tolerance"
-    ),
-    "target.tie_tolerance.*": number(
-        0,
-        MAX_TIE_TOLERANCE,
-        low_open=True,
-        null=True,
-        note=" (logit units; `specbench profile` measures it: about 1 in bf16, 1e-4 in "
-        "fp32; a larger one would call real defects ties)",
-    ),
-    "target.prompt.style": text(),
-    "target.prompt.templates": text(),
-    "target.prompt.system": text(null=True),
-    "target.prompt.chat_template": text(null=True),
-    "templates.*.*": text(),  # a template set's template per task kind (conf/templates/default.yaml)
-}
+    tie_tolerance: Annotated[
+        dict[str, float] | None,
+        each(
+            number(
+                0,
+                MAX_TIE_TOLERANCE,
+                low_open=True,
+                null=True,
+                note=" (logit units; `specbench profile` measures it: about 1 in bf16, 1e-4 in "
+                "fp32; a larger one would call real defects ties)",
+            ),
+            null=True,
+            note=" (e.g. {float32: 1.0e-4, bfloat16: 1.0})",
+            expect="a mapping of dtype to tolerance",
+        ),
+    ]
+    prompt: Annotated[PromptSettings, nested(PromptSettings)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TemplateSets:
+    """templates.*.* (conf/templates/): the template sets target.prompt.templates picks from, a template per task
+    kind."""
+
+    templates: Annotated[dict[str, dict[str, str]], each(each(text()))]
 
 
 class TreeShape(Protocol):

@@ -28,8 +28,9 @@ every ``rows*.jsonl`` of a directory; a query id in two directories is refused, 
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Annotated
 
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
@@ -45,19 +46,30 @@ from specbench.pipelines.session.schedule import rotation
 from specbench.pipelines.traced import TracedRuns
 from specbench.records import JsonlWriter, read_jsonl
 from specbench.tasks import metrics
-from specbench.validate import COUNT, Rule, boolean, integer, text
+from specbench.validate import COUNT, boolean, integer, text
 
-# collect.* and embedding.* (conf/collect.yaml)
-KEYS: dict[str, Rule] = {
-    "collect.max_new_tokens": integer(1, null=True, note=" (null: decoding.max_new_tokens)"),
-    "collect.alignment": text(),  # a name of ALIGNMENTS
-    "collect.measure_speculative": boolean(),
-    "collect.trace": text(null=True),
-    "collect.shard": integer(0),
-    "collect.num_shards": COUNT,
-    "collect.overwrite": boolean(),
-    "embedding.pooling": text(),  # Target.embed's: mean | last
-}
+
+@dataclass(frozen=True, kw_only=True)
+class CollectSettings:
+    """collect.* (conf/collect.yaml holds the defaults)."""
+
+    max_new_tokens: Annotated[int | None, integer(1, null=True, note=" (null: decoding.max_new_tokens)")]
+    alignment: Annotated[str, text()]  # a name of ALIGNMENTS
+    measure_speculative: Annotated[bool, boolean()]
+    trace: Annotated[str | None, text(null=True)]
+    shard: Annotated[int, integer(0)]
+    num_shards: Annotated[int, COUNT]
+    overwrite: Annotated[bool, boolean()]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Embedding:
+    """embedding.*: how a query's embedding is pooled (Target.embed's: mean | last)."""
+
+    pooling: Annotated[str, text()]
+
+
+SECTIONS: dict[str, tuple[type, ...]] = {"collect": (CollectSettings,), "embedding": (Embedding,)}
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +223,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     col = cfg.collect
     check_options(col)
     shard, num_shards = int(col.shard), int(col.num_shards)
-    s = Session.open(cfg, output_dir, RUN_FILES, "collect", KEYS)
+    s = Session.open(cfg, output_dir, RUN_FILES, "collect", SECTIONS)
     write_plan(s.out, len(s.queries))
     limits = Limits(
         max_new_tokens=col.max_new_tokens or s.limits.max_new_tokens, draft_length=s.limits.draft_length

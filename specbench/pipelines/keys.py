@@ -1,8 +1,8 @@
 """Every command's typed keys, joined where the commands live: ``validate.SCHEMA`` (the keys no class reads), the
-shared settings tables (``session.tables``: decoding, cascade, the pool's own two, the target, datasets), each
-command's own section (``SECTIONS``: the two training commands' ``train.*`` mean different things; ``collect.*``,
-``profile.*``, ``trace.*``, ``replay.*`` beside the pipelines that read them), and, through each node's
-``_target_``, the arguments each selector class and drafter builder declares in its signature
+shared sections (``session.tables``: decoding, cascade, the pool's own two, the target, datasets), each command's
+own sections (``SECTIONS``: the two training commands' ``train.*`` mean different things; ``collect.*``,
+``profile.*``, ``trace.*``, ``replay.*`` declared by dataclasses beside the pipelines that read them), and, through
+each node's ``_target_``, the arguments each selector class and drafter builder declares in its signature
 (``validate.declared``). What the command line, the reproduction plan and the tests check a config against; a
 pipeline's door (``start_run``) checks the same with its own section."""
 
@@ -12,15 +12,15 @@ from omegaconf import DictConfig
 
 from specbench.pipelines import collect, profile, replay, trace
 from specbench.pipelines.session.tables import COMMANDS, check_config, command_name, rules
-from specbench.validate import Rule
+from specbench.validate import Rule, Sections
 
 # each command's own section, by command (its config's name)
-SECTIONS = {
+SECTIONS: dict[str, Sections] = {
     **COMMANDS,
-    "collect": collect.KEYS,  # collect.*, embedding.*
-    "profile": profile.KEYS,  # profile.*
-    "trace": trace.KEYS,  # trace.*
-    "replay": replay.KEYS,  # replay.*, seeds, traces
+    "collect": collect.SECTIONS,  # collect.*, embedding.*
+    "profile": profile.SECTIONS,  # profile.*
+    "trace": trace.SECTIONS,  # trace.*
+    "replay": replay.SECTIONS,  # replay.*, seeds, traces
 }
 
 

@@ -36,6 +36,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import torch
 from omegaconf import DictConfig
@@ -52,28 +53,43 @@ from specbench.pipelines.session.run_dir import RunFiles, start_run
 from specbench.pipelines.session.schedule import rotation
 from specbench.tasks import Prompter, load_dataset_config, load_shots, truncate_fields
 from specbench.timing import Clock
-from specbench.validate import COUNT, PATH, Rule, integer, list_of, nonempty_list_of, text
+from specbench.validate import COUNT, PATH, Rule, integer, list_of, nested, nonempty_list_of, text
 
-# profile.* (conf/profile.yaml)
-KEYS: dict[str, Rule] = {
-    "profile.q": nonempty_list_of(integer(1), note=" (new tokens per target forward)"),
-    "profile.contexts": nonempty_list_of(integer(1), note=" (context lengths in tokens)"),
-    "profile.repeats": COUNT,
-    "profile.warmup": integer(0),
-    # the shape of the value; tree_shapes names a pair whose numbers are below 1
-    "profile.trees": Rule(
-        lambda v: isinstance(v, list) and all(list_of(integer()).ok(p) and len(p) == 2 for p in v),
-        "a list of [branches, depth] pairs of integers",
-        null=True,
-        note=" (tree shapes whose verify cost is measured, e.g. [[2,5],[3,8]])",
-    ),
-    "profile.draft_tokens": COUNT,
-    "profile.tokens": text(),  # a name of TOKENS
-    "profile.run": PATH,
-    "profile.rounding.prompts": integer(0),
-    "profile.rounding.new_tokens": COUNT,
-    "profile.rounding.chunk": integer(2),
-}
+
+@dataclass(frozen=True, kw_only=True)
+class Rounding:
+    """profile.rounding.*: how the bf16/fp32 rounding gap (the tie tolerance) is measured."""
+
+    prompts: Annotated[int, integer(0)]
+    new_tokens: Annotated[int, COUNT]
+    chunk: Annotated[int, integer(2)]
+
+
+# the shape of the value; tree_shapes names a pair whose numbers are below 1
+TREES = Rule(
+    lambda v: isinstance(v, list) and all(list_of(integer()).ok(p) and len(p) == 2 for p in v),
+    "a list of [branches, depth] pairs of integers",
+    null=True,
+    note=" (tree shapes whose verify cost is measured, e.g. [[2,5],[3,8]])",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileSettings:
+    """profile.* (conf/profile.yaml holds the defaults)."""
+
+    q: Annotated[list[int], nonempty_list_of(integer(1), note=" (new tokens per target forward)")]
+    contexts: Annotated[list[int], nonempty_list_of(integer(1), note=" (context lengths in tokens)")]
+    repeats: Annotated[int, COUNT]
+    warmup: Annotated[int, integer(0)]
+    trees: Annotated[list[list[int]] | None, TREES]
+    draft_tokens: Annotated[int, COUNT]
+    tokens: Annotated[str, text()]  # a name of TOKENS
+    run: Annotated[str | None, PATH]
+    rounding: Annotated[Rounding, nested(Rounding)]
+
+
+SECTIONS: dict[str, tuple[type, ...]] = {"profile": (ProfileSettings,)}
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +102,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     qs, contexts, tokens_from = checked_points(p)
     repeats, warmup, k = int(p.repeats), int(p.get("warmup", 2)), int(p.get("draft_tokens", 8))
     shapes = tree_shapes(p.get("trees"))
-    out = start_run(cfg, output_dir, FILES, keys=KEYS)
+    out = start_run(cfg, output_dir, FILES, sections=SECTIONS)
     eval_rounds = rounds_of(p.run, cfg) if p.get("run") else None  # a wrong directory fails before measuring
 
     from specbench.drafters import build_pool

@@ -26,8 +26,10 @@ import logging
 import statistics
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Annotated
 
 import pandas as pd
 from omegaconf import DictConfig
@@ -62,19 +64,31 @@ from specbench.validate import COUNT, PATH, Rule, boolean, integer, text
 TRACED, BY_TASK = "traced", "by_task"
 ORDERS = (TRACED, BY_TASK)
 
-# replay.* and the command's own inputs (conf/replay.yaml)
-KEYS: dict[str, Rule] = {
-    "traces": PATH,
-    "seeds": COUNT,
-    "replay.max_new_tokens": integer(1, null=True, note=" (null: the trace's)"),
-    "replay.draft_length": integer(1, null=True, note=" (null: the trace run's)"),
-    "replay.partial": boolean(),
-    "replay.live": text(null=True),
-    "replay.counterfactual": boolean(),
-    "replay.order": Rule(
-        lambda v: v in ORDERS, " or ".join(ORDERS), note=" (the order queries are replayed in)"
-    ),
-}
+
+ORDER = Rule(lambda v: v in ORDERS, " or ".join(ORDERS), note=" (the order queries are replayed in)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplaySettings:
+    """replay.* (conf/replay.yaml holds the defaults)."""
+
+    max_new_tokens: Annotated[int | None, integer(1, null=True, note=" (null: the trace's)")]
+    draft_length: Annotated[int | None, integer(1, null=True, note=" (null: the trace run's)")]
+    partial: Annotated[bool, boolean()]
+    live: Annotated[str | None, text(null=True)]
+    counterfactual: Annotated[bool, boolean()]
+    order: Annotated[str, ORDER]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayInputs:
+    """The command's own inputs: the trace run(s) to replay and how many seeds each method is replayed with."""
+
+    traces: Annotated[str | None, PATH]
+    seeds: Annotated[int, COUNT]
+
+
+SECTIONS: dict[str, tuple[type, ...]] = {"replay": (ReplaySettings,), "": (ReplayInputs,)}
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +98,7 @@ LATE = 100  # the share on the best arm is also reported from this round index o
 
 
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
-    out = start_run(cfg, output_dir, FILES, "replay", KEYS)
+    out = start_run(cfg, output_dir, FILES, "replay", SECTIONS)
     rows, cost_dict = load_traces(cfg.traces, partial=bool(cfg.replay.get("partial")))
     rows = ordered(rows, cfg.replay.get("order") or TRACED)
     costs = costs_of(cfg, cost_dict)

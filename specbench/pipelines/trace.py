@@ -22,7 +22,9 @@ from __future__ import annotations
 import json
 import logging
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
@@ -37,18 +39,32 @@ from specbench.pipelines.session.prompting import example_id, prompt_fingerprint
 from specbench.pipelines.session.run_dir import RECORDS, RunFiles
 from specbench.records import EXAMPLES, JsonlWriter, atomic_write_text, read_jsonl, unfinished, write_plan
 from specbench.timing import Clock
-from specbench.validate import COUNT, Rule, boolean, integer, list_of, nonempty_list_of
+from specbench.validate import COUNT, boolean, integer, list_of, nested, nonempty_list_of
 
-# trace.* (conf/trace.yaml)
-KEYS: dict[str, Rule] = {
-    "trace.draft_length": integer(1, null=True, note=" (null: each drafter's own draft length)"),
-    "trace.side_observations": boolean(),
-    "trace.costs.contexts": nonempty_list_of(integer(1)),
-    "trace.costs.q": nonempty_list_of(integer(1)),
-    "trace.costs.catch_up": list_of(integer(1)),
-    "trace.costs.repeats": COUNT,
-    "trace.costs.warmup": integer(0),
-}
+
+@dataclass(frozen=True, kw_only=True)
+class CostGrid:
+    """trace.costs.*: the grid the trace times each arm's cost curves on."""
+
+    contexts: Annotated[list[int], nonempty_list_of(integer(1))]
+    q: Annotated[list[int], nonempty_list_of(integer(1))]
+    catch_up: Annotated[list[int], list_of(integer(1))]
+    repeats: Annotated[int, COUNT]
+    warmup: Annotated[int, integer(0)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceSettings:
+    """trace.* (conf/trace.yaml holds the defaults)."""
+
+    draft_length: Annotated[
+        int | None, integer(1, null=True, note=" (null: each drafter's own draft length)")
+    ]
+    side_observations: Annotated[bool, boolean()]
+    costs: Annotated[CostGrid, nested(CostGrid)]
+
+
+SECTIONS: dict[str, tuple[type, ...]] = {"trace": (TraceSettings,)}
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +75,7 @@ FILES = RunFiles(results=(*RECORDS.results, TRACES, COSTS))
 
 
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
-    s = Session.open(cfg, output_dir, FILES, "trace", KEYS)
+    s = Session.open(cfg, output_dir, FILES, "trace", SECTIONS)
     spec = DecodeSpec(s.sampling, s.limits, s.eos_ids, s.clock, s.cascade)
     check_greedy(spec)
     check_decoder_only(s.target)

@@ -13,13 +13,12 @@ import torch
 
 from specbench.errors import SpecbenchError
 from specbench.policy.net import PolicyNet
+from specbench.policy.scores import RewardSpec
 from specbench.validate import (
     COUNT,
     SEED,
-    Rule,
     boolean,
     check_arguments,
-    declared,
     integer,
     list_of,
     nonempty_list_of,
@@ -66,18 +65,28 @@ class TrainConfig:
             )
 
 
-# train-policy (conf/train_policy.yaml): TrainConfig's train.* (declared by its fields), the two train.* keys the
-# pipeline reads itself, the reward (reward.py, scores.py: RewardSpec) and the sweeps
-KEYS: dict[str, Rule] = {
-    **{f"train.{key}": rule for key, rule in declared(TrainConfig).items()},
-    "train.arms": list_of(text(), null=True),
-    "train.allow_incomplete": boolean(),
-    "reward.alpha": number(0, 1),
-    "reward.cost": text(),
-    "reward.source": text(),
-    "reward.alignment": text(),
-    "sweep.alpha": list_of(number(0, 1), null=True),
-    "sweep.n_examples": list_of(integer(1), null=True),
+@dataclass(frozen=True, kw_only=True)
+class TrainData:
+    """train-policy's train.* beside TrainConfig's fields, which the pipeline reads itself: the arms a policy may
+    pick (null: every arm of the rows) and whether rows missing an arm are kept."""
+
+    arms: Annotated[list[str] | None, list_of(text(), null=True)]
+    allow_incomplete: Annotated[bool, boolean()]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sweep:
+    """train-policy's sweep.*: the reward weights and training-set sizes swept (null: no sweep)."""
+
+    alpha: Annotated[list[float] | None, list_of(number(0, 1), null=True)]
+    n_examples: Annotated[list[int] | None, list_of(integer(1), null=True)]
+
+
+# train-policy's own sections (conf/train_policy.yaml), by where they sit in its config
+SECTIONS: dict[str, tuple[type, ...]] = {
+    "train": (TrainConfig, TrainData),
+    "reward": (RewardSpec,),
+    "sweep": (Sweep,),
 }
 
 

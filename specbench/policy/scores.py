@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 
 from specbench.arms import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
 from specbench.policy.reward import check_alpha, reward_matrix
+from specbench.validate import number, text
 
 # params: parameters (weight bytes) | measured: the drafter's own generation's seconds per token | speed: its
 # speculative run's seconds per token (1 / its measured speedup; the target's own: 1), relative to the target's
@@ -36,12 +38,12 @@ ALIGNMENT_KINDS = ("output", "acceptance")  # (collect.ALIGNMENTS are the metric
 
 @dataclass(frozen=True)
 class RewardSpec:
-    """How a training reward is made from collected rows (the ``reward`` config group)."""
+    """How a training reward is made from collected rows (the ``reward`` config group: reward.*, its fields)."""
 
-    alpha: float = 0.5
-    cost: str = "params"  # params | measured | speed (COSTS)
-    source: str = "proxy"  # proxy | measured
-    alignment: str = "output"  # output | acceptance
+    alpha: Annotated[float, number(0, 1)] = 0.5
+    cost: Annotated[str, text()] = "params"  # params | measured | speed (COSTS)
+    source: Annotated[str, text()] = "proxy"  # proxy | measured
+    alignment: Annotated[str, text()] = "output"  # output | acceptance
 
     def __post_init__(self) -> None:
         check_alpha(self.alpha)

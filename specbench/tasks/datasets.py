@@ -12,13 +12,15 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 from specbench.errors import SpecbenchError
 from specbench.tasks.files import hub_records, read_records, resolve_path
 from specbench.tasks.formats import FORMATS, Query, need
 from specbench.tasks.python_sources import python_function_records
-from specbench.validate import COUNT, PATH, SEED, Rule, boolean, integer, list_of, mapping, text
+from specbench.validate import COUNT, PATH, SEED, boolean, each, integer, list_of, nested, text
 
 log = logging.getLogger(__name__)
 
@@ -185,64 +187,76 @@ def load_source(
 SOURCE_SELECTION = ("limit", "offset", "shuffle")  # per-source overrides of the dataset's selection keys
 
 
-def source_keys(at: str, selection: bool = True) -> dict[str, Rule]:
-    """The keys of one source at ``at`` (``read_source``: a file or the hub, its format's parser options), and with
-    ``selection`` its own ``SOURCE_SELECTION`` (``load_dataset_config``)."""
-    keys = {
-        f"{at}.format": text(),  # a name of FORMATS, checked by read_source
-        f"{at}.path": PATH,
-        f"{at}.split": text(null=True),
-        f"{at}.task": text(null=True),
-        f"{at}.hub": mapping(null=True, note=" ({path, name, revision} of a hub dataset)"),
-        f"{at}.hub.path": text(),
-        f"{at}.hub.name": text(null=True),
-        f"{at}.hub.revision": text(null=True),
-        f"{at}.max_chars": integer(1, note=" (python_functions: the longest function source kept)"),
-        f"{at}.exclude_entry_points": PATH,
-        # the format parsers' own options (formats.py)
-        f"{at}.source_lang": text(),
-        f"{at}.target_lang": text(),
-        f"{at}.id_prefix": text(),
-        f"{at}.task_from_category": boolean(),
-    }
-    if selection:
-        keys.update(
-            {
-                f"{at}.limit": integer(1, null=True, note=" (per source; null: all)"),
-                f"{at}.offset": integer(0),
-                f"{at}.shuffle": boolean(),
-            }
-        )
-    return keys
+@dataclass(frozen=True, kw_only=True)
+class HubSettings:
+    """A hub dataset: {path, name, revision} (load_dataset's)."""
+
+    path: Annotated[str, text()]
+    name: Annotated[str | None, text(null=True)]
+    revision: Annotated[str | None, text(null=True)]
 
 
-# dataset.* (conf/dataset/): load_dataset_config's selection keys, its sources, load_shots' source, the prompt
-# options the session reads (max_input_tokens, max_turns, n_shot) and the single-source datasets' own keys that
-# their sources interpolate (path, split, hub, languages)
-KEYS: dict[str, Rule] = {
-    "dataset.name": text(),
-    "dataset.path": PATH,
-    "dataset.split": text(null=True),
-    "dataset.hub": mapping(null=True, note=" ({path, name, revision} of a hub dataset)"),
-    "dataset.hub.path": text(),
-    "dataset.hub.name": text(null=True),
-    "dataset.hub.revision": text(null=True),
-    "dataset.limit": integer(1, null=True, note=" (per source; null: all)"),
-    "dataset.offset": integer(0),
-    "dataset.shuffle": boolean(),
-    "dataset.interleave": boolean(),
-    "dataset.seed": SEED,
-    "dataset.categories": list_of(text(), null=True),
-    "dataset.max_input_tokens": integer(1, null=True, note=" (null: no truncation)"),
-    "dataset.max_turns": COUNT,
-    "dataset.n_shot": integer(0),
-    "dataset.source_lang": text(),
-    "dataset.target_lang": text(),
-    "dataset.sources.*": mapping(null=True, note=" (null: that source switched off)"),
-    **source_keys("dataset.sources.*"),
-    "dataset.shots": mapping(null=True, note=" (the source of n-shot examples)"),
-    **source_keys("dataset.shots", selection=False),
-}
+HUB = nested(HubSettings, null=True, note=" ({path, name, revision} of a hub dataset)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceSettings:
+    """One source (``read_source``: a file or the hub, its format's parser options): dataset.shots, train-drafter's
+    eval_sets.*."""
+
+    format: Annotated[str, text()]  # a name of FORMATS, checked by read_source
+    path: Annotated[str | None, PATH]
+    split: Annotated[str | None, text(null=True)]
+    task: Annotated[str | None, text(null=True)]
+    hub: Annotated[HubSettings | None, HUB]
+    max_chars: Annotated[int, integer(1, note=" (python_functions: the longest function source kept)")]
+    exclude_entry_points: Annotated[str | None, PATH]
+    # the format parsers' own options (formats.py)
+    source_lang: Annotated[str, text()]
+    target_lang: Annotated[str, text()]
+    id_prefix: Annotated[str, text()]
+    task_from_category: Annotated[bool, boolean()]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Selection:
+    """The selection keys of a dataset, which a source of dataset.sources.* may set for itself (SOURCE_SELECTION)."""
+
+    limit: Annotated[int | None, integer(1, null=True, note=" (per source; null: all)")]
+    offset: Annotated[int, integer(0)]
+    shuffle: Annotated[bool, boolean()]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SelectedSource(SourceSettings, Selection):
+    """A source of dataset.sources.*: its own keys and its own selection (load_dataset_config)."""
+
+
+SOURCE = nested(SelectedSource, null=True, note=" (null: that source switched off)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetSettings(Selection):
+    """dataset.* (conf/dataset/, which holds the defaults): load_dataset_config's selection keys, its sources,
+    load_shots' source, the prompt options the session reads (max_input_tokens, max_turns, n_shot) and the
+    single-source datasets' own keys that their sources interpolate (path, split, hub, languages)."""
+
+    name: Annotated[str, text()]
+    path: Annotated[str | None, PATH]
+    split: Annotated[str | None, text(null=True)]
+    hub: Annotated[HubSettings | None, HUB]
+    interleave: Annotated[bool, boolean()]
+    seed: Annotated[int, SEED]
+    categories: Annotated[list[str] | None, list_of(text(), null=True)]
+    max_input_tokens: Annotated[int | None, integer(1, null=True, note=" (null: no truncation)")]
+    max_turns: Annotated[int, COUNT]
+    n_shot: Annotated[int, integer(0)]
+    source_lang: Annotated[str, text()]
+    target_lang: Annotated[str, text()]
+    sources: Annotated[dict[str, SelectedSource | None], each(SOURCE)]
+    shots: Annotated[
+        SourceSettings | None, nested(SourceSettings, null=True, note=" (the source of n-shot examples)")
+    ]
 
 
 def load_dataset_config(cfg: Mapping) -> list[Query]:

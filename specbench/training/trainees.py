@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -23,46 +25,69 @@ from specbench.models import Target, load_model
 from specbench.models.devices import resolve_dtype
 from specbench.records import atomic_write_text, plain_modes
 from specbench.tasks import Prompter, truncate_fields
-from specbench.tasks.datasets import load_source, source_keys
+from specbench.tasks.datasets import SelectedSource, load_source
 from specbench.training import distill, finetune
 from specbench.training.distill import Example, pairs, shared_prefix, sub_vocabulary, teach_all
 from specbench.training.responses import response_cache, target_responses
-from specbench.validate import COUNT, SEED, Rule, boolean, integer, list_of, mapping, number, text
+from specbench.validate import COUNT, SEED, boolean, each, integer, list_of, nested, number, text
 
-# train-drafter (conf/train_drafter.yaml): the drafter recipe, its train.* and the held-out sets of held_out_metrics
-# (train-policy's train.* is another command's section: policy/model.py's TrainConfig)
-KEYS: dict[str, Rule] = {
-    "train.epochs": integer(0, note=" (0: the drafter as it starts, measured)"),
-    "train.lr": number(0, low_open=True, null=True, note=" (null: the kind's default)"),
-    "train.batch_size": COUNT,
-    "train.seed": SEED,
-    "drafter.kind": text(),  # eagle | hf | small, checked by the trainee
-    "drafter.layers": COUNT,
-    "drafter.vocab": integer(1, null=True, note=" (null: the full vocabulary)"),
-    "drafter.model": text(null=True),
-    "train.loss": text(),
-    "train.responses": text(),
-    "train.max_new_tokens": COUNT,
-    "train.max_input_tokens": COUNT,
-    "train.max_tokens": COUNT,
-    "train.seq_len": COUNT,
-    "train.time_budget_s": number(0, null=True, low_open=True),
-    "train.feature_weight": number(0),
-    "train.ce_weight": number(0),
-    "train.top_k": COUNT,
-    "train.unroll": integer(1, 16),
-    "train.unroll_weights": list_of(number(0), null=True),
-    "train.feature_noise": number(0),
-    "train.val_examples": integer(0),
-    "train.prompt_positions": boolean(),
-    "train.precision": text(),
-    "train.lr_schedule": text(),
-    "train.generate_batch": COUNT,
-    "train.generate_only": boolean(),
-    "eval_sets": mapping(null=True, note=" (task -> a held-out source)"),
-    "eval_sets.*": mapping(null=True, note=" (null: that set switched off)"),
-    **source_keys("eval_sets.*"),
-}
+
+@dataclass(frozen=True, kw_only=True)
+class DrafterShape:
+    """train-drafter's drafter.* (conf/train_drafter.yaml holds the defaults): which drafter is trained."""
+
+    kind: Annotated[str, text()]  # eagle | hf | small, checked by the trainee
+    layers: Annotated[int, COUNT]
+    vocab: Annotated[int | None, integer(1, null=True, note=" (null: the full vocabulary)")]
+    model: Annotated[str | None, text(null=True)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recipe:
+    """train-drafter's train.* (train-policy's train.* is another command's section: policy/model.py's
+    TrainConfig)."""
+
+    epochs: Annotated[int, integer(0, note=" (0: the drafter as it starts, measured)")]
+    lr: Annotated[float | None, number(0, low_open=True, null=True, note=" (null: the kind's default)")]
+    batch_size: Annotated[int, COUNT]
+    seed: Annotated[int, SEED]
+    loss: Annotated[str, text()]
+    responses: Annotated[str, text()]
+    max_new_tokens: Annotated[int, COUNT]
+    max_input_tokens: Annotated[int, COUNT]
+    max_tokens: Annotated[int, COUNT]
+    seq_len: Annotated[int, COUNT]
+    time_budget_s: Annotated[float | None, number(0, null=True, low_open=True)]
+    feature_weight: Annotated[float, number(0)]
+    ce_weight: Annotated[float, number(0)]
+    top_k: Annotated[int, COUNT]
+    unroll: Annotated[int, integer(1, 16)]
+    unroll_weights: Annotated[list[float] | None, list_of(number(0), null=True)]
+    feature_noise: Annotated[float, number(0)]
+    val_examples: Annotated[int, integer(0)]
+    prompt_positions: Annotated[bool, boolean()]
+    precision: Annotated[str, text()]
+    lr_schedule: Annotated[str, text()]
+    generate_batch: Annotated[int, COUNT]
+    generate_only: Annotated[bool, boolean()]
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeldOutSets:
+    """train-drafter's eval_sets: the held-out sets of held_out_metrics, task -> a source (null: switched off)."""
+
+    eval_sets: Annotated[
+        dict[str, SelectedSource | None],
+        each(
+            nested(SelectedSource, null=True, note=" (null: that set switched off)"),
+            null=True,
+            note=" (task -> a held-out source)",
+        ),
+    ]
+
+
+# train-drafter's own sections (conf/train_drafter.yaml), by where they sit in its config
+SECTIONS: dict[str, tuple[type, ...]] = {"drafter": (DrafterShape,), "train": (Recipe,), "": (HeldOutSets,)}
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Every YAML key has a typed home (issue 35): each root config of conf/, each root with each experiment written
 for it, and each option of each group is composed, and every leaf key must be typed: by a pattern of
-``specbench.pipelines.keys.every_key()`` (the ``KEYS`` table of the module that reads a setting, or ``SCHEMA`` for
-the keys that belong to no class), by the signature of its node's ``_target_`` (a selector class, a drafter
+``specbench.pipelines.keys.every_key()`` (a field of the dataclass that declares a section beside the module that
+reads it, or ``SCHEMA`` for the keys that belong to no class), by the signature of its node's ``_target_`` (a selector class, a drafter
 builder: ``validate.declared``), or be one of the few exemptions below, each with its reason. Also: an argument a
 class declares is enforced by ``validate`` and when a config builds it, with the key and the fix named, and a key
 has one home."""
@@ -23,10 +23,10 @@ from specbench.configs import conf_dir, group_options
 from specbench.errors import SpecbenchError
 from specbench.pipelines.keys import SECTIONS, check, every_key
 from specbench.pipelines.methods import make_selector
-from specbench.pipelines.session.tables import TABLES
+from specbench.pipelines.session.tables import SHARED
 from specbench.policy.model import TrainConfig
 from specbench.selection import TARGETS, UCB
-from specbench.validate import SCHEMA, Rule, declared, integer, schema, typed
+from specbench.validate import SCHEMA, declared, integer, schema, tables, typed
 from tests.experiments import commands_for, experiments
 
 ROOTS = [
@@ -104,8 +104,9 @@ def test_every_yaml_key_has_a_typed_home(case):
     missing = untyped(*case)
     assert not missing, (
         f"{_id(case)}: no rule types {', '.join(missing)}: annotate the argument in the signature of the "
-        "class its _target_ names (Annotated[type, rule]), add it to the KEYS table of the module that reads "
-        "it (pipelines/session/tables.py or pipelines/keys.py), or to validate.SCHEMA if no class reads it"
+        "class its _target_ names (Annotated[type, rule]), add a field to the dataclass of its section beside the "
+        "module that reads it (mounted in pipelines/session/tables.py or pipelines/keys.py), or to validate.SCHEMA "
+        "if no class reads it"
     )
 
 
@@ -119,10 +120,9 @@ def test_each_exemption_is_still_needed():
 
 def test_each_key_has_one_home():
     """A pattern in one table only, and no table types a key that a selector class or drafter builder declares."""
-    assert all(isinstance(rule, Rule) for keys in (*TABLES, *SECTIONS.values()) for rule in keys.values())
-    assert sum(len(keys) for keys in TABLES) + len(SCHEMA) == len(every_key())
-    for command, keys in SECTIONS.items():
-        assert len(every_key(command)) == len(every_key()) + len(keys)
+    assert sum(len(keys) for keys in tables(SHARED)) + len(SCHEMA) == len(every_key())
+    for command, sections in SECTIONS.items():
+        assert len(every_key(command)) == len(every_key()) + sum(len(keys) for keys in tables(sections))
     builders = {OmegaConf.load(p).get("_target_") for p in Path(conf_dir(), "drafter").glob("*.yaml")} - {
         None
     }

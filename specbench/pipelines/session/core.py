@@ -44,7 +44,7 @@ from specbench.selection import Fixed, Selector
 from specbench.selection.base import context_aware
 from specbench.tasks import Prompter
 from specbench.timing import Clock
-from specbench.validate import Rule
+from specbench.validate import Sections
 
 log = logging.getLogger(__name__)
 
@@ -98,19 +98,19 @@ class Session:
         output_dir: str | Path,
         files: RunFiles | None = None,
         command: str | None = None,
-        keys: Mapping[str, Rule] | None = None,
+        sections: Sections | None = None,
     ):
         """Make the run directory and load everything a timed run needs, before any timing.
 
         ``files``: the records the pipeline resumes; a directory holding records of other settings
         is refused (or, with the overwrite key, emptied) before anything is loaded
         (:func:`claim_run_dir`); ``command`` (``eval``, ``cascades``, ...) takes the directory for this process
-        and command (:func:`lock_run_dir`); ``keys``: the command's own config section (:func:`start_run`). Every
+        and command (:func:`lock_run_dir`); ``sections``: the command's own config sections (:func:`start_run`). Every
         query's first prompt is checked against the target's context.
         """
         from specbench.drafters import build_pool
 
-        out = start_run(cfg, output_dir, files, command, keys)
+        out = start_run(cfg, output_dir, files, command, sections)
         dec = cfg.decoding
         sampling = SamplingParams(
             temperature=float(dec.temperature), top_k=int(dec.top_k), top_p=float(dec.top_p)

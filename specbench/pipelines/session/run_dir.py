@@ -11,7 +11,6 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from specbench.errors import SpecbenchError
 from specbench.pipelines.session.settings import resolve_target_dtype
 from specbench.pipelines.session.tables import COMMANDS, check_config, command_name
 from specbench.records import CONFIG, EXAMPLES, ROUNDS, atomic_path, sweep_temporaries
-from specbench.validate import Rule
+from specbench.validate import Sections
 
 log = logging.getLogger(__name__)
 
@@ -144,16 +143,18 @@ def start_run(
     output_dir: str | Path,
     files: RunFiles | None = None,
     command: str | None = None,
-    keys: Mapping[str, Rule] | None = None,
+    sections: Sections | None = None,
 ) -> Path:
     """The door every pipeline passes: validate the composed config (:func:`tables.check_config`: the command line
-    and the reproduction plan get the same checks; ``keys``: the command's own section, else the training commands'
+    and the reproduction plan get the same checks; ``sections``: the command's own, else the training commands'
     by name), create the run directory and take it
     (:func:`lock_run_dir`: one process at a time, one command per directory; ``command`` defaults to Hydra's
     config name), then (with ``files``: after :func:`claim_run_dir`) save the composed config there
     (``target.dtype`` resolved: :func:`resolve_target_dtype`; and the settings file of ``files``), apply
     ``threads``."""
-    check_config(cfg, keys if keys is not None else COMMANDS.get(command_name(command or hydra_command())))
+    check_config(
+        cfg, sections if sections is not None else COMMANDS.get(command_name(command or hydra_command()))
+    )
     resolve_target_dtype(cfg)
     out = Path(output_dir)
     if out.exists() and not out.is_dir():
