@@ -4,6 +4,7 @@ time (``methods: [selector:ucb, ...]``) rather than through Hydra's command line
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from contextlib import contextmanager
@@ -26,8 +27,37 @@ def conf_dir() -> str:
 
 def group_options(group: str) -> list[str]:
     """The options of a config group: its own ``*.yaml`` files, not those of subfolders (such as
-    ``selector/base/``, which hold configs the options include, not options)."""
+    ``selector/base/``, which hold configs the options include, not options), nor the older names ``aliases``
+    keeps."""
+    renamed = aliases(group)
+    return [name for name in _files(group) if name not in renamed]
+
+
+def _files(group: str) -> list[str]:
     return sorted(p.stem for p in (Path(conf_dir()) / group).glob("*.yaml") if p.is_file())
+
+
+def aliases(group: str) -> dict[str, str]:
+    """``{older name: option}`` of a group: a config kept under its older name (``selector/etc.yaml``, now
+    ``explore_commit``) holds nothing but a defaults list naming one other option of its group (and ``_self_``),
+    so ``selector=etc`` and ``methods: [selector:etc]`` compose the renamed option."""
+    return _aliases(conf_dir(), group)
+
+
+@functools.cache
+def _aliases(root: str, group: str) -> dict[str, str]:
+    found = {}
+    for path in sorted((Path(root) / group).glob("*.yaml")):
+        node = OmegaConf.load(path)
+        names = [str(d) for d in node.get("defaults") or [] if isinstance(d, str) and d != "_self_"]
+        if isinstance(node, DictConfig) and set(node) == {"defaults"} and len(names) == 1:
+            found[path.stem] = names[0]
+    return found
+
+
+def canonical_option(group: str, name: str) -> str:
+    """``name``, or the option an older name of ``group`` now stands for (``aliases``)."""
+    return aliases(group).get(name, name)
 
 
 def config_help(config_name: str, experiments: bool = False) -> str:
@@ -141,7 +171,7 @@ def load_option(group: str, name: str) -> DictConfig:
 
     group = group.strip("/")
     options = group_options(group)
-    if name not in options:
+    if name not in options and name not in aliases(group):
         raise SpecbenchError(
             f"no {group} config named '{name}'",
             f"use one of: {', '.join(options)}" if options else f"add conf/{group}/{name}.yaml",

@@ -11,7 +11,7 @@ from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from specbench.arms import AUTOREGRESSIVE
-from specbench.configs import group_options, load_option
+from specbench.configs import aliases, canonical_option, group_options, load_option
 from specbench.errors import SpecbenchError
 from specbench.selection import Fixed, FixedTree, Selector
 from specbench.selection.budget import PROFILE
@@ -111,7 +111,7 @@ def selector_methods(spec: str, arms: list[str], selector_cfg, root, costs) -> l
     # one config per spec: a selector:<name> before a plain `selector` must not stand in for the composed one
     chosen_cfg = selector_cfg
     if spec.startswith("selector:"):
-        option = spec.split(":", 1)[1]
+        option = canonical_option("selector", spec.split(":", 1)[1])
         chosen_cfg = load_selector_config(option, root)
         extra = (root.get("selector_overrides") if root is not None else None) or {}
         # keys naming a selector option with a mapping are that option's own overrides; the rest apply to all
@@ -164,7 +164,7 @@ def load_selector_config(name: str, root: DictConfig | None = None):
     """``conf/selector/<name>.yaml``, placed under ``root`` (the run's config) so that its
     interpolations (``${policy.checkpoint}``) resolve as they would for ``selector=<name>``."""
     options = group_options("selector")
-    if name not in options:
+    if name not in options and name not in aliases("selector"):
         raise SpecbenchError(f"no selector config named '{name}'", f"use one of: {', '.join(options)}")
     loaded = load_option("selector", name)
     if root is None:

@@ -74,7 +74,7 @@ BANDITS = [
     "selector:ucb_be",
     "selector:exp3",
     "selector:sequential_halving",
-    "selector:etc",
+    "selector:explore_commit",
     "selector:router",
     "selector:tree_ucb",
 ]
@@ -226,7 +226,7 @@ def run_replays(
     runs = {
         "bandits": [f"methods=[{','.join(bandits)}]"],
         "switching": [
-            "methods=[autoregressive,fixed:*,selector:ucb,selector:etc,selector]",
+            "methods=[autoregressive,fixed:*,selector:ucb,selector:explore_commit,selector]",
             "selector=ucb_switch",
             f"selector.switch_cost={switch_cost}",
             "selector.name=ucb-switch-measured",
@@ -277,7 +277,7 @@ def changing_runs(arms: list[str]) -> dict[str, list[str]]:
     explore-then-commit, discounted UCB with a memory of SEGMENT_MEMORY rounds and sliding-window UCB with a window
     of as many (their own overrides: ``selector_overrides.<option>``)."""
     fixed = ",".join(["autoregressive", *(f"fixed:{a}" for a in arms)])
-    selectors = "selector:ucb,selector:etc,selector:discounted_ucb,selector:sliding_window_ucb"
+    selectors = "selector:ucb,selector:explore_commit,selector:discounted_ucb,selector:sliding_window_ucb"
     return {
         "changing": [
             f"methods=[{fixed},{selectors}]",

@@ -398,7 +398,7 @@ def plan_steps(chosen, root: Path, sc, extra, questions: str, adapt) -> list[tup
 def stale_steps(planned: list[tuple], steps, root: Path) -> dict[str, list[str]]:
     """Which finished (or started) steps are not this call's: their settings, heads or upstream runs differ, or the
     directory holds a run made outside reproduce; ``{run: [reasons]}``."""
-    from specbench.pipelines.session.run_dir import differences
+    from specbench.pipelines.session.run_dir import compared_settings, differences
     from specbench.reproduction import heads
 
     current: dict[str, str | None] = {}  # run -> fingerprint of its .done, None when it runs in this call
@@ -421,9 +421,9 @@ def stale_steps(planned: list[tuple], steps, root: Path) -> dict[str, list[str]]
             why = [f"its {DONE} records no settings (an older specbench wrote it)"]
         elif done is not None or started is not None:
             mark = done if done is not None else started
-            why = differences(root_relative(mark["settings"], root), now) + heads.reasons(
-                mark.get("heads"), weights
-            )
+            # compared as the settings are compared now (a selector's older config name, its option's)
+            before = compared_settings(root_relative(mark["settings"], root))
+            why = differences(before, now) + heads.reasons(mark.get("heads"), weights)
             for up in upstream_of(step, steps):
                 have = current[up.run] if up.run in current else fingerprint(root / up.run)
                 if done is not None and have is None:

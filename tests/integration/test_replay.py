@@ -178,7 +178,7 @@ def test_live_equals_replay_for_every_selector(exact_pool, traced, tiny_decode):
         "selector:hedge",
         "selector:ucb_full_info",
         "selector:router_tree",
-        "selector:etc",
+        "selector:explore_commit",
         "selector:tree_hedge",
         "selector:sequential_halving",
         "selector:exp3",

@@ -280,7 +280,7 @@ BANDIT_CONFS = [
     "ucb_be",
     "exp3",
     "sequential_halving",
-    "etc",
+    "explore_commit",
     "discounted_ucb",
     "sliding_window_ucb",
     "epsilon_greedy",
@@ -302,9 +302,29 @@ ROUND_BUILDER_CONFS = ["budget", "router_sam", "router_suffix"]
 
 
 def test_every_bandit_config_is_tested():
-    assert {p.stem for p in CONF.glob("*.yaml")} - {"fixed", "policy"} == set(BANDIT_CONFS) | set(
-        TREE_CONFS
-    ) | set(ROUND_BUILDER_CONFS)
+    from specbench.configs import aliases
+
+    assert {p.stem for p in CONF.glob("*.yaml")} - {"fixed", "policy"} - set(aliases("selector")) == set(
+        BANDIT_CONFS
+    ) | set(TREE_CONFS) | set(ROUND_BUILDER_CONFS)
+
+
+def test_an_older_selector_name_composes_the_renamed_option():
+    """selector/etc.yaml was renamed explore_commit.yaml: the old name still composes the same selector (Hydra's
+    selector=etc, methods: [selector:etc]), is not listed as an option of its own, and a run recorded under it
+    compares equal to one of the new name (a resume or a reproduce rerun is not refused for the rename)."""
+    from specbench.configs import aliases, group_options, load_option
+    from specbench.pipelines.methods import load_selector_config
+    from specbench.pipelines.session.run_dir import compared_settings, differences
+
+    assert aliases("selector") == {"etc": "explore_commit"}
+    assert "etc" not in group_options("selector") and "explore_commit" in group_options("selector")
+    assert load_option("selector", "etc") == load_option("selector", "explore_commit")
+    assert load_selector_config("etc") == load_selector_config("explore_commit")
+    old = compared_settings({"methods": ["autoregressive", "selector:etc"]})
+    new = compared_settings({"methods": ["autoregressive", "selector:explore_commit"]})
+    assert differences(old, new) == []
+    assert differences(old, compared_settings({"methods": ["selector:ucb"]}))  # a real change still counts
 
 
 @pytest.mark.parametrize("stem", TREE_CONFS)

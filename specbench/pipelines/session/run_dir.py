@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from specbench.configs import canonical_option
 from specbench.errors import SpecbenchError
 from specbench.pipelines.session.settings import resolve_target_dtype
 from specbench.pipelines.session.tables import COMMANDS, check_config, command_name
@@ -44,10 +45,20 @@ NOT_COMPARED = (
 )
 
 
+def canonical_method(spec):
+    """A method spec with a selector's older config name replaced by its option's (``selector:etc`` ->
+    ``selector:explore_commit``: ``configs.aliases``)."""
+    if isinstance(spec, str) and spec.startswith("selector:"):
+        return "selector:" + canonical_option("selector", spec.split(":", 1)[1])
+    return spec
+
+
 def compared_settings(cfg) -> dict:
     """The resolved settings of a config (a DictConfig or a plain dict) that a rerun must match:
     everything but :data:`NOT_COMPARED`."""
     tree = OmegaConf.to_container(cfg if OmegaConf.is_config(cfg) else OmegaConf.create(cfg), resolve=True)
+    if isinstance(tree.get("methods"), list):  # selector:<an older name> is the renamed option's run
+        tree["methods"] = [canonical_method(m) for m in tree["methods"]]
     for key in NOT_COMPARED:
         *parents, leaf = key.split(".")
         node = tree
