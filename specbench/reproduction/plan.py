@@ -41,7 +41,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
 from omegaconf import OmegaConf
 
-from specbench.configs import EXPERIMENT, composing, hydra_error, hydra_overrides
+from specbench.configs import EXPERIMENT, composing, conf_dir, group_options, hydra_error, hydra_overrides
 from specbench.errors import SpecbenchError
 from specbench.records import atomic_write_text
 from specbench.reproduction.catalog import plan_at
@@ -63,31 +63,45 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Scale:
-    """A scale of ``specbench reproduce --scale``: the run scale whose plan it runs, which is also its report
-    layout (runs.RUN_SCALES, layouts.LAYOUTS), and its own overrides."""
+    """A scale of ``specbench reproduce --scale`` (an option of the config group conf/scale/): the run scale whose plan
+    it runs, which is also its report layout (runs.RUN_SCALES, layouts.LAYOUTS), its own overrides by command or run
+    directory, and per-drafter settings for each step whose pool has that drafter."""
 
     layout: str
     overrides: dict[str, tuple[str, ...]] = field(default_factory=dict)  # by command or run directory
+    drafters: dict[str, dict[str, object]] = field(default_factory=dict)  # drafter name -> {key: value}
 
     def plan(self) -> tuple[Step, ...]:
         """Every run the exhibits of ``layout`` read, upstream runs first (``catalog.plan_at``)."""
         return plan_at(self.layout)
 
+    def drafter_overrides(self) -> list[str]:
+        """``drafters`` as overrides (``pool.drafters.<name>.<key>=<value>``), for the steps whose pool has the
+        drafter."""
+        return [
+            f"pool.drafters.{name}.{key}={json.dumps(value)}"
+            for name, keys in self.drafters.items()
+            for key, value in keys.items()
+        ]
 
-SCALES_FILE = Path(__file__).with_name("scales.yaml")
+
+SCALE_GROUP = "scale"
 
 
-def load_scales(path: Path = SCALES_FILE) -> dict[str, Scale]:
-    """The scales of ``specbench reproduce --scale`` as ``scales.yaml`` declares them (each: its layout and its
-    overrides by command or run directory, e.g. ``tiny``'s stand-ins for the dry run), keyed by name."""
-    spec = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    return {
-        str(name): Scale(
-            str(s["layout"]),
-            {str(k): tuple(str(o) for o in v) for k, v in (s.get("overrides") or {}).items()},
+def load_scales() -> dict[str, Scale]:
+    """The scales of ``specbench reproduce --scale``, each an option of conf/scale/ (its layout, its overrides by
+    command or run directory, e.g. ``tiny``'s stand-ins for the dry run, and its per-drafter settings), by name."""
+    scales = {}
+    for name in group_options(SCALE_GROUP):
+        spec = OmegaConf.to_container(
+            OmegaConf.load(Path(conf_dir(), SCALE_GROUP, f"{name}.yaml")), resolve=True
         )
-        for name, s in spec.items()
-    }
+        scales[name] = Scale(
+            str(spec["layout"]),
+            {str(k): tuple(str(o) for o in v) for k, v in (spec.get("overrides") or {}).items()},
+            {str(d): dict(keys) for d, keys in (spec.get("drafters") or {}).items()},
+        )
+    return scales
 
 
 SCALES = load_scales()
@@ -104,7 +118,7 @@ def overrides_of(
         *own,
         *scale.overrides.get(step.command, ()),
         *scale.overrides.get(step.run, ()),
-        *(extra if step.command != "train_policy" else ()),
+        *(extra if step.decodes else ()),
     ]
 
 
@@ -366,12 +380,17 @@ def plan_steps(chosen, root: Path, sc, extra, questions: str, adapt) -> list[tup
     drafter = {str(o): drafter_of(str(o)) for o in extra or []}  # pool.drafters.<name>.<key>=... -> <name>
     per_drafter = [o for o, name in drafter.items() if name is not None]
     general = [o for o, name in drafter.items() if name is None]
+    own = (
+        sc.drafter_overrides()
+    )  # the scale's, before the call's: a plan of some papers may hold none of its drafters
+    drafter.update({o: drafter_of(o) for o in own})
+    per_drafter = [*own, *per_drafter]
     used: set[str] = set()
     for step in chosen:
         overrides = overrides_of(step, root, sc, general, questions)
         cfg = compose_step(step, overrides, adapt)
         pool = OmegaConf.select(cfg, "pool.drafters", default=None) or {}
-        mine = [o for o in per_drafter if drafter[o] in pool] if step.command != "train_policy" else []
+        mine = [o for o in per_drafter if drafter[o] in pool] if step.decodes else []
         if mine:  # only the steps whose pool has the drafter (issue 34: one spelling, applied where it means something)
             used.update(mine)
             overrides = [*overrides, *("++" + o.lstrip("+") for o in mine)]
@@ -379,7 +398,7 @@ def plan_steps(chosen, root: Path, sc, extra, questions: str, adapt) -> list[tup
         now = root_relative(compared_settings(cfg), root)
         planned.append((step, overrides, cfg, now, heads.heads_of(now)))
 
-    unused = [o for o in per_drafter if o not in used]
+    unused = [o for o in per_drafter if o not in used and o not in own]
     if unused:
         names = sorted(
             {

@@ -62,6 +62,12 @@ class Step:
     overrides: tuple[str, ...] = ()  # {root} and {questions} are filled in
     reads: tuple[str, ...] = ()  # the run directories of the upstream steps it reads
 
+    @property
+    def decodes(self) -> bool:
+        """Whether the step decodes (loads a target and a pool); train_policy only reads collected rows, so the
+        overrides of decoding and of a pool's drafters do not reach it."""
+        return self.command != "train_policy"
+
 
 _DECLARED = itertools.count()  # declaration order: an upstream run is declared before the runs that read it
 

@@ -44,10 +44,10 @@ def heads(tmp_path, monkeypatch, tiny_llama_target):
 
 
 def mini(monkeypatch, steps, **overrides) -> str:
-    """A scale ``mini`` whose plan is ``steps``, with the tiny scale's overrides (plus ``overrides``, by run or
-    command)."""
+    """A scale ``mini`` whose plan is ``steps``, with the tiny scale's overrides and per-drafter settings (plus
+    ``overrides``, by run or command)."""
     merged = {**TINY.overrides, **overrides}
-    monkeypatch.setitem(plan.SCALES, "mini", plan.Scale("cpu", merged))
+    monkeypatch.setitem(plan.SCALES, "mini", plan.Scale("cpu", merged, TINY.drafters))
     monkeypatch.setattr(plan, "plan_at", lambda scale: tuple(steps))
     return "mini"
 
@@ -71,7 +71,7 @@ def test_a_finished_step_is_not_reused_under_other_settings(tmp_path, monkeypatc
         monkeypatch,
         [COLLECT, POLICY],
         **{
-            "huang/math/collect": ("dataset.limit=6", *TINY.overrides["huang/math/eval"]),
+            "huang/math/collect": ("dataset.limit=6",),  # its early exits: the tiny scale's drafters
             "train_policy": ("train.epochs=2", "train.val_fraction=0.5"),
         },
     )
@@ -147,7 +147,7 @@ def test_a_step_run_with_heads_rebuilt_since_is_not_reused_and_the_report_says_s
     scale = mini(
         monkeypatch,
         [depth],
-        **{"huang/depth/collect": ("dataset.limit=4", *TINY.overrides["huang/depth/eval_with_ar"])},
+        **{"huang/depth/collect": ("dataset.limit=4",)},  # its early exits: the tiny scale's drafters
     )
     root = tmp_path / "rp"
     plan.run(root, scale=scale)
