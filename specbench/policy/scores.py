@@ -27,7 +27,7 @@ import torch
 from specbench.arms import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
 from specbench.policy.reward import check_alpha, reward_matrix
-from specbench.validate import number, text
+from specbench.validate import check_arguments, number, text
 
 # params: parameters (weight bytes) | measured: the drafter's own generation's seconds per token | speed: its
 # speculative run's seconds per token (1 / its measured speedup; the target's own: 1), relative to the target's
@@ -47,6 +47,7 @@ class RewardSpec:
 
     def __post_init__(self) -> None:
         check_alpha(self.alpha)
+        check_arguments(RewardSpec, vars(self), "reward")
         for key, value, known in (
             ("cost", self.cost, COSTS),
             ("source", self.source, SOURCES),

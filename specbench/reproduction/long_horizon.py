@@ -1028,7 +1028,12 @@ def calibration_section(trace_run: Path, live: Path, cal=None, error: float = ma
         to_markdown(cal),
         "",
     ]
-    lines += [
+    return lines + calibration_reading() + clock_error_lines(cal, error) + ranking_lines(cal)
+
+
+def calibration_reading() -> list[str]:
+    """How to read the calibration table's factors."""
+    return [
         "Two factors per method: `replay / live` over whole generations (prefill included) mixes the clock with the "
         "text: after a bf16 fork the live run decodes a different, equally valid continuation than the trace, and "
         "prompt lookup and the router's speed depend most on how repetitive that text is. "
@@ -1046,6 +1051,11 @@ def calibration_section(trace_run: Path, live: Path, cal=None, error: float = ma
         "traced queries already carry; the clock's own error is the spread of the before-fork factors.",
         "",
     ]
+
+
+def clock_error_lines(cal, error: float) -> list[str]:
+    """The clock's error on a replayed speed ratio (``error``), and the equal rounds' narrower range."""
+    lines: list[str] = []
     if math.isfinite(error):
         column = error_column(cal)
         lines += [
@@ -1061,7 +1071,7 @@ def calibration_section(trace_run: Path, live: Path, cal=None, error: float = ma
                 f"equal rounds alone the factors lie between {low:.3f} and {high:.3f}.",
                 "",
             ]
-    return lines + ranking_lines(cal)
+    return lines
 
 
 def ranking_lines(cal: pd.DataFrame) -> list[str]:
