@@ -35,13 +35,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Annotated
 
 from hydra import compose
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
 from omegaconf import OmegaConf
 
-from specbench.configs import EXPERIMENT, composing, conf_dir, group_options, hydra_error, hydra_overrides
+from specbench.configs import EXPERIMENT, composing, conf_dir, hydra_error, hydra_overrides
 from specbench.errors import SpecbenchError
 from specbench.records import atomic_write_text
 from specbench.reproduction.catalog import plan_at
@@ -57,8 +58,12 @@ from specbench.reproduction.runs import (
     STARTED,
     Step,
 )
+from specbench.validate import Rule, each, list_of, section, text, validate
 
 log = logging.getLogger(__name__)
+
+
+SETTING = Rule(lambda v: isinstance(v, (bool, int, float, str)), "a number, a string, true or false")
 
 
 @dataclass(frozen=True)
@@ -67,9 +72,15 @@ class Scale:
     it runs, which is also its report layout (runs.RUN_SCALES, layouts.LAYOUTS), its own overrides by command or run
     directory, and per-drafter settings for each step whose pool has that drafter."""
 
-    layout: str
-    overrides: dict[str, tuple[str, ...]] = field(default_factory=dict)  # by command or run directory
-    drafters: dict[str, dict[str, object]] = field(default_factory=dict)  # drafter name -> {key: value}
+    layout: Annotated[str, text()]
+    # by command or run directory
+    overrides: Annotated[dict[str, tuple[str, ...]], each(list_of(text()), null=True)] = field(
+        default_factory=dict
+    )
+    # drafter name -> {key: value}
+    drafters: Annotated[dict[str, dict[str, object]], each(each(SETTING), null=True)] = field(
+        default_factory=dict
+    )
 
     def plan(self) -> tuple[Step, ...]:
         """Every run the exhibits of ``layout`` read, upstream runs first (``catalog.plan_at``)."""
@@ -88,15 +99,22 @@ class Scale:
 SCALE_GROUP = "scale"
 
 
-def load_scales() -> dict[str, Scale]:
-    """The scales of ``specbench reproduce --scale``, each an option of conf/scale/ (its layout, its overrides by
-    command or run directory, e.g. ``tiny``'s stand-ins for the dry run, and its per-drafter settings), by name."""
+def load_scales(directory: Path | None = None) -> dict[str, Scale]:
+    """The scales of ``specbench reproduce --scale``, each an option of conf/scale/ (``directory``: another folder of
+    them): its layout, its overrides by command or run directory (``tiny``'s stand-ins for the dry run) and its
+    per-drafter settings, by name, each file checked against ``Scale``'s declared fields."""
+    folder = Path(directory) if directory is not None else Path(conf_dir(), SCALE_GROUP)
     scales = {}
-    for name in group_options(SCALE_GROUP):
-        spec = OmegaConf.to_container(
-            OmegaConf.load(Path(conf_dir(), SCALE_GROUP, f"{name}.yaml")), resolve=True
-        )
-        scales[name] = Scale(
+    for path in sorted(folder.glob("*.yaml")):
+        loaded = OmegaConf.load(path)
+        try:
+            validate(OmegaConf.create({"scale": loaded}), section("scale", Scale))
+            if "layout" not in loaded:
+                raise SpecbenchError("it names no layout", "set layout: cpu or paper (the plan it runs)")
+        except SpecbenchError as exc:
+            raise SpecbenchError(f"scale {path}: {exc.problem}", exc.fix) from None
+        spec = OmegaConf.to_container(loaded, resolve=True)
+        scales[path.stem] = Scale(
             str(spec["layout"]),
             {str(k): tuple(str(o) for o in v) for k, v in (spec.get("overrides") or {}).items()},
             {str(d): dict(keys) for d, keys in (spec.get("drafters") or {}).items()},

@@ -40,11 +40,13 @@ ROOTS = [
     "trace",
     "replay",
 ]
-# groups whose options are composed alone, and where each lands (a drafter option lands in a pool)
+# groups whose options are composed alone, and where each lands (a drafter option lands in a pool); experiments are
+# composed with their commands, and a scale is no command's: `specbench reproduce --scale` reads it (plan.load_scales,
+# checked against Scale's declared fields: test_a_bad_scale_file_is_refused_by_name)
 GROUPS = {
     p.name: "pool.drafters.x" if p.name == "drafter" else p.name
     for p in sorted(Path(conf_dir()).iterdir())
-    if p.is_dir() and p.name not in ("experiment", "hydra")
+    if p.is_dir() and p.name not in ("experiment", "hydra", "scale")
 }
 
 # Keys that are not user settings typed here, each with its reason.
@@ -252,3 +254,31 @@ def test_a_key_two_commands_share_means_what_each_command_declares():
         TrainConfig(epochs=0).check()  # the dataclass's own check reads the same declaration
     with pytest.raises(SpecbenchError, match=r"train.dropout=1: expected a finite number in \[0, 1\)"):
         TrainConfig(dropout=1).check()
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        (
+            "layout: cpu\noverrides: {eval: 3}\n",
+            "scale.overrides.eval=3: expected a list, each a non-empty string",
+        ),
+        ("layout: cpu\ndrafters: {early_exit_8: {layers: [1]}}\n", "scale.drafters.early_exit_8.layers=[1]"),
+        ("overrides: {}\n", "it names no layout"),
+    ],
+)
+def test_a_bad_scale_file_is_refused_by_name(tmp_path, text, words):
+    from specbench.reproduction.plan import load_scales
+
+    (tmp_path / "mine.yaml").write_text(text)
+    with pytest.raises(SpecbenchError, match="mine.yaml") as err:
+        load_scales(tmp_path)
+    assert words in err.value.problem
+
+
+def test_the_shipped_scales_load():
+    from specbench.reproduction.plan import load_scales
+
+    scales = load_scales()
+    assert set(scales) == {"cpu", "paper", "tiny"}
+    assert scales["tiny"].drafters["early_exit_16"] == {"layers": 2}
