@@ -386,41 +386,46 @@ def test_long_horizon_replays_join_the_report_and_its_correction(tmp_path):
     assert list(table.n) == [80, 80, 80] and table.effect.iloc[0] == pytest.approx(1.2)
 
 
-def test_fig3_reads_the_large_sweep_and_judges_it_paired_per_validation_query(tmp_path):
-    """``make huang-fig3``'s sweep (under ROOT/huang/fig3) replaces Table 1's small one, and the largest training size
-    is judged against the smallest on the same validation queries (data_efficiency_queries.csv)."""
-    root = tmp_path / "reproduce"
-    _huang_fixture(root)
-    sweep = root / "huang" / "fig3" / "policy"
+def _fig3_sweep(sweep, sizes, gain: float, oracle: float = 1.2, best_single: float = 1.1, queries: int = 40):
+    """A policy sweep under ``sweep``: its table by training size and each size's chosen arm per validation query,
+    the largest size ``gain`` faster than the rest."""
     sweep.mkdir(parents=True)
-    sizes = [10, 30, 100, 300, 1000]
     pd.DataFrame(
         {
             "n_examples": sizes,
-            "val_reward": [0.5, 0.55, 0.6, 0.62, 0.63],
-            "oracle_reward": [0.7] * 5,
-            "speedup_replayed": [1.0, 1.05, 1.1, 1.12, 1.13],
-            "oracle_speedup": [1.2] * 5,
+            "val_reward": [0.5] * len(sizes),
+            "oracle_reward": [0.7] * len(sizes),
+            "speedup_replayed": [1.0] * (len(sizes) - 1) + [1.0 + gain],
+            "oracle_speedup": [oracle] * len(sizes),
+            "best_single_speedup": [best_single] * len(sizes),
         }
     ).to_csv(sweep / "data_efficiency.csv", index=False)
     rng = np.random.default_rng(0)
+    ars = 1.0 + rng.random(queries)  # each validation query's autoregressive seconds, the same at every size
     rows = []
     for n in sizes:
-        for i in range(40):
-            ar = 1.0 + rng.random()
+        for i, ar in enumerate(ars):
             rows.append(
                 {
                     "n_examples": n,
                     "query_id": f"q{i}",
                     "task": "translation",
                     "arm": "a",
-                    "seconds": ar / (1.0 + 0.13 * (n == 1000)) * (1 + 0.01 * rng.standard_normal()),
+                    "seconds": ar / (1.0 + gain * (n == sizes[-1])) * (1 + 0.01 * rng.standard_normal()),
                     "new_tokens": 16,
                     "ar_seconds": ar,
                     "ar_tokens": 16,
                 }
             )
     pd.DataFrame(rows).to_csv(sweep / "data_efficiency_queries.csv", index=False)
+
+
+def test_fig3_reads_the_large_sweep_and_judges_it_paired_per_validation_query(tmp_path):
+    """``make huang-fig3``'s sweep (under ROOT/huang/fig3) replaces Table 1's small one, and the largest training size
+    is judged against the smallest on the same validation queries (data_efficiency_queries.csv)."""
+    root = tmp_path / "reproduce"
+    _huang_fixture(root)
+    _fig3_sweep(root / "huang" / "fig3" / "policy", [10, 30, 100, 300, 1000], gain=0.13)
     out = render.write(root)
     fig3 = (out / "huang" / "fig3.md").read_text()
     assert (
@@ -428,3 +433,26 @@ def test_fig3_reads_the_large_sweep_and_judges_it_paired_per_validation_query(tm
         "10 queries" in fig3
     )
     assert "make huang-fig3" in fig3
+    assert (
+        "(headroom 9.1%)" in fig3
+    )  # what the pool leaves a policy to learn: oracle 1.2 over best single 1.1
+
+
+def test_fig3_on_the_harder_pool_is_one_claim_judged_on_both_pools(tmp_path):
+    """``make huang-fig3-pool``'s sweep joins Fig. 3 as a second pool: the claim holds only where it holds on both
+    (an intersection-union test, one verdict), the table keeps both pools apart, and each pool's headroom is named."""
+    root = tmp_path / "reproduce"
+    _huang_fixture(root)
+    _fig3_sweep(root / "huang" / "fig3" / "policy", [10, 100, 1000], gain=0.13)
+    _fig3_sweep(
+        root / "huang" / "fig3_pool" / "policy", [10, 100, 800], gain=-0.05, oracle=1.3, best_single=1.28
+    )
+    out = render.write(root)
+    fig3 = (out / "huang" / "fig3.md").read_text()
+    assert fig3.count("**not held**: more training queries give a higher speed than the fewest") == 1
+    assert (
+        "seven drafters, one template: not held" in fig3 and "two specialists, one per template: held" in fig3
+    )
+    assert "make huang-fig3-pool" in fig3 and "(headroom 1.6%)" in fig3
+    table = pd.read_csv(out / "huang" / "fig3.csv")
+    assert set(table["pool"]) == {"two specialists, one per template", "seven drafters, one template"}
