@@ -201,7 +201,7 @@ def section(at: str, *classes: type) -> dict[str, Rule]:
     """The key patterns of the config section ``at`` (``""``: the top level) as ``classes`` declare them: each a
     dataclass whose fields are the section's keys (``Annotated[type, rule]``), the schema of the YAML that holds
     the section's defaults (conf/<group>/), as a structured config is Hydra's."""
-    return {f"{at}.{key}" if at else key: rule for cls in classes for key, rule in declared(cls).items()}
+    return {f"{at}.{key}" if at else key: rule for cls in classes for key, rule in _declared(cls).items()}
 
 
 # config sections by where they sit in a config ("": the top level), each with the dataclasses that declare its keys
