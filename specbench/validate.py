@@ -6,7 +6,8 @@ does not have is skipped), the keys that the class or builder of each ``_target_
 ``SpecbenchError`` naming each bad key, its value and what it takes. The rules are the ``Rule`` helpers here;
 a config section's keys are the fields of the dataclasses declared beside the code that reads it (``section``:
 decoding, the target, datasets, the training recipes, the commands' own sections), and ``schema(*tables)`` joins
-them with ``SCHEMA`` (the keys that belong to no class); ``specbench.pipelines.keys`` holds every command's. A test composes every config and fails on a key nothing types.
+them with ``SCHEMA`` (the keys that belong to no class); ``specbench.pipelines.keys`` holds every command's. A test
+composes every config and fails on a key nothing types.
 Only types and ranges live here; which names are valid (a drafter arm, a cascade rule, an alignment metric) is
 checked by the code that uses them.
 """
@@ -163,8 +164,8 @@ SCHEMA: dict[str, Rule] = {
 
 
 def schema(*tables: Mapping[str, Rule]) -> dict[str, Rule]:
-    """``SCHEMA`` joined with ``tables`` (each a section's, ``section``). A key has one home: a pattern in two tables is an
-    error (the second would silently replace the first's rule)."""
+    """``SCHEMA`` joined with ``tables`` (each a section's, ``section``). A key has one home: a pattern in two tables
+    is an error (the second would silently replace the first's rule)."""
     full = dict(SCHEMA)
     for table in tables:
         for pattern, rule in table.items():

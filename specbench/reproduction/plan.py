@@ -398,9 +398,8 @@ def plan_steps(chosen, root: Path, sc, extra, questions: str, adapt) -> list[tup
     drafter = {str(o): drafter_of(str(o)) for o in extra or []}  # pool.drafters.<name>.<key>=... -> <name>
     per_drafter = [o for o, name in drafter.items() if name is not None]
     general = [o for o, name in drafter.items() if name is None]
-    own = (
-        sc.drafter_overrides()
-    )  # the scale's, before the call's: a plan of some papers may hold none of its drafters
+    # the scale's per-drafter settings, before the call's (which win); a plan of some papers may hold none of them
+    own = sc.drafter_overrides()
     drafter.update({o: drafter_of(o) for o in own})
     per_drafter = [*own, *per_drafter]
     used: set[str] = set()

@@ -105,8 +105,8 @@ class Session:
         ``files``: the records the pipeline resumes; a directory holding records of other settings
         is refused (or, with the overwrite key, emptied) before anything is loaded
         (:func:`claim_run_dir`); ``command`` (``eval``, ``cascades``, ...) takes the directory for this process
-        and command (:func:`lock_run_dir`); ``sections``: the command's own config sections (:func:`start_run`). Every
-        query's first prompt is checked against the target's context.
+        and command (:func:`lock_run_dir`); ``sections``: the command's own config sections (:func:`start_run`).
+        Every query's first prompt is checked against the target's context.
         """
         from specbench.drafters import build_pool
 
