@@ -151,6 +151,7 @@ def report_index(
 ) -> list[str]:
     """REPORT.md's lines: the header and counts, each exhibit (writing its files under ``out``: the seeds' claims
     first, then this project's own under their heading), then what is not run yet."""
+    reproduced = reproduced_line(exhibits)
     index = [
         f"# Reproduction report ({scale})",
         "",
@@ -158,6 +159,7 @@ def report_index(
         "paper's layout, the published numbers beside them where the paper gives them (`published.yaml`, "
         "with sources), and the paper's claim checked on our numbers.",
         "",
+        *([reproduced, ""] if reproduced else []),
         counts_line(exhibits),
         "",
     ]
@@ -246,6 +248,33 @@ def counts_line(exhibits: list[Exhibit]) -> str:
     )
 
 
+# an exhibit key's first part -> the seed paper it reproduces
+PAPERS = {"huang": "Huang et al.", "metasd": "MetaSD", "cascades": "speculative cascades"}
+
+
+def reproduced_line(exhibits: list[Exhibit]) -> str:
+    """One sentence saying what reproduces here: how many of the seeds' claims hold, per paper, and what the rest
+    are (generated from the verdicts, so the README never says "reproduces" without its count)."""
+    per: dict[str, list[str]] = {}
+    for ex in exhibits:
+        if ex.family == SEED and ex.verdicts:
+            paper = ex.key.split("/", 1)[0]
+            per.setdefault(PAPERS.get(paper, paper), []).extend(v.mark for v in ex.verdicts)
+    marks = [m for ms in per.values() for m in ms]
+    if not marks:
+        return ""
+    parts = ", ".join(f"{paper} {ms.count('held')} of {len(ms)}" for paper, ms in per.items())
+    rest = [f"{marks.count(m)} {m}" for m in ("not held", "inconclusive", "not judged") if marks.count(m)]
+    held = marks.count("held")
+    others = (
+        f"; the others are {', '.join(rest)} at this scale, with their numbers on their pages" if rest else ""
+    )
+    return (
+        f"What reproduces here: {held} of the seeds' {len(marks)} claims {'holds' if held == 1 else 'hold'} on "
+        f"these runs ({parts}){others}."
+    )
+
+
 def noise_line(exhibits: list[Exhibit]) -> str:
     """How many held speed verdicts the A/A noise floor could explain (when the report has an A/A exhibit)."""
     from specbench.reproduction.noise import KEY, explained
@@ -271,7 +300,9 @@ def summary_markdown(exhibits: list[Exhibit], missing: list[str], provenance: st
             f"| [{ex.title}]({paper}/{name}.md) | {marks.count('held')} | {marks.count('not held')} | "
             f"{marks.count('inconclusive')} | {marks.count('not judged')} |"
         )
+    reproduced = reproduced_line(exhibits)
     lines = [
+        *([reproduced, ""] if reproduced else []),
         counts_line(exhibits) + " The full report: [REPORT.md](REPORT.md).",
         "",
         *([provenance, ""] if provenance else []),

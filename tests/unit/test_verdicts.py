@@ -1114,6 +1114,30 @@ def test_holm_corrects_the_seeds_claims_apart_from_the_projects_own():
     assert "the seeds' 3 tested claims" in line and "own 5 tested claims" in line
 
 
+def test_the_summary_says_what_reproduces_per_paper_from_the_seeds_verdicts_only():
+    """Issue 43: the README's summary says in one sentence how many of the seeds' claims hold, per paper, counted
+    from the verdicts (the project's own claims are not counted as reproduced)."""
+    from specbench.reproduction import render
+    from specbench.reproduction.exhibit import PROJECT, SEED, Exhibit
+
+    held = V.faster("held", *timed(1.3, n=16, noise=0.05, seed=1))
+    not_held = V.faster("not held", *timed(0.7, n=16, noise=0.05, seed=2))
+    exhibits = [
+        Exhibit("h", pd.DataFrame(), [held, not_held], key="huang/table1", family=SEED),
+        Exhibit("m", pd.DataFrame(), [not_held], key="metasd/main", family=SEED),
+        Exhibit("o", pd.DataFrame(), [held, held], key="metasd/full_info", family=PROJECT),
+    ]
+    assert [v.mark for v in exhibits[0].verdicts] == ["held", "not held"]
+    line = render.reproduced_line(exhibits)
+    assert line.startswith("What reproduces here: 1 of the seeds' 3 claims holds on these runs")
+    assert (
+        "(Huang et al. 1 of 2, MetaSD 0 of 1)" in line and "the others are 2 not held at this scale" in line
+    )
+    summary = render.summary_markdown(exhibits, [])
+    assert summary.splitlines()[0] == line and "verdicts:" in summary.splitlines()[2]
+    assert render.reproduced_line([exhibits[2]]) == ""  # no seed claim: no sentence
+
+
 def test_policy_rows_show_which_arm_each_query_played(tmp_path):
     """Issue 43: every policy row of Huang et al.'s tables says how many queries it played on each arm (the arm of
     most of a query's rounds, from rounds.jsonl), so a policy that is autoregressive in replay and slow live shows
