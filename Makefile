@@ -138,10 +138,10 @@ test-all: test test-slow
 clean:
 	rm -rf outputs/eval outputs/bench outputs/multirun outputs/cascades_cpu
 
-# One paper's share of `make reproduce-cpu` (its steps only, into the same root, resumable; `make report`
-# then rebuilds the whole report): huang-cpu (Huang et al. Tables 1, 4, 6, Figs. 2, 3), metasd-cpu (MetaSD's
-# main table, heads, bandits, reward variance, convergence, full information, switching costs, stream),
-# cascades-cpu (speculative cascades, greedy and at temperature 1).
+# One paper's steps of the CPU plan (into the same root, resumable; `make report` then rebuilds the whole report):
+# huang-cpu (Huang et al. Tables 1, 4, 6, Figs. 2, 3) and metasd-cpu (MetaSD's main table, heads, bandits, reward
+# variance, convergence, full information, switching costs, stream), both in `make reproduce-cpu`; cascades-cpu
+# (speculative cascades, greedy on 64 queries a task and at temperature 1; outside reproduce-cpu, about 70 minutes).
 huang-cpu metasd-cpu cascades-cpu: install
 	$(SPECBENCH) reproduce --root $(REPRO) --paper $(@:-cpu=)$(if $(REDO), --redo)
 
@@ -265,10 +265,10 @@ specialists-eval: install
 draft-confidence: install
 	$(SPECBENCH) eval experiment=draft_confidence threads=$(THREADS) hydra.run.dir=$(SPECIALISTS_OUT)/draft_confidence
 
-# Every CPU-scale reproduction (Huang et al. Tables 1, 4, 6 and Figs. 2, 3; MetaSD's main table, heads,
-# bandits, reward variance, convergence, full information, switching costs and a non-stationary stream;
-# speculative cascades greedy and at temperature 1) with the shipped specialist heads, then the report:
-# outputs/reproduce/report/REPORT.md. The plan is derived from the exhibits (specbench/reproduction/catalog.py).
+# The CPU-scale reproduction (Huang et al. Tables 1, 4, 6 and Figs. 2, 3; MetaSD's main table, heads,
+# bandits, reward variance, convergence, full information, switching costs and a non-stationary stream; about
+# 85 minutes on 2 CPUs) with the shipped specialist heads, then the report: outputs/reproduce/report/REPORT.md.
+# Speculative cascades are kept apart (conf/scale/cpu.yaml: apart): `make cascades-cpu` runs them into the same root. The plan is derived from the exhibits (specbench/reproduction/catalog.py).
 # Resumable: finished steps are skipped, an interrupted one resumes (specbench/reproduction/plan.py). A step run
 # with other settings or with shipped heads rebuilt since is refused; REDO=1 (--redo) runs such steps again.
 REPRO ?= outputs/reproduce

@@ -413,7 +413,10 @@ def reproduce(
     ),
     profile: str = typer.Option(None, "--profile", hidden=True, help="deprecated: the old name of --scale"),
     paper: list[str] = typer.Option(
-        None, "--paper", help="only these papers (huang, metasd, cascades; paper scale: also spec_bench)"
+        None,
+        "--paper",
+        help="only these papers (huang, metasd, cascades; paper scale: also spec_bench); a paper the scale keeps "
+        "apart (cpu: cascades) runs only when named here",
     ),
     questions: str = typer.Option(
         None,

@@ -70,7 +70,8 @@ SETTING = Rule(lambda v: isinstance(v, (bool, int, float, str)), "a number, a st
 class Scale:
     """A scale of ``specbench reproduce --scale`` (an option of the config group conf/scale/): the run scale whose plan
     it runs, which is also its report layout (runs.RUN_SCALES, layouts.LAYOUTS), its own overrides by command or run
-    directory, and per-drafter settings for each step whose pool has that drafter."""
+    directory, per-drafter settings for each step whose pool has that drafter, and the papers kept apart from its
+    plan (run only when ``--paper`` names them: their own make target, so the plan keeps to its time)."""
 
     layout: Annotated[str, text()]
     # by command or run directory
@@ -81,6 +82,8 @@ class Scale:
     drafters: Annotated[dict[str, dict[str, object]], each(each(SETTING), null=True)] = field(
         default_factory=dict
     )
+    # papers whose steps run only when --paper names them
+    apart: Annotated[tuple[str, ...], list_of(text())] = ()
 
     def plan(self) -> tuple[Step, ...]:
         """Every run the exhibits of ``layout`` read, upstream runs first (``catalog.plan_at``)."""
@@ -118,6 +121,7 @@ def load_scales(directory: Path | None = None) -> dict[str, Scale]:
             str(spec["layout"]),
             {str(k): tuple(str(o) for o in v) for k, v in (spec.get("overrides") or {}).items()},
             {str(d): dict(keys) for d, keys in (spec.get("drafters") or {}).items()},
+            tuple(str(p) for p in spec.get("apart") or ()),
         )
     return scales
 
@@ -372,7 +376,21 @@ def choose_steps(root: Path, scale: str, papers, extra, questions: str):
         raise SpecbenchError(
             f"unknown paper(s) {', '.join(unknown)}", f"use some of: {', '.join(sorted(known))}"
         )
-    chosen = [s for s in steps if not papers or s.paper in papers]
+    strays = sorted(set(sc.apart) - known)
+    if strays:
+        raise SpecbenchError(
+            f"scale {scale} keeps apart unknown paper(s) {', '.join(strays)}",
+            f"in conf/scale/{scale}.yaml, name some of: {', '.join(sorted(known))}",
+        )
+    chosen = (
+        [s for s in steps if s.paper in papers] if papers else [s for s in steps if s.paper not in sc.apart]
+    )
+    if not papers and sc.apart:
+        log.warning(
+            "not in this plan (kept apart for its time): %s; run each with --paper into this root (the report "
+            "reads it)",
+            ", ".join(sc.apart),
+        )
     if any(SPEC_BENCH in s.overrides for s in chosen) and not Path(questions).is_file():
         raise SpecbenchError(
             f"no Spec-Bench question file {questions}",

@@ -282,3 +282,25 @@ def test_the_shipped_scales_load():
     scales = load_scales()
     assert set(scales) == {"cpu", "paper", "tiny"}
     assert scales["tiny"].drafters["early_exit_16"] == {"layers": 2}
+    # issue 43: the cascades' runs sit outside the CPU plan's time (make cascades-cpu); the dry run keeps every step
+    assert scales["cpu"].apart == ("cascades",) and scales["tiny"].apart == () == scales["paper"].apart
+
+
+def test_a_paper_kept_apart_runs_only_when_named(tmp_path, monkeypatch):
+    """Issue 43: `make reproduce-cpu` keeps to its time by leaving the papers its scale keeps apart (cascades) to their
+    own target, `--paper cascades`, which runs them into the same root; a scale keeping apart a paper its plan does not
+    have is refused naming its file."""
+    from specbench.reproduction import plan
+
+    root = tmp_path / "root"
+    _, steps, chosen = plan.choose_steps(root, "cpu", None, [], plan.QUESTIONS)
+    assert {s.paper for s in steps} == {"huang", "metasd", "cascades"}
+    assert {s.paper for s in chosen} == {"huang", "metasd"}
+    _, _, named = plan.choose_steps(root, "cpu", ["cascades"], [], plan.QUESTIONS)
+    assert {s.run for s in named} == {"cascades/greedy", "cascades/sampling"}
+    _, _, every = plan.choose_steps(root, "tiny", None, [], plan.QUESTIONS)
+    assert tuple(every) == steps  # tiny keeps nothing apart: the dry run covers the cascades too
+    monkeypatch.setitem(plan.SCALES, "odd", plan.Scale("cpu", apart=("leviathan",)))
+    with pytest.raises(SpecbenchError, match="keeps apart unknown paper") as err:
+        plan.choose_steps(root, "odd", None, [], plan.QUESTIONS)
+    assert "conf/scale/odd.yaml" in err.value.fix and "cascades" in err.value.fix
