@@ -50,7 +50,8 @@ def test_outside_a_virtual_environment_make_uses_a_project_venv(tmp_path):
 def test_the_default_project_venv_is_dot_venv_and_git_ignored():
     out = dry_run("demo", {})
     assert ".venv/bin/python -m pip install" in out and ".venv/bin/specbench eval" in out
-    assert ".venv/" in (ROOT / ".gitignore").read_text().splitlines()
+    # without a trailing slash, so a .venv that is a link (a side clone sharing an environment) is ignored too
+    assert ".venv" in (ROOT / ".gitignore").read_text().splitlines()
 
 
 @pytest.mark.parametrize("env", [{"VIRTUAL_ENV": "/some/venv"}, {"CONDA_PREFIX": "/opt/conda/envs/x"}])
