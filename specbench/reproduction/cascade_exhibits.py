@@ -181,10 +181,64 @@ def cascades(root: Path, published: list[Published], lay: Layout, run: CascadeRu
         f"Speculative cascades, quality against speedup ({run.title})",
         pts,
         cascade_verdicts(ex, run, columns),
-        notes + separation_note(metric_separation(ex)),
+        notes + quality_note(quality_intervals(ex, columns)) + separation_note(metric_separation(ex)),
         plot=points_plot(
             pts, tasks, f"Speculative cascades ({lay.scale}, {run.name}): task quality vs speed"
         ),
+    )
+
+
+def quality_intervals(ex: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
+    """Per task with a metric (``columns``: :func:`task_columns`) and per point of the run: its per-query quality
+    minus the target's, paired, with the verdicts' 95% interval, the task's margin (:func:`quality_margin`) and
+    what the interval shows: at the target's quality (above minus the margin), below it (wholly under), or
+    cannot tell (straddling it). The drafter alone is shown too, as the floor."""
+    from specbench.arms import AUTOREGRESSIVE
+
+    rows = []
+    for task in dict.fromkeys(ex.task) if not ex.empty else ():
+        if task not in columns:
+            continue
+        sub = ex[ex.task == task]
+        sub = sub.assign(_q=task_quality(sub, columns[task]))
+        margin = quality_margin(sub)
+        for m in dict.fromkeys(sub.method):
+            if m == AUTOREGRESSIVE:
+                continue
+            p = paired(sub, [m, AUTOREGRESSIVE])
+            gap = quality_gap(p, m)
+            if gap is None:
+                continue
+            mean, lo, hi = gap
+            shows = "at the target's quality" if lo >= -margin else "below" if hi < -margin else "cannot tell"
+            rows.append(
+                {
+                    "task": task,
+                    "method": m,
+                    "family": family(m),
+                    "metric": columns[task],
+                    "n": int(p[m]._q.notna().sum()),
+                    "difference": mean,
+                    "ci_low": lo,
+                    "ci_high": hi,
+                    "margin": margin,
+                    "shows": shows,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def quality_note(table: pd.DataFrame) -> str:
+    """The per-point quality intervals as a paragraph of the exhibit's notes (empty without rows)."""
+    if table.empty:
+        return ""
+    from specbench.pipelines.tables import to_markdown
+
+    return (
+        "\n\nEach point's quality against the target's, paired per query (the point's score minus the target's, "
+        f"95% {V.INTERVAL_TEXT}; margin: lossless SD's own scatter; shows: at the target's quality when the "
+        "interval lies above minus the margin, below when it lies wholly under it, cannot tell otherwise):\n\n"
+        + to_markdown(table)
     )
 
 

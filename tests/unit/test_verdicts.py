@@ -1030,6 +1030,16 @@ def test_a_cascade_is_at_the_targets_quality_by_a_paired_non_inferiority_test(tm
     assert (
         ex[ex.method == "sd"]._q.mean() < ex[ex.method == "autoregressive"]._q.mean()
     )  # the old rule's failure
+    table = CE.quality_intervals(ex, {"summarization": "rouge2"}).set_index(
+        "method"
+    )  # the page's per-point table
+    assert table.shows.to_dict() == {
+        "sd": "at the target's quality",
+        "diff@0.1": "at the target's quality",
+        "opt@0.6": "below",
+    }
+    assert table.at["opt@0.6", "ci_high"] < -margin and (table.margin == margin).all()
+    assert "Each point's quality against the target's" in CE.quality_note(table.reset_index())
 
 
 def test_a_cascade_claim_without_a_point_at_the_targets_quality_is_not_held_only_when_every_point_is_below(
