@@ -98,7 +98,7 @@ aa-cpu: install
 # new tokens or EOS: conf/experiment/trace_mixed.yaml; resumable), a live eval of 2 of its queries a task at the same
 # 512 tokens (conf/experiment/replay_live.yaml: the replay's calibration, one method per replayed family; its rounds
 # also fit the clock's per-round overheads), then the replays (100 seeds a selector) and their exhibits with paired
-# intervals (long_horizon.md). About 31 + 18 minutes on 2 CPUs; the replays take a few minutes.
+# intervals (long_horizon.md). About 47 + 9 minutes on 2 CPUs (measured alone: 58 in all); the replays take about 2.
 TRACE_OUT ?= outputs/trace_mixed/run
 LIVE_OUT ?= outputs/replay_live/run
 LONG_OUT ?= outputs/long_horizon
@@ -145,7 +145,7 @@ clean:
 huang-cpu metasd-cpu cascades-cpu: install
 	$(SPECBENCH) reproduce --root $(REPRO) --paper $(@:-cpu=)$(if $(REDO), --redo)
 
-# Huang et al. Fig. 3 with 1,000+ training queries (outside the 90-minute plan: about 30 minutes on 2 CPUs; resumable):
+# Huang et al. Fig. 3 with 1,000+ training queries (outside the 90-minute plan: about 35 minutes on 2 CPUs; resumable):
 # one greedy acceptance trace of the two heads on 1,332 held-out queries (conf/experiment/huang_fig3_cpu.yaml), a
 # collection that replays every arm from it (collect.trace), and the policy's data-efficiency sweep. The report's
 # Fig. 3 reads it from $(REPRO)/huang/fig3 when it is there.
