@@ -191,8 +191,7 @@ def cascades(root: Path, published: list[Published], lay: Layout, run: CascadeRu
 def quality_intervals(ex: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
     """Per task with a metric (``columns``: :func:`task_columns`) and per point of the run: its per-query quality
     minus the target's, paired, with the verdicts' 95% interval, the task's margin (:func:`quality_margin`) and
-    what the interval shows: at the target's quality (above minus the margin), below it (wholly under), or
-    cannot tell (straddling it). The drafter alone is shown too, as the floor."""
+    what the interval shows (:func:`quality_shows`). The drafter alone is shown too, as the floor."""
     from specbench.arms import AUTOREGRESSIVE
 
     rows = []
@@ -210,7 +209,6 @@ def quality_intervals(ex: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame
             if gap is None:
                 continue
             mean, lo, hi = gap
-            shows = "at the target's quality" if lo >= -margin else "below" if hi < -margin else "cannot tell"
             rows.append(
                 {
                     "task": task,
@@ -222,7 +220,7 @@ def quality_intervals(ex: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame
                     "ci_low": lo,
                     "ci_high": hi,
                     "margin": margin,
-                    "shows": shows,
+                    "shows": quality_shows(gap, margin),
                 }
             )
     return pd.DataFrame(rows)
@@ -357,6 +355,17 @@ def quality_margin(ex: pd.DataFrame) -> float:
     return max(abs(gap[1]), abs(gap[2])) if gap is not None else 0.0
 
 
+AT_QUALITY, BELOW_QUALITY, CANNOT_TELL = "at the target's quality", "below", "cannot tell"
+
+
+def quality_shows(gap: tuple[float, float, float], margin: float) -> str:
+    """What a point's paired interval of the quality difference to the target (``quality_gap``) shows at ``margin``:
+    at the target's quality (non-inferior: the interval lies above ``-margin``), below it (wholly under), or cannot
+    tell (straddling it)."""
+    _, lo, hi = gap
+    return AT_QUALITY if lo >= -margin else BELOW_QUALITY if hi < -margin else CANNOT_TELL
+
+
 def at_target_quality(ex: pd.DataFrame, methods: list[str], margin: float = 0.0) -> list[tuple[float, str]]:
     """(speedup, method) of each of ``methods`` at the target's quality, fastest first: its paired 95% interval of the
     per-query quality difference to the target (autoregressive) lies above ``-margin`` (non-inferior; ``margin``:
@@ -367,7 +376,7 @@ def at_target_quality(ex: pd.DataFrame, methods: list[str], margin: float = 0.0)
     for m in methods:
         p = paired(ex, [m, AUTOREGRESSIVE])
         gap = quality_gap(p, m)
-        if gap is not None and gap[1] >= -margin:
+        if gap is not None and quality_shows(gap, margin) == AT_QUALITY:
             out.append((float(V.speed_ratio()(pair_columns(p[m], p[AUTOREGRESSIVE]))), m))
     return sorted(out, reverse=True)
 
@@ -458,7 +467,7 @@ def no_point_verdict(sub: pd.DataFrame, named: str, points: list[str], margin: f
         return V.Verdict(
             named, None, f"fewer than {V.MIN_N} paired queries", n=n, label=CASCADE_LABEL, reason=V.N_SMALL
         )
-    if len(shown) == len(gaps) and all(g[2] < -margin for g in shown):
+    if len(shown) == len(gaps) and all(quality_shows(g, margin) == BELOW_QUALITY for g in shown):
         why = (
             f"every speculative-cascade point ({len(shown)}) is below the target's quality: its paired 95% "
             f"interval of the quality difference lies under -{margin:.3g}"
