@@ -19,7 +19,7 @@ TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
 .PHONY: install demo readme-demo trees-cpu budget-cpu trees-own-task-cpu metasd-seed-cpu aa-cpu trace-mixed test lint test-slow test-all bench clean metasd-cpu huang-cpu \
-	cascades-cpu huang-fig3 huang-fig3-pool specialist-data specialist-levers specialists ship-heads small-drafter specialists-eval draft-confidence reproduce-cpu report paper-dry-run paper-drafters \
+	cascades-cpu huang-fig3 huang-fig3-pool reproduce-cpu-again specialist-data specialist-levers specialists ship-heads small-drafter specialists-eval draft-confidence reproduce-cpu report paper-dry-run paper-drafters \
 	reproduce-paper
 
 install: $(ENVIRONMENT)
@@ -276,11 +276,18 @@ REDO ?=
 reproduce-cpu: install
 	$(SPECBENCH) reproduce --root $(REPRO)$(if $(REDO), --redo)
 
+# The same CPU plan a second time, into its own root (as long as reproduce-cpu; resumable): `make report` then
+# judges every verdict against it too, marks each that reads otherwise there unstable (never counted held) and
+# writes STABILITY.md (specbench/reproduction/stability.py).
+REPRO_AGAIN ?= outputs/reproduce-again
+reproduce-cpu-again: install
+	$(SPECBENCH) reproduce --root $(REPRO_AGAIN)$(if $(REDO), --redo)
+
 # Rebuild the report from the runs, copy it to docs/reproduction and write its index into the README
 # (between the generated-report markers of "Measured results"); the long-horizon replays of `make trace-mixed`
-# ($(LONG_OUT)) join it when they exist.
+# ($(LONG_OUT)) join it when they exist, and the second run of the plan ($(REPRO_AGAIN)) when it exists.
 report: install
-	$(SPECBENCH) report $(REPRO) --publish docs/reproduction --readme README.md$(if $(wildcard $(LONG_OUT)/verdicts_data.json), --long-horizon $(LONG_OUT))
+	$(SPECBENCH) report $(REPRO) --publish docs/reproduction --readme README.md$(if $(wildcard $(LONG_OUT)/verdicts_data.json), --long-horizon $(LONG_OUT))$(if $(wildcard $(REPRO_AGAIN)/reproduce.json), --against $(REPRO_AGAIN))
 
 # ---------------------------------------------------------------------------------------------------
 # Paper scale: every paper-scale experiment (conf/experiment/, README "Paper-scale experiments"). Needs a

@@ -372,6 +372,15 @@ def report(
         help="the long-horizon replays of `make trace-mixed` (outputs/long_horizon): "
         "their verdicts join the report",
     ),
+    against: str = typer.Option(
+        None,
+        "--against",
+        help="a second root of the same plan: a verdict that reads otherwise there is marked unstable (never "
+        "counted held); STABILITY.md lists both runs' verdicts",
+    ),
+    one_commit: bool = typer.Option(
+        False, "--one-commit", help="refuse a root whose runs came from several commits or uncommitted code"
+    ),
 ) -> None:
     """Each paper's tables and figures from the run directories under ROOT, published numbers beside ours,
     and each claim checked (REPORT.md)."""
@@ -385,7 +394,9 @@ def report(
             )
         if readme:  # checked before anything is written or published
             render.check_readme(Path(readme))
-        path = render.write(root, out, layout, long_horizon=long_horizon)
+        path = render.write(
+            root, out, layout, long_horizon=long_horizon, against=against, one_commit=one_commit
+        )
         if publish:
             typer.echo(f"published: {render.publish(path, publish)}")
         if readme:

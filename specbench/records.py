@@ -267,6 +267,9 @@ ROUNDS = "rounds.jsonl"  # eval, replay: one record per round
 ROWS = "rows.jsonl"  # collect: one row per collected query (one shard)
 SEEDS = "seeds.jsonl"  # replay: one record per (method, seed, query)
 CONFIG = "config.yaml"  # every command: the settings its records were made with
+PROVENANCE = (
+    "provenance.json"  # every command: the code commit, packages and machine of each process that ran it
+)
 SUMMARY = "summary.md"  # eval: its summary table (says when the run stopped early)
 SUMMARY_CSV = "summary.csv"  # eval: the same table as CSV
 METRICS = (

@@ -42,6 +42,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
 from omegaconf import OmegaConf
 
+from specbench import provenance
 from specbench.configs import EXPERIMENT, composing, conf_dir, hydra_error, hydra_overrides
 from specbench.errors import SpecbenchError
 from specbench.records import atomic_write_text
@@ -525,7 +526,7 @@ def run_steps(planned: list[tuple], stale: dict[str, list[str]], steps, root: Pa
             "upstream": upstream,
         }
         out.mkdir(parents=True, exist_ok=True)
-        _write_json(out / STARTED, {**marker, "started": _now()})
+        _write_json(out / STARTED, {**marker, "started": _now(), "provenance": provenance.collect()})
         t0 = time.perf_counter()
         pipeline(step.command)(cfg, out)
         done = {
@@ -533,6 +534,7 @@ def run_steps(planned: list[tuple], stale: dict[str, list[str]], steps, root: Pa
             "seconds": round(time.perf_counter() - t0, 1),
             "finished": _now(),
             "records": count_records(out, step.command),
+            "provenance": provenance.collect(),
         }
         _write_json(out / DONE, done)
     print(

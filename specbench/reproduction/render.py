@@ -104,36 +104,45 @@ def write(
     layout: str | None = None,
     allow_empty: bool = False,
     long_horizon: Path | None = None,
+    against: Path | None = None,
+    one_commit: bool = False,
 ) -> Path:
     """The report of ``root`` into ``out`` (default ``ROOT/report``); a root that holds no exhibit's runs is an error,
     unless ``allow_empty`` (a reproduce restricted to steps that complete no exhibit yet): then the index lists only
     what is not run yet. ``long_horizon``: the replays of ``make trace-mixed`` (outputs/long_horizon), judged with
-    the rest (their own runs: the trace is longer than the plan's budget)."""
-    root = Path(root)
-    if not root.is_dir():
-        raise SpecbenchError(
-            f"no run directory {root}",
-            "run `make reproduce-cpu` (or specbench reproduce) first, "
-            "or pass the root its runs were written to",
-        )
+    the rest (their own runs: the trace is longer than the plan's budget). ``against``: a second root of the same
+    plan: every verdict that reads otherwise there is marked unstable (never counted held) and ``STABILITY.md``
+    lists both runs' verdicts (:mod:`.stability`). The index names the commits the runs came from (mixing said in
+    so many words); ``one_commit`` refuses a root whose runs came from several commits or uncommitted code."""
+    from specbench import provenance as code
+
+    root = _root(root)
     out = Path(out) if out else root / "report"
     lay = layout_of(root, layout)
-    extra = []
-    if long_horizon is not None:
-        from specbench.reproduction import long_horizon as replays
-
-        extra = [replays.exhibit(Path(long_horizon))]
-    exhibits, missing = build(root, layout=lay, extra=extra)
+    commits = code.commits_under(root)
+    if one_commit:
+        code.check_one_commit(commits, root)
+    exhibits, missing = build(root, layout=lay, extra=_long_horizon(long_horizon))
+    stable = None if against is None else _stability(exhibits, root, Path(against), lay)
     if not exhibits and not allow_empty:
         make = "make reproduce-paper" if lay.name == "paper" else "make reproduce-cpu"
         raise SpecbenchError(
             f"no reproduced exhibit under {root} ({lay.name} layout; missing: {', '.join(missing[:3])} ...)",
             f"run `{make}` first, or pass the root it wrote to",
         )
-    provenance = shipped_heads.provenance_line(root)
+    again = f"Stability: every verdict against a second run of the plan ({against}): [STABILITY.md](STABILITY.md)."
+    provenance = "\n\n".join(
+        line
+        for line in (code.code_line(commits), again if stable else "", shipped_heads.provenance_line(root))
+        if line
+    )
     index = report_index(root, exhibits, missing, provenance, lay.scale, out, long_horizon)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "REPORT.md", "\n".join(index))
+    if stable is not None:
+        from specbench.reproduction.stability import STABILITY
+
+        atomic_write_text(out / STABILITY, stable)
     atomic_write_text(out / SUMMARY, summary_markdown(exhibits, missing, provenance))
     held = sum(v.held is True for ex in exhibits for v in ex.verdicts)
     total = sum(len(ex.verdicts) for ex in exhibits)
@@ -144,6 +153,34 @@ def write(
         title=f"report: {len(exhibits)} exhibits, {held} of {total} verdicts held{note} ({out / 'REPORT.md'})",
     )
     return out
+
+
+def _root(root) -> Path:
+    root = Path(root)
+    if not root.is_dir():
+        raise SpecbenchError(
+            f"no run directory {root}",
+            "run `make reproduce-cpu` (or specbench reproduce) first, or pass the root its runs were written to",
+        )
+    return root
+
+
+def _stability(exhibits: list[Exhibit], root: Path, against: Path, lay: Layout) -> str:
+    """Mark (in place) the verdicts of ``exhibits`` that read otherwise on ``against``'s runs; the stability page.
+    The long-horizon replays are not rebuilt there (one run of them): their claims are listed as unpaired."""
+    from specbench.reproduction import stability
+
+    there, _ = build(_root(against), layout=lay)
+    return stability.page(stability.mark_unstable(exhibits, there, str(against)), str(root), str(against))
+
+
+def _long_horizon(path) -> list[Exhibit]:
+    """The long-horizon replays' exhibit (``make trace-mixed``), when a directory is given."""
+    if path is None:
+        return []
+    from specbench.reproduction import long_horizon as replays
+
+    return [replays.exhibit(Path(path))]
 
 
 def report_index(
@@ -236,7 +273,13 @@ def counts_line(exhibits: list[Exhibit]) -> str:
     own = sum(v.p is not None for ex in exhibits if ex.family == PROJECT for v in ex.verdicts)
     return (
         f"{len(marks)} verdicts: {marks.count('held')} held, {marks.count('not held')} not held, "
-        f"{marks.count('inconclusive')} inconclusive, {marks.count('not judged')} not judged. Each is judged on "
+        f"{marks.count('inconclusive')} inconclusive, {marks.count('not judged')} not judged"
+        + (
+            f", {marks.count('unstable')} unstable (marked otherwise in a second run of the plan)"
+            if "unstable" in marks
+            else ""
+        )
+        + ". Each is judged on "
         f"per-query paired data with a 95% {V.INTERVAL_TEXT}: held only when the interval excludes the null, not "
         f"held when it excludes the claim, inconclusive when it straddles it, not judged below {V.MIN_N} paired "
         f"queries or without per-query data. Held verdicts also pass Holm's step-down correction across the "
@@ -264,7 +307,7 @@ def reproduced_line(exhibits: list[Exhibit]) -> str:
     if not marks:
         return ""
     parts = ", ".join(f"{paper} {ms.count('held')} of {len(ms)}" for paper, ms in per.items())
-    rest = [f"{marks.count(m)} {m}" for m in ("not held", "inconclusive", "not judged") if marks.count(m)]
+    rest = [f"{marks.count(m)} {m}" for m in V.MARKS[1:] if marks.count(m)]
     held = marks.count("held")
     others = (
         f"; the others are {', '.join(rest)} at this scale, with their numbers on their pages" if rest else ""

@@ -71,7 +71,10 @@ N_SMALL = f"n < {MIN_N}"
 INCONCLUSIVE = "inconclusive"  # the interval straddles the claim's threshold at an adequate n
 NOT_ESTIMABLE = "effect not estimable"
 NO_PAIRS = "no per-query data"
-MARKS = ("held", "not held", "inconclusive", "not judged")
+UNSTABLE = (
+    "unstable"  # its mark differs between two runs of the same plan (``stability``): never counted held
+)
+MARKS = ("held", "not held", "inconclusive", "not judged", "unstable")
 
 
 @dataclass(frozen=True)
@@ -100,8 +103,8 @@ class Verdict:
 
     @property
     def mark(self) -> str:
-        if self.held is None and self.reason == INCONCLUSIVE:
-            return "inconclusive"
+        if self.held is None and self.reason in (INCONCLUSIVE, UNSTABLE):
+            return self.reason
         return {True: "held", False: "not held", None: "not judged"}[self.held]
 
     @property
@@ -117,8 +120,12 @@ class Verdict:
 
     def line(self) -> str:
         """``**mark**: claim (why not judged; n, effect, interval; detail)``: the mark is always followed by
-        ``: `` (the report's index and tests find verdict lines by ``- **held|not held|inconclusive|not judged**: ``)."""
-        why = f"{self.reason}; " if self.held is None and self.reason and self.reason != INCONCLUSIVE else ""
+        ``: `` (the report's index and tests find verdict lines by ``- **held|not held|inconclusive|not judged|unstable**: ``)."""
+        why = (
+            f"{self.reason}; "
+            if self.held is None and self.reason and self.reason not in (INCONCLUSIVE, UNSTABLE)
+            else ""
+        )
         detail = f"; {self.detail}" if self.detail else ""
         return f"**{self.mark}**: {self.claim} ({why}{self.stats}{detail})"
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from specbench import provenance
 from specbench.configs import canonical_option
 from specbench.errors import SpecbenchError
 from specbench.pipelines.session.settings import resolve_target_dtype
@@ -161,8 +162,8 @@ def start_run(
     by name), create the run directory and take it
     (:func:`lock_run_dir`: one process at a time, one command per directory; ``command`` defaults to Hydra's
     config name), then (with ``files``: after :func:`claim_run_dir`) save the composed config there
-    (``target.dtype`` resolved: :func:`resolve_target_dtype`; and the settings file of ``files``), apply
-    ``threads``."""
+    (``target.dtype`` resolved: :func:`resolve_target_dtype`; and the settings file of ``files``) and the code,
+    packages and machine this process runs (``provenance.json``: :func:`provenance.record`), apply ``threads``."""
     check_config(
         cfg, sections if sections is not None else COMMANDS.get(command_name(command or hydra_command()))
     )
@@ -178,6 +179,7 @@ def start_run(
         claim_run_dir(out, cfg, files)
     save_hydra_record(cfg, out)
     save_config(cfg, out / CONFIG)
+    provenance.record(out)
     if files is not None and files.settings != CONFIG:
         save_config(OmegaConf.create(compared_settings(cfg)), out / files.settings)
     if cfg.get("threads"):
