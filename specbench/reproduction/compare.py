@@ -41,19 +41,27 @@ def _present(x) -> bool:
     return x is not None and not (isinstance(x, float) and math.isnan(x))
 
 
-def pair_columns(a: pd.DataFrame, b: pd.DataFrame) -> dict[str, np.ndarray]:
+def pair_columns(a: pd.DataFrame, b: pd.DataFrame, cost: str = "seconds") -> dict[str, np.ndarray]:
     """The paired per-query columns of two methods' records aligned by query (``verdicts.speed_ratio``'s: a_s, a_t,
-    b_s, b_t): ``speed_ratio()`` of them is how much faster ``a`` is than ``b``."""
+    b_s, b_t): ``speed_ratio()`` of them is how much faster ``a`` is than ``b``. ``cost``: the record column a
+    token is paid in (``seconds``: wall-clock; ``target_calls``: target forwards, so the ratio is one of tokens
+    per target call)."""
     return {
-        "a_s": a.seconds.to_numpy(float),
+        "a_s": a[cost].to_numpy(float),
         "a_t": a.new_tokens.to_numpy(float),
-        "b_s": b.seconds.to_numpy(float),
+        "b_s": b[cost].to_numpy(float),
         "b_t": b.new_tokens.to_numpy(float),
     }
 
 
 def timed(p: pd.DataFrame) -> tuple[list[float], list[float]]:
     return list(p.seconds.astype(float)), list(p.new_tokens.astype(float))
+
+
+def called(p: pd.DataFrame) -> tuple[list[float], list[float]]:
+    """(target forward calls, new tokens) per query: :func:`verdicts.faster` on these judges tokens per target
+    call (the seeds' measure of speed where the target's forward is the cost), not the clock."""
+    return list(p.target_calls.astype(float)), list(p.new_tokens.astype(float))
 
 
 def faster_on(

@@ -17,9 +17,10 @@ from specbench.pipelines.tables import print_table, to_markdown
 from specbench.records import SUMMARY_CSV, atomic_write_text
 from specbench.reproduction import heads as shipped_heads
 from specbench.reproduction import published as published_values
+from specbench.reproduction import statements
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.catalog import builders
-from specbench.reproduction.exhibit import FAMILIES, PROJECT, SEED, Exhibit, Layout, mark_unfinished
+from specbench.reproduction.exhibit import PROJECT, SEED, Exhibit, Layout, mark_unfinished
 from specbench.reproduction.inputs import NotRun
 from specbench.reproduction.layouts import LAYOUTS
 from specbench.reproduction.runs import CONFIG, ROOT_RECORD
@@ -78,15 +79,11 @@ def build(
 
 
 def correct(exhibits: list[Exhibit]) -> list[Exhibit]:
-    """Holm's family-wise correction (``verdicts.holm``) across the verdicts of each family of claims (the seeds',
-    this project's own: ``exhibit.FAMILIES``), written back into each exhibit: a claim held at its own level but not
-    after the correction reads ``inconclusive``."""
-    for family in FAMILIES:
-        members = [ex for ex in exhibits if ex.family == family]
-        fixed = iter(V.holm([v for ex in members for v in ex.verdicts]))
-        for ex in members:
-            ex.verdicts = [next(fixed) for _ in ex.verdicts]
-    return exhibits
+    """``exhibits`` and the statements exhibits (:func:`statements.judge`): every verdict of an exhibit is a part
+    of one statement, each statement judged once over its parts, Holm's family-wise correction run over the
+    statements of each family (the seeds', this project's own: ``exhibit.FAMILIES``): a statement held at its own
+    level but not after the correction reads ``inconclusive``. The parts stay at their own level."""
+    return [*exhibits, *statements.judge(exhibits)]
 
 
 def exhibit_markdown(ex: Exhibit, figure: str | None) -> str:
@@ -124,6 +121,7 @@ def write(
         code.check_one_commit(commits, root)
     exhibits, missing = build(root, layout=lay, extra=_long_horizon(long_horizon))
     stable = None if against is None else _stability(exhibits, root, Path(against), lay)
+    statements.annotate(exhibits)  # each part names its statement's final mark
     if not exhibits and not allow_empty:
         make = "make reproduce-paper" if lay.name == "paper" else "make reproduce-cpu"
         raise SpecbenchError(
@@ -144,13 +142,15 @@ def write(
 
         atomic_write_text(out / STABILITY, stable)
     atomic_write_text(out / SUMMARY, summary_markdown(exhibits, missing, provenance))
-    held = sum(v.held is True for ex in exhibits for v in ex.verdicts)
-    total = sum(len(ex.verdicts) for ex in exhibits)
+    judged = [ex for ex in exhibits if statements.is_statements(ex)] or exhibits
+    held = sum(v.held is True for ex in judged for v in ex.verdicts)
+    total = sum(len(ex.verdicts) for ex in judged)
     partial = sum(any(v.unfinished for v in ex.verdicts) for ex in exhibits)
     note = f", {partial} exhibits on unfinished runs (not judged)" if partial else ""
     print_table(
         "\n".join(f"- {ex.key}: " + "; ".join(v.mark for v in ex.verdicts) for ex in exhibits),
-        title=f"report: {len(exhibits)} exhibits, {held} of {total} verdicts held{note} ({out / 'REPORT.md'})",
+        title=f"report: {len(exhibits)} exhibits, {held} of {total} {'statements' if judged is not exhibits else 'verdicts'} "
+        f"held{note} ({out / 'REPORT.md'})",
     )
     return out
 
@@ -203,9 +203,12 @@ def report_index(
     if provenance:
         index += [provenance, ""]
     aa = aa_table(exhibits)
-    for ex in [ex for ex in exhibits if ex.family == SEED]:
+    first = sorted(
+        exhibits, key=lambda ex: not statements.is_statements(ex)
+    )  # each family's statements first
+    for ex in [ex for ex in first if ex.family == SEED]:
         index += write_exhibit(ex, out, long_horizon, aa)
-    own = [ex for ex in exhibits if ex.family == PROJECT]
+    own = [ex for ex in first if ex.family == PROJECT]
     if own:
         index += [
             "## This project's own claims (not the seeds')",
@@ -266,13 +269,22 @@ SUMMARY = "SUMMARY.md"  # the compact index the README includes: one row per exh
 
 
 def counts_line(exhibits: list[Exhibit]) -> str:
-    """``N verdicts: H held, K not held, I inconclusive, U not judged`` over ``exhibits``, and how they are judged."""
-    marks = [v.mark for ex in exhibits for v in ex.verdicts]
-    seeds = [v for ex in exhibits if ex.family == SEED for v in ex.verdicts]
+    """``N statements: H held, K not held, I inconclusive, U not judged`` over the statements exhibits of
+    ``exhibits`` (``N verdicts`` over every verdict when there are none), and how they are judged."""
+    stated = [ex for ex in exhibits if statements.is_statements(ex)]
+    judged = stated or exhibits
+    marks = [v.mark for ex in judged for v in ex.verdicts]
+    seeds = [v for ex in judged if ex.family == SEED for v in ex.verdicts]
     tested = sum(v.p is not None for v in seeds)
-    own = sum(v.p is not None for ex in exhibits if ex.family == PROJECT for v in ex.verdicts)
+    own = sum(v.p is not None for ex in judged if ex.family == PROJECT for v in ex.verdicts)
+    parts = sum(len(ex.verdicts) for ex in exhibits if not statements.is_statements(ex))
+    what = (
+        f"statements (each judged once over its parts, {parts} exhibit verdicts in all)"
+        if stated
+        else "verdicts"
+    )
     return (
-        f"{len(marks)} verdicts: {marks.count('held')} held, {marks.count('not held')} not held, "
+        f"{len(marks)} {what}: {marks.count('held')} held, {marks.count('not held')} not held, "
         f"{marks.count('inconclusive')} inconclusive, {marks.count('not judged')} not judged"
         + (
             f", {marks.count('unstable')} unstable (marked otherwise in a second run of the plan)"
@@ -292,14 +304,25 @@ def counts_line(exhibits: list[Exhibit]) -> str:
 
 
 # an exhibit key's first part -> the seed paper it reproduces
-PAPERS = {"huang": "Huang et al.", "metasd": "MetaSD", "cascades": "speculative cascades"}
+PAPERS = {
+    "huang": "Huang et al.",
+    "metasd": "MetaSD",
+    "cascades": "speculative cascades",
+    "spec_bench": "Spec-Bench",
+}
 
 
 def reproduced_line(exhibits: list[Exhibit]) -> str:
     """One sentence saying what reproduces here: how many of the seeds' claims hold, per paper, and what the rest
     are (generated from the verdicts, so the README never says "reproduces" without its count)."""
     per: dict[str, list[str]] = {}
-    for ex in exhibits:
+    stated = [ex for ex in exhibits if statements.is_statements(ex)]
+    for ex in stated:  # per statement, filed under its paper (its key's first part)
+        if ex.family == SEED:
+            for key, v in zip(ex.table.statement, ex.verdicts, strict=True):
+                paper = str(key).split("/", 1)[0]
+                per.setdefault(PAPERS.get(paper, paper), []).append(v.mark)
+    for ex in [] if stated else exhibits:
         if ex.family == SEED and ex.verdicts:
             paper = ex.key.split("/", 1)[0]
             per.setdefault(PAPERS.get(paper, paper), []).extend(v.mark for v in ex.verdicts)
@@ -313,7 +336,8 @@ def reproduced_line(exhibits: list[Exhibit]) -> str:
         f"; the others are {', '.join(rest)} at this scale, with their numbers on their pages" if rest else ""
     )
     return (
-        f"What reproduces here: {held} of the seeds' {len(marks)} claims {'holds' if held == 1 else 'hold'} on "
+        f"What reproduces here: {held} of the seeds' {len(marks)} {'statements' if stated else 'claims'} "
+        f"{'holds' if held == 1 else 'hold'} on "
         f"these runs ({parts}){others}."
     )
 

@@ -518,12 +518,14 @@ def faster(
     names: tuple[str, str] = ("a", "b"),
     threshold: float = 1.0,
     at_least: bool = False,
+    what: str = "speedup ratio",
     **kw,
 ) -> Verdict:
     """``a`` faster than ``b`` (``threshold`` 1), or at least ``threshold`` of ``b``'s speed (``at_least``),
-    judged on the per-query seconds and tokens of the same queries."""
+    judged on the per-query seconds and tokens of the same queries (or target calls and tokens: ``what`` names
+    the ratio, e.g. ``tokens per target call ratio``)."""
     cols = {"a_s": a[0], "a_t": a[1], "b_s": b[0], "b_t": b[1]}
-    label = f"speedup ratio {names[0]} / {names[1]}"
+    label = f"{what} {names[0]} / {names[1]}"
     return judge(claim, cols, speed_ratio(), threshold, label, at_least=at_least, **kw)
 
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
-from specbench.reproduction import plan
+from specbench.reproduction import plan, statements
 from specbench.reproduction.catalog import builders
 from specbench.reproduction.layouts import CPU as CPU_LAYOUT
 from tests.conftest import write_tiny_shipped
@@ -29,7 +30,14 @@ def test_dry_run_builds_every_exhibit_and_resumes(tmp_path, monkeypatch, tiny_ll
 
     text = (report / "REPORT.md").read_text()
     assert "Not run yet" not in text
-    assert text.count("### [") == len(builders(CPU_LAYOUT))
+    stated = len(statements.KEYS)  # the seeds' statements and the project's, one verdict each
+    assert text.count("### [") == len(builders(CPU_LAYOUT)) + stated
+    # every verdict of the CPU plan is a part of a listed statement, and each statement is judged once
+    listed = {s.key for s in statements.STATEMENTS}
+    for family_page in ("seeds", "project"):
+        table = pd.read_csv(report / "statements" / f"{family_page}.csv")
+        assert set(table.statement) <= listed, set(table.statement) - listed
+        assert table.statement.is_unique
     for step in plan.plan_at("cpu"):
         assert (root / step.run / plan.DONE).exists(), step.run
     for name in (
@@ -49,7 +57,7 @@ def test_dry_run_builds_every_exhibit_and_resumes(tmp_path, monkeypatch, tiny_ll
     assert "on the finished part" not in text
     # the index lists exactly the verdicts of the exhibit pages
     pages = [report / link for link in re.findall(r"^### \[[^\]]*\]\(([^)]+\.md)\)", text, re.M)]
-    assert len(pages) == len(builders(CPU_LAYOUT))
+    assert len(pages) == len(builders(CPU_LAYOUT)) + stated
     assert sum(
         len(re.findall(r"^- \*\*(?:held|not held|inconclusive|not judged)\*\*: ", p.read_text(), re.M))
         for p in pages

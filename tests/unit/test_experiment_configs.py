@@ -63,6 +63,10 @@ def test_experiment_composes(name):
             )
             for rule in cfg.rules:
                 assert list(cfg.alphas[rule]), f"{name}: rule {rule} has no alphas"
+            # issue 56: every cascade verdict is paired with the sequential cascade, so each config runs it
+            assert "sequential" in cfg.rules, (
+                f"{name}: no sequential cascade (its verdicts would be unpaired)"
+            )
 
 
 @pytest.mark.parametrize("root, run_name", sorted(RUN_NAMES.items()))

@@ -37,10 +37,11 @@ def test_a_published_value_without_source_is_refused(tmp_path):
         published.load(path)
 
 
-def write_examples(path, speedups, n=16, noise=0.003, seed=0, quality=None, extra=None):
+def write_examples(path, speedups, n=16, noise=0.003, seed=0, quality=None, extra=None, calls_by_speed=False):
     """A run's examples.jsonl: ``speedups[task][method]`` over autoregressive decoding on ``n`` queries per
     task, each method's seconds per query = the autoregressive seconds / its speedup, times a small noise;
-    ``extra[method](i)``: more fields for query ``i`` of that method."""
+    ``extra[method](i)``: more fields for query ``i`` of that method. Target calls: one per token, or with
+    ``calls_by_speed`` the tokens over the method's speedup (its tokens per target call is its speedup)."""
     rng = np.random.default_rng(seed)
     path.mkdir(parents=True, exist_ok=True)
     with (path / "examples.jsonl").open("w") as f:
@@ -56,7 +57,7 @@ def write_examples(path, speedups, n=16, noise=0.003, seed=0, quality=None, extr
                         "method": method,
                         "seconds": secs,
                         "new_tokens": tokens,
-                        "target_calls": tokens,
+                        "target_calls": max(1, round(tokens / sp)) if calls_by_speed else tokens,
                         "switches": 0,
                         "quality": (quality or {}).get(method, {}),
                         "output_ids": [1] * tokens,
@@ -281,6 +282,10 @@ def test_cascades_verdict_counts_rule_points_only(tmp_path):
     ]
     run = tmp_path / "cascades" / "sampling"
     run.mkdir(parents=True)
+    mat = {}  # method -> its tokens per target call, when not its speedup (the seed's axis: calls, not seconds)
+
+    def calls_of(per_call):  # query i's target calls at ``per_call`` tokens per call (20 + i tokens)
+        return lambda i: {"target_calls": max(1, round((20 + i) / per_call))}
 
     def verdict():
         pd.DataFrame(
@@ -302,6 +307,9 @@ def test_cascades_verdict_counts_rule_points_only(tmp_path):
             run,
             {"summarization": {m: sp for m, *_, sp, _ in rows if m != "autoregressive"}},
             quality={m: {"rouge2": q} for m, *_, q in rows},
+            extra={
+                m: calls_of(mat.get(m, sp)) for m, *_, sp, _ in rows
+            },  # per call: its speedup unless ``mat``
         )
         return cascades(tmp_path, load(), CPU, CPU_CASCADES[1]).verdicts[0].held
 
@@ -314,6 +322,9 @@ def test_cascades_verdict_counts_rule_points_only(tmp_path):
         5.0,
     )  # now a rule is faster than lossy SD at the target's quality
     assert verdict() is True
+    mat["chow@0.5"] = 1.2  # faster on the clock, but no more tokens per target call than lossy SD: not held
+    assert verdict() is False
+    mat.clear()
     rows[-1] = (
         "chow@0.5",
         "chow",
@@ -359,7 +370,7 @@ def test_long_horizon_replays_join_the_report_and_its_correction(tmp_path):
         p=0.04,
     )
     weaker = V.Verdict(
-        "[replayed] Sliding-window UCB is faster than UCB",
+        "[replayed] UCB-BD plays the best drafter more often than EXP3 in the first 100 rounds",
         True,
         "",
         n=80,
@@ -379,8 +390,16 @@ def test_long_horizon_replays_join_the_report_and_its_correction(tmp_path):
     report = (out / "REPORT.md").read_text()
     assert "MetaSD's bandit claims on long horizons" in report
     assert "**held**: [replayed] UCB-BD is faster than the best single drafter" in report
-    # held at its own level (p=0.04), not after Holm across the report's 6 tested claims (5th smallest p: 0.05/2)
-    assert "**inconclusive**: [replayed] Discounted UCB is faster than UCB" in report
+    # held at its own level (p=0.04), not after Holm across the report's 6 tested statements (5th smallest p:
+    # 0.05/2); the part keeps its own mark on its page and names its statement's
+    assert (
+        "**inconclusive**: discounted and sliding-window UCB beat UCB when the best drafter changes" in report
+    )
+    assert (
+        "**held**: [replayed] Discounted UCB is faster than UCB (n=80, speedup ratio 1.010, 95% CI [1.001, 1.020]; "
+        'a part of the statement "discounted and sliding-window UCB beat UCB when the best drafter changes" '
+        "(inconclusive over all its parts)"
+    ) in report
     assert (out / "metasd" / "replay" / "long_horizon.md").read_text() == "# replays\n"
     table = pd.read_csv(out / "metasd" / "long_horizon.csv")
     assert list(table.n) == [80, 80, 80] and table.effect.iloc[0] == pytest.approx(1.2)

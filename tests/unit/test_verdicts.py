@@ -366,6 +366,7 @@ def test_cascades_compare_each_family_at_the_targets_quality(tmp_path):
             run,
             {"summarization": methods},
             quality={m: {"rouge2": quality.get(m, 5.0)} for m in ["autoregressive", *methods]},
+            calls_by_speed=True,  # the verdict's axis: tokens per target call
         )
         return cascades(tmp_path, [], CPU, CPU_CASCADES[0])
 
@@ -1118,8 +1119,10 @@ def test_holm_corrects_the_seeds_claims_apart_from_the_projects_own():
             Exhibit("o", pd.DataFrame(), own, key="metasd/full_info", family=PROJECT),
         ]
     )
-    assert all("Holm over 3 tested claims" in v.detail for v in exhibits[0].verdicts)
-    assert all("Holm over 5 tested claims" in v.detail for v in exhibits[1].verdicts if v.p is not None)
+    # issue 56: the correction runs over statements (here each claim is a statement of its own), per family
+    stated = {ex.key: ex for ex in exhibits}
+    assert all("Holm over 3 tested claims" in v.detail for v in stated["statements/seeds"].verdicts)
+    assert all("Holm over 5 tested claims" in v.detail for v in stated["statements/project"].verdicts if v.p)
     line = render.counts_line(exhibits)
     assert "the seeds' 3 tested claims" in line and "own 5 tested claims" in line
 
