@@ -162,7 +162,7 @@ def aa_exhibit(root: Path, published: list[Published], lay: Layout) -> Exhibit:
         notes = (
             "Each method was run twice in the same process on the same queries (the second run named "
             "`again:<method>`), interleaved with every other method. ratio_all: speed ratio of the second run over "
-            "the first on all paired queries, with its 95% bootstrap interval. floor_lo / floor_hi: the 2.5-97.5% "
+            f"the first on all paired queries, with its 95% {V.INTERVAL_TEXT}. floor_lo / floor_hi: the 2.5-97.5% "
             f"range of that ratio over {SUBSETS} random subsets of `subset` queries (seeded): a speed verdict at that "
             "n whose effect lies inside it could be an A/A difference. false_positive_rate: share of those subsets "
             "on which the verdict machinery judges one run faster than the other (interval excludes 1 either way; "
@@ -173,7 +173,7 @@ def aa_exhibit(root: Path, published: list[Published], lay: Layout) -> Exhibit:
             "exactly 1; nominal 2.5%; `make aa-cpu` measures it on more pairs and chooses the interval)."
         )
     return Exhibit(
-        "A/A: the same method twice in one run (noise floor and the bootstrap's false-positive rate)",
+        "A/A: the same method twice in one run (noise floor and the verdicts' false-positive rate)",
         table,
         [],
         notes,

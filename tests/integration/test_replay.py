@@ -804,3 +804,31 @@ def test_a_drafter_in_bf16_is_not_history_free(tiny_llama_target):
 
     half = ModelDrafter("m", copy.deepcopy(target.model).to(torch.bfloat16), target.vocab_size, 0.5)
     assert not half.history_free
+
+
+def test_the_long_horizon_replays_play_only_the_named_arms(trace_run, tmp_path):
+    """Issue 56: ``--arms`` names the only drafters every selector plays (the seed's equal-cost pool); the other
+    traced drafters stay fixed reference rows, the best single drafter is one of the arms, the bandit claims are
+    judged on target rounds, and an arm the trace lacks is refused naming the traced ones."""
+    from specbench.reproduction import long_horizon
+
+    models = long_horizon.model_drafters(trace_pipeline.load_traces(trace_run)[0])
+    assert len(models) >= 2
+    with pytest.raises(SpecbenchError, match="not traced: nobody") as err:
+        long_horizon.write(trace_run, tmp_path / "bad", seeds=1, arms=[models[0], "nobody"])
+    assert models[0] in err.value.fix
+    long_horizon.write(trace_run, tmp_path / "lh", seeds=1, arms=models[:2])
+    bandits = {e["method"] for e in jsonl(tmp_path / "lh" / "bandits" / "examples.jsonl")}
+    assert "fixed:prompt_lookup" in bandits  # a reference row
+    assert not {"router", "tree-ucb"} & bandits
+    played = {
+        r["arm"] for r in jsonl(tmp_path / "lh" / "bandits" / "rounds.jsonl") if r["method"] == "ucb-bd"
+    }
+    assert played <= {*models[:2], AUTOREGRESSIVE}
+    verdicts = {v.claim: v for v in long_horizon.load_verdicts(tmp_path / "lh")}
+    best = verdicts[
+        "[replayed] UCB-BD is faster than the best single drafter over the stream, in target rounds"
+    ]
+    assert best.label.startswith("tokens per target round ratio ucb-bd / fixed:")
+    assert best.label.split("fixed:")[1] in models[:2]
+    assert "wall-clock beside, not judged" in best.detail

@@ -139,3 +139,42 @@ def test_a_part_no_statement_takes_is_a_statement_of_its_own():
         "metasd/trees: tree decoding is at least 1.15x the best single drafter"
     ]
     assert seeds.verdicts[0].held is True
+
+
+def test_replayed_bandit_claims_are_judged_on_target_rounds_with_the_clock_beside():
+    """Issue 56: MetaSD's stopping-time objective. On a replay every method emits the same tokens, so rounds per
+    query decide; a method faster on the clock but needing more rounds is not held, and the clock's error, which
+    widens wall-clock verdicts, leaves a rounds verdict as it is."""
+    import numpy as np
+
+    from specbench.reproduction import long_horizon as LH
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(32):
+        tokens = 200 + i
+        for method, rounds, seconds in (("ucb-bd", 60, 2.0), ("fixed:a", 55, 2.4), ("fixed:b", 80, 1.5)):
+            rows.append(
+                {
+                    "method": method,
+                    "query_id": f"q{i}",
+                    "task": "t",
+                    "new_tokens": tokens,
+                    "rounds": rounds + rng.integers(0, 3),
+                    "seconds": seconds * (1 + 0.01 * rng.random()),
+                }
+            )
+    q = pd.DataFrame(rows)
+    assert LH.best_single(q, LH.ROUNDS_AXIS) == "fixed:a" and LH.best_single(q) == "fixed:b"
+    v = LH.speed_verdict(
+        q, "UCB-BD is faster than fixed:a, in target rounds", "ucb-bd", "fixed:a", cost="rounds"
+    )
+    assert v.held is False and v.label == "tokens per target round ratio ucb-bd / fixed:a"
+    assert "wall-clock beside, not judged: n=32, speedup ratio ucb-bd / fixed:a 1.19" in v.detail
+    assert not LH.on_the_clock(v) and LH.on_the_clock(
+        V.faster("c", ([1.0] * 16, [9.0] * 16), ([1.0] * 16, [9.0] * 16))
+    )
+    w = LH.speed_verdict(
+        q, "UCB-BD is faster than fixed:b, in target rounds", "ucb-bd", "fixed:b", cost="rounds"
+    )
+    assert w.held is True and w.claim.startswith("[replayed] ")
