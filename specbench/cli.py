@@ -219,9 +219,12 @@ def _hydra_raises() -> Iterator[None]:
 
 def _unused(out: Path) -> bool:
     """``out`` holds no result: nothing but configs, logs (Hydra's ``.hydra/``, ``config.yaml``,
-    the job log) and empty files."""
+    the job log), the record of what ran it (``provenance.json``) and empty files."""
+    from specbench.records import PROVENANCE
+
     return out.is_dir() and all(
-        p.is_dir() or p.suffix in (".yaml", ".log") or p.stat().st_size == 0 for p in out.rglob("*")
+        p.is_dir() or p.suffix in (".yaml", ".log") or p.name == PROVENANCE or p.stat().st_size == 0
+        for p in out.rglob("*")
     )
 
 

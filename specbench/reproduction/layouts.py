@@ -4,7 +4,7 @@ specialists, and the notes that name the models."""
 from __future__ import annotations
 
 from specbench.reproduction.exhibit import ACCEPTANCE_REWARD_NOTE, GENERALIST, SPECIALISTS, Layout, MetaRun
-from specbench.reproduction.runs import METASD_EAGLE, METASD_EVAL
+from specbench.reproduction.runs import HELD_OUT, METASD_EAGLE, METASD_EVAL
 
 CPU = Layout(
     name="cpu",
@@ -14,7 +14,7 @@ CPU = Layout(
         "eagle_summarization": ("summarization", "T5-small-XSum"),
     },
     huang_models="SmolLM2-135M with its translation and summarization draft heads",
-    held_out="16 (per source)",
+    held_out=f"{HELD_OUT} (per source)",
     table1_reward=ACCEPTANCE_REWARD_NOTE,
     table4_reward=ACCEPTANCE_REWARD_NOTE,
     alpha_arms=("small", "quantized"),

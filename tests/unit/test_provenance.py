@@ -16,7 +16,7 @@ from specbench.records import PROVENANCE
 from specbench.reproduction import render, stability
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.exhibit import Exhibit
-from tests.unit.test_reproduction import _huang_fixture, write_eval_summary, write_examples
+from tests.unit.test_reproduction import _huang_fixture
 
 
 def _repo(path):
@@ -167,35 +167,11 @@ def test_a_verdict_that_flips_between_two_runs_is_unstable_and_not_counted_held(
 
 
 def test_report_against_a_second_root_writes_the_stability_page(tmp_path):
-    def root_with(name, policy_on_summarization):
-        root = tmp_path / name
-        rows = [
-            {"task": t, "method": m, "speedup": v, "mat": 1.5, "acceptance_rate": 0.3}
-            for t, ms in {
-                "translation": {
-                    "fixed:eagle_translation": 1.9,
-                    "fixed:eagle_summarization": 1.6,
-                    "policy": 1.9,
-                },
-                "summarization": {
-                    "fixed:eagle_translation": 1.5,
-                    "fixed:eagle_summarization": 1.8,
-                    "policy": policy_on_summarization,
-                },
-            }.items()
-            for m, v in ms.items()
-        ]
-        write_eval_summary(root / "huang" / "eval", rows)
-        write_examples(
-            root / "huang" / "eval",
-            {
-                t: {r["method"]: r["speedup"] for r in rows if r["task"] == t}
-                for t in ("translation", "summarization")
-            },
-        )
-        return root
-
-    a, b = root_with("a", 1.8), root_with("b", 1.5)
+    a, b = tmp_path / "a", tmp_path / "b"
+    _huang_fixture(a)
+    _huang_fixture(
+        b, policy_on_summarization=1.5
+    )  # the policy's summarization cell falls below the best drafter
     held_alone = (render.write(a) / "REPORT.md").read_text()
     assert "**held**: the policy reaches at least" in held_alone
     out = render.write(a, tmp_path / "report", against=b)
