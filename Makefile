@@ -112,8 +112,8 @@ trace-mixed: install
 # the six heads the only arms, prompt lookup, the retrieval drafter and the small drafter reference rows, 48 held-out
 # queries a task x 5 tasks, 512 new tokens, bf16; resumable), a live check of 5 of its queries
 # (conf/experiment/replay_live_seed.yaml), then the replays over the six heads and their page ($(SEED_LONG)), whose
-# bandit verdicts are judged on target rounds per query. Outside reproduce-cpu: estimated at about 3 hours alone
-# (trace_mixed's 80 queries took 47 minutes); `make report` reads $(SEED_LONG) instead of $(LONG_OUT) when it exists.
+# bandit verdicts are judged on target rounds per query. Outside reproduce-cpu: estimated at about 2 hours alone
+# (conf/experiment/trace_seed_cpu.yaml says from what); `make report` reads $(SEED_LONG) instead of $(LONG_OUT) when it exists.
 SEED_TRACE ?= outputs/trace_seed_cpu/run
 SEED_LIVE ?= outputs/replay_live_seed/run
 SEED_LONG ?= outputs/long_horizon_seed

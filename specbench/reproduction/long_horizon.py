@@ -89,6 +89,7 @@ EQUAL = "equal rounds: replay / live"
 
 # every verdict's fields (the reproduction report reads them back: load_verdicts)
 VERDICTS_DATA = "verdicts_data.json"
+SOURCE = "replayed.json"  # what the replays were run over (the trace, its queries and tokens, the arms): the exhibit's notes
 
 
 def load_verdicts(out: Path) -> list[V.Verdict]:
@@ -159,9 +160,10 @@ def exhibit(out: Path):
     table = table[["claim", "label", "n", "effect", "ci_low", "ci_high"]]
     png = out / "convergence.png"
     notes = (
-        f"Replayed, not live: selectors run round by round over acceptance traces of the mixed stream "
-        f"(`make trace-mixed`: 16 queries a task, up to 512 new tokens), times predicted from the cost curves "
-        f"measured with the trace; each verdict paired per query with its 95% {V.INTERVAL_TEXT}. The full page "
+        f"Replayed, not live: selectors run round by round over {source_text(out)}; the bandit claims judged on "
+        "target rounds per query (the stopping time, exact in a greedy replay), the switching claims on times "
+        f"predicted from the cost curves measured with the trace; each verdict paired per query with its 95% "
+        f"{V.INTERVAL_TEXT}. The full page "
         f"(convergence by round index, reward variance, regret, switching, the carried stream and the calibration "
         f"against a live run): [replay/long_horizon.md](replay/long_horizon.md). Replays in `{out}`."
     )
@@ -810,6 +812,7 @@ def write(
     atomic_write_text(out / "long_horizon.md", text + "\n")
     atomic_write_text(out / "verdicts.json", json.dumps([v.line() for v in judged], indent=1))
     atomic_write_text(out / VERDICTS_DATA, json.dumps([dataclasses.asdict(v) for v in judged], indent=1))
+    atomic_write_text(out / SOURCE, json.dumps(source(trace_run, rows, arms), indent=1))
     print(text)
     return out / "long_horizon.md"
 
@@ -819,6 +822,51 @@ REGRET_NOTE = (
     "oracle). The per-round oracle picks, each round in hindsight, the arm with the most tokens per second of that "
     "round (catch-up included); greedy round by round, it can trail the per-query oracle when switching costs."
 )
+
+
+def source(trace_run: Path, rows: list[dict], arms: list[str] | None) -> dict:
+    """What the replays ran over: the trace run, its queries per task, its token limit and the selectors' arms."""
+    return {
+        "trace": str(trace_run),
+        "queries": len(rows),
+        "tasks": pd.Series([r["task"] for r in rows]).value_counts().to_dict() if rows else {},
+        "max_new_tokens": rows[0]["trace"]["max_new_tokens"] if rows else None,
+        "arms": arms,
+    }
+
+
+def source_text(out: Path) -> str:
+    """The exhibit's words for what was replayed (its ``replayed.json``; older replay directories lack it)."""
+    path = Path(out) / SOURCE
+    if not path.is_file():
+        return "acceptance traces of the mixed stream (`make trace-mixed`: 16 queries a task, up to 512 new tokens)"
+    found = json.loads(path.read_text(encoding="utf-8"))
+    tasks = ", ".join(f"{t}: {n}" for t, n in found.get("tasks", {}).items())
+    arms = found.get("arms")
+    return (
+        f"acceptance traces of {found['queries']} queries ({tasks}; `{found['trace']}`), up to "
+        f"{found.get('max_new_tokens')} new tokens, "
+        + (f"the selectors' arms {', '.join(arms)} (every other traced drafter a reference row)" if arms else
+           "every traced drafter an arm")
+    )  # fmt: skip
+
+
+def agreeing(page: str, verdicts: list[V.Verdict]) -> str:
+    """The replay page ``page`` with each verdict line replaced by the report's line for the same claim (``verdicts``:
+    the report's, after the statements' judging, Holm's correction and a stability check), so the copy the report
+    publishes says what the report says."""
+    final = {v.claim: v.line() for v in verdicts}
+    out = []
+    for line in page.splitlines():
+        if line.startswith("- **"):
+            claim = next((c for c in final if line.split("**: ", 1)[-1].startswith(c + " (")), None)
+            line = f"- {final[claim]}" if claim is not None else line
+        out.append(line)
+    note = (
+        "> The verdict lines below are the reproduction report's: each a part of one statement, judged and "
+        "corrected there (REPORT.md)."
+    )
+    return "\n".join(out[:1] + ["", note] + out[1:]) + "\n"
 
 
 def header_lines(trace_run: Path, rows: list[dict], seeds: int) -> list[str]:

@@ -250,10 +250,16 @@ def write_exhibit(ex, out: Path, long_horizon: Path | None, aa=None) -> list[str
         except ImportError:
             log.warning("matplotlib is not installed: %s.png skipped", name)
     if ex.key == "metasd/long_horizon" and long_horizon is not None:  # the replays' full page beside it
+        from specbench.reproduction.long_horizon import agreeing
+
         (out / paper / "replay").mkdir(exist_ok=True)
-        for name_ in ("long_horizon.md", "convergence.png"):
-            if (Path(long_horizon) / name_).is_file():
-                shutil.copyfile(Path(long_horizon) / name_, out / paper / "replay" / name_)
+        page, png = Path(long_horizon) / "long_horizon.md", Path(long_horizon) / "convergence.png"
+        if page.is_file():  # its verdict lines the report's own
+            atomic_write_text(
+                out / paper / "replay" / page.name, agreeing(page.read_text("utf-8"), ex.verdicts)
+            )
+        if png.is_file():
+            shutil.copyfile(png, out / paper / "replay" / png.name)
     atomic_write_text(out / paper / f"{name}.md", exhibit_markdown(ex, figure))
     rates = rate_line(ex.verdicts, aa) if aa is not None else ""
     return [

@@ -383,7 +383,7 @@ def test_long_horizon_replays_join_the_report_and_its_correction(tmp_path):
     (replays / long_horizon.VERDICTS_DATA).write_text(
         json.dumps([dataclasses.asdict(v) for v in (strong, borderline, weaker)])
     )
-    (replays / "long_horizon.md").write_text("# replays\n")
+    (replays / "long_horizon.md").write_text(f"# replays\n\n- {borderline.line()}\n")
     with pytest.raises(SpecbenchError, match="make trace-mixed"):
         render.write(root, long_horizon=tmp_path / "nowhere")
     out = render.write(root, long_horizon=replays)
@@ -400,7 +400,14 @@ def test_long_horizon_replays_join_the_report_and_its_correction(tmp_path):
         'a part of the statement "discounted and sliding-window UCB beat UCB when the best drafter changes" '
         "(inconclusive over all its parts)"
     ) in report
-    assert (out / "metasd" / "replay" / "long_horizon.md").read_text() == "# replays\n"
+    # issue 56: the published replay page's verdict lines are the report's (its part, naming the statement's mark)
+    copied = (out / "metasd" / "replay" / "long_horizon.md").read_text()
+    assert (
+        copied.startswith("# replays\n") and "The verdict lines below are the reproduction report's" in copied
+    )
+    assert (
+        '"discounted and sliding-window UCB beat UCB when the best drafter changes" (inconclusive' in copied
+    )
     table = pd.read_csv(out / "metasd" / "long_horizon.csv")
     assert list(table.n) == [80, 80, 80] and table.effect.iloc[0] == pytest.approx(1.2)
 
