@@ -20,6 +20,7 @@ import fnmatch
 import functools
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -380,7 +381,7 @@ def test_reproduce_paper_runs_every_step_and_ends_in_the_paper_report(stand_ins,
     """`make reproduce-paper`'s plan (`specbench reproduce --scale paper`) on the stand-ins: every step
     runs in its fixed directory, and `specbench report` on that root builds every paper-scale exhibit
     (Spec-Bench, Huang et al., MetaSD black-box / white-box / stream / multilingual, each cascades run)."""
-    from specbench.reproduction import plan, render
+    from specbench.reproduction import plan, render, statements
     from specbench.reproduction.catalog import builders, specs_at
     from specbench.reproduction.layouts import PAPER as LAYOUT
     from specbench.reproduction.runs import PAPER_CASCADES
@@ -419,7 +420,10 @@ def test_reproduce_paper_runs_every_step_and_ends_in_the_paper_report(stand_ins,
         assert (root / step.run / plan.DONE).exists(), step.run
     text = (report / "REPORT.md").read_text()
     assert "Not run yet" not in text, text
-    assert text.count("### [") == len(builders(LAYOUT)) == len(specs_at("paper"))
+    linked = re.findall(r"^### \[.*\]\((.*)\.md\)$", text, flags=re.M)  # each heading's page
+    judged_once = sorted(page for page in linked if page.startswith("statements/"))
+    assert judged_once == sorted(statements.KEYS.values())  # one page of statements per family
+    assert len(linked) - len(judged_once) == len(builders(LAYOUT)) == len(specs_at("paper"))
     assert sum(key.startswith("cascades/") for key in (s.key for s in specs_at("paper"))) == len(
         PAPER_CASCADES
     )
