@@ -25,7 +25,8 @@ from importlib import metadata
 from pathlib import Path
 
 from specbench.errors import SpecbenchError
-from specbench.records import PROVENANCE, atomic_write_text
+from specbench.files import atomic_write_text
+from specbench.records import PROVENANCE
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,9 @@ COST = Rule(
 
 @dataclass(frozen=True, kw_only=True)
 class PoolEntry:
-    """pool.drafters.<name>.*: the two keys build_pool reads itself; each builder's own arguments are declared in
-    its signature (validate.declared; the shared ones in drafters/base.py)."""
+    """pool.drafters.<name>.*: the two keys build_pool reads itself and sets on the built drafter (every kind drafts
+    a number of tokens a round and has a cost; a null cost keeps the estimate its builder made); each builder's own
+    arguments are declared in its signature (validate.declared; the shared ones in drafters/base.py)."""
 
     draft_length: Annotated[int | None, integer(1, null=True, note=" (null: decoding.draft_length)")]
     cost: Annotated[float | str | None, COST]
@@ -72,16 +73,15 @@ def build_pool(target, drafters: Mapping, profile=None, measuring: bool = False)
             section("pool", PoolSettings),
             get_object,
         )
-        draft_length = cfg.get("draft_length")
-        if "draft_length" in cfg:  # the loop's setting, not the builder's: set on the built drafter
-            cfg = {k: cfg[k] for k in cfg if k != "draft_length"}
-        extra = {}
-        if cfg.get("cost") == MEASURED:  # read before instantiating: the builders take a number (or null)
+        draft_length, cost = cfg.get("draft_length"), cfg.get("cost")
+        # the pool's settings, not the builder's (PoolEntry): set on the built drafter
+        cfg = {k: cfg[k] for k in cfg if k not in ("draft_length", "cost")}
+        if cost == MEASURED:  # read before the drafter loads: a profile of another target is refused first
             if not measuring and profile is not None and loaded_profile is None:
                 loaded_profile = load_profile(profile)
-            extra["cost"] = None if measuring else measured_cost(loaded_profile, name, target)
+            cost = None if measuring else measured_cost(loaded_profile, name, target)
         try:
-            pool[name] = instantiate(cfg, target=target, name=name, _convert_="all", **extra)
+            pool[name] = instantiate(cfg, target=target, name=name, _convert_="all")
         except InstantiationException as exc:
             cause = exc.__cause__
             if isinstance(cause, SpecbenchError):
@@ -91,6 +91,8 @@ def build_pool(target, drafters: Mapping, profile=None, measuring: bool = False)
                 "check its keys against conf/drafter/ and the builder's arguments",
             ) from exc
         pool[name].draft_length = draft_length
+        if cost is not None:  # null: the kind's own estimate, made by its builder
+            pool[name].cost = float(cost)
     return pool
 
 

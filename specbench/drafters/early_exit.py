@@ -164,15 +164,13 @@ def build(
     name: str,
     layers: Annotated[int, COUNT],
     layers_key: LayersKey = "num_hidden_layers",
-    cost: float | None = None,
     confidence_threshold: Confidence = 0.0,
     final_norm: Annotated[str, text()] = "model.norm",
     head_scale: Annotated[float, number(low=0, low_open=True)] = 1.0,
     tree: TreeDraft = None,
 ) -> EarlyExitDrafter:
     small = truncated_model(target.model, int(layers), layers_key)
-    if cost is None:
-        cost = param_count(small) / param_count(target.model)
+    cost = param_count(small) / param_count(target.model)
     try:
         norm = target.model.get_submodule(final_norm)
     except AttributeError:

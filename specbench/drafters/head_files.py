@@ -13,8 +13,9 @@ import torch
 
 from specbench.drafters import shipped
 from specbench.errors import SpecbenchError
+from specbench.files import atomic_write_text, save_tensors
 from specbench.models.loading import resolve_cached
-from specbench.records import CONFIG_FILE, WEIGHTS_FILE, atomic_write_text, save_tensors
+from specbench.records import CONFIG_FILE, WEIGHTS_FILE
 
 
 def vocab_fingerprint(tokenizer) -> str:

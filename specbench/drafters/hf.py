@@ -17,9 +17,9 @@ from specbench.drafters.base import (
 )
 from specbench.drafters.head_files import vocab_fingerprint
 from specbench.errors import SpecbenchError
+from specbench.files import files_fingerprint
 from specbench.models.loading import LoadedModel, load_model, resolve_cached
 from specbench.models.target import Target
-from specbench.records import files_fingerprint
 from specbench.validate import text
 
 MODEL_META = "specbench.json"  # written beside a fine-tuned drafter by `specbench train-drafter`
@@ -82,7 +82,6 @@ def build(
     model: Annotated[str, text()],
     dtype: Dtype = None,
     device: Annotated[str | None, text(null=True)] = None,
-    cost: float | None = None,
     confidence_threshold: Confidence = 0.0,
     make_target: MakeTarget = None,
     tree: TreeDraft = None,
@@ -99,8 +98,7 @@ def build(
         device=device or str(target.device),
     )
     check_compatible(target, loaded, name)
-    if cost is None:
-        cost = param_count(loaded.model) / param_count(target.model)
+    cost = param_count(loaded.model) / param_count(target.model)
     drafter = ModelDrafter(name, loaded.model, target.vocab_size, cost, confidence_threshold)
     # a local / cache: checkpoint by its files; a hub model by the snapshot it resolved to (a moved branch is another
     # model); resumes check it (run_records.Records)

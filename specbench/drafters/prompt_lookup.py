@@ -52,5 +52,5 @@ class PromptLookup(Drafter):
         return Draft(tokens=draft, probs=None, match=n)
 
 
-def build(target, name: str, max_ngram: NGram = 3, min_ngram: NGram = 1, cost: float = 0.0) -> PromptLookup:
-    return PromptLookup(name, max_ngram=max_ngram, min_ngram=min_ngram, cost=cost)
+def build(target, name: str, max_ngram: NGram = 3, min_ngram: NGram = 1) -> PromptLookup:
+    return PromptLookup(name, max_ngram=max_ngram, min_ngram=min_ngram)

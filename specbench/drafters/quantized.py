@@ -151,13 +151,13 @@ def build(
     name: str,
     scheme: Annotated[str, text()] = "dynamic_int8",
     skip: Annotated[list[str] | None, list_of(text(), null=True)] = None,
-    cost: float | None = None,
     confidence_threshold: Confidence = 0.0,
     tree: TreeDraft = None,
 ) -> ModelDrafter:
     qmodel = quantize(target.model, scheme, skip)
-    if cost is None:  # against the target's own bytes (its dtype: 2 per weight in bf16 / fp16)
-        cost = weight_bytes(qmodel) / weight_bytes(target.model)
+    cost = weight_bytes(qmodel) / weight_bytes(
+        target.model
+    )  # against the target's own bytes (2 a weight in bf16)
     drafter = ModelDrafter(name, qmodel, target.vocab_size, cost, confidence_threshold)
     # dynamic int8 scales each forward's whole input at once: a catch-up over many tokens computes other
     # probabilities than one token at a time, so a trace replays its Block Divergence only approximately

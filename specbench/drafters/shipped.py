@@ -26,15 +26,8 @@ from pathlib import Path
 import torch
 
 from specbench.errors import SpecbenchError
-from specbench.records import (
-    CONFIG_FILE,
-    HISTORY_CSV,
-    METRICS,
-    SIGNATURE,
-    WEIGHTS_FILE,
-    atomic_write_text,
-    save_tensors,
-)
+from specbench.files import atomic_write_text, save_tensors
+from specbench.records import CONFIG_FILE, HISTORY_CSV, METRICS, SIGNATURE, WEIGHTS_FILE
 
 PREFIX = "package:"
 COPIED = (METRICS, HISTORY_CSV, "loss.png")

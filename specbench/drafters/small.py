@@ -45,9 +45,9 @@ from specbench.drafters.head_files import (
     vocab_fingerprint,
 )
 from specbench.errors import SpecbenchError
+from specbench.files import atomic_write_text, files_fingerprint, save_tensors
 from specbench.models.cache import cache_argument
 from specbench.models.target import Target
-from specbench.records import atomic_write_text, files_fingerprint, save_tensors
 
 KIND = "small"
 OWN = ("layers.", "norm.")  # the trained tensors' key prefixes (the rest is the target's)
@@ -215,7 +215,6 @@ def build(
     target: Target,
     name: str,
     checkpoint: Checkpoint = None,
-    cost: float | None = None,
     make_target: MakeTarget = None,
     layers_key: LayersKey = "num_hidden_layers",
     confidence_threshold: Confidence = 0.0,
@@ -238,7 +237,7 @@ def build(
         name,
         model,
         target.vocab_size,
-        cost_of(model, target) if cost is None else float(cost),
+        cost_of(model, target),
         confidence_threshold,
     )
     drafter.fingerprint = files_fingerprint(path)  # resumes check it (run_records.Records)

@@ -226,7 +226,6 @@ def build(
     tree: TreeDraft = None,
     memory: Annotated[bool, boolean()] = True,
     memory_tokens: Annotated[int, COUNT] = 100_000,
-    cost: float = 0.0,
 ) -> SuffixDrafter:
     if isinstance(max_ngram, bool) or isinstance(min_ngram, bool) or not 1 <= min_ngram <= max_ngram:
         raise SpecbenchError(
@@ -250,5 +249,4 @@ def build(
         tree=shape,
         memory=bool(memory),
         memory_tokens=int(memory_tokens),
-        cost=cost,
     )

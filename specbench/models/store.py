@@ -18,8 +18,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specbench.errors import SpecbenchError
+from specbench.files import current_umask
 from specbench.models.devices import DTYPE_KW
-from specbench.records import CONFIG_FILE, WEIGHTS_FILE, current_umask
+from specbench.records import CONFIG_FILE, WEIGHTS_FILE
 
 log = logging.getLogger(__name__)
 

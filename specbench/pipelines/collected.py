@@ -13,8 +13,9 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from specbench.errors import SpecbenchError
+from specbench.files import atomic_write_text
 from specbench.pipelines.session.run_dir import compared_settings, differences, save_config
-from specbench.records import ROWS, atomic_write_text, read_jsonl
+from specbench.records import ROWS, read_jsonl
 
 log = logging.getLogger(__name__)
 

@@ -16,16 +16,17 @@ import logging
 import statistics
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 
 from specbench import profiling
 from specbench.decoding.drafter import AUTOREGRESSIVE, Drafter
 from specbench.decoding.sampling import SamplingParams
+from specbench.files import atomic_write_text
 from specbench.models.store import cache_dir
 from specbench.models.target import Target
 from specbench.pipelines.profile import Readings, cpu_name, measure_drafters, measure_verify, repeat_to
-from specbench.records import atomic_write_text
 from specbench.timing import Clock
 
 log = logging.getLogger(__name__)
@@ -63,17 +64,24 @@ def cache_file(key: Mapping):
     return cache_dir() / "profiles" / f"budget-{digest}.json"
 
 
-def startup_costs(
-    target: Target,
-    pool: Mapping[str, Drafter],
-    prompt: list[int],
-    draft_length: int,
-    sampling: SamplingParams,
-    clock: Clock,
-) -> dict:
+@dataclass(frozen=True)
+class Probe:
+    """What the start-up profile is measured on: the run's target and pool as they decode (``draft_length``: the
+    loop's, for a drafter without its own), the first query's ``prompt`` (repeated into the timed context), the run's
+    ``sampling`` and its ``clock``."""
+
+    target: Target
+    pool: Mapping[str, Drafter]
+    prompt: list[int]
+    draft_length: int
+    sampling: SamplingParams
+    clock: Clock
+
+
+def startup_costs(probe: Probe) -> dict:
     """``{verify: [a, b], draft: {drafter: seconds a round}}`` for ``pool``: the cached profile of this machine,
     target and pool, else measured now (a few seconds) and cached."""
-    key = cost_key(target, pool, draft_length)
+    key = cost_key(probe.target, probe.pool, probe.draft_length)
     path = cache_file(key)
     if path.is_file():
         try:
@@ -84,7 +92,7 @@ def startup_costs(
         except (OSError, ValueError, KeyError, AttributeError) as exc:
             log.warning("budget costs: %s is unreadable (%s); measuring again", path, exc)
     start = time.perf_counter()
-    costs = measure_costs(target, pool, prompt, draft_length, sampling, clock)
+    costs = measure_costs(probe)
     log.info(
         "budget costs: measured at start-up in %.1f s (verify %.4f s + %.5f s a node; draft %s); cached in %s",
         time.perf_counter() - start,
@@ -112,30 +120,24 @@ def startup_costs(
     return costs
 
 
-def measure_costs(
-    target: Target,
-    pool: Mapping[str, Drafter],
-    prompt: list[int],
-    draft_length: int,
-    sampling: SamplingParams,
-    clock: Clock,
-) -> dict:
+def measure_costs(probe: Probe) -> dict:
     """Verification seconds over ``NODES`` draft tokens after a ``CONTEXT``-token prefill, fitted as ``a + b * n``
     (least squares), and each drafter's median seconds a round (sync + propose of its draft length)."""
-    source = repeat_to(prompt, CONTEXT + max(NODES) + 1)
+    target, clock = probe.target, probe.clock
+    source = repeat_to(probe.prompt, CONTEXT + max(NODES) + 1)
     seconds = measure_verify(target, source, CONTEXT, [n + 1 for n in NODES], REPEATS, WARMUP, clock)
     a, b = fit_line(list(NODES), seconds)
     rng = torch.Generator(device=target.device).manual_seed(0)
     draft = {}
-    for name, d in pool.items():
+    for name, d in probe.pool.items():
         if name == AUTOREGRESSIVE or not d.drafts:
             continue
         got = measure_drafters(
             target,
             {name: d},
             source[:CONTEXT],
-            d.draft_length or draft_length,
-            sampling,
+            d.draft_length or probe.draft_length,
+            probe.sampling,
             rng,
             Readings(REPEATS, WARMUP, clock),
         )[name]

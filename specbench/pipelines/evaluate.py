@@ -21,7 +21,7 @@ from specbench.decoding import certify
 from specbench.decoding.loop import check_trees
 from specbench.errors import SpecbenchError
 from specbench.pipelines import spec_bench, tables
-from specbench.pipelines.cost_cache import startup_costs
+from specbench.pipelines.cost_cache import Probe, startup_costs
 from specbench.pipelines.methods import Method, check_methods, parse_methods
 from specbench.pipelines.session.core import Session, policy_checkpoint
 from specbench.pipelines.session.prompting import example_id, turns_of
@@ -132,7 +132,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     s = Session.open(cfg, output_dir, RECORDS, "eval")
     costs = functools.cache(  # a budget's start-up cost profile (costs: profile), measured once
         lambda: startup_costs(
-            s.target, s.pool, s.prompter(s.queries[0]), s.limits.draft_length, s.sampling, s.clock
+            Probe(s.target, s.pool, s.prompter(s.queries[0]), s.limits.draft_length, s.sampling, s.clock)
         )
     )
     methods = parse_methods(cfg.methods, s.pool, cfg.get("selector"), cfg, costs)

@@ -12,8 +12,9 @@ import pandas as pd
 
 from specbench import profiling
 from specbench.errors import SpecbenchError
+from specbench.files import atomic_write_text
 from specbench.pipelines import tables
-from specbench.records import CONFIG, ROUNDS, atomic_write_text, read_jsonl
+from specbench.records import CONFIG, ROUNDS, read_jsonl
 
 log = logging.getLogger(__name__)
 

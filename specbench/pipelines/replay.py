@@ -41,6 +41,7 @@ from specbench.decoding.loop import Limits
 from specbench.decoding.replay import ROUND_KINDS, SWITCH, Costs, RoundOracle, fit_overheads, replay
 from specbench.decoding.trace import QueryTrace
 from specbench.errors import SpecbenchError
+from specbench.files import atomic_write_text
 from specbench.pipelines import tables
 from specbench.pipelines.methods import Method, load_selector_config, parse_methods
 from specbench.pipelines.session.run_dir import RunFiles, start_run
@@ -52,7 +53,6 @@ from specbench.records import (
     SEEDS,
     SEEDS_CSV,
     JsonlWriter,
-    atomic_write_text,
     read_jsonl,
     round_row,
 )

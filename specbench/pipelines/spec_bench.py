@@ -27,7 +27,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from specbench.records import atomic_write_text
+from specbench.files import atomic_write_text
 
 _QUESTION = re.compile(r"(?:^|/)q(\d+)$")
 

@@ -10,8 +10,8 @@ import pandas as pd
 
 from specbench.arms import AUTOREGRESSIVE
 from specbench.decoding import certify
+from specbench.files import atomic_path, atomic_write_text
 from specbench.pipelines import speed
-from specbench.records import atomic_path, atomic_write_text
 from specbench.tasks import metrics
 
 log = logging.getLogger(__name__)

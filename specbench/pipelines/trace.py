@@ -33,11 +33,12 @@ from specbench.decoding.drafter import DecodeContext
 from specbench.decoding.loop import DecodeSpec
 from specbench.decoding.trace import QueryTrace, check_decoder_only, check_greedy, trace, trace_lengths
 from specbench.errors import SpecbenchError
+from specbench.files import atomic_write_text
 from specbench.pipelines.profile import interleaved, measure_trees, measure_verify, profile_dict, repeat_to
 from specbench.pipelines.session.core import Session
 from specbench.pipelines.session.prompting import example_id, prompt_fingerprint
 from specbench.pipelines.session.run_dir import RECORDS, RunFiles
-from specbench.records import EXAMPLES, JsonlWriter, atomic_write_text, read_jsonl, unfinished, write_plan
+from specbench.records import EXAMPLES, JsonlWriter, read_jsonl, unfinished, write_plan
 from specbench.timing import Clock
 from specbench.validate import COUNT, boolean, integer, list_of, nested, nonempty_list_of
 

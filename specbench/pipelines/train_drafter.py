@@ -45,21 +45,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from specbench.drafters.head_files import vocab_fingerprint
 from specbench.errors import SpecbenchError, plain_name
+from specbench.files import atomic_write_text
 from specbench.models.store import cache_dir, make_cache_dir
 from specbench.pipelines import tables
 from specbench.pipelines.session.prompting import eos_ids_of, load_inputs
 from specbench.pipelines.session.run_dir import differences, lock_run_dir, start_run
-from specbench.records import HISTORY_CSV, METRICS, SIGNATURE, atomic_write_text
+from specbench.records import HISTORY_CSV, METRICS, SIGNATURE
 from specbench.training.fit import LR_SCHEDULES, FitSpec, epochs_done, fit
+from specbench.training.recipe import examples_of, learned_tokens, target_dtype_name, training_precision
 from specbench.training.responses import response_cache, target_responses
-from specbench.training.trainees import (
-    TRAINEES,
-    examples_of,
-    held_out_metrics,
-    learned_tokens,
-    target_dtype_name,
-    training_precision,
-)
+from specbench.training.trainees import TRAINEES, held_out_metrics
 
 log = logging.getLogger(__name__)
 

@@ -29,20 +29,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from specbench.errors import SpecbenchError
+from specbench.files import atomic_write_text
 from specbench.pipelines.collected import collection_settings, incomplete, read_rows
 from specbench.pipelines.policy_plots import plot_alpha, plot_data_efficiency
 from specbench.pipelines.session.run_dir import differences, start_run
 from specbench.pipelines.tables import print_table, write_csv, write_tables
 from specbench.policy import TrainConfig, TrainResult, save_checkpoint
 from specbench.policy.scores import RewardSpec, proxy_check, replay, rewards
-from specbench.records import (
-    ALPHA_SWEEP,
-    DATA_EFFICIENCY,
-    DATA_EFFICIENCY_QUERIES_CSV,
-    HISTORY_CSV,
-    METRICS,
-    atomic_write_text,
-)
+from specbench.records import ALPHA_SWEEP, DATA_EFFICIENCY, DATA_EFFICIENCY_QUERIES_CSV, HISTORY_CSV, METRICS
 from specbench.training.reinforce import held_out, train_policy
 
 log = logging.getLogger(__name__)

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 
 from specbench.errors import SpecbenchError
+from specbench.files import atomic_path
 from specbench.policy.model import Policy, TrainResult
 from specbench.policy.net import PolicyNet
-from specbench.records import atomic_path
 
 log = logging.getLogger(__name__)
 FORMAT = "specbench-policy"

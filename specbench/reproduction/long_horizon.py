@@ -50,11 +50,12 @@ from specbench.decoding.loop import Limits
 from specbench.decoding.replay import Costs, fit_overheads, replay
 from specbench.decoding.trace import QueryTrace
 from specbench.errors import SpecbenchError
+from specbench.files import atomic_write_text
 from specbench.pipelines import replay as replay_pipeline
 from specbench.pipelines.methods import parse_methods
 from specbench.pipelines.tables import to_markdown
 from specbench.pipelines.trace import load_traces
-from specbench.records import CONVERGENCE_CSV, atomic_write_text, read_jsonl
+from specbench.records import CONVERGENCE_CSV, read_jsonl
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.runs import CONFIG, EXAMPLES, ROUNDS, SEEDS
 

@@ -29,9 +29,9 @@ import pandas as pd
 
 from specbench.arms import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
+from specbench.files import atomic_write_text
 from specbench.pipelines.tables import print_table, to_markdown
 from specbench.pipelines.tables import with_oracle as with_task_oracle
-from specbench.records import atomic_write_text
 from specbench.reproduction import compare
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.exhibit import Exhibit, ExhibitSpec

@@ -33,8 +33,8 @@ import pandas as pd
 
 from specbench.arms import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
+from specbench.files import atomic_write_text
 from specbench.pipelines.methods import AGAIN
-from specbench.records import atomic_write_text
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.compare import pair_columns, paired, short_name, timed
 from specbench.reproduction.exhibit import Exhibit, ExhibitSpec, Layout

@@ -45,7 +45,7 @@ from omegaconf import OmegaConf
 from specbench import provenance
 from specbench.configs import EXPERIMENT, composing, conf_dir, hydra_error, hydra_overrides
 from specbench.errors import SpecbenchError
-from specbench.records import atomic_write_text
+from specbench.files import atomic_write_text
 from specbench.reproduction.catalog import plan_at
 from specbench.reproduction.inputs import count_lines
 from specbench.reproduction.runs import (

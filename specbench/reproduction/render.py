@@ -12,9 +12,10 @@ import shutil
 from pathlib import Path
 
 from specbench.errors import SpecbenchError
+from specbench.files import atomic_write_text
 from specbench.pipelines import tables
 from specbench.pipelines.tables import print_table, to_markdown
-from specbench.records import SUMMARY_CSV, atomic_write_text
+from specbench.records import SUMMARY_CSV
 from specbench.reproduction import heads as shipped_heads
 from specbench.reproduction import published as published_values
 from specbench.reproduction import statements

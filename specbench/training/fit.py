@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from specbench.records import atomic_path
+from specbench.files import atomic_path
 
 log = logging.getLogger(__name__)
 

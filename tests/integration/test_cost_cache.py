@@ -12,7 +12,7 @@ import pytest
 from specbench.decoding.sampling import SamplingParams
 from specbench.errors import SpecbenchError
 from specbench.pipelines import cost_cache
-from specbench.pipelines.cost_cache import cache_file, cost_key, fit_line, startup_costs
+from specbench.pipelines.cost_cache import Probe, cache_file, cost_key, fit_line, startup_costs
 from specbench.selection import Budget
 from specbench.timing import Clock
 from tests.conftest import build_tiny_pool
@@ -26,7 +26,7 @@ def small_pool(tiny_llama_target, tmp_path, monkeypatch):
 
 def _costs(target, pool, draft_length=4):
     prompt = target.tokenizer("the cat sat on the mat and the dog")["input_ids"]
-    return startup_costs(target, pool, prompt, draft_length, SamplingParams(), Clock())
+    return startup_costs(Probe(target, pool, prompt, draft_length, SamplingParams(), Clock()))
 
 
 def test_measured_once_then_read_from_the_cache(small_pool, monkeypatch):

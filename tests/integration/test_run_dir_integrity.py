@@ -19,10 +19,11 @@ from hydra import compose, initialize_config_dir
 
 from specbench.configs import conf_dir
 from specbench.errors import SpecbenchError
+from specbench.files import atomic_path, files_fingerprint
 from specbench.pipelines import cascades, collect, collected, evaluate, spec_bench, tables, train_policy
 from specbench.pipelines.session.run_dir import CLAIM_FILE, RunDirTaken, lock_run_dir, run_command
 from specbench.pipelines.session.run_records import Records
-from specbench.records import atomic_path, files_fingerprint, read_jsonl
+from specbench.records import read_jsonl
 
 QUICK = [
     "target=tiny_llama",

@@ -15,8 +15,8 @@ from specbench.pipelines import train_drafter
 from specbench.pipelines.session.prompting import eos_ids_of
 from specbench.records import read_jsonl
 from specbench.tasks import Prompter, load_dataset_config
+from specbench.training import recipe as drafter_training
 from specbench.training import responses
-from specbench.training import trainees as drafter_training
 from specbench.training.distill import Example, Teacher, pairs, shared_prefix, teach, teach_all
 
 QUESTION = "Case {i}. A farmer has {i} cows and buys five more. How many cows are there now?"

@@ -367,7 +367,7 @@ def test_two_experiments_are_refused_and_experiment_null_is_the_default():
 
 def test_atomically_replaced_files_keep_the_umask_mode(tmp_path):
     """issue 34: files written through atomic_path were 0600 (mkstemp), unreadable in a shared outputs directory."""
-    from specbench.records import atomic_write_text, current_umask
+    from specbench.files import atomic_write_text, current_umask
 
     atomic_write_text(tmp_path / "summary.md", "x")
     assert (tmp_path / "summary.md").stat().st_mode & 0o777 == 0o666 & ~current_umask()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from specbench.errors import SpecbenchError, inside, plain_name
-from specbench.records import atomic_path, current_umask, plain_modes, save_tensors
+from specbench.files import atomic_path, current_umask, plain_modes, save_tensors
 
 
 def mode(path: Path) -> int:

@@ -55,10 +55,10 @@ from specbench.drafters.dynamic_tree import TreeShape, frontier_attention, grow,
 from specbench.drafters.eagle.head import EagleHead, HeadLogits
 from specbench.drafters.head_files import load_state, read_meta, resolve_checkpoint, vocab_fingerprint
 from specbench.errors import SpecbenchError
+from specbench.files import files_fingerprint
 from specbench.models.cache import check_tree_attention, common_prefix, crop_cache, mask_arguments
 from specbench.models.devices import resolve_dtype
 from specbench.models.target import Target
-from specbench.records import files_fingerprint
 from specbench.validate import boolean
 
 
@@ -340,7 +340,6 @@ def build(
     target: Target,
     name: str,
     checkpoint: Checkpoint = None,
-    cost: float | None = None,
     make_target: MakeTarget = None,
     sub_vocabulary: Annotated[bool, boolean()] = True,
     confidence_threshold: Confidence = 0.0,
@@ -371,7 +370,7 @@ def build(
     drafter = EagleDrafter(
         name, head, target, d2t, cost=0.0, confidence_threshold=confidence_threshold, tree=shape
     )
-    drafter.cost = head_cost(head, drafter.logits, target) if cost is None else float(cost)
+    drafter.cost = head_cost(head, drafter.logits, target)
     # every checkpoint it reads (a local or cache: directory, a package: head, a hub snapshot): resumes check it
     drafter.fingerprint = files_fingerprint(
         resolve_checkpoint(checkpoint, make_target)

@@ -41,9 +41,7 @@ layers (low, middle, high), fuses them with ``fc`` and drafts with ONE special d
 from __future__ import annotations
 
 import inspect
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated
 
 import torch
@@ -51,16 +49,26 @@ from torch import nn
 
 from specbench.drafters.base import Checkpoint, Confidence, Dtype, MakeTarget
 from specbench.drafters.eagle.eagle1 import EagleDrafter
+from specbench.drafters.eagle.eagle3_files import (
+    LAYOUT_FIX,
+    Fit,
+    aux_ids,
+    check_fit,
+    checkpoint_path,
+    draft_vocabulary,
+    load_own,
+    read_config,
+    read_state,
+)
 from specbench.drafters.eagle.head import HeadLogits, family_config
-from specbench.drafters.head_files import CONFIG_FILE, damaged, load_state, resolve_checkpoint
+from specbench.drafters.head_files import resolve_checkpoint
 from specbench.errors import SpecbenchError
+from specbench.files import files_fingerprint
 from specbench.models.cache import cache_argument
 from specbench.models.devices import resolve_dtype
 from specbench.models.target import Target
-from specbench.records import files_fingerprint
 from specbench.validate import integer, list_of
 
-AUX_KEY = "eagle_aux_hidden_state_layer_ids"
 # the head's architecture: taken from the checkpoint's config, the target's where the checkpoint is silent
 ARCH_KEYS = (
     "hidden_size",
@@ -77,11 +85,6 @@ ARCH_KEYS = (
     "rope_scaling",
     "rope_parameters",
     "pretraining_tp",
-)
-LAYOUT_FIX = (
-    "point the checkpoint at an EAGLE-3 head (SafeAILab/EAGLE or SpecForge: config.json with "
-    "draft_vocab_size and midlayer.* tensors) or a vLLM speculators eagle3 head "
-    "(speculators_model_type: eagle3); EAGLE-1 heads are the `eagle` drafter kind"
 )
 
 
@@ -265,84 +268,6 @@ class Eagle3Drafter(EagleDrafter):
         )
 
 
-def _read_config(path: Path) -> dict:
-    file = path / CONFIG_FILE
-    if not file.exists():
-        raise SpecbenchError(f"draft head {path} has no {CONFIG_FILE}", LAYOUT_FIX)
-    try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise damaged(file, exc) from exc
-    if not isinstance(config, dict):
-        raise damaged(file, ValueError(f"a JSON {type(config).__name__}, not an object"))
-    return config
-
-
-def _layout(path: Path, config: dict, state: dict) -> tuple[str, dict]:
-    """``("speculators" | "eagle3", the layer stack's config dict)``, or a clear error."""
-    kind = config.get("speculators_model_type")
-    if kind is not None:
-        if kind != "eagle3":
-            raise SpecbenchError(f"{path} is a speculators '{kind}' checkpoint, not eagle3", LAYOUT_FIX)
-        layer = config.get("transformer_layer_config")
-        if not isinstance(layer, dict):
-            raise SpecbenchError(f"speculators checkpoint {path} has no transformer_layer_config", LAYOUT_FIX)
-        return "speculators", layer
-    architectures = " ".join(str(a) for a in config.get("architectures") or [])
-    if (
-        "draft_vocab_size" in config
-        or "eagle3" in architectures.lower()
-        or any(k.startswith("midlayer.") for k in state)
-    ):
-        return "eagle3", config
-    raise SpecbenchError(
-        f"{path} is neither an EAGLE-3 head (no draft_vocab_size / midlayer.* tensors) nor a "
-        "speculators eagle3 head (no speculators_model_type)",
-        LAYOUT_FIX,
-    )
-
-
-def _aux_ids(config: dict, layer: dict) -> list[int] | None:
-    for source in (config, config.get("eagle_config"), layer, layer.get("eagle_config")):
-        if isinstance(source, dict) and source.get(AUX_KEY):
-            return [int(i) for i in source[AUX_KEY]]
-    return None
-
-
-def _draft_vocabulary(path: Path, state: dict, draft_vocab: int, vocab: int) -> torch.Tensor | None:
-    """Absolute target ids of the draft rows (None: the draft vocabulary is the target's)."""
-    offsets = state.get("d2t")
-    if offsets is None:
-        if draft_vocab < vocab:
-            raise SpecbenchError(
-                f"draft head {path} scores {draft_vocab} tokens but has no d2t mapping to the "
-                f"target's {vocab}",
-                "use a complete checkpoint (with its d2t tensor)",
-            )
-        return None
-    offsets = offsets.long().flatten()
-    if offsets.numel() != draft_vocab:
-        raise SpecbenchError(
-            f"draft head {path}: d2t has {offsets.numel()} entries for {draft_vocab} lm_head rows",
-            "use a complete, consistent checkpoint",
-        )
-    ids = torch.arange(draft_vocab) + offsets
-    if int(ids.min()) < 0 or int(ids.max()) >= vocab or ids.unique().numel() != draft_vocab:
-        raise SpecbenchError(
-            f"draft head {path}: d2t maps draft ids outside this target's vocabulary of {vocab} "
-            "(or twice onto one id)",
-            "use a head trained for this target's tokenizer",
-        )
-    t2d = state.get("t2d")
-    if t2d is not None and t2d.numel() >= vocab:
-        mask = t2d.bool().flatten()
-        if int(mask.sum()) != draft_vocab or not bool(mask[ids].all()):
-            raise SpecbenchError(f"draft head {path}: its d2t and t2d disagree", "use an intact checkpoint")
-    if draft_vocab == vocab and bool((offsets == 0).all()):
-        return None
-    return ids
-
-
 def load_eagle3(
     checkpoint: str,
     target: Target,
@@ -353,14 +278,14 @@ def load_eagle3(
     """``(Eagle3Head, d2t (absolute target ids) | None, aux_layer_ids)`` from an EAGLE-3 or speculators
     eagle3 checkpoint (directory or hub id), checked against ``target``; the head in ``dtype`` (None: the
     target's). ``aux_layers`` overrides the checkpoint's aux layer ids."""
-    path = _eagle3_path(checkpoint, make_target)
-    config = _read_config(path)
-    state, layer, layer_ids = _eagle3_state(path, config)
+    path = checkpoint_path(checkpoint, make_target)
+    config = read_config(path)
+    state, layer, layer_ids = read_state(path, config)
     n_layers = int(target.config.num_hidden_layers)
     aux = (
         [int(a) for a in aux_layers]
         if aux_layers
-        else (_aux_ids(config, layer) or default_aux_layers(n_layers))
+        else (aux_ids(config, layer) or default_aux_layers(n_layers))
     )
     bad = [a for a in aux if not 0 <= a <= n_layers]
     if bad:
@@ -369,115 +294,31 @@ def load_eagle3(
             f"{n_layers} layers (0 .. {n_layers}: the residual stream after that many layers)",
             "use a head trained for this target, or set the drafter's aux_layers",
         )
-    layer, embed, draft_vocab = _check_fit(path, config, dict(layer), state, target, aux)
-    d2t = _draft_vocabulary(path, state, draft_vocab, target.vocab_size)
+    fit = check_fit(path, config, dict(layer), state, target, aux)
+    d2t = draft_vocabulary(path, state, fit.draft_vocab, target.vocab_size)
     device = next(target.model.parameters()).device
-    head = _build_head(path, config, layer, state, target, embed, draft_vocab, layer_ids, dtype)
-    _load_own(head, state, path)
+    head = _build_head(path, config, state, fit, target, max(layer_ids) + 1, dtype)
+    load_own(head, state, path)
     return head.eval(), (None if d2t is None else d2t.to(device)), aux
 
 
-def _eagle3_path(checkpoint: str, make_target: str | None):
-    """The checkpoint's directory; a missing one's fix names EAGLE-3 checkpoints, not train-drafter's heads."""
-    try:
-        return resolve_checkpoint(checkpoint, make_target)
-    except SpecbenchError as exc:
-        if make_target or "train-drafter" not in exc.fix:
-            raise
-        raise SpecbenchError(
-            exc.problem,
-            "point checkpoint at an EAGLE-3 head: a directory or hub id of an EAGLE-3 or "
-            "speculators eagle3 checkpoint (specbench train-drafter makes EAGLE-1 heads, "
-            "drafter=eagle)",
-        ) from None
-
-
-def _eagle3_state(path, config: dict):
-    """The checkpoint's tensors under the head's own names (EAGLE-3's ``midlayer.*`` as ``layers.0.*``, the verifier's
-    tensors dropped), its layer config and its decoder layer ids; refused without EAGLE-3 tensors."""
-    state = load_state(path)
-    layout, layer = _layout(path, config, state)
-    if layout == "eagle3":
-        state = {
-            ("layers.0." + k[len("midlayer.") :] if k.startswith("midlayer.") else k): v
-            for k, v in state.items()
-        }
-    state = {k: v for k, v in state.items() if not k.startswith("verifier")}
-    layer_ids = {int(k.split(".")[1]) for k in state if k.startswith("layers.") and k.split(".")[1].isdigit()}
-    if "fc.weight" not in state or "lm_head.weight" not in state or 0 not in layer_ids:
-        raise SpecbenchError(
-            f"{path} lacks EAGLE-3 tensors (fc.weight, lm_head.weight, midlayer.* or layers.0.*)", LAYOUT_FIX
-        )
-    return state, layer, layer_ids
-
-
-def _check_fit(path, config: dict, layer: dict, state: dict, target: Target, aux: list[int]):
-    """The head's shapes against ``target`` (feature width, hidden size, embedding, vocabularies): ``(layer config
-    with its hidden size, its own embedding or None, draft vocabulary size)``, else a ``SpecbenchError``."""
-    t_hidden = int(target.config.hidden_size)
-    fc = state["fc.weight"]
-    target_hidden = config.get("target_hidden_size") or layer.get("target_hidden_size")
-    if (target_hidden is not None and int(target_hidden) != t_hidden) or fc.shape[1] != len(aux) * t_hidden:
-        raise SpecbenchError(
-            f"draft head {path} has fc {tuple(fc.shape)} for {len(aux)} aux layers: it needs "
-            f"target features of width {fc.shape[1] // max(len(aux), 1)}, this target's hidden "
-            f"size is {t_hidden}",
-            "use a head trained for this target",
-        )
-    hidden = int(fc.shape[0])
-    if int(layer.get("hidden_size", hidden)) != hidden:
-        raise SpecbenchError(
-            f"draft head {path}: config hidden_size {layer.get('hidden_size')} but fc gives {hidden}",
-            "use an intact checkpoint",
-        )
-    layer["hidden_size"] = hidden
-    embed = state.get("embed_tokens.weight")
-    target_embed = target.model.get_input_embeddings().weight
-    if embed is not None and (embed.shape[1] != hidden or embed.shape[0] < target.vocab_size):
-        raise SpecbenchError(
-            f"draft head {path} has embed_tokens {tuple(embed.shape)}, this target needs "
-            f"({target_embed.shape[0]}, {hidden})",
-            "use a head trained for this target",
-        )
-    if embed is None and hidden != target_embed.shape[1]:
-        raise SpecbenchError(
-            f"draft head {path} has hidden size {hidden}, the target's embeddings "
-            f"{target_embed.shape[1]}, and the head has no embed_tokens of its own",
-            "use a head trained for this target",
-        )
-    draft_vocab = int(state["lm_head.weight"].shape[0])
-    if int(config.get("draft_vocab_size", draft_vocab)) != draft_vocab:
-        raise SpecbenchError(
-            f"draft head {path}: draft_vocab_size {config.get('draft_vocab_size')} but lm_head "
-            f"has {draft_vocab} rows",
-            "use an intact checkpoint",
-        )
-    head_vocab = layer.get("vocab_size") or config.get("vocab_size")
-    if head_vocab is not None and int(head_vocab) != int(target.config.vocab_size) and embed is None:
-        raise SpecbenchError(
-            f"draft head {path} was trained for a vocabulary of {head_vocab} ids, this target "
-            f"has {target.config.vocab_size}",
-            "use a head trained for this target's tokenizer",
-        )
-    return layer, embed, draft_vocab
-
-
-def _build_head(path, config, layer, state, target, embed, draft_vocab, layer_ids, dtype) -> Eagle3Head:
-    """An empty ``Eagle3Head`` of the checkpoint's layout on the target's device (``dtype``: None, the target's)."""
+def _build_head(path, config: dict, state: dict, fit: Fit, target: Target, layers: int, dtype) -> Eagle3Head:
+    """An empty ``Eagle3Head`` of ``layers`` decoder layers in the checkpoint's layout (``fit``: what ``check_fit``
+    found) on the target's device (``dtype``: None, the target's)."""
     device = next(target.model.parameters()).device
     fc = state["fc.weight"]
     try:
-        cfg = layer_config(layer, target.config, max(layer_ids) + 1)
+        cfg = layer_config(fit.layer, target.config, layers)
         layout = Eagle3Layout(
             fc_bias="fc.bias" in state,
             norm_before_residual=bool(config.get("norm_before_residual", False)),
             norm_before_fc=bool(config.get("norm_before_fc", False)) or "input_norm.weight" in state,
-            embed_rows=0 if embed is None else int(embed.shape[0]),
+            embed_rows=0 if fit.embed is None else int(fit.embed.shape[0]),
         )
         return Eagle3Head(
             cfg,
             int(fc.shape[1]),
-            draft_vocab,
+            fit.draft_vocab,
             layout,
             device=device,
             dtype=dtype or next(target.model.parameters()).dtype,
@@ -490,22 +331,6 @@ def _build_head(path, config, layer, state, target, embed, draft_vocab, layer_id
         ) from exc
 
 
-def _load_own(head: Eagle3Head, state: dict, path) -> None:
-    """The checkpoint's tensors into ``head``, refused unless they fit it exactly."""
-    own = head.state_dict()
-    state = {k: v for k, v in state.items() if k not in ("d2t", "t2d")}
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own]
-    wrong = [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
-    if missing or unexpected or wrong:
-        raise SpecbenchError(
-            f"draft head {path} does not fit its config's EAGLE-3 layer (missing {missing[:3]}, "
-            f"unexpected {unexpected[:3]}, wrong shape {wrong[:3]})",
-            "use an intact EAGLE-3 checkpoint for a Llama-style head",
-        )
-    head.load_state_dict(state)
-
-
 def head_cost(head: Eagle3Head, target: Target) -> float:
     """Parameters touched per draft token (fc, layers, norms, lm_head; not the embedding lookup) / the target's."""
     own = sum(p.numel() for n, p in head.named_parameters() if not n.startswith("embed_tokens."))
@@ -516,7 +341,6 @@ def build(
     target: Target,
     name: str,
     checkpoint: Checkpoint = None,
-    cost: float | None = None,
     make_target: MakeTarget = None,
     confidence_threshold: Confidence = 0.0,
     dtype: Dtype = None,
@@ -547,7 +371,7 @@ def build(
     head_dtype = resolve_dtype(dtype, target.device) if dtype else None
     head, d2t, aux = load_eagle3(checkpoint, target, make_target, dtype=head_dtype, aux_layers=aux_layers)
     drafter = Eagle3Drafter(name, head, target, d2t, aux, cost=0.0, confidence_threshold=confidence_threshold)
-    drafter.cost = head_cost(head, target) if cost is None else float(cost)
+    drafter.cost = head_cost(head, target)
     drafter.fingerprint = files_fingerprint(
         resolve_checkpoint(checkpoint, make_target)
     )  # any source: resumes check it

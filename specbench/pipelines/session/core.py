@@ -25,6 +25,7 @@ from specbench.decoding.cascade import Cascade
 from specbench.decoding.drafter import AUTOREGRESSIVE, Drafter
 from specbench.decoding.loop import DecodeSpec, Generation, Limits, decode
 from specbench.decoding.sampling import SamplingParams
+from specbench.files import files_fingerprint
 from specbench.models import Target
 from specbench.models.loading import LoadedModel
 from specbench.pipelines.session.prompting import (
@@ -39,7 +40,6 @@ from specbench.pipelines.session.run_records import Records
 from specbench.pipelines.session.schedule import seed_for
 from specbench.pipelines.session.settings import cascade_of, tie_tolerance_of
 from specbench.policy.checkpoint import checkpoint_file
-from specbench.records import files_fingerprint
 from specbench.selection import Fixed, Selector
 from specbench.selection.base import context_aware
 from specbench.tasks import Prompter

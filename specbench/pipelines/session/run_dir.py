@@ -20,9 +20,10 @@ from omegaconf import DictConfig, OmegaConf
 from specbench import provenance
 from specbench.configs import canonical_option
 from specbench.errors import SpecbenchError
+from specbench.files import atomic_path, sweep_temporaries
 from specbench.pipelines.session.settings import resolve_target_dtype
 from specbench.pipelines.session.tables import COMMANDS, check_config, command_name
-from specbench.records import CONFIG, EXAMPLES, ROUNDS, atomic_path, sweep_temporaries
+from specbench.records import CONFIG, EXAMPLES, ROUNDS
 from specbench.validate import Sections
 
 log = logging.getLogger(__name__)
@@ -263,7 +264,7 @@ def lock_run_dir(
       of another command into it is refused (it would replace that command's files). ``command`` None
       (a pipeline called outside the CLI without naming itself) locks without checking the owner.
     - A fresh hold sweeps the temporary files an atomic write left when its process was killed inside it
-      (``records.sweep_temporaries``: nothing else can be writing them now).
+      (``files.sweep_temporaries``: nothing else can be writing them now).
     Reentrant: the process that holds the directory may take it again (a resume in the same process).
     """
     out = Path(path)

@@ -13,6 +13,7 @@ from pathlib import Path
 from specbench.decoding.drafter import AUTOREGRESSIVE
 from specbench.decoding.loop import Generation
 from specbench.errors import SpecbenchError
+from specbench.files import atomic_write_text
 from specbench.pipelines.session.prompting import query_fingerprint
 from specbench.records import (
     EXAMPLE_KEYS,
@@ -20,7 +21,6 @@ from specbench.records import (
     ROUNDS,
     ExampleRecord,
     JsonlWriter,
-    atomic_write_text,
     read_jsonl,
     round_row,
 )
@@ -251,7 +251,7 @@ class Records:
 
 
 def rewrite_jsonl(path: Path, rows: Iterable[dict]) -> None:
-    """Replace a JSONL file whole with ``rows`` (atomically: :func:`specbench.records.atomic_write_text`)."""
+    """Replace a JSONL file whole with ``rows`` (atomically: :func:`specbench.files.atomic_write_text`)."""
     atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 

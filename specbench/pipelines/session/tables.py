@@ -17,7 +17,7 @@ from specbench.drafters import PoolSettings
 from specbench.models.target import TargetSettings, TemplateSets
 from specbench.policy import model
 from specbench.tasks.datasets import DatasetSettings
-from specbench.training import trainees
+from specbench.training import recipe
 from specbench.validate import Rule, Sections, schema, tables, validate
 
 SHARED: Sections = {
@@ -32,7 +32,7 @@ SHARED: Sections = {
 # the sections the commands of pipelines/ above these modules read, by command (its config's name)
 COMMANDS: dict[str, Sections] = {
     "train_policy": model.SECTIONS,  # train.* (TrainConfig, TrainData), reward.* (RewardSpec), sweep.*
-    "train_drafter": trainees.SECTIONS,  # drafter.*, its own train.* (Recipe), eval_sets.*
+    "train_drafter": recipe.SECTIONS,  # drafter.*, its own train.* (Recipe), eval_sets.*
 }
 
 
