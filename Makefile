@@ -18,7 +18,7 @@ PIP ?= $(PYTHON) -m pip
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install demo readme-demo trees-cpu budget-cpu trees-own-task-cpu metasd-seed-cpu aa-cpu trace-mixed test lint test-slow test-all bench clean metasd-cpu huang-cpu \
+.PHONY: install demo readme-demo trees-cpu budget-cpu budget-decisions batch-throughput trees-own-task-cpu metasd-seed-cpu aa-cpu trace-mixed test lint test-slow test-all bench clean metasd-cpu huang-cpu \
 	cascades-cpu huang-fig3 huang-fig3-pool reproduce-cpu-again trace-seed specialist-data specialist-levers specialists ship-heads small-drafter specialists-eval draft-confidence reproduce-cpu report paper-dry-run paper-drafters \
 	reproduce-paper
 
@@ -58,6 +58,28 @@ budget-cpu: install
 	$(SPECBENCH) eval experiment=trees_budget_cpu hydra.run.dir=$(BUDGET_OUT)
 	$(PYTHON) -m specbench.reproduction.multi_drafter $(BUDGET_OUT)
 	cp $(BUDGET_OUT)/multi_drafter.md docs/budget-cpu.md  # the generated page the docs quote
+
+# The budget's decision page (issue 58; conf/experiment/budget_decisions_cpu.yaml: MT-Bench questions 40-79, which no
+# setting was chosen on, 64 new tokens, the demo's pool and methods; resumable), then who drafted, the calibration,
+# the time split, what the head added beside the retrieval draft and the paired speed against each single drafter
+# (budget_decisions.md, copied to docs/budget-decisions-cpu.md).
+DECISIONS_OUT ?= outputs/budget_decisions_cpu
+budget-decisions: install
+	$(SPECBENCH) eval experiment=budget_decisions_cpu hydra.run.dir=$(DECISIONS_OUT)
+	$(PYTHON) -m specbench.reproduction.budget_decisions $(DECISIONS_OUT)
+	cp $(DECISIONS_OUT)/budget_decisions.md docs/budget-decisions-cpu.md  # the generated page the docs quote
+
+# Throughput against batch size (issue 57; conf/experiment/batch_cpu.yaml: 40 held-out queries, 128 new tokens, bf16;
+# batched autoregressive decoding, prompt lookup and the retrieval drafter) at decoding.batch_size 1, 4, 16 and 32, one
+# run directory each (resumable), then the page (tokens per second, the ratios, a plot), copied to
+# docs/batch-throughput-cpu.md.
+BATCH_OUT ?= outputs/batch_cpu
+BATCH_SIZES ?= 1 4 16 32
+batch-throughput: install
+	for b in $(BATCH_SIZES); do $(SPECBENCH) eval experiment=batch_cpu decoding.batch_size=$$b hydra.run.dir=$(BATCH_OUT)/b$$b || exit 1; done
+	$(PYTHON) -m specbench.reproduction.batch_throughput $(foreach b,$(BATCH_SIZES),$(BATCH_OUT)/b$(b)) --out $(BATCH_OUT)/batch_throughput.md
+	cp $(BATCH_OUT)/batch_throughput.md docs/batch-throughput-cpu.md  # the generated page the docs quote
+	cp $(BATCH_OUT)/batch_throughput.png docs/  # its picture, under the name the page links
 
 # A drafter's dynamic tree against its chain on its own task (conf/experiment/trees_own_task_cpu.yaml: the math head
 # and the small drafter on held-out GSM8K questions; resumable), then its table with each tree against its chain (paired intervals; multi_drafter.md, copied to

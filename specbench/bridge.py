@@ -145,13 +145,19 @@ def light_check(config_name: str) -> Callable:
     from specbench import selection
     from specbench.decoding.cascade import Cascade
     from specbench.decoding.sampling import DECODING
+    from specbench.pipelines.batch_settings import check_batched
     from specbench.tasks.datasets import DatasetSettings
     from specbench.validate import schema, tables, validate
 
     light = {"decoding": DECODING, "cascade": (Cascade,), "dataset": (DatasetSettings,)}
     own = LIGHT_SECTIONS.get(config_name)
     rules = schema(*tables(light), *tables(own() if own else {}))
-    return lambda cfg: validate(cfg, rules, locate=selection.TARGETS.get)
+
+    def check(cfg) -> None:
+        validate(cfg, rules, locate=selection.TARGETS.get)
+        check_batched(cfg, config_name)  # decoding.batch_size: eval only, and what a batch can run
+
+    return check
 
 
 def _policy_sections():

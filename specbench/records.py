@@ -196,6 +196,7 @@ def read_jsonl(path: Path) -> Iterator[dict]:
 # (one place, on the ground floor: the writers and the readers import them; reproduction/runs.py re-exports them)
 EXAMPLES = "examples.jsonl"  # eval, cascades, replay, trace: one record per generation
 ROUNDS = "rounds.jsonl"  # eval, replay: one record per round
+BATCHES = "batches.jsonl"  # eval at decoding.batch_size > 1: one record per decoded batch
 ROWS = "rows.jsonl"  # collect: one row per collected query (one shard)
 SEEDS = "seeds.jsonl"  # replay: one record per (method, seed, query)
 CONFIG = "config.yaml"  # every command: the settings its records were made with

@@ -26,6 +26,8 @@ COMMANDS = {
     "trace": ["trace"],
     "replay": ["eval"],
     "aa": ["eval"],
+    "budget": ["eval"],
+    "batch": ["eval"],
 }
 
 

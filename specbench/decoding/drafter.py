@@ -20,6 +20,7 @@ from specbench.arms import (
     AUTOREGRESSIVE,
 )  # the pool key of the no-draft arm (ground floor: selection uses it too)
 from specbench.decoding.sampling import SamplingParams
+from specbench.errors import SpecbenchError
 
 
 @dataclass
@@ -258,6 +259,18 @@ class Drafter:
         then gives that token: ``Cascade.stop_below``); drafters without a distribution ignore it."""
         raise NotImplementedError
 
+    def for_row(self) -> Drafter:
+        """A drafter of the same settings for one row of a batch (``decoding/batch.py``), with per-query state of its
+        own (a batch drafts for several queries at once). Kinds that hold a model and its cache cannot yet."""
+        raise SpecbenchError(
+            f"drafter '{self.name}' ({type(self).__name__}) cannot draft in a batch yet: batched decoding takes "
+            "prompt lookup, the retrieval drafter and the autoregressive arm",
+            f"decode with decoding.batch_size=1, or use methods whose drafters batch (not '{self.name}')",
+        )
+
+    def finish(self) -> None:
+        """A row of a batch finished its generation (``decoding/batch.py``): drafters with memory keep it now."""
+
     def standalone_model(self) -> torch.nn.Module | None:
         """A model of the drafter's own that can generate without the target (its "alone" output), or None."""
         return None
@@ -298,3 +311,6 @@ class AutoregressiveArm(Drafter):
 
     def propose(self, tokens, k, sampling, rng, eos_ids=frozenset(), stop_below=0.0) -> Draft:
         return Draft(tokens=[], probs=None)
+
+    def for_row(self) -> Drafter:
+        return self  # no state

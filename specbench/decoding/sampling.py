@@ -58,10 +58,12 @@ class Limits:
 @dataclass(frozen=True, kw_only=True)
 class SpecOptions:
     """decoding.*'s keys beside SamplingParams' and Limits' fields (DecodeSpec, built from the same section): the eos
-    ids and the context fit of the spec the session builds from it."""
+    ids and the context fit of the spec the session builds from it, and eval's batch size."""
 
     extra_eos_ids: Annotated[list[int] | None, list_of(integer(0), null=True)]
     fit_context: Annotated[bool, boolean()]
+    # eval only (pipelines/batched.py): queries decoded together, one target forward a round for all of them
+    batch_size: Annotated[int, integer(1, note=" (queries decoded together; 1: one at a time)")]
 
 
 DECODING = (SamplingParams, Limits, SpecOptions)  # the classes that declare decoding.*

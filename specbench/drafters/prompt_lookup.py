@@ -46,6 +46,11 @@ class PromptLookup(Drafter):
     def begin(self, query):
         self._prefix = list(query.encoder_ids or [])
 
+    def for_row(self) -> PromptLookup:
+        row = PromptLookup(self.name, self.max_ngram, self.min_ngram, self.cost)
+        row.draft_length = self.draft_length
+        return row
+
     def propose(self, tokens, k, sampling, rng, eos_ids=frozenset(), stop_below=0.0) -> Draft:
         # deterministic: its q is one-hot (largest probability 1), so a sequential cascade never stops it
         draft, n = lookup_match(self._prefix + tokens, k, self.max_ngram, self.min_ngram)
@@ -54,3 +59,6 @@ class PromptLookup(Drafter):
 
 def build(target, name: str, max_ngram: NGram = 3, min_ngram: NGram = 1) -> PromptLookup:
     return PromptLookup(name, max_ngram=max_ngram, min_ngram=min_ngram)
+
+
+build.batches = True  # its drafter drafts per row of a batch (Drafter.for_row; pipelines/batch_settings.py)

@@ -106,6 +106,25 @@ class SuffixDrafter(Drafter):
                 fresh.add(doc)
             self._memories[self._stream] = fresh
 
+    def for_row(self) -> SuffixDrafter:
+        """A row's drafter: the same settings, its own live text, and this drafter's memory (shared: a row's output
+        joins it when the row finishes, ``finish``)."""
+        row = SuffixDrafter(
+            self.name,
+            self.max_ngram,
+            self.min_ngram,
+            self.min_prob,
+            self.tree,
+            self.memory,
+            self.memory_tokens,
+        )
+        row.cost, row.draft_length, row._memories = self.cost, self.draft_length, self._memories
+        return row
+
+    def finish(self) -> None:
+        self._archive()
+        self._live, self._live_index = [], _Index()
+
     def forget(self) -> None:
         """Clear every stream's memory."""
         self._memories.clear()
@@ -250,3 +269,6 @@ def build(
         memory=bool(memory),
         memory_tokens=int(memory_tokens),
     )
+
+
+build.batches = True  # its drafter drafts per row of a batch (Drafter.for_row; pipelines/batch_settings.py)

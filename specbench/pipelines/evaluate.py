@@ -21,6 +21,7 @@ from specbench.decoding import certify
 from specbench.decoding.loop import check_trees
 from specbench.errors import SpecbenchError
 from specbench.pipelines import spec_bench, tables
+from specbench.pipelines.batch_settings import batch_size, check_batched, check_queries
 from specbench.pipelines.cost_cache import Probe, startup_costs
 from specbench.pipelines.methods import Method, check_methods, parse_methods
 from specbench.pipelines.session.core import Session, policy_checkpoint
@@ -129,6 +130,7 @@ def check_methods_early(cfg: DictConfig) -> None:
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     use_policy_pool(cfg)
     check_methods_early(cfg)
+    check_batched(cfg)
     s = Session.open(cfg, output_dir, RECORDS, "eval")
     costs = functools.cache(  # a budget's start-up cost profile (costs: profile), measured once
         lambda: startup_costs(
@@ -146,12 +148,20 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
             (example_id(q, t), methods[mi].name) not in records.done for t in range(turns_of(q, max_turns))
         )
     ]
-    selectors = prepared_selectors(s, methods, records, todo)
+    batched = batch_size(cfg) > 1
+    if batched:
+        check_queries(batch_size(cfg), len(s.queries))
+    selectors = {} if batched else prepared_selectors(s, methods, records, todo)
     try:
         with records, tqdm(total=len(todo), desc="eval", unit="query x method") as bar:
-            decode_all(
-                s, methods, selectors, records, set(todo), int(cfg.get("conversation_length") or 1), bar
-            )
+            if batched:  # decoding.batch_size queries a forward (pipelines/batched.py)
+                from specbench.pipelines.batched import decode_batches
+
+                decode_batches(s, methods, records, set(todo), bar)
+            else:
+                decode_all(
+                    s, methods, selectors, records, set(todo), int(cfg.get("conversation_length") or 1), bar
+                )
     except BaseException:
         write_after_stop(
             records, s.out, "eval", "summary", lambda: write_summary(s, cfg, records, partial=True)

@@ -338,7 +338,9 @@ def test_pool_config_from_conf(tiny_llama_target, heads):
     cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/drafter/eagle3.yaml"))
     assert cfg["_target_"] == "specbench.drafters.eagle.eagle3.build"
     params = set(inspect.signature(build).parameters)
-    assert set(cfg) - {"_target_", "draft_length"} <= params
+    assert (
+        set(cfg) - {"_target_", "draft_length", "cost"} <= params
+    )  # the pool's keys (PoolEntry) and the builder's
     cfg["checkpoint"] = str(heads[2]["eagle3"])
     pool = build_pool(tiny_llama_target, {"e3": cfg})
     assert isinstance(pool["e3"], Eagle3Drafter) and pool["e3"].aux == AUX_EAGLE3

@@ -23,7 +23,7 @@ from specbench.errors import SpecbenchError
 from specbench.files import atomic_path, sweep_temporaries
 from specbench.pipelines.session.settings import resolve_target_dtype
 from specbench.pipelines.session.tables import COMMANDS, check_config, command_name
-from specbench.records import CONFIG, EXAMPLES, ROUNDS
+from specbench.records import BATCHES, CONFIG, EXAMPLES, ROUNDS
 from specbench.validate import Sections
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ def claim_run_dir(out: Path, cfg: DictConfig, files: RunFiles) -> None:
 
 
 # eval and cascades: examples.jsonl and rounds.jsonl, resumed by (query id, method) (``Records``).
-RECORDS = RunFiles(results=(EXAMPLES, ROUNDS))
+RECORDS = RunFiles(results=(EXAMPLES, ROUNDS, BATCHES))
 
 
 def save_config(cfg, path: Path) -> None:

@@ -1,0 +1,188 @@
+"""Batched speculative decoding (``decoding/batch.py``, ``models/batched.py``) on the tiny Llama in fp32: every row's
+greedy output equals the same prompt decoded alone (``decode``), at batch 2 and 4, with rows of different prompt
+lengths, different drafters (prompt lookup, the retrieval drafter, the autoregressive arm) and different accepted
+lengths; a finished row leaves the others unchanged; the cache's compaction changes no output; what cannot batch yet
+is refused before any forward, naming the fix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specbench.decoding.batch import decode_batch, first_path
+from specbench.decoding.drafter import Draft, Drafter
+from specbench.decoding.loop import DecodeSpec, Limits
+from specbench.decoding.sampling import SamplingParams
+from specbench.drafters.prompt_lookup import PromptLookup
+from specbench.drafters.suffix import SuffixDrafter
+from specbench.errors import SpecbenchError
+from specbench.models import batched
+from specbench.models.batched import BatchedLM
+from specbench.timing import Clock
+
+TEXTS = [
+    "the cat sat on the mat and the cat sat on the mat and the",
+    "one two three one two three one",
+    "abc abc abc abc abc abc abc abc abc abc",
+    "a long prompt that repeats itself, a long prompt that repeats itself, a long prompt",
+]
+
+
+def _spec(target, max_new_tokens=24, draft_length=4, eos=True):
+    eos_ids = frozenset({int(target.tokenizer.eos_token_id)}) if eos else frozenset()
+    return DecodeSpec(
+        SamplingParams(), Limits(max_new_tokens=max_new_tokens, draft_length=draft_length), eos_ids, Clock()
+    )
+
+
+def _prompts(target, n):
+    return [target.tokenizer(t)["input_ids"] for t in TEXTS[:n]]
+
+
+def _alone(target, pool, arm, prompt, tiny_decode, spec):
+    return tiny_decode(
+        target,
+        pool,
+        arm,
+        prompt,
+        max_new_tokens=spec.limits.max_new_tokens,
+        draft_length=spec.limits.draft_length,
+        eos_ids=spec.eos_ids,
+    ).tokens
+
+
+class Scripted(Drafter):
+    """Drafts the known greedy continuation of its prompts (``references``: prompt + output), wrong at every
+    position whose index is a multiple of ``wrong_every``: its acceptance varies from round to round, and two of them
+    with different ``wrong_every`` accept different lengths in the same forwards. Stateless: every row may share it."""
+
+    deterministic = True
+
+    def __init__(self, name: str, references: list[list[int]], wrong_every: int):
+        self.name, self.references, self.wrong_every = name, references, wrong_every
+
+    def for_row(self) -> Scripted:
+        return self
+
+    def propose(self, tokens, k, sampling, rng, eos_ids=frozenset(), stop_below=0.0) -> Draft:
+        ref = next((r for r in self.references if r[: len(tokens)] == list(tokens)), [])
+        nxt = ref[len(tokens) : len(tokens) + k]  # none past its reference
+        return Draft(
+            tokens=[
+                (t + 1) % 256 if (len(tokens) + i) % self.wrong_every == 0 else t for i, t in enumerate(nxt)
+            ],
+            probs=None,
+        )
+
+
+@pytest.fixture(scope="module")
+def row_pool(tiny_llama_target, tiny_decode):
+    from specbench.drafters import AutoregressiveArm
+
+    target = tiny_llama_target
+    pool = {"autoregressive": AutoregressiveArm()}
+    spec = _spec(target)
+    references = [
+        p + _alone(target, pool, "autoregressive", p, tiny_decode, spec) for p in _prompts(target, 4)
+    ]
+    return {
+        **pool,
+        "prompt_lookup": PromptLookup("prompt_lookup", max_ngram=3),
+        "suffix": SuffixDrafter("suffix", memory=False),
+        "scripted_2": Scripted("scripted_2", references, 2),
+        "scripted_5": Scripted("scripted_5", references, 5),
+    }
+
+
+@pytest.mark.parametrize(
+    "arms", [("scripted_5", "autoregressive"), ("scripted_2", "prompt_lookup", "scripted_5", "suffix")]
+)
+def test_every_row_equals_its_prompt_decoded_alone(tiny_llama_target, row_pool, tiny_decode, arms):
+    target = tiny_llama_target
+    spec = _spec(target)
+    prompts = _prompts(target, len(arms))
+    assert len({len(p) for p in prompts}) == len(prompts)  # rows of different lengths
+    lm = BatchedLM(target.model, target.vocab_size)
+    result = decode_batch(lm, [row_pool[a] for a in arms], prompts, spec, torch.Generator().manual_seed(0))
+    for arm, prompt, gen in zip(arms, prompts, result.generations):
+        assert gen.tokens == _alone(target, row_pool, arm, prompt, tiny_decode, spec), arm
+        assert gen.target_calls == len(gen.rounds) and all(r.arm == arm for r in gen.rounds)
+    accepted = [sum(r.accepted for r in g.rounds) for g in result.generations]
+    assert len(set(accepted)) > 1  # the rows accepted different lengths in the same forwards
+    assert result.forwards == max(g.target_calls for g in result.generations)
+
+
+def test_a_finished_row_leaves_the_others_unchanged(tiny_llama_target, row_pool, tiny_decode):
+    """Row 0 ends early (its output's first token that no other row emits is made the EOS, so it leaves the batch
+    after a few rounds while the others run on): every row still equals its prompt decoded alone, and the others
+    equal a batch without any EOS."""
+    target = tiny_llama_target
+    prompts = _prompts(target, 3)
+    arms = ["scripted_2", "autoregressive", "scripted_5"]
+    rng = torch.Generator().manual_seed(0)
+    free = _spec(target, max_new_tokens=20, eos=False)
+    drafters = [row_pool[a] for a in arms]
+    running = decode_batch(BatchedLM(target.model, target.vocab_size), drafters, prompts, free, rng)
+    others = {t for g in running.generations[1:] for t in g.tokens}
+    stop = next(t for t in running.generations[0].tokens[2:15] if t not in others)
+    ending = DecodeSpec(free.sampling, free.limits, frozenset({stop}), Clock())
+    ended = decode_batch(BatchedLM(target.model, target.vocab_size), drafters, prompts, ending, rng)
+    first = ended.generations[0]
+    assert first.stop == "eos" and first.tokens[-1] == stop and len(first.tokens) < 20
+    assert [g.tokens for g in ended.generations[1:]] == [g.tokens for g in running.generations[1:]]
+    for arm, prompt, gen in zip(arms, prompts, ended.generations):
+        assert gen.tokens == _alone(target, row_pool, arm, prompt, tiny_decode, ending), arm
+
+
+def test_compaction_changes_no_output(tiny_llama_target, row_pool, monkeypatch):
+    target = tiny_llama_target
+    prompts = _prompts(target, 4)
+    drafters = [
+        row_pool["prompt_lookup"],
+        row_pool["suffix"],
+        row_pool["autoregressive"],
+        row_pool["prompt_lookup"],
+    ]
+    spec = _spec(target, max_new_tokens=32, draft_length=6, eos=False)
+    rng = torch.Generator().manual_seed(0)
+    compacted = []
+    original = BatchedLM.compact
+
+    def counting(self):
+        compacted.append(self.slots)
+        original(self)
+
+    monkeypatch.setattr(BatchedLM, "compact", counting)
+    monkeypatch.setattr(batched, "MIN_WASTE", 2)
+    often = decode_batch(BatchedLM(target.model, target.vocab_size), drafters, prompts, spec, rng)
+    assert compacted  # the slots were compacted at least once
+    monkeypatch.setattr(batched, "MIN_WASTE", 10**9)
+    never = decode_batch(BatchedLM(target.model, target.vocab_size), drafters, prompts, spec, rng)
+    assert [g.tokens for g in often.generations] == [g.tokens for g in never.generations]
+
+
+def test_what_cannot_batch_yet_is_refused_before_any_forward(
+    tiny_llama_target, tiny_t5_target, tiny_llama_pool
+):
+    target = tiny_llama_target
+    prompts = _prompts(target, 2)
+    rng = torch.Generator().manual_seed(0)
+    lm = BatchedLM(target.model, target.vocab_size)
+    sampling = DecodeSpec(SamplingParams(temperature=1.0), Limits(), frozenset(), Clock())
+    with pytest.raises(SpecbenchError, match="greedy only"):
+        decode_batch(lm, [tiny_llama_pool["prompt_lookup"]] * 2, prompts, sampling, rng)
+    with pytest.raises(SpecbenchError, match="cannot draft in a batch yet") as err:
+        decode_batch(
+            lm, [tiny_llama_pool["hf"], tiny_llama_pool["prompt_lookup"]], prompts, _spec(target), rng
+        )
+    assert "decoding.batch_size=1" in err.value.fix
+    assert lm.rows == 0  # nothing was prefilled
+    with pytest.raises(SpecbenchError, match="decoder-only"):
+        BatchedLM(tiny_t5_target.model)
+
+
+def test_a_tree_draft_is_cut_to_its_first_path():
+    tree = Draft(tokens=[5, 6, 7, 8, 9], probs=None, parents=[-1, 0, 0, 1, 3])
+    assert first_path(tree).tokens == [5, 6, 8, 9] and first_path(tree).parents is None
+    chain = Draft(tokens=[1, 2], probs=None)
+    assert first_path(chain) is chain

@@ -1,0 +1,54 @@
+"""The throughput page's table on synthetic runs: tokens per second are total tokens over total seconds, each method
+against autoregressive decoding at its own batch size and at batch 1, and the share of outputs equal to batch 1's
+autoregressive output; a directory without records is refused naming the fix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specbench.errors import SpecbenchError
+from specbench.reproduction import batch_throughput as T
+
+
+def _run(path, size, rows):
+    path.mkdir()
+    (path / "config.yaml").write_text(f"decoding:\n  batch_size: {size}\n")
+    (path / "examples.jsonl").write_text(
+        "".join(
+            json.dumps({"query_id": q, "method": m, "new_tokens": n, "seconds": s, "output_ids": ids}) + "\n"
+            for q, m, n, s, ids in rows
+        )
+    )
+    return path
+
+
+def test_the_table_is_the_records_totals_and_ratios(tmp_path):
+    one = _run(
+        tmp_path / "b1",
+        1,
+        [("a", "autoregressive", 10, 1.0, [1, 2]), ("b", "autoregressive", 10, 1.0, [3]),
+         ("a", "fixed:pl", 10, 0.5, [1, 2]), ("b", "fixed:pl", 10, 0.5, [3])],
+    )  # fmt: skip
+    four = _run(
+        tmp_path / "b4",
+        4,
+        [("a", "autoregressive", 10, 0.25, [1, 2]), ("b", "autoregressive", 10, 0.25, [3, 4]),
+         ("a", "fixed:pl", 10, 0.5, [1, 2]), ("b", "fixed:pl", 10, 0.5, [3])],
+    )  # fmt: skip
+    t = T.table([one, four]).set_index(["batch size", "method"])
+    assert t.loc[(1, "autoregressive"), "tokens/s"] == pytest.approx(10.0)
+    assert t.loc[(1, "fixed:pl"), "vs autoregressive, same batch"] == pytest.approx(2.0)
+    assert t.loc[(4, "autoregressive"), "vs autoregressive at batch 1"] == pytest.approx(4.0)
+    assert t.loc[(4, "fixed:pl"), "vs autoregressive, same batch"] == pytest.approx(0.5)
+    assert t.loc[(4, "autoregressive"), "same output as batch 1"] == pytest.approx(0.5)  # query b forked
+    assert t.loc[(4, "fixed:pl"), "same output as batch 1"] == pytest.approx(1.0)
+    page = T.write([one, four], tmp_path / "page.md").read_text()
+    assert "batch size |" in page and "b4" in page and "page.png" in page
+
+
+def test_a_directory_without_records_is_refused(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SpecbenchError, match="holds no examples.jsonl"):
+        T.table([tmp_path / "empty"])
