@@ -118,22 +118,14 @@ def write(runs: list[Path], out: Path) -> Path:
     return out
 
 
-def main(argv: list[str]) -> int:
-    if "--out" not in argv or argv.index("--out") + 1 >= len(argv) or argv.index("--out") == 0:
-        print(
-            "usage: python -m specbench.reproduction.batch_throughput RUN_DIR... --out PAGE.md",
-            file=sys.stderr,
-        )
-        return 2
-    at = argv.index("--out")
-    try:
-        path = write([Path(a) for a in argv[:at]], Path(argv[at + 1]))
-    except SpecbenchError as exc:
-        print(f"error: {exc.problem}\nfix:   {exc.fix}", file=sys.stderr)
-        return 2
-    print(path.read_text(encoding="utf-8"))
-    return 0
-
+USAGE = "python -m specbench.reproduction.batch_throughput RUN_DIR... --out PAGE.md"
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    args = sys.argv[1:]
+    if "--out" not in args or args.index("--out") in (0, len(args) - 1):
+        sys.exit(f"usage: {USAGE}")
+    at = args.index("--out")
+    try:
+        print(write([Path(a) for a in args[:at]], Path(args[at + 1])).read_text(encoding="utf-8"))
+    except SpecbenchError as exc:
+        sys.exit(str(exc))

@@ -209,18 +209,10 @@ def write(run_dir: Path, margin: float = MARGIN) -> Path:
     return path
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m specbench.reproduction.budget_decisions RUN_DIR", file=sys.stderr)
-        return 2
-    try:
-        path = write(Path(argv[0]))
-    except SpecbenchError as exc:
-        print(f"error: {exc.problem}\nfix:   {exc.fix}", file=sys.stderr)
-        return 2
-    print(path.read_text(encoding="utf-8"))
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m specbench.reproduction.budget_decisions RUN_DIR")
+    try:
+        print(write(Path(sys.argv[1])).read_text(encoding="utf-8"))
+    except SpecbenchError as exc:
+        sys.exit(str(exc))
