@@ -60,14 +60,19 @@ budget-cpu: install
 	cp $(BUDGET_OUT)/multi_drafter.md docs/budget-cpu.md  # the generated page the docs quote
 
 # The budget's decision page (issue 58; conf/experiment/budget_decisions_cpu.yaml: MT-Bench questions 40-79, which no
-# setting was chosen on, 64 new tokens, the demo's pool and methods; resumable), then who drafted, the calibration,
+# setting was chosen on, 64 new tokens, the demo's pool and methods; then budget_decisions_local_cpu.yaml, the local
+# data's rows 64-71 of each task; resumable; about 10 minutes each), then who drafted, the calibration,
 # the time split, what the head added beside the retrieval draft and the paired speed against each single drafter
 # (budget_decisions.md, copied to docs/budget-decisions-cpu.md).
 DECISIONS_OUT ?= outputs/budget_decisions_cpu
+DECISIONS_LOCAL_OUT ?= outputs/budget_decisions_local_cpu
 budget-decisions: install
 	$(SPECBENCH) eval experiment=budget_decisions_cpu hydra.run.dir=$(DECISIONS_OUT)
 	$(PYTHON) -m specbench.reproduction.budget_decisions $(DECISIONS_OUT)
 	cp $(DECISIONS_OUT)/budget_decisions.md docs/budget-decisions-cpu.md  # the generated page the docs quote
+	$(SPECBENCH) eval experiment=budget_decisions_local_cpu hydra.run.dir=$(DECISIONS_LOCAL_OUT)
+	$(PYTHON) -m specbench.reproduction.budget_decisions $(DECISIONS_LOCAL_OUT)
+	cp $(DECISIONS_LOCAL_OUT)/budget_decisions.md docs/budget-decisions-local-cpu.md  # per task, the same page
 
 # Throughput against batch size (issue 57; conf/experiment/batch_cpu.yaml: 40 held-out queries, 128 new tokens, bf16;
 # batched autoregressive decoding, prompt lookup and the retrieval drafter) at decoding.batch_size 1, 4, 16 and 32, one
