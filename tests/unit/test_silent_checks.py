@@ -225,3 +225,13 @@ def test_a_malformed_line_that_is_not_a_torn_tail_is_corruption(tmp_path, data, 
     ) as info:
         list(read_jsonl(path))
     assert f"line {lineno} of {path}" in info.value.fix
+
+
+def test_a_key_added_later_at_its_old_value_resumes_an_older_run():
+    """decoding.batch_size came after runs were made: a run directory without it resumes under batch size 1 (what
+    its absence meant) and is refused under any other, naming the key."""
+    old = compared_settings({"decoding": {"max_new_tokens": 8}})
+    assert not differences(old, compared_settings({"decoding": {"max_new_tokens": 8, "batch_size": 1}}))
+    assert differences(old, compared_settings({"decoding": {"max_new_tokens": 8, "batch_size": 4}})) == [
+        "decoding.batch_size: (unset) -> 4"
+    ]

@@ -55,18 +55,23 @@ def canonical_method(spec):
     return spec
 
 
+# Keys added after runs were made, each with the value that does what its absence did: a run made before the key
+# existed resumes under a config that holds that value (and is refused under any other).
+ADDED = {"decoding.batch_size": 1}
+
+
 def compared_settings(cfg) -> dict:
     """The resolved settings of a config (a DictConfig or a plain dict) that a rerun must match:
-    everything but :data:`NOT_COMPARED`."""
+    everything but :data:`NOT_COMPARED`, and a key of :data:`ADDED` only where it is not its old behaviour's value."""
     tree = OmegaConf.to_container(cfg if OmegaConf.is_config(cfg) else OmegaConf.create(cfg), resolve=True)
     if isinstance(tree.get("methods"), list):  # selector:<an older name> is the renamed option's run
         tree["methods"] = [canonical_method(m) for m in tree["methods"]]
-    for key in NOT_COMPARED:
+    for key in (*NOT_COMPARED, *ADDED):
         *parents, leaf = key.split(".")
         node = tree
         for part in parents:
             node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict):
+        if isinstance(node, dict) and (key not in ADDED or node.get(leaf, ADDED[key]) == ADDED[key]):
             node.pop(leaf, None)
     return tree
 
