@@ -53,8 +53,9 @@ class _Row:
     gen: Generation = field(default_factory=lambda: Generation(tokens=[], deciders=[]))
 
 
-def check_batchable(spec: DecodeSpec, drafters: Sequence[Drafter]) -> None:
-    """Refuse, before any forward, what a batch cannot decode yet (naming it and the fix)."""
+def check_batchable(spec: DecodeSpec) -> None:
+    """Refuse, before any forward, a decoding a batch cannot do yet (naming it and the fix); a drafter that cannot
+    draft per row is refused by its ``for_row`` as the rows are made."""
     if not spec.sampling.greedy:
         raise SpecbenchError(
             "batched decoding is greedy only for now (decoding.temperature > 0 was given)",
@@ -65,8 +66,6 @@ def check_batchable(spec: DecodeSpec, drafters: Sequence[Drafter]) -> None:
             "batched decoding verifies losslessly only: a cascade rule was given",
             "drop the cascade rule (cascade=none), or decode one query at a time (decoding.batch_size=1)",
         )
-    for d in drafters:
-        d.for_row()  # refuses a drafter that cannot draft per row
 
 
 def first_path(draft: Draft) -> Draft:
@@ -93,7 +92,7 @@ def decode_batch(
         raise ValueError(
             f"{len(prompts)} prompts and {len(drafters)} drafters: one drafter a prompt, at least one"
         )
-    check_batchable(spec, drafters)
+    check_batchable(spec)
     clock = spec.clock
     rows = [_Row(list(p), d.for_row(), DecodeContext(stream=spec.stream)) for p, d in zip(prompts, drafters)]
     start = clock.boundary()
