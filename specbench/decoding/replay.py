@@ -48,7 +48,7 @@ from specbench.decoding.tree import TokenTree, build_tree
 from specbench.decoding.verify import block_efficiency
 from specbench.errors import SpecbenchError
 from specbench.records import Round
-from specbench.selection.base import Feedback, Selector
+from specbench.selection.base import Feedback, Selector, feedback_of
 
 
 def interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
@@ -410,19 +410,7 @@ def _round(w: _Walk, t: int, o: _Outcome, made, unused, emitted: int, switched: 
 def _feed(w: _Walk, o: _Outcome, rnd: Round, members, made) -> None:
     """The selector's feedback, as the live loop gives it: per member of a tree (``update_tree``), else the arm's."""
     if o.tree is None:
-        w.selector.update(
-            o.arm,
-            Feedback(
-                drafted=rnd.drafted,
-                accepted=rnd.accepted,
-                n_max=rnd.n_max,
-                be=rnd.be,
-                bd=rnd.bd,
-                t_draft=rnd.t_draft,
-                t_verify=rnd.t_verify,
-                t_switch=rnd.t_switch,
-            ),
-        )
+        w.selector.update(o.arm, feedback_of(rnd))
         return
     mem = {m: min(o.own[m], rnd.accepted) for m in members}
     rnd.members, rnd.tree_size = list(members), o.tree.size

@@ -27,7 +27,7 @@ from specbench.decoding.verify import block_divergence, block_efficiency, verify
 from specbench.errors import SpecbenchError
 from specbench.models.target import Target
 from specbench.records import Round
-from specbench.selection.base import Feedback, Plan, Route, Selector
+from specbench.selection.base import Feedback, Plan, Route, Selector, feedback_of
 
 
 @dataclass(frozen=True)
@@ -387,20 +387,7 @@ def learn(w: Walk, rnd: Round, members, made: Mapping[str, Drafted], v: Verified
             }
         )
     else:
-        w.selector.update(
-            v.arm,
-            Feedback(
-                drafted=rnd.drafted,
-                accepted=accepted,
-                n_max=v.n_max,
-                be=rnd.be,
-                bd=v.bd,
-                t_draft=rnd.t_draft,
-                t_verify=rnd.t_verify,
-                t_switch=rnd.t_switch,
-                nodes=nodes[v.arm],
-            ),
-        )
+        w.selector.update(v.arm, feedback_of(rnd, nodes[v.arm]))
 
 
 def play_round(w: Walk) -> bool:

@@ -37,15 +37,22 @@ NODES = (0, 4, 8, 12, 16, 24)  # verified draft tokens per timed forward
 REPEATS, WARMUP = 7, 2
 
 
-def cost_key(target: Target, pool: Mapping[str, Drafter], draft_length: int) -> dict:
-    """What the costs depend on: the machine, the target in its dtype, and each drafter as it drafts."""
+def machine_key(target: Target) -> dict:
+    """What any measured cost depends on besides the workload: the target in its dtype, the device, threads, torch."""
     device = target.device
     return {
-        "format": FORMAT,
         **profiling.identity(target),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
+    }
+
+
+def cost_key(target: Target, pool: Mapping[str, Drafter], draft_length: int) -> dict:
+    """What the costs depend on: the machine, the target in its dtype, and each drafter as it drafts."""
+    return {
+        "format": FORMAT,
+        **machine_key(target),
         "drafters": {
             name: {
                 "kind": type(d).__name__,
@@ -59,9 +66,38 @@ def cost_key(target: Target, pool: Mapping[str, Drafter], draft_length: int) -> 
     }
 
 
-def cache_file(key: Mapping):
+def cache_file(key: Mapping, kind: str = "budget"):
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return cache_dir() / "profiles" / f"budget-{digest}.json"
+    return cache_dir() / "profiles" / f"{kind}-{digest}.json"
+
+
+def read_cached(path, key: Mapping) -> dict | None:
+    """The costs cached in ``path`` for exactly ``key``; None when there are none (or they are unreadable)."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("key") == key:
+            log.info("costs: read from %s (measured %s)", path, data.get("measured_at", "?"))
+            return data["costs"]
+    except (OSError, ValueError, KeyError, AttributeError) as exc:
+        log.warning("costs: %s is unreadable (%s); measuring again", path, exc)
+    return None
+
+
+def write_cached(path, key: Mapping, costs: dict, **about) -> None:
+    """``costs`` cached in ``path`` under ``key`` (with ``about``: how they were measured); a cache that cannot
+    be written costs a measurement next time, nothing else."""
+    try:
+        atomic_write_text(
+            path,
+            json.dumps(
+                {"key": key, "costs": costs, "measured_at": time.strftime("%Y-%m-%d %H:%M"), **about},
+                indent=1,
+            ),
+        )
+    except OSError as exc:
+        log.warning("costs: could not cache them in %s (%s)", path, exc)
 
 
 @dataclass(frozen=True)
@@ -83,14 +119,9 @@ def startup_costs(probe: Probe) -> dict:
     target and pool, else measured now (a few seconds) and cached."""
     key = cost_key(probe.target, probe.pool, probe.draft_length)
     path = cache_file(key)
-    if path.is_file():
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            if data.get("key") == key:
-                log.info("budget costs: read from %s (measured %s)", path, data.get("measured_at", "?"))
-                return data["costs"]
-        except (OSError, ValueError, KeyError, AttributeError) as exc:
-            log.warning("budget costs: %s is unreadable (%s); measuring again", path, exc)
+    cached = read_cached(path, key)
+    if cached is not None:
+        return cached
     start = time.perf_counter()
     costs = measure_costs(probe)
     log.info(
@@ -100,23 +131,7 @@ def startup_costs(probe: Probe) -> dict:
         ", ".join(f"{k} {v:.4f} s" for k, v in costs["draft"].items()),
         path,
     )
-    try:
-        atomic_write_text(
-            path,
-            json.dumps(
-                {
-                    "key": key,
-                    "costs": costs,
-                    "measured_at": time.strftime("%Y-%m-%d %H:%M"),
-                    "context": CONTEXT,
-                    "nodes": list(NODES),
-                    "repeats": REPEATS,
-                },
-                indent=1,
-            ),
-        )
-    except OSError as exc:  # a read-only cache costs a measurement next time, nothing else
-        log.warning("budget costs: could not cache them in %s (%s)", path, exc)
+    write_cached(path, key, costs, context=CONTEXT, nodes=list(NODES), repeats=REPEATS)
     return costs
 
 

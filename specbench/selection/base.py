@@ -27,6 +27,21 @@ class Feedback:
     nodes: tuple[tuple[int, bool], ...] = ()
 
 
+def feedback_of(rnd, nodes: tuple[tuple[int, bool], ...] = ()) -> Feedback:
+    """A played round's record (``records.Round``) as the feedback its arm's selector learns from."""
+    return Feedback(
+        drafted=rnd.drafted,
+        accepted=rnd.accepted,
+        n_max=rnd.n_max,
+        be=rnd.be,
+        bd=rnd.bd,
+        t_draft=rnd.t_draft,
+        t_verify=rnd.t_verify,
+        t_switch=rnd.t_switch,
+        nodes=tuple(nodes),
+    )
+
+
 @dataclass(frozen=True)
 class Plan:
     """A round built by a cost model (``selection/budget.py``): the loop drafts with ``first`` (cheap drafters),
@@ -67,6 +82,7 @@ class Selector:
 
     full_information: bool = False
     trees: bool = False  # may choose several arms a round (a token tree): decoder-only targets only
+    routes: bool = False  # chooses a ``Route`` (the drafter that plays depends on the first draft's match)
     # set by selectors that read the query's embedding (``set_embedding``)
     embedding_pooling: str | None = None
     # draws from its own seeded rng (a replay runs it once per seed; the others are deterministic)
