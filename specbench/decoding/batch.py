@@ -3,14 +3,28 @@ target forward per round.
 
 Each round, every row still generating drafts on its own (its drafter's per-row copy, ``Drafter.for_row``, synced
 with the row's committed tokens), then one forward of the target over every row's ``[last committed token, *draft]``
-(``models/batched.py``: rows of different lengths, each at its own positions), then each row's greedy verdict, the
-accepted prefix plus the target's token, exactly as a row decoded alone (``decode``) gets it; the cache keeps each
-row's accepted slots. A row that reaches EOS or its ``max_new_tokens`` leaves the batch; the others go on. The
-autoregressive arm drafts nothing: a batch of it is plain batched greedy decoding, the baseline at the same batch.
+(``models/batched.py``: rows of different lengths, each at its own positions), then each row's verdict, by the same
+pure functions as a row decoded alone (``decode``): greedy, the accepted prefix plus the target's token; sampling,
+speculative sampling against the row's own processed target distributions (``verify_sampling``), its draws from the
+batch's generator row after row, so each row's law is the target's. The cache keeps each row's accepted slots. A row
+that reaches EOS or its ``max_new_tokens`` leaves the batch; the others go on. The autoregressive arm drafts nothing:
+a batch of it is plain batched decoding, the baseline at the same batch.
 
-Greedy and lossless only for now: sampling at batch and the cascade rules are refused, as are drafters that cannot
-draft per row yet (model drafters: their per-row caches are the next part), tree drafts are cut to their first path,
-and a row's drafter is fixed for its whole generation (per-row selectors are the next part).
+Lossless only: the cascade rules are refused, as are drafters that cannot draft per row yet (model drafters: their
+per-row caches are the next part); tree drafts are cut to their first path (the drafters that batch draft
+deterministically, so any path of theirs is a valid draft under sampling). Greedy rows record their deciders
+(``certify``); sampled rows none.
+
+A row drafts with one drafter for its whole generation, or (a ``RowSelector``) chooses its drafter each round with its
+own selector over the pool: one state a row, as a row is a query (each row's selector is reset when the row starts
+and updated with the row's own feedback after each round, as the single-query loop updates it); a row's selector
+must choose one arm a round (a tree, a plan or a route is refused: the batch verifies chains).
+
+With a ``budget`` (``selection/batch_budget.py``: the ``goodput:<drafter>`` methods) every row's draft is cut, each
+round, to the cap the budget chooses for the whole batch from the forward's measured cost at this many rows and
+each draft's expected accepted tokens (0: no row drafts this round); each round records the row's expected accepted
+tokens and its share of the predicted forward seconds, and the budget learns from every verdict. A cut draft is
+verified as a shorter draft would be: greedy outputs stay the rows' own, and sampled rows keep the target's law.
 
 Times: ``BatchResult.seconds`` is the batch's wall time (one clock boundary at each end); a row's ``seconds`` is the
 time until it finished; a round's ``t_draft`` is the row's own drafting and its ``t_verify`` its share of the
@@ -19,8 +33,9 @@ forward (the forward's seconds over the rows in it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,10 +43,15 @@ from specbench.decoding.certify import deciders
 from specbench.decoding.drafter import DecodeContext, Draft, Drafter, keep_tokens
 from specbench.decoding.loop import DecodeSpec, Generation
 from specbench.decoding.sampling import logits_to_probs
-from specbench.decoding.verify import block_divergence, verify_greedy
+from specbench.decoding.tree import chain_outcomes
+from specbench.decoding.verify import block_divergence, verify_greedy, verify_sampling
 from specbench.errors import SpecbenchError
 from specbench.models.batched import BatchedLM
 from specbench.records import Round
+from specbench.selection.base import Selector, feedback_of
+
+if TYPE_CHECKING:
+    from specbench.selection.batch_budget import BatchBudget
 
 
 @dataclass
@@ -45,22 +65,65 @@ class BatchResult:
         return sum(len(g.tokens) for g in self.generations)
 
 
+@dataclass(frozen=True)
+class RowSelector:
+    """A row that chooses its drafter each round: its own ``selector`` (a fresh one a row) over ``pool``."""
+
+    selector: Selector
+    pool: Mapping[str, Drafter]
+
+
 @dataclass
 class _Row:
     tokens: list[int]  # committed: prompt, then output
-    drafter: Drafter
+    pool: dict[str, Drafter]  # the row's own copies (``for_row``) of the drafters it may play
+    arm: str  # the drafter it plays this round
     query: DecodeContext
-    gen: Generation = field(default_factory=lambda: Generation(tokens=[], deciders=[]))
+    gen: Generation  # deciders: a list for greedy rows (certify), None for sampled ones
+    selector: Selector | None = None
+
+    @property
+    def drafter(self) -> Drafter:
+        return self.pool[self.arm]
+
+    @classmethod
+    def make(cls, prompt: list[int], player: Drafter | RowSelector, spec: DecodeSpec) -> _Row:
+        gen = Generation(tokens=[], deciders=[] if spec.sampling.greedy else None)
+        query = DecodeContext(stream=spec.stream)
+        if isinstance(player, RowSelector):
+            if getattr(player.selector, "trees", False) or getattr(player.selector, "routes", False):
+                raise _one_arm(player.selector, "token trees or routes", player.pool)
+            player.selector.reset()
+            pool = {name: d.for_row() for name, d in player.pool.items()}
+            return cls(list(prompt), pool, next(iter(pool)), query, gen, player.selector)
+        return cls(list(prompt), {player.name: player.for_row()}, player.name, query, gen)
+
+    def choose(self) -> None:
+        """This round's arm: the row's selector's choice (one arm), or its one drafter."""
+        if self.selector is None:
+            return
+        arm = self.selector.select()
+        if not isinstance(arm, str) or arm not in self.pool:
+            raise _one_arm(self.selector, repr(arm), self.pool)
+        self.arm = arm
+
+    def learn(self, rnd: Round, made: Draft) -> None:
+        if self.selector is None:
+            return
+        self.selector.update(rnd.arm, feedback_of(rnd, chain_outcomes(len(made.tokens), rnd.accepted)))
+
+
+def _one_arm(selector: Selector, chose: str, pool: Mapping) -> SpecbenchError:
+    return SpecbenchError(
+        f"a row's selector ({type(selector).__name__}) chooses {chose}: in a batch a row plays one drafter of its "
+        f"pool a round ({', '.join(pool)})",
+        "use a selector that chooses one arm a round (bandits) in a batch, or decoding.batch_size=1",
+    )
 
 
 def check_batchable(spec: DecodeSpec) -> None:
     """Refuse, before any forward, a decoding a batch cannot do yet (naming it and the fix); a drafter that cannot
     draft per row is refused by its ``for_row`` as the rows are made."""
-    if not spec.sampling.greedy:
-        raise SpecbenchError(
-            "batched decoding is greedy only for now (decoding.temperature > 0 was given)",
-            "set decoding.temperature=0, or decode one query at a time (decoding.batch_size=1)",
-        )
     if spec.cascade is not None and not spec.cascade.lossless:
         raise SpecbenchError(
             "batched decoding verifies losslessly only: a cascade rule was given",
@@ -82,36 +145,47 @@ def first_path(draft: Draft) -> Draft:
 
 def decode_batch(
     lm: BatchedLM,
-    drafters: Sequence[Drafter],
+    drafters: Sequence[Drafter | RowSelector],
     prompts: Sequence[list[int]],
     spec: DecodeSpec,
     rng: torch.Generator,
+    budget: BatchBudget | None = None,
 ) -> BatchResult:
-    """Greedy-decode every prompt (row ``i`` drafting with ``drafters[i]``) in one batch: see the module's docstring."""
+    """Decode every prompt (row ``i`` drafting with ``drafters[i]``, or choosing each round with its ``RowSelector``)
+    in one batch, each round's drafts cut to ``budget``'s cap when one is given: see the module's docstring."""
     if len(drafters) != len(prompts) or not prompts:
         raise ValueError(
             f"{len(prompts)} prompts and {len(drafters)} drafters: one drafter a prompt, at least one"
         )
     check_batchable(spec)
     clock = spec.clock
-    rows = [_Row(list(p), d.for_row(), DecodeContext(stream=spec.stream)) for p, d in zip(prompts, drafters)]
+    rows = [_Row.make(p, d, spec) for p, d in zip(prompts, drafters)]
     start = clock.boundary()
     lm.start([r.tokens for r in rows])
     active, forwards = list(rows), 0
     while active:
-        drafts, sizes, t_draft = zip(*(_draft(row, spec, rng) for row in active))
+        for row in active:
+            row.choose()
+        made, sizes, t_draft = zip(*(_draft(row, spec, rng) for row in active))
+        drafts, plan = _cap(active, made, budget)
         t0 = clock.now()
-        logits = lm.score([row.tokens[-1:] + d for row, d in zip(active, drafts)])
+        logits = lm.score([row.tokens[-1:] + d.tokens for row, d in zip(active, drafts)])
         share = (clock.now() - t0) / len(active)
         forwards += 1
         kept, going = [], []
         for i, row in enumerate(active):
-            scored = logits[i, : len(drafts[i]) + 1]
-            accepted, done = _commit(row, drafts[i], sizes[i], scored, spec, (t_draft[i], share))
+            scored = logits[i, : len(drafts[i].tokens) + 1]
+            accepted, done = _commit(row, drafts[i], sizes[i], scored, spec, (t_draft[i], share), rng)
+            if plan is not None:
+                expected, predicted = plan
+                row.gen.rounds[-1] = replace(row.gen.rounds[-1], expected=expected[i], predicted_s=predicted)
+                budget.observe(row.arm, drafts[i], accepted)
+            row.learn(row.gen.rounds[-1], drafts[i])
             kept.append(1 + accepted)
             if done:
                 row.gen.seconds = clock.now() - start
-                row.drafter.finish()
+                for drafter in row.pool.values():
+                    drafter.finish()
             else:
                 going.append(i)
         lm.keep(kept)
@@ -123,52 +197,71 @@ def decode_batch(
     return BatchResult([r.gen for r in rows], seconds, forwards)
 
 
-def _draft(row: _Row, spec: DecodeSpec, rng: torch.Generator) -> tuple[list[int], int, float]:
-    """The row's draft this round, the tokens it asked for (its draft length, no more than the room its
-    ``max_new_tokens`` leaves beside the bonus token: the round's ``n_max``) and its seconds."""
+def _draft(row: _Row, spec: DecodeSpec, rng: torch.Generator) -> tuple[Draft, int, float]:
+    """The row's draft this round (a chain: a tree's first path), the tokens it asked for (its draft length, no
+    more than the room its ``max_new_tokens`` leaves beside the bonus token: the round's ``n_max``) and its
+    seconds."""
     limits, clock = spec.limits, spec.clock
     room = limits.max_new_tokens - len(row.gen.tokens) - 1
     k = min(row.drafter.draft_length or limits.draft_length, room)
     if not row.drafter.drafts or k <= 0:
-        return [], 0, 0.0
+        return Draft([], None), 0, 0.0
     t0 = clock.now()
     row.drafter.sync(row.query, row.tokens)
     made = row.drafter.propose(row.tokens, k, spec.sampling, rng, spec.eos_ids)
-    return list(first_path(made).tokens[:k]), k, clock.now() - t0
+    chain = first_path(made)
+    return keep_tokens(chain, range(min(k, len(chain.tokens)))), k, clock.now() - t0
 
 
-def _commit(row: _Row, draft: list[int], n_max: int, logits, spec: DecodeSpec, times) -> tuple[int, bool]:
-    """The row's greedy verdict appended (cut after an EOS) and its round recorded: (accepted, done)."""
-    verdict = verify_greedy(draft, logits)
+def _cap(active: list[_Row], made: Sequence[Draft], budget: BatchBudget | None):
+    """Each row's draft this round: whole, or cut to the budget's cap, with the budget's plan ``(each row's
+    expected accepted tokens, each row's share of the predicted seconds)``."""
+    if budget is None:
+        return list(made), None
+    cap, expected, seconds = budget.plan([(row.arm, d) for row, d in zip(active, made)])
+    cut = [keep_tokens(d, range(min(cap, len(d.tokens)))) for d in made]
+    return cut, (expected, seconds / len(active))
+
+
+def _commit(row: _Row, made: Draft, n_max: int, logits, spec: DecodeSpec, times, rng) -> tuple[int, bool]:
+    """The row's verdict (greedy, or speculative sampling) appended (cut after an EOS) and its round recorded:
+    (accepted, done)."""
+    draft = list(made.tokens)
+    if spec.sampling.greedy:
+        verdict = verify_greedy(draft, logits)
+        p = logits_to_probs(logits[: len(draft)], spec.sampling) if draft else None
+    else:
+        p = logits_to_probs(logits, spec.sampling)
+        verdict = verify_sampling(draft, made.probs, p, rng)
     new = verdict.tokens
     stop = next((i for i, tok in enumerate(new) if tok in spec.eos_ids), None)
     if stop is not None:
         new = new[: stop + 1]
         row.gen.stop = "eos"
-    p = logits_to_probs(logits[: len(draft)], spec.sampling) if draft else None
     gen = row.gen
     gen.rounds.append(
         Round(
             index=len(gen.rounds),
-            arm=row.drafter.name,
+            arm=row.arm,
             drafted=len(draft),
             accepted=verdict.accepted,
             n_max=n_max,
             be=verdict.accepted / n_max if n_max else 0.0,
-            bd=block_divergence(draft, None, p, n_max) if draft else 0.0,
+            bd=block_divergence(draft, made.probs, p, n_max) if draft else 0.0,
             emitted=len(new),
             t_select=0.0,
             t_draft=times[0],
             t_verify=times[1],
             t_switch=0.0,
-            switched=False,
+            switched=bool(gen.rounds) and gen.rounds[-1].arm != row.arm,
         )
     )
-    gen.deciders.extend(deciders(logits, len(new)))  # the rows that chose them: a fork's margins (certify)
+    if gen.deciders is not None:  # greedy: the rows that chose them, a fork's margins (certify)
+        gen.deciders.extend(deciders(logits, len(new)))
     gen.tokens.extend(new)
     gen.target_calls += 1
     row.tokens.extend(new)
     return verdict.accepted, gen.stop == "eos" or len(gen.tokens) >= spec.limits.max_new_tokens
 
 
-__all__ = ["BatchResult", "check_batchable", "decode_batch", "first_path"]
+__all__ = ["BatchResult", "RowSelector", "check_batchable", "decode_batch", "first_path"]

@@ -158,6 +158,8 @@ class Router(Selector):
     other drafters (``ucb`` keys: beta, reward, seed) names the fallback each round and learns from the
     rounds it plays."""
 
+    routes = True
+
     def __init__(
         self,
         arms: list[str],

@@ -2,14 +2,16 @@
 greedy output equals the same prompt decoded alone (``decode``), at batch 2 and 4, with rows of different prompt
 lengths, different drafters (prompt lookup, the retrieval drafter, the autoregressive arm) and different accepted
 lengths; a finished row leaves the others unchanged; the cache's compaction changes no output; what cannot batch yet
-is refused before any forward, naming the fix."""
+is refused before any forward, naming the fix; each row may choose its drafter every round with its own selector; the
+batch budget's cut drafts leave every row's output unchanged,
+cutting nothing where tokens are free and everything where each costs a step."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from specbench.decoding.batch import decode_batch, first_path
+from specbench.decoding.batch import RowSelector, decode_batch, first_path
 from specbench.decoding.drafter import Draft, Drafter
 from specbench.decoding.loop import DecodeSpec, Limits
 from specbench.decoding.sampling import SamplingParams
@@ -18,6 +20,7 @@ from specbench.drafters.suffix import SuffixDrafter
 from specbench.errors import SpecbenchError
 from specbench.models import batched
 from specbench.models.batched import BatchedLM
+from specbench.selection.batch_budget import BatchBudget, ForwardCosts
 from specbench.timing import Clock
 
 TEXTS = [
@@ -168,9 +171,6 @@ def test_what_cannot_batch_yet_is_refused_before_any_forward(
     prompts = _prompts(target, 2)
     rng = torch.Generator().manual_seed(0)
     lm = BatchedLM(target.model, target.vocab_size)
-    sampling = DecodeSpec(SamplingParams(temperature=1.0), Limits(), frozenset(), Clock())
-    with pytest.raises(SpecbenchError, match="greedy only"):
-        decode_batch(lm, [tiny_llama_pool["prompt_lookup"]] * 2, prompts, sampling, rng)
     with pytest.raises(SpecbenchError, match="cannot draft in a batch yet") as err:
         decode_batch(
             lm, [tiny_llama_pool["hf"], tiny_llama_pool["prompt_lookup"]], prompts, _spec(target), rng
@@ -186,3 +186,78 @@ def test_a_tree_draft_is_cut_to_its_first_path():
     assert first_path(tree).tokens == [5, 6, 8, 9] and first_path(tree).parents is None
     chain = Draft(tokens=[1, 2], probs=None)
     assert first_path(chain) is chain
+
+
+FLAT = ForwardCosts(
+    (1, 8), (1, 16), ((1.0, 1.0), (1.0, 1.0))
+)  # every token free: the budget verifies whole drafts
+STEEP = ForwardCosts((1, 8), (1, 16), ((1.0, 16.0), (8.0, 128.0)))  # every token a step: it drafts nothing
+
+
+def test_the_batch_budget_keeps_every_row_lossless_and_cuts_as_its_costs_say(
+    tiny_llama_target, row_pool, tiny_decode
+):
+    target = tiny_llama_target
+    spec = _spec(target, draft_length=5)
+    arms = ("scripted_2", "prompt_lookup", "scripted_5", "suffix")
+    prompts = _prompts(target, 4)
+    drafters = [row_pool[a] for a in arms]
+
+    def run(costs):
+        lm = BatchedLM(target.model, target.vocab_size)
+        return decode_batch(lm, drafters, prompts, spec, torch.Generator().manual_seed(0), BatchBudget(costs))
+
+    whole = decode_batch(
+        BatchedLM(target.model, target.vocab_size), drafters, prompts, spec, torch.Generator().manual_seed(0)
+    )
+    flat, steep = run(FLAT), run(STEEP)
+    for arm, prompt, a, b, c in zip(arms, prompts, whole.generations, flat.generations, steep.generations):
+        alone = _alone(target, row_pool, arm, prompt, tiny_decode, spec)
+        assert a.tokens == b.tokens == c.tokens == alone, arm
+        assert [r.drafted for r in b.rounds] == [r.drafted for r in a.rounds]  # free tokens: nothing cut
+        assert all(r.drafted == 0 for r in c.rounds)  # a step a token: no draft ever pays
+        assert all(r.expected is not None and r.predicted_s > 0 for r in b.rounds + c.rounds)
+    assert steep.forwards == max(len(g.tokens) for g in steep.generations)  # plain batched greedy decoding
+
+    def calls(result):
+        return sum(g.target_calls for g in result.generations)
+
+    assert calls(flat) == calls(whole) < calls(steep)
+
+
+def test_each_row_chooses_its_drafter_with_its_own_selector(tiny_llama_target, row_pool, tiny_decode):
+    """Per-row selection (``RowSelector``): four rows, each with its own UCB over the same pool, switch drafters
+    from round to round; every row still equals its prompt decoded alone, and each row's selector learned from
+    that row's rounds alone."""
+    from specbench.selection import UCB
+
+    target = tiny_llama_target
+    spec = _spec(target, draft_length=4)
+    pool = {a: row_pool[a] for a in ("autoregressive", "prompt_lookup", "scripted_2", "scripted_5")}
+    prompts = _prompts(target, 4)
+    players = [RowSelector(UCB(list(pool)), pool) for _ in prompts]
+    lm = BatchedLM(target.model, target.vocab_size)
+    result = decode_batch(lm, players, prompts, spec, torch.Generator().manual_seed(0))
+    for prompt, gen, player in zip(prompts, result.generations, players):
+        assert gen.tokens == _alone(target, row_pool, "autoregressive", prompt, tiny_decode, spec)
+        arms = [r.arm for r in gen.rounds]
+        assert len(set(arms)) > 1 and sum(r.switched for r in gen.rounds) > 0
+        assert sum(player.selector.counts) == len(gen.rounds)  # one update a round of this row
+        assert [r.switched for r in gen.rounds] == [i > 0 and a != arms[i - 1] for i, a in enumerate(arms)]
+
+
+def test_a_row_selector_that_builds_trees_is_refused(tiny_llama_target, row_pool):
+    from specbench.selection import FixedTree
+
+    target = tiny_llama_target
+    pool = {a: row_pool[a] for a in ("autoregressive", "prompt_lookup", "suffix")}
+    players = [RowSelector(FixedTree(list(pool), ["prompt_lookup", "suffix"]), pool)] * 2
+    with pytest.raises(SpecbenchError, match="one\\s+drafter of its pool a round") as err:
+        decode_batch(
+            BatchedLM(target.model, target.vocab_size),
+            players,
+            _prompts(target, 2),
+            _spec(target),
+            torch.Generator().manual_seed(0),
+        )
+    assert "decoding.batch_size=1" in err.value.fix

@@ -4,7 +4,8 @@ For a fixed prompt the exact law of the first two sampled tokens is p(x1) * p(x2
 from the target itself under the same processing (temperature 1, top-k 4: at most 16 outcomes).
 ``decode`` with ``max_new_tokens=2`` drafts one token in its first round (room is left for the bonus
 token), so every path of verification is used: acceptance plus bonus token, rejection plus a
-residual draw, then (after a rejection) one plain target step.
+residual draw, then (after a rejection) one plain target step. The same law holds for every row of a batch
+(``decode_batch`` at batch 2 and 4).
 """
 
 from __future__ import annotations
@@ -177,3 +178,40 @@ def test_two_token_law_with_both_drafts_in_one_tree(sampling_setup, tiny_decode)
         counts[tuple(gen.tokens)] += 1
     assert siblings > 0.2 * RUNS  # the two drafts often differ (~29%): the sibling rule is exercised
     check_law(counts, law, RUNS)
+
+
+@pytest.mark.parametrize("rows", [2, 4])
+def test_two_token_law_matches_target_in_a_batch(sampling_setup, rows):
+    """Batched speculative sampling (``decode_batch``): rows of different prompt lengths (the prompt after 0, 1, ...
+    copies of its first words), prompt lookup drafting in all but one row (the autoregressive arm there), one target
+    forward a round for the batch; each row's two-token law is its own prompt's target law, and prompt lookup's
+    draft is accepted at the target's probability of it."""
+    from specbench.decoding.batch import decode_batch
+    from specbench.decoding.drafter import AutoregressiveArm
+    from specbench.decoding.loop import DecodeSpec, Limits
+    from specbench.models.batched import BatchedLM
+    from specbench.timing import Clock
+
+    target, pool, prompt, lookup_token = sampling_setup
+    pre = target.tokenizer("Sum: ")["input_ids"]
+    prompts = [pre * r + prompt for r in range(rows)]
+    arms = ["prompt_lookup"] * (rows - 1) + ["autoregressive"]
+    drafters = [pool["prompt_lookup"]] * (rows - 1) + [AutoregressiveArm()]
+    laws = [exact_two_token_law(target, p) for p in prompts]
+    spec = DecodeSpec(SAMPLING, Limits(max_new_tokens=2, draft_length=4), frozenset(), Clock())
+    lm, rng = BatchedLM(target.model, target.vocab_size), torch.Generator().manual_seed(99)
+    counts = [Counter() for _ in prompts]
+    accepted = [0] * rows
+    for _ in range(RUNS):
+        result = decode_batch(lm, drafters, prompts, spec, rng)
+        for r, gen in enumerate(result.generations):
+            assert len(gen.tokens) == 2 and gen.deciders is None
+            counts[r][tuple(gen.tokens)] += 1
+            accepted[r] += gen.accepted
+    for r, arm in enumerate(arms):
+        check_law(counts[r], laws[r], RUNS)
+        if arm == "prompt_lookup":
+            p_x = sum(p for (x1, _), p in laws[r].items() if x1 == lookup_token)
+            assert accepted[r] / RUNS == pytest.approx(p_x, abs=0.04) and 0.1 < p_x < 0.9
+        else:
+            assert accepted[r] == 0
