@@ -61,11 +61,14 @@ budget-cpu: install
 
 # The budget's decision page (issue 58; conf/experiment/budget_decisions_cpu.yaml: MT-Bench questions 40-79, which no
 # setting was chosen on, 64 new tokens, the demo's pool and methods; then budget_decisions_local_cpu.yaml, the local
-# data's rows 64-71 of each task; resumable; about 10 minutes each), then who drafted, the calibration,
+# data's rows 64-71 of each task; then budget_by_task_local_cpu.yaml, the same rows with the budget's calibration per
+# task beside the plain budget; resumable; about 10 minutes each), then who drafted, the calibration,
 # the time split, what the head added beside the retrieval draft and the paired speed against each single drafter
-# (budget_decisions.md, copied to docs/budget-decisions-cpu.md).
+# (budget_decisions.md, copied to docs/budget-decisions-cpu.md, docs/budget-decisions-local-cpu.md and
+# docs/budget-by-task-local-cpu.md).
 DECISIONS_OUT ?= outputs/budget_decisions_cpu
 DECISIONS_LOCAL_OUT ?= outputs/budget_decisions_local_cpu
+DECISIONS_TASK_OUT ?= outputs/budget_by_task_local_cpu
 budget-decisions: install
 	$(SPECBENCH) eval experiment=budget_decisions_cpu hydra.run.dir=$(DECISIONS_OUT)
 	$(PYTHON) -m specbench.reproduction.budget_decisions $(DECISIONS_OUT)
@@ -73,15 +76,20 @@ budget-decisions: install
 	$(SPECBENCH) eval experiment=budget_decisions_local_cpu hydra.run.dir=$(DECISIONS_LOCAL_OUT)
 	$(PYTHON) -m specbench.reproduction.budget_decisions $(DECISIONS_LOCAL_OUT)
 	cp $(DECISIONS_LOCAL_OUT)/budget_decisions.md docs/budget-decisions-local-cpu.md  # per task, the same page
+	$(SPECBENCH) eval experiment=budget_by_task_local_cpu hydra.run.dir=$(DECISIONS_TASK_OUT)
+	$(PYTHON) -m specbench.reproduction.budget_decisions $(DECISIONS_TASK_OUT)
+	cp $(DECISIONS_TASK_OUT)/budget_decisions.md docs/budget-by-task-local-cpu.md  # the per-task calibration beside
 
 # Throughput against batch size (issue 57; conf/experiment/batch_cpu.yaml: 40 held-out queries, 128 new tokens, bf16;
-# batched autoregressive decoding, prompt lookup and the retrieval drafter) at decoding.batch_size 1, 4, 16 and 32, one
-# run directory each (resumable), then the page (tokens per second, the ratios, a plot), copied to
-# docs/batch-throughput-cpu.md.
+# batched autoregressive decoding, prompt lookup and the retrieval drafter alone and with the batch budget, UCB between
+# them (one a row), Hugging Face generate) at decoding.batch_size 1, 4, 16 and 32, one run directory each (resumable), then the page (tokens per
+# second, the ratios, the budget's caps and calibration, a plot), copied to docs/batch-throughput-cpu.md.
 BATCH_OUT ?= outputs/batch_cpu
 BATCH_SIZES ?= 1 4 16 32
+BATCH_METHODS ?= autoregressive,fixed:prompt_lookup,fixed:suffix,selector:ucb,goodput:prompt_lookup,goodput:suffix,hf:generate
 batch-throughput: install
-	for b in $(BATCH_SIZES); do $(SPECBENCH) eval experiment=batch_cpu decoding.batch_size=$$b hydra.run.dir=$(BATCH_OUT)/b$$b || exit 1; done
+	for b in $(BATCH_SIZES); do m=; [ $$b = 1 ] || m="methods=[$(BATCH_METHODS)]"; \
+		$(SPECBENCH) eval experiment=batch_cpu decoding.batch_size=$$b hydra.run.dir=$(BATCH_OUT)/b$$b $$m || exit 1; done
 	$(PYTHON) -m specbench.reproduction.batch_throughput $(foreach b,$(BATCH_SIZES),$(BATCH_OUT)/b$(b)) --out $(BATCH_OUT)/batch_throughput.md
 	cp $(BATCH_OUT)/batch_throughput.md docs/batch-throughput-cpu.md  # the generated page the docs quote
 	cp $(BATCH_OUT)/batch_throughput.png docs/  # its picture, under the name the page links
@@ -139,8 +147,8 @@ trace-mixed: install
 # the six heads the only arms, prompt lookup, the retrieval drafter and the small drafter reference rows, 48 held-out
 # queries a task x 5 tasks, 512 new tokens, bf16; resumable), a live check of 5 of its queries
 # (conf/experiment/replay_live_seed.yaml), then the replays over the six heads and their page ($(SEED_LONG)), whose
-# bandit verdicts are judged on target rounds per query. Outside reproduce-cpu: estimated at about 2 hours alone
-# (conf/experiment/trace_seed_cpu.yaml says from what); `make report` reads $(SEED_LONG) instead of $(LONG_OUT) when it exists.
+# bandit verdicts are judged on target rounds per query, copied to docs/long-horizon-seed-cpu.md. Outside
+# reproduce-cpu: the trace took about 2 h 20 min alone on an AMD EPYC (2 cores), in three resumed parts; `make report` reads $(SEED_LONG) instead of $(LONG_OUT) when it exists.
 SEED_TRACE ?= outputs/trace_seed_cpu/run
 SEED_LIVE ?= outputs/replay_live_seed/run
 SEED_LONG ?= outputs/long_horizon_seed
@@ -150,6 +158,7 @@ trace-seed: install
 	$(SPECBENCH) eval experiment=replay_live_seed hydra.run.dir=$(SEED_LIVE)
 	$(PYTHON) -m specbench.reproduction.long_horizon $(SEED_TRACE) $(SEED_LONG) --seeds $(SEEDS) --live $(SEED_LIVE) \
 		--arms $(SEED_ARMS)
+	cp $(SEED_LONG)/long_horizon.md docs/long-horizon-seed-cpu.md  # the generated page, until `make report` joins it
 
 readme-demo: install
 	$(PYTHON) -m specbench.reproduction.render demo $(DEMO_OUT) README.md

@@ -1,8 +1,10 @@
-"""What ``decoding.batch_size`` may be, checked before any model loads (the command line's light check and eval's door
-call ``check_batched``; this module imports no more than Hydra and OmegaConf): only ``specbench eval`` batches, greedy
-and lossless, one turn a query, with the autoregressive method and ``fixed:<drafter>`` methods whose drafter kind
-drafts per row (its builder's ``batches``). Each refusal names the method or key and the fix. The batched eval itself
-is ``pipelines/batched.py``.
+"""What ``decoding.batch_size`` may be, checked before any model loads (the command line's light check and eval's
+door call ``check_batched``; this module imports no more than Hydra and OmegaConf): only ``specbench eval`` batches,
+lossless (greedy or sampling), one turn a query, with the autoregressive method and ``fixed:<drafter>`` methods
+whose drafter kind drafts per row (its builder's ``batches``), ``goodput:<drafter>`` for those drafters (with the
+batch budget), selector methods whose selector chooses one drafter a round over such a pool (one selector a row), and
+``hf:generate``; those two run only in batches, so a batch size of 1 refuses them. Each refusal
+names the method or key and the fix. The batched eval itself is ``pipelines/batched.py``.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
-from specbench.arms import AUTOREGRESSIVE
+from specbench.arms import AUTOREGRESSIVE, BATCH_ONLY, GOODPUT, HF_GENERATE
 from specbench.errors import SpecbenchError
 
 FIX = "decoding.batch_size=1 (one query at a time runs every method)"
@@ -20,10 +22,28 @@ def batch_size(cfg: DictConfig) -> int:
     return int(OmegaConf.select(cfg, "decoding.batch_size", default=1) or 1)
 
 
+def drafter_of(method: str) -> str:
+    """The drafter a batched method drafts with: ``<drafter>`` of ``fixed:<drafter>`` or ``goodput:<drafter>``,
+    else the autoregressive arm."""
+    for prefix in ("fixed:", GOODPUT):
+        if method.startswith(prefix):
+            return method[len(prefix) :]
+    return AUTOREGRESSIVE
+
+
 def check_batched(cfg: DictConfig, command: str = "eval") -> None:
-    """Refuse, before any model loads, a batch size above 1 with what cannot batch yet."""
+    """Refuse, before any model loads, a batch size above 1 with what cannot batch yet, and the batch-only methods
+    at batch size 1."""
     size = batch_size(cfg)
     if size == 1:
+        only = [str(m) for m in cfg.get("methods") or [] if str(m).startswith(BATCH_ONLY)]
+        if only:
+            raise SpecbenchError(
+                f"method '{only[0]}' runs only in batches (decoding.batch_size above 1); this run decodes one "
+                "query at a time",
+                "set decoding.batch_size=<2 or more> (specbench eval), or use fixed:<drafter> or "
+                "selector:budget at batch size 1",
+            )
         return
     if command != "eval":
         raise SpecbenchError(
@@ -31,11 +51,12 @@ def check_batched(cfg: DictConfig, command: str = "eval") -> None:
             "time)",
             "drop decoding.batch_size (or set it to 1) for this command",
         )
-    dec = cfg.decoding
-    if float(dec.get("temperature") or 0) > 0:
+    sampled = float(cfg.decoding.get("temperature") or 0) > 0
+    if sampled and HF_GENERATE in [str(m) for m in cfg.get("methods") or []]:
         raise SpecbenchError(
-            f"decoding.batch_size={size} decodes greedily only; decoding.temperature={dec.temperature} samples",
-            f"set decoding.temperature=0, or {FIX}",
+            f"method '{HF_GENERATE}' is Hugging Face's batched greedy decoding; decoding.temperature="
+            f"{cfg.decoding.temperature} samples",
+            f"drop '{HF_GENERATE}' from methods, or set decoding.temperature=0",
         )
     rule = OmegaConf.select(cfg, "cascade.rule", default=None)
     if rule not in (None, "none"):
@@ -52,28 +73,67 @@ def check_batched(cfg: DictConfig, command: str = "eval") -> None:
             "conversation_length above 1)",
             f"set dataset.max_turns=1 and conversation_length=1, or {FIX}",
         )
+    _check_methods(cfg, size)
+
+
+def _check_methods(cfg: DictConfig, size: int) -> None:
+    """Each method of a batched run: one that batches, with drafters that draft per row."""
     drafters = OmegaConf.to_container(cfg.pool.drafters, resolve=False) if cfg.pool.get("drafters") else {}
     for spec in [str(m) for m in cfg.get("methods") or []]:
-        names = (
-            list(drafters)
-            if spec == "fixed:*"
-            else [spec.split(":", 1)[1]]
-            if spec.startswith("fixed:")
-            else []
-        )
-        if spec != AUTOREGRESSIVE and not names:
+        prefix = "fixed:" if spec.startswith("fixed:") else GOODPUT if spec.startswith(GOODPUT) else None
+        if spec in (AUTOREGRESSIVE, HF_GENERATE):
+            continue
+        if prefix:
+            names = list(drafters) if spec == "fixed:*" else [drafter_of(spec)]
+            why = "drafter '{}' is of a kind"
+        elif spec == "selector" or spec.startswith("selector:"):
+            _check_selector(cfg, spec, size)
+            names, why = list(drafters), "its selector may play drafter '{}', of a kind"
+        else:
             raise SpecbenchError(
-                f"method '{spec}' cannot run at decoding.batch_size={size}: a batch runs autoregressive and "
-                "fixed:<drafter> methods (selectors choose per query or per round, which a batch does not do yet)",
-                f"keep autoregressive and fixed:<drafter> methods in methods=[...], or {FIX}",
+                f"method '{spec}' cannot run at decoding.batch_size={size}: a batch runs autoregressive, "
+                f"fixed:<drafter>, {GOODPUT}<drafter>, selector methods that choose one drafter a round, and "
+                f"{HF_GENERATE}",
+                f"keep those methods in methods=[...], or {FIX}",
             )
         for name in names:
             if not _batches(drafters.get(name)):
                 raise SpecbenchError(
-                    f"method 'fixed:{name}' cannot run at decoding.batch_size={size}: drafter '{name}' is of a "
-                    "kind that does not draft per row of a batch yet (prompt lookup and the retrieval drafter do)",
-                    f"drop 'fixed:{name}' from methods, or {FIX}",
+                    f"method '{spec}' cannot run at decoding.batch_size={size}: {why.format(name)} that does not "
+                    "draft per row of a batch yet (prompt lookup and the retrieval drafter do)",
+                    f"drop '{spec}' from methods (or the drafter from the pool), or {FIX}",
                 )
+
+
+def _check_selector(cfg: DictConfig, spec: str, size: int) -> None:
+    """A selector method batches when its selector chooses one drafter a round from what the row itself saw: no
+    token trees, plans or routes, no query embedding, no side observations, no statistics carried across queries
+    (a batch's rows decode together, not one after another)."""
+    from specbench.configs import load_option
+
+    scfg = cfg.get("selector") if spec == "selector" else load_option("selector", spec.split(":", 1)[1])
+    if scfg is None:
+        return
+    try:
+        cls = get_object(str(scfg.get("_target_")))
+    except (ImportError, AttributeError, ValueError):
+        return  # an unknown class is named by the method check
+    reason = (
+        "it builds token trees, plans or routes (a batch verifies one chain a row)"
+        if getattr(cls, "trees", False) or getattr(cls, "routes", False)
+        else "it chooses by the query's embedding"
+        if getattr(cls, "context_aware", False)
+        else "it learns from side observations (full_information)"
+        if scfg.get("full_information")
+        else "it carries statistics across queries (carry_over), and a batch's rows decode together"
+        if scfg.get("carry_over")
+        else None
+    )
+    if reason:
+        raise SpecbenchError(
+            f"method '{spec}' cannot run at decoding.batch_size={size}: {reason}",
+            f"use a selector that chooses one drafter a round (ucb, exp3, epsilon_greedy, ...), or {FIX}",
+        )
 
 
 def _batches(drafter) -> bool:

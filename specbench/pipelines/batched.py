@@ -3,9 +3,17 @@ all of them (``decoding/batch.py``), interleaved with the other methods batch by
 batches of queries, as single-query eval interleaves them query by query).
 
 What a batch can run (checked before any model loads, each refusal naming the method or key and the fix): the
-autoregressive method (plain batched greedy decoding, the baseline at the same batch) and ``fixed:<drafter>`` for
-drafters whose kind drafts per row (prompt lookup, the retrieval drafter: their builder's ``batches``), greedy, lossless,
-one turn a query. Selectors (bandits, trees, the budget, the policy) and model drafters are the next part of issue 57.
+autoregressive method (plain batched decoding, the baseline at the same batch) and ``fixed:<drafter>`` for
+drafters whose kind drafts per row (prompt lookup, the retrieval drafter: their builder's ``batches``), lossless
+(greedy or sampling), one turn a query; ``goodput:<drafter>``, the same drafter with the batch budget cutting every
+round's drafts to the cap of the most expected tokens per predicted second (``selection/batch_budget.py``; its
+forward costs measured at start-up by ``pipelines/batch_costs.py``, cached per machine; its acceptance statistics
+carry across the run's batches and start again when a run resumes); and ``hf:generate``, Hugging Face ``generate``
+on the same left-padded batch (plain greedy only, the target's generation config pinned as ``specbench bench`` pins
+it), timed the same way (its records keep no deciders, so its forks are not certified: the page compares its outputs
+with batch 1's); and selector methods whose selector chooses one drafter a round over a pool of such drafters, each
+row with a fresh selector of the method (a row is a query). Trees, routes, the cost-model budget, the policy and model
+drafters are the next part of issue 57.
 
 Records: one example record a query as always, its ``seconds`` the batch's wall time apportioned by new tokens
 (``batch seconds * its tokens / the batch's tokens``), so a method's total seconds is the sum of its batches' and the
@@ -17,15 +25,23 @@ tokens and target forwards.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
-from specbench.arms import AUTOREGRESSIVE
-from specbench.decoding.batch import BatchResult, decode_batch
+import torch
+
+from specbench.arms import AUTOREGRESSIVE, GOODPUT, HF_GENERATE
+from specbench.decoding.batch import BatchResult, RowSelector, decode_batch
+from specbench.decoding.loop import Generation
 from specbench.models.batched import BatchedLM
-from specbench.pipelines.batch_settings import batch_size, check_queries
+from specbench.pipelines.batch_costs import batch_costs
+from specbench.pipelines.batch_settings import batch_size, check_queries, drafter_of
+from specbench.pipelines.bench import cut_at_eos, hf_generation_config
+from specbench.pipelines.methods import Method
 from specbench.pipelines.session.prompting import example_id, prompt_fingerprint
 from specbench.pipelines.session.schedule import rotation
 from specbench.records import BATCHES, JsonlWriter
+from specbench.selection.batch_budget import BatchBudget
 
 
 def decode_batches(s, methods, records, todo: set, bar) -> None:
@@ -36,12 +52,12 @@ def decode_batches(s, methods, records, todo: set, bar) -> None:
     lm = BatchedLM(s.target.model, s.target.vocab_size)
     batches = [range(i, min(i + size, len(s.queries))) for i in range(0, len(s.queries), size)]
     warm = replace(s.spec, limits=s.warmup_limits) if s.warmup_limits is not None else None
+    decoder = Decoder(s, lm, methods, size)
     for bi, batch in enumerate(batches):
         for mi in rotation(len(methods), bi):
             if not any((qi, mi) in todo for qi in batch):
                 continue
             m = methods[mi]
-            arm = m.name.split(":", 1)[1] if m.name.startswith("fixed:") else AUTOREGRESSIVE
             queries = [s.queries[qi] for qi in batch]
             prompts = [s.prompter(q) for q in queries]
             limits = [
@@ -51,10 +67,8 @@ def decode_batches(s, methods, records, todo: set, bar) -> None:
             if (
                 warm is not None and bi == 0
             ):  # untimed, once per method: the first batch's prompts, a short run
-                decode_batch(
-                    lm, [s.pool[arm]] * len(batch), prompts, replace(warm, stream=None), s.rng(seed=0)
-                )
-            result = decode_batch(lm, [s.pool[arm]] * len(batch), prompts, spec, s.rng(batch[0], mi))
+                decoder(m, prompts, replace(warm, stream=None), s.rng(seed=0), learn=False)
+            result = decoder(m, prompts, spec, s.rng(batch[0], mi))
             write_batch(s, records, m.name, queries, prompts, result)
             with JsonlWriter(s.out / BATCHES) as log:
                 log.write(
@@ -68,6 +82,67 @@ def decode_batches(s, methods, records, todo: set, bar) -> None:
                     }
                 )
             bar.update(sum((qi, mi) in todo for qi in batch))
+
+
+class Decoder:
+    """One batch of a method: ``decode_batch`` with the method's drafter (and, for ``goodput:<drafter>``, the
+    method's batch budget, made on first use from the start-up forward costs), or with a fresh selector of a
+    selector method for each row (``RowSelector``: a row is a query), or ``hf_batch``."""
+
+    def __init__(self, s, lm: BatchedLM, methods, size: int):
+        self.s, self.lm = s, lm
+        longest = max(
+            (
+                s.pool[drafter_of(m.name)].draft_length or s.limits.draft_length
+                for m in methods
+                if m.name.startswith(GOODPUT)
+            ),
+            default=0,
+        )
+        self.costs = functools.cache(
+            lambda: batch_costs(s.target, size, longest + 1, s.prompter(s.queries[0]), s.clock)
+        )
+        self.budgets: dict[str, BatchBudget] = {}
+
+    def __call__(self, m: Method, prompts, spec, rng: torch.Generator, learn: bool = True) -> BatchResult:
+        method, pool = m.name, self.s.pool
+        if method == HF_GENERATE:
+            return hf_batch(self.s, prompts, spec)
+        budget = None
+        if method.startswith(GOODPUT):
+            budget = (
+                self.budgets.setdefault(method, BatchBudget(self.costs()))
+                if learn
+                else BatchBudget(self.costs())
+            )
+        if method == AUTOREGRESSIVE or method.startswith(("fixed:", GOODPUT)):
+            players = [pool[drafter_of(method)]] * len(prompts)
+        else:  # a selector method: one selector a row
+            players = [RowSelector(m.make_selector(), pool) for _ in prompts]
+        return decode_batch(self.lm, players, prompts, spec, rng, budget)
+
+
+def hf_batch(s, prompts: list[list[int]], spec) -> BatchResult:
+    """Hugging Face ``generate`` (greedy) on the left-padded batch, timed between two clock boundaries; each row's
+    new tokens cut after its first EOS (kept), as ``specbench bench`` counts them."""
+    model, tok, eos = s.target.model, s.loaded.tokenizer, s.eos_ids
+    pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
+    config = hf_generation_config(model, eos, pad)
+    config.max_new_tokens = spec.limits.max_new_tokens
+    width = max(len(p) for p in prompts)
+    device = s.target.device
+    ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    start = spec.clock.boundary()
+    with torch.inference_mode():
+        seq = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    seconds = spec.clock.boundary() - start
+    gens = []
+    for row in seq[:, width:].tolist():
+        new = cut_at_eos(row, eos)
+        stop = "eos" if new and new[-1] in eos else "length"
+        gens.append(Generation(tokens=new, target_calls=len(new), stop=stop))
+    return BatchResult(gens, seconds, seq.shape[1] - width)
 
 
 def write_batch(s, records, method: str, queries, prompts, result: BatchResult) -> None:
@@ -90,4 +165,4 @@ def write_batch(s, records, method: str, queries, prompts, result: BatchResult) 
         )
 
 
-__all__ = ["decode_batches", "write_batch"]
+__all__ = ["Decoder", "decode_batches", "hf_batch", "write_batch"]

@@ -16,7 +16,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 from tqdm.auto import tqdm
 
-from specbench.arms import AUTOREGRESSIVE
+from specbench.arms import AUTOREGRESSIVE, BATCH_ONLY
 from specbench.decoding import certify
 from specbench.decoding.loop import check_trees
 from specbench.errors import SpecbenchError
@@ -43,7 +43,7 @@ def write_convergence(examples: list[dict], out: Path) -> None:
     adaptive = {
         e["method"]
         for e in examples
-        if e["method"] != AUTOREGRESSIVE and not e["method"].startswith(("fixed:", "again:"))
+        if e["method"] != AUTOREGRESSIVE and not e["method"].startswith(("fixed:", "again:", *BATCH_ONLY))
     }
     if not adaptive:
         return

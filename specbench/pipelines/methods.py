@@ -1,4 +1,5 @@
-"""Methods of a run: ``methods=[autoregressive, fixed:<arm>, fixed:*, selector, selector:<name>]`` -> selectors."""
+"""Methods of a run: ``methods=[autoregressive, fixed:<arm>, fixed:*, selector, selector:<name>]`` -> selectors (and the
+batch-only ``goodput:<arm>`` and ``hf:generate``, which ``pipelines/batched.py`` decodes)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from specbench.arms import AUTOREGRESSIVE
+from specbench.arms import AUTOREGRESSIVE, GOODPUT, HF_GENERATE
 from specbench.configs import canonical_option, load_option
 from specbench.errors import SpecbenchError
 from specbench.selection import Fixed, FixedTree, Selector
@@ -76,11 +77,18 @@ def parse_methods(
             new = [Method(f"fixed:{a}", lambda a=a: Fixed(arms, a)) for a in chosen]
         elif spec.startswith("tree:"):
             new = [tree_method(spec, arms)]
+        elif (
+            spec.startswith(GOODPUT) or spec == HF_GENERATE
+        ):  # batch-only (pipelines/batched.py decodes them)
+            arm = spec[len(GOODPUT) :] if spec.startswith(GOODPUT) else AUTOREGRESSIVE
+            Fixed(arms, arm)  # validates the drafter's name now
+            new = [Method(spec, lambda a=arm: Fixed(arms, a))]
         else:
             raise SpecbenchError(
                 f"unknown method '{spec}'",
                 "use autoregressive, fixed:<drafter>, fixed:*, tree:<a>+<b>, tree:*, selector, "
-                "selector:<name> or again:<method> in methods",
+                f"selector:<name>, again:<method>, or (at decoding.batch_size above 1) {GOODPUT}<drafter> or "
+                f"{HF_GENERATE} in methods",
             )
         for m in new:
             if m.name not in names:

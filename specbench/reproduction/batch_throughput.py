@@ -7,7 +7,11 @@ batches' own), new tokens per second, the ratio to plain (batched) autoregressiv
 (methods interleaved batch by batch in one process), the ratio to autoregressive decoding at batch size 1 (another
 process: the throughput a batch buys), and the share of queries whose output equals batch 1's autoregressive output
 (bf16 rounds a batched forward differently, so a greedy output may fork at a near-tie: the run's ``forks.csv``
-certifies each against its own autoregressive method).
+certifies each against its own autoregressive method), and the ratio to Hugging Face ``generate`` on the same batches
+(``hf:generate``) where the run has it. Then, for the batch budget's methods (``goodput:<drafter>``), from the runs'
+``rounds.jsonl``: the draft tokens a row verified a round against what its drafter offered, the share of rounds it
+verified none, and its calibration: accepted tokens over the tokens it expected, and measured over predicted seconds
+of the forwards.
 
     python -m specbench.reproduction.batch_throughput outputs/batch_cpu/b1 outputs/batch_cpu/b4 ... --out PAGE.md
 """
@@ -20,11 +24,11 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
-from specbench.arms import AUTOREGRESSIVE
+from specbench.arms import AUTOREGRESSIVE, GOODPUT, HF_GENERATE
 from specbench.errors import SpecbenchError
 from specbench.files import atomic_write_text
 from specbench.pipelines.tables import to_markdown
-from specbench.records import CONFIG, EXAMPLES, read_jsonl
+from specbench.records import CONFIG, EXAMPLES, ROUNDS, read_jsonl
 
 
 def run_table(run: Path) -> pd.DataFrame:
@@ -59,6 +63,11 @@ def table(runs: list[Path]) -> pd.DataFrame:
     t["vs autoregressive, same batch"] = [
         r["tokens/s"] / ar.get(r["batch size"], float("nan")) for _, r in t.iterrows()
     ]
+    hf = t[t.method == HF_GENERATE].set_index("batch size")["tokens/s"]
+    if len(hf):
+        t["vs hf:generate, same batch"] = [
+            r["tokens/s"] / hf.get(r["batch size"], float("nan")) for _, r in t.iterrows()
+        ]
     base = t[(t.method == AUTOREGRESSIVE) & (t["batch size"] == 1)]
     t["vs autoregressive at batch 1"] = (
         t["tokens/s"] / float(base["tokens/s"].iloc[0]) if len(base) else float("nan")
@@ -71,6 +80,35 @@ def table(runs: list[Path]) -> pd.DataFrame:
         for _, r in t.iterrows()
     ]
     return t.drop(columns="outputs").sort_values(["batch size", "method"]).reset_index(drop=True)
+
+
+def budget_table(runs: list[Path]) -> pd.DataFrame:
+    """Per run and batch-budget method: rounds, draft tokens verified and offered a row-round, the share of
+    row-rounds that verified none, accepted over expected tokens, and measured over predicted forward seconds."""
+    rows = []
+    for run in map(Path, runs):
+        if not (run / ROUNDS).is_file():
+            continue
+        size = int(OmegaConf.select(OmegaConf.load(run / CONFIG), "decoding.batch_size", default=1) or 1)
+        r = pd.DataFrame(list(read_jsonl(run / ROUNDS)))
+        if r.empty or "method" not in r:
+            continue
+        for method, g in r[r.method.str.startswith(GOODPUT)].groupby("method", sort=True):
+            rows.append(
+                {
+                    "batch size": size,
+                    "method": method,
+                    "row-rounds": len(g),
+                    "verified a round": float(g.drafted.mean()),
+                    "asked a round": float(g.n_max.mean()),
+                    "rounds verifying none": float((g.drafted == 0).mean()),
+                    "accepted / expected": float(g.accepted.sum() / g.expected.sum())
+                    if g.expected.sum()
+                    else float("nan"),
+                    "measured / predicted seconds": float(g.t_verify.sum() / g.predicted_s.sum()),
+                }
+            )
+    return pd.DataFrame(rows)
 
 
 def plot(t: pd.DataFrame, path: Path) -> None:
@@ -112,10 +150,29 @@ def write(runs: list[Path], out: Path) -> Path:
         to_markdown(t, floatfmt=".3f"),
         "",
         *picture,
+        *budget_lines(runs),
     ]
     atomic_write_text(out, "\n".join(lines))
     t.to_csv(out.with_suffix(".csv"), index=False)
     return out
+
+
+def budget_lines(runs: list[Path]) -> list[str]:
+    b = budget_table(runs)
+    if b.empty:
+        return []
+    return [
+        "",
+        "## The batch budget's rounds",
+        "",
+        "Per row and round of the `goodput:<drafter>` methods (the drafter with the batch budget): the draft tokens "
+        "verified (the budget's cap, or the draft when shorter) and the tokens the drafter was asked for, the share "
+        "of row-rounds verifying none, accepted over expected tokens (its calibration), and measured over predicted "
+        "seconds of the forwards (each row's share).",
+        "",
+        to_markdown(b, floatfmt=".3f"),
+        "",
+    ]
 
 
 USAGE = "python -m specbench.reproduction.batch_throughput RUN_DIR... --out PAGE.md"

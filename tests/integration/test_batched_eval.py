@@ -1,7 +1,8 @@
 """``specbench eval decoding.batch_size=B`` on the tiny Llama (fp32): the same outputs as at batch 1 for every query and
 method, a record per query and a ``batches.jsonl`` line per batch whose seconds the records' sum to; what cannot batch
-is refused before any model loads (by the command line's light check, naming the method and the fix); batch size 1
-is today's eval (no batch file)."""
+is refused before any model loads (by the command line's light check, naming the method and the fix), and so are the
+batch-only methods at batch size 1; batch size 1 is today's eval (no batch file); the batch budget and Hugging Face's
+batched generate give the same outputs."""
 
 from __future__ import annotations
 
@@ -55,19 +56,77 @@ def test_a_batched_eval_gives_batch_ones_outputs(tmp_path):
     assert not (tmp_path / "one" / "batches.jsonl").exists()
 
 
+def test_the_batch_budget_and_hf_generate_give_batch_ones_outputs(tmp_path):
+    """``goodput:prompt_lookup`` (the batch budget, its forward costs measured at start-up and cached) and
+    ``hf:generate`` (Hugging Face's batched greedy decoding on the same left-padded batch) at batch 3: every query's
+    output is batch 1's autoregressive output."""
+    import os
+    from pathlib import Path
+
+    evaluate.run(config(), tmp_path / "one")
+    evaluate.run(
+        config("decoding.batch_size=3", "methods=[autoregressive,goodput:prompt_lookup,hf:generate]"),
+        tmp_path / "three",
+    )
+    one = {
+        e["query_id"]: e["output_ids"] for e in _records(tmp_path / "one") if e["method"] == "autoregressive"
+    }
+    three = _records(tmp_path / "three")
+    assert {e["method"] for e in three} == {"autoregressive", "goodput:prompt_lookup", "hf:generate"}
+    assert len(three) == 24 and all(e["output_ids"] == one[e["query_id"]] for e in three)
+    rounds = [
+        r for r in _records(tmp_path / "three", "rounds.jsonl") if r["method"] == "goodput:prompt_lookup"
+    ]
+    assert rounds and all(r["expected"] is not None and r["predicted_s"] > 0 for r in rounds)
+    assert list(
+        (Path(os.environ["SPECBENCH_CACHE"]) / "profiles").glob("batch-*.json")
+    )  # measured once, cached
+
+
+def test_each_row_of_a_batch_runs_its_own_bandit(tmp_path):
+    """``selector:ucb`` at batch 3 over a pool that batches (prompt lookup and the autoregressive arm): every query's
+    output is batch 1's autoregressive output, and the rows switched drafters."""
+    lookup_only = ["~pool.drafters.quantized", "~pool.drafters.early_exit_1"]
+    evaluate.run(config(*lookup_only), tmp_path / "one")
+    evaluate.run(
+        config(*lookup_only, "decoding.batch_size=3", "methods=[autoregressive,selector:ucb]"),
+        tmp_path / "three",
+    )
+    one = {
+        e["query_id"]: e["output_ids"] for e in _records(tmp_path / "one") if e["method"] == "autoregressive"
+    }
+    three = _records(tmp_path / "three")
+    (ucb,) = {e["method"] for e in three} - {"autoregressive"}
+    assert ucb.startswith("ucb") and len(three) == 16
+    assert all(e["output_ids"] == one[e["query_id"]] for e in three)
+    arms = {r["arm"] for r in _records(tmp_path / "three", "rounds.jsonl") if r["method"] == ucb}
+    assert arms == {"autoregressive", "prompt_lookup"}
+
+
 @pytest.mark.parametrize(
     "overrides, words",
     [
         (["decoding.batch_size=2", "methods=[autoregressive,fixed:early_exit_1]"], "fixed:early_exit_1"),
-        (["decoding.batch_size=2", "methods=[autoregressive,selector:ucb]"], "selector:ucb"),
-        (["decoding.batch_size=2", "decoding.temperature=1.0"], "greedily only"),
+        (["decoding.batch_size=2", "methods=[autoregressive,goodput:early_exit_1]"], "goodput:early_exit_1"),
+        (["methods=[autoregressive,goodput:prompt_lookup]"], "runs only in batches"),
+        (["methods=[autoregressive,hf:generate]"], "runs only in batches"),
+        (["decoding.batch_size=2", "methods=[autoregressive,selector:ucb]"], "may play drafter 'quantized'"),
+        (["decoding.batch_size=2", "methods=[autoregressive,selector:tree_ucb]"], "token trees"),
+        (["decoding.batch_size=2", "methods=[autoregressive,selector:ucb_carry]"], "carry_over"),
+        (["decoding.batch_size=2", "methods=[autoregressive,selector:router]"], "routes"),
+        (
+            ["decoding.batch_size=2", "decoding.temperature=1.0", "methods=[autoregressive,hf:generate]"],
+            "hf:generate",
+        ),
         (["decoding.batch_size=2", "dataset.max_turns=2"], "one turn a query"),
     ],
 )
 def test_what_cannot_batch_is_refused_before_any_model_loads(overrides, words):
     with pytest.raises(SpecbenchError, match=words) as err:
         check_batched(config(*overrides))
-    assert "decoding.batch_size=1" in err.value.fix or "decoding.temperature=0" in err.value.fix
+    assert any(
+        fix in err.value.fix for fix in ("decoding.batch_size=1", "decoding.temperature=0", "batch_size=<2")
+    )
 
 
 QUIET = ["hydra/job_logging=none", "hydra/hydra_logging=none"]  # Hydra's logging would close pytest's capture
