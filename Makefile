@@ -148,7 +148,7 @@ trace-mixed: install
 # queries a task x 5 tasks, 512 new tokens, bf16; resumable), a live check of 5 of its queries
 # (conf/experiment/replay_live_seed.yaml), then the replays over the six heads and their page ($(SEED_LONG)), whose
 # bandit verdicts are judged on target rounds per query, copied to docs/long-horizon-seed-cpu.md. Outside
-# reproduce-cpu: the trace took about 2 h 20 min alone on an AMD EPYC (2 cores), in three resumed parts; `make report` reads $(SEED_LONG) instead of $(LONG_OUT) when it exists.
+# reproduce-cpu: the trace took about 2 h 25 min alone on an AMD EPYC (2 cores), in three resumed parts; `make report` reads $(SEED_LONG) instead of $(LONG_OUT) when it exists.
 SEED_TRACE ?= outputs/trace_seed_cpu/run
 SEED_LIVE ?= outputs/replay_live_seed/run
 SEED_LONG ?= outputs/long_horizon_seed
