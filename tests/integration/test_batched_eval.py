@@ -84,12 +84,16 @@ def test_the_batch_budget_and_hf_generate_give_batch_ones_outputs(tmp_path):
 
 
 def test_each_row_of_a_batch_runs_its_own_bandit(tmp_path):
-    """``selector:ucb`` at batch 3 over a pool that batches (prompt lookup and the autoregressive arm): every query's
-    output is batch 1's autoregressive output, and the rows switched drafters."""
-    lookup_only = ["~pool.drafters.quantized", "~pool.drafters.early_exit_1"]
-    evaluate.run(config(*lookup_only), tmp_path / "one")
+    """``selector:ucb`` at batch 3 over a pool that batches (prompt lookup and the retrieval drafter): every query's
+    output is batch 1's autoregressive output, and the rows played both drafters."""
+    retrieval = [
+        "~pool.drafters.quantized",
+        "~pool.drafters.early_exit_1",
+        "+drafter@pool.drafters.suffix=suffix",
+    ]
+    evaluate.run(config(*retrieval), tmp_path / "one")
     evaluate.run(
-        config(*lookup_only, "decoding.batch_size=3", "methods=[autoregressive,selector:ucb]"),
+        config(*retrieval, "decoding.batch_size=3", "methods=[autoregressive,selector:ucb]"),
         tmp_path / "three",
     )
     one = {
@@ -100,7 +104,7 @@ def test_each_row_of_a_batch_runs_its_own_bandit(tmp_path):
     assert ucb.startswith("ucb") and len(three) == 16
     assert all(e["output_ids"] == one[e["query_id"]] for e in three)
     arms = {r["arm"] for r in _records(tmp_path / "three", "rounds.jsonl") if r["method"] == ucb}
-    assert arms == {"autoregressive", "prompt_lookup"}
+    assert arms == {"prompt_lookup", "suffix"}
 
 
 @pytest.mark.parametrize(
