@@ -213,6 +213,7 @@ def test_two_token_law_matches_target_in_a_batch(sampling_setup, rows):
         if arm == "prompt_lookup":
             p_x = sum(p for (x1, _), p in laws[r].items() if x1 == lookup_token)
             assert accepted[r] / RUNS == pytest.approx(p_x, abs=0.04)
-            assert r > 0 or 0.2 < p_x < 0.8  # row 0 is the setup's prompt: its draft is accepted about half the time
+            # row 0 is the setup's prompt: its draft is accepted about half the time
+            assert r > 0 or 0.2 < p_x < 0.8
         else:
             assert accepted[r] == 0
