@@ -27,10 +27,7 @@ accepted tokens per predicted second:
   the choice of drafters is made.
 
 The round's expected accepted tokens and predicted seconds are recorded (``Round.expected``, ``Round.predicted_s``)
-beside the measured ones. Statistics carry across the queries of a run (the calibration is the run's own). With
-``by_task`` each task (``Query.task``) also keeps its own calibration, whose prior is the run's estimate: a node is
-estimated by its task's table and every verdict is learned by both (the run-wide calibration is off by task where
-tasks accept differently: docs/budget-decisions-local-cpu.md).
+beside the measured ones. Statistics carry across the queries of a run (the calibration is the run's own).
 """
 
 from __future__ import annotations
@@ -40,7 +37,7 @@ from typing import Annotated
 from specbench.arms import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
 from specbench.selection.base import Feedback, Plan, Selector
-from specbench.validate import COUNT, Rule, boolean, list_of, mapping, number, text
+from specbench.validate import COUNT, Rule, list_of, mapping, number, text
 
 BINS = 10
 MIN_FIT = 8  # rounds before the verification cost's slope is fitted
@@ -48,12 +45,10 @@ PROFILE = "profile"  # costs: measured at start-up on the run's machine, target 
 
 
 class Calibration:
-    """Beta posteriors of acceptance by (kind, bin): the prior mean is the bin's score (or 0.5 for depth bins), or,
-    with a ``parent`` (a wider calibration: every task's where this is one task's), the parent's estimate."""
+    """Beta posteriors of acceptance by (kind, bin): the prior mean is the bin's score (or 0.5 for depth bins)."""
 
-    def __init__(self, prior: float, parent: Calibration | None = None):
+    def __init__(self, prior: float):
         self.prior = prior
-        self.parent = parent
         self.hits: dict[tuple, float] = {}
         self.trials: dict[tuple, float] = {}
 
@@ -64,10 +59,7 @@ class Calibration:
         return ("score", min(int(max(local, 0.0) * BINS), BINS - 1))
 
     def estimate(self, key: tuple) -> float:
-        if self.parent is not None:
-            mean = self.parent.estimate(key)
-        else:
-            mean = 0.5 if key[0] == "depth" else (key[1] + 0.5) / BINS
+        mean = 0.5 if key[0] == "depth" else (key[1] + 0.5) / BINS
         return (self.hits.get(key, 0.0) + self.prior * mean) / (self.trials.get(key, 0.0) + self.prior)
 
     def observe(self, key: tuple, accepted: bool) -> None:
@@ -176,7 +168,6 @@ class Budget(Selector):
         prior: Annotated[float, number(0)] = 2.0,
         optimism: Annotated[float, number(0)] = 2.0,
         costs: Annotated[dict | str | None, COSTS] = None,
-        by_task: Annotated[bool, boolean()] = False,
     ):
         super().__init__(arms)
         drafters = [a for a in self.arms if a != AUTOREGRESSIVE]
@@ -197,10 +188,6 @@ class Budget(Selector):
         self.models = models
         self.max_nodes = int(max_nodes)
         self.calibration = {name: Calibration(float(prior)) for name in drafters}
-        # by_task: one calibration per (task, drafter) besides the run's, its prior the run's estimate
-        self.by_task = bool(by_task)
-        self.task_calibration: dict[tuple[str, str], Calibration] = {}
-        self._task: str | None = None
         self.verify_cost = VerifyCost(float(node_cost))
         self.t_draft: dict[str, float | None] = {name: None for name in drafters}
         self.fixed = fixed_costs(costs, drafters)
@@ -221,21 +208,6 @@ class Budget(Selector):
     def playable(self) -> list[str]:
         return [self.retrieval, *self.models]
 
-    def reset(self, query=None) -> None:
-        self._task = getattr(query, "task", None) if self.by_task else None
-
-    def _calibrations(self, name: str) -> list[Calibration]:
-        """The calibrations a drafter's nodes are estimated by (the first) and learn into: the query's task's
-        (with ``by_task``) and the run's."""
-        if self._task is None:
-            return [self.calibration[name]]
-        key = (self._task, name)
-        if key not in self.task_calibration:
-            self.task_calibration[key] = Calibration(
-                self.calibration[name].prior, parent=self.calibration[name]
-            )
-        return [self.task_calibration[key], self.calibration[name]]
-
     # -- one round -------------------------------------------------------------------------------
     def select(self) -> Plan:
         self._keys = {}
@@ -245,7 +217,7 @@ class Budget(Selector):
         """Each draft token's estimated chance of being accepted (product along its path), and its calibration key
         (``shape``: the draft's ``_shape`` when already computed)."""
         parents, depths, _ = shape or _shape(draft)
-        cal = self._calibrations(name)[0]
+        cal = self.calibration[name]
         est, keys = [], []
         for i, parent in enumerate(parents):
             local = None
@@ -329,8 +301,7 @@ class Budget(Selector):
         keys = self._keys.get(name, [])
         for i, accepted in fb.nodes:
             if i < len(keys):
-                for cal in self._calibrations(name):
-                    cal.observe(keys[i], accepted)
+                self.calibration[name].observe(keys[i], accepted)
         if name in self.t_draft and self.fixed is None:
             self.t_draft[name] = _running(self.t_draft[name], fb.t_draft)
         if name in self.nodes:
