@@ -62,8 +62,11 @@ class ForwardCosts:
                 "delete the cached profile (it is measured again at start-up)",
             )
 
+        # each row of the grid made non-decreasing in q once, not at every call (the budget asks every round)
+        object.__setattr__(self, "_by_q", tuple(_monotone(r) for r in self.seconds))
+
     def __call__(self, rows: int, q: int) -> float:
-        by_rows = [_line(self.q_grid, _monotone(r), q) for r in self.seconds]
+        by_rows = [_line(self.q_grid, r, q) for r in self._by_q]
         return max(_line(self.rows_grid, _monotone(by_rows), rows), 1e-9)
 
     def as_dict(self) -> dict:
