@@ -109,12 +109,12 @@ class Decoder:
         if method == HF_GENERATE:
             return hf_batch(self.s, prompts, spec)
         budget = None
-        if method.startswith(GOODPUT):
-            budget = (
-                self.budgets.setdefault(method, BatchBudget(self.costs()))
-                if learn
-                else BatchBudget(self.costs())
-            )
+        if method.startswith(GOODPUT):  # the run's budget of this method; a warm-up's own, which it forgets
+            budget = self.budgets.get(method) if learn else None
+            if budget is None:
+                budget = BatchBudget(self.costs())
+                if learn:
+                    self.budgets[method] = budget
         if method == AUTOREGRESSIVE or method.startswith(("fixed:", GOODPUT)):
             players = [pool[drafter_of(method)]] * len(prompts)
         else:  # a selector method: one selector a row
