@@ -25,6 +25,9 @@ round, to the cap the budget chooses for the whole batch from the forward's meas
 each draft's expected accepted tokens (0: no row drafts this round); each round records the row's expected accepted
 tokens and its share of the predicted forward seconds, and the budget learns from every verdict. A cut draft is
 verified as a shorter draft would be: greedy outputs stay the rows' own, and sampled rows keep the target's law.
+Before any row drafts, the budget bounds each draft's chances from above (``BatchBudget.may_draft``); where even
+the bound pays no cap, no row drafts that round (its plan would have cut every draft to nothing), so a large batch
+that has stopped speculating stops paying for drafts too.
 
 Times: ``BatchResult.seconds`` is the batch's wall time (one clock boundary at each end); a row's ``seconds`` is the
 time until it finished; a round's ``t_draft`` is the row's own drafting and its ``t_verify`` its share of the
@@ -166,7 +169,7 @@ def decode_batch(
     while active:
         for row in active:
             row.choose()
-        made, sizes, t_draft = zip(*(_draft(row, spec, rng) for row in active))
+        made, sizes, t_draft = _drafts(active, spec, rng, budget)
         drafts, plan = _cap(active, made, budget)
         t0 = clock.now()
         logits = lm.score([row.tokens[-1:] + d.tokens for row, d in zip(active, drafts)])
@@ -197,20 +200,35 @@ def decode_batch(
     return BatchResult([r.gen for r in rows], seconds, forwards)
 
 
-def _draft(row: _Row, spec: DecodeSpec, rng: torch.Generator) -> tuple[Draft, int, float]:
-    """The row's draft this round (a chain: a tree's first path), the tokens it asked for (its draft length, no
-    more than the room its ``max_new_tokens`` leaves beside the bonus token: the round's ``n_max``) and its
-    seconds."""
-    limits, clock = spec.limits, spec.clock
+def _drafts(active: list[_Row], spec: DecodeSpec, rng: torch.Generator, budget: BatchBudget | None):
+    """Every row's ``(draft, tokens asked for, seconds)`` this round; none drafts when the budget says, before any
+    row drafts, that no cap could pay this round (``BatchBudget.may_draft``): its plan would cut every draft to
+    nothing, so skipping the drafting changes no decision and saves its time."""
+    asked = [_asked(row, spec) for row in active]
+    if budget is not None and not budget.may_draft([(r.arm, k, r.drafter.scored) for r, k in zip(active, asked)]):
+        return [Draft([], None)] * len(active), asked, [0.0] * len(active)
+    made, t_draft = zip(*(_draft(row, k, spec, rng) for row, k in zip(active, asked)))
+    return made, asked, t_draft
+
+
+def _asked(row: _Row, spec: DecodeSpec) -> int:
+    """The tokens the row's drafter is asked for this round: its draft length, no more than the room its
+    ``max_new_tokens`` leaves beside the bonus token (the round's ``n_max``); 0 for an arm that drafts nothing."""
+    limits = spec.limits
     room = limits.max_new_tokens - len(row.gen.tokens) - 1
-    k = min(row.drafter.draft_length or limits.draft_length, room)
-    if not row.drafter.drafts or k <= 0:
-        return Draft([], None), 0, 0.0
+    return max(min(row.drafter.draft_length or limits.draft_length, room), 0) if row.drafter.drafts else 0
+
+
+def _draft(row: _Row, k: int, spec: DecodeSpec, rng: torch.Generator) -> tuple[Draft, float]:
+    """The row's draft of at most ``k`` tokens this round (a chain: a tree's first path) and its seconds."""
+    if k <= 0:
+        return Draft([], None), 0.0
+    clock = spec.clock
     t0 = clock.now()
     row.drafter.sync(row.query, row.tokens)
     made = row.drafter.propose(row.tokens, k, spec.sampling, rng, spec.eos_ids)
     chain = first_path(made)
-    return keep_tokens(chain, range(min(k, len(chain.tokens)))), k, clock.now() - t0
+    return keep_tokens(chain, range(min(k, len(chain.tokens)))), clock.now() - t0
 
 
 def _cap(active: list[_Row], made: Sequence[Draft], budget: BatchBudget | None):
@@ -218,6 +236,13 @@ def _cap(active: list[_Row], made: Sequence[Draft], budget: BatchBudget | None):
     expected accepted tokens, each row's share of the predicted seconds)``."""
     if budget is None:
         return list(made), None
+    for row, d in zip(active, made):
+        if d.scores is not None and not row.drafter.scored:
+            raise SpecbenchError(
+                f"drafter {row.arm!r} ({type(row.drafter).__name__}) drafted with scores but does not declare "
+                "scored = True: the batch budget bounds its acceptance before it drafts by its depth alone",
+                f"set scored = True on {type(row.drafter).__name__} (its drafts carry Draft.scores)",
+            )
     cap, expected, seconds = budget.plan([(row.arm, d) for row, d in zip(active, made)])
     cut = [keep_tokens(d, range(min(cap, len(d.tokens)))) for d in made]
     return cut, (expected, seconds / len(active))

@@ -224,6 +224,9 @@ class Drafter:
     # up with them (one token at a time or many at once): what makes a trace replay it exactly (decoding/trace.py)
     history_free: bool = True
     drafts: bool = True
+    # its drafts may carry ``Draft.scores`` (what a budget calibrates by score bin); False: never, so a batch budget
+    # bounds a draft's acceptance by its depth before it is drafted (``BatchBudget.may_draft``)
+    scored: bool = False
     # the drafters it shares observation work with (``ObservationGroup``)
     group: ObservationGroup | None = None
 

@@ -66,6 +66,7 @@ class ModelDrafter(Drafter):
     """
 
     shares_encoder: bool = False
+    scored = True  # a dynamic tree's path probabilities as scores
 
     def __init__(
         self,

@@ -58,6 +58,7 @@ class _Index:
 
 class SuffixDrafter(Drafter):
     deterministic = True
+    scored = True  # frequencies as scores
 
     def __init__(
         self,

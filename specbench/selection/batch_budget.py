@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from specbench.decoding.drafter import Draft
 from specbench.errors import SpecbenchError
-from specbench.selection.budget import Calibration
+from specbench.selection.budget import BINS, Calibration
 
 
 @dataclass(frozen=True)
@@ -155,6 +155,23 @@ class BatchBudget:
     def chances(self, name: str, draft: Draft) -> list[float]:
         cal = self.calibration.setdefault(name, Calibration(self.prior))
         return path_chances([cal.estimate(cal.key(s, d)) for d, s in enumerate(_locals(draft), 1)])
+
+    def ceiling(self, name: str, k: int, scored: bool) -> list[float]:
+        """Per position of a ``k``-token draft not yet made, the largest chance ``chances`` could give it: each
+        token's estimate bounded by the largest its key could have (the depth bin, and every score bin for a
+        drafter whose drafts carry scores)."""
+        cal = self.calibration.setdefault(name, Calibration(self.prior))
+        scores = [("score", b) for b in range(BINS)] if scored else []
+        return path_chances([max(cal.estimate(key) for key in [cal.key(None, d), *scores]) for d in range(1, k + 1)])
+
+    def may_draft(self, rows: Sequence[tuple[str, int, bool]]) -> bool:
+        """Whether any cap could pay this round, asked before any row drafts: ``rows`` holds each row's drafter
+        name, the tokens it will be asked for and whether its drafts carry scores. Every draft's chances lie
+        at or below its ``ceiling`` position by position, and the cap's seconds do not depend on them, so when no
+        cap beats 0 under the ceilings, ``plan`` chooses 0 under the drafts themselves: not drafting this round
+        changes no decision."""
+        ceilings = [self.ceiling(name, k, scored) for name, k, scored in rows]
+        return best_cap(ceilings, lambda q: self.costs(len(rows), q))[0] > 0
 
     def plan(self, drafts: Sequence[tuple[str, Draft]]) -> tuple[int, list[float], float]:
         """``(cap, each row's expected accepted tokens under it, predicted seconds of the forward)``: ``drafts``

@@ -225,6 +225,53 @@ def test_the_batch_budget_keeps_every_row_lossless_and_cuts_as_its_costs_say(
     assert calls(flat) == calls(whole) < calls(steep)
 
 
+class Counted(PromptLookup):
+    """Prompt lookup that counts its drafts (one count shared by its rows), or that gives scores it does not
+    declare (``scores``)."""
+
+    def __init__(self, calls: list[int], scores: bool = False):
+        super().__init__("counted", max_ngram=3)
+        self.calls, self.scores = calls, scores
+
+    def for_row(self) -> Counted:
+        return Counted(self.calls, self.scores)
+
+    def propose(self, tokens, k, sampling, rng, eos_ids=frozenset(), stop_below=0.0) -> Draft:
+        self.calls[0] += 1
+        made = super().propose(tokens, k, sampling, rng, eos_ids, stop_below)
+        return Draft(made.tokens, made.probs, scores=[0.5] * len(made.tokens)) if self.scores else made
+
+
+def test_no_row_drafts_in_a_round_where_no_cap_could_pay(tiny_llama_target, row_pool, tiny_decode):
+    """Where the budget knows before drafting that no cap could pay (``BatchBudget.may_draft``), no row drafts:
+    the drafting's time is saved and the outputs stay every row's own; where tokens are free, every row drafts."""
+    target = tiny_llama_target
+    spec = _spec(target, draft_length=5)
+    prompts = _prompts(target, 4)
+
+    def run(costs):
+        calls = [0]
+        lm = BatchedLM(target.model, target.vocab_size)
+        out = decode_batch(lm, [Counted(calls)] * 4, prompts, spec, torch.Generator().manual_seed(0), BatchBudget(costs))
+        return out, calls[0]
+
+    (steep, steep_calls), (flat, flat_calls) = run(STEEP), run(FLAT)
+    for prompt, a, b in zip(prompts, steep.generations, flat.generations):
+        assert a.tokens == b.tokens == _alone(target, row_pool, "prompt_lookup", prompt, tiny_decode, spec)
+        assert all(r.t_draft == 0.0 and r.n_max > 0 for r in a.rounds[:-1])
+    assert steep_calls == 0
+    assert flat_calls == sum(1 for g in flat.generations for r in g.rounds if r.n_max > 0) > 0
+
+
+def test_a_drafter_that_scores_without_declaring_it_is_refused_under_a_budget(tiny_llama_target):
+    target = tiny_llama_target
+    lm = BatchedLM(target.model, target.vocab_size)
+    with pytest.raises(SpecbenchError, match="scored = True"):
+        decode_batch(
+            lm, [Counted([0], scores=True)] * 2, _prompts(target, 2), _spec(target), torch.Generator(), BatchBudget(FLAT)
+        )
+
+
 def test_each_row_chooses_its_drafter_with_its_own_selector(tiny_llama_target, row_pool, tiny_decode):
     """Per-row selection (``RowSelector``): four rows, each with its own UCB over the same pool, switch drafters
     from round to round; every row still equals its prompt decoded alone, and each row's selector learned from

@@ -83,3 +83,44 @@ def test_a_scored_draft_is_calibrated_by_its_own_scores():
     for _ in range(30):
         budget.observe("suffix", unsure, 2)  # low scores that the target accepts anyway
     assert budget.chances("suffix", unsure)[0] > 0.8
+
+
+def _random_budget(rng, scored: bool) -> tuple[BatchBudget, list[Draft]]:
+    """A budget with random costs and statistics, and random drafts of its drafter (scored or not)."""
+    step = rng.uniform(0.02, 1.2)  # seconds a row's extra token adds, from nearly free to more than a step
+    costs = ForwardCosts((1, 8), (1, 6), tuple((1.0 * r, 1.0 * r + step * r * 5) for r in (1, 8)))
+    budget = BatchBudget(costs, prior=2.0)
+    for _ in range(rng.randrange(0, 40)):
+        n = rng.randrange(1, 6)
+        made = Draft(list(range(n)), None, scores=sorted((rng.random() for _ in range(n)), reverse=True))
+        budget.observe("d", made if scored else Draft(made.tokens, None), rng.randrange(0, n + 1))
+    drafts = []
+    for _ in range(rng.randrange(1, 8)):
+        n = rng.randrange(0, 6)
+        scores = sorted((rng.random() for _ in range(n)), reverse=True) if scored else None
+        drafts.append(Draft(list(range(n)), None, scores=scores))
+    return budget, drafts
+
+
+@pytest.mark.parametrize("scored", [False, True])
+def test_when_no_cap_could_pay_before_drafting_the_plan_of_any_drafts_is_no_cap(scored):
+    # the bound behind skipping the drafting (decoding/batch.py): drafts of at most k tokens, whatever they are,
+    # are never planned a cap when ``may_draft`` says no cap could pay; both answers occur in the seeded cases
+    import random
+
+    rng, answers = random.Random(57), set()
+    for _ in range(400):
+        budget, drafts = _random_budget(rng, scored)
+        may = budget.may_draft([("d", 5, scored)] * len(drafts))
+        answers.add(may)
+        if not may:
+            assert budget.plan([("d", d) for d in drafts])[0] == 0
+    assert answers == {True, False}
+
+
+def test_an_unscored_drafter_is_bounded_by_its_depth_and_a_scored_one_by_its_best_bin():
+    budget = BatchBudget(ForwardCosts((1,), (1,), ((1.0,),)), prior=2.0)
+    for _ in range(30):
+        budget.observe("d", Draft([1, 2], None), 0)  # depth 1 always rejected
+    assert budget.ceiling("d", 2, scored=False)[0] < 0.1
+    assert budget.ceiling("d", 2, scored=True)[0] > 0.9  # an unseen top score bin keeps its prior (0.95)
