@@ -61,11 +61,14 @@ budget-cpu: install
 
 # The budget's decision page (issue 58; conf/experiment/budget_decisions_cpu.yaml: MT-Bench questions 40-79, which no
 # setting was chosen on, 64 new tokens, the demo's pool and methods; then budget_decisions_local_cpu.yaml, the local
-# data's rows 64-71 of each task; resumable; about 10 minutes each), then who drafted, the calibration,
+# data's rows 64-71 of each task; then budget_by_task_local_cpu.yaml, the same rows with the budget's calibration per
+# task beside the plain budget; resumable; about 10 minutes each), then who drafted, the calibration,
 # the time split, what the head added beside the retrieval draft and the paired speed against each single drafter
-# (budget_decisions.md, copied to docs/budget-decisions-cpu.md and docs/budget-decisions-local-cpu.md).
+# (budget_decisions.md, copied to docs/budget-decisions-cpu.md, docs/budget-decisions-local-cpu.md and
+# docs/budget-by-task-local-cpu.md).
 DECISIONS_OUT ?= outputs/budget_decisions_cpu
 DECISIONS_LOCAL_OUT ?= outputs/budget_decisions_local_cpu
+DECISIONS_TASK_OUT ?= outputs/budget_by_task_local_cpu
 budget-decisions: install
 	$(SPECBENCH) eval experiment=budget_decisions_cpu hydra.run.dir=$(DECISIONS_OUT)
 	$(PYTHON) -m specbench.reproduction.budget_decisions $(DECISIONS_OUT)
@@ -73,6 +76,9 @@ budget-decisions: install
 	$(SPECBENCH) eval experiment=budget_decisions_local_cpu hydra.run.dir=$(DECISIONS_LOCAL_OUT)
 	$(PYTHON) -m specbench.reproduction.budget_decisions $(DECISIONS_LOCAL_OUT)
 	cp $(DECISIONS_LOCAL_OUT)/budget_decisions.md docs/budget-decisions-local-cpu.md  # per task, the same page
+	$(SPECBENCH) eval experiment=budget_by_task_local_cpu hydra.run.dir=$(DECISIONS_TASK_OUT)
+	$(PYTHON) -m specbench.reproduction.budget_decisions $(DECISIONS_TASK_OUT)
+	cp $(DECISIONS_TASK_OUT)/budget_decisions.md docs/budget-by-task-local-cpu.md  # the per-task calibration beside
 
 # Throughput against batch size (issue 57; conf/experiment/batch_cpu.yaml: 40 held-out queries, 128 new tokens, bf16;
 # batched autoregressive decoding, prompt lookup and the retrieval drafter alone and with the batch budget, UCB between

@@ -7,7 +7,7 @@ accepted tokens per predicted second:
 - **Acceptance estimates per node.** A drafter's own score of a token (``Draft.scores``: a path probability or a
   retrieval frequency) gives a *local* score (the node's over its parent's); a calibration table per drafter maps
   it (10 bins; drafters without scores: by depth) to the chance the target accepts the token given its parent was
-  accepted, a Beta posterior whose prior mean is the score itself (``prior`` pseudo-rounds). Every verified token
+  accepted, a Beta posterior whose prior mean is the score itself (``calibration.prior`` pseudo-rounds). Every verified token
   whose parent was accepted is one observation (``Feedback.nodes``). A node's estimate is the product along its
   path: its expected contribution to the round's accepted tokens.
 - **Costs, measured online** (or given: ``costs``, which makes every decision independent of the clock).
@@ -27,7 +27,10 @@ accepted tokens per predicted second:
   the choice of drafters is made.
 
 The round's expected accepted tokens and predicted seconds are recorded (``Round.expected``, ``Round.predicted_s``)
-beside the measured ones. Statistics carry across the queries of a run (the calibration is the run's own).
+beside the measured ones. Statistics carry across the queries of a run (the calibration is the run's own). With
+``calibration.by_task`` each task (``Query.task``) also keeps its own calibration, whose prior is the run's
+estimate: a node is estimated by its task's table and every verdict is learned by both (the run-wide calibration is
+off by task where tasks accept differently: docs/budget-decisions-local-cpu.md).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from typing import Annotated
 from specbench.arms import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
 from specbench.selection.base import Feedback, Plan, Selector
-from specbench.validate import COUNT, Rule, list_of, mapping, number, text
+from specbench.validate import COUNT, Rule, boolean, list_of, mapping, number, text
 
 BINS = 10
 MIN_FIT = 8  # rounds before the verification cost's slope is fitted
@@ -45,10 +48,12 @@ PROFILE = "profile"  # costs: measured at start-up on the run's machine, target 
 
 
 class Calibration:
-    """Beta posteriors of acceptance by (kind, bin): the prior mean is the bin's score (or 0.5 for depth bins)."""
+    """Beta posteriors of acceptance by (kind, bin): the prior mean is the bin's score (or 0.5 for depth bins), or,
+    with a ``parent`` (a wider calibration: every task's where this is one task's), the parent's estimate."""
 
-    def __init__(self, prior: float):
+    def __init__(self, prior: float, parent: Calibration | None = None):
         self.prior = prior
+        self.parent = parent
         self.hits: dict[tuple, float] = {}
         self.trials: dict[tuple, float] = {}
 
@@ -59,7 +64,10 @@ class Calibration:
         return ("score", min(int(max(local, 0.0) * BINS), BINS - 1))
 
     def estimate(self, key: tuple) -> float:
-        mean = 0.5 if key[0] == "depth" else (key[1] + 0.5) / BINS
+        if self.parent is not None:
+            mean = self.parent.estimate(key)
+        else:
+            mean = 0.5 if key[0] == "depth" else (key[1] + 0.5) / BINS
         return (self.hits.get(key, 0.0) + self.prior * mean) / (self.trials.get(key, 0.0) + self.prior)
 
     def observe(self, key: tuple, accepted: bool) -> None:
@@ -154,6 +162,13 @@ COSTS = Rule(
     keys={"verify": list_of(number(0)), "draft": mapping(keys={"*": number(0)})},
 )
 
+CALIBRATION = mapping(
+    null=True,
+    note=" ({prior: pseudo-rounds behind each bin's prior, by_task: a table per task too}; null: {prior: 2.0, "
+    "by_task: false})",
+    keys={"prior": number(0), "by_task": boolean()},
+)
+
 
 class Budget(Selector):
     trees = True
@@ -165,9 +180,9 @@ class Budget(Selector):
         models: Annotated[list[str] | None, list_of(text(), null=True)] = None,
         max_nodes: Annotated[int, COUNT] = 24,
         node_cost: Annotated[float, number(0)] = 0.025,
-        prior: Annotated[float, number(0)] = 2.0,
         optimism: Annotated[float, number(0)] = 2.0,
         costs: Annotated[dict | str | None, COSTS] = None,
+        calibration: Annotated[dict | None, CALIBRATION] = None,
     ):
         super().__init__(arms)
         drafters = [a for a in self.arms if a != AUTOREGRESSIVE]
@@ -187,7 +202,12 @@ class Budget(Selector):
             )
         self.models = models
         self.max_nodes = int(max_nodes)
-        self.calibration = {name: Calibration(float(prior)) for name in drafters}
+        settings = {"prior": 2.0, "by_task": False, **(calibration or {})}
+        self.calibration = {name: Calibration(float(settings["prior"])) for name in drafters}
+        # by_task: one calibration per (task, drafter) besides the run's, its prior the run's estimate
+        self.by_task = bool(settings["by_task"])
+        self.task_calibration: dict[tuple[str, str], Calibration] = {}
+        self._task: str | None = None
         self.verify_cost = VerifyCost(float(node_cost))
         self.t_draft: dict[str, float | None] = {name: None for name in drafters}
         self.fixed = fixed_costs(costs, drafters)
@@ -208,6 +228,19 @@ class Budget(Selector):
     def playable(self) -> list[str]:
         return [self.retrieval, *self.models]
 
+    def reset(self, query=None) -> None:
+        self._task = getattr(query, "task", None) if self.by_task else None
+
+    def _calibrations(self, name: str) -> list[Calibration]:
+        """The calibrations a drafter's nodes are estimated by (the first) and learn into: the query's task's
+        (with ``by_task``) and the run's."""
+        if self._task is None:
+            return [self.calibration[name]]
+        key = (self._task, name)
+        if key not in self.task_calibration:
+            self.task_calibration[key] = Calibration(self.calibration[name].prior, parent=self.calibration[name])
+        return [self.task_calibration[key], self.calibration[name]]
+
     # -- one round -------------------------------------------------------------------------------
     def select(self) -> Plan:
         self._keys = {}
@@ -217,7 +250,7 @@ class Budget(Selector):
         """Each draft token's estimated chance of being accepted (product along its path), and its calibration key
         (``shape``: the draft's ``_shape`` when already computed)."""
         parents, depths, _ = shape or _shape(draft)
-        cal = self.calibration[name]
+        cal = self._calibrations(name)[0]
         est, keys = [], []
         for i, parent in enumerate(parents):
             local = None
@@ -301,7 +334,8 @@ class Budget(Selector):
         keys = self._keys.get(name, [])
         for i, accepted in fb.nodes:
             if i < len(keys):
-                self.calibration[name].observe(keys[i], accepted)
+                for cal in self._calibrations(name):
+                    cal.observe(keys[i], accepted)
         if name in self.t_draft and self.fixed is None:
             self.t_draft[name] = _running(self.t_draft[name], fb.t_draft)
         if name in self.nodes:

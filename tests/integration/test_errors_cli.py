@@ -114,7 +114,7 @@ def test_wrong_types_fail_before_anything_loads(tmp_path, no_model_loads, comman
         (
             ["experiment=nope"],
             "error: no experiment config named 'nope'",
-            "fix:   use one of: aa_cpu, batch_cpu, budget_decisions_cpu, budget_decisions_local_cpu, cascades_cpu",
+            "fix:   use one of: aa_cpu, batch_cpu, budget_by_task_local_cpu, budget_decisions_cpu, budget_decisions_local_cpu",
         ),
         (["decoding.draft_length=[1"], "error: cannot read the override", "KEY=VALUE"),
         (["-m", "target=tiny_llama,nope"], "error: no target config named 'nope'", "fix:   use one of:"),
@@ -274,8 +274,8 @@ def test_eval_help_lists_config_groups_and_options():
         f"target: {targets}",
         "decoding: greedy*, sampling",
         "cascade: chow",
-        "selector: budget, discounted_ucb",
-        "experiment: aa_cpu, batch_cpu, budget_decisions_cpu, budget_decisions_local_cpu, cascades_cpu",
+        "selector: budget, budget_by_task, discounted_ucb",
+        "experiment: aa_cpu, batch_cpu, budget_by_task_local_cpu, budget_decisions_cpu, budget_decisions_local_cpu",
     ):
         assert line in text, line
     code, _, out = run("train-policy", "--help")

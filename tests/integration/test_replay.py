@@ -114,7 +114,7 @@ def selector_configs() -> dict[str, dict]:
     return out
 
 
-LIVE_ONLY = ("budget",)
+LIVE_ONLY = ("budget", "budget_by_task")
 
 
 def selectors(arms: list[str]):

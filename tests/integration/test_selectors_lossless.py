@@ -30,6 +30,7 @@ SELECTORS = group_options("selector")
 TINY_NAMES = {
     "fixed": {"arm": "quantized_dynamic"},
     "budget": {"retrieval": "prompt_lookup"},
+    "budget_by_task": {"retrieval": "prompt_lookup"},
     "router_sam": {"lookup": "prompt_lookup", "fallback": "hf", "min_match": 1},
     "router_suffix": {"lookup": "prompt_lookup", "fallback": "hf", "min_expected": 0.0},
 }

@@ -1,5 +1,5 @@
 """The cost-model budget's pieces on seeded synthetic drafts (no model): its acceptance calibration converges to
-the true acceptance of a miscalibrated drafter, its verification-cost fit recovers a + b * nodes, it keeps the
+the true acceptance of a miscalibrated drafter (and, by task, each task's own), its verification-cost fit recovers a + b * nodes, it keeps the
 nodes whose estimate pays for their verification, and it adds a model drafter only where its marginal tokens
 pay for its drafting."""
 
@@ -27,44 +27,85 @@ def synthetic_draft(rng: random.Random, depth: int) -> Draft:
     return Draft(list(range(depth)), None, scores=scores)
 
 
+def play_round(budget: Budget, rng: random.Random, truth) -> None:
+    """One round of the retrieval drafter alone on a synthetic 4-token draft whose token is accepted (given its
+    parent) with probability ``truth(local score)``; every node kept, the feedback given."""
+    plan = budget.select()
+    drafts = {"ret": synthetic_draft(rng, 4)}
+    plan.more(drafts)
+    keep = plan.prune(drafts, False)  # keep all: every node is observed while its parent is accepted
+    draft = drafts["ret"]
+    nodes, alive, parent_score = [], True, 1.0
+    for i in keep["ret"]:
+        if not alive:
+            break
+        local = draft.scores[i] / parent_score
+        ok = rng.random() < truth(local)
+        nodes.append((i, ok))
+        alive, parent_score = ok, draft.scores[i]
+    budget.update(
+        "ret",
+        Feedback(
+            drafted=4,
+            accepted=sum(ok for _, ok in nodes),
+            n_max=4,
+            be=0.0,
+            bd=0.0,
+            t_draft=0.0,
+            t_verify=0.03,
+            t_switch=0.0,
+            nodes=tuple(nodes),
+        ),
+    )
+
+
 def test_calibration_learns_a_miscalibrated_drafter():
     """True acceptance given the parent is local_score ** 2 (the drafter is overconfident); after 3,000 rounds every
     bin's estimate is within 0.05 of the truth at its centre, though its prior said local_score."""
     rng = random.Random(0)
     budget = Budget(ARMS, retrieval="ret", models=["head"], costs={"verify": [0.03, 0.001], "draft": {}})
     for _ in range(3000):
-        plan = budget.select()
-        drafts = {"ret": synthetic_draft(rng, 4)}
-        plan.more(drafts)
-        keep = plan.prune(drafts, False)  # keep all: every node is observed while its parent is accepted
-        draft = drafts["ret"]
-        nodes, alive, parent_score = [], True, 1.0
-        for i in keep["ret"]:
-            if not alive:
-                break
-            local = draft.scores[i] / parent_score
-            ok = rng.random() < local**2
-            nodes.append((i, ok))
-            alive, parent_score = ok, draft.scores[i]
-        budget.update(
-            "ret",
-            Feedback(
-                drafted=4,
-                accepted=sum(ok for _, ok in nodes),
-                n_max=4,
-                be=0.0,
-                bd=0.0,
-                t_draft=0.0,
-                t_verify=0.03,
-                t_switch=0.0,
-                nodes=tuple(nodes),
-            ),
-        )
+        play_round(budget, rng, lambda local: local**2)
     cal = budget.calibration["ret"]
     for b in range(BINS):
         centre = (b + 0.5) / BINS
         if cal.trials.get(("score", b), 0) > 100:
             assert cal.estimate(("score", b)) == pytest.approx(centre**2, abs=0.05), b
+
+
+def test_a_calibration_by_task_learns_each_tasks_own_acceptance():
+    """Two tasks whose tokens the target accepts differently (local ** 0.5 and local ** 3), their queries
+    alternating: with ``by_task`` each task's estimates come within 0.06 of its own truth, while the run-wide
+    calibration, which both learn into, lies between them; a new task starts from the run-wide estimate."""
+    from types import SimpleNamespace
+
+    rng = random.Random(1)
+    budget = Budget(
+        ARMS, retrieval="ret", models=["head"], costs={"verify": [0.03, 0.001], "draft": {}}, calibration={"by_task": True}
+    )
+    truths = {"easy": lambda local: local**0.5, "hard": lambda local: local**3}
+    for q in range(400):
+        task = "easy" if q % 2 else "hard"
+        budget.reset(SimpleNamespace(task=task))
+        for _ in range(10):
+            play_round(budget, rng, truths[task])
+    run_wide = budget.calibration["ret"]
+    checked = 0
+    for b in range(BINS):
+        key, centre = ("score", b), (b + 0.5) / BINS
+        easy, hard = budget.task_calibration[("easy", "ret")], budget.task_calibration[("hard", "ret")]
+        if min(easy.trials.get(key, 0), hard.trials.get(key, 0)) > 150:
+            assert easy.estimate(key) == pytest.approx(centre**0.5, abs=0.06), b
+            assert hard.estimate(key) == pytest.approx(centre**3, abs=0.06), b
+            assert hard.estimate(key) < run_wide.estimate(key) < easy.estimate(key)
+            checked += 1
+    assert checked >= 4
+    budget.reset(SimpleNamespace(task="new"))
+    fresh = budget._calibrations("ret")[0]
+    assert fresh is not run_wide and fresh.estimate(("score", 5)) == run_wide.estimate(("score", 5))
+    plain = Budget(ARMS, retrieval="ret", models=["head"])
+    plain.reset(SimpleNamespace(task="easy"))
+    assert plain._calibrations("ret") == [plain.calibration["ret"]]  # by_task off: one run-wide table
 
 
 def test_verify_cost_fit_recovers_the_line():
@@ -83,7 +124,7 @@ def test_prune_keeps_nodes_that_pay_for_their_verification():
     is kept while estimate / b beats the round's expected tokens per second so far: a chain of path estimates 0.95,
     0.5225, 0.287, 0.043 keeps three (0.287 / 0.1 = 2.87 > (1 + 1.4725) / 1.2 = 2.06; then 0.43 < 2.76 / 1.3)."""
     budget = Budget(
-        ARMS, retrieval="ret", models=[], prior=1e9, costs={"verify": [1.0, 0.1], "draft": {"ret": 0.0}}
+        ARMS, retrieval="ret", models=[], calibration={"prior": 1e9}, costs={"verify": [1.0, 0.1], "draft": {"ret": 0.0}}
     )
     plan = budget.select()
     s0 = 0.95  # local scores 0.95, 0.55, 0.55, 0.15: the centres of their bins

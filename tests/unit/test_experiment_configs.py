@@ -107,7 +107,17 @@ def test_selector_options_share_the_bandit_base():
     bandits = [
         n
         for n in group_options("selector")
-        if n not in ("fixed", "policy", "router", "router_tree", "router_sam", "router_suffix", "budget")
+        if n
+        not in (
+            "fixed",
+            "policy",
+            "router",
+            "router_tree",
+            "router_sam",
+            "router_suffix",
+            "budget",
+            "budget_by_task",
+        )
     ]
     assert len(bandits) == 16  # 13 bandits (ucb_carry too), hedge, and the tree subset selectors
     for name in bandits:
