@@ -10,10 +10,11 @@ batch's generator row after row, so each row's law is the target's. The cache ke
 that reaches EOS or its ``max_new_tokens`` leaves the batch; the others go on. The autoregressive arm drafts nothing:
 a batch of it is plain batched decoding, the baseline at the same batch.
 
-Lossless only: the cascade rules are refused, as are drafters that cannot draft per row yet (model drafters: their
-per-row caches are the next part); tree drafts are cut to their first path (the drafters that batch draft
-deterministically, so any path of theirs is a valid draft under sampling). Greedy rows record their deciders
-(``certify``); sampled rows none.
+Lossless only: the cascade rules are refused, as are drafters that cannot draft per row yet (draft heads, model
+drafters' dynamic trees); a retrieval drafter's tree draft is cut to its first path (those drafters draft
+deterministically, so any path of theirs is a valid draft under sampling). A model drafter drafts every row that uses
+it in one forward a position, with one batched cache of its own (``drafters/batched.py``). Greedy rows record their
+deciders (``certify``); sampled rows none.
 
 A row drafts with one drafter for its whole generation, or (a ``RowSelector``) chooses its drafter each round with its
 own selector over the pool: one state a row, as a row is a query (each row's selector is reset when the row starts
@@ -90,16 +91,16 @@ class _Row:
         return self.pool[self.arm]
 
     @classmethod
-    def make(cls, prompt: list[int], player: Drafter | RowSelector, spec: DecodeSpec) -> _Row:
+    def make(
+        cls, prompt: list[int], player: Drafter | RowSelector, pool: dict[str, Drafter], spec: DecodeSpec
+    ):
+        """The row of ``prompt``, playing ``player`` with ``pool``, its own copies of the drafters it may play."""
         gen = Generation(tokens=[], deciders=[] if spec.sampling.greedy else None)
         query = DecodeContext(stream=spec.stream)
         if isinstance(player, RowSelector):
-            if getattr(player.selector, "trees", False) or getattr(player.selector, "routes", False):
-                raise _one_arm(player.selector, "token trees or routes", player.pool)
             player.selector.reset()
-            pool = {name: d.for_row() for name, d in player.pool.items()}
             return cls(list(prompt), pool, next(iter(pool)), query, gen, player.selector)
-        return cls(list(prompt), {player.name: player.for_row()}, player.name, query, gen)
+        return cls(list(prompt), pool, player.name, query, gen)
 
     def choose(self) -> None:
         """This round's arm: the row's selector's choice (one arm), or its one drafter."""
@@ -114,6 +115,33 @@ class _Row:
         if self.selector is None:
             return
         self.selector.update(rnd.arm, feedback_of(rnd, chain_outcomes(len(made.tokens), rnd.accepted)))
+
+
+def _pools(
+    players: Sequence[Drafter | RowSelector], prompts: Sequence[list[int]]
+) -> list[dict[str, Drafter]]:
+    """Each row's own copies of the drafters it may play, in its pool's order: every drafter is asked once for all
+    the rows that may play it (``Drafter.for_rows``), so one that drafts many rows in one forward shares that forward
+    among them. A row selector that builds trees or routes is refused first."""
+    named = []
+    for player in players:
+        if isinstance(player, RowSelector):
+            if getattr(player.selector, "trees", False) or getattr(player.selector, "routes", False):
+                raise _one_arm(player.selector, "token trees or routes", player.pool)
+            named.append(list(player.pool.items()))
+        else:
+            named.append([(player.name, player)])
+    users: dict[int, list[int]] = {}
+    drafters: dict[int, Drafter] = {}
+    for i, pairs in enumerate(named):
+        for _, d in pairs:
+            users.setdefault(id(d), []).append(i)
+            drafters[id(d)] = d
+    copies: dict[tuple[int, int], Drafter] = {}
+    for key, rows in users.items():
+        for i, copy in zip(rows, drafters[key].for_rows([list(prompts[i]) for i in rows])):
+            copies[key, i] = copy
+    return [{name: copies[id(d), i] for name, d in pairs} for i, pairs in enumerate(named)]
 
 
 def _one_arm(selector: Selector, chose: str, pool: Mapping) -> SpecbenchError:
@@ -162,7 +190,7 @@ def decode_batch(
         )
     check_batchable(spec)
     clock = spec.clock
-    rows = [_Row.make(p, d, spec) for p, d in zip(prompts, drafters)]
+    rows = [_Row.make(p, d, pool, spec) for p, d, pool in zip(prompts, drafters, _pools(drafters, prompts))]
     start = clock.boundary()
     lm.start([r.tokens for r in rows])
     active, forwards = list(rows), 0
@@ -203,12 +231,36 @@ def decode_batch(
 def _drafts(active: list[_Row], spec: DecodeSpec, rng: torch.Generator, budget: BatchBudget | None):
     """Every row's ``(draft, tokens asked for, seconds)`` this round; none drafts when the budget says, before any
     row drafts, that no cap could pay this round (``BatchBudget.may_draft``): its plan would cut every draft to
-    nothing, so skipping the drafting changes no decision and saves its time."""
+    nothing, so skipping the drafting changes no decision and saves its time. Rows whose drafter drafts many rows in
+    one forward (``Drafter.shared_rows``) draft together, each timed at its share of their drafting."""
     asked = [_asked(row, spec) for row in active]
-    if budget is not None and not budget.may_draft([(r.arm, k, r.drafter.scored) for r, k in zip(active, asked)]):
-        return [Draft([], None)] * len(active), asked, [0.0] * len(active)
-    made, t_draft = zip(*(_draft(row, k, spec, rng) for row, k in zip(active, asked)))
-    return made, asked, t_draft
+    made, seconds = [Draft([], None)] * len(active), [0.0] * len(active)
+    if budget is not None and not budget.may_draft(
+        [(r.arm, k, r.drafter.scored) for r, k in zip(active, asked)]
+    ):
+        return made, asked, seconds
+    together: dict[int, list[int]] = {}
+    for i, (row, k) in enumerate(zip(active, asked)):
+        if k > 0 and row.drafter.shared_rows is not None:
+            together.setdefault(id(row.drafter.shared_rows), []).append(i)
+        elif k > 0:
+            made[i], seconds[i] = _draft(row, k, spec, rng)
+    clock = spec.clock
+    for rows in together.values():
+        t0 = clock.now()
+        shared = active[rows[0]].drafter.shared_rows
+        drafts = shared.propose(
+            [active[i].drafter for i in rows],
+            [active[i].tokens for i in rows],
+            [asked[i] for i in rows],
+            spec.sampling,
+            rng,
+            spec.eos_ids,
+        )
+        share = (clock.now() - t0) / len(rows)
+        for i, d in zip(rows, drafts):
+            made[i], seconds[i] = keep_tokens(d, range(min(asked[i], len(d.tokens)))), share
+    return made, asked, seconds
 
 
 def _asked(row: _Row, spec: DecodeSpec) -> int:
@@ -221,8 +273,6 @@ def _asked(row: _Row, spec: DecodeSpec) -> int:
 
 def _draft(row: _Row, k: int, spec: DecodeSpec, rng: torch.Generator) -> tuple[Draft, float]:
     """The row's draft of at most ``k`` tokens this round (a chain: a tree's first path) and its seconds."""
-    if k <= 0:
-        return Draft([], None), 0.0
     clock = spec.clock
     t0 = clock.now()
     row.drafter.sync(row.query, row.tokens)

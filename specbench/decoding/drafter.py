@@ -227,6 +227,9 @@ class Drafter:
     # its drafts may carry ``Draft.scores`` (what a budget calibrates by score bin); False: never, so a batch budget
     # bounds a draft's acceptance by its depth before it is drafted (``BatchBudget.may_draft``)
     scored: bool = False
+    # a row's view of a drafter that drafts many rows of a batch in one forward (``drafters/batched.py``): the batch
+    # asks it for every such row at once (``ModelRows.propose``); None: each row drafts on its own
+    shared_rows = None
     # the drafters it shares observation work with (``ObservationGroup``)
     group: ObservationGroup | None = None
 
@@ -267,9 +270,15 @@ class Drafter:
         own (a batch drafts for several queries at once). Kinds that hold a model and its cache cannot yet."""
         raise SpecbenchError(
             f"drafter '{self.name}' ({type(self).__name__}) cannot draft in a batch yet: batched decoding takes "
-            "prompt lookup, the retrieval drafter and the autoregressive arm",
+            "prompt lookup, the retrieval drafter, model drafters drafting chains (HF and small drafters) and the "
+            "autoregressive arm",
             f"decode with decoding.batch_size=1, or use methods whose drafters batch (not '{self.name}')",
         )
+
+    def for_rows(self, prompts: list[list[int]]) -> list[Drafter]:
+        """One drafter for each row of a batch, the rows' ``prompts`` given: by default a ``for_row`` each; a kind
+        that drafts many rows in one forward returns views of one shared state (``ModelDrafter``)."""
+        return [self.for_row() for _ in prompts]
 
     def finish(self) -> None:
         """A row of a batch finished its generation (``decoding/batch.py``): drafters with memory keep it now."""

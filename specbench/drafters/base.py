@@ -121,6 +121,13 @@ class ModelDrafter(Drafter):
             tokens=out, probs=torch.stack(rows) if rows else None, raw=torch.stack(raw) if raw else None
         )
 
+    def for_rows(self, prompts: list[list[int]]) -> list[Drafter]:
+        """Views of one batched copy of the model, one a row: the batch drafts every row that uses it in one forward
+        a position (``drafters/batched.py``); chains of decoder-only drafters only."""
+        from specbench.drafters.batched import ModelRows
+
+        return list(ModelRows(self, prompts).views)
+
     def _propose_tree(self, logits: torch.Tensor, k: int, sampling, rng, eos_ids) -> Draft:
         """A dynamic draft tree: one forward per depth over the frontier; each frontier node sees the committed
         tokens, its ancestors (cached by earlier depths) and itself, at position ``committed + depth - 1``. The tree's

@@ -106,6 +106,11 @@ def build(
     return with_tree(drafter, tree, name)
 
 
+# its drafter drafts the rows of a batch in one forward (ModelDrafter.for_rows; pipelines/batch_settings.py): decoder-only
+# chains (a tree config is refused for batches)
+build.batches = True
+
+
 def hub_fingerprint(model: str, module) -> str | None:
     """``<hub id>@<commit>`` of a model loaded from the hub (``config._commit_hash``, set by ``from_pretrained``);
     None for an embedded model (fixed by name) or one loaded without a commit."""

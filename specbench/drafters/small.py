@@ -242,3 +242,7 @@ def build(
     )
     drafter.fingerprint = files_fingerprint(path)  # resumes check it (run_records.Records)
     return with_tree(drafter, tree, name)
+
+
+# its drafter drafts the rows of a batch in one forward (ModelDrafter.for_rows; pipelines/batch_settings.py): chains
+build.batches = True

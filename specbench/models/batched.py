@@ -112,6 +112,18 @@ class BatchedLM:
             self.compact()
 
     @torch.inference_mode()
+    def rewind(self, lengths: list[int]) -> None:
+        """Row ``r`` keeps only its first ``lengths[r]`` valid slots (at most what it has): a drafter's cache cut back
+        to the committed prefix after its draft was verified (``drafters/batched.py``)."""
+        if self._pending:
+            raise RuntimeError("rewind called between score and keep")
+        new = torch.tensor(lengths, dtype=torch.long, device=self.device)
+        if new.shape != self.n.shape or bool((new < 0).any() | (new > self.n).any()):
+            raise ValueError(f"rewind to {lengths}: each row keeps between 0 and its {self.n.tolist()} slots")
+        self.valid &= self.valid.long().cumsum(dim=1) <= new[:, None]
+        self.n = new
+
+    @torch.inference_mode()
     def drop(self, keep_rows: list[int]) -> None:
         """Keep only the rows ``keep_rows`` (in that order): finished rows leave the batch."""
         idx = torch.tensor(keep_rows, dtype=torch.long, device=self.device)

@@ -100,7 +100,8 @@ def _check_methods(cfg: DictConfig, size: int) -> None:
             if not _batches(drafters.get(name)):
                 raise SpecbenchError(
                     f"method '{spec}' cannot run at decoding.batch_size={size}: {why.format(name)} that does not "
-                    "draft per row of a batch yet (prompt lookup and the retrieval drafter do)",
+                    "draft per row of a batch yet (prompt lookup, the retrieval drafter and HF and small model "
+                    "drafters drafting chains do; heads and dynamic trees do not)",
                     f"drop '{spec}' from methods (or the drafter from the pool), or {FIX}",
                 )
 
@@ -137,11 +138,13 @@ def _check_selector(cfg: DictConfig, spec: str, size: int) -> None:
 
 
 def _batches(drafter) -> bool:
+    """Whether a drafter config's kind drafts per row of a batch (its builder's ``batches``), drafting chains."""
     target = drafter.get("_target_") if isinstance(drafter, dict) else None
     try:
-        return bool(target) and bool(getattr(get_object(str(target)), "batches", False))
+        kind = bool(target) and bool(getattr(get_object(str(target)), "batches", False))
     except (ImportError, AttributeError, ValueError):
         return False
+    return kind and not drafter.get("tree")
 
 
 def check_queries(size: int, queries: int) -> None:

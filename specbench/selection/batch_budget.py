@@ -162,7 +162,9 @@ class BatchBudget:
         drafter whose drafts carry scores)."""
         cal = self.calibration.setdefault(name, Calibration(self.prior))
         scores = [("score", b) for b in range(BINS)] if scored else []
-        return path_chances([max(cal.estimate(key) for key in [cal.key(None, d), *scores]) for d in range(1, k + 1)])
+        return path_chances(
+            [max(cal.estimate(key) for key in [cal.key(None, d), *scores]) for d in range(1, k + 1)]
+        )
 
     def may_draft(self, rows: Sequence[tuple[str, int, bool]]) -> bool:
         """Whether any cap could pay this round, asked before any row drafts: ``rows`` holds each row's drafter

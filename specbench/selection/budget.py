@@ -238,7 +238,9 @@ class Budget(Selector):
             return [self.calibration[name]]
         key = (self._task, name)
         if key not in self.task_calibration:
-            self.task_calibration[key] = Calibration(self.calibration[name].prior, parent=self.calibration[name])
+            self.task_calibration[key] = Calibration(
+                self.calibration[name].prior, parent=self.calibration[name]
+            )
         return [self.task_calibration[key], self.calibration[name]]
 
     # -- one round -------------------------------------------------------------------------------

@@ -8,6 +8,8 @@ cutting nothing where tokens are free and everything where each costs a step."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from specbench.decoding.batch import RowSelector, decode_batch, first_path
 from specbench.decoding.drafter import Draft, Drafter
 from specbench.decoding.loop import DecodeSpec, Limits
 from specbench.decoding.sampling import SamplingParams
+from specbench.drafters.base import with_tree
 from specbench.drafters.prompt_lookup import PromptLookup
 from specbench.drafters.suffix import SuffixDrafter
 from specbench.errors import SpecbenchError
@@ -79,7 +82,7 @@ class Scripted(Drafter):
 
 
 @pytest.fixture(scope="module")
-def row_pool(tiny_llama_target, tiny_decode):
+def row_pool(tiny_llama_target, tiny_llama_pool, tiny_decode):
     from specbench.drafters import AutoregressiveArm
 
     target = tiny_llama_target
@@ -94,11 +97,18 @@ def row_pool(tiny_llama_target, tiny_decode):
         "suffix": SuffixDrafter("suffix", memory=False),
         "scripted_2": Scripted("scripted_2", references, 2),
         "scripted_5": Scripted("scripted_5", references, 5),
+        "hf": tiny_llama_pool["hf"],  # a model drafter: its rows draft in one forward (drafters/batched.py)
+        "early_exit": tiny_llama_pool["early_exit"],
     }
 
 
 @pytest.mark.parametrize(
-    "arms", [("scripted_5", "autoregressive"), ("scripted_2", "prompt_lookup", "scripted_5", "suffix")]
+    "arms",
+    [
+        ("scripted_5", "autoregressive"),
+        ("scripted_2", "prompt_lookup", "scripted_5", "suffix"),
+        ("hf", "scripted_2", "hf", "early_exit"),
+    ],
 )
 def test_every_row_equals_its_prompt_decoded_alone(tiny_llama_target, row_pool, tiny_decode, arms):
     target = tiny_llama_target
@@ -172,13 +182,86 @@ def test_what_cannot_batch_yet_is_refused_before_any_forward(
     rng = torch.Generator().manual_seed(0)
     lm = BatchedLM(target.model, target.vocab_size)
     with pytest.raises(SpecbenchError, match="cannot draft in a batch yet") as err:
-        decode_batch(
-            lm, [tiny_llama_pool["hf"], tiny_llama_pool["prompt_lookup"]], prompts, _spec(target), rng
-        )
+        decode_batch(lm, [HeadLike(), tiny_llama_pool["prompt_lookup"]], prompts, _spec(target), rng)
     assert "decoding.batch_size=1" in err.value.fix
+    tree = with_tree(copy.copy(tiny_llama_pool["hf"]), {"width": 2, "nodes": 4}, "hf")
+    with pytest.raises(SpecbenchError, match="dynamic tree") as err:
+        decode_batch(lm, [tree, tiny_llama_pool["prompt_lookup"]], prompts, _spec(target), rng)
+    assert "tree=null" in err.value.fix
     assert lm.rows == 0  # nothing was prefilled
     with pytest.raises(SpecbenchError, match="decoder-only"):
         BatchedLM(tiny_t5_target.model)
+
+
+class HeadLike(Drafter):
+    """A drafter kind that cannot draft per row (as a draft head cannot yet): the protocol's ``for_row``."""
+
+    name = "head"
+
+    def propose(self, tokens, k, sampling, rng, eos_ids=frozenset(), stop_below=0.0) -> Draft:
+        return Draft([], None)
+
+
+def test_model_rows_draft_what_the_drafter_drafts_alone(tiny_llama_target, tiny_llama_pool):
+    """One batched cache for three rows of the tiny HF drafter (``drafters/batched.py``): over rounds in which some
+    rows draft and others do not, whose drafts are partly accepted (the cache cut back) or whose rows commit
+    another drafter's tokens (caught up several at once), and after a row finishes, every draft equals the drafter's
+    own draft of the same committed tokens alone, tokens and distributions."""
+    from specbench.decoding.drafter import DecodeContext
+
+    target, hf = tiny_llama_target, tiny_llama_pool["hf"]
+    greedy, rng = SamplingParams(), torch.Generator().manual_seed(0)
+    seqs = [list(p) for p in _prompts(target, 3)]
+    views = hf.for_rows(seqs)
+    shared = views[0].shared_rows
+    assert all(v.shared_rows is shared for v in views) and len(views) == 3
+    for rnd, drafting in enumerate([[0, 2], [0, 1, 2], [1], [0, 2], [0, 2]]):
+        if rnd == 3:
+            views[1].finish()  # row 1 leaves: the cache drops it at the next draft
+        drafts = shared.propose(
+            [views[i] for i in drafting], [seqs[i] for i in drafting], [4] * len(drafting), greedy, rng
+        )
+        for i, made in zip(drafting, drafts):
+            hf.sync(DecodeContext(), seqs[i])
+            alone = hf.propose(seqs[i], 4, greedy, rng)
+            assert made.tokens == alone.tokens and len(made.tokens) == 4, (rnd, i)
+            assert torch.allclose(made.probs, alone.probs, atol=1e-5)
+            seqs[i] += made.tokens[: 1 + rnd % 3] + [
+                (made.tokens[-1] + 1) % target.vocab_size
+            ]  # partly accepted
+        for i in {0, 1, 2} - set(drafting) - ({1} if rnd >= 3 else set()):
+            seqs[i] += [5, 6, 7]  # committed by another drafter: caught up at its next draft
+    assert shared.lm.rows == 2
+
+
+def test_a_model_drafters_rows_accept_what_they_accept_alone(tiny_llama_target, row_pool, tiny_decode):
+    """Two rows drafting with the same HF drafter in one forward a position, beside rows of other drafters: each row's
+    output, and each round's drafted and accepted tokens, equal its prompt decoded alone."""
+    target = tiny_llama_target
+    spec = _spec(target, draft_length=3)
+    arms = ("hf", "prompt_lookup", "hf", "early_exit")
+    prompts = _prompts(target, 4)
+    result = decode_batch(
+        BatchedLM(target.model, target.vocab_size),
+        [row_pool[a] for a in arms],
+        prompts,
+        spec,
+        torch.Generator(),
+    )
+    for arm, prompt, gen in zip(arms, prompts, result.generations):
+        alone = tiny_decode(
+            target,
+            row_pool,
+            arm,
+            prompt,
+            max_new_tokens=spec.limits.max_new_tokens,
+            draft_length=spec.limits.draft_length,
+            eos_ids=spec.eos_ids,
+        )
+        assert gen.tokens == alone.tokens, arm
+        assert [(r.drafted, r.accepted) for r in gen.rounds] == [
+            (r.drafted, r.accepted) for r in alone.rounds
+        ], arm
 
 
 def test_a_tree_draft_is_cut_to_its_first_path():
@@ -252,7 +335,9 @@ def test_no_row_drafts_in_a_round_where_no_cap_could_pay(tiny_llama_target, row_
     def run(costs):
         calls = [0]
         lm = BatchedLM(target.model, target.vocab_size)
-        out = decode_batch(lm, [Counted(calls)] * 4, prompts, spec, torch.Generator().manual_seed(0), BatchBudget(costs))
+        out = decode_batch(
+            lm, [Counted(calls)] * 4, prompts, spec, torch.Generator().manual_seed(0), BatchBudget(costs)
+        )
         return out, calls[0]
 
     (steep, steep_calls), (flat, flat_calls) = run(STEEP), run(FLAT)
@@ -268,7 +353,12 @@ def test_a_drafter_that_scores_without_declaring_it_is_refused_under_a_budget(ti
     lm = BatchedLM(target.model, target.vocab_size)
     with pytest.raises(SpecbenchError, match="scored = True"):
         decode_batch(
-            lm, [Counted([0], scores=True)] * 2, _prompts(target, 2), _spec(target), torch.Generator(), BatchBudget(FLAT)
+            lm,
+            [Counted([0], scores=True)] * 2,
+            _prompts(target, 2),
+            _spec(target),
+            torch.Generator(),
+            BatchBudget(FLAT),
         )
 
 

@@ -183,9 +183,10 @@ def test_two_token_law_with_both_drafts_in_one_tree(sampling_setup, tiny_decode)
 @pytest.mark.parametrize("rows", [2, 4])
 def test_two_token_law_matches_target_in_a_batch(sampling_setup, rows):
     """Batched speculative sampling (``decode_batch``): rows of different prompt lengths (the prompt after 0, 1, ...
-    copies of its first words), prompt lookup drafting in all but one row (the autoregressive arm there), one target
-    forward a round for the batch; each row's two-token law is its own prompt's target law, and prompt lookup's
-    draft is accepted at the target's probability of it."""
+    copies of its first words), the last row the autoregressive arm, the others prompt lookup, but for one row at
+    batch 4 that drafts with the early exit (a model drafter, drafting in a batched forward of its own); one target
+    forward a round. Each row's two-token law is its own prompt's target law, and prompt lookup's draft is accepted
+    at the target's probability of it."""
     from specbench.decoding.batch import decode_batch
     from specbench.decoding.drafter import AutoregressiveArm
     from specbench.decoding.loop import DecodeSpec, Limits
@@ -195,8 +196,11 @@ def test_two_token_law_matches_target_in_a_batch(sampling_setup, rows):
     target, pool, prompt, lookup_token = sampling_setup
     pre = target.tokenizer("Sum: ")["input_ids"]
     prompts = [pre * r + prompt for r in range(rows)]
-    arms = ["prompt_lookup"] * (rows - 1) + ["autoregressive"]
-    drafters = [pool["prompt_lookup"]] * (rows - 1) + [AutoregressiveArm()]
+    # at batch 4 one row drafts with the early exit, a model drafter drafting its rows in one batched forward
+    arms = (["prompt_lookup", "early_exit", "prompt_lookup"] if rows == 4 else ["prompt_lookup"]) + [
+        "autoregressive"
+    ]
+    drafters = [AutoregressiveArm() if a == "autoregressive" else pool[a] for a in arms]
     laws = [exact_two_token_law(target, p) for p in prompts]
     spec = DecodeSpec(SAMPLING, Limits(max_new_tokens=2, draft_length=4), frozenset(), Clock())
     lm, rng = BatchedLM(target.model, target.vocab_size), torch.Generator().manual_seed(99)
@@ -215,5 +219,5 @@ def test_two_token_law_matches_target_in_a_batch(sampling_setup, rows):
             assert accepted[r] / RUNS == pytest.approx(p_x, abs=0.04)
             # row 0 is the setup's prompt: its draft is accepted about half the time
             assert r > 0 or 0.2 < p_x < 0.8
-        else:
+        elif arm == "autoregressive":
             assert accepted[r] == 0

@@ -81,7 +81,11 @@ def test_a_calibration_by_task_learns_each_tasks_own_acceptance():
 
     rng = random.Random(1)
     budget = Budget(
-        ARMS, retrieval="ret", models=["head"], costs={"verify": [0.03, 0.001], "draft": {}}, calibration={"by_task": True}
+        ARMS,
+        retrieval="ret",
+        models=["head"],
+        costs={"verify": [0.03, 0.001], "draft": {}},
+        calibration={"by_task": True},
     )
     truths = {"easy": lambda local: local**0.5, "hard": lambda local: local**3}
     for q in range(400):
@@ -124,7 +128,11 @@ def test_prune_keeps_nodes_that_pay_for_their_verification():
     is kept while estimate / b beats the round's expected tokens per second so far: a chain of path estimates 0.95,
     0.5225, 0.287, 0.043 keeps three (0.287 / 0.1 = 2.87 > (1 + 1.4725) / 1.2 = 2.06; then 0.43 < 2.76 / 1.3)."""
     budget = Budget(
-        ARMS, retrieval="ret", models=[], calibration={"prior": 1e9}, costs={"verify": [1.0, 0.1], "draft": {"ret": 0.0}}
+        ARMS,
+        retrieval="ret",
+        models=[],
+        calibration={"prior": 1e9},
+        costs={"verify": [1.0, 0.1], "draft": {"ret": 0.0}},
     )
     plan = budget.select()
     s0 = 0.95  # local scores 0.95, 0.55, 0.55, 0.15: the centres of their bins

@@ -113,6 +113,7 @@ def load_head(
 
 class EagleDrafter(Drafter):
     scored = True  # a dynamic tree's path probabilities as scores
+
     def __init__(
         self,
         name: str,
