@@ -183,3 +183,7 @@ def build(
     return with_tree(
         EarlyExitDrafter(name, small, cost, int(layers), read_out, confidence_threshold), tree, name
     )
+
+
+# its drafter drafts the rows of a batch in one forward (ModelDrafter.for_rows; pipelines/batch_settings.py): chains
+build.batches = True

@@ -57,23 +57,33 @@ def test_a_batched_eval_gives_batch_ones_outputs(tmp_path):
 
 
 def test_the_batch_budget_and_hf_generate_give_batch_ones_outputs(tmp_path):
-    """``goodput:prompt_lookup`` (the batch budget, its forward costs measured at start-up and cached) and
-    ``hf:generate`` (Hugging Face's batched greedy decoding on the same left-padded batch) at batch 3: every query's
-    output is batch 1's autoregressive output."""
+    """``goodput:prompt_lookup`` (the batch budget, its forward costs measured at start-up and cached), the early
+    exit at batch (a model drafter drafting its rows in one forward) whole and with the budget, and ``hf:generate``
+    (Hugging Face's batched greedy decoding on the same left-padded batch) at batch 3: every query's output is batch
+    1's autoregressive output."""
     import os
     from pathlib import Path
 
     evaluate.run(config(), tmp_path / "one")
     evaluate.run(
-        config("decoding.batch_size=3", "methods=[autoregressive,goodput:prompt_lookup,hf:generate]"),
+        config(
+            "decoding.batch_size=3",
+            "methods=[autoregressive,goodput:prompt_lookup,fixed:early_exit_1,goodput:early_exit_1,hf:generate]",
+        ),
         tmp_path / "three",
     )
     one = {
         e["query_id"]: e["output_ids"] for e in _records(tmp_path / "one") if e["method"] == "autoregressive"
     }
     three = _records(tmp_path / "three")
-    assert {e["method"] for e in three} == {"autoregressive", "goodput:prompt_lookup", "hf:generate"}
-    assert len(three) == 24 and all(e["output_ids"] == one[e["query_id"]] for e in three)
+    assert {e["method"] for e in three} == {
+        "autoregressive",
+        "goodput:prompt_lookup",
+        "fixed:early_exit_1",
+        "goodput:early_exit_1",
+        "hf:generate",
+    }
+    assert len(three) == 40 and all(e["output_ids"] == one[e["query_id"]] for e in three)
     rounds = [
         r for r in _records(tmp_path / "three", "rounds.jsonl") if r["method"] == "goodput:prompt_lookup"
     ]
@@ -84,13 +94,10 @@ def test_the_batch_budget_and_hf_generate_give_batch_ones_outputs(tmp_path):
 
 
 def test_each_row_of_a_batch_runs_its_own_bandit(tmp_path):
-    """``selector:ucb`` at batch 3 over a pool that batches (prompt lookup and the retrieval drafter): every query's
-    output is batch 1's autoregressive output, and the rows played both drafters."""
-    retrieval = [
-        "~pool.drafters.quantized",
-        "~pool.drafters.early_exit_1",
-        "+drafter@pool.drafters.suffix=suffix",
-    ]
+    """``selector:ucb`` at batch 3 over a pool that batches (prompt lookup, the retrieval drafter and the early exit,
+    a model drafter whose rows draft together): every query's output is batch 1's autoregressive output, and the rows
+    played every drafter."""
+    retrieval = ["~pool.drafters.quantized", "+drafter@pool.drafters.suffix=suffix"]
     evaluate.run(config(*retrieval), tmp_path / "one")
     evaluate.run(
         config(*retrieval, "decoding.batch_size=3", "methods=[autoregressive,selector:ucb]"),
@@ -104,14 +111,22 @@ def test_each_row_of_a_batch_runs_its_own_bandit(tmp_path):
     assert ucb.startswith("ucb") and len(three) == 16
     assert all(e["output_ids"] == one[e["query_id"]] for e in three)
     arms = {r["arm"] for r in _records(tmp_path / "three", "rounds.jsonl") if r["method"] == ucb}
-    assert arms == {"prompt_lookup", "suffix"}
+    assert arms == {"prompt_lookup", "suffix", "early_exit_1"}
 
 
 @pytest.mark.parametrize(
     "overrides, words",
     [
-        (["decoding.batch_size=2", "methods=[autoregressive,fixed:early_exit_1]"], "fixed:early_exit_1"),
-        (["decoding.batch_size=2", "methods=[autoregressive,goodput:early_exit_1]"], "goodput:early_exit_1"),
+        (["decoding.batch_size=2", "methods=[autoregressive,fixed:quantized]"], "fixed:quantized"),
+        (["decoding.batch_size=2", "methods=[autoregressive,goodput:quantized]"], "goodput:quantized"),
+        (
+            [
+                "decoding.batch_size=2",
+                "pool.drafters.early_exit_1.tree={width:2,nodes:4}",
+                "methods=[autoregressive,fixed:early_exit_1]",
+            ],
+            "does not draft per row",
+        ),
         (["methods=[autoregressive,goodput:prompt_lookup]"], "runs only in batches"),
         (["methods=[autoregressive,hf:generate]"], "runs only in batches"),
         (["decoding.batch_size=2", "methods=[autoregressive,selector:ucb]"], "may play drafter 'quantized'"),
