@@ -19,7 +19,9 @@ deciders (``certify``); sampled rows none.
 A row drafts with one drafter for its whole generation, or (a ``RowSelector``) chooses its drafter each round with its
 own selector over the pool: one state a row, as a row is a query (each row's selector is reset when the row starts
 and updated with the row's own feedback after each round, as the single-query loop updates it); a row's selector
-must choose one arm a round (a tree, a plan or a route is refused: the batch verifies chains).
+must choose one arm a round (a tree, a plan or a route is refused: the batch verifies chains). A selector that
+chooses by the query's embedding (the policy) gets its row's prompt embedding, pooled off the batch's own prefill
+(``BatchedLM.start``), before its reset, as the single-query loop gives it the prefill's.
 
 With a ``budget`` (``selection/batch_budget.py``: the ``goodput:<drafter>`` methods) every row's draft is cut, each
 round, to the cap the budget chooses for the whole batch from the forward's measured cost at this many rows and
@@ -98,9 +100,16 @@ class _Row:
         gen = Generation(tokens=[], deciders=[] if spec.sampling.greedy else None)
         query = DecodeContext(stream=spec.stream)
         if isinstance(player, RowSelector):
-            player.selector.reset()
             return cls(list(prompt), pool, next(iter(pool)), query, gen, player.selector)
         return cls(list(prompt), pool, player.name, query, gen)
+
+    def begin(self, embedding: torch.Tensor | None) -> None:
+        """The row starts: its selector is reset, after its prompt's embedding where it chooses by one."""
+        if self.selector is None:
+            return
+        if self.selector.embedding_pooling is not None:
+            self.selector.set_embedding(embedding)
+        self.selector.reset()
 
     def choose(self) -> None:
         """This round's arm: the row's selector's choice (one arm), or its one drafter."""
@@ -115,6 +124,18 @@ class _Row:
         if self.selector is None:
             return
         self.selector.update(rnd.arm, feedback_of(rnd, chain_outcomes(len(made.tokens), rnd.accepted)))
+
+
+def _pooling(rows: list[_Row]) -> str | None:
+    """The pooling of the prompt embeddings the rows' selectors choose by (read off the batch's prefill), or None."""
+    poolings = {r.selector.embedding_pooling for r in rows if r.selector is not None} - {None}
+    if len(poolings) > 1:
+        raise SpecbenchError(
+            f"the rows' selectors pool their prompt embeddings differently ({', '.join(sorted(poolings))}), and a "
+            "batch embeds its prompts once",
+            "give the rows of one batch selectors of one embedding pooling, or decoding.batch_size=1",
+        )
+    return next(iter(poolings), None)
 
 
 def _pools(
@@ -192,7 +213,9 @@ def decode_batch(
     clock = spec.clock
     rows = [_Row.make(p, d, pool, spec) for p, d, pool in zip(prompts, drafters, _pools(drafters, prompts))]
     start = clock.boundary()
-    lm.start([r.tokens for r in rows])
+    embeddings = lm.start([r.tokens for r in rows], _pooling(rows))
+    for i, row in enumerate(rows):
+        row.begin(None if embeddings is None else embeddings[i])
     active, forwards = list(rows), 0
     while active:
         for row in active:

@@ -21,6 +21,7 @@ from transformers import DynamicCache
 
 from specbench.errors import SpecbenchError
 from specbench.models.cache import cache_argument, check_tree_attention, fit_vocab
+from specbench.models.target import check_pooling, pool_states
 
 PAD = 0  # the id fed at padded positions (never attended by a valid position: any id will do)
 COMPACT_AT = 0.25  # compact when more than this share of the slots is masked (and at least MIN_WASTE slots)
@@ -59,12 +60,15 @@ class BatchedLM:
         return int(self.valid.shape[1])
 
     @torch.inference_mode()
-    def start(self, sequences: list[list[int]]) -> None:
-        """A new batch: cache every token of each sequence but its last (fed by the first ``score``), left-padded."""
+    def start(self, sequences: list[list[int]], pooling: str | None = None) -> list[torch.Tensor] | None:
+        """A new batch: cache every token of each sequence but its last (fed by the first ``score``), left-padded.
+        With ``pooling``, each row's prompt embedding too (``Target.prefill``'s, read off the same forward: every
+        token is fed, then the last one's slot is masked, as the first ``score`` feeds it again); else None."""
         if any(len(s) < 1 for s in sequences):
             raise ValueError("every sequence needs at least one token")
+        check_pooling(pooling)
         self.cache = DynamicCache()
-        heads = [list(s[:-1]) for s in sequences]
+        heads = [list(s) if pooling else list(s[:-1]) for s in sequences]
         width = max((len(h) for h in heads), default=0)
         rows = len(sequences)
         self.valid = torch.zeros(rows, width, dtype=torch.bool, device=self.device)
@@ -73,10 +77,16 @@ class BatchedLM:
         self.n = torch.tensor([len(h) for h in heads], dtype=torch.long, device=self.device)
         self._pending = 0
         if width == 0:
-            return
+            return None
         ids = torch.tensor([[PAD] * (width - len(h)) + h for h in heads], device=self.device)
         positions = (self.valid.long().cumsum(dim=1) - 1).clamp(min=0)
-        self._forward(ids, positions, self.valid.clone(), past=0)
+        out = self._forward(ids, positions, self.valid.clone(), past=0, hidden=pooling is not None)
+        if pooling is None:
+            return None
+        states = out[1]
+        pooled = [pool_states(states[r, width - len(h) :], pooling) for r, h in enumerate(heads)]
+        self.rewind([len(h) - 1 for h in heads])
+        return pooled
 
     @torch.inference_mode()
     def score(self, inputs: list[list[int]]) -> torch.Tensor:
@@ -148,9 +158,11 @@ class BatchedLM:
                 layer.keys, layer.values = layer.keys.gather(2, at), layer.values.gather(2, at)
         self.valid = valid
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, past_valid: torch.Tensor, past: int):
+    def _forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, past_valid: torch.Tensor, past: int, hidden=False
+    ):
         """Append ``ids`` ``[rows, q]`` at ``positions``; each new slot sees the row's valid past slots, the new slots
-        before it, and itself."""
+        before it, and itself. Float32 logits, and with ``hidden`` the final hidden states beside them."""
         rows, q = ids.shape
         new = torch.ones(q, q, dtype=torch.bool, device=self.device).tril()
         if past:
@@ -166,13 +178,14 @@ class BatchedLM:
             attention_mask=mask[:, None],
             position_ids=positions,
             use_cache=True,
+            output_hidden_states=hidden,
             **{self._cache_kw: self.cache},
         )
         self.cache = out[self._cache_kw]
         logits = out.logits
         if self.vocab_size is not None and logits.shape[-1] != self.vocab_size:
             logits = fit_vocab(logits, self.vocab_size)
-        return logits.float()
+        return (logits.float(), out.hidden_states[-1]) if hidden else logits.float()
 
 
 def _layers(cache):

@@ -264,6 +264,75 @@ def test_a_model_drafters_rows_accept_what_they_accept_alone(tiny_llama_target, 
         ], arm
 
 
+@pytest.mark.parametrize("pooling", ["mean", "last"])
+def test_a_batch_prefill_embeds_each_prompt_as_the_target_prefill_does(tiny_llama_target, pooling):
+    """``BatchedLM.start`` with a pooling: each row's embedding is ``Target.prefill``'s for its prompt alone, and the
+    batch then scores as a batch started without one (the last prompt token's slot is masked, as it is fed again)."""
+    target = tiny_llama_target
+    prompts = _prompts(target, 3)
+    plain, embedded = BatchedLM(target.model, target.vocab_size), BatchedLM(target.model, target.vocab_size)
+    assert plain.start(prompts) is None
+    got = embedded.start(prompts, pooling)
+    for prompt, emb in zip(prompts, got):
+        alone = target.prefill(prompt, embedding=pooling).embedding
+        assert torch.allclose(emb, alone, atol=1e-5)
+    inputs = [p[-1:] + [5, 6] for p in prompts]
+    assert torch.allclose(embedded.score(inputs), plain.score(inputs), atol=1e-5)
+
+
+def _policy(tmp_path, target, arms: list[str], seed: int) -> str:
+    """A random policy checkpoint over ``arms`` for the tiny target (mean-pooled prompt embeddings)."""
+    from specbench.policy.checkpoint import save_checkpoint
+    from specbench.policy.model import Policy
+    from specbench.policy.net import PolicyNet
+
+    dim = int(target.model.config.hidden_size)
+    net = PolicyNet(dim, len(arms), generator=torch.Generator().manual_seed(seed))
+    policy = Policy(model=net, mean=torch.zeros(dim), std=torch.ones(dim), arms=arms)
+    embedding = {
+        "pooling": "mean",
+        "source": "decoder_last_hidden",
+        "dim": dim,
+        "target": "embedded:tiny_llama",
+    }
+    return str(
+        save_checkpoint(tmp_path / "policy.pt", policy, arms=arms, alpha=0.5, config={}, embedding=embedding)
+    )
+
+
+def test_the_policy_chooses_each_rows_drafter_as_it_does_alone(
+    tiny_llama_target, row_pool, tiny_decode, tmp_path
+):
+    """The policy per row (``RowSelector`` over a ``PolicySelector``, one a row): each row's prompt embedding comes off
+    the batch's prefill, so each row plays the arm the policy picks for its prompt alone, and gives its output."""
+    from specbench.selection import PolicySelector
+
+    target = tiny_llama_target
+    spec = _spec(target)
+    pool = {a: row_pool[a] for a in ("autoregressive", "prompt_lookup", "scripted_2", "hf")}
+    path = _policy(tmp_path, target, list(pool), seed=3)
+    prompts = _prompts(target, 4)
+    players = [RowSelector(PolicySelector(list(pool), checkpoint=path), pool) for _ in prompts]
+    result = decode_batch(
+        BatchedLM(target.model, target.vocab_size), players, prompts, spec, torch.Generator()
+    )
+    chosen = []
+    for prompt, gen in zip(prompts, result.generations):
+        alone = tiny_decode(
+            target,
+            pool,
+            PolicySelector(list(pool), checkpoint=path),
+            prompt,
+            max_new_tokens=spec.limits.max_new_tokens,
+            draft_length=spec.limits.draft_length,
+            eos_ids=spec.eos_ids,
+        )
+        assert gen.tokens == alone.tokens
+        assert [r.arm for r in gen.rounds] == [r.arm for r in alone.rounds]
+        chosen.append(gen.rounds[0].arm)
+    assert len(set(chosen)) > 1  # the rows' prompts led the policy to different drafters
+
+
 def test_a_tree_draft_is_cut_to_its_first_path():
     tree = Draft(tokens=[5, 6, 7, 8, 9], probs=None, parents=[-1, 0, 0, 1, 3])
     assert first_path(tree).tokens == [5, 6, 8, 9] and first_path(tree).parents is None
