@@ -24,6 +24,7 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
+from specbench import provenance
 from specbench.arms import AUTOREGRESSIVE, GOODPUT, HF_GENERATE
 from specbench.errors import SpecbenchError
 from specbench.files import atomic_write_text
@@ -147,6 +148,7 @@ def write(runs: list[Path], out: Path) -> Path:
         + "` from the runs' records (nothing re-timed). Each run is one process; its methods were interleaved "
         "batch by batch over the same queries; seconds are the batches' wall time.",
         "",
+        *code_lines(runs),
         to_markdown(t, floatfmt=".3f"),
         "",
         *picture,
@@ -155,6 +157,16 @@ def write(runs: list[Path], out: Path) -> Path:
     atomic_write_text(out, "\n".join(lines))
     t.to_csv(out.with_suffix(".csv"), index=False)
     return out
+
+
+def code_lines(runs: list[Path]) -> list[str]:
+    """The code the runs came from (``provenance.json``): one commit, or each with its runs."""
+    found: dict[str, list[str]] = {}
+    for run in runs:
+        for key in provenance.commits_under(run):
+            found.setdefault(key, []).append(str(run))
+    line = provenance.code_line(found)
+    return [line, ""] if line else []
 
 
 def budget_lines(runs: list[Path]) -> list[str]:

@@ -52,3 +52,17 @@ def test_a_directory_without_records_is_refused(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(SpecbenchError, match="holds no examples.jsonl"):
         T.table([tmp_path / "empty"])
+
+
+def test_the_page_names_the_code_each_run_came_from(tmp_path):
+    from specbench import provenance
+
+    rows = [("a", "autoregressive", 10, 1.0, [1])]
+    one, four = _run(tmp_path / "b1", 1, rows), _run(tmp_path / "b4", 4, rows)
+    for run, commit in ((one, "a" * 40), (four, "b" * 40)):
+        provenance.record(run, {"commit": commit, "dirty": False, "packages": {}})
+    page = T.write([one, four], tmp_path / "page.md").read_text()
+    assert "**Mixed code**" in page and "`aaaaaaaaaa`: 1 runs" in page and "`bbbbbbbbbb`: 1 runs" in page
+    provenance.record(four, {"commit": "a" * 40, "dirty": False, "packages": {}})
+    four_only = T.write([four], tmp_path / "again.md").read_text()
+    assert "**Mixed code**" in four_only  # a run resumed at another commit says so
