@@ -10,11 +10,12 @@ batch's generator row after row, so each row's law is the target's. The cache ke
 that reaches EOS or its ``max_new_tokens`` leaves the batch; the others go on. The autoregressive arm drafts nothing:
 a batch of it is plain batched decoding, the baseline at the same batch.
 
-Lossless only: the cascade rules are refused, as are drafters that cannot draft per row yet (draft heads, model
-drafters' dynamic trees); a retrieval drafter's tree draft is cut to its first path (those drafters draft
-deterministically, so any path of theirs is a valid draft under sampling). A model drafter drafts every row that uses
-it in one forward a position, with one batched cache of its own (``drafters/batched.py``). Greedy rows record their
-deciders (``certify``); sampled rows none.
+Lossless only: the cascade rules are refused, as are dynamic draft trees (of heads and model drafters); a
+retrieval drafter's tree draft is cut to its first path (those drafters draft deterministically, so any path of
+theirs is a valid draft under sampling). A model drafter drafts every row that uses it in one forward a position,
+with one batched cache of its own (``drafters/batched.py``); a draft head drafts each row with a cache of its own from
+the row's target states, which the prefill and every round's forward record (``BatchedLM.start`` and ``score`` with
+the heads' layers). Greedy rows record their deciders (``certify``); sampled rows none.
 
 A row drafts with one drafter for its whole generation, or (a ``RowSelector``) chooses its drafter each round with its
 own selector over the pool: one state a row, as a row is a query (each row's selector is reset when the row starts
@@ -126,6 +127,19 @@ class _Row:
         self.selector.update(rnd.arm, feedback_of(rnd, chain_outcomes(len(made.tokens), rnd.accepted)))
 
 
+def _begin(lm: BatchedLM, rows: list[_Row]) -> tuple[int, ...]:
+    """Prefill every row, with its prompt's embedding where its selector chooses by one and the target's states at
+    its cached positions where its drafters read them (heads), and start its selector; the layers whose states every
+    round records."""
+    layers = tuple(sorted({layer for r in rows for d in r.pool.values() for layer in d.state_layers(False)}))
+    started = lm.start([r.tokens for r in rows], _pooling(rows), layers)
+    for i, row in enumerate(rows):
+        row.begin(None if started.embeddings is None else started.embeddings[i])
+        if layers:
+            row.query.record_states(started.states[i], rows=len(row.tokens) - 1, start=0)
+    return layers
+
+
 def _pooling(rows: list[_Row]) -> str | None:
     """The pooling of the prompt embeddings the rows' selectors choose by (read off the batch's prefill), or None."""
     poolings = {r.selector.embedding_pooling for r in rows if r.selector is not None} - {None}
@@ -213,9 +227,7 @@ def decode_batch(
     clock = spec.clock
     rows = [_Row.make(p, d, pool, spec) for p, d, pool in zip(prompts, drafters, _pools(drafters, prompts))]
     start = clock.boundary()
-    embeddings = lm.start([r.tokens for r in rows], _pooling(rows))
-    for i, row in enumerate(rows):
-        row.begin(None if embeddings is None else embeddings[i])
+    layers = _begin(lm, rows)
     active, forwards = list(rows), 0
     while active:
         for row in active:
@@ -223,7 +235,7 @@ def decode_batch(
         made, sizes, t_draft = _drafts(active, spec, rng, budget)
         drafts, plan = _cap(active, made, budget)
         t0 = clock.now()
-        logits = lm.score([row.tokens[-1:] + d.tokens for row, d in zip(active, drafts)])
+        logits = lm.score([row.tokens[-1:] + d.tokens for row, d in zip(active, drafts)], layers)
         share = (clock.now() - t0) / len(active)
         forwards += 1
         kept, going = [], []
@@ -236,6 +248,11 @@ def decode_batch(
                 budget.observe(row.arm, drafts[i], accepted)
             row.learn(row.gen.rounds[-1], drafts[i])
             kept.append(1 + accepted)
+            if layers and not done:  # rows of the last committed token and the accepted draft tokens
+                at = len(row.tokens) - (accepted + 1) - 1
+                row.query.record_states(
+                    {k: x[i] for k, x in lm.last_states.items()}, rows=accepted + 1, start=at
+                )
             if done:
                 row.gen.seconds = clock.now() - start
                 for drafter in row.pool.values():

@@ -16,12 +16,24 @@ attention read alike; a model whose attention takes no custom mask is refused (`
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from transformers import DynamicCache
 
 from specbench.errors import SpecbenchError
 from specbench.models.cache import cache_argument, check_tree_attention, fit_vocab
 from specbench.models.target import check_pooling, pool_states
+
+
+@dataclass(frozen=True)
+class Started:
+    """What ``BatchedLM.start`` read off the prefill: each row's prompt embedding (with a pooling) and each row's
+    ``{layer: [cached positions, H]}`` states (with layers); None where not asked for."""
+
+    embeddings: list[torch.Tensor] | None
+    states: list[dict[int, torch.Tensor]] | None
+
 
 PAD = 0  # the id fed at padded positions (never attended by a valid position: any id will do)
 COMPACT_AT = 0.25  # compact when more than this share of the slots is masked (and at least MIN_WASTE slots)
@@ -50,6 +62,9 @@ class BatchedLM:
             0, dtype=torch.long, device=self.device
         )  # valid slots a row, = its next position
         self._pending = 0  # slots the last ``score`` appended, before ``keep``
+        self.last_states: dict[
+            int, torch.Tensor
+        ] = {}  # the last ``score``'s states for the layers it was asked
 
     @property
     def rows(self) -> int:
@@ -60,10 +75,13 @@ class BatchedLM:
         return int(self.valid.shape[1])
 
     @torch.inference_mode()
-    def start(self, sequences: list[list[int]], pooling: str | None = None) -> list[torch.Tensor] | None:
+    def start(
+        self, sequences: list[list[int]], pooling: str | None = None, layers: tuple[int, ...] = ()
+    ) -> Started:
         """A new batch: cache every token of each sequence but its last (fed by the first ``score``), left-padded.
         With ``pooling``, each row's prompt embedding too (``Target.prefill``'s, read off the same forward: every
-        token is fed, then the last one's slot is masked, as the first ``score`` feeds it again); else None."""
+        token is fed, then the last one's slot is masked, as the first ``score`` feeds it again); with ``layers``,
+        each row's states at its cached positions (``Target.prefill``'s ``states``)."""
         if any(len(s) < 1 for s in sequences):
             raise ValueError("every sequence needs at least one token")
         check_pooling(pooling)
@@ -76,22 +94,40 @@ class BatchedLM:
             self.valid[r, width - len(h) :] = True
         self.n = torch.tensor([len(h) for h in heads], dtype=torch.long, device=self.device)
         self._pending = 0
+        self.last_states = {}
         if width == 0:
-            return None
+            # every prompt one token (no pooling: it feeds them all): nothing cached, no states at cached positions
+            none = torch.zeros(0, int(self.model.config.hidden_size), device=self.device)
+            return Started(
+                None, [{int(layer): none for layer in layers} for _ in range(rows)] if layers else None
+            )
         ids = torch.tensor([[PAD] * (width - len(h)) + h for h in heads], device=self.device)
         positions = (self.valid.long().cumsum(dim=1) - 1).clamp(min=0)
-        out = self._forward(ids, positions, self.valid.clone(), past=0, hidden=pooling is not None)
-        if pooling is None:
-            return None
-        states = out[1]
-        pooled = [pool_states(states[r, width - len(h) :], pooling) for r, h in enumerate(heads)]
-        self.rewind([len(h) - 1 for h in heads])
-        return pooled
+        out = self._forward(ids, positions, self.valid.clone(), past=0, hidden=bool(pooling or layers))
+        if not (pooling or layers):
+            return Started(None, None)
+        hidden = out[1]
+        mine = [slice(width - len(h), width - len(h) + len(s) - 1) for h, s in zip(heads, sequences)]
+        pooled = (
+            [pool_states(hidden[-1][r, width - len(h) :], pooling) for r, h in enumerate(heads)]
+            if pooling
+            else None
+        )
+        states = (
+            [{int(layer): hidden[layer][r, mine[r]] for layer in layers} for r in range(rows)]
+            if layers
+            else None
+        )
+        if pooling:
+            self.rewind([len(h) - 1 for h in heads])
+        return Started(pooled, states)
 
     @torch.inference_mode()
-    def score(self, inputs: list[list[int]]) -> torch.Tensor:
+    def score(self, inputs: list[list[int]], layers: tuple[int, ...] = ()) -> torch.Tensor:
         """One forward over each row's ``inputs`` (its last committed token, then its draft): float32 logits
-        ``[rows, q, V]`` (``q`` the longest input; a shorter row's extra rows are padding, to be ignored)."""
+        ``[rows, q, V]`` (``q`` the longest input; a shorter row's extra rows are padding, to be ignored). With
+        ``layers``, ``last_states`` holds ``{layer: [rows, q, H]}``, the residual stream after that many layers at
+        the same positions (``Target.score``'s ``states``)."""
         if len(inputs) != self.rows:
             raise ValueError(f"{len(inputs)} inputs for {self.rows} rows")
         if self._pending:
@@ -99,7 +135,10 @@ class BatchedLM:
         q = max(len(x) for x in inputs)
         ids = torch.tensor([list(x) + [PAD] * (q - len(x)) for x in inputs], device=self.device)
         positions = self.n[:, None] + torch.arange(q, device=self.device)[None]
-        logits = self._forward(ids, positions, self.valid, past=self.slots)
+        out = self._forward(ids, positions, self.valid, past=self.slots, hidden=bool(layers))
+        logits, self.last_states = (
+            (out[0], {int(layer): out[1][layer] for layer in layers}) if layers else (out, {})
+        )
         self.valid = torch.cat(
             [self.valid, torch.zeros(self.rows, q, dtype=torch.bool, device=self.device)], 1
         )
@@ -185,7 +224,7 @@ class BatchedLM:
         logits = out.logits
         if self.vocab_size is not None and logits.shape[-1] != self.vocab_size:
             logits = fit_vocab(logits, self.vocab_size)
-        return (logits.float(), out.hidden_states[-1]) if hidden else logits.float()
+        return (logits.float(), out.hidden_states) if hidden else logits.float()
 
 
 def _layers(cache):

@@ -271,13 +271,71 @@ def test_a_batch_prefill_embeds_each_prompt_as_the_target_prefill_does(tiny_llam
     target = tiny_llama_target
     prompts = _prompts(target, 3)
     plain, embedded = BatchedLM(target.model, target.vocab_size), BatchedLM(target.model, target.vocab_size)
-    assert plain.start(prompts) is None
-    got = embedded.start(prompts, pooling)
+    assert plain.start(prompts).embeddings is None
+    got = embedded.start(prompts, pooling).embeddings
     for prompt, emb in zip(prompts, got):
         alone = target.prefill(prompt, embedding=pooling).embedding
         assert torch.allclose(emb, alone, atol=1e-5)
     inputs = [p[-1:] + [5, 6] for p in prompts]
     assert torch.allclose(embedded.score(inputs), plain.score(inputs), atol=1e-5)
+
+
+def test_a_batch_records_each_rows_target_states_as_the_target_does(tiny_llama_target):
+    """``BatchedLM.start`` and ``score`` with layers: each row's states at its cached prompt positions, and at the
+    positions a round scores, are ``Target.prefill``'s and ``Target.score``'s for that row alone."""
+    target = tiny_llama_target
+    layers = (1, int(target.config.num_hidden_layers))
+    prompts = _prompts(target, 3)
+    lm = BatchedLM(target.model, target.vocab_size)
+    started = lm.start(prompts, layers=layers)
+    inputs = [p[-1:] + [5, 6] for p in prompts]
+    lm.score(inputs, layers)
+    for r, prompt in enumerate(prompts):
+        pre = target.prefill(prompt, layers=layers).states
+        scored = target.score([5, 6], layers=layers).states
+        for layer in layers:
+            assert started.states[r][layer].shape[0] == len(prompt) - 1
+            assert torch.allclose(started.states[r][layer], pre[layer], atol=1e-5)
+            assert torch.allclose(lm.last_states[layer][r], scored[layer], atol=1e-5)
+
+
+def test_draft_heads_draft_each_row_as_they_draft_alone(tiny_llama_target, row_pool, tiny_decode, tmp_path):
+    """Two rows of an EAGLE head (a head a row, fed its row's own target states) beside prompt lookup and the
+    autoregressive arm: every row's output, and each round's drafted and accepted tokens, equal its prompt alone."""
+    from specbench.drafters import build_pool
+    from tests.integration.test_eagle import write_head
+
+    target = tiny_llama_target
+    head = write_head(tmp_path, target, "head")
+    pool = {
+        **build_pool(
+            target, {"eagle": {"_target_": "specbench.drafters.eagle.build", "checkpoint": str(head)}}
+        ),
+        "prompt_lookup": row_pool["prompt_lookup"],
+    }
+    spec = _spec(target, draft_length=3)
+    arms = ("eagle", "prompt_lookup", "eagle", "autoregressive")
+    prompts = _prompts(target, 4)
+    result = decode_batch(
+        BatchedLM(target.model, target.vocab_size), [pool[a] for a in arms], prompts, spec, torch.Generator()
+    )
+    for arm, prompt, gen in zip(arms, prompts, result.generations):
+        alone = tiny_decode(
+            target,
+            pool,
+            arm,
+            prompt,
+            max_new_tokens=spec.limits.max_new_tokens,
+            draft_length=spec.limits.draft_length,
+            eos_ids=spec.eos_ids,
+        )
+        assert gen.tokens == alone.tokens, arm
+        assert [(r.drafted, r.accepted) for r in gen.rounds] == [
+            (r.drafted, r.accepted) for r in alone.rounds
+        ], arm
+    assert (
+        sum(r.accepted for g in result.generations[::2] for r in g.rounds) > 0
+    )  # the heads' drafts were kept
 
 
 def _policy(tmp_path, target, arms: list[str], seed: int) -> str:

@@ -25,6 +25,7 @@ it into the next-token distribution. Drafting continues on its own predicted fea
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -150,6 +151,18 @@ class EagleDrafter(Drafter):
         self.cache = DynamicCache()
         self.real = []
         self._hat = None
+
+    def for_row(self) -> EagleDrafter:
+        """The head for one row of a batch: the same weights, a cache and features of the row's own (its query's
+        recorded target states, ``decoding/batch.py``). Chains only: a batch verifies one chain a row."""
+        if self.tree is not None:
+            raise SpecbenchError(
+                f"drafter '{self.name}' drafts a dynamic tree, and a batch verifies one chain a row",
+                f"set pool.drafters.{self.name}.tree=null (a chain) to decode in batches, or decoding.batch_size=1",
+            )
+        row = copy.copy(self)
+        row.cache, row.real, row._hat, row._query = None, [], None, None
+        return row
 
     @torch.inference_mode()
     def _feed(self, features: torch.Tensor, tokens: list[int]) -> torch.Tensor:
@@ -378,3 +391,8 @@ def build(
         resolve_checkpoint(checkpoint, make_target)
     )  # (run_records.Records)
     return drafter
+
+
+# its drafter drafts per row of a batch (EagleDrafter.for_row: a head a row, fed the row's own target states;
+# pipelines/batch_settings.py): chains (a tree config is refused for batches)
+build.batches = True
