@@ -45,7 +45,8 @@ def _prompts(target, n):
     return [target.tokenizer(t)["input_ids"] for t in TEXTS[:n]]
 
 
-def _alone(target, pool, arm, prompt, tiny_decode, spec):
+def _alone_gen(target, pool, arm, prompt, tiny_decode, spec):
+    """The prompt decoded alone (``decode``) with ``arm`` (a pool key or a selector) under ``spec``'s limits."""
     return tiny_decode(
         target,
         pool,
@@ -54,7 +55,21 @@ def _alone(target, pool, arm, prompt, tiny_decode, spec):
         max_new_tokens=spec.limits.max_new_tokens,
         draft_length=spec.limits.draft_length,
         eos_ids=spec.eos_ids,
-    ).tokens
+    )
+
+
+def _alone(target, pool, arm, prompt, tiny_decode, spec):
+    return _alone_gen(target, pool, arm, prompt, tiny_decode, spec).tokens
+
+
+def _rounds_as_alone(target, pool, arms, prompts, result, tiny_decode, spec) -> None:
+    """Each row's output, and each of its rounds' drafted and accepted tokens, are its prompt's alone."""
+    for arm, prompt, gen in zip(arms, prompts, result.generations):
+        alone = _alone_gen(target, pool, arm, prompt, tiny_decode, spec)
+        assert gen.tokens == alone.tokens, arm
+        assert [(r.drafted, r.accepted) for r in gen.rounds] == [
+            (r.drafted, r.accepted) for r in alone.rounds
+        ], arm
 
 
 class Scripted(Drafter):
@@ -248,20 +263,7 @@ def test_a_model_drafters_rows_accept_what_they_accept_alone(tiny_llama_target, 
         spec,
         torch.Generator(),
     )
-    for arm, prompt, gen in zip(arms, prompts, result.generations):
-        alone = tiny_decode(
-            target,
-            row_pool,
-            arm,
-            prompt,
-            max_new_tokens=spec.limits.max_new_tokens,
-            draft_length=spec.limits.draft_length,
-            eos_ids=spec.eos_ids,
-        )
-        assert gen.tokens == alone.tokens, arm
-        assert [(r.drafted, r.accepted) for r in gen.rounds] == [
-            (r.drafted, r.accepted) for r in alone.rounds
-        ], arm
+    _rounds_as_alone(target, row_pool, arms, prompts, result, tiny_decode, spec)
 
 
 @pytest.mark.parametrize("pooling", ["mean", "last"])
@@ -319,20 +321,7 @@ def test_draft_heads_draft_each_row_as_they_draft_alone(tiny_llama_target, row_p
     result = decode_batch(
         BatchedLM(target.model, target.vocab_size), [pool[a] for a in arms], prompts, spec, torch.Generator()
     )
-    for arm, prompt, gen in zip(arms, prompts, result.generations):
-        alone = tiny_decode(
-            target,
-            pool,
-            arm,
-            prompt,
-            max_new_tokens=spec.limits.max_new_tokens,
-            draft_length=spec.limits.draft_length,
-            eos_ids=spec.eos_ids,
-        )
-        assert gen.tokens == alone.tokens, arm
-        assert [(r.drafted, r.accepted) for r in gen.rounds] == [
-            (r.drafted, r.accepted) for r in alone.rounds
-        ], arm
+    _rounds_as_alone(target, pool, arms, prompts, result, tiny_decode, spec)
     assert (
         sum(r.accepted for g in result.generations[::2] for r in g.rounds) > 0
     )  # the heads' drafts were kept
@@ -376,14 +365,8 @@ def test_the_policy_chooses_each_rows_drafter_as_it_does_alone(
     )
     chosen = []
     for prompt, gen in zip(prompts, result.generations):
-        alone = tiny_decode(
-            target,
-            pool,
-            PolicySelector(list(pool), checkpoint=path),
-            prompt,
-            max_new_tokens=spec.limits.max_new_tokens,
-            draft_length=spec.limits.draft_length,
-            eos_ids=spec.eos_ids,
+        alone = _alone_gen(
+            target, pool, PolicySelector(list(pool), checkpoint=path), prompt, tiny_decode, spec
         )
         assert gen.tokens == alone.tokens
         assert [r.arm for r in gen.rounds] == [r.arm for r in alone.rounds]
