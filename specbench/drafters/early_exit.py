@@ -186,4 +186,4 @@ def build(
 
 
 # its drafter drafts the rows of a batch in one forward (ModelDrafter.for_rows; pipelines/batch_settings.py): chains
-build.batches = True
+build.batches = "chains"

@@ -108,7 +108,7 @@ def build(
 
 # its drafter drafts the rows of a batch in one forward (ModelDrafter.for_rows; pipelines/batch_settings.py): decoder-only
 # chains (a tree config is refused for batches)
-build.batches = True
+build.batches = "chains"
 
 
 def hub_fingerprint(model: str, module) -> str | None:

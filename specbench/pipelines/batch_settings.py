@@ -100,8 +100,8 @@ def _check_methods(cfg: DictConfig, size: int) -> None:
             if not _batches(drafters.get(name)):
                 raise SpecbenchError(
                     f"method '{spec}' cannot run at decoding.batch_size={size}: {why.format(name)} that does not "
-                    "draft per row of a batch yet (prompt lookup, the retrieval drafter and HF and small model "
-                    "drafters drafting chains do; heads and dynamic trees do not)",
+                    "draft per row of a batch yet (prompt lookup, the retrieval drafter, draft heads and HF, small "
+                    "and early-exit drafters do, as chains; dynamic draft trees and quantized drafters do not)",
                     f"drop '{spec}' from methods (or the drafter from the pool), or {FIX}",
                 )
 
@@ -136,13 +136,14 @@ def _check_selector(cfg: DictConfig, spec: str, size: int) -> None:
 
 
 def _batches(drafter) -> bool:
-    """Whether a drafter config's kind drafts per row of a batch (its builder's ``batches``), drafting chains."""
+    """Whether a drafter config's kind drafts per row of a batch (its builder's ``batches``: True, or ``"chains"`` for
+    kinds whose dynamic draft tree does not batch, so a config with a ``tree`` does not)."""
     target = drafter.get("_target_") if isinstance(drafter, dict) else None
     try:
-        kind = bool(target) and bool(getattr(get_object(str(target)), "batches", False))
+        kind = getattr(get_object(str(target)), "batches", False) if target else False
     except (ImportError, AttributeError, ValueError):
         return False
-    return kind and not drafter.get("tree")
+    return bool(kind) and not (kind == "chains" and drafter.get("tree"))
 
 
 def check_queries(size: int, queries: int) -> None:

@@ -297,15 +297,15 @@ def test_a_batch_records_each_rows_target_states_as_the_target_does(tiny_llama_t
         scored = target.score([5, 6], layers=layers).states
         for layer in layers:
             assert started.states[r][layer].shape[0] == len(prompt) - 1
-            assert torch.allclose(started.states[r][layer], pre[layer], atol=1e-5)
-            assert torch.allclose(lm.last_states[layer][r], scored[layer], atol=1e-5)
+            assert torch.allclose(started.states[r][layer], pre[layer], rtol=1e-4, atol=1e-4)
+            assert torch.allclose(lm.last_states[layer][r], scored[layer], rtol=1e-4, atol=1e-4)
 
 
 def test_draft_heads_draft_each_row_as_they_draft_alone(tiny_llama_target, row_pool, tiny_decode, tmp_path):
     """Two rows of an EAGLE head (a head a row, fed its row's own target states) beside prompt lookup and the
     autoregressive arm: every row's output, and each round's drafted and accepted tokens, equal its prompt alone."""
     from specbench.drafters import build_pool
-    from tests.integration.test_eagle import write_head
+    from tests.integration.test_eagle import PROMPTS, write_head
 
     target = tiny_llama_target
     head = write_head(tmp_path, target, "head")
@@ -317,7 +317,7 @@ def test_draft_heads_draft_each_row_as_they_draft_alone(tiny_llama_target, row_p
     }
     spec = _spec(target, draft_length=3)
     arms = ("eagle", "prompt_lookup", "eagle", "autoregressive")
-    prompts = _prompts(target, 4)
+    prompts = [target.tokenizer(t)["input_ids"] for t in (PROMPTS[0], TEXTS[1], PROMPTS[1], TEXTS[3])]
     result = decode_batch(
         BatchedLM(target.model, target.vocab_size), [pool[a] for a in arms], prompts, spec, torch.Generator()
     )
@@ -357,7 +357,9 @@ def test_the_policy_chooses_each_rows_drafter_as_it_does_alone(
     target = tiny_llama_target
     spec = _spec(target)
     pool = {a: row_pool[a] for a in ("autoregressive", "prompt_lookup", "scripted_2", "hf")}
-    path = _policy(tmp_path, target, list(pool), seed=3)
+    path = _policy(
+        tmp_path, target, list(pool), seed=18
+    )  # a seed whose policy sends the 4 prompts to 4 drafters
     prompts = _prompts(target, 4)
     players = [RowSelector(PolicySelector(list(pool), checkpoint=path), pool) for _ in prompts]
     result = decode_batch(

@@ -395,4 +395,4 @@ def build(
 
 # its drafter drafts per row of a batch (EagleDrafter.for_row: a head a row, fed the row's own target states;
 # pipelines/batch_settings.py): chains (a tree config is refused for batches)
-build.batches = True
+build.batches = "chains"

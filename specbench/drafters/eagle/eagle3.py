@@ -378,6 +378,6 @@ def build(
     return drafter
 
 
-build.batches = True  # a head a row in a batch, as the eagle kind (EagleDrafter.for_row)
+build.batches = "chains"  # a head a row in a batch, as the eagle kind (EagleDrafter.for_row)
 
 __all__ = ["Eagle3Drafter", "Eagle3Head", "Eagle3Layout", "build", "default_aux_layers", "load_eagle3"]
