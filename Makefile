@@ -319,7 +319,7 @@ draft-confidence: install
 
 # The CPU-scale reproduction (Huang et al. Tables 1, 4, 6 and Figs. 2, 3; MetaSD's main table, heads,
 # bandits, reward variance, convergence, full information, switching costs and a non-stationary stream; about
-# 85 minutes on 2 CPUs) with the shipped specialist heads, then the report: outputs/reproduce/report/REPORT.md.
+# 106 minutes on 2 CPUs, measured alone at commit 1251901) with the shipped specialist heads, then the report: outputs/reproduce/report/REPORT.md.
 # Speculative cascades are kept apart (conf/scale/cpu.yaml: apart): `make cascades-cpu` runs them into the same root. The plan is derived from the exhibits (specbench/reproduction/catalog.py).
 # Resumable: finished steps are skipped, an interrupted one resumes (specbench/reproduction/plan.py). A step run
 # with other settings or with shipped heads rebuilt since is refused; REDO=1 (--redo) runs such steps again.
