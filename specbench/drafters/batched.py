@@ -26,6 +26,7 @@ from specbench.decoding.drafter import Draft, Drafter, draft_ends
 from specbench.decoding.sampling import SamplingParams, logits_to_probs, pick
 from specbench.errors import SpecbenchError
 from specbench.models.batched import BatchedLM
+from specbench.models.cache import common_prefix
 
 if TYPE_CHECKING:
     from specbench.drafters.base import ModelDrafter
@@ -80,7 +81,9 @@ class ModelRows:
         lengths = self.lm.n.tolist()
         for v, toks in zip(views, tokens):
             r = at[id(v)]
-            match = min(_common(v.seen, toks), len(toks) - 1)  # at least the last committed token is fed
+            match = min(
+                common_prefix(v.seen, toks), len(toks) - 1
+            )  # at least the last committed token is fed
             lengths[r], v.seen = match, v.seen[:match]
             inputs[r] = list(toks[match:])
         self.lm.rewind(lengths)
@@ -110,15 +113,6 @@ class ModelRows:
 
 def _draft(tokens: list[int], rows: list[torch.Tensor], raw: list[torch.Tensor]) -> Draft:
     return Draft(tokens, torch.stack(rows) if rows else None, raw=torch.stack(raw) if raw else None)
-
-
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class ModelRow(Drafter):

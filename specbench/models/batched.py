@@ -201,7 +201,8 @@ class BatchedLM:
         self, ids: torch.Tensor, positions: torch.Tensor, past_valid: torch.Tensor, past: int, hidden=False
     ):
         """Append ``ids`` ``[rows, q]`` at ``positions``; each new slot sees the row's valid past slots, the new slots
-        before it, and itself. Float32 logits, and with ``hidden`` the final hidden states beside them."""
+        before it, and itself. Float32 logits, and with ``hidden`` every layer's hidden states beside them (``[0]`` the
+        embeddings, ``[-1]`` the final states)."""
         rows, q = ids.shape
         new = torch.ones(q, q, dtype=torch.bool, device=self.device).tril()
         if past:

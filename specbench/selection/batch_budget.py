@@ -172,7 +172,11 @@ class BatchBudget:
         at or below its ``ceiling`` position by position, and the cap's seconds do not depend on them, so when no
         cap beats 0 under the ceilings, ``plan`` chooses 0 under the drafts themselves: not drafting this round
         changes no decision."""
-        ceilings = [self.ceiling(name, k, scored) for name, k, scored in rows]
+        made: dict[tuple, list[float]] = {}  # rows of one drafter and draft length share a ceiling
+        for row in map(tuple, rows):
+            if row not in made:
+                made[row] = self.ceiling(*row)
+        ceilings = [made[tuple(row)] for row in rows]
         return best_cap(ceilings, lambda q: self.costs(len(rows), q))[0] > 0
 
     def plan(self, drafts: Sequence[tuple[str, Draft]]) -> tuple[int, list[float], float]:
