@@ -130,7 +130,9 @@ def stand_in_drafters(cfg) -> None:
                 for k in ("retrieval", "lookup", "fallback")
                 if option.get(k) and str(option[k]) not in arms
             }
-            if "costs" in option:  # a cost-model budget: given costs, no clock (as the selector method's above)
+            if (
+                "costs" in option
+            ):  # a cost-model budget: given costs, no clock (as the selector method's above)
                 own["costs"] = {"verify": [0.01, 0.001], "draft": {a: 0.002 for a in arms}}
             if own:
                 cfg.selector_overrides = {**(cfg.get("selector_overrides") or {}), m[9:]: own}
