@@ -20,7 +20,9 @@ the heads' layers). Greedy rows record their deciders (``certify``); sampled row
 A row drafts with one drafter for its whole generation, or (a ``RowSelector``) chooses its drafter each round with its
 own selector over the pool: one state a row, as a row is a query (each row's selector is reset when the row starts
 and updated with the row's own feedback after each round, as the single-query loop updates it); a row's selector
-must choose one arm a round (a tree, a plan or a route is refused: the batch verifies chains). A selector that
+chooses one arm a round, or a route between two (the router: its first drafter's draft plays when its match is long
+enough, else the other drafter drafts instead, resolved by the loop's own ``round_members``); a tree or a plan is
+refused (the batch verifies one chain a row). A selector that
 chooses by the query's embedding (the policy) gets its row's prompt embedding, pooled off the batch's own prefill
 (``BatchedLM.start``), before its reset, as the single-query loop gives it the prefill's.
 
@@ -49,13 +51,14 @@ import torch
 from specbench.decoding.certify import deciders
 from specbench.decoding.drafter import DecodeContext, Draft, Drafter, keep_tokens
 from specbench.decoding.loop import DecodeSpec, Generation
+from specbench.decoding.rounds import round_members
 from specbench.decoding.sampling import logits_to_probs
 from specbench.decoding.tree import chain_outcomes
 from specbench.decoding.verify import block_divergence, verify_greedy, verify_sampling
 from specbench.errors import SpecbenchError
 from specbench.models.batched import BatchedLM
 from specbench.records import Round
-from specbench.selection.base import Selector, feedback_of
+from specbench.selection.base import Route, Selector, feedback_of
 
 if TYPE_CHECKING:
     from specbench.selection.batch_budget import BatchBudget
@@ -88,6 +91,7 @@ class _Row:
     query: DecodeContext
     gen: Generation  # deciders: a list for greedy rows (certify), None for sampled ones
     selector: Selector | None = None
+    route: Route | None = None  # this round's route (a router's choice), resolved as the row drafts
 
     @property
     def drafter(self) -> Drafter:
@@ -113,10 +117,15 @@ class _Row:
         self.selector.reset()
 
     def choose(self) -> None:
-        """This round's arm: the row's selector's choice (one arm), or its one drafter."""
+        """This round's arm: the row's selector's choice (one arm, or a route between two, resolved as the row
+        drafts: ``_route``), or its one drafter."""
         if self.selector is None:
             return
         arm = self.selector.select()
+        self.route = arm if isinstance(arm, Route) and isinstance(arm.then, str) else None
+        if self.route is not None and {arm.first, arm.then} <= set(self.pool):
+            self.arm = arm.first
+            return
         if not isinstance(arm, str) or arm not in self.pool:
             raise _one_arm(self.selector, repr(arm), self.pool)
         self.arm = arm
@@ -157,12 +166,12 @@ def _pools(
 ) -> list[dict[str, Drafter]]:
     """Each row's own copies of the drafters it may play, in its pool's order: every drafter is asked once for all
     the rows that may play it (``Drafter.for_rows``), so one that drafts many rows in one forward shares that forward
-    among them. A row selector that builds trees or routes is refused first."""
+    among them. A row selector that builds token trees is refused first."""
     named = []
     for player in players:
         if isinstance(player, RowSelector):
-            if getattr(player.selector, "trees", False) or getattr(player.selector, "routes", False):
-                raise _one_arm(player.selector, "token trees or routes", player.pool)
+            if getattr(player.selector, "trees", False):
+                raise _one_arm(player.selector, "token trees", player.pool)
             named.append(list(player.pool.items()))
         else:
             named.append([(player.name, player)])
@@ -223,6 +232,12 @@ def decode_batch(
         raise ValueError(
             f"{len(prompts)} prompts and {len(drafters)} drafters: one drafter a prompt, at least one"
         )
+    if budget is not None and any(
+        isinstance(d, RowSelector) and getattr(d.selector, "routes", False) for d in drafters
+    ):
+        raise ValueError(
+            "the batch budget bounds each row's drafter before it drafts: no routes under a budget"
+        )
     check_batchable(spec)
     clock = spec.clock
     rows = [_Row.make(p, d, pool, spec) for p, d, pool in zip(prompts, drafters, _pools(drafters, prompts))]
@@ -281,7 +296,9 @@ def _drafts(active: list[_Row], spec: DecodeSpec, rng: torch.Generator, budget: 
         return made, asked, seconds
     together: dict[int, list[int]] = {}
     for i, (row, k) in enumerate(zip(active, asked)):
-        if k > 0 and row.drafter.shared_rows is not None:
+        if row.route is not None:
+            made[i], asked[i], seconds[i] = _route(row, spec, rng)
+        elif k > 0 and row.drafter.shared_rows is not None:
             together.setdefault(id(row.drafter.shared_rows), []).append(i)
         elif k > 0:
             made[i], seconds[i] = _draft(row, k, spec, rng)
@@ -313,12 +330,52 @@ def _asked(row: _Row, spec: DecodeSpec) -> int:
 
 def _draft(row: _Row, k: int, spec: DecodeSpec, rng: torch.Generator) -> tuple[Draft, float]:
     """The row's draft of at most ``k`` tokens this round (a chain: a tree's first path) and its seconds."""
+    made, seconds = _proposed(row, k, spec, rng)
+    return _chain(made, k), seconds
+
+
+def _proposed(row: _Row, k: int, spec: DecodeSpec, rng: torch.Generator) -> tuple[Draft, float]:
+    """The row's drafter synced and its draft of ``k`` tokens as it made it (a tree stays a tree), with its seconds."""
     clock = spec.clock
     t0 = clock.now()
     row.drafter.sync(row.query, row.tokens)
-    made = row.drafter.propose(row.tokens, k, spec.sampling, rng, spec.eos_ids)
+    made = row.drafter.propose(row.tokens, k, spec.sampling, rng, spec.eos_ids) if k > 0 else Draft([], None)
+    return made, clock.now() - t0
+
+
+def _chain(made: Draft, k: int) -> Draft:
     chain = first_path(made)
-    return keep_tokens(chain, range(min(k, len(chain.tokens)))), clock.now() - t0
+    return keep_tokens(chain, range(min(k, len(chain.tokens))))
+
+
+@dataclass(frozen=True)
+class _Made:
+    draft: Draft  # as the drafter made it
+    k: int
+    seconds: float
+
+
+def _route(row: _Row, spec: DecodeSpec, rng: torch.Generator) -> tuple[Draft, int, float]:
+    """A routed row's round, resolved as the single-query loop resolves it (``round_members``): the route's first
+    drafter drafts, and its draft plays when its match (and expected tokens, with ``min_expected``) is long enough,
+    else the route's other drafter drafts instead; the row's arm is the one that plays. Its chain, its length limit
+    and the seconds of both drafts (a draft routed away still took its time)."""
+
+    def draft_with(name: str) -> _Made:
+        row.arm = name
+        k = _asked(row, spec)
+        made, seconds = _proposed(row, k, spec, rng)
+        return _Made(made, k, seconds)
+
+    members, made, unused = round_members(
+        row.route,
+        draft_with,
+        lambda d, n: bool(d.draft.tokens) and (d.draft.match or 0) >= n,
+        type(row.selector).__name__,
+    )
+    row.arm = members[0]
+    played = made[row.arm]
+    return _chain(played.draft, played.k), played.k, played.seconds + (unused.seconds if unused else 0.0)
 
 
 def _cap(active: list[_Row], made: Sequence[Draft], budget: BatchBudget | None):

@@ -7,7 +7,9 @@ round appends the same number of slots to every row (the longest input, shorter 
 earlier position attends); ``keep`` then marks which of them each row keeps (its last committed token and its
 accepted draft), so nothing is cropped: a rejected draft's slots stay in the tensor, masked, until ``compact`` moves
 every row's valid slots together (gpt-fast keeps a static cache the same way, writing by position and masking stale
-slots). A row that finishes leaves the batch (``drop``). Each row computes what it would alone, to the rounding of a
+slots). A row that finishes leaves the batch (``drop``). The prefill runs rows of similar prompt lengths together
+(``prefill_groups``) and lays their caches side by side, so a short question beside a long document is not padded to
+the document's length in the prefill's forward. Each row computes what it would alone, to the rounding of a
 batched matrix product.
 
 The attention mask is 4D and additive (``cache.mask_arguments``' convention, one per row), which eager and SDPA
@@ -38,6 +40,7 @@ class Started:
 PAD = 0  # the id fed at padded positions (never attended by a valid position: any id will do)
 COMPACT_AT = 0.25  # compact when more than this share of the slots is masked (and at least MIN_WASTE slots)
 MIN_WASTE = 16
+PREFILL_WASTE = 0.25  # the most of a prefill group's slots that may be padding (``prefill_groups``)
 
 
 class BatchedLM:
@@ -81,46 +84,61 @@ class BatchedLM:
         """A new batch: cache every token of each sequence but its last (fed by the first ``score``), left-padded.
         With ``pooling``, each row's prompt embedding too (``Target.prefill``'s, read off the same forward: every
         token is fed, then the last one's slot is masked, as the first ``score`` feeds it again); with ``layers``,
-        each row's states at its cached positions (``Target.prefill``'s ``states``)."""
+        each row's states at its cached positions (``Target.prefill``'s ``states``).
+
+        Rows of similar lengths are prefilled together (``prefill_groups``: at most ``PREFILL_WASTE`` of a group's
+        slots padding), then their caches are laid side by side, left-padded to the longest: a batch of short
+        questions and long documents does not pay the longest prompt's forward for every row."""
         if any(len(s) < 1 for s in sequences):
             raise ValueError("every sequence needs at least one token")
         check_pooling(pooling)
-        self.cache = DynamicCache()
         heads = [list(s) if pooling else list(s[:-1]) for s in sequences]
-        width = max((len(h) for h in heads), default=0)
-        rows = len(sequences)
+        width, rows = max((len(h) for h in heads), default=0), len(sequences)
         self.valid = torch.zeros(rows, width, dtype=torch.bool, device=self.device)
         for r, h in enumerate(heads):
             self.valid[r, width - len(h) :] = True
         self.n = torch.tensor([len(h) for h in heads], dtype=torch.long, device=self.device)
         self._pending = 0
         self.last_states = {}
-        if width == 0:
-            # every prompt one token (no pooling: it feeds them all): nothing cached, no states at cached positions
-            none = torch.zeros(0, int(self.model.config.hidden_size), device=self.device)
-            return Started(
-                None, [{int(layer): none for layer in layers} for _ in range(rows)] if layers else None
-            )
-        ids = torch.tensor([[PAD] * (width - len(h)) + h for h in heads], device=self.device)
-        positions = (self.valid.long().cumsum(dim=1) - 1).clamp(min=0)
-        out = self._forward(ids, positions, self.valid.clone(), past=0, hidden=bool(pooling or layers))
-        if not (pooling or layers):
-            return Started(None, None)
-        hidden = out[1]
-        mine = [slice(width - len(h), width - len(h) + len(s) - 1) for h, s in zip(heads, sequences)]
-        pooled = (
-            [pool_states(hidden[-1][r, width - len(h) :], pooling) for r, h in enumerate(heads)]
-            if pooling
-            else None
-        )
-        states = (
-            [{int(layer): hidden[layer][r, mine[r]] for layer in layers} for r in range(rows)]
-            if layers
-            else None
-        )
+        none = torch.zeros(0, int(self.model.config.hidden_size), device=self.device)
+        pooled: list = [None] * rows
+        states = [
+            {int(layer): none for layer in layers} for _ in range(rows)
+        ]  # a row with nothing cached: none
+        if width == 0:  # every prompt one token (no pooling: it feeds them all): nothing cached
+            self.cache = DynamicCache()
+            return Started(None, states if layers else None)
+        caches = []
+        for group in prefill_groups([len(h) for h in heads], PREFILL_WASTE):
+            hidden = self._prefill([heads[r] for r in group], bool(pooling or layers))
+            caches.append((group, self.cache))
+            for j, r in enumerate(group):
+                if hidden is None:
+                    continue
+                mine = [
+                    x[j, x.shape[1] - len(heads[r]) :] for x in hidden
+                ]  # every layer at the row's own slots
+                if pooling:
+                    pooled[r] = pool_states(mine[-1], pooling)
+                if layers:
+                    states[r] = {int(layer): mine[layer][: len(sequences[r]) - 1] for layer in layers}
+        self.cache = _side_by_side(caches, rows, width)
         if pooling:
             self.rewind([len(h) - 1 for h in heads])
-        return Started(pooled, states)
+        return Started(pooled if pooling else None, states if layers else None)
+
+    def _prefill(self, heads: list[list[int]], hidden: bool):
+        """One forward over ``heads`` (left-padded to the longest) into a fresh cache (``self.cache``): every layer's
+        hidden states ``[rows, width, H]`` with ``hidden``, else None."""
+        width = max(len(h) for h in heads)
+        valid = torch.zeros(len(heads), width, dtype=torch.bool, device=self.device)
+        for r, h in enumerate(heads):
+            valid[r, width - len(h) :] = True
+        ids = torch.tensor([[PAD] * (width - len(h)) + h for h in heads], device=self.device)
+        positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)
+        self.cache = DynamicCache()
+        out = self._forward(ids, positions, valid, past=0, hidden=hidden)
+        return out[1] if hidden else None
 
     @torch.inference_mode()
     def score(self, inputs: list[list[int]], layers: tuple[int, ...] = ()) -> torch.Tensor:
@@ -226,6 +244,41 @@ class BatchedLM:
         if self.vocab_size is not None and logits.shape[-1] != self.vocab_size:
             logits = fit_vocab(logits, self.vocab_size)
         return (logits.float(), out.hidden_states) if hidden else logits.float()
+
+
+def prefill_groups(lengths: list[int], waste: float) -> list[list[int]]:
+    """The rows (indices into ``lengths``) prefilled together: sorted by length, each group grown while at most
+    ``waste`` of its slots (rows x its longest length) would be padding; empty rows (nothing to cache) are left out.
+    ``waste`` 0 groups only equal lengths, a large one puts every row in one group."""
+    groups: list[list[int]] = []
+    total = 0  # the tokens of the last group
+    for r in sorted((r for r, n in enumerate(lengths) if n > 0), key=lambda r: lengths[r]):
+        n = lengths[r]
+        grown = (len(groups[-1]) + 1) * n if groups else 0  # its slots with row r, the longest so far
+        if groups and grown - (total + n) <= waste * grown:
+            groups[-1].append(r)
+            total += n
+        else:
+            groups.append([r])
+            total = n
+    return groups
+
+
+def _side_by_side(caches: list[tuple[list[int], DynamicCache]], rows: int, width: int) -> DynamicCache:
+    """One cache of ``rows`` rows and ``width`` slots from the groups' caches (``(rows of the batch, cache)``), each
+    group's slots right-aligned, the slots left of them zero (masked by ``valid``); a row in no group keeps zeros."""
+    merged = caches[0][1]
+    for i, layer in enumerate(_layers(merged)):
+        parts = [(group, _layers(cache)[i]) for group, cache in caches]
+        first = parts[0][1]
+        keys = first.keys.new_zeros(rows, first.keys.shape[1], width, first.keys.shape[3])
+        values = first.values.new_zeros(rows, first.values.shape[1], width, first.values.shape[3])
+        for group, part in parts:
+            at = torch.tensor(group, dtype=torch.long, device=keys.device)
+            keys[at, :, width - part.keys.shape[2] :] = part.keys
+            values[at, :, width - part.values.shape[2] :] = part.values
+        layer.keys, layer.values = keys, values
+    return merged
 
 
 def _layers(cache):

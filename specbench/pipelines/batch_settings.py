@@ -108,8 +108,9 @@ def _check_methods(cfg: DictConfig, size: int) -> None:
 
 def _check_selector(cfg: DictConfig, spec: str, size: int) -> None:
     """A selector method batches when its selector chooses one drafter a round from what the row itself saw (its
-    own rounds, or its prompt's embedding: the policy): no token trees, plans or routes, no side observations, no
-    statistics carried across queries (a batch's rows decode together, not one after another)."""
+    own rounds, or its prompt's embedding: the policy; a router's route between two drafters is one drafter a round
+    too): no token trees or plans, no side observations, no statistics carried across queries (a batch's rows decode
+    together, not one after another)."""
     from specbench.configs import load_option
 
     scfg = cfg.get("selector") if spec == "selector" else load_option("selector", spec.split(":", 1)[1])
@@ -120,8 +121,8 @@ def _check_selector(cfg: DictConfig, spec: str, size: int) -> None:
     except (ImportError, AttributeError, ValueError):
         return  # an unknown class is named by the method check
     reason = (
-        "it builds token trees, plans or routes (a batch verifies one chain a row)"
-        if getattr(cls, "trees", False) or getattr(cls, "routes", False)
+        "it builds token trees or plans (a batch verifies one chain a row)"
+        if getattr(cls, "trees", False) or (getattr(cls, "routes", False) and scfg.get("tree"))
         else "it learns from side observations (full_information)"
         if scfg.get("full_information")
         else "it carries statistics across queries (carry_over), and a batch's rows decode together"

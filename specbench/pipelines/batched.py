@@ -12,8 +12,10 @@ carry across the run's batches and start again when a run resumes); and ``hf:gen
 on the same left-padded batch (plain greedy only, the target's generation config pinned as ``specbench bench`` pins
 it), timed the same way (its records keep no deciders, so its forks are not certified: the page compares its outputs
 with batch 1's); and selector methods whose selector chooses one drafter a round over a pool of such drafters, each
-row with a fresh selector of the method (a row is a query). Trees, routes, the cost-model budget, the policy and model
-drafters are the next part of issue 57.
+row with a fresh selector of the method (a row is a query), the policy included (each row's prompt embedding pooled off
+the batch's prefill). Model drafters (HF, the small drafter, the early exit) batch their rows in one drafter forward a
+draft position; draft heads draft a row each, fed its row's target states. Token trees, routes and the cost-model
+budget's plans are refused: a batch verifies one chain a row.
 
 Records: one example record a query as always, its ``seconds`` the batch's wall time apportioned by new tokens
 (``batch seconds * its tokens / the batch's tokens``), so a method's total seconds is the sum of its batches' and the

@@ -11,7 +11,11 @@ certifies each against its own autoregressive method), and the ratio to Hugging 
 (``hf:generate``) where the run has it. Then, for the batch budget's methods (``goodput:<drafter>``), from the runs'
 ``rounds.jsonl``: the draft tokens a row verified a round against what its drafter offered, the share of rounds it
 verified none, and its calibration: accepted tokens over the tokens it expected, and measured over predicted seconds
-of the forwards.
+of the forwards. Last, per batch of each batched run (``batches.jsonl``, in the order the methods ran): where its wall
+time went, the target forwards' seconds (its rounds' ``t_verify``), drafting's, and the rest (the prefill and each
+round's bookkeeping), beside its forwards and the draft tokens it verified: two methods that did the same work (the
+same forwards, no draft token verified) show how much the same work's time moves from one slot of the process to
+the next.
 
     python -m specbench.reproduction.batch_throughput outputs/batch_cpu/b1 outputs/batch_cpu/b4 ... --out PAGE.md
 """
@@ -29,7 +33,7 @@ from specbench.arms import AUTOREGRESSIVE, GOODPUT, HF_GENERATE
 from specbench.errors import SpecbenchError
 from specbench.files import atomic_write_text
 from specbench.pipelines.tables import to_markdown
-from specbench.records import CONFIG, EXAMPLES, ROUNDS, read_jsonl
+from specbench.records import BATCHES, CONFIG, EXAMPLES, ROUNDS, read_jsonl
 
 
 def run_table(run: Path) -> pd.DataFrame:
@@ -112,6 +116,39 @@ def budget_table(runs: list[Path]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def batch_times(runs: list[Path]) -> pd.DataFrame:
+    """Per batched run, batch and method, in the order they ran: the slot it ran in, wall seconds, forward seconds,
+    drafting seconds, the rest, target forwards, draft tokens verified and new tokens."""
+    rows = []
+    for run in map(Path, runs):
+        if not (run / BATCHES).is_file() or not (run / ROUNDS).is_file():
+            continue
+        size = int(OmegaConf.select(OmegaConf.load(run / CONFIG), "decoding.batch_size", default=1) or 1)
+        r = pd.DataFrame(list(read_jsonl(run / ROUNDS)))
+        slots: dict[int, int] = {}
+        for b in read_jsonl(run / BATCHES):
+            mine = r[(r.method == b["method"]) & r.query_id.isin(b["query_ids"])]
+            forward = float(mine.t_verify.sum())
+            drafting = float((mine.t_draft + mine.t_select + mine.t_switch).sum())
+            slots[b["batch"]] = slots.get(b["batch"], 0) + 1
+            rows.append(
+                {
+                    "batch size": size,
+                    "batch": b["batch"],
+                    "slot": slots[b["batch"]],
+                    "method": b["method"],
+                    "seconds": float(b["seconds"]),
+                    "forward seconds": forward,
+                    "drafting seconds": drafting,
+                    "the rest": float(b["seconds"]) - forward - drafting,
+                    "forwards": int(b["forwards"]),
+                    "draft tokens verified": int(mine.drafted.sum()),
+                    "new tokens": int(b["new_tokens"]),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
 def plot(t: pd.DataFrame, path: Path) -> None:
     import matplotlib
 
@@ -153,6 +190,7 @@ def write(runs: list[Path], out: Path) -> Path:
         "",
         *picture,
         *budget_lines(runs),
+        *batch_lines(runs),
     ]
     atomic_write_text(out, "\n".join(lines))
     t.to_csv(out.with_suffix(".csv"), index=False)
@@ -183,6 +221,24 @@ def budget_lines(runs: list[Path]) -> list[str]:
         "seconds of the forwards (each row's share).",
         "",
         to_markdown(b, floatfmt=".3f"),
+        "",
+    ]
+
+
+def batch_lines(runs: list[Path]) -> list[str]:
+    b = batch_times(runs)
+    if b.empty:
+        return []
+    return [
+        "",
+        "## Where each batch's time went",
+        "",
+        "Per batch and method, in the order they ran (`slot`): wall seconds, the target forwards' seconds (the "
+        "rounds' `t_verify`), drafting's (`t_draft`, `t_select`, `t_switch`), and the rest (the prefill and each "
+        "round's bookkeeping); `hf:generate` keeps no rounds, so all its time is the rest. Two methods with the same "
+        "forwards and no draft token verified did the same work.",
+        "",
+        to_markdown(b, floatfmt=".2f"),
         "",
     ]
 

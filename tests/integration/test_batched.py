@@ -1,10 +1,10 @@
 """Batched speculative decoding (``decoding/batch.py``, ``models/batched.py``) on the tiny Llama in fp32: every row's
 greedy output equals the same prompt decoded alone (``decode``), at batch 2 and 4, with rows of different prompt
 lengths, different drafters (prompt lookup, the retrieval drafter, the autoregressive arm) and different accepted
-lengths; a finished row leaves the others unchanged; the cache's compaction changes no output; what cannot batch yet
-is refused before any forward, naming the fix; each row may choose its drafter every round with its own selector; the
-batch budget's cut drafts leave every row's output unchanged,
-cutting nothing where tokens are free and everything where each costs a step."""
+lengths; a finished row leaves the others unchanged; the cache's compaction, and a prefill in length groups, change
+no output; what cannot batch yet is refused before any forward, naming the fix; each row may choose its drafter every
+round with its own selector (a router routes each row's round as it routes alone); the batch budget's cut drafts leave every row's output unchanged, cutting nothing where
+tokens are free and everything where each costs a step."""
 
 from __future__ import annotations
 
@@ -187,6 +187,52 @@ def test_compaction_changes_no_output(tiny_llama_target, row_pool, monkeypatch):
     monkeypatch.setattr(batched, "MIN_WASTE", 10**9)
     never = decode_batch(BatchedLM(target.model, target.vocab_size), drafters, prompts, spec, rng)
     assert [g.tokens for g in often.generations] == [g.tokens for g in never.generations]
+
+
+def test_prefill_groups_bound_each_groups_padding_and_cover_every_row():
+    """Rows of similar lengths share a prefill; each group's padding is at most the waste allowed; every row with
+    something to cache is in exactly one group."""
+    assert batched.prefill_groups([5, 5, 5], 0.0) == [[0, 1, 2]]
+    assert batched.prefill_groups([3, 100, 4, 98], 0.25) == [[0, 2], [3, 1]]
+    assert batched.prefill_groups([2, 0, 2, 3], 0.0) == [[0, 2], [3]]
+    assert batched.prefill_groups([7, 300, 12], 10.0) == [[0, 2, 1]]
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        lengths = torch.randint(
+            0, 60, (int(torch.randint(1, 20, (1,), generator=gen)),), generator=gen
+        ).tolist()
+        waste = float(torch.rand(1, generator=gen)) * 0.6
+        groups = batched.prefill_groups(lengths, waste)
+        assert sorted(r for g in groups for r in g) == [r for r, n in enumerate(lengths) if n > 0]
+        for g in groups:
+            slots = len(g) * max(lengths[r] for r in g)
+            assert slots - sum(lengths[r] for r in g) <= waste * slots + 1e-9
+
+
+@pytest.mark.parametrize("pooling", [None, "mean"])
+def test_a_prefill_in_groups_scores_as_one_padded_prefill(tiny_llama_target, monkeypatch, pooling):
+    """The same prompts prefilled one length group a row and in one padded forward: equal embeddings, equal states at
+    every cached position, equal logits and states at the next round."""
+    target = tiny_llama_target
+    layers = (1, int(target.config.num_hidden_layers))
+    prompts = _prompts(target, 4)
+    runs = []
+    for waste in (0.0, 10.0):
+        monkeypatch.setattr(batched, "PREFILL_WASTE", waste)
+        lm = BatchedLM(target.model, target.vocab_size)
+        started = lm.start(prompts, pooling, layers)
+        logits = lm.score([p[-1:] + [5, 6] for p in prompts], layers)
+        runs.append((started, logits, lm.last_states, lm.slots))
+    (grouped, logits, last, slots), (padded, logits_one, last_one, slots_one) = runs
+    assert len(batched.prefill_groups([len(p) - 1 for p in prompts], 0.0)) > 1  # several groups, really
+    assert slots == slots_one
+    assert torch.allclose(logits, logits_one, atol=1e-5)
+    for r in range(len(prompts)):
+        if pooling:
+            assert torch.allclose(grouped.embeddings[r], padded.embeddings[r], atol=1e-5)
+        for layer in layers:
+            assert torch.allclose(grouped.states[r][layer], padded.states[r][layer], rtol=1e-4, atol=1e-4)
+            assert torch.allclose(last[layer][r], last_one[layer][r], rtol=1e-4, atol=1e-4)
 
 
 def test_what_cannot_batch_yet_is_refused_before_any_forward(
@@ -493,6 +539,36 @@ def test_each_row_chooses_its_drafter_with_its_own_selector(tiny_llama_target, r
         assert len(set(arms)) > 1 and sum(r.switched for r in gen.rounds) > 0
         assert sum(player.selector.counts) == len(gen.rounds)  # one update a round of this row
         assert [r.switched for r in gen.rounds] == [i > 0 and a != arms[i - 1] for i, a in enumerate(arms)]
+
+
+def test_each_row_routes_as_its_router_routes_alone(tiny_llama_target, row_pool, tiny_decode):
+    """Per-row routing: four rows, each with its own router (prompt lookup's draft when it matched two tokens, else a
+    UCB's fallback among the scripted drafters and the autoregressive arm); every row's output, and each round's arm,
+    drafted and accepted tokens, equal its prompt decoded alone by a router of its own; both the lookup's and the
+    fallbacks' drafts played."""
+    from specbench.selection import Router
+
+    target = tiny_llama_target
+    spec = _spec(target, draft_length=4)
+    pool = {a: row_pool[a] for a in ("autoregressive", "prompt_lookup", "scripted_2", "scripted_5")}
+    prompts = _prompts(target, 4)
+
+    def router():
+        return Router(list(pool), lookup="prompt_lookup", min_match=2)
+
+    players = [RowSelector(router(), pool) for _ in prompts]
+    result = decode_batch(
+        BatchedLM(target.model, target.vocab_size), players, prompts, spec, torch.Generator().manual_seed(0)
+    )
+    played = set()
+    for prompt, gen in zip(prompts, result.generations):
+        alone = _alone_gen(target, pool, router(), prompt, tiny_decode, spec)
+        assert gen.tokens == alone.tokens
+        assert [(r.arm, r.drafted, r.accepted) for r in gen.rounds] == [
+            (r.arm, r.drafted, r.accepted) for r in alone.rounds
+        ]
+        played |= {r.arm for r in gen.rounds}
+    assert "prompt_lookup" in played and played & {"scripted_2", "scripted_5", "autoregressive"}
 
 
 def test_a_row_selector_that_builds_trees_is_refused(tiny_llama_target, row_pool):

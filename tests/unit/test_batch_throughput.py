@@ -1,6 +1,7 @@
 """The throughput page's table on synthetic runs: tokens per second are total tokens over total seconds, each method
 against autoregressive decoding at its own batch size and at batch 1, and the share of outputs equal to batch 1's
-autoregressive output; a directory without records is refused naming the fix."""
+autoregressive output; each batch's wall time split into forwards, drafting and the rest; a directory without records
+is refused naming the fix."""
 
 from __future__ import annotations
 
@@ -66,3 +67,46 @@ def test_the_page_names_the_code_each_run_came_from(tmp_path):
     provenance.record(four, {"commit": "a" * 40, "dirty": False, "packages": {}})
     four_only = T.write([four], tmp_path / "again.md").read_text()
     assert "**Mixed code**" in four_only  # a run resumed at another commit says so
+
+
+def _jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_each_batchs_time_is_split_into_forwards_drafting_and_the_rest(tmp_path):
+    four = _run(
+        tmp_path / "b4",
+        4,
+        [("a", "autoregressive", 2, 1.0, [1, 2]), ("b", "autoregressive", 1, 0.5, [3]),
+         ("a", "fixed:pl", 2, 1.0, [1, 2]), ("b", "fixed:pl", 1, 0.5, [3])],
+    )  # fmt: skip
+    batch = {"batch": 0, "query_ids": ["a", "b"], "new_tokens": 3}
+    _jsonl(
+        four / "batches.jsonl",  # in the order they ran
+        [
+            {"method": "fixed:pl", "seconds": 2.0, "forwards": 1, **batch},
+            {"method": "autoregressive", "seconds": 1.5, "forwards": 2, **batch},
+        ],
+    )
+    zero = {"t_select": 0.0, "t_switch": 0.0}
+    _jsonl(
+        four / "rounds.jsonl",
+        [
+            {"query_id": q, "method": m, "t_verify": v, "t_draft": d, "drafted": n, **zero}
+            for q, m, v, d, n in [
+                ("a", "autoregressive", 0.25, 0.0, 0),
+                ("b", "autoregressive", 0.25, 0.0, 0),
+                ("a", "autoregressive", 0.5, 0.0, 0),
+                ("a", "fixed:pl", 0.5, 0.125, 3),
+                ("b", "fixed:pl", 0.5, 0.125, 0),
+            ]
+        ],
+    )
+    b = T.batch_times([four]).set_index("method")
+    assert b.loc["fixed:pl", "slot"] == 1 and b.loc["autoregressive", "slot"] == 2
+    assert b.loc["autoregressive", "forward seconds"] == pytest.approx(1.0)
+    assert b.loc["autoregressive", "the rest"] == pytest.approx(0.5)
+    assert b.loc["fixed:pl", "drafting seconds"] == pytest.approx(0.25)
+    assert b.loc["fixed:pl", "the rest"] == pytest.approx(0.75)
+    assert b.loc["fixed:pl", "draft tokens verified"] == 3 and b.loc["fixed:pl", "forwards"] == 1
+    assert "Where each batch's time went" in T.write([four], tmp_path / "page.md").read_text()
