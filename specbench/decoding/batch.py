@@ -1,18 +1,19 @@
-"""Batched speculative decoding (issue 57, first part): several queries, each with its own drafter, verified in one
-target forward per round.
+"""Batched speculative decoding (issue 57): several queries, each with its own drafter, verified in one target
+forward per round.
 
 Each round, every row still generating drafts on its own (its drafter's per-row copy, ``Drafter.for_row``, synced
-with the row's committed tokens), then one forward of the target over every row's ``[last committed token, *draft]``
-(``models/batched.py``: rows of different lengths, each at its own positions), then each row's verdict, by the same
+with the row's committed tokens; ``batch_drafts.py``), then one forward of the target over every row's ``[last
+committed token, *draft]`` (``models/batched.py``: rows of different lengths, each at its own positions; a tree row's
+nodes each at its depth, seeing its ancestors), then each row's verdict, by the same
 pure functions as a row decoded alone (``decode``): greedy, the accepted prefix plus the target's token; sampling,
 speculative sampling against the row's own processed target distributions (``verify_sampling``), its draws from the
 batch's generator row after row, so each row's law is the target's. The cache keeps each row's accepted slots. A row
 that reaches EOS or its ``max_new_tokens`` leaves the batch; the others go on. The autoregressive arm drafts nothing:
 a batch of it is plain batched decoding, the baseline at the same batch.
 
-Lossless only: the cascade rules are refused, as are dynamic draft trees (of heads and model drafters); a
-retrieval drafter's tree draft is cut to its first path (those drafters draft deterministically, so any path of
-theirs is a valid draft under sampling). A model drafter drafts every row that uses it in one forward a position,
+Lossless only: the cascade rules are refused, as are dynamic draft trees (of heads and model drafters); a drafter
+that plays alone has its retrieval tree draft cut to its first path (those drafters draft deterministically, so any
+path of theirs is a valid draft under sampling). A model drafter drafts every row that uses it in one forward a position,
 with one batched cache of its own (``drafters/batched.py``); a draft head drafts each row with a cache of its own from
 the row's target states, which the prefill and every round's forward record (``BatchedLM.start`` and ``score`` with
 the heads' layers). Greedy rows record their deciders (``certify``); sampled rows none.
@@ -20,9 +21,12 @@ the heads' layers). Greedy rows record their deciders (``certify``); sampled row
 A row drafts with one drafter for its whole generation, or (a ``RowSelector``) chooses its drafter each round with its
 own selector over the pool: one state a row, as a row is a query (each row's selector is reset when the row starts
 and updated with the row's own feedback after each round, as the single-query loop updates it); a row's selector
-chooses one arm a round, or a route between two (the router: its first drafter's draft plays when its match is long
-enough, else the other drafter drafts instead, resolved by the loop's own ``round_members``); a tree or a plan is
-refused (the batch verifies one chain a row). A selector that
+chooses one arm a round, a route (the router: its first drafter's draft plays when its match is long enough, else
+its fallback drafts instead) or several arms (a token tree of their drafts, ``tree:<a>+<b>`` and the tree bandits),
+resolved by the loop's own ``round_members``; a tree row is verified by the loop's tree verdicts
+(``verify_tree_greedy``, SpecInfer's ``verify_tree_sampling``), its selector taught each member's feedback by the
+loop's ``rounds.learn``, and the cache keeps its root and accepted path (``BatchedLM.keep_slots``). A cost-model plan
+is refused (its costs are a row's alone). A selector that
 chooses by the query's embedding (the policy) gets its row's prompt embedding, pooled off the batch's own prefill
 (``BatchedLM.start``), before its reset, as the single-query loop gives it the prefill's.
 
@@ -48,17 +52,23 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from specbench.decoding.batch_drafts import Turn, drafts, first_path
 from specbench.decoding.certify import deciders
 from specbench.decoding.drafter import DecodeContext, Draft, Drafter, keep_tokens
 from specbench.decoding.loop import DecodeSpec, Generation
-from specbench.decoding.rounds import round_members
+from specbench.decoding.rounds import Verified, learn, tree_label
 from specbench.decoding.sampling import logits_to_probs
-from specbench.decoding.tree import chain_outcomes
-from specbench.decoding.verify import block_divergence, verify_greedy, verify_sampling
+from specbench.decoding.tree import (
+    chain_outcomes,
+    member_divergence,
+    verify_tree_greedy,
+    verify_tree_sampling,
+)
+from specbench.decoding.verify import block_divergence, block_efficiency, verify_greedy, verify_sampling
 from specbench.errors import SpecbenchError
 from specbench.models.batched import BatchedLM
 from specbench.records import Round
-from specbench.selection.base import Route, Selector, feedback_of
+from specbench.selection.base import Plan, Route, Selector, feedback_of
 
 if TYPE_CHECKING:
     from specbench.selection.batch_budget import BatchBudget
@@ -91,7 +101,9 @@ class _Row:
     query: DecodeContext
     gen: Generation  # deciders: a list for greedy rows (certify), None for sampled ones
     selector: Selector | None = None
-    route: Route | None = None  # this round's route (a router's choice), resolved as the row drafts
+    choice: object = (
+        None  # this round's choice: an arm, or a route or several arms (``batch_drafts._resolve``)
+    )
 
     @property
     def drafter(self) -> Drafter:
@@ -106,7 +118,7 @@ class _Row:
         query = DecodeContext(stream=spec.stream)
         if isinstance(player, RowSelector):
             return cls(list(prompt), pool, next(iter(pool)), query, gen, player.selector)
-        return cls(list(prompt), pool, player.name, query, gen)
+        return cls(list(prompt), pool, player.name, query, gen, choice=player.name)
 
     def begin(self, embedding: torch.Tensor | None) -> None:
         """The row starts: its selector is reset, after its prompt's embedding where it chooses by one."""
@@ -117,18 +129,23 @@ class _Row:
         self.selector.reset()
 
     def choose(self) -> None:
-        """This round's arm: the row's selector's choice (one arm, or a route between two, resolved as the row
-        drafts: ``_route``), or its one drafter."""
+        """This round's choice: the row's selector's (one arm; a route or several arms, resolved as the row drafts,
+        ``batch_drafts._resolve``), or its one drafter."""
         if self.selector is None:
             return
-        arm = self.selector.select()
-        self.route = arm if isinstance(arm, Route) and isinstance(arm.then, str) else None
-        if self.route is not None and {arm.first, arm.then} <= set(self.pool):
-            self.arm = arm.first
-            return
-        if not isinstance(arm, str) or arm not in self.pool:
-            raise _one_arm(self.selector, repr(arm), self.pool)
-        self.arm = arm
+        choice = self.selector.select()
+        if isinstance(choice, Plan):
+            raise _one_arm(self.selector, "a cost-model plan", self.pool)
+        named = (
+            [choice]
+            if isinstance(choice, str)
+            else [choice.first, *([choice.then] if isinstance(choice.then, str) else choice.then)]
+            if isinstance(choice, Route)
+            else list(choice)
+        )
+        if not named or any(not isinstance(a, str) or a not in self.pool for a in named):
+            raise _one_arm(self.selector, repr(choice), self.pool)
+        self.choice, self.arm = choice, named[0]
 
     def learn(self, rnd: Round, made: Draft) -> None:
         if self.selector is None:
@@ -166,12 +183,10 @@ def _pools(
 ) -> list[dict[str, Drafter]]:
     """Each row's own copies of the drafters it may play, in its pool's order: every drafter is asked once for all
     the rows that may play it (``Drafter.for_rows``), so one that drafts many rows in one forward shares that forward
-    among them. A row selector that builds token trees is refused first."""
+    among them."""
     named = []
     for player in players:
         if isinstance(player, RowSelector):
-            if getattr(player.selector, "trees", False):
-                raise _one_arm(player.selector, "token trees", player.pool)
             named.append(list(player.pool.items()))
         else:
             named.append([(player.name, player)])
@@ -190,9 +205,10 @@ def _pools(
 
 def _one_arm(selector: Selector, chose: str, pool: Mapping) -> SpecbenchError:
     return SpecbenchError(
-        f"a row's selector ({type(selector).__name__}) chooses {chose}: in a batch a row plays one drafter of its "
-        f"pool a round ({', '.join(pool)})",
-        "use a selector that chooses one arm a round (bandits) in a batch, or decoding.batch_size=1",
+        f"a row's selector ({type(selector).__name__}) chooses {chose}: in a batch a row plays drafters of its "
+        f"pool ({', '.join(pool)}) as one arm, a route or a token tree a round",
+        "use a selector that chooses arms, routes or trees (not cost-model plans) in a batch, or "
+        "decoding.batch_size=1",
     )
 
 
@@ -204,18 +220,6 @@ def check_batchable(spec: DecodeSpec) -> None:
             "batched decoding verifies losslessly only: a cascade rule was given",
             "drop the cascade rule (cascade=none), or decode one query at a time (decoding.batch_size=1)",
         )
-
-
-def first_path(draft: Draft) -> Draft:
-    """A tree draft's first path (each token the first child of the one before); a chain as it is."""
-    if draft.parents is None:
-        return draft
-    path, last = [], -1
-    for i, parent in enumerate(draft.parents):
-        if parent == last:
-            path.append(i)
-            last = i
-    return replace(keep_tokens(draft, path), parents=None)  # one path: a chain
 
 
 def decode_batch(
@@ -232,12 +236,6 @@ def decode_batch(
         raise ValueError(
             f"{len(prompts)} prompts and {len(drafters)} drafters: one drafter a prompt, at least one"
         )
-    if budget is not None and any(
-        isinstance(d, RowSelector) and getattr(d.selector, "routes", False) for d in drafters
-    ):
-        raise ValueError(
-            "the batch budget bounds each row's drafter before it drafts: no routes under a budget"
-        )
     check_batchable(spec)
     clock = spec.clock
     rows = [_Row.make(p, d, pool, spec) for p, d, pool in zip(prompts, drafters, _pools(drafters, prompts))]
@@ -247,34 +245,41 @@ def decode_batch(
     while active:
         for row in active:
             row.choose()
-        made, sizes, t_draft = _drafts(active, spec, rng, budget)
-        drafts, plan = _cap(active, made, budget)
+        turns, plan = _cap(active, drafts(active, spec, rng, budget), budget)
         t0 = clock.now()
-        logits = lm.score([row.tokens[-1:] + d.tokens for row, d in zip(active, drafts)], layers)
+        trees = [None if t.tree is None else (t.tree.attention(), t.tree.positions()) for t in turns]
+        logits = lm.score([row.tokens[-1:] + t.tokens for row, t in zip(active, turns)], layers, trees)
         share = (clock.now() - t0) / len(active)
         forwards += 1
         kept, going = [], []
         for i, row in enumerate(active):
-            scored = logits[i, : len(drafts[i].tokens) + 1]
-            accepted, done = _commit(row, drafts[i], sizes[i], scored, spec, (t_draft[i], share), rng)
+            turn = turns[i]
+            if turn.tree is None:
+                scored = logits[i, : len(turn.draft.tokens) + 1]
+                accepted, done = _commit(
+                    row, turn.draft, turn.n_max, scored, spec, (turn.seconds, share), rng
+                )
+                slots = list(range(accepted + 1))
+                row.learn(row.gen.rounds[-1], turn.draft)
+            else:
+                slots, done = _commit_tree(
+                    row, turn, logits[i, : turn.tree.size + 1], spec, (turn.seconds, share), rng
+                )
             if plan is not None:
                 expected, predicted = plan
                 row.gen.rounds[-1] = replace(row.gen.rounds[-1], expected=expected[i], predicted_s=predicted)
-                budget.observe(row.arm, drafts[i], accepted)
-            row.learn(row.gen.rounds[-1], drafts[i])
-            kept.append(1 + accepted)
+                budget.observe(row.arm, turn.draft, len(slots) - 1)
+            kept.append(slots)
             if layers and not done:  # rows of the last committed token and the accepted draft tokens
-                at = len(row.tokens) - (accepted + 1) - 1
-                row.query.record_states(
-                    {k: x[i] for k, x in lm.last_states.items()}, rows=accepted + 1, start=at
-                )
+                at = len(row.tokens) - len(slots) - 1
+                row.query.record_states({k: x[i][slots] for k, x in lm.last_states.items()}, len(slots), at)
             if done:
                 row.gen.seconds = clock.now() - start
                 for drafter in row.pool.values():
                     drafter.finish()
             else:
                 going.append(i)
-        lm.keep(kept)
+        lm.keep_slots(kept)
         if len(going) < len(active):
             if going:
                 lm.drop(going)
@@ -283,120 +288,31 @@ def decode_batch(
     return BatchResult([r.gen for r in rows], seconds, forwards)
 
 
-def _drafts(active: list[_Row], spec: DecodeSpec, rng: torch.Generator, budget: BatchBudget | None):
-    """Every row's ``(draft, tokens asked for, seconds)`` this round; none drafts when the budget says, before any
-    row drafts, that no cap could pay this round (``BatchBudget.may_draft``): its plan would cut every draft to
-    nothing, so skipping the drafting changes no decision and saves its time. Rows whose drafter drafts many rows in
-    one forward (``Drafter.shared_rows``) draft together, each timed at its share of their drafting."""
-    asked = [_asked(row, spec) for row in active]
-    made, seconds = [Draft([], None)] * len(active), [0.0] * len(active)
-    if budget is not None and not budget.may_draft(
-        [(r.arm, k, r.drafter.scored) for r, k in zip(active, asked)]
-    ):
-        return made, asked, seconds
-    together: dict[int, list[int]] = {}
-    for i, (row, k) in enumerate(zip(active, asked)):
-        if row.route is not None:
-            made[i], asked[i], seconds[i] = _route(row, spec, rng)
-        elif k > 0 and row.drafter.shared_rows is not None:
-            together.setdefault(id(row.drafter.shared_rows), []).append(i)
-        elif k > 0:
-            made[i], seconds[i] = _draft(row, k, spec, rng)
-    clock = spec.clock
-    for rows in together.values():
-        t0 = clock.now()
-        shared = active[rows[0]].drafter.shared_rows
-        drafts = shared.propose(
-            [active[i].drafter for i in rows],
-            [active[i].tokens for i in rows],
-            [asked[i] for i in rows],
-            spec.sampling,
-            rng,
-            spec.eos_ids,
-        )
-        share = (clock.now() - t0) / len(rows)
-        for i, d in zip(rows, drafts):
-            made[i], seconds[i] = keep_tokens(d, range(min(asked[i], len(d.tokens)))), share
-    return made, asked, seconds
-
-
-def _asked(row: _Row, spec: DecodeSpec) -> int:
-    """The tokens the row's drafter is asked for this round: its draft length, no more than the room its
-    ``max_new_tokens`` leaves beside the bonus token (the round's ``n_max``); 0 for an arm that drafts nothing."""
-    limits = spec.limits
-    room = limits.max_new_tokens - len(row.gen.tokens) - 1
-    return max(min(row.drafter.draft_length or limits.draft_length, room), 0) if row.drafter.drafts else 0
-
-
-def _draft(row: _Row, k: int, spec: DecodeSpec, rng: torch.Generator) -> tuple[Draft, float]:
-    """The row's draft of at most ``k`` tokens this round (a chain: a tree's first path) and its seconds."""
-    made, seconds = _proposed(row, k, spec, rng)
-    return _chain(made, k), seconds
-
-
-def _proposed(row: _Row, k: int, spec: DecodeSpec, rng: torch.Generator) -> tuple[Draft, float]:
-    """The row's drafter synced and its draft of ``k`` tokens as it made it (a tree stays a tree), with its seconds."""
-    clock = spec.clock
-    t0 = clock.now()
-    row.drafter.sync(row.query, row.tokens)
-    made = row.drafter.propose(row.tokens, k, spec.sampling, rng, spec.eos_ids) if k > 0 else Draft([], None)
-    return made, clock.now() - t0
-
-
-def _chain(made: Draft, k: int) -> Draft:
-    chain = first_path(made)
-    return keep_tokens(chain, range(min(k, len(chain.tokens))))
-
-
-@dataclass(frozen=True)
-class _Made:
-    draft: Draft  # as the drafter made it
-    k: int
-    seconds: float
-
-
-def _route(row: _Row, spec: DecodeSpec, rng: torch.Generator) -> tuple[Draft, int, float]:
-    """A routed row's round, resolved as the single-query loop resolves it (``round_members``): the route's first
-    drafter drafts, and its draft plays when its match (and expected tokens, with ``min_expected``) is long enough,
-    else the route's other drafter drafts instead; the row's arm is the one that plays. Its chain, its length limit
-    and the seconds of both drafts (a draft routed away still took its time)."""
-
-    def draft_with(name: str) -> _Made:
-        row.arm = name
-        k = _asked(row, spec)
-        made, seconds = _proposed(row, k, spec, rng)
-        return _Made(made, k, seconds)
-
-    members, made, unused = round_members(
-        row.route,
-        draft_with,
-        lambda d, n: bool(d.draft.tokens) and (d.draft.match or 0) >= n,
-        type(row.selector).__name__,
-    )
-    row.arm = members[0]
-    played = made[row.arm]
-    return _chain(played.draft, played.k), played.k, played.seconds + (unused.seconds if unused else 0.0)
-
-
-def _cap(active: list[_Row], made: Sequence[Draft], budget: BatchBudget | None):
-    """Each row's draft this round: whole, or cut to the budget's cap, with the budget's plan ``(each row's
-    expected accepted tokens, each row's share of the predicted seconds)``."""
+def _cap(active: list[_Row], turns: list[Turn], budget: BatchBudget | None):
+    """Each row's turn this round: whole, or its chain cut to the budget's cap, with the budget's plan ``(each row's
+    expected accepted tokens, each row's share of the predicted seconds)``; a budget plans chains of one drafter a
+    row only."""
     if budget is None:
-        return list(made), None
-    for row, d in zip(active, made):
-        if d.scores is not None and not row.drafter.scored:
+        return turns, None
+    for row, t in zip(active, turns):
+        if not isinstance(row.choice, str):
+            raise SpecbenchError(
+                f"a row chose {row.choice!r} under the batch budget, which plans one drafter's chain a row",
+                "give the batch budget fixed drafters (goodput:<drafter>), or drop the budget",
+            )
+        if t.draft.scores is not None and not row.drafter.scored:
             raise SpecbenchError(
                 f"drafter {row.arm!r} ({type(row.drafter).__name__}) drafted with scores but does not declare "
                 "scored = True: the batch budget bounds its acceptance before it drafts by its depth alone",
                 f"set scored = True on {type(row.drafter).__name__} (its drafts carry Draft.scores)",
             )
-    cap, expected, seconds = budget.plan([(row.arm, d) for row, d in zip(active, made)])
-    cut = [keep_tokens(d, range(min(cap, len(d.tokens)))) for d in made]
+    cap, expected, seconds = budget.plan([(row.arm, t.draft) for row, t in zip(active, turns)])
+    cut = [replace(t, draft=keep_tokens(t.draft, range(min(cap, len(t.draft.tokens))))) for t in turns]
     return cut, (expected, seconds / len(active))
 
 
 def _commit(row: _Row, made: Draft, n_max: int, logits, spec: DecodeSpec, times, rng) -> tuple[int, bool]:
-    """The row's verdict (greedy, or speculative sampling) appended (cut after an EOS) and its round recorded:
+    """The row's verdict on its chain (greedy, or speculative sampling) appended and its round recorded:
     (accepted, done)."""
     draft = list(made.tokens)
     if spec.sampling.greedy:
@@ -405,35 +321,86 @@ def _commit(row: _Row, made: Draft, n_max: int, logits, spec: DecodeSpec, times,
     else:
         p = logits_to_probs(logits, spec.sampling)
         verdict = verify_sampling(draft, made.probs, p, rng)
-    new = verdict.tokens
-    stop = next((i for i, tok in enumerate(new) if tok in spec.eos_ids), None)
-    if stop is not None:
-        new = new[: stop + 1]
-        row.gen.stop = "eos"
-    gen = row.gen
-    gen.rounds.append(
-        Round(
-            index=len(gen.rounds),
-            arm=row.arm,
-            drafted=len(draft),
-            accepted=verdict.accepted,
-            n_max=n_max,
-            be=verdict.accepted / n_max if n_max else 0.0,
-            bd=block_divergence(draft, made.probs, p, n_max) if draft else 0.0,
-            emitted=len(new),
-            t_select=0.0,
-            t_draft=times[0],
-            t_verify=times[1],
-            t_switch=0.0,
-            switched=bool(gen.rounds) and gen.rounds[-1].arm != row.arm,
-        )
+    bd = block_divergence(draft, made.probs, p, n_max) if draft else 0.0
+    rnd = _round(row, row.arm, len(draft), verdict.accepted, n_max, bd, times)
+    new = _emit(row, verdict.tokens, logits, spec)
+    row.gen.rounds.append(replace(rnd, emitted=len(new)))
+    return verdict.accepted, _done(row, spec)
+
+
+def _commit_tree(row: _Row, turn: Turn, logits, spec: DecodeSpec, times, rng) -> tuple[list[int], bool]:
+    """The row's verdict on its token tree, as the loop judges one (``rounds.verify_tree``: the argmax walk, or
+    SpecInfer's multi-step sampling), appended; its round recorded and its selector taught each member's own
+    feedback (``rounds.learn``): (the forward's rows along the accepted path, done)."""
+    tree, made, sampling = turn.tree, turn.made, spec.sampling
+    p_all = logits_to_probs(logits, sampling)
+    if sampling.greedy:
+        verdict = verify_tree_greedy(tree, logits)
+    else:
+        verdict = verify_tree_sampling(tree, {m: d.draft.probs for m, d in made.items()}, p_all, rng)
+    slots = tree.rows(verdict.path)
+    mine = {m: member_divergence(tree, m, d.draft.probs, p_all, d.n_max) for m, d in made.items()}
+    path = [tree.tokens[n] for n in verdict.path]
+    label = tree_label(turn.members)
+    v = Verified(
+        label,
+        verdict.tokens,
+        verdict,
+        logits[slots],
+        p_all[slots[:-1]],
+        {},
+        path,
+        turn.n_max,
+        0.0,
+        tree=tree,
+        mine=mine,
     )
-    if gen.deciders is not None:  # greedy: the rows that chose them, a fork's margins (certify)
+    v.new = _emit(row, verdict.tokens, v.logits, spec)
+    rnd = _round(row, label, tree.size, v.accepted, turn.n_max, max(mine.values()), times)
+    rnd = replace(rnd, emitted=len(v.new), tree_size=tree.size)
+    learn(row.selector, rnd, turn.members, made, v)
+    row.gen.rounds.append(rnd)
+    return slots, _done(row, spec)
+
+
+def _round(row: _Row, arm: str, drafted: int, accepted: int, n_max: int, bd: float, times) -> Round:
+    """The row's round record (``emitted`` set once the output is cut at EOS)."""
+    gen = row.gen
+    return Round(
+        index=len(gen.rounds),
+        arm=arm,
+        drafted=drafted,
+        accepted=accepted,
+        n_max=n_max,
+        be=block_efficiency(accepted, n_max),
+        bd=bd,
+        emitted=0,
+        t_select=0.0,
+        t_draft=times[0],
+        t_verify=times[1],
+        t_switch=0.0,
+        switched=bool(gen.rounds) and gen.rounds[-1].arm != arm,
+    )
+
+
+def _emit(row: _Row, tokens: list[int], logits, spec: DecodeSpec) -> list[int]:
+    """The round's output cut after an EOS (kept), certified (a greedy row's deciders: the rows that chose it) and
+    appended to the row."""
+    stop = next((i for i, tok in enumerate(tokens) if tok in spec.eos_ids), None)
+    new = list(tokens) if stop is None else list(tokens[: stop + 1])
+    gen = row.gen
+    if stop is not None:
+        gen.stop = "eos"
+    if gen.deciders is not None:
         gen.deciders.extend(deciders(logits, len(new)))
     gen.tokens.extend(new)
     gen.target_calls += 1
     row.tokens.extend(new)
-    return verdict.accepted, gen.stop == "eos" or len(gen.tokens) >= spec.limits.max_new_tokens
+    return new
+
+
+def _done(row: _Row, spec: DecodeSpec) -> bool:
+    return row.gen.stop == "eos" or len(row.gen.tokens) >= spec.limits.max_new_tokens
 
 
 __all__ = ["BatchResult", "RowSelector", "check_batchable", "decode_batch", "first_path"]

@@ -354,13 +354,14 @@ def feedback(w: Walk, choice, members, made: Mapping[str, Drafted], v: Verified,
         rnd.expected, rnd.predicted_s = choice.estimate()
     if v.tree is not None:  # a tree round, of several drafters' drafts or of one drafter's own tree
         rnd.tree_size = v.tree.size
-    learn(w, rnd, members, made, v)
+    learn(w.selector, rnd, members, made, v)
     return rnd
 
 
-def learn(w: Walk, rnd: Round, members, made: Mapping[str, Drafted], v: Verified) -> None:
+def learn(selector: Selector, rnd: Round, members, made: Mapping[str, Drafted], v: Verified) -> None:
     """The selector's update from the round: each member's own feedback after a tree of several drafters'
-    drafts (``update_tree``), else the arm's; each with the outcomes of its judged nodes."""
+    drafts (``update_tree``), else the arm's; each with the outcomes of its judged nodes (shared by the loop and
+    a batch's tree rows, ``decoding/batch.py``)."""
     accepted = rnd.accepted
     if v.tree is None:
         nodes = {v.arm: chain_outcomes(len(made[v.arm].draft.tokens), accepted)}
@@ -370,7 +371,7 @@ def learn(w: Walk, rnd: Round, members, made: Mapping[str, Drafted], v: Verified
         own = {m: min(v.verdict.agreement(v.tree, m), accepted) for m in members}
         rnd.members, rnd.tree_size = list(members), v.tree.size
         rnd.member_accepted, rnd.winners = own, v.verdict.winners(v.tree)
-        w.selector.update_tree(
+        selector.update_tree(
             {
                 m: Feedback(
                     drafted=len(made[m].draft.tokens),
@@ -387,7 +388,7 @@ def learn(w: Walk, rnd: Round, members, made: Mapping[str, Drafted], v: Verified
             }
         )
     else:
-        w.selector.update(v.arm, feedback_of(rnd, nodes[v.arm]))
+        selector.update(v.arm, feedback_of(rnd, nodes[v.arm]))
 
 
 def play_round(w: Walk) -> bool:

@@ -141,11 +141,16 @@ class BatchedLM:
         return out[1] if hidden else None
 
     @torch.inference_mode()
-    def score(self, inputs: list[list[int]], layers: tuple[int, ...] = ()) -> torch.Tensor:
+    def score(
+        self, inputs: list[list[int]], layers: tuple[int, ...] = (), trees: list | None = None
+    ) -> torch.Tensor:
         """One forward over each row's ``inputs`` (its last committed token, then its draft): float32 logits
         ``[rows, q, V]`` (``q`` the longest input; a shorter row's extra rows are padding, to be ignored). With
         ``layers``, ``last_states`` holds ``{layer: [rows, q, H]}``, the residual stream after that many layers at
-        the same positions (``Target.score``'s ``states``)."""
+        the same positions (``Target.score``'s ``states``). ``trees[r]``, when given and not None: row ``r``'s input
+        is a token tree's root and nodes (``decoding/tree.py``), given as ``(attention, depths)``: its ``[n, n]``
+        mask (``tree_attention``) and each input's depth (``tree_positions``); each node then sees the row's
+        cache, the root, its ancestors and itself, at the row's next position plus its depth."""
         if len(inputs) != self.rows:
             raise ValueError(f"{len(inputs)} inputs for {self.rows} rows")
         if self._pending:
@@ -153,7 +158,16 @@ class BatchedLM:
         q = max(len(x) for x in inputs)
         ids = torch.tensor([list(x) + [PAD] * (q - len(x)) for x in inputs], device=self.device)
         positions = self.n[:, None] + torch.arange(q, device=self.device)[None]
-        out = self._forward(ids, positions, self.valid, past=self.slots, hidden=bool(layers))
+        new = None
+        if trees is not None and any(t is not None for t in trees):
+            new = torch.ones(q, q, dtype=torch.bool, device=self.device).tril().repeat(self.rows, 1, 1)
+            for r, tree in enumerate(trees):
+                if tree is not None:
+                    attention, depths = tree
+                    m = len(depths)
+                    new[r, :m, :m] = attention.to(self.device)
+                    positions[r, :m] = self.n[r] + torch.tensor(depths, device=self.device)
+        out = self._forward(ids, positions, self.valid, past=self.slots, hidden=bool(layers), new=new)
         logits, self.last_states = (
             (out[0], {int(layer): out[1][layer] for layer in layers}) if layers else (out, {})
         )
@@ -167,12 +181,22 @@ class BatchedLM:
     def keep(self, lengths: list[int]) -> None:
         """Of the slots the last ``score`` appended, row ``r`` keeps its first ``lengths[r]`` (its last committed token
         and its accepted draft tokens); the rest stay masked."""
-        start = self.slots - self._pending
         for r, k in enumerate(lengths):
             if not 0 <= k <= self._pending:
                 raise ValueError(f"row {r} keeps {k} of {self._pending} new slots")
-            self.valid[r, start : start + k] = True
-        self.n += torch.tensor(lengths, dtype=torch.long, device=self.device)
+        self.keep_slots([range(k) for k in lengths])
+
+    @torch.inference_mode()
+    def keep_slots(self, kept: list) -> None:
+        """Of the slots the last ``score`` appended, row ``r`` keeps those at the offsets ``kept[r]`` (a tree row: its
+        root and its accepted path's nodes, ``TokenTree.rows``); the rest stay masked."""
+        start = self.slots - self._pending
+        for r, offsets in enumerate(kept):
+            offsets = list(offsets)
+            if any(not 0 <= k < self._pending for k in offsets):
+                raise ValueError(f"row {r} keeps new slots {offsets} of {self._pending}")
+            self.valid[r, [start + k for k in offsets]] = True
+        self.n += torch.tensor([len(list(k)) for k in kept], dtype=torch.long, device=self.device)
         self._pending = 0
         waste = self.slots - int(self.n.max()) if self.rows else 0
         if waste >= MIN_WASTE and waste > COMPACT_AT * self.slots:
@@ -216,13 +240,21 @@ class BatchedLM:
         self.valid = valid
 
     def _forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, past_valid: torch.Tensor, past: int, hidden=False
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        past_valid: torch.Tensor,
+        past: int,
+        hidden=False,
+        new: torch.Tensor | None = None,
     ):
         """Append ``ids`` ``[rows, q]`` at ``positions``; each new slot sees the row's valid past slots, the new slots
-        before it, and itself. Float32 logits, and with ``hidden`` every layer's hidden states beside them (``[0]`` the
-        embeddings, ``[-1]`` the final states)."""
+        before it (or, given ``new`` ``[rows, q, q]``, those it allows: a tree row's ancestors), and itself. Float32
+        logits, and with ``hidden`` every layer's hidden states beside them (``[0]`` the embeddings, ``[-1]`` the
+        final states)."""
         rows, q = ids.shape
-        new = torch.ones(q, q, dtype=torch.bool, device=self.device).tril()
+        if new is None:
+            new = torch.ones(q, q, dtype=torch.bool, device=self.device).tril()
         if past:
             allowed = torch.cat([past_valid[:, None, :].expand(rows, q, past), new.expand(rows, q, q)], dim=2)
         else:  # the prefill: the prompt's slots are the new ones, each sees its valid predecessors and itself

@@ -2,9 +2,10 @@
 door call ``check_batched``; this module imports no more than Hydra and OmegaConf): only ``specbench eval`` batches,
 lossless (greedy or sampling), one turn a query, with the autoregressive method and ``fixed:<drafter>`` methods
 whose drafter kind drafts per row (its builder's ``batches``), ``goodput:<drafter>`` for those drafters (with the
-batch budget), selector methods whose selector chooses one drafter a round over such a pool (one selector a row), and
-``hf:generate``; those two run only in batches, so a batch size of 1 refuses them. Each refusal
-names the method or key and the fix. The batched eval itself is ``pipelines/batched.py``.
+batch budget), ``tree:<a>+<b>`` over such drafters, selector methods whose selector chooses arms, routes or token
+trees over such a pool (one selector a row; not cost-model plans), and ``hf:generate``; ``goodput:`` and
+``hf:generate`` run only in batches, so a batch size of 1 refuses them. Each refusal names the method or key and the
+fix. The batched eval itself is ``pipelines/batched.py``.
 """
 
 from __future__ import annotations
@@ -89,10 +90,14 @@ def _check_methods(cfg: DictConfig, size: int) -> None:
         elif spec == "selector" or spec.startswith("selector:"):
             _check_selector(cfg, spec, size)
             names, why = list(drafters), "its selector may play drafter '{}', of a kind"
+        elif spec.startswith("tree:"):
+            listed = spec.split(":", 1)[1]
+            names = list(drafters) if listed == "*" else [m.strip() for m in listed.split("+") if m.strip()]
+            why = "its tree has drafter '{}', of a kind"
         else:
             raise SpecbenchError(
                 f"method '{spec}' cannot run at decoding.batch_size={size}: a batch runs autoregressive, "
-                f"fixed:<drafter>, {GOODPUT}<drafter>, selector methods that choose one drafter a round, and "
+                f"fixed:<drafter>, {GOODPUT}<drafter>, tree:<a>+<b>, selector methods (but cost-model plans), and "
                 f"{HF_GENERATE}",
                 f"keep those methods in methods=[...], or {FIX}",
             )
@@ -107,10 +112,10 @@ def _check_methods(cfg: DictConfig, size: int) -> None:
 
 
 def _check_selector(cfg: DictConfig, spec: str, size: int) -> None:
-    """A selector method batches when its selector chooses one drafter a round from what the row itself saw (its
-    own rounds, or its prompt's embedding: the policy; a router's route between two drafters is one drafter a round
-    too): no token trees or plans, no side observations, no statistics carried across queries (a batch's rows decode
-    together, not one after another)."""
+    """A selector method batches when its selector chooses each round's drafters from what the row itself saw (its
+    own rounds, or its prompt's embedding: the policy), as one arm, a route or a token tree: no cost-model plans, no
+    side observations, no statistics carried across queries (a batch's rows decode together, not one after
+    another)."""
     from specbench.configs import load_option
 
     scfg = cfg.get("selector") if spec == "selector" else load_option("selector", spec.split(":", 1)[1])
@@ -121,8 +126,8 @@ def _check_selector(cfg: DictConfig, spec: str, size: int) -> None:
     except (ImportError, AttributeError, ValueError):
         return  # an unknown class is named by the method check
     reason = (
-        "it builds token trees or plans (a batch verifies one chain a row)"
-        if getattr(cls, "trees", False) or (getattr(cls, "routes", False) and scfg.get("tree"))
+        "it builds each round with a cost model (a plan), which costs a forward as if the row were alone"
+        if getattr(cls, "plans", False)
         else "it learns from side observations (full_information)"
         if scfg.get("full_information")
         else "it carries statistics across queries (carry_over), and a batch's rows decode together"
@@ -132,7 +137,7 @@ def _check_selector(cfg: DictConfig, spec: str, size: int) -> None:
     if reason:
         raise SpecbenchError(
             f"method '{spec}' cannot run at decoding.batch_size={size}: {reason}",
-            f"use a selector that chooses one drafter a round (ucb, exp3, epsilon_greedy, ...), or {FIX}",
+            f"use a selector that chooses arms, routes or token trees (ucb, exp3, router, tree_ucb, ...), or {FIX}",
         )
 
 

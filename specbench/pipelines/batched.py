@@ -11,11 +11,11 @@ forward costs measured at start-up by ``pipelines/batch_costs.py``, cached per m
 carry across the run's batches and start again when a run resumes); and ``hf:generate``, Hugging Face ``generate``
 on the same left-padded batch (plain greedy only, the target's generation config pinned as ``specbench bench`` pins
 it), timed the same way (its records keep no deciders, so its forks are not certified: the page compares its outputs
-with batch 1's); and selector methods whose selector chooses one drafter a round over a pool of such drafters, each
+with batch 1's); and selector methods whose selector chooses arms, routes or trees over a pool of such drafters, each
 row with a fresh selector of the method (a row is a query), the policy included (each row's prompt embedding pooled off
 the batch's prefill). Model drafters (HF, the small drafter, the early exit) batch their rows in one drafter forward a
-draft position; draft heads draft a row each, fed its row's target states. Token trees, routes and the cost-model
-budget's plans are refused: a batch verifies one chain a row.
+draft position; draft heads draft a row each, fed its row's target states. Routes and token trees (``tree:<a>+<b>``,
+the tree bandits) run per row; the cost-model budget's plans are refused.
 
 Records: one example record a query as always, its ``seconds`` the batch's wall time apportioned by new tokens
 (``batch seconds * its tokens / the batch's tokens``), so a method's total seconds is the sum of its batches' and the

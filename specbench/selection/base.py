@@ -83,6 +83,7 @@ class Selector:
     full_information: bool = False
     trees: bool = False  # may choose several arms a round (a token tree): decoder-only targets only
     routes: bool = False  # chooses a ``Route`` (the drafter that plays depends on the first draft's match)
+    plans: bool = False  # chooses a ``Plan`` (a cost model builds the round from its drafters' drafts)
     # set by selectors that read the query's embedding (``set_embedding``)
     embedding_pooling: str | None = None
     # draws from its own seeded rng (a replay runs it once per seed; the others are deterministic)

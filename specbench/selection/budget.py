@@ -172,6 +172,7 @@ CALIBRATION = mapping(
 
 class Budget(Selector):
     trees = True
+    plans = True
 
     def __init__(
         self,

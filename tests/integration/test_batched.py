@@ -3,8 +3,9 @@ greedy output equals the same prompt decoded alone (``decode``), at batch 2 and 
 lengths, different drafters (prompt lookup, the retrieval drafter, the autoregressive arm) and different accepted
 lengths; a finished row leaves the others unchanged; the cache's compaction, and a prefill in length groups, change
 no output; what cannot batch yet is refused before any forward, naming the fix; each row may choose its drafter every
-round with its own selector (a router routes each row's round as it routes alone); the batch budget's cut drafts leave every row's output unchanged, cutting nothing where
-tokens are free and everything where each costs a step."""
+round with its own selector (a router routes, and a tree selector verifies a token tree, each row's round as it
+would alone; a cost-model plan is refused); the batch budget's cut drafts leave every row's output unchanged,
+cutting nothing where tokens are free and everything where each costs a step."""
 
 from __future__ import annotations
 
@@ -571,13 +572,45 @@ def test_each_row_routes_as_its_router_routes_alone(tiny_llama_target, row_pool,
     assert "prompt_lookup" in played and played & {"scripted_2", "scripted_5", "autoregressive"}
 
 
-def test_a_row_selector_that_builds_trees_is_refused(tiny_llama_target, row_pool):
+@pytest.mark.parametrize("members", [("scripted_2", "scripted_5"), ("prompt_lookup", "scripted_5", "suffix")])
+def test_each_rows_token_tree_verifies_as_it_does_alone(tiny_llama_target, row_pool, tiny_decode, members):
+    """Per-row token trees (``tree:<a>+<b>``: a ``FixedTree`` a row, each round its members' drafts merged into one
+    trie that the batch's forward verifies with the row's own tree mask and depths): every row's output, and each
+    round's label, tree size and accepted tokens, equal its prompt decoded alone by the loop's tree rounds; the
+    members' own accepted lengths too."""
     from specbench.selection import FixedTree
 
     target = tiny_llama_target
+    spec = _spec(target, draft_length=4)
+    pool = {a: row_pool[a] for a in ("autoregressive", *members)}
+    prompts = _prompts(target, 4)
+    players = [RowSelector(FixedTree(list(pool), list(members)), pool) for _ in prompts]
+    result = decode_batch(
+        BatchedLM(target.model, target.vocab_size), players, prompts, spec, torch.Generator().manual_seed(0)
+    )
+    sizes = []
+    for prompt, gen in zip(prompts, result.generations):
+        alone = _alone_gen(target, pool, FixedTree(list(pool), list(members)), prompt, tiny_decode, spec)
+        assert gen.tokens == alone.tokens
+        assert [(r.arm, r.drafted, r.accepted, r.tree_size, r.member_accepted) for r in gen.rounds] == [
+            (r.arm, r.drafted, r.accepted, r.tree_size, r.member_accepted) for r in alone.rounds
+        ]
+        sizes += [r.tree_size for r in gen.rounds]
+    assert max(sizes) > 4  # trees of more than one chain's tokens were verified
+
+
+def test_a_row_selector_that_plans_is_refused(tiny_llama_target, row_pool):
+    """A cost-model plan (the budget selector's) is refused at batch, naming the fix."""
+    from specbench.selection.base import Plan, Selector
+
+    class Planner(Selector):
+        def select(self):
+            return Plan(("prompt_lookup",), lambda drafts: (), lambda drafts, greedy: {}, lambda: (0.0, 0.0))
+
+    target = tiny_llama_target
     pool = {a: row_pool[a] for a in ("autoregressive", "prompt_lookup", "suffix")}
-    players = [RowSelector(FixedTree(list(pool), ["prompt_lookup", "suffix"]), pool)] * 2
-    with pytest.raises(SpecbenchError, match="one\\s+drafter of its pool a round") as err:
+    players = [RowSelector(Planner(list(pool)), pool) for _ in range(2)]
+    with pytest.raises(SpecbenchError, match="a cost-model plan") as err:
         decode_batch(
             BatchedLM(target.model, target.vocab_size),
             players,

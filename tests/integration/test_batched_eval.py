@@ -93,15 +93,23 @@ def test_the_batch_budget_and_hf_generate_give_batch_ones_outputs(tmp_path):
     )  # measured once, cached
 
 
-@pytest.mark.parametrize("selector", ["ucb", "router"])
-def test_each_row_of_a_batch_runs_its_own_bandit(tmp_path, selector):
-    """``selector:ucb`` (and the router: prompt lookup's draft when it matched, else a UCB's fallback) at batch 3 over
-    a pool that batches (prompt lookup, the retrieval drafter and the early exit, a model drafter whose rows draft
-    together): every query's output is batch 1's autoregressive output, and the rows played every drafter."""
+@pytest.mark.parametrize(
+    "method, played",
+    [
+        ("selector:ucb", {"prompt_lookup", "suffix", "early_exit_1"}),
+        ("selector:router", {"prompt_lookup", "suffix", "early_exit_1"}),
+        ("tree:prompt_lookup+early_exit_1", {"tree:prompt_lookup+early_exit_1"}),
+    ],
+)
+def test_each_row_of_a_batch_runs_its_own_bandit(tmp_path, method, played):
+    """``selector:ucb`` (the router: prompt lookup's draft when it matched, else a UCB's fallback; a token tree of
+    prompt lookup's and the early exit's drafts) at batch 3 over a pool that batches (prompt lookup, the retrieval
+    drafter and the early exit, a model drafter whose rows draft together): every query's output is batch 1's
+    autoregressive output, and the rows played every drafter."""
     retrieval = ["~pool.drafters.quantized", "+drafter@pool.drafters.suffix=suffix"]
     evaluate.run(config(*retrieval), tmp_path / "one")
     evaluate.run(
-        config(*retrieval, "decoding.batch_size=3", f"methods=[autoregressive,selector:{selector}]"),
+        config(*retrieval, "decoding.batch_size=3", f"methods=[autoregressive,{method}]"),
         tmp_path / "three",
     )
     one = {
@@ -109,10 +117,10 @@ def test_each_row_of_a_batch_runs_its_own_bandit(tmp_path, selector):
     }
     three = _records(tmp_path / "three")
     (ucb,) = {e["method"] for e in three} - {"autoregressive"}
-    assert ucb.startswith(selector) and len(three) == 16
+    assert ucb.startswith(method.removeprefix("selector:")) and len(three) == 16
     assert all(e["output_ids"] == one[e["query_id"]] for e in three)
     arms = {r["arm"] for r in _records(tmp_path / "three", "rounds.jsonl") if r["method"] == ucb}
-    assert arms == {"prompt_lookup", "suffix", "early_exit_1"}
+    assert arms == played
 
 
 @pytest.mark.parametrize(
@@ -131,10 +139,12 @@ def test_each_row_of_a_batch_runs_its_own_bandit(tmp_path, selector):
         (["methods=[autoregressive,goodput:prompt_lookup]"], "runs only in batches"),
         (["methods=[autoregressive,hf:generate]"], "runs only in batches"),
         (["decoding.batch_size=2", "methods=[autoregressive,selector:ucb]"], "may play drafter 'quantized'"),
-        (["decoding.batch_size=2", "methods=[autoregressive,selector:tree_ucb]"], "token trees"),
         (["decoding.batch_size=2", "methods=[autoregressive,selector:ucb_carry]"], "carry_over"),
-        (["decoding.batch_size=2", "methods=[autoregressive,selector:router_tree]"], "token trees"),
-        (["decoding.batch_size=2", "methods=[autoregressive,selector:budget]"], "plans"),
+        (["decoding.batch_size=2", "methods=[autoregressive,selector:budget]"], "a plan"),
+        (
+            ["decoding.batch_size=2", "methods=[autoregressive,tree:prompt_lookup+quantized]"],
+            "its tree has drafter",
+        ),
         (
             ["decoding.batch_size=2", "decoding.temperature=1.0", "methods=[autoregressive,hf:generate]"],
             "hf:generate",
