@@ -5,7 +5,7 @@ from the target itself under the same processing (temperature 1, top-k 4: at mos
 ``decode`` with ``max_new_tokens=2`` drafts one token in its first round (room is left for the bonus
 token), so every path of verification is used: acceptance plus bonus token, rejection plus a
 residual draw, then (after a rejection) one plain target step. The same law holds for every row of a batch
-(``decode_batch`` at batch 2 and 4).
+(``decode_batch`` at batch 2 and 4), a row verifying a token tree included.
 """
 
 from __future__ import annotations
@@ -221,3 +221,37 @@ def test_two_token_law_matches_target_in_a_batch(sampling_setup, rows):
             assert r > 0 or 0.2 < p_x < 0.8
         elif arm == "autoregressive":
             assert accepted[r] == 0
+
+
+def test_two_token_law_of_a_tree_row_in_a_batch(sampling_setup):
+    """A batch row whose selector builds a token tree each round (the early exit's sampled draft and prompt lookup's
+    one-hot draft as siblings, ``FixedTree`` in a ``RowSelector``), beside a prompt-lookup row of a longer prompt:
+    the tree row's two-token law is its prompt's target law, and so is its neighbour's."""
+    from specbench.decoding.batch import RowSelector, decode_batch
+    from specbench.decoding.loop import DecodeSpec, Limits
+    from specbench.models.batched import BatchedLM
+    from specbench.selection import FixedTree
+    from specbench.timing import Clock
+
+    target, pool, prompt, lookup_token = sampling_setup
+    prompts = [prompt, target.tokenizer("Sum: ")["input_ids"] + prompt]
+    laws = [exact_two_token_law(target, p) for p in prompts]
+    players = [
+        RowSelector(FixedTree(list(pool), ["early_exit", "prompt_lookup"]), pool),
+        pool["prompt_lookup"],
+    ]
+    spec = DecodeSpec(SAMPLING, Limits(max_new_tokens=2, draft_length=4), frozenset(), Clock())
+    lm, rng = BatchedLM(target.model, target.vocab_size), torch.Generator().manual_seed(7)
+    counts = [Counter(), Counter()]
+    siblings = 0
+    for _ in range(RUNS):
+        result = decode_batch(lm, players, prompts, spec, rng)
+        for r, gen in enumerate(result.generations):
+            assert len(gen.tokens) == 2
+            counts[r][tuple(gen.tokens)] += 1
+        first = result.generations[0].rounds[0]
+        assert first.members == ["early_exit", "prompt_lookup"] and first.tree_size in (1, 2)
+        siblings += first.tree_size == 2
+    assert siblings > 0.2 * RUNS  # the sibling rule is exercised
+    for r in range(2):
+        check_law(counts[r], laws[r], RUNS)
