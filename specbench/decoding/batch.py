@@ -142,6 +142,8 @@ class _Row:
             else [choice.first, *([choice.then] if isinstance(choice.then, str) else choice.then)]
             if isinstance(choice, Route)
             else list(choice)
+            if isinstance(choice, (tuple, list))
+            else []
         )
         if not named or any(not isinstance(a, str) or a not in self.pool for a in named):
             raise _one_arm(self.selector, repr(choice), self.pool)
