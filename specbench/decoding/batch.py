@@ -256,17 +256,7 @@ def decode_batch(
         kept, going = [], []
         for i, row in enumerate(active):
             turn = turns[i]
-            if turn.tree is None:
-                scored = logits[i, : len(turn.draft.tokens) + 1]
-                accepted, done = _commit(
-                    row, turn.draft, turn.n_max, scored, spec, (turn.seconds, share), rng
-                )
-                slots = list(range(accepted + 1))
-                row.learn(row.gen.rounds[-1], turn.draft)
-            else:
-                slots, done = _commit_tree(
-                    row, turn, logits[i, : turn.tree.size + 1], spec, (turn.seconds, share), rng
-                )
+            slots, done = _verify(row, turn, logits[i], spec, share, rng)
             if plan is not None:
                 expected, predicted = plan
                 row.gen.rounds[-1] = replace(row.gen.rounds[-1], expected=expected[i], predicted_s=predicted)
@@ -311,6 +301,18 @@ def _cap(active: list[_Row], turns: list[Turn], budget: BatchBudget | None):
     cap, expected, seconds = budget.plan([(row.arm, t.draft) for row, t in zip(active, turns)])
     cut = [replace(t, draft=keep_tokens(t.draft, range(min(cap, len(t.draft.tokens))))) for t in turns]
     return cut, (expected, seconds / len(active))
+
+
+def _verify(row: _Row, turn: Turn, logits, spec: DecodeSpec, share: float, rng) -> tuple[list[int], bool]:
+    """The row's verdict on its turn (its chain, or its token tree) from its rows of the forward, its round recorded
+    and its selector taught: (the forward's rows it keeps: its last committed token and accepted tokens, done)."""
+    times = (turn.seconds, share)
+    if turn.tree is not None:
+        return _commit_tree(row, turn, logits[: turn.tree.size + 1], spec, times, rng)
+    scored = logits[: len(turn.draft.tokens) + 1]
+    accepted, done = _commit(row, turn.draft, turn.n_max, scored, spec, times, rng)
+    row.learn(row.gen.rounds[-1], turn.draft)
+    return list(range(accepted + 1)), done
 
 
 def _commit(row: _Row, made: Draft, n_max: int, logits, spec: DecodeSpec, times, rng) -> tuple[int, bool]:
