@@ -223,6 +223,7 @@ def test_two_token_law_matches_target_in_a_batch(sampling_setup, rows):
             assert accepted[r] == 0
 
 
+@pytest.mark.slow  # 3,000 batches: in the slow set, beside the widest laws
 def test_two_token_law_of_a_tree_row_in_a_batch(sampling_setup):
     """A batch row whose selector builds a token tree each round (the early exit's sampled draft and prompt lookup's
     one-hot draft as siblings, ``FixedTree`` in a ``RowSelector``), beside a prompt-lookup row of a longer prompt:
