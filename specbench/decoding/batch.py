@@ -101,9 +101,8 @@ class _Row:
     query: DecodeContext
     gen: Generation  # deciders: a list for greedy rows (certify), None for sampled ones
     selector: Selector | None = None
-    choice: object = (
-        None  # this round's choice: an arm, or a route or several arms (``batch_drafts._resolve``)
-    )
+    # this round's choice: an arm, or a route or several arms (``batch_drafts._resolve``)
+    choice: object = None
 
     @property
     def drafter(self) -> Drafter:
