@@ -227,10 +227,10 @@ def test_a_prefill_in_groups_scores_as_one_padded_prefill(tiny_llama_target, mon
     (grouped, logits, last, slots), (padded, logits_one, last_one, slots_one) = runs
     assert len(batched.prefill_groups([len(p) - 1 for p in prompts], 0.0)) > 1  # several groups, really
     assert slots == slots_one
-    assert torch.allclose(logits, logits_one, atol=1e-5)
+    assert torch.allclose(logits, logits_one, rtol=1e-4, atol=1e-4)
     for r in range(len(prompts)):
         if pooling:
-            assert torch.allclose(grouped.embeddings[r], padded.embeddings[r], atol=1e-5)
+            assert torch.allclose(grouped.embeddings[r], padded.embeddings[r], rtol=1e-4, atol=1e-4)
         for layer in layers:
             assert torch.allclose(grouped.states[r][layer], padded.states[r][layer], rtol=1e-4, atol=1e-4)
             assert torch.allclose(last[layer][r], last_one[layer][r], rtol=1e-4, atol=1e-4)
@@ -326,7 +326,8 @@ def test_a_batch_prefill_embeds_each_prompt_as_the_target_prefill_does(tiny_llam
         alone = target.prefill(prompt, embedding=pooling).embedding
         assert torch.allclose(emb, alone, atol=1e-5)
     inputs = [p[-1:] + [5, 6] for p in prompts]
-    assert torch.allclose(embedded.score(inputs), plain.score(inputs), atol=1e-5)
+    # each batch prefills its own length groups: equal to the rounding of a batched product
+    assert torch.allclose(embedded.score(inputs), plain.score(inputs), rtol=1e-4, atol=1e-4)
 
 
 def test_a_batch_records_each_rows_target_states_as_the_target_does(tiny_llama_target):
