@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specbench.decoding.drafter import Draft, keep_tokens
-from specbench.decoding.rounds import Drafted, round_members
+from specbench.decoding.rounds import Drafted, matched, round_members
 from specbench.decoding.tree import TokenTree, build_tree
 
 if TYPE_CHECKING:
@@ -137,7 +137,7 @@ def _resolve(row: _Row, spec: DecodeSpec, rng: torch.Generator) -> Turn:
     members, made, unused = round_members(
         row.choice,
         draft_with,
-        lambda d, n: bool(d.draft.tokens) and (d.draft.match or 0) >= n,
+        matched,
         type(row.selector).__name__,
     )
     seconds = sum(d.t_propose for d in made.values()) + (unused.t_propose if unused is not None else 0.0)

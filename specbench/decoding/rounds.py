@@ -182,6 +182,12 @@ class Verified:
         return min(self.verdict.accepted, len(self.new))
 
 
+def matched(made: Drafted, min_match: int) -> bool:
+    """Whether a route's first draft plays alone: it drafted and matched at least ``min_match`` tokens of context
+    (``round_members``' ``plays`` for the loop and a batch's rows)."""
+    return bool(made.draft.tokens) and (made.draft.match or 0) >= min_match
+
+
 def draft(w: Walk, choice, room: int) -> tuple[tuple[str, ...], dict[str, Drafted], Drafted | None]:
     """The members of the round and their drafts (``round_members``), each synced then proposing up to its draft
     length (no more than ``room``); the routed-away draft, if any."""
@@ -211,7 +217,7 @@ def draft(w: Walk, choice, room: int) -> tuple[tuple[str, ...], dict[str, Drafte
     return round_members(
         choice,
         draft_with,
-        lambda d, n: bool(d.draft.tokens) and (d.draft.match or 0) >= n,
+        matched,
         type(w.selector).__name__,
         cut=_cut,
         greedy=sampling.greedy,
