@@ -1,7 +1,7 @@
 """Batched speculative decoding (issue 57): several queries, each with its own drafter, verified in one target
 forward per round.
 
-Each round, every row still generating drafts on its own (its drafter's per-row copy, ``Drafter.for_row``, synced
+Each round, every row still generating drafts on its own (its drafter's per-row copy, ``Drafter.for_rows``, synced
 with the row's committed tokens; ``batch_drafts.py``), then one forward of the target over every row's ``[last
 committed token, *draft]`` (``models/batched.py``: rows of different lengths, each at its own positions; a tree row's
 nodes each at its depth, seeing its ancestors), then each row's verdict, by the same
@@ -13,10 +13,10 @@ a batch of it is plain batched decoding, the baseline at the same batch.
 
 Lossless only: the cascade rules are refused, as are dynamic draft trees (of heads and model drafters); a drafter
 that plays alone has its retrieval tree draft cut to its first path (those drafters draft deterministically, so any
-path of theirs is a valid draft under sampling). A model drafter drafts every row that uses it in one forward a position,
-with one batched cache of its own (``drafters/batched.py``); a draft head drafts each row with a cache of its own from
-the row's target states, which the prefill and every round's forward record (``BatchedLM.start`` and ``score`` with
-the heads' layers). Greedy rows record their deciders (``certify``); sampled rows none.
+path of theirs is a valid draft under sampling). A model drafter or a draft head drafts every row that uses it in one
+forward a position, with one batched cache of its own (``drafters/batched.py``); a head feeds each row its own target
+states, which the prefill and every round's forward record (``BatchedLM.start`` and ``score`` with the heads'
+layers). Greedy rows record their deciders (``certify``); sampled rows none.
 
 A row drafts with one drafter for its whole generation, or (a ``RowSelector``) chooses its drafter each round with its
 own selector over the pool: one state a row, as a row is a query (each row's selector is reset when the row starts

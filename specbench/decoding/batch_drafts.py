@@ -1,13 +1,13 @@
 """A batch's drafting step (``decoding/batch.py``): each row's draft this round, a ``Turn``.
 
 A row that plays one drafter drafts a chain with it (a retrieval drafter's tree draft cut to its first path); rows
-whose drafter drafts many rows in one forward (``Drafter.shared_rows``: model drafters) draft together. A row whose
-selector chose more than one arm resolves its choice as the single-query loop does (``rounds.round_members``, with the
-loop's own ``Drafted`` records): a ``Route`` drafts its first drafter and keeps that draft when its match is long
-enough, else drafts with the route's fallback (one drafter: a chain; several: a tree); a tuple of arms drafts with
-each, and their drafts (each whole, a retrieval tree included) become one token tree (``tree.build_tree``) that the
-batch verifies as that row's input. Under the batch budget no row drafts when, before any row drafts, no cap could
-pay (``BatchBudget.may_draft``).
+whose drafter drafts many rows in one forward (``Drafter.shared_rows``: model drafters and draft heads) draft
+together. A row whose selector chose more than one arm resolves its choice as the single-query loop does
+(``rounds.round_members``, with the loop's own ``Drafted`` records): a ``Route`` drafts its first drafter and keeps
+that draft when its match is long enough, else drafts with the route's fallback (one drafter: a chain; several: a
+tree); a tuple of arms drafts with each, and their drafts (each whole, a retrieval tree included) become one token
+tree (``tree.build_tree``) that the batch verifies as that row's input. Under the batch budget no row drafts when,
+before any row drafts, no cap could pay (``BatchBudget.may_draft``).
 """
 
 from __future__ import annotations
@@ -88,6 +88,8 @@ def drafts(
     for rows in together.values():
         t0 = clock.now()
         shared = active[rows[0]].drafter.shared_rows
+        for i in rows:  # each row's query (a head reads its row's target states)
+            active[i].drafter.sync(active[i].query, active[i].tokens)
         made = shared.propose(
             [active[i].drafter for i in rows],
             [active[i].tokens for i in rows],

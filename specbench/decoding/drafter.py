@@ -267,10 +267,10 @@ class Drafter:
 
     def for_row(self) -> Drafter:
         """A drafter of the same settings for one row of a batch (``decoding/batch.py``), with per-query state of its
-        own (a batch drafts for several queries at once). Kinds that hold a model and its cache cannot yet."""
+        own (a batch drafts for several queries at once). A kind that says nothing of it cannot draft in a batch."""
         raise SpecbenchError(
             f"drafter '{self.name}' ({type(self).__name__}) cannot draft in a batch yet: batched decoding takes "
-            "prompt lookup, the retrieval drafter, model drafters drafting chains (HF and small drafters) and the "
+            "prompt lookup, the retrieval drafter, model drafters and draft heads drafting chains and the "
             "autoregressive arm",
             f"decode with decoding.batch_size=1, or use methods whose drafters batch (not '{self.name}')",
         )

@@ -1,4 +1,5 @@
-"""A model drafter at batch (issue 57, item 2): one drafter forward for every row of a batch that drafts with it.
+"""Model drafters and draft heads at batch (issue 57, item 2): one drafter forward for every row of a batch that
+drafts with it.
 
 ``ModelDrafter.for_rows`` gives each row a view (``ModelRow``) of one shared ``ModelRows``: the drafter's model with
 one batched KV cache (``models/batched.py``: each row at its own positions, rows of different lengths in one forward).
@@ -13,6 +14,10 @@ batched matrix product), and ``ModelRow.propose`` drafts one row the same way.
 Chains of decoder-only drafters only: a dynamic draft tree or an encoder-decoder drafter is refused when the rows
 are made, before any forward. The cache starts, at the first draft, with every row that has not finished
 (their prompts); a finished row (``finish``) leaves it at the next draft.
+
+A draft head does the same over its own stack (``HeadRows``, from ``EagleDrafter.for_rows``): its cache holds pairs
+``(f_t, x_{t+1})`` of the row's target features and tokens, so each row is fed its own query's recorded target
+states, and its draft steps feed predicted features instead of tokens (``BatchedLM.feed``).
 """
 
 from __future__ import annotations
@@ -30,18 +35,37 @@ from specbench.models.cache import common_prefix
 
 if TYPE_CHECKING:
     from specbench.drafters.base import ModelDrafter
+    from specbench.drafters.eagle.eagle1 import EagleDrafter
 
 
-class ModelRows:
+class SharedRows:
+    """A drafter drafting for the rows of one batch with one batched cache (``lm``); one view a row, in ``views``.
+    ``_start`` begins the cache with the unfinished rows at their first draft."""
+
+    lm: BatchedLM
+    views: list
+
+    def _rows(self) -> dict[int, int]:
+        """Start the cache with every unfinished row, or let finished rows leave it; each live view's cache row."""
+        if self.live is None:
+            self.live = [v for v in self.views if not v.done]
+            self._start(self.live)
+        elif any(v.done for v in self.live):
+            keep = [r for r, v in enumerate(self.live) if not v.done]
+            self.lm.drop(keep)
+            self.live = [self.live[r] for r in keep]
+        return {id(v): r for r, v in enumerate(self.live)}
+
+    def _start(self, live: list) -> None:
+        raise NotImplementedError
+
+
+class ModelRows(SharedRows):
     """``drafter``'s model drafting for the rows of one batch (one view a prompt, in ``views``)."""
 
     def __init__(self, drafter: ModelDrafter, prompts: Sequence[list[int]]):
         name = drafter.name
-        if drafter.tree is not None:
-            raise SpecbenchError(
-                f"drafter '{name}' drafts a dynamic tree, and a batch verifies one chain a row",
-                f"set pool.drafters.{name}.tree=null (a chain) to decode in batches, or decoding.batch_size=1",
-            )
+        _chains_only(drafter)
         if drafter.lm.is_encoder_decoder:
             raise SpecbenchError(
                 f"drafter '{name}' ({type(drafter).__name__}) is encoder-decoder: batched drafting takes "
@@ -53,17 +77,9 @@ class ModelRows:
         self.views = [ModelRow(drafter, self, list(p)) for p in prompts]
         self.live: list[ModelRow] | None = None  # the views in the cache's row order, once it has started
 
-    def _rows(self) -> dict[int, int]:
-        """Start the cache with every unfinished row (its prompt but the last token), or let finished rows leave
-        it; each live view's cache row."""
-        if self.live is None:
-            self.live = [v for v in self.views if not v.done]
-            self.lm.start([v.prompt for v in self.live])
-        elif any(v.done for v in self.live):
-            keep = [r for r, v in enumerate(self.live) if not v.done]
-            self.lm.drop(keep)
-            self.live = [self.live[r] for r in keep]
-        return {id(v): r for r, v in enumerate(self.live)}
+    def _start(self, live: list[ModelRow]) -> None:
+        """Each row's prompt but its last token cached (the first draft feeds it)."""
+        self.lm.start([v.prompt for v in live])
 
     @torch.inference_mode()
     def propose(
@@ -100,15 +116,137 @@ class ModelRows:
                     continue
                 v.seen += fed[r]
                 last = logits[r, len(fed[r]) - 1]
-                probs = logits_to_probs(last, sampling)
-                tok = pick(last if sampling.greedy else probs, sampling, rng)
-                out, rows, raw = made[id(v)]
-                out.append(tok)
-                rows.append(probs)
-                raw.append(probs if sampling.greedy else torch.softmax(last, dim=-1))
-                if not draft_ends(tok, float(probs[tok]), len(out) - 1, k_of[id(v)], eos_ids, threshold):
+                out, rows, _ = made[id(v)]
+                tok = _pick(last, logits_to_probs(last, sampling), sampling, rng, made[id(v)])
+                if not draft_ends(tok, float(rows[-1][tok]), len(out) - 1, k_of[id(v)], eos_ids, threshold):
                     inputs[r] = [tok]
         return [_draft(*made[id(v)]) for v in views]
+
+
+class HeadRows(SharedRows):
+    """A draft head (``drafters/eagle``) drafting for the rows of one batch: one head forward a position for every
+    row that drafts with it, over one batched cache of the head's stack (``BatchedLM.feed``), each row fed its own
+    target states (its query's, which the batch records every round). Each round a row's cache is cut back to its
+    pairs ``(f_t, x_{t+1})`` still committed, one forward feeds every row the committed pairs it has not seen, then
+    each further forward feeds each row its last predicted feature and draft token, and one product of the LM head
+    scores every row's next token; so a row drafts what the head drafts for it alone (``EagleDrafter.propose``), to
+    the rounding of a batched product. The cache starts empty (a head has no pair before the first committed
+    feature)."""
+
+    def __init__(self, drafter: EagleDrafter, rows: int):
+        _chains_only(drafter)
+        self.drafter = drafter
+        self.lm = BatchedLM(drafter.head.stack)
+        self.views = [HeadRow(drafter, self) for _ in range(rows)]
+        self.live: list[HeadRow] | None = None
+
+    def _start(self, live: list[HeadRow]) -> None:
+        self.lm.start([[0]] * len(live))  # one-token sequences: nothing cached
+
+    @torch.inference_mode()
+    def propose(
+        self,
+        views: Sequence[HeadRow],
+        tokens: Sequence[list[int]],
+        ks: Sequence[int],
+        sampling: SamplingParams,
+        rng: torch.Generator,
+        eos_ids: frozenset[int] = frozenset(),
+    ) -> list[Draft]:
+        """Each view's draft of up to ``ks[i]`` tokens after its committed ``tokens[i]`` (the class's docstring);
+        each view synced with its row's query first (``Drafter.sync``)."""
+        at, head = self._rows(), self.drafter
+        lengths, fed = self.lm.n.tolist(), {}
+        for v, toks in zip(views, tokens):
+            n = len(toks)
+            if n < 2:  # no committed feature yet: nothing to draft from, as alone
+                continue
+            keep = min(common_prefix(v.real, toks[1:n]), n - 2)  # refeed at least the last pair
+            lengths[at[id(v)]] = keep
+            del v.real[keep:]
+            fed[at[id(v)]] = (head.features(v._query, keep, n - 1), list(toks[keep + 1 : n]))
+            v.real.extend(toks[keep + 1 : n])
+        self.lm.rewind(lengths)
+        hats = self._feed(fed)
+        made = {id(v): ([], [], []) for v in views}
+        going = [(v, k) for v, k in zip(views, ks) if k > 0 and at[id(v)] in hats]
+        while going:
+            subs = head.logits(torch.stack([hats[at[id(v)]] for v, _ in going]))
+            fed = {}
+            for (v, k), sub in zip(going, subs):
+                out, rows, _ = made[id(v)]
+                full = head.logits.to_full(sub, float("-inf"))
+                probs = head.logits.to_full(logits_to_probs(sub, sampling), 0.0)
+                tok = _pick(full, probs, sampling, rng, made[id(v)])
+                if not draft_ends(
+                    tok, float(rows[-1][tok]), len(out) - 1, k, eos_ids, head.confidence_threshold
+                ):
+                    fed[at[id(v)]] = (hats[at[id(v)]][None], [tok])
+            hats = self._feed(fed)
+            going = [(v, k) for v, k in going if at[id(v)] in fed]
+        return [_draft(*made[id(v)]) for v in views]
+
+    def _feed(self, fed: dict[int, tuple[torch.Tensor, list[int]]]) -> dict[int, torch.Tensor]:
+        """One forward of the head's stack over each cache row's ``(features [m, H], tokens [m])`` pairs (rows not in
+        ``fed`` feed nothing), the pairs kept; each fed row's last predicted feature."""
+        if not fed:
+            return {}
+        q = max(len(t) for _, t in fed.values())
+        first = next(iter(fed.values()))[0]
+        features = first.new_zeros(self.lm.rows, q, first.shape[-1])
+        ids = torch.zeros(self.lm.rows, q, dtype=torch.long, device=first.device)
+        for r, (f, t) in fed.items():
+            features[r, : len(t)] = f
+            ids[r, : len(t)] = torch.tensor(t, device=first.device)
+        head = self.drafter
+        out = self.lm.feed(head.head.inputs(features, head.embed(ids)))
+        self.lm.keep([len(fed[r][1]) if r in fed else 0 for r in range(self.lm.rows)])
+        return {r: out[r, len(t) - 1] for r, (_, t) in fed.items()}
+
+
+def _pick(logits: torch.Tensor, probs: torch.Tensor, sampling, rng, made: tuple[list, list, list]) -> int:
+    """The next draft token from a position's ``logits`` and their processed ``probs`` (as a drafter alone picks it),
+    appended with its distributions to the row's ``made``: (tokens, processed rows, untempered rows)."""
+    tok = pick(logits if sampling.greedy else probs, sampling, rng)
+    out, rows, raw = made
+    out.append(tok)
+    rows.append(probs)
+    raw.append(probs if sampling.greedy else torch.softmax(logits, dim=-1))
+    return tok
+
+
+class HeadRow(Drafter):
+    """One row's view of a ``HeadRows``: the head's settings, the tokens ``x_{t+1}`` of the committed pairs the
+    shared cache holds for the row (``real``), and ``shared_rows``, which the batch asks for every row at once."""
+
+    def __init__(self, drafter: EagleDrafter, rows: HeadRows):
+        self.name = drafter.name
+        self.cost = drafter.cost
+        self.draft_length = drafter.draft_length
+        self.history_free = drafter.history_free
+        self.scored = drafter.scored
+        self.shared_rows = rows
+        self.layers = drafter.state_layers(False)
+        self.real: list[int] = []
+        self.done = False
+
+    def state_layers(self, side_observations: bool) -> tuple[int, ...]:
+        return self.layers
+
+    def propose(self, tokens, k, sampling, rng, eos_ids=frozenset(), stop_below=0.0) -> Draft:
+        return self.shared_rows.propose([self], [list(tokens)], [k], sampling, rng, eos_ids)[0]
+
+    def finish(self) -> None:
+        self.done = True
+
+
+def _chains_only(drafter) -> None:
+    """Refuse a drafter that drafts dynamic trees: a batch verifies one chain a row."""
+    if drafter.tree is not None:
+        raise SpecbenchError(
+            f"drafter '{drafter.name}' drafts a dynamic tree, and a batch verifies one chain a row",
+            f"set pool.drafters.{drafter.name}.tree=null (a chain) to decode in batches, or decoding.batch_size=1",
+        )
 
 
 def _draft(tokens: list[int], rows: list[torch.Tensor], raw: list[torch.Tensor]) -> Draft:
@@ -138,4 +276,4 @@ class ModelRow(Drafter):
         self.done = True
 
 
-__all__ = ["ModelRow", "ModelRows"]
+__all__ = ["HeadRow", "HeadRows", "ModelRow", "ModelRows"]

@@ -137,8 +137,8 @@ class BatchedLM:
         ids = torch.tensor([[PAD] * (width - len(h)) + h for h in heads], device=self.device)
         positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)
         self.cache = DynamicCache()
-        out = self._forward(ids, positions, valid, past=0, hidden=hidden)
-        return out[1] if hidden else None
+        out = self._forward({"input_ids": ids}, positions, valid, past=None, hidden=hidden)
+        return out.hidden_states if hidden else None
 
     @torch.inference_mode()
     def score(
@@ -167,15 +167,38 @@ class BatchedLM:
                     m = len(depths)
                     new[r, :m, :m] = attention.to(self.device)
                     positions[r, :m] = self.n[r] + torch.tensor(depths, device=self.device)
-        out = self._forward(ids, positions, self.valid, past=self.slots, hidden=bool(layers), new=new)
-        logits, self.last_states = (
-            (out[0], {int(layer): out[1][layer] for layer in layers}) if layers else (out, {})
+        out = self._forward(
+            {"input_ids": ids}, positions, self.valid, self.slots, hidden=bool(layers), new=new
         )
+        self.last_states = {int(layer): out.hidden_states[layer] for layer in layers}
+        self._append(q)
+        logits = out.logits
+        if self.vocab_size is not None and logits.shape[-1] != self.vocab_size:
+            logits = fit_vocab(logits, self.vocab_size)
+        return logits.float()
+
+    @torch.inference_mode()
+    def feed(self, embeds: torch.Tensor) -> torch.Tensor:
+        """``score`` for a model without an LM head fed ``inputs_embeds`` (a draft head's stack,
+        ``drafters/batched.py``): one forward over each row's ``embeds`` ``[rows, q, H]`` (a shorter row padded at
+        the end), each at the row's next positions; the last hidden states ``[rows, q, H]``, in the model's dtype.
+        ``keep`` follows, as after ``score``."""
+        if embeds.shape[0] != self.rows:
+            raise ValueError(f"{embeds.shape[0]} inputs for {self.rows} rows")
+        if self._pending:
+            raise RuntimeError("feed called twice without keep")
+        q = int(embeds.shape[1])
+        positions = self.n[:, None] + torch.arange(q, device=self.device)[None]
+        out = self._forward({"inputs_embeds": embeds}, positions, self.valid, self.slots)
+        self._append(q)
+        return out.last_hidden_state
+
+    def _append(self, q: int) -> None:
+        """The last forward appended ``q`` slots to every row, masked until ``keep``."""
         self.valid = torch.cat(
             [self.valid, torch.zeros(self.rows, q, dtype=torch.bool, device=self.device)], 1
         )
         self._pending = q
-        return logits
 
     @torch.inference_mode()
     def keep(self, lengths: list[int]) -> None:
@@ -241,21 +264,22 @@ class BatchedLM:
 
     def _forward(
         self,
-        ids: torch.Tensor,
+        inputs: dict,
         positions: torch.Tensor,
         past_valid: torch.Tensor,
-        past: int,
+        past: int | None,
         hidden=False,
         new: torch.Tensor | None = None,
     ):
-        """Append ``ids`` ``[rows, q]`` at ``positions``; each new slot sees the row's valid past slots, the new slots
-        before it (or, given ``new`` ``[rows, q, q]``, those it allows: a tree row's ancestors), and itself. Float32
-        logits, and with ``hidden`` every layer's hidden states beside them (``[0]`` the embeddings, ``[-1]`` the
-        final states)."""
-        rows, q = ids.shape
+        """Append ``inputs`` (``input_ids`` ``[rows, q]`` or ``inputs_embeds`` ``[rows, q, H]``) at ``positions``
+        after the cache's ``past`` slots; each new slot sees the row's valid past slots, the new slots before it (or,
+        given ``new`` ``[rows, q, q]``, those it allows: a tree row's ancestors), and itself. ``past`` None: the
+        prefill, whose ``past_valid`` are the new slots'. The model's output (with ``hidden``, every layer's hidden
+        states: ``[0]`` the embeddings, ``[-1]`` the final states)."""
+        rows, q = positions.shape
         if new is None:
             new = torch.ones(q, q, dtype=torch.bool, device=self.device).tril()
-        if past:
+        if past is not None:
             allowed = torch.cat([past_valid[:, None, :].expand(rows, q, past), new.expand(rows, q, q)], dim=2)
         else:  # the prefill: the prompt's slots are the new ones, each sees its valid predecessors and itself
             allowed = (past_valid[:, None, :] & new[None]) | torch.eye(
@@ -264,7 +288,7 @@ class BatchedLM:
         mask = torch.zeros(allowed.shape, dtype=self.mask_dtype, device=self.device)
         mask.masked_fill_(~allowed, torch.finfo(self.mask_dtype).min)
         out = self.model(
-            input_ids=ids,
+            **inputs,
             attention_mask=mask[:, None],
             position_ids=positions,
             use_cache=True,
@@ -272,10 +296,7 @@ class BatchedLM:
             **{self._cache_kw: self.cache},
         )
         self.cache = out[self._cache_kw]
-        logits = out.logits
-        if self.vocab_size is not None and logits.shape[-1] != self.vocab_size:
-            logits = fit_vocab(logits, self.vocab_size)
-        return (logits.float(), out.hidden_states) if hidden else logits.float()
+        return out
 
 
 def prefill_groups(lengths: list[int], waste: float) -> list[list[int]]:

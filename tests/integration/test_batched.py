@@ -244,7 +244,7 @@ def test_what_cannot_batch_yet_is_refused_before_any_forward(
     rng = torch.Generator().manual_seed(0)
     lm = BatchedLM(target.model, target.vocab_size)
     with pytest.raises(SpecbenchError, match="cannot draft in a batch yet") as err:
-        decode_batch(lm, [HeadLike(), tiny_llama_pool["prompt_lookup"]], prompts, _spec(target), rng)
+        decode_batch(lm, [OwnKind(), tiny_llama_pool["prompt_lookup"]], prompts, _spec(target), rng)
     assert "decoding.batch_size=1" in err.value.fix
     tree = with_tree(copy.copy(tiny_llama_pool["hf"]), {"width": 2, "nodes": 4}, "hf")
     with pytest.raises(SpecbenchError, match="dynamic tree") as err:
@@ -255,37 +255,41 @@ def test_what_cannot_batch_yet_is_refused_before_any_forward(
         BatchedLM(tiny_t5_target.model)
 
 
-class HeadLike(Drafter):
-    """A drafter kind that cannot draft per row (as a draft head cannot yet): the protocol's ``for_row``."""
+class OwnKind(Drafter):
+    """A drafter kind of its own that does not say how to draft per row: the protocol's default ``for_row`` refuses it."""
 
-    name = "head"
+    name = "own"
 
     def propose(self, tokens, k, sampling, rng, eos_ids=frozenset(), stop_below=0.0) -> Draft:
         return Draft([], None)
 
 
-def test_model_rows_draft_what_the_drafter_drafts_alone(tiny_llama_target, tiny_llama_pool):
-    """One batched cache for three rows of the tiny HF drafter (``drafters/batched.py``): over rounds in which some
-    rows draft and others do not, whose drafts are partly accepted (the cache cut back) or whose rows commit
-    another drafter's tokens (caught up several at once), and after a row finishes, every draft equals the drafter's
-    own draft of the same committed tokens alone, tokens and distributions."""
-    from specbench.decoding.drafter import DecodeContext
-
-    target, hf = tiny_llama_target, tiny_llama_pool["hf"]
+def _shared_rounds(drafter, target, query, forwards=None) -> None:
+    """Three rows of ``drafter`` drafting through its shared rows (``for_rows``) over rounds in which some rows draft
+    and others do not, whose drafts are partly accepted (the cache cut back) or whose rows commit another drafter's
+    tokens (caught up several at once), and after a row finishes: every draft equals the drafter's own draft of the
+    same committed tokens alone (synced with ``query(tokens)``), tokens and distributions; ``forwards``, when given,
+    counts the forwards of one round (what it holds is cleared before each round and checked after it: 4 for 4
+    draft tokens, whatever the rows)."""
     greedy, rng = SamplingParams(), torch.Generator().manual_seed(0)
     seqs = [list(p) for p in _prompts(target, 3)]
-    views = hf.for_rows(seqs)
+    views = drafter.for_rows(seqs)
     shared = views[0].shared_rows
     assert all(v.shared_rows is shared for v in views) and len(views) == 3
     for rnd, drafting in enumerate([[0, 2], [0, 1, 2], [1], [0, 2], [0, 2]]):
         if rnd == 3:
             views[1].finish()  # row 1 leaves: the cache drops it at the next draft
+        for i in drafting:
+            views[i].sync(query(seqs[i]), seqs[i])
+        if forwards is not None:
+            forwards.clear()
         drafts = shared.propose(
             [views[i] for i in drafting], [seqs[i] for i in drafting], [4] * len(drafting), greedy, rng
         )
+        assert forwards is None or len(forwards) == 4, rnd  # a catch-up and 3 feeds
         for i, made in zip(drafting, drafts):
-            hf.sync(DecodeContext(), seqs[i])
-            alone = hf.propose(seqs[i], 4, greedy, rng)
+            drafter.sync(query(seqs[i]), seqs[i])
+            alone = drafter.propose(seqs[i], 4, greedy, rng)
             assert made.tokens == alone.tokens and len(made.tokens) == 4, (rnd, i)
             assert torch.allclose(made.probs, alone.probs, atol=1e-5)
             seqs[i] += made.tokens[: 1 + rnd % 3] + [
@@ -294,6 +298,41 @@ def test_model_rows_draft_what_the_drafter_drafts_alone(tiny_llama_target, tiny_
         for i in {0, 1, 2} - set(drafting) - ({1} if rnd >= 3 else set()):
             seqs[i] += [5, 6, 7]  # committed by another drafter: caught up at its next draft
     assert shared.lm.rows == 2
+
+
+def test_model_rows_draft_what_the_drafter_drafts_alone(tiny_llama_target, tiny_llama_pool):
+    """One batched cache for three rows of the tiny HF drafter (``drafters/batched.py``): every draft equals the
+    drafter's own alone, over the rounds of ``_shared_rounds``."""
+    from specbench.decoding.drafter import DecodeContext
+
+    _shared_rounds(tiny_llama_pool["hf"], tiny_llama_target, lambda seq: DecodeContext())
+
+
+def test_head_rows_draft_what_the_head_drafts_alone_in_one_forward_a_position(tiny_llama_target, tmp_path):
+    """One batched cache of an EAGLE head's pairs for three rows (``HeadRows``), each row fed its own target states:
+    every draft equals the head's own alone, over the rounds of ``_shared_rounds``, and each round runs the head's
+    stack once a draft position for all the rows that draft (a catch-up, then one forward a draft token after the
+    first), not once a row."""
+    from specbench.decoding.drafter import DecodeContext
+    from specbench.drafters import build_pool
+    from tests.integration.test_eagle import write_head
+
+    target = tiny_llama_target
+    spec = {"_target_": "specbench.drafters.eagle.build", "checkpoint": str(write_head(tmp_path, target))}
+    head = build_pool(target, {"eagle": spec})["eagle"]
+    layers = head.state_layers(False)
+
+    def query(seq):  # the row's committed target states, as the batch records them
+        q = DecodeContext()
+        q.record_states(target.prefill(seq, layers=layers).states, rows=len(seq) - 1, start=0)
+        return q
+
+    calls: list[int] = []
+    hook = head.head.stack.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        _shared_rounds(head, target, query, calls)
+    finally:
+        hook.remove()
 
 
 def test_a_model_drafters_rows_accept_what_they_accept_alone(tiny_llama_target, row_pool, tiny_decode):
@@ -350,8 +389,9 @@ def test_a_batch_records_each_rows_target_states_as_the_target_does(tiny_llama_t
 
 
 def test_draft_heads_draft_each_row_as_they_draft_alone(tiny_llama_target, row_pool, tiny_decode, tmp_path):
-    """Two rows of an EAGLE head (a head a row, fed its row's own target states) beside prompt lookup and the
-    autoregressive arm: every row's output, and each round's drafted and accepted tokens, equal its prompt alone."""
+    """Two rows of an EAGLE head (one batched cache of the head's pairs, each row fed its own target states) beside
+    prompt lookup and the autoregressive arm: every row's output, and each round's drafted and accepted tokens, equal
+    its prompt alone."""
     from specbench.drafters import build_pool
     from tests.integration.test_eagle import PROMPTS, write_head
 

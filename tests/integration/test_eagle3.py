@@ -231,6 +231,32 @@ def test_partial_acceptance_rolls_the_cache_back(heads, tiny_decode, arm):
     torch.testing.assert_close(warm.probs, cold.probs, atol=1e-4, rtol=1e-4)
 
 
+def test_a_batch_drafts_each_row_as_its_head_alone(heads, tiny_decode):
+    """EAGLE-3 heads of both layouts at batch (``HeadRows``: one forward of a head's stack a draft position for every
+    row that plays it, each row fed its own aux-layer states), rows of different prompts: each row's output, and each
+    round's drafted and accepted tokens, equal its prompt decoded alone, every row's head drafting."""
+    from specbench.decoding.batch import decode_batch
+    from specbench.decoding.loop import DecodeSpec, Limits
+    from specbench.models.batched import BatchedLM
+    from specbench.timing import Clock
+
+    target, pool, _ = heads
+    texts = (PROMPTS[0], PROMPTS[1], PROMPTS[1] + " abc", PROMPTS[0][:30])
+    prompts = [target.tokenizer(t)["input_ids"] for t in texts]
+    arms = ("eagle3", "speculators", "eagle3", "speculators")
+    eos = frozenset({int(target.tokenizer.eos_token_id)})
+    spec = DecodeSpec(SamplingParams(), Limits(max_new_tokens=24, draft_length=3), eos, Clock())
+    lm = BatchedLM(target.model, target.vocab_size)
+    result = decode_batch(lm, [pool[a] for a in arms], prompts, spec, torch.Generator())
+    for arm, prompt, gen in zip(arms, prompts, result.generations):
+        alone = tiny_decode(target, pool, arm, prompt, max_new_tokens=24, draft_length=3, eos_ids=eos)
+        assert gen.tokens == alone.tokens, arm
+        assert [(r.drafted, r.accepted) for r in gen.rounds] == [
+            (r.drafted, r.accepted) for r in alone.rounds
+        ]
+    assert all(sum(r.drafted for r in g.rounds) > 0 for g in result.generations)  # every row's head drafted
+
+
 def rms(x, w, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 

@@ -25,7 +25,6 @@ it into the next-token distribution. Drafting continues on its own predicted fea
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -152,17 +151,13 @@ class EagleDrafter(Drafter):
         self.real = []
         self._hat = None
 
-    def for_row(self) -> EagleDrafter:
-        """The head for one row of a batch: the same weights, a cache and features of the row's own (its query's
-        recorded target states, ``decoding/batch.py``). Chains only: a batch verifies one chain a row."""
-        if self.tree is not None:
-            raise SpecbenchError(
-                f"drafter '{self.name}' drafts a dynamic tree, and a batch verifies one chain a row",
-                f"set pool.drafters.{self.name}.tree=null (a chain) to decode in batches, or decoding.batch_size=1",
-            )
-        row = copy.copy(self)
-        row.cache, row.real, row._hat, row._query = None, [], None, None
-        return row
+    def for_rows(self, prompts: list[list[int]]) -> list[Drafter]:
+        """Views of one batched copy of the head's cache, one a row, each fed its row's own target states: the batch
+        drafts every row that uses the head in one head forward a position (``drafters/batched.py``); chains only,
+        as a batch verifies one chain a row."""
+        from specbench.drafters.batched import HeadRows
+
+        return list(HeadRows(self, len(prompts)).views)
 
     @torch.inference_mode()
     def _feed(self, features: torch.Tensor, tokens: list[int]) -> torch.Tensor:
@@ -178,13 +173,14 @@ class EagleDrafter(Drafter):
         keep = min(common_prefix(self.real, tokens[1:n]), n - 2)  # refeed at least the last pair
         crop_cache(self.cache, keep)
         del self.real[keep:]
-        out = self._feed(self._features(keep, n - 1), tokens[keep + 1 : n])
+        out = self._feed(self.features(self._query, keep, n - 1), tokens[keep + 1 : n])
         self.real.extend(tokens[keep + 1 : n])
         self._hat = out[-1]
 
-    def _features(self, start: int, stop: int) -> torch.Tensor:
-        """The head's input features at committed positions ``start .. stop-1`` (the target's last layer)."""
-        return self._query.states(self.layer)[start:stop]
+    def features(self, query: DecodeContext, start: int, stop: int) -> torch.Tensor:
+        """The head's input features at ``query``'s committed positions ``start .. stop-1`` (the target's last
+        layer)."""
+        return query.states(self.layer)[start:stop]
 
     @torch.inference_mode()
     def propose(self, tokens, k, sampling, rng, eos_ids=frozenset(), stop_below=0.0) -> Draft:
@@ -393,6 +389,6 @@ def build(
     return drafter
 
 
-# its drafter drafts per row of a batch (EagleDrafter.for_row: a head a row, fed the row's own target states;
-# pipelines/batch_settings.py): chains (a tree config is refused for batches)
+# its drafter drafts the rows of a batch in one head forward a position (EagleDrafter.for_rows, each row fed its own
+# target states; pipelines/batch_settings.py): chains (a tree config is refused for batches)
 build.batches = "chains"

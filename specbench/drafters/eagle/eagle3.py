@@ -47,6 +47,7 @@ from typing import Annotated
 import torch
 from torch import nn
 
+from specbench.decoding.drafter import DecodeContext
 from specbench.drafters.base import Checkpoint, Confidence, Dtype, MakeTarget
 from specbench.drafters.eagle.eagle1 import EagleDrafter
 from specbench.drafters.eagle.eagle3_files import (
@@ -212,9 +213,17 @@ class Eagle3Head(nn.Module):
     def forward(self, hidden: torch.Tensor, embeddings: torch.Tensor, cache=None) -> torch.Tensor:
         """``hidden`` ``[B, T, H]`` (``g_t``, or the previous step's output), ``embeddings`` ``[B, T, H]``
         (of ``x_{t+1}``) -> ``[B, T, H]`` in the head's dtype, before the final norm."""
-        x = torch.cat([embeddings.to(self.dtype), hidden.to(self.dtype)], dim=-1)
         kwargs = {} if cache is None else {self._cache_kw: cache, "use_cache": True}
-        return self._stack[0](inputs_embeds=x, **kwargs).last_hidden_state
+        return self.stack(inputs_embeds=self.inputs(hidden, embeddings), **kwargs).last_hidden_state
+
+    def inputs(self, hidden: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+        """What the stack is fed: ``[embed(x_{t+1}), g_t]`` (its first layer takes both), in the head's dtype."""
+        return torch.cat([embeddings.to(self.dtype), hidden.to(self.dtype)], dim=-1)
+
+    @property
+    def stack(self) -> nn.Module:
+        """The layer stack (a base model fed ``inputs_embeds``; a batch drafts through it, ``drafters/batched.py``)."""
+        return self._stack[0]
 
     def draft_logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(h.to(self.dtype)))
@@ -261,11 +270,10 @@ class Eagle3Drafter(EagleDrafter):
     def state_layers(self, side_observations: bool) -> tuple[int, ...]:
         return tuple(dict.fromkeys(self.aux))
 
-    def _features(self, start: int, stop: int) -> torch.Tensor:
-        """``fc`` of the aux layers' features, concatenated (low, mid, high), at positions ``start .. stop-1``."""
-        return self.head.fuse(
-            torch.cat([self._query.states(layer)[start:stop] for layer in self.aux], dim=-1)
-        )
+    def features(self, query: DecodeContext, start: int, stop: int) -> torch.Tensor:
+        """``fc`` of the aux layers' features, concatenated (low, mid, high), at ``query``'s positions
+        ``start .. stop-1``."""
+        return self.head.fuse(torch.cat([query.states(layer)[start:stop] for layer in self.aux], dim=-1))
 
 
 def load_eagle3(
@@ -378,6 +386,8 @@ def build(
     return drafter
 
 
-build.batches = "chains"  # a head a row in a batch, as the eagle kind (EagleDrafter.for_row)
+build.batches = (
+    "chains"  # one head forward a position for a batch's rows, as the eagle kind (EagleDrafter.for_rows)
+)
 
 __all__ = ["Eagle3Drafter", "Eagle3Head", "Eagle3Layout", "build", "default_aux_layers", "load_eagle3"]

@@ -59,12 +59,19 @@ class EagleHead(nn.Module):
         """``features`` ``[B, T, H]`` (``f_t``), ``embeddings`` ``[B, T, H]`` (of ``x_{t+1}``) -> ``[B, T, H]``,
         in the head's dtype (inputs of another dtype, e.g. a bf16 target's, are cast). ``mask``: a token tree's
         ``attention_mask`` and ``position_ids`` (``models.cache.mask_arguments``) for the new positions."""
-        dtype = self.fc.weight.dtype
-        x = self.fc(torch.cat([embeddings.to(dtype), features.to(dtype)], dim=-1))
         kwargs = {} if cache is None else {self._cache_kw: cache, "use_cache": True}
         kwargs.update(mask or {})
-        out = self._stack[0](inputs_embeds=x, **kwargs)
-        return out.last_hidden_state
+        return self.stack(inputs_embeds=self.inputs(features, embeddings), **kwargs).last_hidden_state
+
+    def inputs(self, features: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+        """What the stack is fed for ``(f_t, x_{t+1})`` pairs: ``fc([embed(x_{t+1}), f_t])``, in the head's dtype."""
+        dtype = self.fc.weight.dtype
+        return self.fc(torch.cat([embeddings.to(dtype), features.to(dtype)], dim=-1))
+
+    @property
+    def stack(self) -> nn.Module:
+        """The decoder stack (a base model fed ``inputs_embeds``; a batch drafts through it, ``drafters/batched.py``)."""
+        return self._stack[0]
 
 
 class HeadLogits:
