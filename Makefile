@@ -18,7 +18,7 @@ PIP ?= $(PYTHON) -m pip
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install demo readme-demo trees-cpu budget-cpu budget-decisions batch-throughput trees-own-task-cpu metasd-seed-cpu aa-cpu trace-mixed test lint test-slow test-all bench clean metasd-cpu huang-cpu \
+.PHONY: install demo readme-demo trees-cpu budget-cpu budget-decisions batch-throughput batch-one-check trees-own-task-cpu metasd-seed-cpu aa-cpu trace-mixed test lint test-slow test-all bench clean metasd-cpu huang-cpu \
 	cascades-cpu huang-fig3 huang-fig3-pool reproduce-cpu-again trace-seed specialist-data specialist-levers specialists ship-heads small-drafter specialists-eval draft-confidence reproduce-cpu report paper-dry-run paper-drafters \
 	reproduce-paper
 
@@ -94,6 +94,25 @@ batch-throughput: install
 	cp $(BATCH_OUT)/batch_throughput.md docs/batch-throughput-cpu.md  # the generated page the docs quote
 	cp $(BATCH_OUT)/batch_throughput.png docs/  # its picture, under the name the page links
 
+# Issue 57's batch-1 check: batch_cpu's queries and settings at batch size 1, autoregressive decoding, prompt lookup
+# and the retrieval drafter (the budget's pool: the same drafter settings as batch_cpu's), run by this code and by the
+# code before batched decoding (BATCH_BEFORE, from a detached worktree, run from this directory so the data paths
+# hold), each alone and resumable; then the page of their paired speed ratios (batch_throughput --before), copied to
+# docs/batch-one-cpu.md.
+BATCH_BEFORE ?= 65d8096
+BATCH_ONE = pool=smollm2_budget dataset=mixed_local target.dtype=bfloat16 dataset.limit=8 dataset.offset=64 \
+	dataset.max_input_tokens=384 dataset.interleave=true decoding.max_new_tokens=128 \
+	'methods=[autoregressive,fixed:prompt_lookup,fixed:suffix]'
+batch-one-check: install
+	$(SPECBENCH) eval $(BATCH_ONE) hydra.run.dir=$(BATCH_OUT)/one_now
+	[ -d $(BATCH_OUT)/before_code ] || git worktree add --detach $(BATCH_OUT)/before_code $(BATCH_BEFORE)
+	PYTHONPATH=$(abspath $(BATCH_OUT)/before_code) $(PYTHON) -m specbench.cli eval $(BATCH_ONE) \
+		hydra.run.dir=$(BATCH_OUT)/one_before
+	git worktree remove --force $(BATCH_OUT)/before_code
+	$(PYTHON) -m specbench.reproduction.batch_throughput $(BATCH_OUT)/one_now --before $(BATCH_OUT)/one_before \
+		--out $(BATCH_OUT)/batch_one.md
+	cp $(BATCH_OUT)/batch_one.md docs/batch-one-cpu.md  # the generated page the docs quote
+
 # A drafter's dynamic tree against its chain on its own task (conf/experiment/trees_own_task_cpu.yaml: the math head
 # and the small drafter on held-out GSM8K questions; resumable), then its table with each tree against its chain (paired intervals; multi_drafter.md, copied to
 # docs/trees-own-task-cpu.md). About 10 minutes.
@@ -126,7 +145,7 @@ aa-cpu: install
 	$(SPECBENCH) eval selector=policy policy.checkpoint=$(AA_POLICY) selector.sample=true dataset=iwslt2017 \
 		'dataset.path=$${paths.data}/iwslt2017_de_en/test.json' dataset.offset=2300 dataset.limit=120 \
 		decoding.max_new_tokens=64 'methods=[selector,again:selector]' hydra.run.dir=$(AA_OUT)/policy
-	$(PYTHON) -m specbench.reproduction.noise $(AA_OUT)/one $(AA_OUT)/two $(AA_OUT)/policy
+	$(PYTHON) -m specbench.reproduction.aa_calibration $(AA_OUT)/one $(AA_OUT)/two $(AA_OUT)/policy
 	cp $(AA_OUT)/one/calibration.md docs/aa-cpu.md  # the generated page the docs quote
 
 # MetaSD's bandit claims over thousands of rounds: acceptance traces of the mixed stream (16 queries a task, 512
@@ -161,7 +180,7 @@ trace-seed: install
 	cp $(SEED_LONG)/long_horizon.md docs/long-horizon-seed-cpu.md  # the generated page, until `make report` joins it
 
 readme-demo: install
-	$(PYTHON) -m specbench.reproduction.render demo $(DEMO_OUT) README.md
+	$(PYTHON) -m specbench.reproduction.readme demo $(DEMO_OUT) README.md
 
 bench: install
 	$(SPECBENCH) bench

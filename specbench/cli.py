@@ -134,8 +134,7 @@ def report(
     long_horizon: str = typer.Option(
         None,
         "--long-horizon",
-        help="the long-horizon replays of `make trace-mixed` (outputs/long_horizon): "
-        "their verdicts join the report",
+        help="replays of `make trace-seed` or `trace-mixed`: their verdicts join the report",
     ),
     against: str = typer.Option(
         None,
@@ -149,6 +148,7 @@ def report(
 ) -> None:
     """Each paper's tables and figures from the run directories under ROOT, published numbers beside ours,
     and each claim checked (REPORT.md)."""
+    from specbench.reproduction import readme as readme_blocks
     from specbench.reproduction import render
 
     try:
@@ -158,15 +158,15 @@ def report(
                 "add --publish docs/reproduction",
             )
         if readme:  # checked before anything is written or published
-            render.check_readme(Path(readme))
+            readme_blocks.check_readme(Path(readme))
         path = render.write(
             root, out, layout, long_horizon=long_horizon, against=against, one_commit=one_commit
         )
         if publish:
-            typer.echo(f"published: {render.publish(path, publish)}")
+            typer.echo(f"published: {readme_blocks.publish(path, publish)}")
         if readme:
             links = os.path.relpath(Path(publish).resolve(), Path(readme).resolve().parent)
-            typer.echo(f"included in: {render.include_in_readme(path, Path(readme), links)}")
+            typer.echo(f"included in: {readme_blocks.include_in_readme(path, Path(readme), links)}")
     except SpecbenchError as exc:
         fail(exc)
     except OSError as exc:  # an unwritable --out / --publish, a file where a directory must go, a full disk

@@ -20,7 +20,7 @@ from specbench.arms import AUTOREGRESSIVE, BATCH_ONLY
 from specbench.decoding import certify
 from specbench.decoding.loop import check_trees
 from specbench.errors import SpecbenchError
-from specbench.pipelines import spec_bench, tables
+from specbench.pipelines import forks, spec_bench, tables
 from specbench.pipelines.batch_settings import batch_size, check_batched, check_queries
 from specbench.pipelines.cost_cache import Probe, startup_costs
 from specbench.pipelines.methods import Method, check_methods, parse_methods
@@ -58,7 +58,7 @@ def write_convergence(examples: list[dict], out: Path) -> None:
 def write_forks(examples: list[dict], out: Path) -> None:
     """forks.csv: each output of a method that departs from the autoregressive output of its query, with
     the two tokens, both runs' logit margins and the verdict; a warning names every query with a defect."""
-    table = tables.forks(examples)
+    table = forks.forks(examples)
     if table.empty:
         (out / FORKS_CSV).unlink(missing_ok=True)
         return

@@ -38,7 +38,8 @@ from tqdm.auto import tqdm
 from specbench import profiling
 from specbench.arms import AUTOREGRESSIVE
 from specbench.decoding.loop import Limits
-from specbench.decoding.replay import ROUND_KINDS, SWITCH, Costs, RoundOracle, fit_overheads, replay
+from specbench.decoding.replay import RoundOracle, replay
+from specbench.decoding.replay_costs import ROUND_KINDS, SWITCH, Costs, fit_overheads
 from specbench.decoding.trace import QueryTrace
 from specbench.errors import SpecbenchError
 from specbench.files import atomic_write_text
@@ -204,7 +205,7 @@ def overheads_text(fitted: dict[str, tuple[float, int]]) -> str:
 
 def replay_all(out: Path, rows: list[dict], methods: list[Method], arms: list[str], seeds: int, clock: tuple):
     """Every method over every traced query (a seeded method once per seed; fixed arms first, as they define each
-    query's best drafter), written as it goes (``examples`` and ``rounds`` of seed 0, ``seeds`` of every seed);
+    query's best drafter among those the selectors play), written as it goes (``examples`` and ``rounds`` of seed 0, ``seeds`` of every seed);
     ``(per-seed rows, convergence cells, rounds replayed)``. ``clock``: ``(limits, costs, draft lengths)``."""
     limits, costs, lengths = clock
     queries = [
@@ -226,7 +227,7 @@ def replay_all(out: Path, rows: list[dict], methods: list[Method], arms: list[st
     ):
         for m in order:
             if m.name != AUTOREGRESSIVE and not m.name.startswith("fixed:") and not best:
-                best = best_arms(per_seed)
+                best = best_arms(per_seed, playable(methods))
             for seed in range(runs[m.name]):
                 selector = m.reseeded(arms, seed)
                 for row, qt, query in queries:
@@ -369,15 +370,26 @@ def example_row(method: str, row: dict, gen) -> dict:
     }
 
 
-def best_arms(per_seed: list[dict]) -> dict[str, str]:
-    """Per query, the drafter (not the autoregressive arm) whose fixed replay is fastest: the per-query oracle."""
+def best_arms(per_seed: list[dict], among: set[str] | None = None) -> dict[str, str]:
+    """Per query, the drafter (not the autoregressive arm) whose fixed replay is fastest: the per-query oracle; with
+    ``among``, the fastest of those drafters (the ones the run's selectors play: :func:`playable`)."""
     out: dict[str, tuple[float, str]] = {}
     for r in per_seed:
-        if r["method"].startswith("fixed:") and r["new_tokens"]:
+        arm = r["method"].split(":", 1)[1] if r["method"].startswith("fixed:") else None
+        if arm is not None and (among is None or arm in among) and r["new_tokens"]:
             spt = r["seconds"] / r["new_tokens"]
             if r["query_id"] not in out or spt < out[r["query_id"]][0]:
-                out[r["query_id"]] = (spt, r["method"].split(":", 1)[1])
+                out[r["query_id"]] = (spt, arm)
     return {q: arm for q, (_, arm) in out.items()}
+
+
+def playable(methods: list[Method]) -> set[str] | None:
+    """The drafters the run's selectors choose among, when every selector names its candidates (a trace's reference
+    rows, which no selector plays, are then no query's best drafter); None when any plays the whole pool."""
+    chosen = [m.config.get("candidates") for m in methods if m.config is not None]
+    if not chosen or any(c is None for c in chosen):
+        return None
+    return {str(a) for c in chosen for a in c}
 
 
 def method_table(per_seed: list[dict]) -> pd.DataFrame:
@@ -471,7 +483,7 @@ def write_outputs(
         f"{elapsed:.1f} s ({n_rounds / max(elapsed, 1e-9):,.0f} rounds/s). Times are predicted by the trace's cost "
         "curves. vs_query_oracle: mean over queries of (the query's fastest fixed drafter's seconds per token / the "
         "method's); vs_round_oracle: the same against oracle:round. best_share: share of rounds that chose the "
-        "query's fastest drafter (tree rounds: chose it into the tree; members every tree holds by construction "
+        "query's fastest drafter among those the selectors play (tree rounds: chose it into the tree; members every tree holds by construction "
         f"count as no choice); _late: rounds from index {LATE} on. counterfactual: side observations a round given "
         "as the observer's own draft's Block Divergence, because the trace did not hold the live one "
         "(trace.side_observations off, or a draft cut shorter than traced): such runs replay with better "

@@ -21,7 +21,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from specbench.decoding.loop import Generation, Limits
-from specbench.decoding.replay import Costs, replay
+from specbench.decoding.replay import replay
+from specbench.decoding.replay_costs import Costs
 from specbench.decoding.trace import QueryTrace
 from specbench.errors import SpecbenchError
 from specbench.pipelines.session.prompting import example_id, prompt_fingerprint

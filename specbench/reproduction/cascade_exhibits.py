@@ -1,5 +1,5 @@
 """Speculative cascades: quality against speedup of each deferral rule, against plain SD (greedy) or lossy SD
-(temperature sampling) at equal quality; and the Spec-Bench leaderboard's reference rows (paper scale)."""
+(temperature sampling) at equal quality. (The Spec-Bench leaderboard's reference rows: ``spec_bench.py``.)"""
 
 from __future__ import annotations
 
@@ -10,71 +10,24 @@ from pathlib import Path
 
 import pandas as pd
 
-from specbench.pipelines.tables import ALL_TASKS
-from specbench.records import CURVES_CSV, SUMMARY_CSV
+from specbench.records import CURVES_CSV
+from specbench.reproduction import intervals as CI
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.compare import (
     called,
-    faster_on,
-    fixed_methods,
     pair_columns,
     paired,
-    short_name,
     timed,
-    with_published,
 )
 from specbench.reproduction.exhibit import CascadeRun, Exhibit, ExhibitSpec, Layout
-from specbench.reproduction.inputs import drafter_speeds, load_examples, run_table
+from specbench.reproduction.inputs import load_examples, run_table
 from specbench.reproduction.published import Published
 from specbench.reproduction.runs import (
     CASCADES_GREEDY,
     CASCADES_PAPER,
     CASCADES_SAMPLING,
     EXAMPLES,
-    SPEC_BENCH_EVAL,
 )
-
-SPEC_BENCH_ROWS = {"vicuna_68m": "SpS (vicuna-68m)", "prompt_lookup": "prompt lookup", "eagle": "EAGLE"}
-
-
-def spec_bench_leaderboard(root: Path, published: list[Published], lay: Layout) -> Exhibit:
-    summary = run_table(root, f"{SPEC_BENCH_EVAL.dir}/{SUMMARY_CSV}")
-    ds = drafter_speeds(summary)
-    tasks = [t for t in ds if t != ALL_TASKS]
-    table = pd.DataFrame(
-        [
-            {"method": SPEC_BENCH_ROWS.get(d, d), "speedup": v, **{t: ds[t].get(d, math.nan) for t in tasks}}
-            for d, v in ds.get(ALL_TASKS, {}).items()
-        ]
-    )
-    table = with_published(
-        table, published, "spec_bench", "leaderboard", {r: r for r in SPEC_BENCH_ROWS.values()}, ["speedup"]
-    )
-    ex = load_examples(root, SPEC_BENCH_EVAL.dir)
-    claim = "EAGLE is the fastest of the reference drafters, as on the leaderboard"
-    verdict = (
-        V.all_of(
-            claim,
-            [
-                (f"vs {short_name(d)}", faster_on(ex, "", "fixed:eagle", d))
-                for d in fixed_methods(ex)
-                if d != "fixed:eagle"
-            ],
-            "each part: speedup ratio EAGLE / that drafter > 1",
-        )
-        if "fixed:eagle" in set(ex.method)
-        else V.missing(
-            claim, f"per-query records of EAGLE ({SPEC_BENCH_EVAL.dir}/{EXAMPLES})", "speedup ratio"
-        )
-    )
-    return Exhibit(
-        "Spec-Bench reference rows: each drafter alone on question.jsonl",
-        table,
-        [verdict],
-        "Speedup over autoregressive decoding on every question and turn of Spec-Bench's question.jsonl "
-        "(greedy, 1024 new tokens). Our drafters draft a chain of draft_length tokens; Spec-Bench's SpS uses "
-        "Hugging Face's adaptive assistant length and EAGLE a tree, so equal numbers are not expected.",
-    )
 
 
 def cascade_points(curves: pd.DataFrame) -> pd.DataFrame:
@@ -107,7 +60,7 @@ SPECULATIVE, LOSSY, SEQUENTIAL_FAMILY = "speculative cascade", "lossy SD", "sequ
 
 def family(method: str) -> str:
     """autoregressive | drafter alone | lossy SD (plain SD is its alpha 0) | sequential cascade | speculative cascade."""
-    from specbench.pipelines.cascades import ALONE, SD
+    from specbench.pipelines.cascade_curves import ALONE, SD
 
     m = str(method)
     if m == SD or m.startswith("lossy_sd@"):
@@ -172,7 +125,7 @@ def cascades(root: Path, published: list[Published], lay: Layout, run: CascadeRu
         "Chow's test on its own distribution, is deferred to the target, called only then), and the speculative "
         "cascades (chow, diff, opt, token_*: the deferral decided with the target's scores, in parallel). "
         "Verdicts, per task: each family's fastest point at the target's quality, judged by a paired test, not by "
-        f"point estimates: the 95% {V.INTERVAL_TEXT} of its per-query quality difference to the target lies above "
+        f"point estimates: the 95% {CI.INTERVAL_TEXT} of its per-query quality difference to the target lies above "
         "minus a margin, the larger end of lossless SD's own interval of that difference (the scatter a method with "
         "the target's quality shows on these queries); then the speculative cascade's point against the other two "
         "families' points, paired per query, speed with that interval at a level Bonferroni-corrected over "
@@ -236,7 +189,7 @@ def quality_note(table: pd.DataFrame) -> str:
 
     return (
         "\n\nEach point's quality against the target's, paired per query (the point's score minus the target's, "
-        f"95% {V.INTERVAL_TEXT}; margin: lossless SD's own scatter; shows: at the target's quality when the "
+        f"95% {CI.INTERVAL_TEXT}; margin: lossless SD's own scatter; shows: at the target's quality when the "
         "interval lies above minus the margin, below when it lies wholly under it, cannot tell otherwise):\n\n"
         + to_markdown(table)
     )
@@ -247,7 +200,7 @@ def metric_separation(ex: pd.DataFrame) -> pd.DataFrame:
     on the same queries (the paired mean difference, its 95% interval, and the difference over its
     standard deviation): which metric can tell the target from its drafter on these queries at all."""
     from specbench.arms import AUTOREGRESSIVE
-    from specbench.pipelines.cascades import ALONE
+    from specbench.pipelines.cascade_curves import ALONE
 
     rows = []
     for task in dict.fromkeys(ex.task) if not ex.empty else ():
@@ -262,7 +215,7 @@ def metric_separation(ex: pd.DataFrame) -> pd.DataFrame:
             d = (target - alone).dropna()
             if len(d) < 2:
                 continue
-            mean, lo, hi = V.bootstrap({"d": d.to_numpy(float)}, V.mean_of("d"))
+            mean, lo, hi = CI.bootstrap({"d": d.to_numpy(float)}, CI.mean_of("d"))
             sd = float(d.std(ddof=1))
             rows.append(
                 {
@@ -338,7 +291,7 @@ def quality_gap(p: dict[str, pd.DataFrame], m: str) -> tuple[float, float, float
     d = (p[m]._q - p[AUTOREGRESSIVE]._q).dropna() if not p[m].empty else pd.Series(dtype=float)
     if d.empty:
         return None
-    return V.bootstrap({"d": d.to_numpy(float)}, V.mean_of("d"))
+    return CI.bootstrap({"d": d.to_numpy(float)}, CI.mean_of("d"))
 
 
 LOSSLESS_SD = (
@@ -382,7 +335,7 @@ def at_target_quality(
         p = paired(ex, [m, AUTOREGRESSIVE])
         gap = quality_gap(p, m)
         if gap is not None and quality_shows(gap, margin) == AT_QUALITY:
-            out.append((float(V.speed_ratio()(pair_columns(p[m], p[AUTOREGRESSIVE], cost))), m))
+            out.append((float(CI.speed_ratio()(pair_columns(p[m], p[AUTOREGRESSIVE], cost))), m))
     return sorted(out, reverse=True)
 
 
@@ -456,7 +409,7 @@ def baseline_part(
         return fam, V.unpaired("", why, CASCADE_LABEL)
     b = base[0][1]
     p = paired(sub, [best, b])
-    boot = V.Bootstrap(level=level)
+    boot = CI.Bootstrap(level=level)
     clock = V.faster("", timed(p[best]), timed(p[b]), (best, b), boot=boot)
     verdict = V.faster("", called(p[best]), called(p[b]), (best, b), what=CASCADE_WHAT, boot=boot)
     return f"{best} vs {b} ({fam})", replace(verdict, detail=f"wall-clock beside: {clock.stats}")
@@ -476,9 +429,9 @@ def no_point_verdict(sub: pd.DataFrame, named: str, points: list[str], margin: f
         return V.unpaired(
             named, "the run has no speculative-cascade point scored on these queries", CASCADE_LABEL
         )
-    if n < V.MIN_N:
+    if n < CI.MIN_N:
         return V.Verdict(
-            named, None, f"fewer than {V.MIN_N} paired queries", n=n, label=CASCADE_LABEL, reason=V.N_SMALL
+            named, None, f"fewer than {CI.MIN_N} paired queries", n=n, label=CASCADE_LABEL, reason=V.N_SMALL
         )
     if len(shown) == len(gaps) and all(quality_shows(g, margin) == BELOW_QUALITY for g in shown):
         why = (
@@ -491,11 +444,6 @@ def no_point_verdict(sub: pd.DataFrame, named: str, points: list[str], margin: f
         f"margin {margin:.3g}), nor is every one shown below it: these queries cannot tell"
     )
     return V.Verdict(named, None, why, n=n, label=CASCADE_LABEL, reason=V.INCONCLUSIVE)
-
-
-LEADERBOARD = ExhibitSpec(
-    "spec_bench/leaderboard", spec_bench_leaderboard, (SPEC_BENCH_EVAL,), ("spec_bench/leaderboard",)
-)
 
 
 def cascades_exhibit(run: CascadeRun) -> ExhibitSpec:

@@ -11,12 +11,20 @@ as not run; one built on an unfinished run says so and judges none of its claims
 
 from __future__ import annotations
 
-from specbench.reproduction import cascade_exhibits, huang, metasd, metasd_rounds, multi_drafter, noise
+from specbench.reproduction import (
+    cascade_exhibits,
+    huang,
+    metasd,
+    metasd_rounds,
+    multi_drafter,
+    noise,
+    spec_bench,
+)
 from specbench.reproduction.exhibit import ExhibitSpec, Layout
 from specbench.reproduction.runs import Run, Step, in_order, steps_at
 
 EXHIBITS: tuple[ExhibitSpec, ...] = (
-    cascade_exhibits.LEADERBOARD,
+    spec_bench.LEADERBOARD,
     *huang.EXHIBITS,
     metasd.MAIN,
     noise.AA,

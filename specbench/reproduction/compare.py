@@ -12,6 +12,7 @@ import pandas as pd
 
 from specbench.pipelines.methods import AGAIN
 from specbench.pipelines.tables import ALL_TASKS, pyplot
+from specbench.reproduction import intervals as CI
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.inputs import drafter_speeds
 from specbench.reproduction.published import Published, lookup
@@ -42,7 +43,7 @@ def _present(x) -> bool:
 
 
 def pair_columns(a: pd.DataFrame, b: pd.DataFrame, cost: str = "seconds") -> dict[str, np.ndarray]:
-    """The paired per-query columns of two methods' records aligned by query (``verdicts.speed_ratio``'s: a_s, a_t,
+    """The paired per-query columns of two methods' records aligned by query (``intervals.speed_ratio``'s: a_s, a_t,
     b_s, b_t): ``speed_ratio()`` of them is how much faster ``a`` is than ``b``. ``cost``: the record column a
     token is paid in (``seconds``: wall-clock; ``target_calls``: target forwards, so the ratio is one of tokens
     per target call)."""
@@ -156,7 +157,7 @@ def margin_over_mean(
 
     def stat(c):
         sp = [
-            V.seconds_per_token(c["m0_s"], c["m0_t"]) / V.seconds_per_token(c[f"m{i}_s"], c[f"m{i}_t"])
+            CI.seconds_per_token(c["m0_s"], c["m0_t"]) / CI.seconds_per_token(c[f"m{i}_s"], c[f"m{i}_t"])
             for i in range(1, len(methods))
         ]
         return sp[0] / (sum(sp[1:]) / len(sp[1:]))
@@ -175,7 +176,7 @@ def mat_on(ex: pd.DataFrame, a: str, b: str, task: str) -> V.Verdict:
         "b_n": p[b].new_tokens,
         "b_c": p[b].target_calls,
     }
-    stat = lambda c: V.ratio_of_sums("a_n", "a_c")(c) / V.ratio_of_sums("b_n", "b_c")(c)  # noqa: E731
+    stat = lambda c: CI.ratio_of_sums("a_n", "a_c")(c) / CI.ratio_of_sums("b_n", "b_c")(c)  # noqa: E731
     return V.judge(
         "",
         {k: list(v.astype(float)) for k, v in cols.items()},
@@ -210,7 +211,7 @@ def relative_faster(
 
     def stat(c):
         def sp(t):
-            return V.seconds_per_token(c[f"{t}ar_s"], c[f"{t}ar_t"]) / V.seconds_per_token(
+            return CI.seconds_per_token(c[f"{t}ar_s"], c[f"{t}ar_t"]) / CI.seconds_per_token(
                 c[f"{t}m_s"], c[f"{t}m_t"]
             )
 

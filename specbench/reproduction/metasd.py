@@ -12,6 +12,7 @@ import pandas as pd
 from specbench.arms import AUTOREGRESSIVE
 from specbench.pipelines.tables import ALL_TASKS, ORACLE
 from specbench.records import SUMMARY_CSV
+from specbench.reproduction import intervals as CI
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.compare import (
     faster_on,
@@ -284,7 +285,7 @@ def metasd_stream(root: Path, published: list[Published], lay: Layout) -> Exhibi
             [
                 (
                     names[m],
-                    faster_on(ex, "", m, UCB, names=(names[m], names[UCB]), boot=V.Bootstrap(level=level)),
+                    faster_on(ex, "", m, UCB, names=(names[m], names[UCB]), boot=CI.Bootstrap(level=level)),
                 )
                 for m in NON_STATIONARY
                 if m in set(ex.method)

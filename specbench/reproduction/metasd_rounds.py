@@ -11,6 +11,7 @@ import pandas as pd
 
 from specbench.pipelines.tables import ALL_TASKS
 from specbench.records import CONVERGENCE_CSV, SUMMARY_CSV
+from specbench.reproduction import intervals as CI
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.compare import faster_on, figure, short_name
 from specbench.reproduction.exhibit import PROJECT, Exhibit, ExhibitSpec, Layout
@@ -153,7 +154,7 @@ def bandit_verdicts(ex: pd.DataFrame, rounds, alls: dict, first_rounds: int) -> 
     level), and faster than the uniform mixture."""
     run = METASD_EVAL.dir
     level = V.bonferroni(len(BANDITS))
-    boot = V.Bootstrap(level=level)
+    boot = CI.Bootstrap(level=level)
     name = lambda m: METASD_ROWS.get(m, m)  # noqa: E731
     return [
         V.all_of(

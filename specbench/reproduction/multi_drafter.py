@@ -33,6 +33,7 @@ from specbench.files import atomic_write_text
 from specbench.pipelines.tables import print_table, to_markdown
 from specbench.pipelines.tables import with_oracle as with_task_oracle
 from specbench.reproduction import compare
+from specbench.reproduction import intervals as CI
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.exhibit import Exhibit, ExhibitSpec
 from specbench.reproduction.inputs import NotRun, load_examples, load_round_values
@@ -50,7 +51,7 @@ def speed(ex: pd.DataFrame, method: str) -> tuple[float, int]:
     if not len(p[method]):
         return float("nan"), 0
     (ms, mt), (bs, bt) = (compare.timed(p[x]) for x in (method, AUTOREGRESSIVE))
-    ratio = V.seconds_per_token(np.asarray(bs), np.asarray(bt)) / V.seconds_per_token(
+    ratio = CI.seconds_per_token(np.asarray(bs), np.asarray(bt)) / CI.seconds_per_token(
         np.asarray(ms), np.asarray(mt)
     )
     return float(ratio), len(p[method])
@@ -225,7 +226,7 @@ def write(run_dir: Path, arms: list[str] | None = None, margin: float = BEST_SIN
         "",
         f"Best single drafter over the run: `{facts['best_single']}`. Speedups are over autoregressive decoding "
         "on the same queries (total seconds per token); `vs` columns are speed ratios with paired 95% "
-        f"{V.INTERVAL_TEXT}s over queries; `mat`: mean tokens per target forward (rounds.jsonl)."
+        f"{CI.INTERVAL_TEXT}s over queries; `mat`: mean tokens per target forward (rounds.jsonl)."
         + (
             f" Reference rows, never the best single drafter nor in an oracle: {', '.join(facts['reference'])}."
             if facts["reference"]
@@ -300,7 +301,7 @@ def trees_exhibit(root: Path, published, layout) -> Exhibit:
     notes = (
         f"Best single drafter over the run: {facts['best_single']}. Speedups over autoregressive decoding on the "
         "same queries; the ratios to the best single drafter and to the per-task oracle carry paired 95% "
-        f"{V.INTERVAL_TEXT}s over queries. Not a paper's table: this project's multi-drafter methods."
+        f"{CI.INTERVAL_TEXT}s over queries. Not a paper's table: this project's multi-drafter methods."
     )
     return Exhibit(
         "Multi-drafter decoding: token trees and the router against the best single drafter",

@@ -18,7 +18,7 @@ from specbench.decoding import certify, rounds
 from specbench.decoding.verify import Verdict, verify_greedy
 from specbench.drafters import build_pool
 from specbench.models import Target, load_model
-from specbench.pipelines import tables
+from specbench.pipelines import forks
 
 # Prompts of the byte-level tiny tokenizer; repetitive text gives prompt lookup and early exits drafts to verify.
 PROMPTS = [
@@ -72,7 +72,7 @@ def test_calibrated_bf16_forks_are_all_ties(bf16_llama, tiny_decode):
     forks = []
     for arm in ("prompt_lookup", "early_exit"):
         forks += [
-            f for f in tables.forks(base + records(target, pool, prompts, arm, tiny_decode, tol)).verdict
+            f for f in forks.forks(base + records(target, pool, prompts, arm, tiny_decode, tol)).verdict
         ]
     assert forks, "no fork at all: the test would not see a defect either (more prompts or tokens needed)"
     assert set(forks) == {certify.TIE}
@@ -93,7 +93,7 @@ def test_a_verifier_that_accepts_one_token_too_many_is_a_defect(bf16_llama, tiny
 
     monkeypatch.setattr(rounds, "verify_greedy", too_generous)
     broken = records(target, pool, prompts, "early_exit", tiny_decode, tol)
-    verdicts = list(tables.forks(base + broken).verdict)
+    verdicts = list(forks.forks(base + broken).verdict)
     assert verdicts and set(verdicts) == {certify.DEFECT}
 
 
@@ -105,7 +105,7 @@ def test_float32_outputs_do_not_fork(tiny_llama_target, tiny_llama_pool, tiny_de
     for arm in ("prompt_lookup", "early_exit", "quantized_weight"):
         mine = records(target, pool, prompts, arm, tiny_decode, tol)
         assert [r["output_ids"] for r in mine] == [r["output_ids"] for r in base]
-        assert tables.forks(base + mine).empty
+        assert forks.forks(base + mine).empty
         # every output position has its decider row, whose top token is the token emitted
         for r in mine:
             assert len(r["deciders"]) == len(r["output_ids"])

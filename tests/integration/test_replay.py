@@ -22,7 +22,8 @@ from hydra import compose, initialize_config_dir
 from specbench.configs import conf_dir, group_options, load_option
 from specbench.decoding.drafter import AUTOREGRESSIVE
 from specbench.decoding.loop import DecodeSpec, Limits
-from specbench.decoding.replay import ROUND_KINDS, Costs, replay
+from specbench.decoding.replay import replay
+from specbench.decoding.replay_costs import ROUND_KINDS, Costs
 from specbench.decoding.sampling import SamplingParams
 from specbench.decoding.trace import DrafterTrace, QueryTrace, trace, trace_lengths
 from specbench.drafters import build_pool
@@ -689,7 +690,7 @@ def test_the_replay_clock_charges_each_kind_of_round_its_fitted_overhead():
     """Issue 42: a live verification pays more than the forward the cost curve times (probabilities, acceptance,
     Block Divergence, the cache commit; a tree's mask and row moves). ``fit_overheads`` reads that excess per kind of
     round off a live run's rounds, and the replay charges each kind its own: one token, a chain, a tree."""
-    from specbench.decoding.replay import fit_overheads
+    from specbench.decoding.replay_costs import fit_overheads
 
     base = Costs(q=(1, 10), contexts=(10,), seconds=((0.012, 0.030),), tree_extra=0.0005)
     live_rounds = [  # verify(q) = 0.012 + 0.002 (q - 1) s at every context
@@ -718,7 +719,7 @@ def test_the_replay_clock_charges_a_switch_what_a_live_switch_pays_beyond_the_ca
     """A live switch back to a drafter used before pays more than its catch-up curve (timed on the drafter alone):
     ``fit_overheads`` reads that excess off the live rounds that switched back (not a first use), and the replay
     charges it to each such round, on top of the curve over the tokens the drafter missed."""
-    from specbench.decoding.replay import SWITCH, fit_overheads
+    from specbench.decoding.replay_costs import SWITCH, fit_overheads
 
     curve = {
         "A": ((1, 0.001), (11, 0.011)),
@@ -766,7 +767,7 @@ def test_replay_fits_its_round_overheads_on_a_live_run(trace_run, tmp_path):
     """``replay.live``: the eval run of the traced queries gives each kind of round's overhead (every live round
     counted once), the replay prints it, and the long-horizon calibration cross-fits it on the other half."""
     from specbench.pipelines import evaluate
-    from specbench.reproduction import long_horizon
+    from specbench.reproduction.replay_calibration import calibration
 
     live = tmp_path / "live"
     evaluate.run(cfg_of("eval", [*TRACE[:5], "methods=[autoregressive,fixed:prompt_lookup]"]), live)
@@ -783,7 +784,7 @@ def test_replay_fits_its_round_overheads_on_a_live_run(trace_run, tmp_path):
     assert f"fitted on the live run {live}: autoregressive" in (out / "seeds.md").read_text()
     with pytest.raises(SpecbenchError, match="no rounds.jsonl"):
         replay_pipeline.run(cfg_of("replay", [*args, f"replay.live={tmp_path}"]), tmp_path / "r3")
-    cal, facts = long_horizon.calibration(trace_run, live)
+    cal, facts = calibration(trace_run, live)
     assert len(facts["overheads"]) == 2 and all("autoregressive" in text for text in facts["overheads"])
     assert set(cal.method) == {"autoregressive", "fixed:prompt_lookup"}
 
@@ -807,9 +808,10 @@ def test_a_drafter_in_bf16_is_not_history_free(tiny_llama_target):
 
 
 def test_the_long_horizon_replays_play_only_the_named_arms(trace_run, tmp_path):
-    """Issue 56: ``--arms`` names the only drafters every selector plays (the seed's equal-cost pool); the other
-    traced drafters stay fixed reference rows, the best single drafter is one of the arms, the bandit claims are
-    judged on target rounds, and an arm the trace lacks is refused naming the traced ones."""
+    """Issue 56: ``--arms`` names the only drafters every selector plays (the seed's equal-cost pool; the switching
+    run's own selector too); the other traced drafters stay fixed reference rows, each query's best drafter and the
+    best single drafter are among the arms, the bandit claims are judged on target rounds, and an arm the trace lacks
+    is refused naming the traced ones."""
     from specbench.reproduction import long_horizon
 
     models = long_horizon.model_drafters(trace_pipeline.load_traces(trace_run)[0])
@@ -821,10 +823,19 @@ def test_the_long_horizon_replays_play_only_the_named_arms(trace_run, tmp_path):
     bandits = {e["method"] for e in jsonl(tmp_path / "lh" / "bandits" / "examples.jsonl")}
     assert "fixed:prompt_lookup" in bandits  # a reference row
     assert not {"router", "tree-ucb"} & bandits
-    played = {
-        r["arm"] for r in jsonl(tmp_path / "lh" / "bandits" / "rounds.jsonl") if r["method"] == "ucb-bd"
-    }
-    assert played <= {*models[:2], AUTOREGRESSIVE}
+    for run in ("bandits", "switching", "stream"):  # every selector, the switching run's own included
+        rounds = jsonl(tmp_path / "lh" / run / "rounds.jsonl")
+        played = {r["arm"] for r in rounds if not r["method"].startswith(("fixed:", "oracle"))}
+        assert played <= {*models[:2], AUTOREGRESSIVE}, run
+        chose = [
+            s
+            for s in jsonl(tmp_path / "lh" / run / "seeds.jsonl")
+            if s["method"] in {r["method"] for r in rounds}
+        ]
+        best = {
+            s["best_arm"] for s in chose if not s["method"].startswith(("fixed:", "oracle", AUTOREGRESSIVE))
+        }
+        assert best <= set(models[:2]), run  # a reference row is no selector's best drafter
     verdicts = {v.claim: v for v in long_horizon.load_verdicts(tmp_path / "lh")}
     best = verdicts[
         "[replayed] UCB-BD is faster than the best single drafter over the stream, in target rounds"

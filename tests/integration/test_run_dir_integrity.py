@@ -20,7 +20,16 @@ from hydra import compose, initialize_config_dir
 from specbench.configs import conf_dir
 from specbench.errors import SpecbenchError
 from specbench.files import atomic_path, files_fingerprint
-from specbench.pipelines import cascades, collect, collected, evaluate, spec_bench, tables, train_policy
+from specbench.pipelines import (
+    cascade_curves,
+    cascades,
+    collect,
+    collected,
+    evaluate,
+    spec_bench,
+    tables,
+    train_policy,
+)
 from specbench.pipelines.session.run_dir import CLAIM_FILE, RunDirTaken, lock_run_dir, run_command
 from specbench.pipelines.session.run_records import Records
 from specbench.records import read_jsonl
@@ -507,11 +516,11 @@ def test_cascades_curves_of_a_run_stopped_before_a_tasks_baseline(cascade_run, t
         if not (r["task"] == "math" and r["method"] == "autoregressive")
     ]
     rounds = jsonl(cascade_run / "rounds.jsonl")
-    table = cascades.curves(examples, rounds)
+    table = cascade_curves.curves(examples, rounds)
     assert table[table.task == "math"].speedup.isna().all()
-    best = cascades.best_at_loss(table)
+    best = cascade_curves.best_at_loss(table)
     assert "math" not in set(best.task)
-    note = cascades.closing_note(best, table)
+    note = cascade_curves.closing_note(best, table)
     assert "not judged" in note and "math" in note.split("not judged")[1]
 
     class Stub:

@@ -110,3 +110,41 @@ def test_each_batchs_time_is_split_into_forwards_drafting_and_the_rest(tmp_path)
     assert b.loc["fixed:pl", "the rest"] == pytest.approx(0.75)
     assert b.loc["fixed:pl", "draft tokens verified"] == 3 and b.loc["fixed:pl", "forwards"] == 1
     assert "Where each batch's time went" in T.write([four], tmp_path / "page.md").read_text()
+
+
+def test_batch_one_is_set_beside_the_code_before_batching(tmp_path):
+    """``--before``: per method both batch-1 runs ran, the paired speed ratio (this code / before) with its interval;
+    a method as fast as before is within noise, one that slowed by half is not; runs not at batch 1 are refused."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    queries = [f"q{i}" for i in range(24)]
+
+    def rows(
+        slow,
+    ):  # each query's own length of work, the same in both runs; 2% timing noise of each run's own
+        return [
+            (
+                q,
+                m,
+                20,
+                (0.5 + i / 24) * (slow if m == "fixed:x" else 1.0) * (1 + 0.02 * rng.standard_normal()),
+                [1],
+            )
+            for i, q in enumerate(queries)
+            for m in ("autoregressive", "fixed:x")
+        ]
+
+    now = _run(tmp_path / "b1", 1, rows(2.0))
+    before = _run(tmp_path / "before", 1, [r for r in rows(1.0) if r[0] != "q0"])
+    b = T.before_table([now], before).set_index("method")
+    assert b.loc["autoregressive", "within noise"] == "yes" and b.loc["autoregressive", "queries"] == 23
+    assert b.loc["fixed:x", "within noise"] == "no"
+    assert b.loc["fixed:x", "speed, this code / before"] == pytest.approx(0.5, rel=0.05)
+    page = T.write([now], tmp_path / "page.md", before).read_text()
+    assert "## Batch 1 against the code before batching" in page and f"--before {before}" in page
+    four = _run(tmp_path / "b4", 4, rows(1.0))
+    with pytest.raises(SpecbenchError, match="no run given is at batch size 1"):
+        T.before_table([four], before)
+    with pytest.raises(SpecbenchError, match="ran at batch size 4"):
+        T.before_table([now], four)

@@ -331,7 +331,7 @@ def test_every_rule_has_extremes():
 
 
 def _ex(qid, task, method, seconds, out, ref_ids, quality, calls, drafted=0, accepted=0, deferred=0):
-    from specbench.pipelines.cascades import agreement
+    from specbench.pipelines.cascade_curves import agreement
 
     return {
         "query_id": qid,
@@ -365,14 +365,14 @@ def test_rejections_by_hand():
 
 
 def test_agreement_by_hand():
-    from specbench.pipelines.cascades import agreement
+    from specbench.pipelines.cascade_curves import agreement
 
     assert agreement([1, 2, 3], [1, 2, 3]) == {"exact": True, "tokens": 1.0}
     assert agreement([1, 9, 3, 4], [1, 2, 3]) == {"exact": False, "tokens": 0.5}
 
 
 def test_curves_and_best_rule_by_hand():
-    from specbench.pipelines.cascades import best_at_loss, closing_note, curves
+    from specbench.pipelines.cascade_curves import best_at_loss, closing_note, curves
 
     ar = [1, 2, 3, 4]
     examples = [
@@ -425,7 +425,7 @@ def test_a_task_whose_baseline_ran_in_another_process_says_so():
 
     import pandas as pd
 
-    from specbench.pipelines.cascades import SD, closing_note
+    from specbench.pipelines.cascade_curves import SD, closing_note
 
     table = pd.DataFrame(
         [

@@ -3,7 +3,9 @@ or a hand-written page of docs/ (code spans, code blocks and comments aside: tho
 appear, to the digits quoted, in a page a make target writes: the reproduction report (docs/reproduction/), the pages
 the Makefile copies into docs/ (`cp ... docs/<page>`), the shipped heads' generated records (specbench/heads/) or the
 papers' published numbers (specbench/reproduction/published.yaml). A figure rounded from a generated one counts as
-quoted from it (1.83 from 1.834). Pure text: no model is loaded."""
+quoted from it (1.83 from 1.834). Issue 56: so must an integer of three digits or more (a count or a duration: 1,360
+generations, 106 minutes), unless it is a setting (a config's or the Makefile's), a year, or the end of a range; the
+README's generated blocks are not prose. Pure text: no model is loaded."""
 
 from __future__ import annotations
 
@@ -13,6 +15,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DECIMAL = re.compile(r"(?<![\w.])(\d+\.\d+)(?![\w.]*\d)")
+# an integer of three digits or more (1,360 or 1360): a count or a duration; not part of a word, a decimal or a path
+INTEGER = re.compile(r"(?<![\w.,/-])(\d{1,3}(?:,\d{3})+|\d{3,})(?![\w]|[.,]\d)")
+YEARS = range(1900, 2101)  # a year is not a figure
 COPY = re.compile(r"^\s*cp\s+\S+\s+(docs/[\w./-]+\.md)", re.M)
 
 
@@ -38,12 +43,13 @@ def rounded(figures: set[str]) -> set[str]:
 
 
 def prose(text: str) -> str:
-    """``text`` with code blocks, code spans and HTML comments blanked (line numbers kept)."""
+    """``text`` with generated blocks (between a ``do not edit -->`` marker and its ``<!-- end of`` marker), code
+    blocks, code spans and HTML comments blanked (line numbers kept)."""
 
     def blank(m: re.Match) -> str:
         return "\n" * m.group(0).count("\n")
 
-    for pattern in (r"```.*?```", r"<!--.*?-->", r"`[^`\n]*`"):
+    for pattern in (r"do not edit -->.*?<!-- end of", r"```.*?```", r"<!--.*?-->", r"`[^`\n]*`"):
         text = re.sub(pattern, blank, text, flags=re.S)
     return text
 
@@ -56,6 +62,45 @@ def unquoted(page: Path, held: set[str]) -> list[tuple[int, str]]:
         for m in DECIMAL.finditer(line)
         if m.group(1) not in held
     ]
+
+
+def integers(text: str) -> set[str]:
+    """Every run of digits in ``text``, thousands separators dropped (1,360 and 1360 alike)."""
+    return set(re.findall(r"\d+", re.sub(r"(?<=\d),(?=\d{3})", "", text)))
+
+
+def settings_integers(root: Path = ROOT) -> set[str]:
+    """The integers of the configs and the Makefile: settings (row counts, token limits), not measured figures."""
+    return set().union(
+        *(integers(p.read_text("utf-8")) for p in [*root.glob("conf/**/*.yaml"), root / "Makefile"])
+    )
+
+
+def unquoted_integers(page: Path, held: set[str]) -> list[tuple[int, str]]:
+    """(line, integer) of every integer of three digits or more in ``page``'s prose that neither a generated page nor
+    a setting holds (years aside)."""
+    return [
+        (i, m.group(1))
+        for i, line in enumerate(prose(page.read_text(encoding="utf-8")).splitlines(), 1)
+        for m in INTEGER.finditer(line)
+        if (v := m.group(1).replace(",", "")) not in held and int(v) not in YEARS
+    ]
+
+
+def test_hand_written_pages_quote_only_generated_integers():
+    """Issue 56: counts and durations typed into a hand-written page (positions, generations, minutes) come from a
+    generated page too, or are settings (a config's or the Makefile's)."""
+    generated = generated_pages()
+    held = settings_integers().union(
+        *(integers(p.read_text("utf-8")) for p in generated_sources() if p.is_file())
+    )
+    hand = [ROOT / "README.md", *(p for p in sorted(ROOT.glob("docs/*.md")) if p not in generated)]
+    found = {str(p.relative_to(ROOT)): unquoted_integers(p, held) for p in hand}
+    found = {k: v for k, v in found.items() if v}
+    assert not found, (
+        "hand-written pages quote integers no generated page or setting holds (line, integer): "
+        f"{found}; quote a generated page's figure and link it, or write the figure into a generated page"
+    )
 
 
 def test_hand_written_pages_quote_only_generated_figures():
@@ -83,3 +128,8 @@ def test_the_scan_catches_a_made_up_figure(tmp_path):
     held = rounded({"1.834"})
     assert unquoted(page, held) == [(6, "4.321")]
     assert "1.83" in held and "1.8" in held and "1.84" not in held
+    page.write_text(
+        "It took 1,360 generations and 45 minutes.\nRows 2,000 and `9,999`; in 2024 run-1234 (v1.234).\n"
+        "<!-- demo: do not edit -->\n777 s\n<!-- end of the demo -->\nThen 15,946 positions.\n"
+    )
+    assert unquoted_integers(page, integers("2000 and 1360")) == [(6, "15,946")]

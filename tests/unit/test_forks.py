@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specbench.decoding import certify
-from specbench.pipelines import speed, tables
+from specbench.pipelines import forks, speed, tables
 
 
 def row(*pairs):
@@ -108,8 +108,8 @@ def test_summary_counts_ties_and_defects_and_forks_lists_them():
     table = tables.summarize(examples)
     got = table[(table.task == "all") & (table.method == "fixed:x")].iloc[0]
     assert (got.ties, got.defects, got.exact_match) == (1.0, 1.0, 0.25)
-    forks = tables.forks(examples)
-    assert dict(zip(forks.query_id, forks.verdict)) == {"q0": "tie", "q1": "defect", "q3": "inherited"}
+    found = forks.forks(examples)
+    assert dict(zip(found.query_id, found.verdict)) == {"q0": "tie", "q1": "defect", "q3": "inherited"}
     base = table[(table.task == "all") & (table.method == "autoregressive")].iloc[0]
     assert (base.ties, base.defects) == (0.0, 0.0)
 

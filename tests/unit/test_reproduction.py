@@ -12,6 +12,7 @@ import pytest
 
 from specbench.errors import SpecbenchError
 from specbench.reproduction import published, render
+from specbench.reproduction import readme as readme_blocks
 from specbench.reproduction.layouts import CPU
 
 
@@ -189,12 +190,12 @@ def test_the_report_index_is_written_into_the_readme_between_its_markers(tmp_pat
     )
     readme = tmp_path / "README.md"
     readme.write_text(
-        f"# Tool\n\n## Measured results\n\n{render.README_BEGIN}\nold numbers 9.99x\n{render.README_END}\n\n## Errors\n"
+        f"# Tool\n\n## Measured results\n\n{readme_blocks.README_BEGIN}\nold numbers 9.99x\n{readme_blocks.README_END}\n\n## Errors\n"
     )
     for _ in range(2):  # idempotent: a second publish replaces the block, it does not append
-        render.include_in_readme(out, readme, "docs/reproduction")
+        readme_blocks.include_in_readme(out, readme, "docs/reproduction")
         text = readme.read_text()
-        assert "9.99x" not in text and text.count(render.README_BEGIN) == 1
+        assert "9.99x" not in text and text.count(readme_blocks.README_BEGIN) == 1
         assert "(docs/reproduction/huang/table1.md)" in text and "(docs/reproduction/REPORT.md)" in text
         row = next(line for line in text.splitlines() if "huang/table1.md" in line)
         assert row.endswith("| 3 | 0 | 0 | 0 |")  # Table 1's three verdicts counted by mark, not copied
@@ -202,7 +203,7 @@ def test_the_report_index_is_written_into_the_readme_between_its_markers(tmp_pat
         assert "Not run yet: " in text
     readme.write_text("# no markers\n")
     with pytest.raises(SpecbenchError, match="generated-report block"):
-        render.include_in_readme(out, readme, "docs/reproduction")
+        readme_blocks.include_in_readme(out, readme, "docs/reproduction")
 
 
 def test_the_paper_layout_sets_the_published_rows_beside_ours(tmp_path):

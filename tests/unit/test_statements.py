@@ -147,7 +147,7 @@ def test_replayed_bandit_claims_are_judged_on_target_rounds_with_the_clock_besid
     widens wall-clock verdicts, leaves a rounds verdict as it is."""
     import numpy as np
 
-    from specbench.reproduction import long_horizon as LH
+    from specbench.reproduction import replay_verdicts as LH
 
     rng = np.random.default_rng(0)
     rows = []

@@ -27,7 +27,7 @@ def test_every_task_with_a_quality_column_has_a_metric_that_writes_it():
 
 
 def test_the_consumers_maps_are_derived_from_the_registry():
-    from specbench.pipelines import cascades
+    from specbench.pipelines import cascade_curves as cascades
     from specbench.reproduction import huang
 
     assert {t.name: (t.quality, t.tolerance) for t in TASKS.values() if t.quality} == cascades.QUALITY
@@ -79,7 +79,7 @@ def test_a_quality_column_needs_a_metric():
 
 def test_a_run_may_judge_a_task_on_another_column_of_its_metric():
     from specbench.errors import SpecbenchError
-    from specbench.pipelines import cascades
+    from specbench.pipelines import cascade_curves as cascades
     from specbench.tasks.registry import quality_columns
 
     chosen = quality_columns({"summarization": "rouge1"})

@@ -112,7 +112,7 @@ def test_fix_lines_never_offer_what_is_already_set_or_cannot_work(tmp_path):
     """Issue 45 case 9: a null field was reported as missing (listing it among the fields it has); a prompt too long
     under decoding.fit_context=true offered decoding.fit_context=true; --readme was checked after --publish wrote."""
     from specbench.pipelines.session.prompting import Context
-    from specbench.reproduction.render import check_readme
+    from specbench.reproduction.readme import check_readme
     from specbench.tasks.formats import need
 
     with pytest.raises(SpecbenchError, match="field 'question' is null") as err:

@@ -13,6 +13,7 @@ import pytest
 
 from specbench.reproduction import compare as C
 from specbench.reproduction import inputs as R
+from specbench.reproduction import intervals as CI
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.layouts import CPU
 from tests.unit.test_reproduction import write_examples as _write_examples
@@ -50,7 +51,7 @@ def test_a_verdict_flips_from_held_to_not_held_when_the_numbers_cross():
 def test_it_becomes_not_judged_when_n_shrinks():
     fast, base = timed(1.2, n=3)
     v = V.faster("a is faster than b", fast, base)
-    assert v.held is None and v.reason == V.N_SMALL and v.n == 3 and f"fewer than {V.MIN_N}" in v.detail
+    assert v.held is None and v.reason == V.N_SMALL and v.n == 3 and f"fewer than {CI.MIN_N}" in v.detail
     assert v.line().startswith("**not judged**: a is faster than b (n < 16; n=3, ")
     # enough queries but too noisy for the effect: the interval straddles 1, so inconclusive (not "n too small")
     noisy, base = timed(1.05, n=16, noise=0.3, seed=3)
@@ -110,13 +111,13 @@ def test_the_interval_is_reproducible():
     a, b = V.faster("c", fast, base), V.faster("c", fast, base)
     assert a.interval == b.interval and a.line() == b.line()
     for interval in ("percentile", "expanded", "bca"):  # a resampled interval: the seed is what fixes it
-        boot = V.Bootstrap(interval=interval)
+        boot = CI.Bootstrap(interval=interval)
         again = V.faster("c", fast, base, boot=boot), V.faster("c", fast, base, boot=boot)
         assert again[0].interval == again[1].interval
-        other = V.faster("c", fast, base, boot=V.Bootstrap(seed=V.SEED + 1, interval=interval))
+        other = V.faster("c", fast, base, boot=CI.Bootstrap(seed=CI.SEED + 1, interval=interval))
         assert other.interval != again[0].interval
-    point, lo, hi = V.bootstrap({"x": [1.0, 2.0, 3.0, 4.0]}, V.mean_of("x"))
-    assert (point, lo, hi) == V.bootstrap({"x": [1.0, 2.0, 3.0, 4.0]}, V.mean_of("x"))
+    point, lo, hi = CI.bootstrap({"x": [1.0, 2.0, 3.0, 4.0]}, CI.mean_of("x"))
+    assert (point, lo, hi) == CI.bootstrap({"x": [1.0, 2.0, 3.0, 4.0]}, CI.mean_of("x"))
     assert point == 2.5 and lo < point < hi
 
 
@@ -164,7 +165,7 @@ def test_claims_of_several_parts():
 
 # ---------------------------------------------------------------- exhibits on per-query fixture runs
 def write_examples(path, speedups, n=16, **kw):
-    """``tests/unit/test_reproduction.py``'s writer, 16 queries per task by default (``verdicts.MIN_N``)."""
+    """``tests/unit/test_reproduction.py``'s writer, 16 queries per task by default (``intervals.MIN_N``)."""
     return _write_examples(path, speedups, n=n, **kw)
 
 
@@ -684,7 +685,7 @@ def test_p_values_resolve_below_holms_threshold_over_100_claims():
     m = 100 (0.05 / 100), where the interval's own 2,000 resamples floor every p-value at 0.001, so it stays held."""
     strong = V.faster("clearly faster", *timed(1.3, n=16, noise=0.05, seed=1))
     assert strong.p < 0.05 / 100
-    assert V.p_value(np.full(2000, 2.0), 1.0) == 0.001  # the floor the resampling lifts
+    assert CI.p_value(np.full(2000, 2.0), 1.0) == 0.001  # the floor the resampling lifts
     nulls = [V.faster(f"null {i}", *timed(1.0, n=16, noise=0.05, seed=100 + i)) for i in range(99)]
     out = V.holm([strong, *nulls])
     assert out[0].held is True and "Holm over 100 tested claims" in out[0].detail
@@ -695,21 +696,21 @@ def test_adaptive_p_agrees_with_many_resamples():
     """Where few of the interval's resamples fall on the null's side, the resampled p-value is within a factor 2 of
     the one of 200,000 resamples drawn at once (its Monte Carlo error with 20 resamples in the tail is about 25%);
     where many do, it is the interval's own (for a resampled interval: the t interval's p has no resamples)."""
-    stat = V.speed_ratio()
+    stat = CI.speed_ratio()
     for speedup, noise, seed in ((1.06, 0.06, 7), (1.1, 0.1, 3), (1.02, 0.1, 5)):
         (ms, mt), (bs, bt) = timed(speedup, n=16, noise=noise, seed=seed)
         cols = {"a_s": ms, "a_t": mt, "b_s": bs, "b_t": bt}
-        _, vals = V.resample(cols, stat)
-        p = V.adaptive_p(cols, stat, 1.0, vals, V.Bootstrap(interval="expanded"))
-        _, many = V.resample(cols, stat, 200_000, seed=99)
+        _, vals = CI.resample(cols, stat)
+        p = CI.adaptive_p(cols, stat, 1.0, vals, CI.Bootstrap(interval="expanded"))
+        _, many = CI.resample(cols, stat, 200_000, seed=99)
         share = np.mean(many <= 1.0)
-        truth = V.tail_p(share, "expanded", 16)
-        if np.sum(vals <= 1.0) >= V.TAIL:
-            assert p == V.tail_p(np.mean(vals <= 1.0), "expanded", 16)
+        truth = CI.tail_p(share, "expanded", 16)
+        if np.sum(vals <= 1.0) >= CI.TAIL:
+            assert p == CI.tail_p(np.mean(vals <= 1.0), "expanded", 16)
         elif share > 0:
             assert truth / 2 <= p <= 2 * truth, (p, truth)
         else:  # none of 200,000 below: at most one resample's worth, from the normal tail
-            assert p <= V.tail_p(1 / 200_000, "expanded", 16), p
+            assert p <= CI.tail_p(1 / 200_000, "expanded", 16), p
 
 
 def test_tree_pairs_match_a_tree_drafter_to_its_chain_by_config():
@@ -728,7 +729,7 @@ def test_tree_pairs_match_a_tree_drafter_to_its_chain_by_config():
 def test_a_claim_with_parts_is_judged_once(tmp_path):
     """Issue 43: "BE rewards vary more than BD" was one verdict per drafter (seven verdicts of one claim); it is one
     verdict by intersection-union over the drafters: held only when every drafter's part holds."""
-    from specbench.reproduction.long_horizon import variance_table
+    from specbench.reproduction.replay_verdicts import variance_table
 
     rng = np.random.default_rng(0)
     rows = []
@@ -756,25 +757,25 @@ def test_a_claim_with_parts_is_judged_once(tmp_path):
 # ---------------------------------------------------------------- interval methods (issue 42: calibrated at small n)
 def test_student_t_quantiles_match_tables():
     """t_{0.975} on 15 and 79 degrees of freedom (2.1314, 1.9905 in printed tables) and the symmetry of the cdf."""
-    assert V.t_quantile(0.975, 15) == pytest.approx(2.1314, abs=1e-4)
-    assert V.t_quantile(0.975, 79) == pytest.approx(1.9905, abs=1e-4)
-    assert V.t_cdf(-1.3, 7) == pytest.approx(1 - V.t_cdf(1.3, 7), abs=1e-12)
-    assert V.expanded_level(0.95, 16) == pytest.approx(0.9723, abs=1e-3)  # 97.2% at n = 16
-    assert V.expanded_level(0.95, 16) > V.expanded_level(0.95, 80) > 0.95
+    assert CI.t_quantile(0.975, 15) == pytest.approx(2.1314, abs=1e-4)
+    assert CI.t_quantile(0.975, 79) == pytest.approx(1.9905, abs=1e-4)
+    assert CI.t_cdf(-1.3, 7) == pytest.approx(1 - CI.t_cdf(1.3, 7), abs=1e-12)
+    assert CI.expanded_level(0.95, 16) == pytest.approx(0.9723, abs=1e-3)  # 97.2% at n = 16
+    assert CI.expanded_level(0.95, 16) > CI.expanded_level(0.95, 80) > 0.95
 
 
-@pytest.mark.parametrize("how", V.INTERVALS)
+@pytest.mark.parametrize("how", CI.INTERVALS)
 def test_each_intervals_p_value_crosses_its_level_where_its_bound_crosses_the_threshold(how):
     """For every interval method the claim's p-value is below 1 - LEVEL exactly when the interval excludes the
     threshold on the claim's side: at the lower bound itself p is 0.05 (to the resamples' resolution)."""
     (ms, mt), (bs, bt) = timed(1.08, n=16, noise=0.1, seed=4)
     cols = {"a_s": ms, "a_t": mt, "b_s": bs, "b_t": bt}
-    boot = V.Bootstrap(interval=how)
-    _, lo, hi, _ = V.estimate(cols, V.speed_ratio(), 1.0, boot)
+    boot = CI.Bootstrap(interval=how)
+    _, lo, hi, _ = CI.estimate(cols, CI.speed_ratio(), 1.0, boot)
     for x in np.linspace(lo - 0.05, hi, 15):
-        p = V.estimate(cols, V.speed_ratio(), float(x), boot)[3]
-        assert (p < 1 - V.LEVEL) == (lo > x) or abs(x - lo) < 2e-3, (how, x, lo, p)
-    assert V.estimate(cols, V.speed_ratio(), lo, boot)[3] == pytest.approx(0.05, abs=0.01)
+        p = CI.estimate(cols, CI.speed_ratio(), float(x), boot)[3]
+        assert (p < 1 - CI.LEVEL) == (lo > x) or abs(x - lo) < 2e-3, (how, x, lo, p)
+    assert CI.estimate(cols, CI.speed_ratio(), lo, boot)[3] == pytest.approx(0.05, abs=0.01)
 
 
 def test_the_expanded_interval_is_wider_at_small_n_and_bca_follows_skew():
@@ -784,15 +785,15 @@ def test_the_expanded_interval_is_wider_at_small_n_and_bca_follows_skew():
     for n, widest in ((16, 1.25), (80, 1.05)):
         (ms, mt), (bs, bt) = timed(1.05, n=n, noise=0.1, seed=2)
         cols = {"a_s": ms, "a_t": mt, "b_s": bs, "b_t": bt}
-        _, plo, phi = V.bootstrap(cols, V.speed_ratio(), V.Bootstrap(interval="percentile"))
-        _, elo, ehi = V.bootstrap(cols, V.speed_ratio(), V.Bootstrap(interval="expanded"))
+        _, plo, phi = CI.bootstrap(cols, CI.speed_ratio(), CI.Bootstrap(interval="percentile"))
+        _, elo, ehi = CI.bootstrap(cols, CI.speed_ratio(), CI.Bootstrap(interval="expanded"))
         assert elo < plo and ehi > phi and 1.0 < (ehi - elo) / (phi - plo) < widest
     x = np.random.default_rng(0).lognormal(0, 1, 30)
-    _, plo, phi = V.bootstrap({"x": x}, V.mean_of("x"), V.Bootstrap(interval="percentile"))
-    _, blo, bhi = V.bootstrap({"x": x}, V.mean_of("x"), V.Bootstrap(interval="bca"))
+    _, plo, phi = CI.bootstrap({"x": x}, CI.mean_of("x"), CI.Bootstrap(interval="percentile"))
+    _, blo, bhi = CI.bootstrap({"x": x}, CI.mean_of("x"), CI.Bootstrap(interval="bca"))
     assert blo > plo and bhi > phi
     with pytest.raises(ValueError, match="unknown interval method 'studentised'"):
-        V.Bootstrap(interval="studentised")
+        CI.Bootstrap(interval="studentised")
 
 
 def test_the_jackknife_t_interval_of_a_mean_is_the_textbook_t_interval():
@@ -800,14 +801,14 @@ def test_the_jackknife_t_interval_of_a_mean_is_the_textbook_t_interval():
     mean +- t_{0.975, n-1} s / sqrt(n); its p-value has no resampling floor (a large effect resolves far below
     Holm's thresholds), and a statistic undefined on a leave-one-out subset gives no interval."""
     x = np.random.default_rng(3).normal(1.0, 0.2, 16)
-    point, lo, hi = V.bootstrap({"x": x}, V.mean_of("x"), V.Bootstrap(interval="t"))
-    half = V.t_quantile(0.975, 15) * x.std(ddof=1) / math.sqrt(16)
+    point, lo, hi = CI.bootstrap({"x": x}, CI.mean_of("x"), CI.Bootstrap(interval="t"))
+    half = CI.t_quantile(0.975, 15) * x.std(ddof=1) / math.sqrt(16)
     assert point == pytest.approx(x.mean()) and (lo, hi) == pytest.approx((x.mean() - half, x.mean() + half))
     fast, base = timed(1.5, n=16, noise=0.02)
-    v = V.faster("a is faster", fast, base, ("a", "b"), boot=V.Bootstrap(interval="t"))
+    v = V.faster("a is faster", fast, base, ("a", "b"), boot=CI.Bootstrap(interval="t"))
     assert v.held is True and v.p < 1e-6
-    one = V.bootstrap(
-        {"a": [1.0, 0.0], "b": [1.0, 0.0]}, V.ratio_of_sums("a", "b"), V.Bootstrap(interval="t")
+    one = CI.bootstrap(
+        {"a": [1.0, 0.0], "b": [1.0, 0.0]}, CI.ratio_of_sums("a", "b"), CI.Bootstrap(interval="t")
     )
     assert math.isnan(one[1]) and math.isnan(one[2])
 
@@ -828,17 +829,17 @@ def test_exact_null_draws_measure_each_intervals_false_holds():
     at n = 16 exceeds the expanded interval's (the narrowness the expansion undoes), each side is equally likely
     (the coin makes the null symmetric), and the pooled table chooses a method within the nominal 2.5% (or says
     none is)."""
-    from specbench.reproduction.noise import choose, false_hold_rows, null_draw, pooled
+    from specbench.reproduction.aa_calibration import choose, false_hold_rows, null_draw, pooled
 
     pairs = [("m", "one process", aa_pair(120, s)) for s in range(3)]
     rows = pd.DataFrame(false_hold_rows(pairs, sizes=(16, 80), draws=300, resamples=400))
-    assert set(rows.interval) == set(V.INTERVALS) and set(rows.n) == {16, 80}
+    assert set(rows.interval) == set(CI.INTERVALS) and set(rows.n) == {16, 80}
     rate = rows.groupby(["interval", "n"]).false_holds.mean()
     assert rate["percentile", 16] > rate["expanded", 16]
     assert rate["expanded", 16] < 0.05  # nominal 2.5%: a broken expansion (the level not raised) fails this
     table = pooled(rows)
     assert (table.trials == 2 * 3 * 300).all()
-    assert choose(table) in (*V.INTERVALS, None)
+    assert choose(table) in (*CI.INTERVALS, None)
     ok = table[table.within_nominal]
     if len(ok):
         assert choose(table) in set(ok.interval)
@@ -852,24 +853,24 @@ def test_exact_null_draws_measure_each_intervals_false_holds():
 
 def test_the_calibration_page_pairs_two_processes_and_refuses_a_run_without_pairs(tmp_path, capsys):
     from specbench.errors import SpecbenchError
-    from specbench.reproduction import noise
+    from specbench.reproduction import aa_calibration
 
     one, two = tmp_path / "one", tmp_path / "two"
     write_examples(one, {"math": {"fixed:pl": 1.5, "again:fixed:pl": 1.5}}, n=40, noise=0.05)
     write_examples(two, {"math": {"fixed:pl": 1.5}}, n=40, noise=0.05)
     ex1, ex2 = R.load_examples(tmp_path, "one"), R.load_examples(tmp_path, "two")
-    kinds = [(m, k) for m, k, _ in noise.aa_pairs([ex1, ex2])]
+    kinds = [(m, k) for m, k, _ in aa_calibration.aa_pairs([ex1, ex2])]
     assert kinds == [("pl", "one process"), ("autoregressive", "two processes"), ("pl", "two processes")]
-    noise.main([str(one), str(two), "--draws", "20", "--resamples", "200"])
+    aa_calibration.main([str(one), str(two), "--draws", "20", "--resamples", "200"])
     page = (one / "calibration.md").read_text()
-    assert "### Pooled over the pairs" in page and "two processes" in page and "verdicts.INTERVAL = " in page
+    assert "### Pooled over the pairs" in page and "two processes" in page and "intervals.INTERVAL = " in page
     assert page in capsys.readouterr().out
     lone = tmp_path / "lone"
     write_examples(lone, {"math": {"fixed:pl": 1.5}}, n=20)
     with pytest.raises(SpecbenchError, match="holds no A/A pair"):
-        noise.calibration_page([lone])
+        aa_calibration.calibration_page([lone])
     with pytest.raises(SpecbenchError, match="no per-query records"):
-        noise.calibration_page([tmp_path / "absent"])
+        aa_calibration.calibration_page([tmp_path / "absent"])
 
 
 def test_the_per_query_oracle_is_cross_fitted_on_an_aa_repeat(tmp_path):
@@ -921,16 +922,16 @@ def test_the_report_states_the_aa_false_hold_rate_beside_each_verdict_family(tmp
     )
     index = (render.write(root) / "REPORT.md").read_text()
     line = next(x for x in index.splitlines() if x.startswith("A/A false holds of the"))
-    assert f"`{V.INTERVAL}` interval" in line and "at n=16" in line and "(nominal 2.5%)" in line
+    assert f"`{CI.INTERVAL}` interval" in line and "at n=16" in line and "(nominal 2.5%)" in line
     rate = float(re.search(r"(\d+\.\d)% at n=16", line).group(1))
     assert 0 <= rate <= 10
-    assert V.INTERVAL_NAMES[V.INTERVAL] in index  # the counts line names the interval
+    assert CI.INTERVAL_NAMES[CI.INTERVAL] in index  # the counts line names the interval
 
 
 def test_a_replayed_speed_verdict_inside_the_clocks_error_is_inconclusive():
     """Issue 42: a replayed effect of 1.02 held on its interval is inconclusive under a clock whose replay / live
     factors differ by 5% between methods; 1.10 stays held; a verdict without an effect passes unchanged."""
-    from specbench.reproduction.long_horizon import clock_error
+    from specbench.reproduction.replay_calibration import clock_error
 
     cal = pd.DataFrame({"method": ["a", "b", "c"], "replay / live": [0.90, 0.945, 0.93]})
     error = clock_error(cal)
@@ -953,7 +954,7 @@ def test_the_clocks_error_comes_from_the_rounds_before_the_first_fork():
     generation's first fork (the same text on both sides); the clock's error is the spread of those factors, not
     of whole generations, whose forked texts differ."""
     from specbench.records import Round
-    from specbench.reproduction.long_horizon import PREFIX, before_fork, clock_error, round_seconds
+    from specbench.reproduction.replay_calibration import PREFIX, before_fork, clock_error, round_seconds
 
     live = [
         {"emitted": e, "t_select": 0.001, "t_draft": 0.002, "t_verify": 0.03, "t_switch": 0.0}
@@ -978,7 +979,7 @@ def test_the_clock_alone_is_read_on_the_rounds_that_equal_the_replays():
     chosen): the rounds from there differ, so the clock alone is read on the leading rounds with the same arm,
     drafted and accepted tokens."""
     from specbench.records import Round
-    from specbench.reproduction.long_horizon import same_rounds
+    from specbench.reproduction.replay_calibration import same_rounds
 
     live = [{"arm": a, "drafted": 4, "accepted": k} for a, k in (("x", 2), ("y", 0), ("x", 4))]
 
@@ -1196,7 +1197,7 @@ def test_policy_rows_show_which_arm_each_query_played(tmp_path):
 
 def test_the_seed_pool_section_names_its_measured_cause():
     """Issue 43: a seed claim that is not held says why on its page, from the numbers its table shows."""
-    from specbench.reproduction.long_horizon import seed_pool_cause
+    from specbench.reproduction.replay_verdicts import seed_pool_cause
 
     st = pd.DataFrame(
         {
