@@ -212,11 +212,12 @@ clean:
 # One paper's steps of the CPU plan (into the same root, resumable; `make report` then rebuilds the whole report):
 # huang-cpu (Huang et al. Tables 1, 4, 6, Figs. 2, 3) and metasd-cpu (MetaSD's main table, heads, bandits, reward
 # variance, convergence, full information, switching costs, stream), both in `make reproduce-cpu`; cascades-cpu
-# (speculative cascades, greedy on 64 queries a task and at temperature 1; outside reproduce-cpu, about 70 minutes).
+# (speculative cascades, greedy on 64 queries a task and at temperature 1; outside reproduce-cpu: 61 minutes alone
+# at commit 1251901, greedy 52 and temperature 1 9).
 huang-cpu metasd-cpu cascades-cpu: install
 	$(SPECBENCH) reproduce --root $(REPRO) --paper $(@:-cpu=)$(if $(REDO), --redo)
 
-# Huang et al. Fig. 3 with 1,000+ training queries (outside the 90-minute plan: about 35 minutes on 2 CPUs; resumable):
+# Huang et al. Fig. 3 with 1,000+ training queries (outside the plan: 32 minutes alone at commit 1251901; resumable):
 # one greedy acceptance trace of the two heads on 1,332 held-out queries (conf/experiment/huang_fig3_cpu.yaml), a
 # collection that replays every arm from it (collect.trace), and the policy's data-efficiency sweep. The report's
 # Fig. 3 reads it from $(REPRO)/huang/fig3 when it is there.

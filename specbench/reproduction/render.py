@@ -119,7 +119,7 @@ def write(
     if one_commit:
         code.check_one_commit(commits, root)
     exhibits, missing = build(root, layout=lay, extra=_long_horizon(long_horizon))
-    stable = None if against is None else _stability(exhibits, root, Path(against), lay)
+    stable = None if against is None else _stability(exhibits, root, Path(against), lay, long_horizon)
     statements.annotate(exhibits)  # each part names its statement's final mark
     if not exhibits and not allow_empty:
         make = "make reproduce-paper" if lay.name == "paper" else "make reproduce-cpu"
@@ -164,12 +164,13 @@ def _root(root) -> Path:
     return root
 
 
-def _stability(exhibits: list[Exhibit], root: Path, against: Path, lay: Layout) -> str:
+def _stability(exhibits: list[Exhibit], root: Path, against: Path, lay: Layout, long_horizon=None) -> str:
     """Mark (in place) the verdicts of ``exhibits`` that read otherwise on ``against``'s runs; the stability page.
-    The long-horizon replays are not rebuilt there (one run of them): their claims are listed as unpaired."""
+    The long-horizon replays (one run of them, outside the plan) join both runs' statements alike, so a statement
+    they are parts of is compared on the plan's own parts."""
     from specbench.reproduction import stability
 
-    there, _ = build(_root(against), layout=lay)
+    there, _ = build(_root(against), layout=lay, extra=_long_horizon(long_horizon))
     return stability.page(stability.mark_unstable(exhibits, there, str(against)), str(root), str(against))
 
 

@@ -4,7 +4,8 @@
 root), pairs their verdicts by exhibit and claim, and:
 
 - marks every verdict whose mark differs between the two runs ``unstable`` (:data:`UNSTABLE`): never counted held,
-  whichever side held, with both marks and both effects in its line;
+  whichever side held, with both marks and both effects in its line. Only a claim judged on as many queries in
+  both runs is compared (``Pair.repeated``): one judged on other data in one run is listed, not marked;
 - writes ``STABILITY.md``: each verdict in both runs, the flips first, then the claims one run lacks.
 
 A verdict that reads the same in both runs keeps its mark and its line; the page says how far its effect moved.
@@ -32,8 +33,15 @@ class Pair:
     there: V.Verdict | None
 
     @property
+    def repeated(self) -> bool:
+        """Both runs judged it on as many queries: the same design run again. A claim judged on other data in one
+        run (its n differs: a run outside the plan, such as ``make huang-fig3``'s, under one root only, or one
+        that did not finish) is not a rerun of it, so its marks are not compared."""
+        return self.here is not None and self.there is not None and self.here.n == self.there.n
+
+    @property
     def flipped(self) -> bool:
-        return self.here is not None and self.there is not None and self.here.mark != self.there.mark
+        return self.repeated and self.here.mark != self.there.mark
 
 
 def pairs(here: Sequence[Exhibit], there: Sequence[Exhibit]) -> list[Pair]:
@@ -90,17 +98,18 @@ def page(found: list[Pair], here: str, there: str) -> str:
     """``STABILITY.md``: the counts, then one row per claim (flips first) with its mark and effect in each run."""
     import pandas as pd
 
-    both = [p for p in found if p.here is not None and p.there is not None]
+    both = [p for p in found if p.repeated]
     flips = [p for p in both if p.flipped]
     held_both = [p for p in both if not p.flipped and p.here.held is True]
+    other = [p for p in found if p.here is not None and p.there is not None and not p.repeated]
     lone = [p for p in found if p.here is None or p.there is None]
-    ordered = flips + [p for p in both if not p.flipped] + lone
+    ordered = flips + [p for p in both if not p.flipped] + other + lone
     table = pd.DataFrame(
         [
             {
                 "exhibit": p.key,
                 "claim": p.claim,
-                "stable": "" if p.here is None or p.there is None else ("no" if p.flipped else "yes"),
+                "stable": "other data" if p in other else "" if p in lone else ("no" if p.flipped else "yes"),
                 here: _effect(p.here),
                 there: _effect(p.there),
             }
@@ -117,6 +126,7 @@ def page(found: list[Pair], here: str, there: str) -> str:
         f"{len(both)} claims judged in both runs: {len(both) - len(flips)} read the same "
         f"({len(held_both)} held in both), {len(flips)} flipped"
         + (f" ({', '.join(f'{p.here.mark} / {p.there.mark}' for p in flips)})" if flips else "")
+        + (f"; {len(other)} judged on other data in each run (n differs: not compared)" if other else "")
         + (f"; {len(lone)} claims are in one run only" if lone else "")
         + ".",
         "",

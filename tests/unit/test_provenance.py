@@ -166,6 +166,27 @@ def test_a_verdict_that_flips_between_two_runs_is_unstable_and_not_counted_held(
     assert line.startswith("3 verdicts: 1 held, 1 not held, 0 inconclusive, 0 not judged, 1 unstable")
 
 
+def test_a_claim_judged_on_other_data_in_the_second_run_is_listed_not_marked():
+    """A claim judged on as many queries in both runs is a rerun (its flip is unstable); one whose n differs was
+    judged on other data in one run (a run outside the plan under one root only): listed, never marked."""
+    from dataclasses import replace
+
+    here = [_exhibit([_verdict("a beats b", 1.10, 1.02, 1.18), _verdict("c beats d", 1.10, 1.02, 1.18)])]
+    there = [
+        _exhibit(
+            [
+                _verdict("a beats b", 1.04, 0.98, 1.10),
+                replace(_verdict("c beats d", 1.04, 0.98, 1.10), n=5),
+            ]
+        )
+    ]
+    found = stability.mark_unstable(here, there, "run2")
+    assert [v.mark for v in here[0].verdicts] == ["unstable", "held"]
+    page = stability.page(found, "run1", "run2")
+    assert "1 claims judged in both runs: 0 read the same (0 held in both), 1 flipped" in page
+    assert "1 judged on other data in each run (n differs: not compared)" in page and "other data" in page
+
+
 def test_report_against_a_second_root_writes_the_stability_page(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     _huang_fixture(a)
