@@ -347,7 +347,7 @@ def write(
         convergence_section(dirs["bandits"], q, out),
         verdict_section(
             "## Reward variance: Block Divergence against Block Efficiency, per drafter (fixed arms)",
-            *variance_table(dirs["bandits"]),
+            *variance_table(dirs["bandits"], arms),
         ),
         verdict_section(
             "## Regret against the per-query and per-round oracles", *regret_table(q, arms), REGRET_NOTE

@@ -147,8 +147,10 @@ def plot_convergence(run: Path, path: Path, methods: list[str]) -> bool:
     return True
 
 
-def variance_table(run: Path) -> tuple[pd.DataFrame, list[V.Verdict]]:
-    """Per fixed drafter: the variance of the rounds' BD and BE (seed 0: fixed arms are seedless), and per query."""
+def variance_table(run: Path, among: list[str] | None = None) -> tuple[pd.DataFrame, list[V.Verdict]]:
+    """Per fixed drafter: the variance of the rounds' BD and BE (seed 0: fixed arms are seedless), and per query;
+    the claim is judged over ``among`` (the drafters the selectors play: a trace's reference rows are shown, not
+    judged), every drafter when None."""
     rounds = pd.DataFrame(list(read_jsonl(run / ROUNDS)))
     rounds = rounds[rounds.method.str.startswith("fixed:") & (rounds.n_max > 0)]
     rows, parts = [], []
@@ -171,10 +173,13 @@ def variance_table(run: Path) -> tuple[pd.DataFrame, list[V.Verdict]]:
             list(per_q.bd),
             "mean per-query variance difference (BE - BD)",
         )
-        parts.append((method.split(":", 1)[1], part))
+        if among is None or method.split(":", 1)[1] in among:
+            parts.append((method.split(":", 1)[1], part))
     # one claim, judged once over every drafter (an intersection-union test: held only when every part holds;
     # its p-value is the largest part's), not once per drafter
-    claim = "BE rewards vary more than BD rewards within a query, for every single drafter"
+    claim = "BE rewards vary more than BD rewards within a query, for every single drafter" + (
+        " the selectors play" if among is not None else ""
+    )
     return pd.DataFrame(rows), [labelled(V.all_of(claim, parts))] if parts else []
 
 

@@ -749,6 +749,8 @@ def test_a_claim_with_parts_is_judged_once(tmp_path):
     table, verdicts = variance_table(tmp_path)
     assert len(table) == 3 and len(verdicts) == 1
     assert "for every single drafter" in verdicts[0].claim and verdicts[0].held is False  # drafter c fails
+    table, verdicts = variance_table(tmp_path, among=["a", "b"])  # c a reference row no selector plays
+    assert len(table) == 3 and verdicts[0].held is True and verdicts[0].claim.endswith("the selectors play")
     kept = [r for r in rows if r["method"] != "fixed:c"]
     (tmp_path / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
     assert variance_table(tmp_path)[1][0].held is True
