@@ -59,6 +59,23 @@ class SharedRows:
     def _start(self, live: list) -> None:
         raise NotImplementedError
 
+    @torch.inference_mode()
+    def propose(
+        self,
+        views: Sequence[Drafter],
+        tokens: Sequence[list[int]],
+        ks: Sequence[int],
+        sampling: SamplingParams,
+        rng: torch.Generator,
+        eos_ids: frozenset[int] = frozenset(),
+    ) -> list[Draft]:
+        """Each of ``views``' draft of up to ``ks[i]`` tokens after its committed ``tokens[i]``, in one forward a
+        draft position for all of them."""
+        return self._propose(views, tokens, ks, sampling, rng, eos_ids)
+
+    def _propose(self, views, tokens, ks, sampling: SamplingParams, rng, eos_ids) -> list[Draft]:
+        raise NotImplementedError
+
 
 class ModelRows(SharedRows):
     """``drafter``'s model drafting for the rows of one batch (one view a prompt, in ``views``)."""
@@ -81,17 +98,8 @@ class ModelRows(SharedRows):
         """Each row's prompt but its last token cached (the first draft feeds it)."""
         self.lm.start([v.prompt for v in live])
 
-    @torch.inference_mode()
-    def propose(
-        self,
-        views: Sequence[ModelRow],
-        tokens: Sequence[list[int]],
-        ks: Sequence[int],
-        sampling: SamplingParams,
-        rng: torch.Generator,
-        eos_ids: frozenset[int] = frozenset(),
-    ) -> list[Draft]:
-        """Each view's draft of up to ``ks[i]`` tokens after its committed ``tokens[i]`` (the module's docstring)."""
+    def _propose(self, views, tokens, ks, sampling: SamplingParams, rng, eos_ids) -> list[Draft]:
+        """Each view's draft (the module's docstring)."""
         at = self._rows()
         inputs: list[list[int]] = [[] for _ in self.live]
         lengths = self.lm.n.tolist()
@@ -143,18 +151,8 @@ class HeadRows(SharedRows):
     def _start(self, live: list[HeadRow]) -> None:
         self.lm.start([[0]] * len(live))  # one-token sequences: nothing cached
 
-    @torch.inference_mode()
-    def propose(
-        self,
-        views: Sequence[HeadRow],
-        tokens: Sequence[list[int]],
-        ks: Sequence[int],
-        sampling: SamplingParams,
-        rng: torch.Generator,
-        eos_ids: frozenset[int] = frozenset(),
-    ) -> list[Draft]:
-        """Each view's draft of up to ``ks[i]`` tokens after its committed ``tokens[i]`` (the class's docstring);
-        each view synced with its row's query first (``Drafter.sync``)."""
+    def _propose(self, views, tokens, ks, sampling: SamplingParams, rng, eos_ids) -> list[Draft]:
+        """Each view's draft (the class's docstring); each view synced with its row's query first (``Drafter.sync``)."""
         at, head = self._rows(), self.drafter
         lengths, fed = self.lm.n.tolist(), {}
         for v, toks in zip(views, tokens):

@@ -69,13 +69,13 @@ def test_calibrated_bf16_forks_are_all_ties(bf16_llama, tiny_decode):
     assert cal["max_abs"] > 0  # bf16: chunked forwards do round differently
     tol = cal["max_abs"]
     base = records(target, pool, prompts, "autoregressive", tiny_decode, tol)
-    forks = []
+    verdicts = []
     for arm in ("prompt_lookup", "early_exit"):
-        forks += [
+        verdicts += [
             f for f in forks.forks(base + records(target, pool, prompts, arm, tiny_decode, tol)).verdict
         ]
-    assert forks, "no fork at all: the test would not see a defect either (more prompts or tokens needed)"
-    assert set(forks) == {certify.TIE}
+    assert verdicts, "no fork at all: the test would not see a defect either (more prompts or tokens needed)"
+    assert set(verdicts) == {certify.TIE}
 
 
 def test_a_verifier_that_accepts_one_token_too_many_is_a_defect(bf16_llama, tiny_decode, monkeypatch):

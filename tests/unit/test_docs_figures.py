@@ -87,36 +87,40 @@ def unquoted_integers(page: Path, held: set[str]) -> list[tuple[int, str]]:
     ]
 
 
+def unquoted_in_hand_pages(scan, held: set[str]) -> dict[str, list[tuple[int, str]]]:
+    """``scan(page, held)`` over README.md and every hand-written page of docs/ (the generated ones aside): each
+    page's (line, figure) no generated page holds."""
+    generated = generated_pages()
+    hand = [ROOT / "README.md", *(p for p in sorted(ROOT.glob("docs/*.md")) if p not in generated)]
+    found = {str(p.relative_to(ROOT)): scan(p, held) for p in hand}
+    return {k: v for k, v in found.items() if v}
+
+
+FIX = "quote a generated page's figure and link it, or write the figure into a generated page"
+
+
 def test_hand_written_pages_quote_only_generated_integers():
     """Issue 56: counts and durations typed into a hand-written page (positions, generations, minutes) come from a
     generated page too, or are settings (a config's or the Makefile's)."""
-    generated = generated_pages()
     held = settings_integers().union(
         *(integers(p.read_text("utf-8")) for p in generated_sources() if p.is_file())
     )
-    hand = [ROOT / "README.md", *(p for p in sorted(ROOT.glob("docs/*.md")) if p not in generated)]
-    found = {str(p.relative_to(ROOT)): unquoted_integers(p, held) for p in hand}
-    found = {k: v for k, v in found.items() if v}
+    found = unquoted_in_hand_pages(unquoted_integers, held)
     assert not found, (
-        "hand-written pages quote integers no generated page or setting holds (line, integer): "
-        f"{found}; quote a generated page's figure and link it, or write the figure into a generated page"
+        f"hand-written pages quote integers no generated page or setting holds (line, integer): {found}; {FIX}"
     )
 
 
 def test_hand_written_pages_quote_only_generated_figures():
-    generated = generated_pages()
     assert (
-        ROOT / "docs/budget-cpu.md" in generated and len(generated) > 10
+        ROOT / "docs/budget-cpu.md" in generated_pages() and len(generated_pages()) > 10
     )  # the scan sees the report's pages
     held = rounded(
         {f for p in generated_sources() if p.is_file() for f in DECIMAL.findall(p.read_text("utf-8"))}
     )
-    hand = [ROOT / "README.md", *(p for p in sorted(ROOT.glob("docs/*.md")) if p not in generated)]
-    found = {str(p.relative_to(ROOT)): unquoted(p, held) for p in hand}
-    found = {k: v for k, v in found.items() if v}
+    found = unquoted_in_hand_pages(unquoted, held)
     assert not found, (
-        "hand-written pages quote figures no generated page holds (line, figure): "
-        f"{found}; quote a generated page's figure and link it, or write the figure into a generated page"
+        f"hand-written pages quote figures no generated page holds (line, figure): {found}; {FIX}"
     )
 
 
