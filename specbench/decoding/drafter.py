@@ -19,7 +19,7 @@ import torch
 from specbench.arms import (
     AUTOREGRESSIVE,
 )  # the pool key of the no-draft arm (ground floor: selection uses it too)
-from specbench.decoding.sampling import SamplingParams
+from specbench.decoding.sampling import SamplingParams, pick
 from specbench.errors import SpecbenchError
 
 
@@ -96,6 +96,44 @@ def draft_ends(tok: int, prob: float, i: int, k: int, eos_ids, confidence_thresh
     doubts its own token (probability below ``confidence_threshold``: it would likely be rejected,
     and each further draft forward costs time). Verification is unchanged, so decoding stays lossless."""
     return tok in eos_ids or i == k - 1 or prob < confidence_threshold
+
+
+@dataclass
+class DraftSteps:
+    """A chain draft picked a token at a time, as every chain drafter picks it, alone or for a batch's rows: each
+    token from its position's logits (greedy) or processed probabilities (sampling), kept with both distributions
+    (``Draft.probs`` and the untempered ``Draft.raw``)."""
+
+    tokens: list[int] = field(default_factory=list)
+    rows: list[torch.Tensor] = field(default_factory=list)
+    raw: list[torch.Tensor] = field(default_factory=list)
+
+    def pick(self, logits, probs, sampling: SamplingParams, rng, stop_below: float = 0.0) -> int | None:
+        """The next token from a position's ``logits`` and their processed ``probs``, appended; None when the
+        untempered top probability is below ``stop_below`` (a sequential cascade defers the position to the
+        target)."""
+        untempered = probs if sampling.greedy else torch.softmax(logits.float(), dim=-1)
+        if stop_below and float(untempered.max()) < stop_below:
+            return None
+        tok = pick(logits if sampling.greedy else probs, sampling, rng)
+        self.tokens.append(tok)
+        self.rows.append(probs)
+        self.raw.append(untempered)
+        return tok
+
+    def ends(self, k: int, eos_ids, confidence_threshold: float) -> bool:
+        """Whether the draft stops after its last token (``draft_ends``)."""
+        tok = self.tokens[-1]
+        return draft_ends(
+            tok, float(self.rows[-1][tok]), len(self.tokens) - 1, k, eos_ids, confidence_threshold
+        )
+
+    def draft(self) -> Draft:
+        return Draft(
+            self.tokens,
+            torch.stack(self.rows) if self.rows else None,
+            raw=torch.stack(self.raw) if self.raw else None,
+        )
 
 
 @dataclass

@@ -12,10 +12,10 @@ from specbench.decoding.drafter import (
     DecodeContext,
     Draft,
     Drafter,
-    draft_ends,
+    DraftSteps,
     full_precision,
 )
-from specbench.decoding.sampling import logits_to_probs, pick
+from specbench.decoding.sampling import logits_to_probs
 from specbench.drafters.dynamic_tree import TreeShape, frontier_attention, grow, tree_shape
 from specbench.errors import SpecbenchError
 from specbench.models.cache import CachedLM, check_tree_attention
@@ -102,24 +102,13 @@ class ModelDrafter(Drafter):
         self._next_logits = None
         if self.tree is not None and k > 0 and not stop_below:
             return self._propose_tree(logits, k, sampling, rng, eos_ids)
-        out: list[int] = []
-        rows: list[torch.Tensor] = []
-        raw: list[torch.Tensor] = []
-        for i in range(k):
-            probs = logits_to_probs(logits, sampling)
-            untempered = probs if sampling.greedy else torch.softmax(logits.float(), dim=-1)
-            if stop_below and float(untempered.max()) < stop_below:
-                break  # a sequential cascade defers this position: the target gives its token
-            tok = pick(logits if sampling.greedy else probs, sampling, rng)
-            out.append(tok)
-            rows.append(probs)
-            raw.append(untempered)
-            if draft_ends(tok, float(probs[tok]), i, k, eos_ids, self.confidence_threshold):
+        steps = DraftSteps()
+        for _ in range(k):
+            tok = steps.pick(logits, logits_to_probs(logits, sampling), sampling, rng, stop_below)
+            if tok is None or steps.ends(k, eos_ids, self.confidence_threshold):
                 break
             logits = self.lm.forward([tok], last_only=True)[-1]
-        return Draft(
-            tokens=out, probs=torch.stack(rows) if rows else None, raw=torch.stack(raw) if raw else None
-        )
+        return steps.draft()
 
     def for_rows(self, prompts: list[list[int]]) -> list[Drafter]:
         """Views of one batched copy of the model, one a row: the batch drafts every row that uses it in one forward

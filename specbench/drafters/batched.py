@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specbench.decoding.drafter import Draft, Drafter, draft_ends
-from specbench.decoding.sampling import SamplingParams, logits_to_probs, pick
+from specbench.decoding.drafter import Draft, Drafter, DraftSteps
+from specbench.decoding.sampling import SamplingParams, logits_to_probs
 from specbench.errors import SpecbenchError
 from specbench.models.batched import BatchedLM
 from specbench.models.cache import common_prefix
@@ -111,7 +111,7 @@ class ModelRows(SharedRows):
             lengths[r], v.seen = match, v.seen[:match]
             inputs[r] = list(toks[match:])
         self.lm.rewind(lengths)
-        made = {id(v): ([], [], []) for v in views}
+        made = {id(v): DraftSteps() for v in views}
         k_of = {id(v): k for v, k in zip(views, ks)}
         threshold = self.drafter.confidence_threshold
         while any(inputs):
@@ -124,11 +124,11 @@ class ModelRows(SharedRows):
                     continue
                 v.seen += fed[r]
                 last = logits[r, len(fed[r]) - 1]
-                out, rows, _ = made[id(v)]
-                tok = _pick(last, logits_to_probs(last, sampling), sampling, rng, made[id(v)])
-                if not draft_ends(tok, float(rows[-1][tok]), len(out) - 1, k_of[id(v)], eos_ids, threshold):
+                steps = made[id(v)]
+                tok = steps.pick(last, logits_to_probs(last, sampling), sampling, rng)
+                if not steps.ends(k_of[id(v)], eos_ids, threshold):
                     inputs[r] = [tok]
-        return [_draft(*made[id(v)]) for v in views]
+        return [made[id(v)].draft() for v in views]
 
 
 class HeadRows(SharedRows):
@@ -159,30 +159,27 @@ class HeadRows(SharedRows):
             n = len(toks)
             if n < 2:  # no committed feature yet: nothing to draft from, as alone
                 continue
-            keep = min(common_prefix(v.real, toks[1:n]), n - 2)  # refeed at least the last pair
+            keep = head.pairs_kept(v.real, toks)
             lengths[at[id(v)]] = keep
             del v.real[keep:]
             fed[at[id(v)]] = (head.features(v._query, keep, n - 1), list(toks[keep + 1 : n]))
             v.real.extend(toks[keep + 1 : n])
         self.lm.rewind(lengths)
         hats = self._feed(fed)
-        made = {id(v): ([], [], []) for v in views}
+        made = {id(v): DraftSteps() for v in views}
         going = [(v, k) for v, k in zip(views, ks) if k > 0 and at[id(v)] in hats]
         while going:
             subs = head.logits(torch.stack([hats[at[id(v)]] for v, _ in going]))
             fed = {}
             for (v, k), sub in zip(going, subs):
-                out, rows, _ = made[id(v)]
-                full = head.logits.to_full(sub, float("-inf"))
+                steps = made[id(v)]
                 probs = head.logits.to_full(logits_to_probs(sub, sampling), 0.0)
-                tok = _pick(full, probs, sampling, rng, made[id(v)])
-                if not draft_ends(
-                    tok, float(rows[-1][tok]), len(out) - 1, k, eos_ids, head.confidence_threshold
-                ):
+                tok = steps.pick(head.logits.to_full(sub, float("-inf")), probs, sampling, rng)
+                if not steps.ends(k, eos_ids, head.confidence_threshold):
                     fed[at[id(v)]] = (hats[at[id(v)]][None], [tok])
             hats = self._feed(fed)
             going = [(v, k) for v, k in going if at[id(v)] in fed]
-        return [_draft(*made[id(v)]) for v in views]
+        return [made[id(v)].draft() for v in views]
 
     def _feed(self, fed: dict[int, tuple[torch.Tensor, list[int]]]) -> dict[int, torch.Tensor]:
         """One forward of the head's stack over each cache row's ``(features [m, H], tokens [m])`` pairs (rows not in
@@ -200,17 +197,6 @@ class HeadRows(SharedRows):
         out = self.lm.feed(head.head.inputs(features, head.embed(ids)))
         self.lm.keep([len(fed[r][1]) if r in fed else 0 for r in range(self.lm.rows)])
         return {r: out[r, len(t) - 1] for r, (_, t) in fed.items()}
-
-
-def _pick(logits: torch.Tensor, probs: torch.Tensor, sampling, rng, made: tuple[list, list, list]) -> int:
-    """The next draft token from a position's ``logits`` and their processed ``probs`` (as a drafter alone picks it),
-    appended with its distributions to the row's ``made``: (tokens, processed rows, untempered rows)."""
-    tok = pick(logits if sampling.greedy else probs, sampling, rng)
-    out, rows, raw = made
-    out.append(tok)
-    rows.append(probs)
-    raw.append(probs if sampling.greedy else torch.softmax(logits, dim=-1))
-    return tok
 
 
 class HeadRow(Drafter):
@@ -245,10 +231,6 @@ def _chains_only(drafter) -> None:
             f"drafter '{drafter.name}' drafts a dynamic tree, and a batch verifies one chain a row",
             f"set pool.drafters.{drafter.name}.tree=null (a chain) to decode in batches, or decoding.batch_size=1",
         )
-
-
-def _draft(tokens: list[int], rows: list[torch.Tensor], raw: list[torch.Tensor]) -> Draft:
-    return Draft(tokens, torch.stack(rows) if rows else None, raw=torch.stack(raw) if raw else None)
 
 
 class ModelRow(Drafter):

@@ -35,12 +35,13 @@ from specbench.decoding.drafter import (
     DecodeContext,
     Draft,
     Drafter,
+    DraftSteps,
     ObservationGroup,
     Verification,
     draft_ends,
     full_precision,
 )
-from specbench.decoding.sampling import logits_to_probs, pick
+from specbench.decoding.sampling import logits_to_probs
 from specbench.decoding.verify import block_divergence
 from specbench.drafters import shipped
 from specbench.drafters.base import (
@@ -170,12 +171,18 @@ class EagleDrafter(Drafter):
         if n < 2:  # no committed feature yet: nothing to draft from
             self._hat = None
             return
-        keep = min(common_prefix(self.real, tokens[1:n]), n - 2)  # refeed at least the last pair
+        keep = self.pairs_kept(self.real, tokens)
         crop_cache(self.cache, keep)
         del self.real[keep:]
         out = self._feed(self.features(self._query, keep, n - 1), tokens[keep + 1 : n])
         self.real.extend(tokens[keep + 1 : n])
         self._hat = out[-1]
+
+    @staticmethod
+    def pairs_kept(real: list[int], tokens: list[int]) -> int:
+        """How many of the cached pairs (their tokens ``real``) stay for the committed ``tokens`` (at least two):
+        those that still match, all but the last at most (the last pair is always refed, its feature being new)."""
+        return min(common_prefix(real, tokens[1:]), len(tokens) - 2)
 
     def features(self, query: DecodeContext, start: int, stop: int) -> torch.Tensor:
         """The head's input features at ``query``'s committed positions ``start .. stop-1`` (the target's last
@@ -190,26 +197,15 @@ class EagleDrafter(Drafter):
         self._hat = None
         if self.tree is not None and k > 0:
             return self._propose_tree(h, k, sampling, rng, eos_ids)
-        out: list[int] = []
-        rows: list[torch.Tensor] = []
-        raw: list[torch.Tensor] = []
-        for i in range(k):
+        steps = DraftSteps()
+        for _ in range(k):
             sub = self.logits(h)
             probs = self.logits.to_full(logits_to_probs(sub, sampling), 0.0)
-            full = self.logits.to_full(sub, float("-inf"))
-            untempered = probs if sampling.greedy else torch.softmax(full, dim=-1)
-            if stop_below and float(untempered.max()) < stop_below:
-                break  # a sequential cascade defers this position: the target gives its token
-            tok = pick(full if sampling.greedy else probs, sampling, rng)
-            out.append(tok)
-            rows.append(probs)
-            raw.append(untempered)
-            if draft_ends(tok, float(probs[tok]), i, k, eos_ids, self.confidence_threshold):
+            tok = steps.pick(self.logits.to_full(sub, float("-inf")), probs, sampling, rng, stop_below)
+            if tok is None or steps.ends(k, eos_ids, self.confidence_threshold):
                 break
             h = self._feed(h[None], [tok])[-1]
-        return Draft(
-            tokens=out, probs=torch.stack(rows) if rows else None, raw=torch.stack(raw) if raw else None
-        )
+        return steps.draft()
 
     def _propose_tree(self, h: torch.Tensor, k: int, sampling, rng, eos_ids) -> Draft:
         """A dynamic draft tree: one head forward per depth over the frontier (tree attention inside the head: each
