@@ -82,8 +82,9 @@ budget-decisions: install
 
 # Throughput against batch size (issue 57; conf/experiment/batch_cpu.yaml: 40 held-out queries, 128 new tokens, bf16;
 # batched autoregressive decoding, prompt lookup and the retrieval drafter alone and with the batch budget, UCB between
-# them (one a row), Hugging Face generate) at decoding.batch_size 1, 4, 16 and 32, one run directory each (resumable), then the page (tokens per
-# second, the ratios, the budget's caps and calibration, a plot), copied to docs/batch-throughput-cpu.md.
+# them (one a row), Hugging Face generate) at decoding.batch_size 1, 4, 16 and 32, one run directory each (resumable),
+# then the page (tokens per second, the ratios, the budget's caps and calibration, where each batch's time went, what
+# a forward cost, a plot), copied to docs/batch-throughput-cpu.md. 32 minutes on 2 CPUs, measured alone at 2fbcdb1.
 BATCH_OUT ?= outputs/batch_cpu
 BATCH_SIZES ?= 1 4 16 32
 BATCH_METHODS ?= autoregressive,fixed:prompt_lookup,fixed:suffix,selector:ucb,goodput:prompt_lookup,goodput:suffix,hf:generate
@@ -98,20 +99,24 @@ batch-throughput: install
 # and the retrieval drafter (the budget's pool: the same drafter settings as batch_cpu's), run by this code and by the
 # code before batched decoding (BATCH_BEFORE, from a detached worktree, run from this directory so the data paths
 # hold), each alone and resumable; then the page of their paired speed ratios (batch_throughput --before), copied to
-# docs/batch-one-cpu.md.
+# docs/batch-one-cpu.md. 15 minutes on 2 CPUs, measured alone.
 BATCH_BEFORE ?= 65d8096
+# The CLI with the working directory taken off sys.path, so the package comes from PYTHONPATH (python -m would put this
+# checkout first and run this code: the page refuses a before run recorded at this code's commit).
+RUN_CLI_OFF_CWD = import sys; sys.path.remove(''); from specbench.cli import main; sys.argv[0] = 'specbench'; sys.exit(main())
 BATCH_ONE = pool=smollm2_budget dataset=mixed_local target.dtype=bfloat16 dataset.limit=8 dataset.offset=64 \
 	dataset.max_input_tokens=384 dataset.interleave=true decoding.max_new_tokens=128 \
 	'methods=[autoregressive,fixed:prompt_lookup,fixed:suffix]'
 batch-one-check: install
 	$(SPECBENCH) eval $(BATCH_ONE) hydra.run.dir=$(BATCH_OUT)/one_now
 	[ -d $(BATCH_OUT)/before_code ] || git worktree add --detach $(BATCH_OUT)/before_code $(BATCH_BEFORE)
-	PYTHONPATH=$(abspath $(BATCH_OUT)/before_code) $(PYTHON) -m specbench.cli eval $(BATCH_ONE) \
+	PYTHONPATH=$(abspath $(BATCH_OUT)/before_code) $(PYTHON) -c "$(RUN_CLI_OFF_CWD)" eval $(BATCH_ONE) \
 		hydra.run.dir=$(BATCH_OUT)/one_before
 	git worktree remove --force $(BATCH_OUT)/before_code
 	$(PYTHON) -m specbench.reproduction.batch_throughput $(BATCH_OUT)/one_now --before $(BATCH_OUT)/one_before \
 		--out $(BATCH_OUT)/batch_one.md
 	cp $(BATCH_OUT)/batch_one.md docs/batch-one-cpu.md  # the generated page the docs quote
+	cp $(BATCH_OUT)/batch_one.png docs/  # its picture, under the name the page links
 
 # A drafter's dynamic tree against its chain on its own task (conf/experiment/trees_own_task_cpu.yaml: the math head
 # and the small drafter on held-out GSM8K questions; resumable), then its table with each tree against its chain (paired intervals; multi_drafter.md, copied to

@@ -112,6 +112,7 @@ def before_table(runs: list[Path], before: Path) -> pd.DataFrame:
             + ("no run given is at batch size 1" if not now else f"{before} ran at batch size {size}"),
             "pass this code's batch-1 run among the runs and a batch-1 run of the code before batching as --before",
         )
+    _check_other_code([r for r in runs if examples(r)[0] == 1][0], before)
     rows = []
     for method, mine in now[0].groupby("method", sort=False):
         theirs = old[old.method == method].set_index("query_id")
@@ -137,6 +138,20 @@ def before_table(runs: list[Path], before: Path) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows)
+
+
+def _check_other_code(now: Path, before: Path) -> None:
+    """Refuse a ``before`` run recorded at the same commit as this code's batch-1 run ``now``: it ran this code, not
+    the code before batching (``python -m`` puts the working directory ahead of ``PYTHONPATH``, so a worktree named
+    there is not what runs unless the working directory is taken off ``sys.path``)."""
+    same = set(provenance.commits_under(now)) & set(provenance.commits_under(before)) - {"unrecorded"}
+    if same:
+        raise SpecbenchError(
+            f"--before {before} came from the same code as {now} ({', '.join(sorted(same))}): it did not run the "
+            "code before batching",
+            "run the earlier commit from its own checkout, with the working directory off sys.path (make "
+            "batch-one-check does: PYTHONPATH at the worktree and sys.path[0] removed)",
+        )
 
 
 def budget_table(runs: list[Path]) -> pd.DataFrame:
@@ -201,6 +216,40 @@ def batch_times(runs: list[Path]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def forward_times(runs: list[Path]) -> pd.DataFrame:
+    """Per batched run and method, the target forwards grouped by whether they held every row of the batch (``full``)
+    or fewer (rows that finished had left), and by whether any row verified a draft token: the forwards and their
+    mean milliseconds. Each forward is read back from the rounds: a batch's forward ``i`` holds the round ``i`` of
+    every row still in it, its seconds the sum of their shares (``t_verify``)."""
+    rows = []
+    for run in map(Path, runs):
+        if not (run / BATCHES).is_file() or not (run / ROUNDS).is_file():
+            continue
+        size = int(OmegaConf.select(OmegaConf.load(run / CONFIG), "decoding.batch_size", default=1) or 1)
+        r = pd.DataFrame(list(read_jsonl(run / ROUNDS)))
+        if r.empty or "round" not in r:
+            continue
+        forwards = []
+        for b in read_jsonl(run / BATCHES):
+            mine = r[(r.method == b["method"]) & r.query_id.isin(b["query_ids"])]
+            for _, f in mine.groupby("round"):
+                full = "full" if len(f) == len(b["query_ids"]) else "fewer"
+                forwards.append((b["method"], full, bool((f.drafted > 0).any()), float(f.t_verify.sum())))
+        f = pd.DataFrame(forwards, columns=["method", "rows", "drafted", "seconds"])
+        for (method, full, drafted), g in f.groupby(["method", "rows", "drafted"], sort=True):
+            rows.append(
+                {
+                    "batch size": size,
+                    "method": method,
+                    "rows in the forward": full,
+                    "a row drafted": "yes" if drafted else "no",
+                    "forwards": len(g),
+                    "ms a forward": 1000 * float(g.seconds.mean()),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
 def plot(t: pd.DataFrame, path: Path) -> None:
     import matplotlib
 
@@ -246,6 +295,7 @@ def write(runs: list[Path], out: Path, before: Path | None = None) -> Path:
         *compared,
         *budget_lines(runs),
         *batch_lines(runs),
+        *forward_lines(runs),
     ]
     atomic_write_text(out, "\n".join(lines))
     t.to_csv(out.with_suffix(".csv"), index=False)
@@ -310,6 +360,25 @@ def batch_lines(runs: list[Path]) -> list[str]:
         "forwards and no draft token verified did the same work.",
         "",
         to_markdown(b, floatfmt=".2f"),
+        "",
+    ]
+
+
+def forward_lines(runs: list[Path]) -> list[str]:
+    f = forward_times(runs)
+    if f.empty:
+        return []
+    return [
+        "",
+        "## What a forward cost",
+        "",
+        "Per batched run and method, its target forwards by whether they held the whole batch (`full`) or fewer rows "
+        "(finished rows had left), and whether any row verified a draft token in them: the forwards and their mean "
+        "milliseconds. A forward in which no row drafted does the work of a plain batched step; when it costs more in "
+        "a drafting method than in `autoregressive`, the difference is what earlier drafts left behind (the masked "
+        "slots a round's longest row adds to every other row, until the cache is compacted).",
+        "",
+        to_markdown(f, floatfmt=".1f"),
         "",
     ]
 

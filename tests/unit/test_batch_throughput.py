@@ -112,6 +112,47 @@ def test_each_batchs_time_is_split_into_forwards_drafting_and_the_rest(tmp_path)
     assert "Where each batch's time went" in T.write([four], tmp_path / "page.md").read_text()
 
 
+def test_each_forward_is_read_back_from_its_rows_rounds(tmp_path):
+    """A batch's forward ``i`` holds the round ``i`` of every row still in it: its seconds the rows' shares summed,
+    grouped by whether it held the whole batch and whether any row drafted."""
+    four = _run(
+        tmp_path / "b4",
+        4,
+        [("a", "autoregressive", 2, 1.0, [1, 2]), ("b", "autoregressive", 1, 0.5, [3]),
+         ("a", "fixed:pl", 2, 1.0, [1, 2]), ("b", "fixed:pl", 1, 0.5, [3])],
+    )  # fmt: skip
+    batch = {"batch": 0, "query_ids": ["a", "b"], "new_tokens": 3}
+    _jsonl(
+        four / "batches.jsonl",
+        [
+            {"method": "autoregressive", "seconds": 1.5, "forwards": 2, **batch},
+            {"method": "fixed:pl", "seconds": 2.0, "forwards": 2, **batch},
+        ],
+    )
+    zero = {"t_select": 0.0, "t_switch": 0.0, "t_draft": 0.0}
+    _jsonl(
+        four / "rounds.jsonl",
+        [
+            {"query_id": q, "method": m, "round": i, "t_verify": v, "drafted": n, **zero}
+            for q, m, i, v, n in [
+                ("a", "autoregressive", 0, 0.25, 0),
+                ("b", "autoregressive", 0, 0.25, 0),
+                ("a", "autoregressive", 1, 0.5, 0),
+                ("a", "fixed:pl", 0, 0.5, 3),
+                ("b", "fixed:pl", 0, 0.5, 0),
+                ("b", "fixed:pl", 1, 0.75, 0),
+            ]
+        ],
+    )
+    f = T.forward_times([four]).set_index(["method", "rows in the forward", "a row drafted"])
+    assert f.loc[("autoregressive", "full", "no"), "ms a forward"] == pytest.approx(500.0)
+    assert f.loc[("autoregressive", "fewer", "no"), "ms a forward"] == pytest.approx(500.0)
+    assert f.loc[("fixed:pl", "full", "yes"), "ms a forward"] == pytest.approx(1000.0)
+    assert f.loc[("fixed:pl", "fewer", "no"), "ms a forward"] == pytest.approx(750.0)
+    assert len(f) == 4 and set(f.forwards) == {1}
+    assert "## What a forward cost" in T.write([four], tmp_path / "page.md").read_text()
+
+
 def test_batch_one_is_set_beside_the_code_before_batching(tmp_path):
     """``--before``: per method both batch-1 runs ran, the paired speed ratio (this code / before) with its interval;
     a method as fast as before is within noise, one that slowed by half is not; runs not at batch 1 are refused."""
@@ -148,3 +189,12 @@ def test_batch_one_is_set_beside_the_code_before_batching(tmp_path):
         T.before_table([four], before)
     with pytest.raises(SpecbenchError, match="ran at batch size 4"):
         T.before_table([now], four)
+    from specbench import provenance
+
+    for run in (now, before):  # a before run that ran this code (its commit is this run's) is refused
+        provenance.record(run, {"commit": "c" * 40, "dirty": False, "packages": {}})
+    with pytest.raises(SpecbenchError, match="did not run the code before batching"):
+        T.before_table([now], before)
+    provenance.record(before, {"commit": "d" * 40, "dirty": False, "packages": {}})
+    with pytest.raises(SpecbenchError, match="did not run"):  # a run resumed at this code's commit spans it
+        T.before_table([now], before)
