@@ -236,10 +236,11 @@ huang-fig3: install
 		reward.alignment=acceptance 'train.arms=[eagle_translation,eagle_summarization]' \
 		'sweep.n_examples=[10,30,100,300,1000]' hydra.run.dir=$(FIG3)/policy
 
-# Fig. 3 on a harder pool (issue 43; outside the plan, about 45 minutes on 2 CPUs; resumable): seven model drafters
-# of comparable cost (the six shipped heads and the small drafter) on one task with one template, 1,000 IWSLT2017
-# test rows (conf/experiment/huang_fig3_pool_cpu.yaml), so the best arm cannot be read off the template; the same
-# trace, collection and sweep as huang-fig3. The report's Fig. 3 reads it from $(FIG3_POOL) when it is there.
+# Fig. 3 on a harder pool (issue 43; outside the plan, 39 minutes on 2 CPUs, measured alone at commit 1251901;
+# resumable): seven model drafters of comparable cost (the six shipped heads and the small drafter) on one task with
+# one template, 1,000 IWSLT2017 test rows (conf/experiment/huang_fig3_pool_cpu.yaml), so the best arm cannot be read
+# off the template; the same trace, collection and sweep as huang-fig3. The report's Fig. 3 reads it from $(FIG3_POOL)
+# when it is there.
 FIG3_POOL = $(REPRO)/huang/fig3_pool
 FIG3_POOL_ARMS = [eagle_translation,eagle_general,eagle_chat,eagle_summarization,eagle_math,eagle_code,small_general]
 huang-fig3-pool: install
