@@ -183,70 +183,72 @@ def budget_table(runs: list[Path]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _batched_rounds(runs: list[Path]):
+    """Each batched run's batches in the order they ran: ``(run, batch size, the batch's record, its rows' rounds)``."""
+    for run in map(Path, runs):
+        if not (run / BATCHES).is_file() or not (run / ROUNDS).is_file():
+            continue
+        size = int(OmegaConf.select(OmegaConf.load(run / CONFIG), "decoding.batch_size", default=1) or 1)
+        r = pd.DataFrame(list(read_jsonl(run / ROUNDS)))
+        if r.empty:
+            continue
+        for b in read_jsonl(run / BATCHES):
+            yield run, size, b, r[(r.method == b["method"]) & r.query_id.isin(b["query_ids"])]
+
+
 def batch_times(runs: list[Path]) -> pd.DataFrame:
     """Per batched run, batch and method, in the order they ran: the slot it ran in, wall seconds, forward seconds,
     drafting seconds, the rest, target forwards, draft tokens verified and new tokens."""
     rows = []
-    for run in map(Path, runs):
-        if not (run / BATCHES).is_file() or not (run / ROUNDS).is_file():
-            continue
-        size = int(OmegaConf.select(OmegaConf.load(run / CONFIG), "decoding.batch_size", default=1) or 1)
-        r = pd.DataFrame(list(read_jsonl(run / ROUNDS)))
-        slots: dict[int, int] = {}
-        for b in read_jsonl(run / BATCHES):
-            mine = r[(r.method == b["method"]) & r.query_id.isin(b["query_ids"])]
-            forward = float(mine.t_verify.sum())
-            drafting = float((mine.t_draft + mine.t_select + mine.t_switch).sum())
-            slots[b["batch"]] = slots.get(b["batch"], 0) + 1
-            rows.append(
-                {
-                    "batch size": size,
-                    "batch": b["batch"],
-                    "slot": slots[b["batch"]],
-                    "method": b["method"],
-                    "seconds": float(b["seconds"]),
-                    "forward seconds": forward,
-                    "drafting seconds": drafting,
-                    "the rest": float(b["seconds"]) - forward - drafting,
-                    "forwards": int(b["forwards"]),
-                    "draft tokens verified": int(mine.drafted.sum()),
-                    "new tokens": int(b["new_tokens"]),
-                }
-            )
+    slots: dict[tuple, int] = {}
+    for run, size, b, mine in _batched_rounds(runs):
+        forward = float(mine.t_verify.sum())
+        drafting = float((mine.t_draft + mine.t_select + mine.t_switch).sum())
+        slot = slots[run, b["batch"]] = slots.get((run, b["batch"]), 0) + 1
+        rows.append(
+            {
+                "batch size": size,
+                "batch": b["batch"],
+                "slot": slot,
+                "method": b["method"],
+                "seconds": float(b["seconds"]),
+                "forward seconds": forward,
+                "drafting seconds": drafting,
+                "the rest": float(b["seconds"]) - forward - drafting,
+                "forwards": int(b["forwards"]),
+                "draft tokens verified": int(mine.drafted.sum()),
+                "new tokens": int(b["new_tokens"]),
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def forward_times(runs: list[Path]) -> pd.DataFrame:
-    """Per batched run and method, the target forwards grouped by whether they held every row of the batch (``full``)
+    """Per batch size and method, the target forwards grouped by whether they held every row of the batch (``full``)
     or fewer (rows that finished had left), and by whether any row verified a draft token: the forwards and their
     mean milliseconds. Each forward is read back from the rounds: a batch's forward ``i`` holds the round ``i`` of
     every row still in it, its seconds the sum of their shares (``t_verify``)."""
-    rows = []
-    for run in map(Path, runs):
-        if not (run / BATCHES).is_file() or not (run / ROUNDS).is_file():
+    forwards = []
+    for _, size, b, mine in _batched_rounds(runs):
+        if "round" not in mine:
             continue
-        size = int(OmegaConf.select(OmegaConf.load(run / CONFIG), "decoding.batch_size", default=1) or 1)
-        r = pd.DataFrame(list(read_jsonl(run / ROUNDS)))
-        if r.empty or "round" not in r:
-            continue
-        forwards = []
-        for b in read_jsonl(run / BATCHES):
-            mine = r[(r.method == b["method"]) & r.query_id.isin(b["query_ids"])]
-            for _, f in mine.groupby("round"):
-                full = "full" if len(f) == len(b["query_ids"]) else "fewer"
-                forwards.append((b["method"], full, bool((f.drafted > 0).any()), float(f.t_verify.sum())))
-        f = pd.DataFrame(forwards, columns=["method", "rows", "drafted", "seconds"])
-        for (method, full, drafted), g in f.groupby(["method", "rows", "drafted"], sort=True):
-            rows.append(
-                {
-                    "batch size": size,
-                    "method": method,
-                    "rows in the forward": full,
-                    "a row drafted": "yes" if drafted else "no",
-                    "forwards": len(g),
-                    "ms a forward": 1000 * float(g.seconds.mean()),
-                }
-            )
+        for _, f in mine.groupby("round"):
+            full = "full" if len(f) == len(b["query_ids"]) else "fewer"
+            forwards.append((size, b["method"], full, bool((f.drafted > 0).any()), float(f.t_verify.sum())))
+    f = pd.DataFrame(forwards, columns=["batch size", "method", "rows", "drafted", "seconds"])
+    rows = [
+        {
+            "batch size": size,
+            "method": method,
+            "rows in the forward": full,
+            "a row drafted": "yes" if drafted else "no",
+            "forwards": len(g),
+            "ms a forward": 1000 * float(g.seconds.mean()),
+        }
+        for (size, method, full, drafted), g in f.groupby(
+            ["batch size", "method", "rows", "drafted"], sort=True
+        )
+    ]
     return pd.DataFrame(rows)
 
 

@@ -73,7 +73,9 @@ def _jsonl(path, records):
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
-def test_each_batchs_time_is_split_into_forwards_drafting_and_the_rest(tmp_path):
+def _two_queries(tmp_path, batches, rounds):
+    """A batch-4 run of queries ``a`` and ``b`` in one batch under ``autoregressive`` and ``fixed:pl``: its batches
+    ``(method, seconds, forwards)`` in the order they ran, and its ``rounds``."""
     four = _run(
         tmp_path / "b4",
         4,
@@ -82,17 +84,18 @@ def test_each_batchs_time_is_split_into_forwards_drafting_and_the_rest(tmp_path)
     )  # fmt: skip
     batch = {"batch": 0, "query_ids": ["a", "b"], "new_tokens": 3}
     _jsonl(
-        four / "batches.jsonl",  # in the order they ran
-        [
-            {"method": "fixed:pl", "seconds": 2.0, "forwards": 1, **batch},
-            {"method": "autoregressive", "seconds": 1.5, "forwards": 2, **batch},
-        ],
+        four / "batches.jsonl", [{"method": m, "seconds": t, "forwards": n, **batch} for m, t, n in batches]
     )
-    zero = {"t_select": 0.0, "t_switch": 0.0}
-    _jsonl(
-        four / "rounds.jsonl",
+    _jsonl(four / "rounds.jsonl", [{"t_select": 0.0, "t_switch": 0.0, **r} for r in rounds])
+    return four
+
+
+def test_each_batchs_time_is_split_into_forwards_drafting_and_the_rest(tmp_path):
+    four = _two_queries(
+        tmp_path,
+        [("fixed:pl", 2.0, 1), ("autoregressive", 1.5, 2)],  # in the order they ran
         [
-            {"query_id": q, "method": m, "t_verify": v, "t_draft": d, "drafted": n, **zero}
+            {"query_id": q, "method": m, "t_verify": v, "t_draft": d, "drafted": n}
             for q, m, v, d, n in [
                 ("a", "autoregressive", 0.25, 0.0, 0),
                 ("b", "autoregressive", 0.25, 0.0, 0),
@@ -115,25 +118,11 @@ def test_each_batchs_time_is_split_into_forwards_drafting_and_the_rest(tmp_path)
 def test_each_forward_is_read_back_from_its_rows_rounds(tmp_path):
     """A batch's forward ``i`` holds the round ``i`` of every row still in it: its seconds the rows' shares summed,
     grouped by whether it held the whole batch and whether any row drafted."""
-    four = _run(
-        tmp_path / "b4",
-        4,
-        [("a", "autoregressive", 2, 1.0, [1, 2]), ("b", "autoregressive", 1, 0.5, [3]),
-         ("a", "fixed:pl", 2, 1.0, [1, 2]), ("b", "fixed:pl", 1, 0.5, [3])],
-    )  # fmt: skip
-    batch = {"batch": 0, "query_ids": ["a", "b"], "new_tokens": 3}
-    _jsonl(
-        four / "batches.jsonl",
+    four = _two_queries(
+        tmp_path,
+        [("autoregressive", 1.5, 2), ("fixed:pl", 2.0, 2)],
         [
-            {"method": "autoregressive", "seconds": 1.5, "forwards": 2, **batch},
-            {"method": "fixed:pl", "seconds": 2.0, "forwards": 2, **batch},
-        ],
-    )
-    zero = {"t_select": 0.0, "t_switch": 0.0, "t_draft": 0.0}
-    _jsonl(
-        four / "rounds.jsonl",
-        [
-            {"query_id": q, "method": m, "round": i, "t_verify": v, "drafted": n, **zero}
+            {"query_id": q, "method": m, "round": i, "t_verify": v, "drafted": n, "t_draft": 0.0}
             for q, m, i, v, n in [
                 ("a", "autoregressive", 0, 0.25, 0),
                 ("b", "autoregressive", 0, 0.25, 0),
