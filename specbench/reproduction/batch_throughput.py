@@ -49,10 +49,14 @@ def examples(run: Path) -> tuple[int, pd.DataFrame]:
         raise SpecbenchError(
             f"{run} holds no {EXAMPLES}", "pass the directories `make batch-throughput` wrote"
         )
-    size = int(OmegaConf.select(OmegaConf.load(run / CONFIG), "decoding.batch_size", default=1) or 1)
-    return size, pd.DataFrame(list(read_jsonl(run / EXAMPLES))).drop_duplicates(
+    return batch_size(run), pd.DataFrame(list(read_jsonl(run / EXAMPLES))).drop_duplicates(
         ["query_id", "method"], keep="last"
     )
+
+
+def batch_size(run: Path) -> int:
+    """The ``decoding.batch_size`` a run directory's ``config.yaml`` ran at (1 when unset)."""
+    return int(OmegaConf.select(OmegaConf.load(Path(run) / CONFIG), "decoding.batch_size", default=1) or 1)
 
 
 def run_table(run: Path) -> pd.DataFrame:
@@ -104,7 +108,7 @@ def before_table(runs: list[Path], before: Path) -> pd.DataFrame:
     """Per method of the batch-1 run among ``runs`` that ``before`` ran too: the paired speed ratio over their common
     queries (this code's tokens per second over before's, each query's seconds and tokens paired) with its interval,
     and whether the interval holds 1."""
-    now = [ex for size, ex in map(examples, runs) if size == 1]
+    now = [(run, ex) for run in runs for size, ex in [examples(run)] if size == 1]
     size, old = examples(before)
     if not now or size != 1:
         raise SpecbenchError(
@@ -112,9 +116,9 @@ def before_table(runs: list[Path], before: Path) -> pd.DataFrame:
             + ("no run given is at batch size 1" if not now else f"{before} ran at batch size {size}"),
             "pass this code's batch-1 run among the runs and a batch-1 run of the code before batching as --before",
         )
-    _check_other_code([r for r in runs if examples(r)[0] == 1][0], before)
+    _check_other_code(now[0][0], before)
     rows = []
-    for method, mine in now[0].groupby("method", sort=False):
+    for method, mine in now[0][1].groupby("method", sort=False):
         theirs = old[old.method == method].set_index("query_id")
         ids = sorted(set(mine.query_id) & set(theirs.index))
         if not ids:
@@ -161,7 +165,7 @@ def budget_table(runs: list[Path]) -> pd.DataFrame:
     for run in map(Path, runs):
         if not (run / ROUNDS).is_file():
             continue
-        size = int(OmegaConf.select(OmegaConf.load(run / CONFIG), "decoding.batch_size", default=1) or 1)
+        size = batch_size(run)
         r = pd.DataFrame(list(read_jsonl(run / ROUNDS)))
         if r.empty or "method" not in r:
             continue
@@ -188,7 +192,7 @@ def _batched_rounds(runs: list[Path]):
     for run in map(Path, runs):
         if not (run / BATCHES).is_file() or not (run / ROUNDS).is_file():
             continue
-        size = int(OmegaConf.select(OmegaConf.load(run / CONFIG), "decoding.batch_size", default=1) or 1)
+        size = batch_size(run)
         r = pd.DataFrame(list(read_jsonl(run / ROUNDS)))
         if r.empty:
             continue
