@@ -50,6 +50,8 @@ class Round:
     # and the seconds it predicted for the round (drafting and verification), beside the measured ones above.
     expected: float | None = None
     predicted_s: float | None = None
+    # Batched decoding: the batch's target forward (from 0) that verified this round; None decoding one query alone.
+    forward: int | None = None
 
 
 def round_row(query_id: str, task: str, method: str, rnd: Round) -> dict:

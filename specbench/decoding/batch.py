@@ -103,6 +103,7 @@ class _Row:
     selector: Selector | None = None
     # this round's choice: an arm, or a route or several arms (``batch_drafts._resolve``)
     choice: object = None
+    t0: float = 0.0  # when the row joined the batch (its prefill began): its ``seconds`` run from there
 
     @property
     def drafter(self) -> Drafter:
@@ -154,22 +155,40 @@ class _Row:
         self.selector.update(rnd.arm, feedback_of(rnd, chain_outcomes(len(made.tokens), rnd.accepted)))
 
 
-def _begin(lm: BatchedLM, rows: list[_Row]) -> tuple[int, ...]:
-    """Prefill every row, with its prompt's embedding where its selector chooses by one and the target's states at
-    its cached positions where its drafters read them (heads), and start its selector; the layers whose states every
-    round records."""
-    layers = tuple(sorted({layer for r in rows for d in r.pool.values() for layer in d.state_layers(False)}))
-    started = lm.start([r.tokens for r in rows], _pooling(rows), layers)
+def _admit(
+    lm: BatchedLM,
+    players: Sequence[Drafter | RowSelector],
+    prompts: Sequence[list[int]],
+    spec: DecodeSpec,
+    first: bool,
+    reads: tuple[str | None, tuple[int, ...]],
+) -> list[_Row]:
+    """The rows of ``prompts`` made (each with its own copies of its drafters, ``_pools``) and prefilled: the batch's
+    first rows start the cache, later ones join it (``BatchedLM.admit``). ``reads``: what every row's prefill gives,
+    the whole batch's (``_pooling``, ``_state_layers``), so a row that joins later has what the others had: its prompt's
+    embedding where selectors choose by one, the target's states at its cached positions where drafters read them
+    (heads). Each row's selector is started, and its clock."""
+    rows = [_Row.make(p, d, pool, spec) for p, d, pool in zip(prompts, players, _pools(players, prompts))]
+    pooling, layers = reads
+    t0 = spec.clock.now()
+    started = (lm.start if first else lm.admit)([r.tokens for r in rows], pooling, layers)
     for i, row in enumerate(rows):
         row.begin(None if started.embeddings is None else started.embeddings[i])
+        row.t0 = t0
         if layers:
             row.query.record_states(started.states[i], rows=len(row.tokens) - 1, start=0)
-    return layers
+    return rows
 
 
-def _pooling(rows: list[_Row]) -> str | None:
+def _state_layers(players: Sequence[Drafter | RowSelector]) -> tuple[int, ...]:
+    """The target layers whose states the rows' drafters read (heads): recorded at the prefill and every round."""
+    drafters = [d for p in players for d in (p.pool.values() if isinstance(p, RowSelector) else [p])]
+    return tuple(sorted({layer for d in drafters for layer in d.state_layers(False)}))
+
+
+def _pooling(players: Sequence[Drafter | RowSelector]) -> str | None:
     """The pooling of the prompt embeddings the rows' selectors choose by (read off the batch's prefill), or None."""
-    poolings = {r.selector.embedding_pooling for r in rows if r.selector is not None} - {None}
+    poolings = {p.selector.embedding_pooling for p in players if isinstance(p, RowSelector)} - {None}
     if len(poolings) > 1:
         raise SpecbenchError(
             f"the rows' selectors pool their prompt embeddings differently ({', '.join(sorted(poolings))}), and a "
@@ -230,53 +249,75 @@ def decode_batch(
     spec: DecodeSpec,
     rng: torch.Generator,
     budget: BatchBudget | None = None,
+    rows: int | None = None,
 ) -> BatchResult:
-    """Decode every prompt (row ``i`` drafting with ``drafters[i]``, or choosing each round with its ``RowSelector``)
-    in one batch, each round's drafts cut to ``budget``'s cap when one is given: see the module's docstring."""
+    """Decode every prompt (row ``i`` drafting with ``drafters[i]``, or choosing each round with its ``RowSelector``),
+    at most ``rows`` at once (None: all of them in one batch): when a row finishes, the next waiting prompt takes its
+    place before the next round (continuous batching), so a slow row does not hold the batch's other places empty.
+    Each round's drafts are cut to ``budget``'s cap when one is given: see the module's docstring."""
     if len(drafters) != len(prompts) or not prompts:
         raise ValueError(
             f"{len(prompts)} prompts and {len(drafters)} drafters: one drafter a prompt, at least one"
         )
+    width = len(prompts) if rows is None else rows
+    if width < 1:
+        raise ValueError(f"at most {rows} rows at once: at least 1")
     check_batchable(spec)
     clock = spec.clock
-    rows = [_Row.make(p, d, pool, spec) for p, d, pool in zip(prompts, drafters, _pools(drafters, prompts))]
+    reads = _pooling(drafters), _state_layers(drafters)
+    waiting, made = list(range(len(prompts))), {}
     start = clock.boundary()
-    layers = _begin(lm, rows)
-    active, forwards = list(rows), 0
-    while active:
-        for row in active:
-            row.choose()
-        turns, plan = _cap(active, drafts(active, spec, rng, budget), budget)
-        t0 = clock.now()
-        trees = [None if t.tree is None else (t.tree.attention(), t.tree.positions()) for t in turns]
-        logits = lm.score([row.tokens[-1:] + t.tokens for row, t in zip(active, turns)], layers, trees)
-        share = (clock.now() - t0) / len(active)
+    active, forwards = [], 0
+    while active or waiting:
+        if waiting and len(active) < width:
+            joining, waiting = waiting[: width - len(active)], waiting[width - len(active) :]
+            players, joined = [drafters[i] for i in joining], [prompts[i] for i in joining]
+            new = _admit(lm, players, joined, spec, not active, reads)
+            made.update(zip(joining, new))
+            active += new
+        active = _step(lm, active, spec, rng, budget, (reads[1], forwards))
         forwards += 1
-        kept, going = [], []
-        for i, row in enumerate(active):
-            turn = turns[i]
-            slots, done = _verify(row, turn, logits[i], spec, share, rng)
-            if plan is not None:
-                expected, predicted = plan
-                row.gen.rounds[-1] = replace(row.gen.rounds[-1], expected=expected[i], predicted_s=predicted)
-                budget.observe(row.arm, turn.draft, len(slots) - 1)
-            kept.append(slots)
-            if layers and not done:  # rows of the last committed token and the accepted draft tokens
-                at = len(row.tokens) - len(slots) - 1
-                row.query.record_states({k: x[i][slots] for k, x in lm.last_states.items()}, len(slots), at)
-            if done:
-                row.gen.seconds = clock.now() - start
-                for drafter in row.pool.values():
-                    drafter.finish()
-            else:
-                going.append(i)
-        lm.keep_slots(kept)
-        if len(going) < len(active):
-            if going:
-                lm.drop(going)
-            active = [active[i] for i in going]
     seconds = clock.boundary() - start
-    return BatchResult([r.gen for r in rows], seconds, forwards)
+    return BatchResult([made[i].gen for i in range(len(prompts))], seconds, forwards)
+
+
+def _step(
+    lm: BatchedLM, active: list[_Row], spec: DecodeSpec, rng: torch.Generator, budget, at: tuple
+) -> list[_Row]:
+    """One round of every active row: drafts (cut to the budget's cap), one target forward (``at``: the layers whose
+    states it records, and its index in the batch, which each row's round records), each row's verdict; the rows
+    still generating (finished rows have left the batch)."""
+    clock, (layers, forward) = spec.clock, at
+    for row in active:
+        row.choose()
+    turns, plan = _cap(active, drafts(active, spec, rng, budget), budget)
+    t0 = clock.now()
+    trees = [None if t.tree is None else (t.tree.attention(), t.tree.positions()) for t in turns]
+    logits = lm.score([row.tokens[-1:] + t.tokens for row, t in zip(active, turns)], layers, trees)
+    share = (clock.now() - t0) / len(active)
+    kept, going = [], []
+    for i, row in enumerate(active):
+        turn = turns[i]
+        slots, done = _verify(row, turn, logits[i], spec, share, rng)
+        row.gen.rounds[-1] = replace(row.gen.rounds[-1], forward=forward)
+        if plan is not None:
+            expected, predicted = plan
+            row.gen.rounds[-1] = replace(row.gen.rounds[-1], expected=expected[i], predicted_s=predicted)
+            budget.observe(row.arm, turn.draft, len(slots) - 1)
+        kept.append(slots)
+        if layers and not done:  # rows of the last committed token and the accepted draft tokens
+            at = len(row.tokens) - len(slots) - 1
+            row.query.record_states({k: x[i][slots] for k, x in lm.last_states.items()}, len(slots), at)
+        if done:
+            row.gen.seconds = clock.now() - row.t0
+            for drafter in row.pool.values():
+                drafter.finish()
+        else:
+            going.append(i)
+    lm.keep_slots(kept)
+    if len(going) < len(active) and going:
+        lm.drop(going)
+    return [active[i] for i in going]
 
 
 def _cap(active: list[_Row], turns: list[Turn], budget: BatchBudget | None):

@@ -64,6 +64,10 @@ class SpecOptions:
     fit_context: Annotated[bool, boolean()]
     # eval only (pipelines/batched.py): queries decoded together, one target forward a round for all of them
     batch_size: Annotated[int, integer(1, note=" (queries decoded together; 1: one at a time)")]
+    # eval at batch_size > 1: the queries a method decodes in one go, finished rows refilled (null: 4 x batch_size)
+    batch_wave: Annotated[int | None, integer(1, null=True, note=" (queries a method decodes in one go)")] = (
+        None
+    )
 
 
 DECODING = (SamplingParams, Limits, SpecOptions)  # the classes that declare decoding.*

@@ -127,6 +127,33 @@ class BatchedLM:
             self.rewind([len(h) - 1 for h in heads])
         return Started(pooled if pooling else None, states if layers else None)
 
+    @torch.inference_mode()
+    def admit(
+        self, sequences: list[list[int]], pooling: str | None = None, layers: tuple[int, ...] = ()
+    ) -> Started:
+        """New rows join the batch between rounds (continuous batching: a finished row's place goes to a waiting
+        query): they are prefilled as ``start`` prefills a batch, in a cache of their own, which is then laid below
+        the batch's rows, the narrower of the two left-padded with masked slots. The new rows come last, in
+        ``sequences``' order; what ``start`` reads off their prefill is returned."""
+        if self._pending:
+            raise RuntimeError("admit called between score and keep")
+        joining = BatchedLM(self.model, self.vocab_size)
+        started = joining.start(sequences, pooling, layers)
+        if not self.rows:
+            self.cache, self.valid, self.n = joining.cache, joining.valid, joining.n
+            return started
+        width = max(self.slots, joining.slots)
+        ours, theirs = _layers(self.cache), _layers(joining.cache)
+        merged = self.cache if _cached(ours) else joining.cache  # the layers that give the shapes
+        for i, layer in enumerate(_layers(merged)):
+            mine = _left_padded(ours[i] if i < len(ours) else None, self.rows, width, layer)
+            new = _left_padded(theirs[i] if i < len(theirs) else None, joining.rows, width, layer)
+            layer.keys, layer.values = torch.cat([mine[0], new[0]]), torch.cat([mine[1], new[1]])
+        self.cache = merged
+        self.valid = torch.cat([_pad_left(self.valid, width), _pad_left(joining.valid, width)])
+        self.n = torch.cat([self.n, joining.n])
+        return started
+
     def _prefill(self, heads: list[list[int]], hidden: bool):
         """One forward over ``heads`` (left-padded to the longest) into a fresh cache (``self.cache``): every layer's
         hidden states ``[rows, width, H]`` with ``hidden``, else None."""
@@ -332,6 +359,31 @@ def _side_by_side(caches: list[tuple[list[int], DynamicCache]], rows: int, width
             values[at, :, width - part.values.shape[2] :] = part.values
         layer.keys, layer.values = keys, values
     return merged
+
+
+def _pad_left(valid: torch.Tensor, width: int) -> torch.Tensor:
+    """``valid`` ``[rows, slots]`` with masked slots added on the left up to ``width``."""
+    pad = valid.new_zeros(valid.shape[0], width - valid.shape[1])
+    return torch.cat([pad, valid], 1)
+
+
+def _cached(layers) -> bool:
+    return any(layer.keys is not None and layer.keys.numel() for layer in layers)
+
+
+def _left_padded(layer, rows: int, width: int, like) -> tuple[torch.Tensor, torch.Tensor]:
+    """A cache layer's keys and values with zero slots added on the left up to ``width`` (masked by ``valid``); a
+    layer with nothing cached (None, or no keys: every prompt one token) is ``rows`` rows of zeros shaped ``like``'s."""
+    if layer is None or not _cached([layer]):
+        keys, values = (x.new_zeros(rows, x.shape[1], 0, x.shape[3]) for x in (like.keys, like.values))
+    else:
+        keys, values = layer.keys, layer.values
+    pad = width - keys.shape[2]
+    if not pad:
+        return keys, values
+    return tuple(
+        torch.cat([x.new_zeros(x.shape[0], x.shape[1], pad, x.shape[3]), x], 2) for x in (keys, values)
+    )
 
 
 def _layers(cache):

@@ -19,8 +19,25 @@ from specbench.errors import SpecbenchError
 FIX = "decoding.batch_size=1 (one query at a time runs every method)"
 
 
+WAVE = 4  # a wave's queries by default: this many times the batch size (``batch_wave``)
+
+
 def batch_size(cfg: DictConfig) -> int:
     return int(OmegaConf.select(cfg, "decoding.batch_size", default=1) or 1)
+
+
+def batch_wave(cfg: DictConfig) -> int:
+    """The queries a method decodes in one go (``decoding.batch_wave``; null: ``WAVE`` times the batch size): at most
+    ``decoding.batch_size`` of them at once, a finished query's row going to the next waiting one (continuous
+    batching); methods take turns wave by wave. A wave of the batch size decodes static batches."""
+    size, wave = batch_size(cfg), OmegaConf.select(cfg, "decoding.batch_wave", default=None)
+    wave = WAVE * size if wave is None else int(wave)
+    if wave < size:
+        raise SpecbenchError(
+            f"decoding.batch_wave={wave} is smaller than decoding.batch_size={size}: a wave holds at least one batch",
+            f"set decoding.batch_wave to at least {size} (or null: {WAVE} x the batch size)",
+        )
+    return wave
 
 
 def drafter_of(method: str) -> str:
@@ -52,6 +69,7 @@ def check_batched(cfg: DictConfig, command: str = "eval") -> None:
             "time)",
             "drop decoding.batch_size (or set it to 1) for this command",
         )
+    batch_wave(cfg)
     sampled = float(cfg.decoding.get("temperature") or 0) > 0
     if sampled and HF_GENERATE in [str(m) for m in cfg.get("methods") or []]:
         raise SpecbenchError(

@@ -1,6 +1,8 @@
-"""``specbench eval decoding.batch_size=B``: each method decodes ``B`` queries at a time, one target forward a round for
-all of them (``decoding/batch.py``), interleaved with the other methods batch by batch (A B A B over the same
-batches of queries, as single-query eval interleaves them query by query).
+"""``specbench eval decoding.batch_size=B``: each method decodes a wave of queries (``decoding.batch_wave``, by default
+4 B) with at most ``B`` in flight, one target forward a round for all of them (``decoding/batch.py``); a row that
+finishes gives its place to the wave's next query before the next round (continuous batching), so a slow row does
+not hold the batch's other places empty. Methods are interleaved wave by wave (A B A B over the same waves of
+queries, as single-query eval interleaves them query by query). ``decoding.batch_wave=B`` decodes static batches.
 
 What a batch can run (checked before any model loads, each refusal naming the method or key and the fix): the
 autoregressive method (plain batched decoding, the baseline at the same batch) and ``fixed:<drafter>`` for
@@ -9,7 +11,7 @@ drafters whose kind drafts per row (prompt lookup, the retrieval drafter: their 
 round's drafts to the cap of the most expected tokens per predicted second (``selection/batch_budget.py``; its
 forward costs measured at start-up by ``pipelines/batch_costs.py``, cached per machine; its acceptance statistics
 carry across the run's batches and start again when a run resumes); and ``hf:generate``, Hugging Face ``generate``
-on the same left-padded batch (plain greedy only, the target's generation config pinned as ``specbench bench`` pins
+on the same queries in static left-padded batches of ``B`` (it cannot refill a row; plain greedy only, the target's generation config pinned as ``specbench bench`` pins
 it), timed the same way (its records keep no deciders, so its forks are not certified: the page compares its outputs
 with batch 1's); and selector methods whose selector chooses arms, routes or trees over a pool of such drafters, each
 row with a fresh selector of the method (a row is a query), the policy included (each row's prompt embedding pooled off
@@ -17,12 +19,12 @@ the batch's prefill). Model drafters (HF, the small drafter, the early exit) bat
 draft position; draft heads draft a row each, fed its row's target states. Routes and token trees (``tree:<a>+<b>``,
 the tree bandits) run per row; the cost-model budget's plans are refused.
 
-Records: one example record a query as always, its ``seconds`` the batch's wall time apportioned by new tokens
-(``batch seconds * its tokens / the batch's tokens``), so a method's total seconds is the sum of its batches' and the
+Records: one example record a query as always, its ``seconds`` the wave's wall time apportioned by new tokens
+(``wave seconds * its tokens / the wave's tokens``), so a method's total seconds is the sum of its waves' and the
 summary's speedup (total baseline seconds over total method seconds on the same queries) is the throughput ratio at
 that batch size; per-query paired intervals on apportioned seconds say less than at batch 1: read the totals. Each
-batch also gets a line of ``batches.jsonl``: the method, the batch's index and query ids, its wall seconds, new
-tokens and target forwards.
+wave also gets a line of ``batches.jsonl``: the method, the wave's index (``batch``), its rows in flight
+(``rows``), its query ids, its wall seconds, new tokens and target forwards.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from specbench.decoding.batch import BatchResult, RowSelector, decode_batch
 from specbench.decoding.loop import Generation
 from specbench.models.batched import BatchedLM
 from specbench.pipelines.batch_costs import batch_costs
-from specbench.pipelines.batch_settings import batch_size, check_queries, drafter_of
+from specbench.pipelines.batch_settings import batch_size, batch_wave, check_queries, drafter_of
 from specbench.pipelines.bench import cut_at_eos, hf_generation_config
 from specbench.pipelines.methods import Method
 from specbench.pipelines.session.prompting import example_id, prompt_fingerprint
@@ -47,15 +49,16 @@ from specbench.selection.batch_budget import BatchBudget
 
 
 def decode_batches(s, methods, records, todo: set, bar) -> None:
-    """Every (query, method) of ``todo``, a batch of ``decoding.batch_size`` consecutive queries at a time, methods
-    rotating per batch; each batch's records written as it finishes."""
-    size = batch_size(s.cfg)
+    """Every (query, method) of ``todo``, a wave of ``decoding.batch_wave`` consecutive queries at a time with at most
+    ``decoding.batch_size`` in flight (``batch_settings.batch_wave``), methods rotating per wave; each wave's records
+    written as it finishes."""
+    size, wave = batch_size(s.cfg), batch_wave(s.cfg)
     check_queries(size, len(s.queries))
     lm = BatchedLM(s.target.model, s.target.vocab_size)
-    batches = [range(i, min(i + size, len(s.queries))) for i in range(0, len(s.queries), size)]
+    waves = [range(i, min(i + wave, len(s.queries))) for i in range(0, len(s.queries), wave)]
     warm = replace(s.spec, limits=s.warmup_limits) if s.warmup_limits is not None else None
     decoder = Decoder(s, lm, methods, size)
-    for bi, batch in enumerate(batches):
+    for bi, batch in enumerate(waves):
         for mi in rotation(len(methods), bi):
             if not any((qi, mi) in todo for qi in batch):
                 continue
@@ -69,7 +72,7 @@ def decode_batches(s, methods, records, todo: set, bar) -> None:
             if (
                 warm is not None and bi == 0
             ):  # untimed, once per method: the first batch's prompts, a short run
-                decoder(m, prompts, replace(warm, stream=None), s.rng(seed=0), learn=False)
+                decoder(m, prompts[:size], replace(warm, stream=None), s.rng(seed=0), learn=False)
             result = decoder(m, prompts, spec, s.rng(batch[0], mi))
             write_batch(s, records, m.name, queries, prompts, result)
             with JsonlWriter(s.out / BATCHES) as log:
@@ -77,6 +80,7 @@ def decode_batches(s, methods, records, todo: set, bar) -> None:
                     {
                         "method": m.name,
                         "batch": bi,
+                        "rows": size,
                         "query_ids": [example_id(q, 0) for q in queries],
                         "seconds": result.seconds,
                         "new_tokens": result.new_tokens,
@@ -92,7 +96,7 @@ class Decoder:
     selector method for each row (``RowSelector``: a row is a query), or ``hf_batch``."""
 
     def __init__(self, s, lm: BatchedLM, methods, size: int):
-        self.s, self.lm = s, lm
+        self.s, self.lm, self.size = s, lm, size
         longest = max(
             (
                 s.pool[drafter_of(m.name)].draft_length or s.limits.draft_length
@@ -108,8 +112,15 @@ class Decoder:
 
     def __call__(self, m: Method, prompts, spec, rng: torch.Generator, learn: bool = True) -> BatchResult:
         method, pool = m.name, self.s.pool
-        if method == HF_GENERATE:
-            return hf_batch(self.s, prompts, spec)
+        if method == HF_GENERATE:  # static batches: generate cannot refill a finished row
+            parts = [
+                hf_batch(self.s, prompts[i : i + self.size], spec) for i in range(0, len(prompts), self.size)
+            ]
+            return BatchResult(
+                [g for p in parts for g in p.generations],
+                sum(p.seconds for p in parts),
+                sum(p.forwards for p in parts),
+            )
         budget = None
         if method.startswith(GOODPUT):  # the run's budget of this method; a warm-up's own, which it forgets
             budget = self.budgets.get(method) if learn else None
@@ -121,7 +132,7 @@ class Decoder:
             players = [pool[drafter_of(method)]] * len(prompts)
         else:  # a selector method: one selector a row
             players = [RowSelector(m.make_selector(), pool) for _ in prompts]
-        return decode_batch(self.lm, players, prompts, spec, rng, budget)
+        return decode_batch(self.lm, players, prompts, spec, rng, budget, rows=self.size)
 
 
 def hf_batch(s, prompts: list[list[int]], spec) -> BatchResult:

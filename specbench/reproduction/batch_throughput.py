@@ -228,16 +228,18 @@ def batch_times(runs: list[Path]) -> pd.DataFrame:
 
 
 def forward_times(runs: list[Path]) -> pd.DataFrame:
-    """Per batch size and method, the target forwards grouped by whether they held every row of the batch (``full``)
-    or fewer (rows that finished had left), and by whether any row verified a draft token: the forwards and their
-    mean milliseconds. Each forward is read back from the rounds: a batch's forward ``i`` holds the round ``i`` of
-    every row still in it, its seconds the sum of their shares (``t_verify``)."""
+    """Per batch size and method, the target forwards grouped by whether they held every row the batch may hold
+    (``full``) or fewer (rows that finished had left and no query was waiting), and by whether any row verified a
+    draft token: the forwards and their mean milliseconds. Each forward is read back from the rounds: the rounds
+    that record forward ``i`` of a wave (``Round.forward``; in runs before it, a static batch's round ``i`` of every
+    row still in it), its seconds the sum of their shares (``t_verify``)."""
     forwards = []
     for _, size, b, mine in _batched_rounds(runs):
-        if "round" not in mine:
+        key = "forward" if "forward" in mine and mine["forward"].notna().all() else "round"
+        if key not in mine:
             continue
-        for _, f in mine.groupby("round"):
-            full = "full" if len(f) == len(b["query_ids"]) else "fewer"
+        for _, f in mine.groupby(key):
+            full = "full" if len(f) == min(int(b.get("rows", size)), len(b["query_ids"])) else "fewer"
             forwards.append((size, b["method"], full, bool((f.drafted > 0).any()), float(f.t_verify.sum())))
     f = pd.DataFrame(forwards, columns=["batch size", "method", "rows", "drafted", "seconds"])
     rows = [

@@ -163,6 +163,47 @@ def test_a_finished_row_leaves_the_others_unchanged(tiny_llama_target, row_pool,
         assert gen.tokens == _alone(target, row_pool, arm, prompt, tiny_decode, ending), arm
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3])
+def test_waiting_prompts_take_finished_rows_places_and_decode_as_alone(
+    tiny_llama_target, row_pool, tiny_decode, monkeypatch, rows
+):
+    """Continuous batching: six prompts (one a single token, so its prefill caches nothing; one longer than the batch's
+    rows when it joins) with at most ``rows`` in flight; each waiting prompt joins the batch (``BatchedLM.admit``) when
+    a row finishes, and every row's output and rounds equal its prompt decoded alone, drafters that draft many rows in
+    one forward (the HF drafter) included."""
+    target = tiny_llama_target
+    spec = _spec(target, max_new_tokens=12, eos=False)
+    texts = [
+        *TEXTS,
+        TEXTS[3] + " and once more, a long prompt that repeats itself, a long prompt that repeats",
+    ]
+    prompts = [target.tokenizer(t)["input_ids"] for t in texts]
+    prompts.insert(2, prompts[0][:1])
+    arms = ("scripted_2", "hf", "prompt_lookup", "autoregressive", "hf", "scripted_5")
+    admitted = []
+    original = BatchedLM.admit
+
+    def counting(self, sequences, *args):
+        admitted.append((self.rows, self.slots, [len(s) for s in sequences]))
+        return original(self, sequences, *args)
+
+    monkeypatch.setattr(BatchedLM, "admit", counting)
+    lm = BatchedLM(target.model, target.vocab_size)
+    result = decode_batch(lm, [row_pool[a] for a in arms], prompts, spec, torch.Generator(), rows=rows)
+    _rounds_as_alone(target, row_pool, arms, prompts, result, tiny_decode, spec)
+    if rows > 1:  # some prompts joined a batch that was still decoding, one of them longer than its rows
+        assert admitted and any(max(lengths) > slots for _, slots, lengths in admitted)
+        assert result.forwards < sum(g.target_calls for g in result.generations)
+    # each row is in every forward from the one it joined to the one it finished; no place stays empty while a
+    # prompt waits: forward f holds min(rows, the prompts not finished before it) rows
+    spans = [[r.forward for r in g.rounds] for g in result.generations]
+    assert all(s == list(range(s[0], s[-1] + 1)) for s in spans)
+    assert max(s[-1] for s in spans) + 1 == result.forwards
+    for f in range(result.forwards):
+        finished = sum(s[-1] < f for s in spans)
+        assert sum(s[0] <= f <= s[-1] for s in spans) == min(rows, len(prompts) - finished)
+
+
 def test_compaction_changes_no_output(tiny_llama_target, row_pool, monkeypatch):
     target = tiny_llama_target
     prompts = _prompts(target, 4)
@@ -388,10 +429,14 @@ def test_a_batch_records_each_rows_target_states_as_the_target_does(tiny_llama_t
             assert torch.allclose(lm.last_states[layer][r], scored[layer], rtol=1e-4, atol=1e-4)
 
 
-def test_draft_heads_draft_each_row_as_they_draft_alone(tiny_llama_target, row_pool, tiny_decode, tmp_path):
+@pytest.mark.parametrize("rows", [None, 2])
+def test_draft_heads_draft_each_row_as_they_draft_alone(
+    tiny_llama_target, row_pool, tiny_decode, tmp_path, rows
+):
     """Two rows of an EAGLE head (one batched cache of the head's pairs, each row fed its own target states) beside
-    prompt lookup and the autoregressive arm: every row's output, and each round's drafted and accepted tokens, equal
-    its prompt alone."""
+    prompt lookup and the autoregressive arm, all at once or two at a time (a head row that joins later is fed the
+    target states of its own prefill): every row's output, and each round's drafted and accepted tokens, equal its
+    prompt alone."""
     from specbench.drafters import build_pool
     from tests.integration.test_eagle import PROMPTS, write_head
 
@@ -407,7 +452,12 @@ def test_draft_heads_draft_each_row_as_they_draft_alone(tiny_llama_target, row_p
     arms = ("eagle", "prompt_lookup", "eagle", "autoregressive")
     prompts = [target.tokenizer(t)["input_ids"] for t in (PROMPTS[0], TEXTS[1], PROMPTS[1], TEXTS[3])]
     result = decode_batch(
-        BatchedLM(target.model, target.vocab_size), [pool[a] for a in arms], prompts, spec, torch.Generator()
+        BatchedLM(target.model, target.vocab_size),
+        [pool[a] for a in arms],
+        prompts,
+        spec,
+        torch.Generator(),
+        rows=rows,
     )
     _rounds_as_alone(target, pool, arms, prompts, result, tiny_decode, spec)
     assert (
@@ -435,11 +485,13 @@ def _policy(tmp_path, target, arms: list[str], seed: int) -> str:
     )
 
 
+@pytest.mark.parametrize("rows", [None, 2])
 def test_the_policy_chooses_each_rows_drafter_as_it_does_alone(
-    tiny_llama_target, row_pool, tiny_decode, tmp_path
+    tiny_llama_target, row_pool, tiny_decode, tmp_path, rows
 ):
     """The policy per row (``RowSelector`` over a ``PolicySelector``, one a row): each row's prompt embedding comes off
-    the batch's prefill, so each row plays the arm the policy picks for its prompt alone, and gives its output."""
+    the batch's prefill (or, for a row that joins later, off its own), so each row plays the arm the policy picks for
+    its prompt alone, and gives its output."""
     from specbench.selection import PolicySelector
 
     target = tiny_llama_target
@@ -451,7 +503,7 @@ def test_the_policy_chooses_each_rows_drafter_as_it_does_alone(
     prompts = _prompts(target, 4)
     players = [RowSelector(PolicySelector(list(pool), checkpoint=path), pool) for _ in prompts]
     result = decode_batch(
-        BatchedLM(target.model, target.vocab_size), players, prompts, spec, torch.Generator()
+        BatchedLM(target.model, target.vocab_size), players, prompts, spec, torch.Generator(), rows=rows
     )
     chosen = []
     for prompt, gen in zip(prompts, result.generations):

@@ -38,17 +38,21 @@ def _records(run, name="examples.jsonl"):
     return [json.loads(x) for x in (run / name).read_text().splitlines()]
 
 
-def test_a_batched_eval_gives_batch_ones_outputs(tmp_path):
+@pytest.mark.parametrize(
+    "wave, waves", [(None, 1), (3, 3)]
+)  # 8 queries: one wave (3 in flight, refilled), or static batches of 3, 3, 2
+def test_a_batched_eval_gives_batch_ones_outputs(tmp_path, wave, waves):
     evaluate.run(config(), tmp_path / "one")
-    evaluate.run(config("decoding.batch_size=3"), tmp_path / "three")
+    evaluate.run(config("decoding.batch_size=3", f"decoding.batch_wave={wave or 'null'}"), tmp_path / "three")
     one = {(e["query_id"], e["method"]): e["output_ids"] for e in _records(tmp_path / "one")}
     three = {(e["query_id"], e["method"]): e for e in _records(tmp_path / "three")}
     assert set(one) == set(three) and len(one) == 16  # 8 queries x 2 methods
     assert all(three[k]["output_ids"] == ids for k, ids in one.items())
     batches = _records(tmp_path / "three", "batches.jsonl")
     assert sorted((b["method"], b["batch"]) for b in batches) == sorted(
-        (m, i) for m in ("autoregressive", "fixed:prompt_lookup") for i in range(3)
-    )  # 8 queries: batches of 3, 3, 2
+        (m, i) for m in ("autoregressive", "fixed:prompt_lookup") for i in range(waves)
+    )
+    assert all(b["rows"] == 3 for b in batches)
     for b in batches:
         rows = [three[(q, b["method"])] for q in b["query_ids"]]
         assert sum(r["seconds"] for r in rows) == pytest.approx(b["seconds"])
@@ -121,6 +125,14 @@ def test_each_row_of_a_batch_runs_its_own_bandit(tmp_path, method, played):
     assert all(e["output_ids"] == one[e["query_id"]] for e in three)
     arms = {r["arm"] for r in _records(tmp_path / "three", "rounds.jsonl") if r["method"] == ucb}
     assert arms == played
+
+
+def test_a_wave_smaller_than_the_batch_is_refused_before_any_model_loads():
+    with pytest.raises(
+        SpecbenchError, match="decoding.batch_wave=2 is smaller than decoding.batch_size=3"
+    ) as err:
+        check_batched(config("decoding.batch_size=3", "decoding.batch_wave=2"))
+    assert "at least 3" in err.value.fix
 
 
 @pytest.mark.parametrize(
