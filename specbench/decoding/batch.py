@@ -8,7 +8,8 @@ nodes each at its depth, seeing its ancestors), then each row's verdict, by the 
 pure functions as a row decoded alone (``decode``): greedy, the accepted prefix plus the target's token; sampling,
 speculative sampling against the row's own processed target distributions (``verify_sampling``), its draws from the
 batch's generator row after row, so each row's law is the target's. The cache keeps each row's accepted slots. A row
-that reaches EOS or its ``max_new_tokens`` leaves the batch; the others go on. The autoregressive arm drafts nothing:
+that reaches EOS or its ``max_new_tokens`` leaves the batch; the others go on, and with at most ``rows`` in flight the
+next waiting prompt takes its place before the next round (continuous batching, ``BatchedLM.admit``). The autoregressive arm drafts nothing:
 a batch of it is plain batched decoding, the baseline at the same batch.
 
 Lossless only: the cascade rules are refused, as are dynamic draft trees (of heads and model drafters); a drafter

@@ -180,13 +180,13 @@ def test_two_token_law_with_both_drafts_in_one_tree(sampling_setup, tiny_decode)
     check_law(counts, law, RUNS)
 
 
-@pytest.mark.parametrize("rows", [2, 4])
-def test_two_token_law_matches_target_in_a_batch(sampling_setup, rows):
+@pytest.mark.parametrize("rows, flight", [(2, None), (4, None), (4, 2)])
+def test_two_token_law_matches_target_in_a_batch(sampling_setup, rows, flight):
     """Batched speculative sampling (``decode_batch``): rows of different prompt lengths (the prompt after 0, 1, ...
     copies of its first words), the last row the autoregressive arm, the others prompt lookup, but for one row at
     batch 4 that drafts with the early exit (a model drafter, drafting in a batched forward of its own); one target
-    forward a round. Each row's two-token law is its own prompt's target law, and prompt lookup's draft is accepted
-    at the target's probability of it."""
+    forward a round, all rows at once or two in flight (the others joining as rows finish). Each row's two-token law
+    is its own prompt's target law, and prompt lookup's draft is accepted at the target's probability of it."""
     from specbench.decoding.batch import decode_batch
     from specbench.decoding.drafter import AutoregressiveArm
     from specbench.decoding.loop import DecodeSpec, Limits
@@ -207,7 +207,7 @@ def test_two_token_law_matches_target_in_a_batch(sampling_setup, rows):
     counts = [Counter() for _ in prompts]
     accepted = [0] * rows
     for _ in range(RUNS):
-        result = decode_batch(lm, drafters, prompts, spec, rng)
+        result = decode_batch(lm, drafters, prompts, spec, rng, rows=flight)
         for r, gen in enumerate(result.generations):
             assert len(gen.tokens) == 2 and gen.deciders is None
             counts[r][tuple(gen.tokens)] += 1

@@ -142,6 +142,62 @@ def test_each_forward_is_read_back_from_its_rows_rounds(tmp_path):
     assert "## What a forward cost" in T.write([four], tmp_path / "page.md").read_text()
 
 
+def test_a_waves_forwards_are_read_back_from_the_forward_each_round_records(tmp_path):
+    """Continuous batching (two rows in flight, query ``c`` taking ``a``'s place): a row's round ``i`` is not the
+    wave's forward ``i``, so each forward is the rounds that record it (``Round.forward``); it is full when it holds
+    the rows in flight."""
+    wave = _run(
+        tmp_path / "b2",
+        2,
+        [(q, "autoregressive", 1, 0.5, [1]) for q in "abc"],
+    )
+    _jsonl(
+        wave / "batches.jsonl",
+        [{"method": "autoregressive", "batch": 0, "rows": 2, "query_ids": list("abc"), "new_tokens": 3,
+          "seconds": 2.0, "forwards": 4}],
+    )  # fmt: skip
+    _jsonl(
+        wave / "rounds.jsonl",
+        [
+            {"query_id": q, "method": "autoregressive", "round": i, "forward": f, "t_verify": v, "drafted": 0,
+             "t_draft": 0.0, "t_select": 0.0, "t_switch": 0.0}
+            for q, i, f, v in [("a", 0, 0, 0.25), ("b", 0, 0, 0.25), ("b", 1, 1, 0.25), ("c", 0, 1, 0.25),
+                               ("b", 2, 2, 0.25), ("c", 1, 2, 0.25), ("c", 2, 3, 0.125)]
+        ],
+    )  # fmt: skip
+    f = T.forward_times([wave]).set_index(["rows in the forward"])
+    assert f.loc["full", "forwards"] == 3 and f.loc["full", "ms a forward"] == pytest.approx(500.0)
+    assert f.loc["fewer", "forwards"] == 1 and f.loc["fewer", "ms a forward"] == pytest.approx(125.0)
+    page = T.write([wave], tmp_path / "page.md").read_text()
+    assert "batch size 2: waves of 3 queries, 2 in flight" in page
+    static = T.write([_two_queries(tmp_path, [("autoregressive", 1.0, 1)], [])], tmp_path / "static.md")
+    assert "batch size 4: static batches of 2 queries" in static.read_text()
+
+
+def test_runs_again_give_each_ratio_its_spread_over_runs(tmp_path):
+    """Three runs at batch 4 (the main one and two repeats): each method's ratio to autoregressive decoding in each
+    run, their mean and a t-interval over the runs; a batch size run once gets no row."""
+
+    def run(name, ar_s, pl_s, size=4):
+        return _run(
+            tmp_path / name,
+            size,
+            [("a", "autoregressive", 10, ar_s, [1]), ("a", "fixed:pl", 10, pl_s, [1])],
+        )
+
+    main = run("b4", 1.0, 0.5)  # 2.0
+    again = [run("b4_run2", 1.2, 0.5), run("b4_run3", 1.0, 0.625)]  # 2.4, 1.6
+    r = T.repeat_table([run("b1", 1.0, 0.5, size=1), main, run("b8", 1.0, 0.5, size=8)], again)
+    (row,) = r.to_dict("records")
+    assert row["batch size"] == 4 and row["runs"] == 3 and row["each run's ratio"] == "2.000, 2.400, 1.600"
+    assert row["mean"] == pytest.approx(2.0)
+    half = 4.302652729 * 0.4 / 3**0.5  # t(0.975, 2) x sd / sqrt(3)
+    assert row["95% CI low"] == pytest.approx(2.0 - half, rel=1e-4)
+    assert row["95% CI high"] == pytest.approx(2.0 + half, rel=1e-4)
+    page = T.write([main], tmp_path / "page.md", repeats=again).read_text()
+    assert "## Runs again" in page and "--repeats" in page
+
+
 def test_batch_one_is_set_beside_the_code_before_batching(tmp_path):
     """``--before``: per method both batch-1 runs ran, the paired speed ratio (this code / before) with its interval;
     a method as fast as before is within noise, one that slowed by half is not; runs not at batch 1 are refused."""
