@@ -30,7 +30,9 @@ The round's expected accepted tokens and predicted seconds are recorded (``Round
 beside the measured ones. Statistics carry across the queries of a run (the calibration is the run's own). With
 ``calibration.by_task`` each task (``Query.task``) also keeps its own calibration, whose prior is the run's
 estimate: a node is estimated by its task's table and every verdict is learned by both (the run-wide calibration is
-off by task where tasks accept differently: docs/budget-decisions-local-cpu.md).
+off by task where tasks accept differently: docs/budget-decisions-local-cpu.md). With ``calibration.by_query`` each
+query keeps one more, started afresh at the query, whose prior is its task's (or the run's) estimate: a query whose
+tokens are accepted less (or more) than its task's moves its own estimates after a few rounds.
 """
 
 from __future__ import annotations
@@ -164,9 +166,9 @@ COSTS = Rule(
 
 CALIBRATION = mapping(
     null=True,
-    note=" ({prior: pseudo-rounds behind each bin's prior, by_task: a table per task too}; null: {prior: 2.0, "
-    "by_task: false})",
-    keys={"prior": number(0), "by_task": boolean()},
+    note=" ({prior: pseudo-rounds behind each bin's prior, by_task: a table per task too, by_query: a table per "
+    "query too}; null: {prior: 2.0, by_task: false, by_query: false})",
+    keys={"prior": number(0), "by_task": boolean(), "by_query": boolean()},
 )
 
 
@@ -203,12 +205,15 @@ class Budget(Selector):
             )
         self.models = models
         self.max_nodes = int(max_nodes)
-        settings = {"prior": 2.0, "by_task": False, **(calibration or {})}
+        settings = {"prior": 2.0, "by_task": False, "by_query": False, **(calibration or {})}
         self.calibration = {name: Calibration(float(settings["prior"])) for name in drafters}
         # by_task: one calibration per (task, drafter) besides the run's, its prior the run's estimate
         self.by_task = bool(settings["by_task"])
         self.task_calibration: dict[tuple[str, str], Calibration] = {}
         self._task: str | None = None
+        # by_query: one more per drafter for the query being decoded, its prior the task's (or the run's) estimate
+        self.by_query = bool(settings["by_query"])
+        self.query_calibration: dict[str, Calibration] = {}
         self.verify_cost = VerifyCost(float(node_cost))
         self.t_draft: dict[str, float | None] = {name: None for name in drafters}
         self.fixed = fixed_costs(costs, drafters)
@@ -231,18 +236,23 @@ class Budget(Selector):
 
     def reset(self, query=None) -> None:
         self._task = getattr(query, "task", None) if self.by_task else None
+        self.query_calibration = {}
 
     def _calibrations(self, name: str) -> list[Calibration]:
-        """The calibrations a drafter's nodes are estimated by (the first) and learn into: the query's task's
-        (with ``by_task``) and the run's."""
-        if self._task is None:
-            return [self.calibration[name]]
-        key = (self._task, name)
-        if key not in self.task_calibration:
-            self.task_calibration[key] = Calibration(
-                self.calibration[name].prior, parent=self.calibration[name]
-            )
-        return [self.task_calibration[key], self.calibration[name]]
+        """The calibrations a drafter's nodes are estimated by (the first) and learn into: the query's own (with
+        ``by_query``), its task's (with ``by_task``) and the run's, each the prior of the one before."""
+        chain = [self.calibration[name]]
+        prior = chain[0].prior
+        if self._task is not None:
+            key = (self._task, name)
+            if key not in self.task_calibration:
+                self.task_calibration[key] = Calibration(prior, parent=chain[0])
+            chain.insert(0, self.task_calibration[key])
+        if self.by_query:
+            if name not in self.query_calibration:
+                self.query_calibration[name] = Calibration(prior, parent=chain[0])
+            chain.insert(0, self.query_calibration[name])
+        return chain
 
     # -- one round -------------------------------------------------------------------------------
     def select(self) -> Plan:

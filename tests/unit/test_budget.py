@@ -112,6 +112,51 @@ def test_a_calibration_by_task_learns_each_tasks_own_acceptance():
     assert plain._calibrations("ret") == [plain.calibration["ret"]]  # by_task off: one run-wide table
 
 
+def test_a_calibration_by_query_learns_each_querys_own_acceptance():
+    """One task whose queries the target accepts differently (each query easy, local ** 0.5, or hard, local ** 3):
+    with ``by_query`` a query's own estimates start from the task's (here the run's) and, after 40 rounds, sit far
+    nearer its own truth than the run-wide estimate over the well-observed bins where the two kinds differ; the next
+    query starts afresh."""
+    from types import SimpleNamespace
+
+    rng = random.Random(2)
+    budget = Budget(
+        ARMS,
+        retrieval="ret",
+        models=["head"],
+        costs={"verify": [0.03, 0.001], "draft": {}},
+        calibration={"by_query": True},
+    )
+    truths = {"easy": lambda local: local**0.5, "hard": lambda local: local**3}
+    own_err, run_err = [], []
+    for q in range(60):
+        kind = "easy" if rng.random() < 0.5 else "hard"
+        budget.reset(SimpleNamespace(task="one"))
+        run_wide = budget.calibration["ret"]
+        fresh = budget._calibrations("ret")[0]
+        assert fresh is not run_wide and fresh.estimate(("score", 5)) == run_wide.estimate(("score", 5))
+        for _ in range(40):
+            play_round(budget, rng, truths[kind])
+        own = budget.query_calibration["ret"]
+        for b in range(BINS):
+            key, centre = ("score", b), (b + 0.5) / BINS
+            apart = abs(truths["easy"](centre) - truths["hard"](centre)) > 0.3  # bins where the kinds differ
+            if q >= 10 and apart and own.trials.get(key, 0) >= 12:
+                truth = truths[kind](centre)
+                own_err.append(abs(own.estimate(key) - truth))
+                run_err.append(abs(run_wide.estimate(key) - truth))
+    assert len(own_err) >= 15
+    assert sum(own_err) < 0.5 * sum(run_err)  # the query's own table is far nearer its truth
+    both = Budget(ARMS, retrieval="ret", models=["head"], calibration={"by_task": True, "by_query": True})
+    both.reset(SimpleNamespace(task="easy"))
+    chain = both._calibrations("ret")
+    assert (
+        len(chain) == 3
+        and chain[0].parent is chain[1]
+        and chain[1].parent is chain[2] is both.calibration["ret"]
+    )
+
+
 def test_verify_cost_fit_recovers_the_line():
     rng = random.Random(1)
     cost = VerifyCost(node_cost=0.5)  # a wrong prior slope, replaced once the rounds vary in size
