@@ -128,9 +128,9 @@ def repeat_table(runs: list[Path], repeats: list[Path]) -> pd.DataFrame:
         both = pd.concat(tables)
         for method, g in both[both.method != AUTOREGRESSIVE].groupby("method", sort=True):
             r = g.ratio.to_numpy(float)
-            half = (
-                CI.t_quantile(0.975, len(r) - 1) * float(r.std(ddof=1)) / len(r) ** 0.5 if len(r) > 1 else 0.0
-            )
+            if len(r) < 2:  # a method only one run ran: the table above has it
+                continue
+            half = CI.t_quantile(0.975, len(r) - 1) * float(r.std(ddof=1)) / len(r) ** 0.5
             rows.append(
                 {
                     "batch size": size,
@@ -138,8 +138,8 @@ def repeat_table(runs: list[Path], repeats: list[Path]) -> pd.DataFrame:
                     "runs": len(r),
                     "each run's ratio": ", ".join(f"{x:.3f}" for x in r),
                     "mean": float(r.mean()),
-                    "95% CI low": float(r.mean()) - half if len(r) > 1 else float("nan"),
-                    "95% CI high": float(r.mean()) + half if len(r) > 1 else float("nan"),
+                    "95% CI low": float(r.mean()) - half,
+                    "95% CI high": float(r.mean()) + half,
                 }
             )
     return pd.DataFrame(rows)
@@ -359,7 +359,7 @@ def write(runs: list[Path], out: Path, before: Path | None = None, repeats: list
         + "` from the runs' records (nothing re-timed). Each run is one process; its methods were interleaved "
         "batch by batch (wave by wave) over the same queries; seconds are the batches' (waves') wall time.",
         "",
-        *code_lines(runs),
+        *code_lines([*runs, *(repeats or [])]),
         *wave_lines(runs),
         to_markdown(t, floatfmt=".3f"),
         "",

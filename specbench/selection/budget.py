@@ -32,7 +32,10 @@ beside the measured ones. Statistics carry across the queries of a run (the cali
 estimate: a node is estimated by its task's table and every verdict is learned by both (the run-wide calibration is
 off by task where tasks accept differently: docs/budget-decisions-local-cpu.md). With ``calibration.by_query`` each
 query keeps one more, started afresh at the query, whose prior is its task's (or the run's) estimate: a query whose
-tokens are accepted less (or more) than its task's moves its own estimates after a few rounds.
+tokens are accepted less (or more) than its task's moves its own estimates after a few rounds. With ``calibration.kept`` every estimate is scaled by the
+accepted tokens the rounds before got over those they expected, unscaled (per task with ``by_task``, ``prior``
+pseudo-tokens at 1): the budget keeps the nodes whose estimates are highest, so the kept nodes' estimates run high (a
+winner's curse) even where each table is right on average, and this factor takes that out of what it expects.
 """
 
 from __future__ import annotations
@@ -167,8 +170,9 @@ COSTS = Rule(
 CALIBRATION = mapping(
     null=True,
     note=" ({prior: pseudo-rounds behind each bin's prior, by_task: a table per task too, by_query: a table per "
-    "query too}; null: {prior: 2.0, by_task: false, by_query: false})",
-    keys={"prior": number(0), "by_task": boolean(), "by_query": boolean()},
+    "query too, kept: estimates scaled by realised over expected tokens}; null: {prior: 2.0, by_task: false, "
+    "by_query: false, kept: false})",
+    keys={"prior": number(0), "by_task": boolean(), "by_query": boolean(), "kept": boolean()},
 )
 
 
@@ -205,7 +209,7 @@ class Budget(Selector):
             )
         self.models = models
         self.max_nodes = int(max_nodes)
-        settings = {"prior": 2.0, "by_task": False, "by_query": False, **(calibration or {})}
+        settings = {"prior": 2.0, "by_task": False, "by_query": False, "kept": False, **(calibration or {})}
         self.calibration = {name: Calibration(float(settings["prior"])) for name in drafters}
         # by_task: one calibration per (task, drafter) besides the run's, its prior the run's estimate
         self.by_task = bool(settings["by_task"])
@@ -214,6 +218,9 @@ class Budget(Selector):
         # by_query: one more per drafter for the query being decoded, its prior the task's (or the run's) estimate
         self.by_query = bool(settings["by_query"])
         self.query_calibration: dict[str, Calibration] = {}
+        # kept: accepted and expected (unscaled) tokens of the rounds so far, by task (None: every task)
+        self.kept = bool(settings["kept"])
+        self.totals: dict[str | None, list[float]] = {}
         self.verify_cost = VerifyCost(float(node_cost))
         self.t_draft: dict[str, float | None] = {name: None for name in drafters}
         self.fixed = fixed_costs(costs, drafters)
@@ -229,6 +236,7 @@ class Budget(Selector):
         self.nodes: dict[str, float | None] = {m: None for m in models}
         self._keys: dict[str, list[tuple]] = {}
         self._round: tuple[float, int, float] = (0.0, 0, 0.0)
+        self._unscaled = 0.0  # this round's expected tokens before calibration.kept's scale
         self._empty = True  # this round's retrieval draft was empty
 
     def playable(self) -> list[str]:
@@ -273,7 +281,17 @@ class Budget(Selector):
             key = cal.key(local, depths[i])
             keys.append(key)
             est.append((1.0 if parent < 0 else est[parent]) * cal.estimate(key))
-        return est, keys
+        f = self._factor()
+        return ([min(e * f, 1.0) for e in est] if f != 1.0 else est), keys
+
+    def _factor(self) -> float:
+        """``calibration.kept``'s scale of every estimate: accepted over expected (unscaled) tokens of the rounds so
+        far, with ``prior`` pseudo-tokens at 1; 1 without it."""
+        if not self.kept:
+            return 1.0
+        got, expected = self.totals.get(self._task, (0.0, 0.0))
+        prior = self.calibration[self.retrieval].prior
+        return (got + prior) / (expected + prior)
 
     def _more(self, drafts) -> tuple[str, ...]:
         if not self.models:
@@ -336,6 +354,7 @@ class Budget(Selector):
                     seen.add(path)
                     total_expected += est[i]
         self._round = (total_expected, len(seen), self.verify_cost(len(seen)) + spent)
+        self._unscaled = total_expected / self._factor()
         return keep
 
     def _estimate(self) -> tuple[float, float]:
@@ -356,13 +375,22 @@ class Budget(Selector):
             self.gain[key] = _running(self.gain[key], float(max(fb.accepted - base, 0)))
             self.nodes[name] = _running(self.nodes[name], float(fb.drafted))
 
+    def _count(self, accepted: int) -> None:
+        """``calibration.kept``: the round's accepted tokens against its unscaled expectation."""
+        if self.kept:
+            got = self.totals.setdefault(self._task, [0.0, 0.0])
+            got[0] += float(accepted)
+            got[1] += self._unscaled
+
     def update(self, arm: str, feedback: Feedback) -> None:
         self._learn(arm, feedback, 0)
+        self._count(feedback.accepted)
         self.verify_cost.observe(self._round[1], feedback.t_verify)
 
     def update_tree(self, feedback: dict[str, Feedback]) -> None:
         base = feedback[self.retrieval].accepted if self.retrieval in feedback else 0
         for name, fb in feedback.items():
             self._learn(name, fb, base)
+        self._count(max((fb.accepted for fb in feedback.values()), default=0))
         if feedback:
             self.verify_cost.observe(self._round[1], next(iter(feedback.values())).t_verify)

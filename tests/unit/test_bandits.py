@@ -298,7 +298,14 @@ TREE_CONFS = ["tree_ucb", "tree_hedge", "router", "router_tree"]
 
 # the rounds built from drafts (the cost-model budget, the published router rules on the retrieval drafter): their
 # tests need real drafters (tests/integration/test_dynamic_trees.py, test_selectors_lossless.py, test_replay.py)
-ROUND_BUILDER_CONFS = ["budget", "budget_by_task", "budget_by_query", "router_sam", "router_suffix"]
+ROUND_BUILDER_CONFS = [
+    "budget",
+    "budget_by_task",
+    "budget_by_query",
+    "budget_kept",
+    "router_sam",
+    "router_suffix",
+]
 
 
 def test_every_bandit_config_is_tested():

@@ -176,7 +176,7 @@ def test_a_waves_forwards_are_read_back_from_the_forward_each_round_records(tmp_
 
 def test_runs_again_give_each_ratio_its_spread_over_runs(tmp_path):
     """Three runs at batch 4 (the main one and two repeats): each method's ratio to autoregressive decoding in each
-    run, their mean and a t-interval over the runs; a batch size run once gets no row."""
+    run, their mean and a t-interval over the runs; a batch size run once, or a method one run ran, gets no row."""
 
     def run(name, ar_s, pl_s, size=4):
         return _run(
@@ -187,7 +187,10 @@ def test_runs_again_give_each_ratio_its_spread_over_runs(tmp_path):
 
     main = run("b4", 1.0, 0.5)  # 2.0
     again = [run("b4_run2", 1.2, 0.5), run("b4_run3", 1.0, 0.625)]  # 2.4, 1.6
-    r = T.repeat_table([run("b1", 1.0, 0.5, size=1), main, run("b8", 1.0, 0.5, size=8)], again)
+    solo = _run(
+        tmp_path / "b4_run4", 4, [("a", "autoregressive", 10, 1.0, [1]), ("a", "fixed:other", 10, 1.0, [1])]
+    )
+    r = T.repeat_table([run("b1", 1.0, 0.5, size=1), main, run("b8", 1.0, 0.5, size=8)], [*again, solo])
     (row,) = r.to_dict("records")
     assert row["batch size"] == 4 and row["runs"] == 3 and row["each run's ratio"] == "2.000, 2.400, 1.600"
     assert row["mean"] == pytest.approx(2.0)

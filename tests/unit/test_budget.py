@@ -157,6 +157,42 @@ def test_a_calibration_by_query_learns_each_querys_own_acceptance():
     )
 
 
+def test_kept_scales_every_estimate_by_what_the_rounds_got_over_what_they_expected():
+    """``calibration.kept``: after rounds that got none of the tokens they expected (nothing learned by the tables),
+    the next round expects its unscaled tokens times (0 + prior) / (expected so far + prior), in its task only;
+    without it the expectation stays."""
+    from types import SimpleNamespace
+
+    def expected_after(kept: bool, task: str, rounds: int) -> tuple[float, float]:
+        budget = Budget(
+            ARMS,
+            retrieval="ret",
+            models=[],
+            costs={"verify": [0.03, 0.0], "draft": {}},
+            calibration={"by_task": True, "kept": kept},
+        )
+        draft = {"ret": Draft([1, 2, 3], None, scores=[0.9, 0.8, 0.7])}
+        budget.reset(SimpleNamespace(task="a"))
+        spent = 0.0
+        for _ in range(rounds):
+            plan = budget.select()
+            plan.more(draft)
+            plan.prune(draft)
+            spent += plan.estimate()[0]
+            budget.update("ret", Feedback(3, 0, 3, 0.0, 0.0, 0.0, 0.03, 0.0, nodes=()))
+        budget.reset(SimpleNamespace(task=task))
+        plan = budget.select()
+        plan.more(draft)
+        plan.prune(draft)
+        return plan.estimate()[0], spent
+
+    unscaled, _ = expected_after(False, "a", 5)
+    assert expected_after(False, "a", 5)[0] == pytest.approx(unscaled)
+    scaled, _ = expected_after(True, "a", 5)
+    assert scaled == pytest.approx(unscaled * 2.0 / (5 * unscaled + 2.0))
+    assert expected_after(True, "b", 5)[0] == pytest.approx(unscaled)  # another task's rounds scale nothing
+
+
 def test_verify_cost_fit_recovers_the_line():
     rng = random.Random(1)
     cost = VerifyCost(node_cost=0.5)  # a wrong prior slope, replaced once the rounds vary in size
