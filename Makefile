@@ -62,7 +62,8 @@ budget-cpu: install
 # The budget's decision page (issue 58; conf/experiment/budget_decisions_cpu.yaml: MT-Bench questions 40-79, which no
 # setting was chosen on, 64 new tokens, the demo's pool and methods; then budget_decisions_local_cpu.yaml, the local
 # data's rows 64-71 of each task; then budget_by_task_local_cpu.yaml, the same rows with the budget's calibration per
-# task beside the plain budget; resumable; about 10 minutes each), then who drafted, the calibration,
+# task, per query, and scaled by what its rounds got (kept), beside the plain budget; resumable; about 10 minutes
+# each), then who drafted, the calibration,
 # the time split, what the head added beside the retrieval draft and the paired speed against each single drafter
 # (budget_decisions.md, copied to docs/budget-decisions-cpu.md, docs/budget-decisions-local-cpu.md and
 # docs/budget-by-task-local-cpu.md).
@@ -84,7 +85,8 @@ budget-decisions: install
 # batched autoregressive decoding, prompt lookup and the retrieval drafter alone and with the batch budget, UCB between
 # them (one a row), Hugging Face generate) at decoding.batch_size 1, 4, 16 and 32, one run directory each (resumable),
 # then the page (tokens per second, the ratios, the budget's caps and calibration, where each batch's time went, what
-# a forward cost, a plot), copied to docs/batch-throughput-cpu.md. 32 minutes on 2 CPUs, measured alone at 2fbcdb1.
+# a forward cost, a plot), copied to docs/batch-throughput-cpu.md. 47 minutes on 2 CPUs, measured alone (the four runs 34
+# at ee99112, the repeats below 13 at 1d3a002).
 BATCH_OUT ?= outputs/batch_cpu
 BATCH_SIZES ?= 1 4 16 32
 BATCH_METHODS ?= autoregressive,fixed:prompt_lookup,fixed:suffix,selector:ucb,goodput:prompt_lookup,goodput:suffix,hf:generate
