@@ -274,7 +274,7 @@ def test_eval_help_lists_config_groups_and_options():
         f"target: {targets}",
         "decoding: greedy*, sampling",
         "cascade: chow",
-        "selector: budget, budget_by_task, discounted_ucb",
+        "selector: budget, budget_by_query, budget_by_task, budget_kept, discounted_ucb",
         "experiment: aa_cpu, batch_cpu, budget_by_task_local_cpu, budget_decisions_cpu, budget_decisions_local_cpu",
     ):
         assert line in text, line

@@ -115,7 +115,7 @@ def selector_configs() -> dict[str, dict]:
     return out
 
 
-LIVE_ONLY = ("budget", "budget_by_task")
+LIVE_ONLY = ("budget", "budget_by_task", "budget_by_query", "budget_kept")
 
 
 def selectors(arms: list[str]):

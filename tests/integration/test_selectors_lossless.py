@@ -31,6 +31,8 @@ TINY_NAMES = {
     "fixed": {"arm": "quantized_dynamic"},
     "budget": {"retrieval": "prompt_lookup"},
     "budget_by_task": {"retrieval": "prompt_lookup"},
+    "budget_by_query": {"retrieval": "prompt_lookup"},
+    "budget_kept": {"retrieval": "prompt_lookup"},
     "router_sam": {"lookup": "prompt_lookup", "fallback": "hf", "min_match": 1},
     "router_suffix": {"lookup": "prompt_lookup", "fallback": "hf", "min_expected": 0.0},
 }

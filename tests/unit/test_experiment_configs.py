@@ -117,6 +117,8 @@ def test_selector_options_share_the_bandit_base():
             "router_suffix",
             "budget",
             "budget_by_task",
+            "budget_by_query",
+            "budget_kept",
         )
     ]
     assert len(bandits) == 16  # 13 bandits (ucb_carry too), hedge, and the tree subset selectors
