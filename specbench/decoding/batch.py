@@ -300,10 +300,9 @@ def _step(
     for i, row in enumerate(active):
         turn = turns[i]
         slots, done = _verify(row, turn, logits[i], spec, share, rng)
-        row.gen.rounds[-1] = replace(row.gen.rounds[-1], forward=forward)
+        planned = {} if plan is None else {"expected": plan[0][i], "predicted_s": plan[1]}
+        row.gen.rounds[-1] = replace(row.gen.rounds[-1], forward=forward, **planned)
         if plan is not None:
-            expected, predicted = plan
-            row.gen.rounds[-1] = replace(row.gen.rounds[-1], expected=expected[i], predicted_s=predicted)
             budget.observe(row.arm, turn.draft, len(slots) - 1)
         kept.append(slots)
         if layers and not done:  # rows of the last committed token and the accepted draft tokens
