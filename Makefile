@@ -18,7 +18,7 @@ PIP ?= $(PYTHON) -m pip
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install demo readme-demo trees-cpu budget-cpu budget-decisions batch-throughput batch-one-check trees-own-task-cpu metasd-seed-cpu aa-cpu trace-mixed test lint test-slow test-all bench clean metasd-cpu huang-cpu \
+.PHONY: install demo readme-demo trees-cpu budget-cpu budget-decisions batch-throughput batch-one-check trees-own-task-cpu routing-seed aa-cpu trace-mixed test lint test-slow test-all bench clean metasd-cpu huang-cpu \
 	cascades-cpu huang-fig3 huang-fig3-pool reproduce-cpu-again trace-seed specialist-data specialist-levers specialists ship-heads small-drafter specialists-eval draft-confidence reproduce-cpu report paper-dry-run paper-drafters \
 	reproduce-paper
 
@@ -133,15 +133,6 @@ batch-one-check: install
 # A drafter's dynamic tree against its chain on its own task (conf/experiment/trees_own_task_cpu.yaml: the math head
 # and the small drafter on held-out GSM8K questions; resumable), then its table with each tree against its chain (paired intervals; multi_drafter.md, copied to
 # docs/trees-own-task-cpu.md). About 10 minutes.
-# MetaSD in the seed's setting (conf/experiment/metasd_seed_cpu.yaml: model drafters of comparable cost, prompt
-# lookup a reference row only, tasks one after another; resumable), then UCB-BD against the best model drafter and
-# the per-task oracle with paired intervals (multi_drafter.md, copied to docs/metasd-seed-cpu.md). About 30 minutes.
-SEED_OUT ?= outputs/metasd_seed_cpu
-metasd-seed-cpu: install
-	$(SPECBENCH) eval experiment=metasd_seed_cpu hydra.run.dir=$(SEED_OUT)
-	$(PYTHON) -m specbench.reproduction.multi_drafter $(SEED_OUT) --margin 1 --singles eagle_math,eagle_summarization,eagle_translation,eagle_chat,eagle_code,small_general
-	cp $(SEED_OUT)/multi_drafter.md docs/metasd-seed-cpu.md  # the generated page the docs quote
-
 OWN_TASK_OUT ?= outputs/trees_own_task_cpu
 trees-own-task-cpu: install
 	$(SPECBENCH) eval experiment=trees_own_task_cpu hydra.run.dir=$(OWN_TASK_OUT)
@@ -179,22 +170,49 @@ trace-mixed: install
 	$(SPECBENCH) eval experiment=replay_live hydra.run.dir=$(LIVE_OUT)
 	$(PYTHON) -m specbench.reproduction.long_horizon $(TRACE_OUT) $(LONG_OUT) --seeds $(SEEDS) --live $(LIVE_OUT)
 
-# The equal-cost acceptance trace MetaSD's bandit claims are judged on (issue 56; conf/experiment/trace_seed_cpu.yaml:
-# the six heads the only arms, prompt lookup, the retrieval drafter and the small drafter reference rows, 48 held-out
-# queries a task x 5 tasks, 512 new tokens, bf16; resumable), a live check of 5 of its queries
-# (conf/experiment/replay_live_seed.yaml), then the replays over the six heads and their page ($(SEED_LONG)), whose
-# bandit verdicts are judged on target rounds per query, copied to docs/long-horizon-seed-cpu.md. Outside
-# reproduce-cpu: the trace took about 2 h 25 min alone on an AMD EPYC (2 cores), in three resumed parts; `make report` reads $(SEED_LONG) instead of $(LONG_OUT) when it exists.
+# The equal-cost acceptance trace MetaSD's bandit claims are judged on (issues 56, 67;
+# conf/experiment/trace_seed_cpu.yaml: the six heads, prompt lookup, the retrieval drafter and the small drafter traced
+# on 48 held-out queries a task x 5 tasks, 512 new tokens, bf16; resumable), a live check of 8 of its queries a task
+# (conf/experiment/replay_live_seed.yaml: the clock's error, which the switching claims are read against), then the
+# replays with MetaSD's own kind of pool, the five task specialists, as the arms (the generalist and the rest reference
+# rows; $(SEED_LONG), whose bandit verdicts are judged on target rounds per query, copied to
+# docs/long-horizon-seed-cpu.md), and again with the six heads as the arms, a robustness row the report shows, not
+# judges ($(SEED_LONG_SIX)). Outside reproduce-cpu: the trace took about 2 h 25 min alone at issue 56, the live check
+# about an hour; `make report` reads both replay directories when they exist.
 SEED_TRACE ?= outputs/trace_seed_cpu/run
 SEED_LIVE ?= outputs/replay_live_seed/run
 SEED_LONG ?= outputs/long_horizon_seed
-SEED_ARMS ?= eagle_general,eagle_math,eagle_summarization,eagle_translation,eagle_chat,eagle_code
+SEED_LONG_SIX ?= outputs/long_horizon_seed_six
+SEED_ARMS ?= eagle_math,eagle_summarization,eagle_translation,eagle_chat,eagle_code
+SEED_SIX ?= eagle_general,$(SEED_ARMS)
 trace-seed: install
 	$(SPECBENCH) trace experiment=trace_seed_cpu hydra.run.dir=$(SEED_TRACE)
 	$(SPECBENCH) eval experiment=replay_live_seed hydra.run.dir=$(SEED_LIVE)
 	$(PYTHON) -m specbench.reproduction.long_horizon $(SEED_TRACE) $(SEED_LONG) --seeds $(SEEDS) --live $(SEED_LIVE) \
 		--arms $(SEED_ARMS)
+	$(PYTHON) -m specbench.reproduction.long_horizon $(SEED_TRACE) $(SEED_LONG_SIX) --seeds $(SEEDS) --live $(SEED_LIVE) \
+		--arms $(SEED_SIX)
 	cp $(SEED_LONG)/long_horizon.md docs/long-horizon-seed-cpu.md  # the generated page, until `make report` joins it
+
+# MetaSD against a prompt-level router on the same streams (issue 67; specbench/reproduction/routing.py): Huang et al.'s
+# policy over the five task heads, trained on a trace of rows 72-79 of each task (conf/experiment/routing_train_cpu.yaml),
+# against per-round UCB-BD, replayed over the seed trace (clean: make trace-seed first), a perturbed stream (the same
+# tasks asked in other words: routing_perturbed_cpu.yaml) and an out-of-distribution one (English into German:
+# routing_ood_cpu.yaml); each traced, collected from its trace for the prompts' embeddings, then judged on target
+# rounds per query. Resumable (each trace and collect resumes). `make report` reads $(ROUTING) when it exists.
+ROUTING ?= outputs/routing_seed
+ROUTING_STREAMS := train perturbed ood
+routing-seed: install
+	$(foreach s,$(ROUTING_STREAMS),$(SPECBENCH) trace experiment=routing_$(s)_cpu hydra.run.dir=$(ROUTING)/$(s)/trace && \
+		$(SPECBENCH) collect experiment=routing_$(s)_cpu collect.trace=$(ROUTING)/$(s)/trace \
+		hydra.run.dir=$(ROUTING)/$(s)/collect &&) true
+	$(SPECBENCH) collect experiment=trace_seed_cpu collect.trace=$(SEED_TRACE) hydra.run.dir=$(ROUTING)/clean/collect
+	$(SPECBENCH) train-policy data=$(ROUTING)/train/collect reward.source=proxy reward.alpha=0.5 reward.cost=params \
+		reward.alignment=acceptance 'train.arms=[$(SEED_ARMS)]' hydra.run.dir=$(ROUTING)/policy
+	$(PYTHON) -m specbench.reproduction.routing $(ROUTING)/replays --policy $(ROUTING)/policy --arms $(SEED_ARMS) \
+		--stream clean=$(SEED_TRACE):$(ROUTING)/clean/collect \
+		--stream perturbed=$(ROUTING)/perturbed/trace:$(ROUTING)/perturbed/collect \
+		--stream ood=$(ROUTING)/ood/trace:$(ROUTING)/ood/collect
 
 readme-demo: install
 	$(PYTHON) -m specbench.reproduction.readme demo $(DEMO_OUT) README.md
@@ -378,7 +396,7 @@ reproduce-cpu-again: install
 # ($(LONG_OUT)) join it when they exist (those of `make trace-seed`, $(SEED_LONG), in their place when those exist),
 # and the second run of the plan ($(REPRO_AGAIN)) when it exists.
 report: install
-	$(SPECBENCH) report $(REPRO) --publish docs/reproduction --readme README.md$(if $(wildcard $(SEED_LONG)/verdicts_data.json), --long-horizon $(SEED_LONG),$(if $(wildcard $(LONG_OUT)/verdicts_data.json), --long-horizon $(LONG_OUT)))$(if $(wildcard $(REPRO_AGAIN)/reproduce.json), --against $(REPRO_AGAIN))
+	$(SPECBENCH) report $(REPRO) --publish docs/reproduction --readme README.md$(if $(wildcard $(SEED_LONG)/verdicts_data.json), --long-horizon $(SEED_LONG),$(if $(wildcard $(LONG_OUT)/verdicts_data.json), --long-horizon $(LONG_OUT)))$(if $(wildcard $(SEED_LONG_SIX)/verdicts_data.json), --long-horizon robustness=$(SEED_LONG_SIX))$(if $(wildcard $(ROUTING)/replays/verdicts_data.json), --long-horizon routing=$(ROUTING)/replays)$(if $(wildcard $(REPRO_AGAIN)/reproduce.json), --against $(REPRO_AGAIN))
 
 # ---------------------------------------------------------------------------------------------------
 # Paper scale: every paper-scale experiment (conf/experiment/, README "Paper-scale experiments"). Needs a

@@ -113,6 +113,13 @@ def train_drafter(ctx: typer.Context) -> None:
     hydra_run("train_drafter", "train_drafter", ctx.args)
 
 
+OUTSIDE_HELP = (
+    "runs outside the plan, repeatable: DIR (the replays of `make trace-seed` or `trace-mixed`), routing=DIR "
+    "(`make routing-seed`'s prompt-level comparison): their verdicts join the report; robustness=DIR (replays over "
+    "other arms): shown, not judged"
+)
+
+
 @app.command("report")
 def report(
     root: str = typer.Argument(
@@ -131,11 +138,7 @@ def report(
         help="with --publish: also write the report's index into this "
         "file, between its generated-report markers",
     ),
-    long_horizon: str = typer.Option(
-        None,
-        "--long-horizon",
-        help="replays of `make trace-seed` or `trace-mixed`: their verdicts join the report",
-    ),
+    long_horizon: list[str] = typer.Option(None, "--long-horizon", help=OUTSIDE_HELP),
     against: str = typer.Option(
         None,
         "--against",
@@ -159,9 +162,8 @@ def report(
             )
         if readme:  # checked before anything is written or published
             readme_blocks.check_readme(Path(readme))
-        path = render.write(
-            root, out, layout, long_horizon=long_horizon, against=against, one_commit=one_commit
-        )
+        outside = render.Outside.parse(long_horizon)
+        path = render.write(root, out, layout, long_horizon=outside, against=against, one_commit=one_commit)
         if publish:
             typer.echo(f"published: {readme_blocks.publish(path, publish)}")
         if readme:

@@ -225,6 +225,7 @@ CURVES_CSV = f"{CURVES}.csv"
 BEST_CSV = "best.csv"  # cascades: the fastest alpha per rule within the quality tolerance
 ALPHA_SWEEP = "alpha_sweep"  # train-policy sweep.alpha: one policy per alpha (.csv, .md)
 ALPHA_SWEEP_CSV = f"{ALPHA_SWEEP}.csv"
+ALPHA_SWEEP_QUERIES_CSV = "alpha_sweep_queries.csv"  # the same, each alpha's chosen arm per validation query
 DATA_EFFICIENCY = (
     "data_efficiency"  # train-policy sweep.n_examples: one policy per training-set size (.csv, .md)
 )

@@ -23,7 +23,9 @@ COMMANDS = {
     "draft_confidence": ["eval"],
     "demo": ["eval"],
     "trees": ["eval"],
+    "trace_seed": ["trace", "collect"],  # collect: its prompts' embeddings (make routing-seed)
     "trace": ["trace"],
+    "routing": ["trace", "collect"],
     "replay": ["eval"],
     "aa": ["eval"],
     "budget": ["eval"],

@@ -36,7 +36,14 @@ from specbench.pipelines.session.run_dir import differences, start_run
 from specbench.pipelines.tables import print_table, write_csv, write_tables
 from specbench.policy import TrainConfig, TrainResult, save_checkpoint
 from specbench.policy.scores import RewardSpec, proxy_check, replay, rewards
-from specbench.records import ALPHA_SWEEP, DATA_EFFICIENCY, DATA_EFFICIENCY_QUERIES_CSV, HISTORY_CSV, METRICS
+from specbench.records import (
+    ALPHA_SWEEP,
+    ALPHA_SWEEP_QUERIES_CSV,
+    DATA_EFFICIENCY,
+    DATA_EFFICIENCY_QUERIES_CSV,
+    HISTORY_CSV,
+    METRICS,
+)
 from specbench.training.reinforce import held_out, train_policy
 
 log = logging.getLogger(__name__)
@@ -69,9 +76,41 @@ def pick_arms(rows: list[dict], requested, spec: RewardSpec) -> list[str]:
     return scored
 
 
+def acceptance_rule(rows: list[dict], arms: list[str], limit: float) -> tuple[list[str], dict]:
+    """``train.max_acceptance``: the drafters of ``arms`` whose acceptance (accepted / drafted tokens of their
+    measured speculative runs, over every collected row) is at most ``limit``, with the autoregressive arm when it is
+    among ``arms``; when no drafter meets it, the one with the least acceptance (the rule's record says so). Returns
+    the arms kept and the record (``metrics.json``'s ``arms_rule``)."""
+    acceptance = {}
+    for a in arms:
+        if a == "autoregressive":
+            continue
+        runs = [r["arms"][a].get("spec") or {} for r in rows if a in r["arms"]]
+        drafted = sum(float(x.get("drafted") or 0) for x in runs)
+        if not drafted:
+            raise SpecbenchError(
+                f"train.max_acceptance: the rows hold no measured speculative run of {a}",
+                "collect with collect.measure_speculative=true, or drop train.max_acceptance",
+            )
+        acceptance[a] = sum(float(x.get("accepted") or 0) for x in runs) / drafted
+    kept = [a for a, v in acceptance.items() if v <= limit]
+    satisfied = bool(kept)
+    if not kept:
+        kept = [min(acceptance, key=acceptance.get)] if acceptance else []
+        log.warning(
+            "train.max_acceptance=%g: no drafter's acceptance is that low (%s); keeping %s, the lowest",
+            limit,
+            ", ".join(f"{a} {v:.3f}" for a, v in acceptance.items()),
+            ", ".join(kept),
+        )
+    chosen = [a for a in arms if a == "autoregressive" or a in kept]
+    return chosen, {"max_acceptance": limit, "acceptance": acceptance, "kept": kept, "satisfied": satisfied}
+
+
 def _train_config(cfg: DictConfig, **overrides) -> TrainConfig:
     t = OmegaConf.to_container(cfg.train, resolve=True)
     t.pop("arms", None)
+    t.pop("max_acceptance", None)
     t.pop("allow_incomplete", None)
     t["hidden"] = tuple(t.get("hidden") or ())
     known = set(TrainConfig.__dataclass_fields__)
@@ -185,6 +224,9 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     check_held_out(len(rows), float(cfg.train.val_fraction))
     spec = RewardSpec.of(cfg.reward)
     arms = pick_arms(rows, cfg.train.get("arms"), spec)
+    rule = None
+    if cfg.train.get("max_acceptance") is not None:
+        arms, rule = acceptance_rule(rows, arms, float(cfg.train.max_acceptance))
     X = torch.tensor([r["embedding"] for r in rows], dtype=torch.float64)
     alpha = spec.alpha
 
@@ -193,6 +235,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     metrics["speedup_replayed"] = replay(rows, result.val_idx, arms, chosen)
     metrics["proxy_vs_measured"] = proxy_check(rows, [a for a in rows[0]["arms"]], spec)
     metrics["arms"] = arms
+    if rule is not None:
+        metrics["arms_rule"] = rule
     embedding = embedding_spec(sig, int(X.shape[1]))
     save_checkpoint(
         out / "policy.pt",
@@ -263,11 +307,17 @@ def summary_of(metrics: dict, arms: list[str], spec: RewardSpec) -> tuple[pd.Dat
 
 
 def alpha_sweep(rows, X, arms, cfg, spec: RewardSpec, alphas: list[float], out: Path) -> list[dict]:
-    """Chosen-arm shares, validation reward and replayed speedup as alpha sweeps (one policy per alpha)."""
-    table = []
+    """Chosen-arm shares, validation reward and replayed speedup as alpha sweeps (one policy per alpha); each alpha's
+    chosen arm per validation query in ``alpha_sweep_queries.csv`` (the same validation queries at every alpha, so
+    the choice's shift with alpha can be paired per query)."""
+    table, per_query = [], []
     for a in alphas:
         result, chosen = fit(rows, X, arms, cfg, replace(spec, alpha=a))
         sp = replay(rows, result.val_idx, arms, chosen)
+        per_query += [
+            {"alpha": a, "query_id": rows[i]["query_id"], "task": rows[i].get("task"), "arm": arm}
+            for i, arm in zip(result.val_idx.tolist(), chosen)
+        ]
         table.append(
             {
                 "alpha": a,
@@ -277,6 +327,7 @@ def alpha_sweep(rows, X, arms, cfg, spec: RewardSpec, alphas: list[float], out: 
             }
         )
     df = pd.DataFrame(table)
+    write_csv(pd.DataFrame(per_query), out / ALPHA_SWEEP_QUERIES_CSV)
     write_tables(
         df,
         out,
@@ -287,6 +338,39 @@ def alpha_sweep(rows, X, arms, cfg, spec: RewardSpec, alphas: list[float], out: 
     )
     plot_alpha(df, arms, out / "alpha_sweep.png")
     return table
+
+
+def query_oracle(row: dict, arms: list[str]) -> str | None:
+    """The arm of ``arms`` whose measured speculative run of ``row``'s query took the fewest seconds per token."""
+    timed = {}
+    for a in arms:
+        run = row["arms"].get(a, {}).get("spec") or {}
+        if run.get("seconds") and run.get("new_tokens"):
+            timed[a] = float(run["seconds"]) / float(run["new_tokens"])
+    return min(timed, key=timed.get) if timed else None
+
+
+def validation_row(row: dict, arm: str, arms: list[str], n_train: int) -> dict:
+    """One validation query of a data-efficiency sweep: the arm chosen at ``n_train`` training queries with its
+    speculative run's seconds and tokens, the autoregressive run's, and the query's per-query oracle (the arm with the
+    fewest seconds per token on it) with its own."""
+    run = row["arms"][arm].get("spec") or {}
+    ar = row["arms"]["autoregressive"].get("spec") or {}
+    best = query_oracle(row, arms)
+    oracle = (row["arms"][best].get("spec") or {}) if best else {}
+    return {
+        "n_examples": n_train,
+        "query_id": row["query_id"],
+        "task": row.get("task"),
+        "arm": arm,
+        "seconds": run.get("seconds"),
+        "new_tokens": run.get("new_tokens"),
+        "ar_seconds": ar.get("seconds"),
+        "ar_tokens": ar.get("new_tokens"),
+        "oracle_arm": best,
+        "oracle_seconds": oracle.get("seconds"),
+        "oracle_tokens": oracle.get("new_tokens"),
+    }
 
 
 def data_efficiency(rows, X, arms, cfg, spec: RewardSpec, sizes: list[int], out: Path) -> list[dict]:
@@ -317,21 +401,10 @@ def data_efficiency(rows, X, arms, cfg, spec: RewardSpec, sizes: list[int], out:
                 "random_speedup": sp.get("random"),
             }
         )
-        for i, arm in zip(result.val_idx.tolist(), chosen):
-            run = rows[i]["arms"][arm].get("spec") or {}
-            ar = rows[i]["arms"]["autoregressive"].get("spec") or {}
-            per_query.append(
-                {
-                    "n_examples": result.metrics["n_train"],
-                    "query_id": rows[i]["query_id"],
-                    "task": rows[i].get("task"),
-                    "arm": arm,
-                    "seconds": run.get("seconds"),
-                    "new_tokens": run.get("new_tokens"),
-                    "ar_seconds": ar.get("seconds"),
-                    "ar_tokens": ar.get("new_tokens"),
-                }
-            )
+        per_query += [
+            validation_row(rows[i], arm, arms, result.metrics["n_train"])
+            for i, arm in zip(result.val_idx.tolist(), chosen)
+        ]
     df = pd.DataFrame(table)
     write_csv(pd.DataFrame(per_query), out / DATA_EFFICIENCY_QUERIES_CSV)
     write_tables(

@@ -72,6 +72,8 @@ class TrainData:
 
     arms: Annotated[list[str] | None, list_of(text(), null=True)]
     allow_incomplete: Annotated[bool, boolean()]
+    # keep only the drafters whose measured acceptance over the rows is at most this (a pool rule; null: off)
+    max_acceptance: Annotated[float | None, number(0, 1, null=True)] = None
 
 
 @dataclass(frozen=True, kw_only=True)

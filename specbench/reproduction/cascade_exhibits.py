@@ -26,6 +26,7 @@ from specbench.reproduction.runs import (
     CASCADES_GREEDY,
     CASCADES_PAPER,
     CASCADES_SAMPLING,
+    CASCADES_SUMMARIZATION,
     EXAMPLES,
 )
 
@@ -126,10 +127,13 @@ def cascades(root: Path, published: list[Published], lay: Layout, run: CascadeRu
         "cascades (chow, diff, opt, token_*: the deferral decided with the target's scores, in parallel). "
         "Verdicts, per task: each family's fastest point at the target's quality, judged by a paired test, not by "
         f"point estimates: the 95% {CI.INTERVAL_TEXT} of its per-query quality difference to the target lies above "
-        "minus a margin, the larger end of lossless SD's own interval of that difference (the scatter a method with "
-        "the target's quality shows on these queries); then the speculative cascade's point against the other two "
+        "minus a margin fixed beforehand, 1 point of the task's metric (a hundredth of an accuracy); then the "
+        "speculative cascade's point against the other two "
         "families' points, paired per query, speed with that interval at a level Bonferroni-corrected over "
-        "the speculative points picked from."
+        "the speculative points picked from. The curve's quality side (greedy runs): at that point's tokens per "
+        "target call, each baseline family's nearest point (within 10%) has lower quality, paired per query. A "
+        "task whose target lies less than 2 points of its metric above the drafter alone cannot tell the two "
+        "apart, so its parts are not testable here (premises.py: cascades/separability)."
     )
     ex = load_examples(root, run.run.dir)
     return Exhibit(
@@ -155,7 +159,7 @@ def quality_intervals(ex: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame
             continue
         sub = ex[ex.task == task]
         sub = sub.assign(_q=task_quality(sub, columns[task]))
-        margin = quality_margin(sub)
+        margin = quality_margin(sub, columns[task])
         for m in dict.fromkeys(sub.method):
             if m == AUTOREGRESSIVE:
                 continue
@@ -189,7 +193,7 @@ def quality_note(table: pd.DataFrame) -> str:
 
     return (
         "\n\nEach point's quality against the target's, paired per query (the point's score minus the target's, "
-        f"95% {CI.INTERVAL_TEXT}; margin: lossless SD's own scatter; shows: at the target's quality when the "
+        f"95% {CI.INTERVAL_TEXT}; margin: 1 point of the metric, fixed beforehand; shows: at the target's quality when the "
         "interval lies above minus the margin, below when it lies wholly under it, cannot tell otherwise):\n\n"
         + to_markdown(table)
     )
@@ -299,15 +303,38 @@ LOSSLESS_SD = (
 )
 
 
-def quality_margin(ex: pd.DataFrame) -> float:
-    """The non-inferiority margin: how far lossless SD's mean quality strays from the target's on these queries (the
-    larger end of its paired 95% interval around 0), the scatter a method with the target's own quality shows; 0
-    without an SD point."""
-    from specbench.arms import AUTOREGRESSIVE
+def margin_in_units(metric: str) -> float:
+    """The non-inferiority margin, fixed before the runs (``premises.CASCADE_MARGIN_POINTS``: 1 point of the
+    metric), in the metric's own units: a point of a 0-100 score (BLEU, ROUGE), a hundredth of an accuracy."""
+    from specbench.reproduction.premises import CASCADE_MARGIN_POINTS
 
-    has_sd = (ex.method == LOSSLESS_SD).any()
-    gap = quality_gap(paired(ex, [LOSSLESS_SD, AUTOREGRESSIVE]), LOSSLESS_SD) if has_sd else None
-    return max(abs(gap[1]), abs(gap[2])) if gap is not None else 0.0
+    return CASCADE_MARGIN_POINTS / 100 if metric in ("accuracy", "exact_match") else CASCADE_MARGIN_POINTS
+
+
+def quality_margin(ex: pd.DataFrame, metric: str = "") -> float:
+    """The non-inferiority margin of a point's quality against the target's: a fixed number of the metric's points
+    stated beforehand (:func:`margin_in_units`). (Until issue 67 it was lossless SD's own scatter, the larger end of
+    its paired interval, which shrinks like 1/sqrt(n), so that no lossy point could pass at a large n.)"""
+    return margin_in_units(metric)
+
+
+def separation(root_or_ex, run_or_task: str, task: str | None = None) -> tuple[float, str, int]:
+    """(the target's mean per-query score minus the drafter alone's, the metric, n) on ``task``: paired per query on
+    the task's quality column of the run (``separation(root, run, task)``: read from the run's records and curves)."""
+    from specbench.arms import AUTOREGRESSIVE
+    from specbench.pipelines.cascade_curves import ALONE
+
+    if task is None:
+        raise TypeError("separation(root, run, task)")
+    root, run = root_or_ex, run_or_task
+    ex = load_examples(root, run)
+    columns = task_columns(run_table(root, f"{run}/{CURVES_CSV}"))
+    metric = columns[task]
+    p = paired(ex, [AUTOREGRESSIVE, ALONE], task)
+    d = (task_quality(p[AUTOREGRESSIVE], metric) - task_quality(p[ALONE], metric)).dropna()
+    if d.empty:
+        raise ValueError(f"no query of {task} scored by both the target and the drafter alone")
+    return float(d.mean()), metric, len(d)
 
 
 AT_QUALITY, BELOW_QUALITY, CANNOT_TELL = "at the target's quality", "below", "cannot tell"
@@ -342,17 +369,83 @@ def at_target_quality(
 def cascade_verdicts(ex: pd.DataFrame, run: CascadeRun, columns: dict[str, str]) -> list[V.Verdict]:
     """Per task with a metric: at the target's quality, the fastest speculative-cascade point is faster than the
     fastest lossy-SD point and the fastest sequential-cascade point (each family's points non-inferior to the
-    target's quality by a paired interval, margin lossless SD's own scatter: :func:`at_target_quality`), paired per
-    query. ``columns``: each task's quality column (:func:`task_columns`)."""
+    target's quality by a paired interval, margin fixed beforehand: :func:`at_target_quality`), paired per
+    query; on greedy runs also the curve's quality side (:func:`curve_verdict`). ``columns``: each task's quality column (:func:`task_columns`)."""
     if ex.empty:
         return [V.missing(CASCADE_CLAIM, f"per-query records ({run.run.dir}/{EXAMPLES})", CASCADE_LABEL)]
     methods = list(dict.fromkeys(ex.method))
-    out = [
-        task_verdict(ex[ex.task == task], task, methods, columns[task])
-        for task in dict.fromkeys(ex.task)
-        if task in columns
-    ]
+    out = []
+    for task in dict.fromkeys(ex.task):
+        if task not in columns:
+            continue
+        sub = ex[ex.task == task]
+        out.append(
+            V.keyed(task_verdict(sub, task, methods, columns[task]), f"{run.run.dir}#at-quality:{task}")
+        )
+        if run.greedy:
+            out.append(
+                V.keyed(curve_verdict(sub, task, methods, columns[task]), f"{run.run.dir}#curve:{task}")
+            )
     return out or [V.unpaired(CASCADE_CLAIM, "no task of the run has a quality metric", CASCADE_LABEL)]
+
+
+MATCHED = 0.10  # "matched tokens per target call": a baseline point within 10% of the cascade point's, fixed beforehand
+
+
+def curve_verdict(sub: pd.DataFrame, task: str, methods: list[str], key: str) -> V.Verdict:
+    """The quality side of the curve: at the operating point of the speculative cascade with the most tokens per
+    target call at the target's quality (:func:`at_target_quality`), each baseline family's point nearest it in
+    tokens per target call (within MATCHED) has lower quality, paired per query (one part per family)."""
+    named = (
+        f"on {task}, at matched tokens per target call a speculative cascade gives higher quality than lossy SD and "
+        "the sequential cascade"
+    )
+    label = f"{key} difference speculative cascade - baseline"
+    sub = sub.assign(_q=task_quality(sub, key))
+    margin = quality_margin(sub, key)
+    spec = at_target_quality(sub, [m for m in methods if family(m) == SPECULATIVE], margin, AXIS)
+    if not spec:
+        return V.unpaired(named, "no speculative-cascade point is shown at the target's quality", label)
+    best = spec[0][1]
+    calls = tokens_per_call(sub)
+    parts = []
+    for fam in (LOSSY, SEQUENTIAL_FAMILY):
+        points = [m for m in methods if family(m) == fam and m in calls]
+        if not points:
+            continue
+        near = min(points, key=lambda m: abs(math.log(calls[m] / calls[best])))
+        if abs(calls[near] / calls[best] - 1) > MATCHED:
+            parts.append(
+                (
+                    fam,
+                    V.unpaired(
+                        "",
+                        f"no {fam} point within {MATCHED:.0%} of {best}'s tokens per call "
+                        f"({calls[best]:.3f}; nearest {near} {calls[near]:.3f})",
+                        label,
+                    ),
+                )
+            )
+            continue
+        p = paired(sub, [best, near])
+        keep = p[best]._q.notna() & p[near]._q.notna()
+        parts.append(
+            (
+                f"{best} ({calls[best]:.3f} tokens a call) vs {near} ({calls[near]:.3f})",
+                V.greater_mean("", list(p[best]._q[keep]), list(p[near]._q[keep]), label),
+            )
+        )  # fmt: skip
+    if not parts:
+        return V.unpaired(named, "the run has no baseline point", label)
+    return V.all_of(
+        named, parts, f"each part: quality difference > 0; matched within {MATCHED:.0%} tokens per call"
+    )
+
+
+def tokens_per_call(sub: pd.DataFrame) -> dict[str, float]:
+    """Each method's new tokens per target call over the queries it ran (its MAT)."""
+    g = sub.groupby("method")[["new_tokens", "target_calls"]].sum()
+    return {m: float(r.new_tokens / r.target_calls) for m, r in g.iterrows() if r.target_calls > 0}
 
 
 # "faster" on the seed's axis: new tokens per target forward (the speculative cascades paper's cost is the target's
@@ -381,7 +474,7 @@ def task_verdict(sub: pd.DataFrame, task: str, methods: list[str], key: str) -> 
             "target's quality line cannot tell one point from another",
             label,
         )
-    margin = quality_margin(sub)
+    margin = quality_margin(sub, key)
     spec = at_target_quality(sub, [m for m in methods if family(m) == SPECULATIVE], margin, AXIS)
     if not spec:
         return no_point_verdict(sub, named, [m for m in methods if family(m) == SPECULATIVE], margin)
@@ -392,7 +485,7 @@ def task_verdict(sub: pd.DataFrame, task: str, methods: list[str], key: str) -> 
         named,
         parts,
         f"{key} non-inferior to the target's (paired 95% interval of the quality difference "
-        f"above -{margin:.3g}, lossless SD's own scatter); the point with the most tokens per target call of "
+        f"above -{margin:.3g}, a margin fixed beforehand); the point with the most tokens per target call of "
         f"{len(spec)} speculative points at the target's quality, level {level:.2%} (Bonferroni); wall-clock "
         "beside each part, not judged",
     )
@@ -452,6 +545,7 @@ def cascades_exhibit(run: CascadeRun) -> ExhibitSpec:
 
 CPU_CASCADES = (  # quality label "": each task's column as its run's curves name it (quality_text)
     CascadeRun(CASCADES_GREEDY, "greedy", "quality", "", greedy=True),
+    CascadeRun(CASCADES_SUMMARIZATION, "greedy, summarization", "quality", "", greedy=True),
     CascadeRun(CASCADES_SAMPLING, "temperature 1", "quality", ""),
 )
 PAPER_CASCADE_RUNS = tuple(

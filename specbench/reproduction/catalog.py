@@ -27,6 +27,7 @@ EXHIBITS: tuple[ExhibitSpec, ...] = (
     spec_bench.LEADERBOARD,
     *huang.EXHIBITS,
     metasd.MAIN,
+    metasd.SEED_LIVE,
     noise.AA,
     metasd.WHITEBOX,
     metasd.HEADS,

@@ -110,6 +110,13 @@ class Exhibit:
     key: str = ""  # "<paper>/<name>": where its files go
     runs: list[str] = field(default_factory=list)
     family: str = SEED  # whose claims it judges (``FAMILIES``): Holm's correction runs within a family
+    judged: bool = True  # False: its verdicts are shown, not judged into any statement (a robustness row)
+    scoped: list = field(
+        default_factory=list
+    )  # a statements exhibit's statements listed, not judged at this scale
+    premises: dict = field(
+        default_factory=dict
+    )  # a statements exhibit's measured premises: (premise, part) -> value
 
 
 Builder = Callable[[Path, list[Published], "Layout"], Exhibit]

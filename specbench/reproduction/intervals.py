@@ -326,6 +326,14 @@ def estimate(columns: Mapping[str, Sequence[float]], stat: Stat, threshold: floa
     return point, lo, hi, (adaptive_p(columns, stat, threshold, vals, boot, bca) if tested else None)
 
 
+def p_below(
+    columns: Mapping[str, Sequence[float]], stat: Stat, threshold: float, boot: Bootstrap
+) -> float | None:
+    """The p-value of "effect < threshold" (the claim "effect > threshold" failing): the level at which the interval's
+    upper bound reaches the threshold, read as :func:`estimate` reads the claim's own (the same interval, mirrored)."""
+    return estimate(columns, lambda c: -np.asarray(stat(c), dtype=float), -threshold, boot)[3]
+
+
 def seconds_per_token(seconds: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     return seconds.sum(axis=-1) / tokens.sum(axis=-1)
 

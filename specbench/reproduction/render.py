@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from specbench.errors import SpecbenchError
@@ -15,8 +16,8 @@ from specbench.files import atomic_write_text
 from specbench.pipelines.tables import print_table, to_markdown
 from specbench.reproduction import heads as shipped_heads
 from specbench.reproduction import intervals as CI
+from specbench.reproduction import premises, statements
 from specbench.reproduction import published as published_values
-from specbench.reproduction import statements
 from specbench.reproduction import verdicts as V
 from specbench.reproduction.catalog import builders
 from specbench.reproduction.exhibit import PROJECT, SEED, Exhibit, Layout, mark_unfinished
@@ -63,10 +64,15 @@ def layout_of(root: Path, name: str | None = None) -> Layout:
 
 
 def build(
-    root: Path, published=None, layout: Layout | None = None, extra: list[Exhibit] = ()
+    root: Path,
+    published=None,
+    layout: Layout | None = None,
+    extra: list[Exhibit] = (),
+    sources: premises.Sources | None = None,
 ) -> tuple[list[Exhibit], list[str]]:
     """The exhibits that can be built from ``root`` (then ``extra``: exhibits of runs outside the plan, such as the
-    long-horizon replays), corrected together, and a line per one that cannot be built (what is missing)."""
+    long-horizon replays), corrected together with each part's premise measured on ``sources`` (default: ``root``
+    alone), and a line per one that cannot be built (what is missing)."""
     published = published_values.load() if published is None else published
     done, missing = [], []
     for builder in builders(layout or layout_of(root)):
@@ -74,15 +80,33 @@ def build(
             done.append(mark_unfinished(builder(root, published), root))
         except NotRun as exc:
             missing.append(str(exc))
-    return correct([*done, *extra]), missing
+    return correct([*done, *extra], sources or premises.Sources(Path(root))), missing
 
 
-def correct(exhibits: list[Exhibit]) -> list[Exhibit]:
+def premise_measurer(sources: premises.Sources):
+    """``(premise key, part key) -> premises.Measured``, each measured once."""
+    found: dict[tuple[str, str], premises.Measured] = {}
+
+    def measure(key: str, part: str) -> premises.Measured:
+        if (key, part) not in found:
+            found[(key, part)] = premises.PREMISES[key](sources, part)
+        return found[(key, part)]
+
+    measure.found = found
+    return measure
+
+
+def correct(exhibits: list[Exhibit], sources: premises.Sources | None = None) -> list[Exhibit]:
     """``exhibits`` and the statements exhibits (:func:`statements.judge`): every verdict of an exhibit is a part
-    of one statement, each statement judged once over its parts, Holm's family-wise correction run over the
-    statements of each family (the seeds', this project's own: ``exhibit.FAMILIES``): a statement held at its own
-    level but not after the correction reads ``inconclusive``. The parts stay at their own level."""
-    return [*exhibits, *statements.judge(exhibits)]
+    of one statement, each statement judged once over its parts (a part whose premise fails on ``sources`` set
+    aside as not testable here), Holm's family-wise correction run over the statements of each family (the seeds',
+    this project's own: ``exhibit.FAMILIES``), for a held and a not-held conclusion alike: one that does not pass
+    it reads ``inconclusive``. The parts stay at their own level."""
+    measure = premise_measurer(sources) if sources is not None else None
+    judged = statements.judge(exhibits, premise_of=measure)
+    for ex in judged:
+        ex.premises = dict(measure.found) if measure is not None else {}
+    return [*exhibits, *judged]
 
 
 def exhibit_markdown(ex: Exhibit, figure: str | None) -> str:
@@ -94,22 +118,57 @@ def exhibit_markdown(ex: Exhibit, figure: str | None) -> str:
     return "\n".join(parts)
 
 
+@dataclass(frozen=True)
+class Outside:
+    """The runs outside the plan a report reads beside its root: the long-horizon replays of the seed trace
+    (``make trace-seed`` or ``trace-mixed``), the prompt-level comparison (``make routing-seed``) and replays over
+    other arms shown as a robustness row (not judged). ``specbench report --long-horizon`` takes each: a directory,
+    ``routing=DIR`` or ``robustness=DIR``."""
+
+    long_horizon: Path | None = None
+    routing: Path | None = None
+    robustness: Path | None = None
+
+    KINDS = ("routing", "robustness")
+
+    @classmethod
+    def parse(cls, values) -> Outside:
+        """From ``--long-horizon`` values: ``DIR`` (the long-horizon replays), ``routing=DIR``, ``robustness=DIR``."""
+        found: dict[str, Path] = {}
+        for value in values or ():
+            kind, sep, path = str(value).partition("=")
+            kind, path = (kind, path) if sep and kind in cls.KINDS else ("long_horizon", str(value))
+            if kind in found:
+                raise SpecbenchError(
+                    f"--long-horizon names {kind.replace('_', ' ')} twice ({found[kind]} and {path})",
+                    "pass one directory of each kind: DIR, routing=DIR, robustness=DIR",
+                )
+            found[kind] = Path(path)
+        return cls(**found)
+
+    def exhibits(self) -> list[Exhibit]:
+        return _extras(self.long_horizon, self.routing, self.robustness)
+
+    def sources(self, root: Path) -> premises.Sources:
+        return premises.Sources(Path(root), self.long_horizon, self.routing)
+
+
 def write(
     root: Path,
     out: Path | None = None,
     layout: str | None = None,
     allow_empty: bool = False,
-    long_horizon: Path | None = None,
+    long_horizon: Path | Outside | None = None,
     against: Path | None = None,
     one_commit: bool = False,
 ) -> Path:
     """The report of ``root`` into ``out`` (default ``ROOT/report``); a root that holds no exhibit's runs is an error,
     unless ``allow_empty`` (a reproduce restricted to steps that complete no exhibit yet): then the index lists only
-    what is not run yet. ``long_horizon``: the replays of ``make trace-mixed`` (outputs/long_horizon), judged with
-    the rest (their own runs: the trace is longer than the plan's budget). ``against``: a second root of the same
-    plan: every verdict that reads otherwise there is marked unstable (never counted held) and ``STABILITY.md``
-    lists both runs' verdicts (:mod:`.stability`). The index names the commits the runs came from (mixing said in
-    so many words); ``one_commit`` refuses a root whose runs came from several commits or uncommitted code."""
+    what is not run yet. ``long_horizon``: the replays of ``make trace-seed`` (a directory), or every run outside
+    the plan (an ``Outside``), judged with the rest. ``against``: a second root of the same plan: every verdict that
+    reads otherwise there is marked unstable (never counted held) and ``STABILITY.md`` lists both runs' verdicts
+    (:mod:`.stability`). The index names the commits the runs came from (mixing said in so many words);
+    ``one_commit`` refuses a root whose runs came from several commits or uncommitted code."""
     from specbench import provenance as code
 
     root = _root(root)
@@ -118,8 +177,12 @@ def write(
     commits = code.commits_under(root)
     if one_commit:
         code.check_one_commit(commits, root)
-    exhibits, missing = build(root, layout=lay, extra=_long_horizon(long_horizon))
-    stable = None if against is None else _stability(exhibits, root, Path(against), lay, long_horizon)
+    outside = long_horizon if isinstance(long_horizon, Outside) else Outside(_path(long_horizon))
+    exhibits, missing = build(root, layout=lay, extra=outside.exhibits(), sources=outside.sources(root))
+    premise_lines = check_premises(root, exhibits)
+    stable = None if against is None else _stability(exhibits, root, Path(against), lay, outside)
+    for ex in exhibits:  # the statements tables agree with their verdicts after the stability marking
+        statements.refresh_table(ex)
     statements.annotate(exhibits)  # each part names its statement's final mark
     if not exhibits and not allow_empty:
         make = "make reproduce-paper" if lay.name == "paper" else "make reproduce-cpu"
@@ -127,13 +190,9 @@ def write(
             f"no reproduced exhibit under {root} ({lay.name} layout; missing: {', '.join(missing[:3])} ...)",
             f"run `{make}` first, or pass the root it wrote to",
         )
-    again = f"Stability: every verdict against a second run of the plan ({against}): [STABILITY.md](STABILITY.md)."
-    provenance = "\n\n".join(
-        line
-        for line in (code.code_line(commits), again if stable else "", shipped_heads.provenance_line(root))
-        if line
-    )
-    index = report_index(root, exhibits, missing, provenance, lay.scale, out, long_horizon)
+    provenance = provenance_text(root, exhibits, commits, against if stable else None)
+    index = report_index(root, exhibits, missing, provenance, lay.scale, out, outside.long_horizon)
+    index += premises_section(exhibits, premise_lines)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "REPORT.md", "\n".join(index))
     if stable is not None:
@@ -141,6 +200,27 @@ def write(
 
         atomic_write_text(out / STABILITY, stable)
     atomic_write_text(out / SUMMARY, summary_markdown(exhibits, missing, provenance))
+    print_summary(exhibits, out)
+    return out
+
+
+def provenance_text(root: Path, exhibits: list[Exhibit], commits: dict, against: Path | None) -> str:
+    """The index's provenance paragraphs: the plan's commits, every source outside it and the report's own code, the
+    second run, and the heads the steps read."""
+    from specbench import provenance as code
+
+    again = f"Stability: every verdict against a second run of the plan ({against}): [STABILITY.md](STABILITY.md)."
+    lines = (
+        code.code_line(commits),
+        source_lines(root, exhibits, against),
+        again if against is not None else "",
+        shipped_heads.provenance_line(root),
+    )
+    return "\n\n".join(line for line in lines if line)
+
+
+def print_summary(exhibits: list[Exhibit], out: Path) -> None:
+    """The command's closing table: each exhibit's marks, and how many statements hold."""
     judged = [ex for ex in exhibits if statements.is_statements(ex)] or exhibits
     held = sum(v.held is True for ex in judged for v in ex.verdicts)
     total = sum(len(ex.verdicts) for ex in judged)
@@ -151,7 +231,6 @@ def write(
         title=f"report: {len(exhibits)} exhibits, {held} of {total} {'statements' if judged is not exhibits else 'verdicts'} "
         f"held{note} ({out / 'REPORT.md'})",
     )
-    return out
 
 
 def _root(root) -> Path:
@@ -164,23 +243,152 @@ def _root(root) -> Path:
     return root
 
 
-def _stability(exhibits: list[Exhibit], root: Path, against: Path, lay: Layout, long_horizon=None) -> str:
+def _stability(exhibits: list[Exhibit], root: Path, against: Path, lay: Layout, outside: Outside) -> str:
     """Mark (in place) the verdicts of ``exhibits`` that read otherwise on ``against``'s runs; the stability page.
-    The long-horizon replays (one run of them, outside the plan) join both runs' statements alike, so a statement
-    they are parts of is compared on the plan's own parts."""
+    The runs outside the plan (the replays, the prompt-level comparison: one run of them) join both runs'
+    statements alike, so their verdicts are the same data read twice (listed apart: they cannot flip)."""
+    from specbench.provenance import commits_under
     from specbench.reproduction import stability
 
-    there, _ = build(_root(against), layout=lay, extra=_long_horizon(long_horizon))
-    return stability.page(stability.mark_unstable(exhibits, there, str(against)), str(root), str(against))
+    other = _root(against)
+    check_against(root, other, lay)
+    extras = outside.exhibits()
+    there, _ = build(other, layout=lay, extra=extras, sources=outside.sources(other))
+    check_premises(other, there)
+    shared = {ex.key for ex in extras}
+    found = stability.mark_unstable(exhibits, there, str(against))
+    return stability.page(found, str(root), str(against), shared=shared, commits=commits_under(other))
+
+
+def check_against(root: Path, other: Path, lay: Layout) -> None:
+    """Refuse a second root that is the first, a copy of it (the same records), damaged, or of another scale or
+    layout: a stability check must compare two runs of the same plan."""
+    from specbench.reproduction import stability
+
+    stability.check_roots(Path(root), Path(other), lay.name, recorded)
+
+
+def _path(p) -> Path | None:
+    return None if p is None else Path(p)
+
+
+def _extras(long_horizon=None, routing=None, robustness=None) -> list[Exhibit]:
+    """The exhibits of runs outside the plan: the long-horizon replays of the seed trace, the prompt-level
+    comparison, and the six-head replays (a robustness row: shown, not judged)."""
+    from specbench.reproduction import long_horizon as replays
+    from specbench.reproduction import routing as routed
+
+    found = []
+    if long_horizon is not None:
+        found.append(replays.exhibit(Path(long_horizon)))
+    if routing is not None:
+        found.append(routed.exhibit(Path(routing)))
+    if robustness is not None:
+        ex = replays.exhibit(Path(robustness))
+        ex.key, ex.judged = "metasd/long_horizon_six", False
+        ex.title = f"{ex.title}: the six heads as arms (the generalist among them), a robustness row"
+        found.append(ex)
+    return found
 
 
 def _long_horizon(path) -> list[Exhibit]:
-    """The long-horizon replays' exhibit (``make trace-mixed``), when a directory is given."""
-    if path is None:
-        return []
-    from specbench.reproduction import long_horizon as replays
+    """The long-horizon replays' exhibit, when a directory is given."""
+    return _extras(long_horizon=path)
 
-    return [replays.exhibit(Path(path))]
+
+def check_premises(root: Path, exhibits: list[Exhibit]) -> dict[str, str]:
+    """Every premise a judged part used, checked against the commits of the runs it judges
+    (:func:`premises.check_declared`: a premise newer than a run is refused); each premise's line for the page."""
+    used: dict[str, list[tuple[str | None, bool | None]]] = {}
+    for ex in exhibits:
+        if statements.is_statements(ex) or not ex.judged:
+            continue
+        runs = run_commits(root, ex)
+        measured = {part: m for ex2 in exhibits for (k, part), m in (ex2.premises or {}).items()}
+        for v in ex.verdicts:
+            s = statements.statement_of(v)
+            key = s.premise_of(v.key) if s is not None and s.judged else None
+            # a premise that could not be measured decided nothing (its part is not judged): nothing to order
+            if key is not None and getattr(measured.get(v.key), "holds", None) is not None:
+                used.setdefault(key, []).extend(runs)
+    return premises.check_declared(used) if used else {}
+
+
+def exhibit_sources(root: Path, ex: Exhibit) -> list[Path]:
+    """The run directories an exhibit's numbers come from: its runs under the root, and for the replays their
+    trace, live check and streams (recorded in their ``replayed.json``)."""
+    found = []
+    for run in ex.runs:
+        path = Path(run) if Path(run).is_absolute() or Path(run).exists() else Path(root) / run
+        found.append(path)
+        record = path / "replayed.json"
+        if record.is_file():
+            try:
+                data = json.loads(record.read_text(encoding="utf-8"))
+            except ValueError:
+                continue
+            for k in ("trace", "live"):
+                if data.get(k):
+                    found.append(Path(data[k]))
+            for trace, collect in (data.get("streams") or {}).values():
+                found += [Path(trace), Path(collect)]
+    return found
+
+
+def run_commits(root: Path, ex: Exhibit) -> list[tuple[str | None, bool | None]]:
+    """(commit, dirty) of every code version that ran the exhibit's sources (:func:`exhibit_sources`)."""
+    from specbench import provenance as code
+
+    out = []
+    for path in exhibit_sources(root, ex):
+        out += [(e.get("commit"), e.get("dirty")) for e in code.read(path)] or [(None, None)]
+    return out
+
+
+def source_lines(root: Path, exhibits: list[Exhibit], against: Path | None) -> str:
+    """The report's provenance of every source outside the plan's runs (the trace, its replays, the live clock
+    check, the prompt-level streams), of the second run, and of the code that built the report."""
+    from specbench import provenance as code
+
+    lines = []
+    outside = [ex for ex in exhibits if not statements.is_statements(ex) and any(Path(r).is_absolute() or not (Path(root) / r).exists() for r in ex.runs)]  # fmt: skip
+    for ex in outside:
+        for path in exhibit_sources(root, ex):
+            entries = code.read(path) if path.is_dir() else []
+            versions = ", ".join(
+                dict.fromkeys(f"`{code.label(e.get('commit'), e.get('dirty'))}`" for e in entries)
+            )
+            lines.append(f"`{path}` ({ex.key}): {versions or 'no recorded commit'}")
+    if against is not None:
+        found = code.commits_under(against)
+        lines.append(
+            f"the second run `{against}`: "
+            + "; ".join(f"`{k}` ({len(v)} runs)" for k, v in found.items())
+            + (" (**Mixed code**)" if len(found) > 1 else "")
+        )
+    me = code.code_state()
+    lines.append(f"this report was built by code at `{code.label(me.get('commit'), me.get('dirty'))}`")
+    return "Sources outside the plan, and the report's own code: " + "; ".join(lines) + "."
+
+
+def premises_section(exhibits: list[Exhibit], lines: dict[str, str]) -> list[str]:
+    """REPORT.md's premises: each premise the judged parts name, its rule and seed sentence, its declaration's
+    commit against its runs', and its measured value for every part."""
+    measured: dict[tuple[str, str], premises.Measured] = {}
+    for ex in exhibits:
+        measured.update(getattr(ex, "premises", {}) or {})
+    if not measured:
+        return []
+    out = ["## Premises", "", "Each judged part's premise (premises.py), measured here; a part whose premise fails is "
+           "not testable here and enters neither side of its statement.", ""]  # fmt: skip
+    for key in dict.fromkeys(k for k, _ in measured):
+        p = premises.PREMISES[key]
+        out += [f"### {key}: {p.text}", "", f"- the seed: {p.seed}", f"- rule: {p.rule}"]
+        if key in lines:
+            out.append(f"- {lines[key]}")
+        out += [f"- {part}: {m.line()}" for (k, part), m in measured.items() if k == key]
+        out.append("")
+    return out
 
 
 def report_index(
@@ -274,8 +482,21 @@ def write_exhibit(ex, out: Path, long_horizon: Path | None, aa=None) -> list[str
 SUMMARY = "SUMMARY.md"  # the compact index the README includes: one row per exhibit, its verdicts counted
 
 
+def _count(marks: list[str]) -> str:
+    """``H held, K not held, I inconclusive, U not judged[, N unstable][, T not testable here]``."""
+    text = (
+        f"{marks.count('held')} held, {marks.count('not held')} not held, {marks.count('inconclusive')} inconclusive, "
+        f"{marks.count('not judged')} not judged"
+    )
+    if "unstable" in marks:
+        text += f", {marks.count('unstable')} unstable (marked otherwise in a second run of the plan)"
+    if V.NOT_TESTABLE in marks:
+        text += f", {marks.count(V.NOT_TESTABLE)} not testable here (their premise fails: the setup cannot show them)"
+    return text
+
+
 def counts_line(exhibits: list[Exhibit]) -> str:
-    """``N statements: H held, K not held, I inconclusive, U not judged`` over the statements exhibits of
+    """``N statements: H held, K not held, I inconclusive, U not judged, ...`` over the statements exhibits of
     ``exhibits`` (``N verdicts`` over every verdict when there are none), and how they are judged."""
     stated = [ex for ex in exhibits if statements.is_statements(ex)]
     judged = stated or exhibits
@@ -283,25 +504,28 @@ def counts_line(exhibits: list[Exhibit]) -> str:
     seeds = [v for ex in judged if ex.family == SEED for v in ex.verdicts]
     tested = sum(v.p is not None for v in seeds)
     own = sum(v.p is not None for ex in judged if ex.family == PROJECT for v in ex.verdicts)
-    parts = sum(len(ex.verdicts) for ex in exhibits if not statements.is_statements(ex))
+    parts = sum(len(ex.verdicts) for ex in exhibits if not statements.is_statements(ex) and ex.judged)
+    scoped = [s for ex in stated for s in ex.scoped]
     what = (
         f"statements (each judged once over its parts, {parts} exhibit verdicts in all)"
         if stated
         else "verdicts"
     )
     return (
-        f"{len(marks)} {what}: {marks.count('held')} held, {marks.count('not held')} not held, "
-        f"{marks.count('inconclusive')} inconclusive, {marks.count('not judged')} not judged"
+        f"{len(marks)} {what}: {_count(marks)}"
         + (
-            f", {marks.count('unstable')} unstable (marked otherwise in a second run of the plan)"
-            if "unstable" in marks
+            f"; {len(scoped)} more listed, not judged at this scale ("
+            + ", ".join(f"{s.key}: {s.scope.split(':', 1)[0]}" for s in scoped)
+            + ")"
+            if scoped
             else ""
         )
         + ". Each is judged on "
         f"per-query paired data with a 95% {CI.INTERVAL_TEXT}: held only when the interval excludes the null, not "
         f"held when it excludes the claim, inconclusive when it straddles it, not judged below {CI.MIN_N} paired "
-        f"queries or without per-query data. Held verdicts also pass Holm's step-down correction across the "
-        f"seeds' {tested} tested claims (family-wise error 5%; without it about "
+        f"queries or without per-query data, not testable here when the premise its setup presupposes fails "
+        f"(measured, and declared before its runs). Held and not-held verdicts also pass Holm's step-down correction "
+        f"across the seeds' {tested} tested claims (family-wise error 5%; without it about "
         f"{V.expected_false_holds(seeds):.1f} false holds would be expected if no claim were true)"
         + (f"; this project's own {own} tested claims are corrected as a family of their own" if own else "")
         + "."
@@ -325,7 +549,7 @@ def reproduced_line(exhibits: list[Exhibit]) -> str:
     stated = [ex for ex in exhibits if statements.is_statements(ex)]
     for ex in stated:  # per statement, filed under its paper (its key's first part)
         if ex.family == SEED:
-            for key, v in zip(ex.table.statement, ex.verdicts, strict=True):
+            for key, v in zip(list(ex.table.statement)[: len(ex.verdicts)], ex.verdicts, strict=True):
                 paper = str(key).split("/", 1)[0]
                 per.setdefault(PAPERS.get(paper, paper), []).append(v.mark)
     for ex in [] if stated else exhibits:
@@ -337,6 +561,9 @@ def reproduced_line(exhibits: list[Exhibit]) -> str:
         return ""
     parts = ", ".join(f"{paper} {ms.count('held')} of {len(ms)}" for paper, ms in per.items())
     rest = [f"{marks.count(m)} {m}" for m in V.MARKS[1:] if marks.count(m)]
+    scoped = [s for ex in stated if ex.family == SEED for s in ex.scoped]
+    if scoped:
+        rest.append(f"{len(scoped)} listed for paper scale or theory (not judged here)")
     held = marks.count("held")
     others = (
         f"; the others are {', '.join(rest)} at this scale, with their numbers on their pages" if rest else ""
@@ -365,13 +592,18 @@ def noise_line(exhibits: list[Exhibit]) -> str:
 def summary_markdown(exhibits: list[Exhibit], missing: list[str], provenance: str | None = None) -> str:
     """One table row per exhibit (its title linked to its page, its verdicts counted by mark), under the counts
     (and the line saying which steps ran with other heads than the shipped ones, when some did)."""
-    rows = ["| exhibit | held | not held | inconclusive | not judged |", "|---|---|---|---|---|"]
+    rows = [
+        "| exhibit | held | not held | inconclusive | not judged | unstable | not testable here |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for ex in exhibits:
         paper, name = ex.key.split("/", 1)
         marks = [v.mark for v in ex.verdicts]
+        shown = "" if ex.judged else " (shown, not judged)"
         rows.append(
-            f"| [{ex.title}]({paper}/{name}.md) | {marks.count('held')} | {marks.count('not held')} | "
-            f"{marks.count('inconclusive')} | {marks.count('not judged')} |"
+            f"| [{ex.title}]({paper}/{name}.md){shown} | {marks.count('held')} | {marks.count('not held')} | "
+            f"{marks.count('inconclusive')} | {marks.count('not judged')} | {marks.count('unstable')} | "
+            f"{marks.count(V.NOT_TESTABLE)} |"
         )
     reproduced = reproduced_line(exhibits)
     lines = [

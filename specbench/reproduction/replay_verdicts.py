@@ -180,7 +180,48 @@ def variance_table(run: Path, among: list[str] | None = None) -> tuple[pd.DataFr
     claim = "BE rewards vary more than BD rewards within a query, for every single drafter" + (
         " the selectors play" if among is not None else ""
     )
-    return pd.DataFrame(rows), [labelled(V.all_of(claim, parts))] if parts else []
+    played = rounds if among is None else rounds[rounds.method.isin([f"fixed:{a}" for a in among])]
+    verdicts = [V.keyed(labelled(V.all_of(claim, parts)), "metasd/long_horizon#variance")] if parts else []
+    found = discrimination(played)
+    if found is not None:
+        verdicts.append(V.keyed(labelled(found), "metasd/long_horizon#discrimination"))
+    return pd.DataFrame(rows), verdicts
+
+
+def discrimination(rounds: pd.DataFrame) -> V.Verdict | None:
+    """Block Divergence tells the best drafter from the second more clearly than Block Efficiency: per query, each
+    reward's gap between its best and second-best drafter (by mean reward over the query's drafting rounds) over
+    the pooled standard deviation of those two drafters' rounds; BD's standardized gap above BE's, paired per query.
+    None with fewer than two drafters."""
+    bd, be = [], []
+    for _, sub in rounds.groupby("query_id"):
+        found = [_gap(sub, col) for col in ("bd", "be")]
+        if None in found:
+            continue
+        bd.append(found[0])
+        be.append(found[1])
+    if not bd:
+        return None
+    return V.greater_mean(
+        "BD separates the best drafter from the second more clearly than BE (standardized gap per query)",
+        bd,
+        be,
+        "difference in standardized best-vs-second gap (BD - BE)",
+    )
+
+
+def _gap(sub: pd.DataFrame, col: str) -> float | None:
+    """A query's gap between its two drafters with the highest mean ``col`` over the pooled standard deviation of
+    their rounds (None: fewer than two drafters with two rounds, or no spread)."""
+    stats = sub.groupby("method")[col].agg(["mean", "var", "count"])
+    stats = stats[stats["count"] >= 2].sort_values("mean", ascending=False)
+    if len(stats) < 2:
+        return None
+    a, b = stats.iloc[0], stats.iloc[1]
+    pooled = math.sqrt(
+        ((a["count"] - 1) * a["var"] + (b["count"] - 1) * b["var"]) / (a["count"] + b["count"] - 2)
+    )
+    return float((a["mean"] - b["mean"]) / pooled) if pooled > 0 else None
 
 
 def regret_table(q: pd.DataFrame, among: list[str] | None = None) -> tuple[pd.DataFrame, list[V.Verdict]]:

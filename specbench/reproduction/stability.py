@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from specbench.pipelines.tables import to_markdown
 from specbench.reproduction import verdicts as V
@@ -94,28 +95,108 @@ def _effect(v: V.Verdict | None) -> str:
     return f"{v.mark}: {v.effect:.3f}{ci}"
 
 
-def page(found: list[Pair], here: str, there: str) -> str:
-    """``STABILITY.md``: the counts, then one row per claim (flips first) with its mark and effect in each run."""
+TIMED = ("speedup ratio",)  # a verdict on the clock: two processes' timings can differ, so it can flip
+
+
+def timed(v: V.Verdict | None) -> bool:
+    return v is not None and any(v.label.startswith(t) for t in TIMED)
+
+
+@dataclass
+class Groups:
+    """A stability check's pairs, grouped: compared in both runs (``both``; ``flips`` among them), judged on other data
+    (``other``), in one run only (``lone``) and read off runs outside the plan both reports share (``same``)."""
+
+    both: list[Pair]
+    flips: list[Pair]
+    other: list[Pair]
+    lone: list[Pair]
+    same: list[Pair]
+
+    @classmethod
+    def of(cls, found: list[Pair], shared: set[str]) -> Groups:
+        same = [p for p in found if p.key in shared]
+        rest = [p for p in found if p.key not in shared]
+        both = [p for p in rest if p.repeated]
+        return cls(
+            both,
+            [p for p in both if p.flipped],
+            [p for p in rest if p.here is not None and p.there is not None and not p.repeated],
+            [p for p in rest if p.here is None or p.there is None],
+            same,
+        )
+
+    def stable(self, p: Pair) -> str:
+        if p in self.same:
+            return "one run, read twice"
+        if p in self.other:
+            return "other data"
+        return "" if p in self.lone else ("no" if p.flipped else "yes")
+
+    def ordered(self) -> list[Pair]:
+        return self.flips + [p for p in self.both if not p.flipped] + self.other + self.lone + self.same
+
+
+def counts(g: Groups) -> str:
+    """The page's sentence of counts: compared, the same, held in both, flipped; the timed claims' flip rate."""
+    held_both = [p for p in g.both if not p.flipped and p.here.held is True]
+    clocked = [p for p in g.both if timed(p.here)]
+    clock_flips = [p for p in clocked if p.flipped]
+    return (
+        f"{len(g.both)} claims judged in both runs: {len(g.both) - len(g.flips)} read the same "
+        f"({len(held_both)} held in both), {len(g.flips)} flipped"
+        + (f" ({', '.join(f'{p.here.mark} / {p.there.mark}' for p in g.flips)})" if g.flips else "")
+        + f". Timed claims (on the clock): {len(clock_flips)} of {len(clocked)} flipped"
+        + (f" ({len(clock_flips) / len(clocked):.0%})" if clocked else "")
+        + "; the others are on deterministic axes (target rounds, shares, quality) or on other data."
+        + (f" {len(g.other)} judged on other data in each run (n differs: not compared)." if g.other else "")
+        + (
+            f" {len(g.same)} read off runs outside the plan that both reports share (run once: the same data read "
+            "twice, they cannot flip; listed last)."
+            if g.same
+            else ""
+        )
+        + (f" {len(g.lone)} claims are in one run only." if g.lone else "")
+    )
+
+
+def code_sentence(commits: dict | None) -> str:
+    """The second root's code versions (:func:`provenance.commits_under`), "Mixed code" when several."""
+    if not commits:
+        return ""
+    if len(commits) == 1:
+        return f"Code of the second run: every run ({sum(len(v) for v in commits.values())}) came from `{next(iter(commits))}`."
+    return (
+        "**Mixed code** in the second run: "
+        + "; ".join(f"`{k}`: {len(v)} runs" for k, v in commits.items())
+        + "."
+    )
+
+
+def page(
+    found: list[Pair], here: str, there: str, shared: set[str] = frozenset(), commits: dict | None = None
+) -> str:
+    """``STABILITY.md``: the counts (the flip rate of the timed claims among them), then one row per claim (flips
+    first) with its mark and effect in each run. Claims read off data both reports share (``shared``: the exhibits of
+    runs outside the plan, run once) are listed apart: they are the same data read twice and cannot flip.
+    ``commits``: the second root's code versions."""
     import pandas as pd
 
-    both = [p for p in found if p.repeated]
-    flips = [p for p in both if p.flipped]
-    held_both = [p for p in both if not p.flipped and p.here.held is True]
-    other = [p for p in found if p.here is not None and p.there is not None and not p.repeated]
-    lone = [p for p in found if p.here is None or p.there is None]
-    ordered = flips + [p for p in both if not p.flipped] + other + lone
+    g = Groups.of(found, shared)
     table = pd.DataFrame(
         [
             {
                 "exhibit": p.key,
                 "claim": p.claim,
-                "stable": "other data" if p in other else "" if p in lone else ("no" if p.flipped else "yes"),
+                "stable": g.stable(p),
                 here: _effect(p.here),
                 there: _effect(p.there),
             }
-            for p in ordered
+            for p in g.ordered()
         ]
     )
+    once = sorted({p.key for p in g.same} | {p.key for p in g.lone})
+    code = code_sentence(commits)
     lines = [
         "# Stability: the same plan run twice",
         "",
@@ -123,14 +204,64 @@ def page(found: list[Pair], here: str, there: str) -> str:
         "and claim (each run corrected by Holm within itself). A verdict whose mark differs between the runs is "
         "marked **unstable** in the report and not counted held.",
         "",
-        f"{len(both)} claims judged in both runs: {len(both) - len(flips)} read the same "
-        f"({len(held_both)} held in both), {len(flips)} flipped"
-        + (f" ({', '.join(f'{p.here.mark} / {p.there.mark}' for p in flips)})" if flips else "")
-        + (f"; {len(other)} judged on other data in each run (n differs: not compared)" if other else "")
-        + (f"; {len(lone)} claims are in one run only" if lone else "")
-        + ".",
+        *([code, ""] if code else []),
+        counts(g),
         "",
+        *(
+            [
+                "One run (not repeated: their verdicts carry no stability check): "
+                + ", ".join(f"`{k}`" for k in once)
+                + ".",
+                "",
+            ]
+            if once
+            else []
+        ),
         to_markdown(table) if len(table) else "(no verdicts)",
         "",
     ]
     return "\n".join(lines)
+
+
+def fingerprint(root: Path) -> str:
+    """A digest of every record file under ``root`` (the generations, collected rows and rounds, by path relative
+    to it): two roots with the same fingerprint hold the same records, so one is a copy of the other."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for path in sorted(Path(root).rglob("*.jsonl")):
+        if (
+            any(part.startswith(".") for part in path.relative_to(root).parts)
+            or "report" in path.relative_to(root).parts
+        ):
+            continue
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def check_roots(root: Path, other: Path, layout: str, recorded) -> None:
+    """Refuse a second root that is the first, a copy of it (the same records), damaged, or of another scale or
+    layout (``recorded``: ``render.recorded``, which refuses a damaged ``reproduce.json``)."""
+    from specbench.errors import SpecbenchError
+
+    fix = "pass the root of a second run of the same plan: make reproduce-cpu-again writes outputs/reproduce-again"
+    if Path(root).resolve() == Path(other).resolve():
+        raise SpecbenchError(f"--against {other} is the report's own root", fix)
+    mine, theirs = recorded(Path(root)), recorded(Path(other))
+    if mine and not theirs:
+        raise SpecbenchError(
+            f"--against {other} holds no reproduce.json: it is not a root `specbench reproduce` wrote", fix
+        )
+    for key in ("scale", "layout"):
+        a, b = (
+            mine.get(key, mine.get("profile") if key == "scale" else None),
+            theirs.get(key, theirs.get("profile") if key == "scale" else None),
+        )
+        if a is not None and b is not None and a != b:
+            raise SpecbenchError(f"--against {other} is of another {key} ({b}; the report's root: {a})", fix)
+    if fingerprint(Path(root)) == fingerprint(Path(other)):
+        raise SpecbenchError(
+            f"--against {other} holds the same records as {root} (a copy): it cannot tell whether a verdict stands",
+            fix,
+        )

@@ -40,6 +40,7 @@ from specbench.reproduction.intervals import (
     estimate,
     mean_difference,
     mean_of,
+    p_below,
     speed_ratio,
 )
 
@@ -50,7 +51,9 @@ NO_PAIRS = "no per-query data"
 UNSTABLE = (
     "unstable"  # its mark differs between two runs of the same plan (``stability``): never counted held
 )
-MARKS = ("held", "not held", "inconclusive", "not judged", "unstable")
+# its premise (``premises.py``: the condition of the setup the claim presupposes) fails here: judged neither way
+NOT_TESTABLE = "not testable here"
+MARKS = ("held", "not held", "inconclusive", "not judged", "unstable", NOT_TESTABLE)
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,10 @@ class Verdict:
     # the null the interval is set against (1 for "faster", 0.95 for "0.95 of")
     threshold: float | None = None
     p: float | None = None  # bootstrap p-value of the claim (two-sided equivalent; None: not tested)
+    # the p-value of the claim's failure (the level at which the interval's upper bound reaches the threshold): what
+    # Holm's correction reads for a "not held" verdict, as it reads ``p`` for a "held" one
+    p_not: float | None = None
+    key: str = ""  # the part's key (``<exhibit>#<name>``): how a statement names the parts it is made of
 
     def __post_init__(self):  # numpy booleans / numbers from table arithmetic become plain ones
         if self.held is not None:
@@ -79,7 +86,7 @@ class Verdict:
 
     @property
     def mark(self) -> str:
-        if self.held is None and self.reason in (INCONCLUSIVE, UNSTABLE):
+        if self.held is None and self.reason in (INCONCLUSIVE, UNSTABLE, NOT_TESTABLE):
             return self.reason
         return {True: "held", False: "not held", None: "not judged"}[self.held]
 
@@ -99,11 +106,16 @@ class Verdict:
         ``: `` (the report's index and tests find verdict lines by ``- **held|not held|inconclusive|not judged|unstable**: ``)."""
         why = (
             f"{self.reason}; "
-            if self.held is None and self.reason and self.reason not in (INCONCLUSIVE, UNSTABLE)
+            if self.held is None and self.reason and self.reason not in (INCONCLUSIVE, UNSTABLE, NOT_TESTABLE)
             else ""
         )
         detail = f"; {self.detail}" if self.detail else ""
         return f"**{self.mark}**: {self.claim} ({why}{self.stats}{detail})"
+
+
+def keyed(v: Verdict, key: str) -> Verdict:
+    """``v`` as the part ``key`` (``<exhibit>#<name>``: how statements name their parts)."""
+    return replace(v, key=key)
 
 
 def _ok(*values) -> bool:
@@ -124,6 +136,7 @@ def unfinished(verdict: Verdict, why: str) -> Verdict:
         level=verdict.level,
         reason="unfinished run",
         threshold=verdict.threshold,
+        key=verdict.key,
     )  # no p: not part of the tested family
 
 
@@ -191,6 +204,7 @@ def judge(
             reason=NOT_ESTIMABLE,
         )
     held = side_of(lo, hi, threshold, at_least)
+    p_not = p_below(columns, stat, threshold, boot) if p is not None else None
     side = ">=" if at_least else ">"
     note = f"claim: {label} {side} {threshold:g}" + (f"; {detail}" if detail else "")
     return Verdict(
@@ -205,6 +219,7 @@ def judge(
         reason="" if held is not None else INCONCLUSIVE,
         threshold=threshold,
         p=p,
+        p_not=p_not,
     )
 
 
@@ -278,6 +293,7 @@ def _combine(
     detail: str = "",
     shown: int = 8,
     p: float | None = None,
+    p_not: float | None = None,
 ) -> Verdict:
     listed = [f"{name}: {p.mark}, {p.stats}" for name, p in parts]
     if len(listed) > shown:
@@ -302,6 +318,7 @@ def _combine(
         threshold=deciding.threshold,
         reason="" if held is not None else (deciding.reason or INCONCLUSIVE),
         p=deciding.p if p is None else p,
+        p_not=p_not,
     )
 
 
@@ -311,11 +328,19 @@ def all_of(claim: str, parts: Sequence[tuple[str, Verdict]], detail: str = "") -
     if not parts:
         return missing(claim, "no comparison to make")
     vs = [p for _, p in parts]
+    # the statement fails when one part fails: the smallest failure p-value, Bonferroni-adjusted over the parts
+    fails = _bonferroni_p([v.p_not for v in vs])
     if any(v.held is False for v in vs):
-        return _combine(claim, parts, False, _pick(vs, False), detail)
+        return _combine(claim, parts, False, _pick(vs, False), detail, p_not=fails)
     if all(v.held is True for v in vs):  # an intersection-union test: its p-value is the largest part's
-        return _combine(claim, parts, True, _pick(vs, True), detail, p=_largest_p(vs))
-    return _combine(claim, parts, None, _undecided(vs), detail, p=_largest_p(vs))
+        return _combine(claim, parts, True, _pick(vs, True), detail, p=_largest_p(vs), p_not=fails)
+    return _combine(claim, parts, None, _undecided(vs), detail, p=_largest_p(vs), p_not=fails)
+
+
+def _bonferroni_p(ps: Sequence[float | None]) -> float | None:
+    """The smallest of ``ps`` times how many there are (at most 1): one of k alternatives picked; None without any."""
+    known = [x for x in ps if x is not None and not math.isnan(x)]
+    return min(1.0, len(known) * min(known)) if known else None
 
 
 def _largest_p(vs: Sequence[Verdict]) -> float | None:
@@ -339,12 +364,15 @@ def any_of(claim: str, parts: Sequence[tuple[str, Verdict]], detail: str = "") -
     # picked from k alternatives: the smallest p-value, Bonferroni-adjusted (times k)
     ps = [v.p for v in vs if v.p is not None]
     p = min(1.0, len(vs) * min(ps)) if ps else None
+    # it fails only when every part fails (an intersection-union test of the failures): the largest failure p-value
+    nots = [v.p_not for v in vs]
+    fails = None if any(x is None for x in nots) else max(nots)
     if any(v.held is True for v in vs):
         best = max((v for v in vs if v.held is True), key=_above)
-        return _combine(claim, parts, True, best, detail, p=p)
-    if all(v.held is False for v in vs):
-        return _combine(claim, parts, False, min(vs, key=_below), detail, p=p)  # the nearest miss
-    return _combine(claim, parts, None, _undecided(vs), detail, p=p)
+        return _combine(claim, parts, True, best, detail, p=p, p_not=fails)
+    if all(v.held is False for v in vs):  # the nearest miss
+        return _combine(claim, parts, False, min(vs, key=_below), detail, p=p, p_not=fails)
+    return _combine(claim, parts, None, _undecided(vs), detail, p=p, p_not=fails)
 
 
 def inside_error(v: Verdict, error: float, what: str) -> Verdict:
@@ -371,36 +399,43 @@ FAMILY_LEVEL = 1 - LEVEL  # the family-wise error rate Holm's correction keeps a
 
 def holm(verdicts: Sequence[Verdict], alpha: float = FAMILY_LEVEL) -> list[Verdict]:
     """Holm's step-down correction across a report's verdicts (the family: every verdict with a p-value, i.e.
-    every claim tested at an adequate n). Sorted by p, the i-th smallest of m is rejected (the claim stands) while
-    ``p <= alpha / (m - i + 1)``; at the first that fails, it and every larger one are not rejected. A verdict held
-    at its own level whose claim is not rejected becomes ``inconclusive`` and says why; every tested verdict's
-    line states its p-value and Holm threshold. Verdicts not tested (no p) are returned unchanged, in order."""
-    tested = sorted(
-        (i for i, v in enumerate(verdicts) if v.p is not None and not math.isnan(v.p)),
-        key=lambda i: verdicts[i].p,
-    )
-    m = len(tested)
+    every claim tested at an adequate n), applied to both conclusions: a claim *held* must pass it on its p-value
+    (``p``), a claim *not held* on the p-value of its failure (``p_not``). Sorted by p, the i-th smallest of m is
+    rejected while ``p <= alpha / (m - i + 1)``; at the first that fails, it and every larger one are not rejected.
+    A verdict held (or not held) at its own level whose conclusion is not rejected becomes ``inconclusive`` and says
+    why; every tested verdict's line states its p-value and Holm threshold. Verdicts not tested (no p) are returned
+    unchanged, in order."""
     out = list(verdicts)
-    stopped = False
-    for rank, i in enumerate(tested):
-        v = verdicts[i]
-        limit = alpha / (m - rank)
-        stopped = stopped or v.p > limit
-        note = (
-            f"Holm over {m} tested claims: p={v.p:.2g}, {'above' if stopped else 'within'} its threshold "
-            f"{limit:.2g}"
-        )
-        if v.held is True and stopped:
-            out[i] = replace(
-                v,
-                held=None,
-                reason=INCONCLUSIVE,
-                detail=f"held at its own {v.level:.0%} level, not after the family-wise correction; "
-                f"{note}" + (f"; {v.detail}" if v.detail else ""),
-            )
-        else:
-            out[i] = replace(v, detail=f"{v.detail}; {note}" if v.detail else note)
+    for side, attr in ((True, "p"), (False, "p_not")):
+        passed = _holm_pass([getattr(v, attr) for v in verdicts], alpha)
+        for i, (ok, p, limit, m) in passed.items():
+            v = out[i]
+            word = "p" if side else "p of its failure"
+            note = f"Holm over {m} tested claims: {word}={p:.2g}, {'within' if ok else 'above'} its threshold {limit:.2g}"
+            if v.held is side and not ok:
+                conclusion = "held" if side else "not held"
+                out[i] = replace(
+                    v,
+                    held=None,
+                    reason=INCONCLUSIVE,
+                    detail=f"{conclusion} at its own {v.level:.0%} level, not after the family-wise correction; "
+                    f"{note}" + (f"; {v.detail}" if v.detail else ""),
+                )
+            elif side or v.held is False:  # every tested line states its p; a not-held one also its failure's
+                out[i] = replace(v, detail=f"{v.detail}; {note}" if v.detail else note)
     return out
+
+
+def _holm_pass(ps: Sequence[float | None], alpha: float) -> dict[int, tuple[bool, float, float, int]]:
+    """Holm's step-down over the known values of ``ps``: index -> (rejected, p, its threshold, m)."""
+    tested = sorted((i for i, p in enumerate(ps) if p is not None and not math.isnan(p)), key=lambda i: ps[i])
+    m = len(tested)
+    found, stopped = {}, False
+    for rank, i in enumerate(tested):
+        limit = alpha / (m - rank)
+        stopped = stopped or ps[i] > limit
+        found[i] = (not stopped, float(ps[i]), limit, m)
+    return found
 
 
 def expected_false_holds(verdicts: Sequence[Verdict], alpha: float = FAMILY_LEVEL) -> float:

@@ -435,7 +435,7 @@ def test_a_per_drafter_override_reaches_the_steps_whose_pool_has_that_drafter(tm
     seen = {}
     monkeypatch.setattr(plan, "pipeline", lambda command: lambda cfg, out: seen.__setitem__(str(out), cfg))
     plan.run(tmp_path / "r", scale="tiny", papers=["cascades"], extra=["pool.drafters.small.draft_length=2"])
-    assert len(seen) == 2 and all(cfg.pool.drafters.small.draft_length == 2 for cfg in seen.values())
+    assert len(seen) == 3 and all(cfg.pool.drafters.small.draft_length == 2 for cfg in seen.values())
 
 
 def test_a_step_directory_holding_another_runs_records_is_named_and_redo_takes_it_over(

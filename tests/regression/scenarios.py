@@ -42,9 +42,9 @@ def experiments() -> list[str]:
 
 def commands_for(name: str) -> list[str]:
     if name.startswith(
-        ("drafter", "trace")
+        ("drafter", "trace", "routing")
     ):  # train-drafter recipes decode nothing: the paper-scale dry run covers
-        return []  # them; traces are tested by tests/integration/test_replay.py
+        return []  # them; traces (and the routing streams' traces) are tested by tests/integration/test_replay.py
     if name.startswith("cascades"):
         return ["cascades"]
     if name.startswith("huang"):

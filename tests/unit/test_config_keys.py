@@ -297,7 +297,7 @@ def test_a_paper_kept_apart_runs_only_when_named(tmp_path, monkeypatch):
     assert {s.paper for s in steps} == {"huang", "metasd", "cascades"}
     assert {s.paper for s in chosen} == {"huang", "metasd"}
     _, _, named = plan.choose_steps(root, "cpu", ["cascades"], [], plan.QUESTIONS)
-    assert {s.run for s in named} == {"cascades/greedy", "cascades/sampling"}
+    assert {s.run for s in named} == {"cascades/greedy", "cascades/summarization", "cascades/sampling"}
     _, _, every = plan.choose_steps(root, "tiny", None, [], plan.QUESTIONS)
     assert tuple(every) == steps  # tiny keeps nothing apart: the dry run covers the cascades too
     monkeypatch.setitem(plan.SCALES, "odd", plan.Scale("cpu", apart=("leviathan",)))

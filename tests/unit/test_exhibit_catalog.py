@@ -107,10 +107,12 @@ def test_the_plan_order_is_the_declaration_order():
         "huang/depth/alpha_speed",
         "metasd/eval",
         "metasd/eagle",
+        "metasd/seed_live",
         "metasd/trees",
         "metasd/stream",
         *(f"metasd/multilingual/{lang}" for lang in ("ja", "ru", "de", "fr", "zh")),
         "cascades/greedy",
+        "cascades/summarization",
         "cascades/sampling",
         *(f"cascades/{name}" for name in ("t5_wmt", "t5_xsum", "t5_cnndm", "gemma_gsm8k", "gemma27b_gsm8k")),
     ]

@@ -201,7 +201,34 @@ def test_report_against_a_second_root_writes_the_stability_page(tmp_path):
     assert "**held**: the policy reaches at least" not in text
     page = (out / stability.STABILITY).read_text()
     assert re.search(r"\| no +\|", page) and "1 flipped (unstable / not held)" not in page
-    # the part and its statement flip together; the statement is what the counts read
-    assert "2 flipped (held / not held, held / not held)" in page and "[STABILITY.md](STABILITY.md)" in text
-    assert "**unstable**: the policy is about as fast as the best drafter on every task" in text
-    assert "2 of the seeds' 3 statements hold" in text
+    # the part flips; its statement is not judged in either run (its premise, the specialists' headroom, is not
+    # measured without the collection's rows), so it cannot flip
+    assert "1 flipped (held / not held)" in page and "[STABILITY.md](STABILITY.md)" in text
+    assert "Timed claims (on the clock): 1 of " in page
+    assert "2 of the seeds' 7 statements hold" in text
+
+
+def test_a_second_root_that_is_the_first_a_copy_damaged_or_of_another_scale_is_refused(tmp_path):
+    """Issue 71: ``report --against`` compares two runs of one plan, so it refuses the first root itself, a
+    byte-for-byte copy of it, a damaged reproduce.json and a root of another scale, each naming the fix; and the
+    stability page names the second root's code."""
+    import json
+    import shutil
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    _huang_fixture(a)
+    (a / "reproduce.json").write_text(json.dumps({"scale": "cpu", "layout": "cpu"}))
+    with pytest.raises(SpecbenchError, match="is the report's own root"):
+        render.write(a, tmp_path / "r", against=a)
+    shutil.copytree(a, b)
+    with pytest.raises(SpecbenchError, match="holds the same records"):
+        render.write(a, tmp_path / "r", against=b)
+    (b / "reproduce.json").write_text("{not json")
+    with pytest.raises(SpecbenchError, match="damaged"):
+        render.write(a, tmp_path / "r", against=b)
+    (b / "reproduce.json").write_text(json.dumps({"scale": "tiny", "layout": "cpu"}))
+    with pytest.raises(SpecbenchError, match="another scale"):
+        render.write(a, tmp_path / "r", against=b)
+    (b / "reproduce.json").unlink()
+    with pytest.raises(SpecbenchError, match="holds no reproduce.json"):
+        render.write(a, tmp_path / "r", against=b)
