@@ -17,6 +17,12 @@ PIP ?= $(PYTHON) -m pip
 # A CPU build of torch 2.13.0 lies on this project's machines; GPU users: make install TORCH_SPEC="torch>=2.4"
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
+# Every long target records its wall time when it finishes (specbench/reproduction/times.py); `make report` publishes
+# the log as docs/reproduction/TIMES.md, the page the times quoted in these comments and in docs/ come from. NOW is
+# expanded with the whole recipe, before its first line runs: the target's start.
+TIMES ?= outputs/make_times.jsonl
+NOW = $(shell date +%s)
+RECORD_TIME = $(PYTHON) -m specbench.reproduction.times record $@ $(NOW) --log $(TIMES)
 
 .PHONY: install demo readme-demo trees-cpu budget-cpu budget-decisions batch-throughput batch-one-check trees-own-task-cpu routing-seed aa-cpu trace-mixed test lint test-slow test-all bench clean metasd-cpu huang-cpu \
 	cascades-cpu huang-fig3 huang-fig3-pool reproduce-cpu-again trace-seed specialist-data specialist-levers specialists ship-heads small-drafter specialists-eval draft-confidence reproduce-cpu report paper-dry-run paper-drafters \
@@ -48,6 +54,7 @@ trees-cpu: install
 	$(SPECBENCH) eval experiment=trees_cpu hydra.run.dir=$(TREES_OUT)
 	$(PYTHON) -m specbench.reproduction.multi_drafter $(TREES_OUT)
 	cp $(TREES_OUT)/multi_drafter.md docs/multi-drafter-cpu.md  # the generated page the docs quote
+	$(RECORD_TIME)
 
 # Rounds that spend where tokens are (conf/experiment/trees_budget_cpu.yaml: the retrieval drafter with memory, the head's
 # dynamic tree, the cost-model budget, SAM-Decoding's and SuffixDecoding's router rules) on trees_cpu's rows, then
@@ -58,6 +65,7 @@ budget-cpu: install
 	$(SPECBENCH) eval experiment=trees_budget_cpu hydra.run.dir=$(BUDGET_OUT)
 	$(PYTHON) -m specbench.reproduction.multi_drafter $(BUDGET_OUT)
 	cp $(BUDGET_OUT)/multi_drafter.md docs/budget-cpu.md  # the generated page the docs quote
+	$(RECORD_TIME)
 
 # The budget's decision page (issue 58; conf/experiment/budget_decisions_cpu.yaml: MT-Bench questions 40-79, which no
 # setting was chosen on, 64 new tokens, the demo's pool and methods; then budget_decisions_local_cpu.yaml, the local
@@ -80,6 +88,7 @@ budget-decisions: install
 	$(SPECBENCH) eval experiment=budget_by_task_local_cpu hydra.run.dir=$(DECISIONS_TASK_OUT)
 	$(PYTHON) -m specbench.reproduction.budget_decisions $(DECISIONS_TASK_OUT)
 	cp $(DECISIONS_TASK_OUT)/budget_decisions.md docs/budget-by-task-local-cpu.md  # the per-task calibration beside
+	$(RECORD_TIME)
 
 # Throughput against batch size (issue 57; conf/experiment/batch_cpu.yaml: 40 held-out queries, 128 new tokens, bf16;
 # batched autoregressive decoding, prompt lookup and the retrieval drafter alone and with the batch budget, UCB between
@@ -106,6 +115,7 @@ batch-throughput: install
 		--repeats $(foreach r,$(BATCH_REPEATS),$(foreach b,$(BATCH_REPEAT_SIZES),$(BATCH_OUT)/b$(b)_run$(r)))
 	cp $(BATCH_OUT)/batch_throughput.md docs/batch-throughput-cpu.md  # the generated page the docs quote
 	cp $(BATCH_OUT)/batch_throughput.png docs/  # its picture, under the name the page links
+	$(RECORD_TIME)
 
 # Issue 57's batch-1 check: batch_cpu's queries and settings at batch size 1, autoregressive decoding, prompt lookup
 # and the retrieval drafter (the budget's pool: the same drafter settings as batch_cpu's), run by this code and by the
@@ -129,6 +139,7 @@ batch-one-check: install
 		--out $(BATCH_OUT)/batch_one.md
 	cp $(BATCH_OUT)/batch_one.md docs/batch-one-cpu.md  # the generated page the docs quote
 	cp $(BATCH_OUT)/batch_one.png docs/  # its picture, under the name the page links
+	$(RECORD_TIME)
 
 # A drafter's dynamic tree against its chain on its own task (conf/experiment/trees_own_task_cpu.yaml: the math head
 # and the small drafter on held-out GSM8K questions; resumable), then its table with each tree against its chain (paired intervals; multi_drafter.md, copied to
@@ -138,6 +149,7 @@ trees-own-task-cpu: install
 	$(SPECBENCH) eval experiment=trees_own_task_cpu hydra.run.dir=$(OWN_TASK_OUT)
 	$(PYTHON) -m specbench.reproduction.multi_drafter $(OWN_TASK_OUT)
 	cp $(OWN_TASK_OUT)/multi_drafter.md docs/trees-own-task-cpu.md  # the generated page the docs quote
+	$(RECORD_TIME)
 
 # A/A runs that calibrate the verdicts' interval (conf/experiment/aa_cpu.yaml: autoregressive decoding, prompt
 # lookup and UCB-BD each twice in one process, then autoregressive decoding and prompt lookup in a second process, on
@@ -155,6 +167,7 @@ aa-cpu: install
 		decoding.max_new_tokens=64 'methods=[selector,again:selector]' hydra.run.dir=$(AA_OUT)/policy
 	$(PYTHON) -m specbench.reproduction.aa_calibration $(AA_OUT)/one $(AA_OUT)/two $(AA_OUT)/policy
 	cp $(AA_OUT)/one/calibration.md docs/aa-cpu.md  # the generated page the docs quote
+	$(RECORD_TIME)
 
 # MetaSD's bandit claims over thousands of rounds: acceptance traces of the mixed stream (16 queries a task, 512
 # new tokens or EOS: conf/experiment/trace_mixed.yaml; resumable), a live eval of 2 of its queries a task at the same
@@ -169,6 +182,7 @@ trace-mixed: install
 	$(SPECBENCH) trace experiment=trace_mixed hydra.run.dir=$(TRACE_OUT)
 	$(SPECBENCH) eval experiment=replay_live hydra.run.dir=$(LIVE_OUT)
 	$(PYTHON) -m specbench.reproduction.long_horizon $(TRACE_OUT) $(LONG_OUT) --seeds $(SEEDS) --live $(LIVE_OUT)
+	$(RECORD_TIME)
 
 # The equal-cost acceptance trace MetaSD's bandit claims are judged on (issues 56, 67;
 # conf/experiment/trace_seed_cpu.yaml: the six heads, prompt lookup, the retrieval drafter and the small drafter traced
@@ -193,6 +207,7 @@ trace-seed: install
 	$(PYTHON) -m specbench.reproduction.long_horizon $(SEED_TRACE) $(SEED_LONG_SIX) --seeds $(SEEDS) --live $(SEED_LIVE) \
 		--arms $(SEED_SIX)
 	cp $(SEED_LONG)/long_horizon.md docs/long-horizon-seed-cpu.md  # the generated page, until `make report` joins it
+	$(RECORD_TIME)
 
 # MetaSD against a prompt-level router on the same streams (issue 67; specbench/reproduction/routing.py): Huang et al.'s
 # policy over the five task heads, trained on a trace of rows 72-79 of each task (conf/experiment/routing_train_cpu.yaml),
@@ -213,6 +228,7 @@ routing-seed: install
 		--stream clean=$(SEED_TRACE):$(ROUTING)/clean/collect \
 		--stream perturbed=$(ROUTING)/perturbed/trace:$(ROUTING)/perturbed/collect \
 		--stream ood=$(ROUTING)/ood/trace:$(ROUTING)/ood/collect
+	$(RECORD_TIME)
 
 readme-demo: install
 	$(PYTHON) -m specbench.reproduction.readme demo $(DEMO_OUT) README.md
@@ -251,6 +267,7 @@ clean:
 # at commit 1251901, greedy 52 and temperature 1 9).
 huang-cpu metasd-cpu cascades-cpu: install
 	$(SPECBENCH) reproduce --root $(REPRO) --paper $(@:-cpu=)$(if $(REDO), --redo)
+	$(RECORD_TIME)
 
 # Huang et al. Fig. 3 with 1,000+ training queries (outside the plan: 32 minutes alone at commit 1251901; resumable):
 # one greedy acceptance trace of the two heads on 1,332 held-out queries (conf/experiment/huang_fig3_cpu.yaml), a
@@ -265,6 +282,7 @@ huang-fig3: install
 	$(SPECBENCH) train-policy data=$(FIG3)/collect reward.source=proxy reward.alpha=0.5 reward.cost=params \
 		reward.alignment=acceptance 'train.arms=[eagle_translation,eagle_summarization]' \
 		'sweep.n_examples=[10,30,100,300,1000]' hydra.run.dir=$(FIG3)/policy
+	$(RECORD_TIME)
 
 # Fig. 3 on a harder pool (issue 43; outside the plan, 39 minutes on 2 CPUs, measured alone at commit 1251901;
 # resumable): seven model drafters of comparable cost (the six shipped heads and the small drafter) on one task with
@@ -281,6 +299,7 @@ huang-fig3-pool: install
 	$(SPECBENCH) train-policy data=$(FIG3_POOL)/collect reward.source=proxy reward.alpha=0.5 reward.cost=params \
 		reward.alignment=acceptance 'train.arms=$(FIG3_POOL_ARMS)' 'sweep.n_examples=[10,30,100,300,800]' \
 		hydra.run.dir=$(FIG3_POOL)/policy
+	$(RECORD_TIME)
 
 # THREADS=1 when other jobs share the CPU (the targets below pass threads=$(THREADS) on).
 THREADS ?= null
@@ -383,6 +402,7 @@ REPRO ?= outputs/reproduce
 REDO ?=
 reproduce-cpu: install
 	$(SPECBENCH) reproduce --root $(REPRO)$(if $(REDO), --redo)
+	$(RECORD_TIME)
 
 # The same CPU plan a second time, into its own root (as long as reproduce-cpu; resumable): `make report` then
 # judges every verdict against it too, marks each that reads otherwise there unstable (never counted held) and
@@ -390,13 +410,16 @@ reproduce-cpu: install
 REPRO_AGAIN ?= outputs/reproduce-again
 reproduce-cpu-again: install
 	$(SPECBENCH) reproduce --root $(REPRO_AGAIN)$(if $(REDO), --redo)
+	$(RECORD_TIME)
 
 # Rebuild the report from the runs, copy it to docs/reproduction and write its index into the README
 # (between the generated-report markers of "Measured results"); the long-horizon replays of `make trace-mixed`
 # ($(LONG_OUT)) join it when they exist (those of `make trace-seed`, $(SEED_LONG), in their place when those exist),
 # and the second run of the plan ($(REPRO_AGAIN)) when it exists.
 report: install
+	$(if $(wildcard $(TIMES)),$(PYTHON) -m specbench.reproduction.times page $(TIMES) outputs/TIMES.md)
 	$(SPECBENCH) report $(REPRO) --publish docs/reproduction --readme README.md$(if $(wildcard $(SEED_LONG)/verdicts_data.json), --long-horizon $(SEED_LONG),$(if $(wildcard $(LONG_OUT)/verdicts_data.json), --long-horizon $(LONG_OUT)))$(if $(wildcard $(SEED_LONG_SIX)/verdicts_data.json), --long-horizon robustness=$(SEED_LONG_SIX))$(if $(wildcard $(ROUTING)/replays/verdicts_data.json), --long-horizon routing=$(ROUTING)/replays)$(if $(wildcard $(REPRO_AGAIN)/reproduce.json), --against $(REPRO_AGAIN))
+	$(if $(wildcard outputs/TIMES.md),cp outputs/TIMES.md docs/reproduction/TIMES.md)  # the measured times, published beside
 
 # ---------------------------------------------------------------------------------------------------
 # Paper scale: every paper-scale experiment (conf/experiment/, README "Paper-scale experiments"). Needs a

@@ -226,8 +226,8 @@ def metric_separation(ex: pd.DataFrame) -> pd.DataFrame:
                     "task": task,
                     "metric": key,
                     "n": len(d),
-                    "target": float(target.mean()),
-                    "drafter alone": float(alone.mean()),
+                    "target, mean per query": float(target.mean()),
+                    "drafter alone, mean per query": float(alone.mean()),
                     "difference": mean,
                     "ci_low": lo,
                     "ci_high": hi,
@@ -253,7 +253,9 @@ def separation_note(table: pd.DataFrame) -> str:
     return (
         "\n\nWhich metric separates the target from its drafter alone on these queries (per query: the target's "
         "score minus the drafter's, paired; a metric whose interval includes 0 cannot tell the target's quality "
-        "from the drafter's here, so a test of being at the target's quality on it is weak):\n\n"
+        "from the drafter's here, so a test of being at the target's quality on it is weak). Scores here are means of "
+        "per-query scores (sentence BLEU for translation); the quality column of the table above is the task's "
+        "metric over all queries at once (corpus BLEU), so the two differ for the same target:\n\n"
         + to_markdown(table)
     )
 

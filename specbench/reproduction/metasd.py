@@ -107,7 +107,7 @@ def metasd_table(root: Path, published: list[Published], lay: Layout, meta: Meta
     shown = [p for p in published if p.paper == "metasd" and p.exhibit == "main"]
     notes = (
         f"Speedup over autoregressive decoding, {meta.setting} (oracle: the best single drafter per task, measured "
-        "in the same run). Published (Vicuna-7B on an A100): "
+        "in the same run). Published (Vicuna-7B; the seed names no GPU): "
         + "; ".join(f"{p.row} on {p.column} {p.value:.3f} ({p.setting.split(':')[0]})" for p in shown)
         + "."
     )

@@ -154,7 +154,9 @@ def aa_exhibit(root: Path, published: list[Published], lay: Layout) -> Exhibit:
             f"range of that ratio over {SUBSETS} random subsets of `subset` queries (seeded): a speed verdict at that "
             "n whose effect lies inside it could be an A/A difference. false_positive_rate: share of those subsets "
             "on which the verdict machinery judges one run faster than the other (interval excludes 1 either way; "
-            f"{SUBSET_RESAMPLES} resamples each; nominal 5%); false_holds: share judged `held` (nominal 2.5%). "
+            f"the verdicts' own {CI.INTERVAL_TEXT}"
+            + (f", {SUBSET_RESAMPLES} resamples each" if CI.INTERVAL != "t" else ", no resampling")
+            + "; nominal 5%); false_holds: share judged `held` (nominal 2.5%). "
             "Subsets of one sample share its luck, so the interval is calibrated on exact nulls instead: "
             f"null_false_holds: the verdicts' `{CI.INTERVAL}` interval's false-hold rate per side over {REPORT_DRAWS} "
             "draws of `subset` queries with replacement, the two runs swapped on each by a fair coin (true ratio "

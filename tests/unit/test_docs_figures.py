@@ -15,8 +15,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DECIMAL = re.compile(r"(?<![\w.])(\d+\.\d+)(?![\w.]*\d)")
-# an integer of three digits or more (1,360 or 1360): a count or a duration; not part of a word, a decimal or a path
-INTEGER = re.compile(r"(?<![\w.,/-])(\d{1,3}(?:,\d{3})+|\d{3,})(?![\w]|[.,]\d)")
+# an integer of two digits or more (1,360 or 1360, 48): a count or a duration; not part of a word, a decimal or a path
+INTEGER = re.compile(r"(?<![\w.,/-])(\d{1,3}(?:,\d{3})+|\d{2,})(?![\w]|[.,]\d)")
+# a number that names a thing rather than counting one: an issue, a stop, a table, a figure, a round of review
+NAMING = re.compile(
+    r"(?:issues?|stops?|Issues?|Stops?|Table|Tables|Fig\.|Figure|Theorem|round|Round|commit|#)\s*$"
+)
 YEARS = range(1900, 2101)  # a year is not a figure
 COPY = re.compile(r"^\s*cp\s+\S+\s+(docs/[\w./-]+\.md)", re.M)
 
@@ -76,15 +80,35 @@ def settings_integers(root: Path = ROOT) -> set[str]:
     )
 
 
-def unquoted_integers(page: Path, held: set[str]) -> list[tuple[int, str]]:
-    """(line, integer) of every integer of three digits or more in ``page``'s prose that neither a generated page nor
-    a setting holds (years aside)."""
+def unquoted_integers(page: Path, held: set[str], text: str | None = None) -> list[tuple[int, str]]:
+    """(line, integer) of every integer of two digits or more in ``page``'s prose (or in ``text``) that neither a
+    generated page nor a setting holds (years, and numbers that name an issue, a table or a figure, aside)."""
+    body = prose(page.read_text(encoding="utf-8")) if text is None else text
     return [
         (i, m.group(1))
-        for i, line in enumerate(prose(page.read_text(encoding="utf-8")).splitlines(), 1)
+        for i, line in enumerate(body.splitlines(), 1)
         for m in INTEGER.finditer(line)
-        if (v := m.group(1).replace(",", "")) not in held and int(v) not in YEARS
+        if (v := m.group(1).replace(",", "")) not in held
+        and int(v) not in YEARS
+        and not NAMING.search(line[: m.start()])
     ]
+
+
+def makefile_comments(root: Path = ROOT) -> str:
+    """The Makefile's comments (a comment line, or the comment after a recipe line), line numbers kept: prose that
+    quotes measured times and counts."""
+    out = []
+    for line in (root / "Makefile").read_text(encoding="utf-8").splitlines():
+        out.append(line.split("#", 1)[1] if "#" in line else "")
+    return prose("\n".join(out))
+
+
+def makefile_settings(root: Path = ROOT) -> set[str]:
+    """The integers of the Makefile's commands and variables (its comments left out), and of the configs."""
+    code = "\n".join(
+        line.split("#", 1)[0] for line in (root / "Makefile").read_text(encoding="utf-8").splitlines()
+    )
+    return integers(code).union(*(integers(p.read_text("utf-8")) for p in root.glob("conf/**/*.yaml")))
 
 
 def unquoted_in_hand_pages(scan, held: set[str]) -> dict[str, list[tuple[int, str]]]:
@@ -108,6 +132,18 @@ def test_hand_written_pages_quote_only_generated_integers():
     found = unquoted_in_hand_pages(unquoted_integers, held)
     assert not found, (
         f"hand-written pages quote integers no generated page or setting holds (line, integer): {found}; {FIX}"
+    )
+
+
+def test_the_makefiles_comments_quote_only_generated_integers():
+    """Issue 67: the times and counts the Makefile's comments give (a target's minutes, a trace's positions) come from
+    a generated page (docs/reproduction/TIMES.md: the times the targets record as they finish) or are settings."""
+    held = makefile_settings().union(
+        *(integers(p.read_text("utf-8")) for p in generated_sources() if p.is_file())
+    )
+    found = unquoted_integers(ROOT / "Makefile", held, makefile_comments())
+    assert not found, (
+        f"the Makefile's comments quote integers no generated page or setting holds: {found}; {FIX}"
     )
 
 
@@ -136,4 +172,8 @@ def test_the_scan_catches_a_made_up_figure(tmp_path):
         "It took 1,360 generations and 45 minutes.\nRows 2,000 and `9,999`; in 2024 run-1234 (v1.234).\n"
         "<!-- demo: do not edit -->\n777 s\n<!-- end of the demo -->\nThen 15,946 positions.\n"
     )
-    assert unquoted_integers(page, integers("2000 and 1360")) == [(6, "15,946")]
+    assert unquoted_integers(page, integers("2000 and 1360 45")) == [(6, "15,946")]
+    page.write_text(
+        "Issue 67 ran 48 queries, Table 12 and round 5.\n"
+    )  # two digits count; names are not figures
+    assert unquoted_integers(page, set()) == [(1, "48")]

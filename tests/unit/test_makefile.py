@@ -59,3 +59,37 @@ def test_inside_a_virtual_or_conda_environment_make_installs_there(env):
     out = dry_run("demo", env)
     assert "-m venv" not in out and ".venv" not in out
     assert 'python3 -m pip install -q "torch==' in out and "python3 -m specbench.cli eval" in out
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["reproduce-cpu", "reproduce-cpu-again", "cascades-cpu", "huang-fig3", "trace-seed", "routing-seed"],
+)
+def test_every_long_target_records_its_time(target):
+    """Issue 67: the times the Makefile's comments and the docs quote come from a log the targets write as they
+    finish (specbench.reproduction.times), published by `make report` as docs/reproduction/TIMES.md."""
+    out = dry_run(target, {"VIRTUAL_ENV": "/tmp/venv"})
+    last = [line for line in out.strip().splitlines() if not line.startswith("make")][-1]
+    assert (
+        f"-m specbench.reproduction.times record {target} " in last
+        and "--log outputs/make_times.jsonl" in last
+    )
+
+
+def test_the_times_log_becomes_a_page_of_each_targets_last_completion(tmp_path):
+    from specbench.errors import SpecbenchError
+    from specbench.reproduction import times
+
+    log = tmp_path / "t.jsonl"
+    times.record("trace-seed", 9000.0, log)
+    times.record("reproduce-cpu", 6360.4, log)
+    times.record("trace-seed", 8730.0, log, note="resumed: its last part")
+    page = times.page(log)
+    assert "| make trace-seed" in page and "| make reproduce-cpu" in page
+    row = next(line for line in page.splitlines() if "make trace-seed" in line)
+    assert "|       146 |" in row and "resumed" in row  # the last completion, in minutes
+    log.write_text(log.read_text() + "{not json\n")
+    with pytest.raises(SpecbenchError, match="line 4 is damaged"):
+        times.page(log)
+    with pytest.raises(SpecbenchError, match="does not exist"):
+        times.page(tmp_path / "none.jsonl")
