@@ -215,6 +215,7 @@ def reproduce(
     from specbench.reproduction import plan
 
     try:
+        check_no_report_options(list(ctx.args))
         plan.run(
             root,
             scale=scale_of(scale, profile),
@@ -230,6 +231,23 @@ def reproduce(
         if mapped is None:
             raise
         fail(mapped)
+
+
+REPORT_OPTIONS = ("--long-horizon", "--against", "--one-commit", "--publish", "--readme", "--layout", "--out")
+
+
+def check_no_report_options(args: list[str]) -> None:
+    """An option of `specbench report` given to `reproduce` (whose trailing arguments are Hydra overrides of its
+    steps) is refused naming the command it belongs to, not read as an override of the first step."""
+    given = [a for a in args if a.split("=", 1)[0] in REPORT_OPTIONS]
+    if given:
+        name = given[0].split("=", 1)[0]
+        raise SpecbenchError(
+            f"{name} is an option of `specbench report`, not of `specbench reproduce` (whose trailing arguments are "
+            "Hydra overrides of its steps)",
+            f"run the plan, then its report: `specbench report ROOT {name} ...` (reproduce ends with the report "
+            "without it; make report passes the replays and the second run)",
+        )
 
 
 def scale_of(scale: str | None, profile: str | None) -> str:

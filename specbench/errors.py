@@ -36,3 +36,12 @@ def inside(root, relative: str, key: str, fix: str):
     if not parts or str(relative).startswith("/") or ".." in parts:
         raise SpecbenchError(f"{key} {relative!r} must be a path inside {root} (no '..', not absolute)", fix)
     return root / str(relative)
+
+
+def exit_on(exc: SpecbenchError) -> None:
+    """A script's (``python -m specbench...``) bad input: ``error:``/``fix:`` lines on stderr and exit code 2, as the
+    command line gives them."""
+    import sys
+
+    print(f"error: {exc.problem}" + (f"\nfix:   {exc.fix}" if exc.fix else ""), file=sys.stderr)
+    raise SystemExit(2)

@@ -119,3 +119,13 @@ def files_fingerprint(path: str | Path | None) -> str | None:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
     return h.hexdigest()[:16]
+
+
+def existing(paths, what: str, fix: str) -> None:
+    """Refuse a path that does not exist, saying so (a script given a wrong path must not read it as an empty run):
+    ``what`` names the kind of path (an eval run directory, a trace run), ``fix`` how to make or find one."""
+    from specbench.errors import SpecbenchError
+
+    for p in [paths] if isinstance(paths, (str, Path)) else list(paths):
+        if p is not None and not Path(p).exists():
+            raise SpecbenchError(f"{what} {p} does not exist", fix)

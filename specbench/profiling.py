@@ -113,12 +113,18 @@ def measured_cost(profile: Mapping | None, name: str, target) -> float:
             f"measure this target with `{fix}` and point profile_path at that run",
         )
     entry = profile["drafters"].get(name)
-    cost = entry.get("c_draft") if isinstance(entry, Mapping) else None
-    if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost < 0:
+    if entry is None:
         has = ", ".join(profile["drafters"]) or "none"
         raise SpecbenchError(
             f"{file} has no measured cost of drafter '{name}' (its drafters: {has})",
             f"profile a pool that includes '{name}' with `{fix}` and point profile_path at it",
+        )
+    cost = entry.get("c_draft") if isinstance(entry, Mapping) else None
+    if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost < 0:
+        raise SpecbenchError(
+            f"{file} is damaged: drafters.{name}.c_draft is {cost!r}, not a non-negative number of seconds"
+            + ("" if isinstance(entry, Mapping) else f" (the entry is {entry!r}, not a mapping)"),
+            f"measure the pool again with `{fix}` (it rewrites the file), and point profile_path at that run",
         )
     return float(cost)
 

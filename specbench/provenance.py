@@ -58,16 +58,49 @@ def _git(where: Path, *args: str) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
+# untracked files that are code (they change what runs); anything else untracked is data or a run's output
+SOURCE_SUFFIXES = (".py", ".yaml", ".yml", ".toml", ".cfg", ".ini", ".txt", ".jinja")
+SOURCE_NAMES = ("Makefile",)
+# a directory holding one of these is a run directory (its claim file is written before provenance is recorded)
+RUN_MARKERS = (".specbench.yaml", "provenance.json")
+
+
 def code_state(where: str | Path | None = None) -> dict:
     """``{"commit": <40 hex> | None, "dirty": bool | None}`` of the git checkout holding ``where`` (default: this
-    package's source). ``dirty``: the working tree differs from the commit (tracked changes or untracked files
-    git does not ignore). Both None outside a checkout (or without git)."""
+    package's source). ``dirty`` describes the code, not the runs' outputs: a tracked file changed, or an untracked
+    source file (``SOURCE_SUFFIXES``, a Makefile) that does not lie inside a run directory (one holding a
+    ``RUN_MARKERS`` file: a run made inside the checkout, such as the docs' ``probe/`` examples, does not mark its own
+    commit dirty). Both None outside a checkout (or without git)."""
     where = Path(where) if where is not None else Path(__file__).resolve().parent
     head = _git(where, "rev-parse", "HEAD")
     if head is None:
         return {"commit": None, "dirty": None}
-    status = _git(where, "status", "--porcelain")
-    return {"commit": head.strip(), "dirty": None if status is None else bool(status.strip())}
+    status = _git(where, "status", "--porcelain", "--untracked-files=all")
+    top = _git(where, "rev-parse", "--show-toplevel")
+    if status is None or top is None:
+        return {"commit": head.strip(), "dirty": None}
+    return {
+        "commit": head.strip(),
+        "dirty": any(_changes_code(line, Path(top.strip())) for line in status.splitlines()),
+    }
+
+
+# tracked files that are pages and pictures, not code: a make target copies its generated page into docs/
+PAGES = (".md", ".png", ".csv", ".svg")
+
+
+def _changes_code(line: str, top: Path) -> bool:
+    """Whether one ``git status --porcelain`` line changes the code: a change of a tracked file that is not a page
+    (``PAGES``: a generated page copied into docs/ is a run's output); an untracked source file outside every run
+    directory."""
+    name = line[3:].strip().strip('"').split(" -> ")[-1]
+    if not line.startswith("??"):
+        return bool(line.strip()) and Path(name).suffix not in PAGES
+    path = top / name
+    if not (path.suffix in SOURCE_SUFFIXES or path.name in SOURCE_NAMES):
+        return False
+    return not any((parent / marker).exists() for parent in path.parents if top in parent.parents or parent == top
+                   for marker in RUN_MARKERS)  # fmt: skip
 
 
 def versions(packages: Iterable[str] = PACKAGES) -> dict[str, str | None]:
@@ -213,9 +246,14 @@ def check_one_commit(found: dict[str, list[str]], root: Path) -> None:
     """Refuse (``specbench report --one-commit``) a root whose runs came from several code versions or unrecorded
     code."""
     if len(found) > 1 or "unrecorded" in found or any("uncommitted" in key for key in found):
+        here = label(code_state().get("commit"), False)
+        other = sorted({run for key, runs in found.items() if key != here for run in runs})
+        shown = " ".join(f"{Path(root) / r}" for r in other[:6]) + (" ..." if len(other) > 6 else "")
         raise SpecbenchError(
             f"the runs under {root} did not all come from one clean commit: "
             + "; ".join(f"{key}: {len(runs)} runs" for key, runs in found.items()),
-            "rerun the runs of other commits (specbench reproduce --redo, after committing), or drop --one-commit: "
-            "the report then names every commit beside its runs",
+            f"commit your changes, delete the {len(other)} run directories not made at this commit ({here}): "
+            f"rm -r {shown}, then rerun them with `specbench reproduce --root {root} --redo` (a finished step is "
+            "skipped by its settings, not its commit: only a missing directory is run again, and --redo reruns the "
+            "steps that read it); or drop --one-commit: the report then names every commit beside its runs",
         )

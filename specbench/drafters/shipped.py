@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from specbench.errors import SpecbenchError
-from specbench.files import atomic_write_text, save_tensors
+from specbench.errors import SpecbenchError, exit_on
+from specbench.files import atomic_write_text, existing, save_tensors
 from specbench.records import CONFIG_FILE, HISTORY_CSV, METRICS, SIGNATURE, WEIGHTS_FILE
 
 PREFIX = "package:"
@@ -195,6 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 2:
         print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
         return 2
+    try:
+        existing(
+            args[0], "the trained head", "train it first (make specialists), or pass its checkpoint directory"
+        )
+    except SpecbenchError as exc:
+        exit_on(exc)
     out = ship(Path(args[0]), Path(args[1]))
     size = (out / WEIGHTS_FILE).stat().st_size / 2**20
     print(f"shipped {args[0]} -> {out} ({size:.1f} MiB)")

@@ -120,6 +120,8 @@ def _check_methods(cfg: DictConfig, size: int) -> None:
                 f"keep those methods in methods=[...], or {FIX}",
             )
         for name in names:
+            if name not in drafters:
+                raise unknown_drafter(spec, name, list(drafters))
             if not _batches(drafters.get(name)):
                 raise SpecbenchError(
                     f"method '{spec}' cannot run at decoding.batch_size={size}: {why.format(name)} that does not "
@@ -127,6 +129,19 @@ def _check_methods(cfg: DictConfig, size: int) -> None:
                     "and early-exit drafters do, as chains; dynamic draft trees and quantized drafters do not)",
                     f"drop '{spec}' from methods (or the drafter from the pool), or {FIX}",
                 )
+
+
+def unknown_drafter(spec: str, name: str, drafters: list[str]) -> SpecbenchError:
+    """A method naming a drafter the pool lacks: said so, with the pool's drafters and the nearest name (as at
+    batch size 1), not as a kind that cannot batch."""
+    import difflib
+
+    close = difflib.get_close_matches(name, drafters, n=1)
+    return SpecbenchError(
+        f"method '{spec}': no drafter '{name}' in the pool (its drafters: {', '.join(drafters) or 'none'})",
+        (f"did you mean '{close[0]}'? " if close else "")
+        + "name one of the pool's drafters, or add it to the pool (pool.drafters.<name>=...)",
+    )
 
 
 def _check_selector(cfg: DictConfig, spec: str, size: int) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from specbench.errors import SpecbenchError
-from specbench.files import atomic_write_text
+from specbench.files import atomic_write_text, existing
 from specbench.pipelines.session.run_dir import compared_settings, differences, save_config
 from specbench.records import ROWS, read_jsonl
 
@@ -63,6 +63,7 @@ def collection_settings(path: str | Path) -> dict:
     """The settings a collect directory's rows were made with (its ``collect_config.yaml``; for a
     rows file, the one beside it)."""
     path = Path(path)
+    existing(path, "the collect directory", "pass the output directories of `specbench collect` runs")
     sig = (path if path.is_dir() else path.parent) / SIGNATURE_FILE
     if not sig.exists():
         raise SpecbenchError(

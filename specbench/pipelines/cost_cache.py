@@ -23,6 +23,7 @@ import torch
 from specbench import profiling
 from specbench.decoding.drafter import AUTOREGRESSIVE, Drafter
 from specbench.decoding.sampling import SamplingParams
+from specbench.errors import SpecbenchError
 from specbench.files import atomic_write_text
 from specbench.models.store import cache_dir
 from specbench.models.target import Target
@@ -71,18 +72,35 @@ def cache_file(key: Mapping, kind: str = "budget"):
     return cache_dir() / "profiles" / f"{kind}-{digest}.json"
 
 
-def read_cached(path, key: Mapping) -> dict | None:
-    """The costs cached in ``path`` for exactly ``key``; None when there are none (or they are unreadable)."""
+def read_cached(path, key: Mapping, parse=None):
+    """The costs cached in ``path`` for exactly ``key`` (``parse``d, when given: a damaged value in them is then
+    found here, not in the run); None when there are none, or they are unreadable or damaged (measured again, with a
+    warning naming the file)."""
     if not path.is_file():
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         if data.get("key") == key:
+            costs = data["costs"] if parse is None else parse(data["costs"])
             log.info("costs: read from %s (measured %s)", path, data.get("measured_at", "?"))
-            return data["costs"]
-    except (OSError, ValueError, KeyError, AttributeError) as exc:
+            return costs
+    except (OSError, ValueError, KeyError, AttributeError, TypeError) as exc:
         log.warning("costs: %s is unreadable (%s); measuring again", path, exc)
+    except SpecbenchError as exc:
+        log.warning("costs: %s holds damaged costs (%s); measuring again", path, exc.problem)
     return None
+
+
+def budget_costs_of(costs: dict) -> dict:
+    """A cached budget profile checked: ``verify`` two numbers, ``draft`` a number per drafter (else refused, so
+    ``read_cached`` measures it again)."""
+    verify = [float(x) for x in costs["verify"]]
+    draft = {str(k): float(v) for k, v in costs["draft"].items()}
+    if len(verify) != 2 or not all(x == x and x >= 0 for x in [*verify, *draft.values()]):
+        raise SpecbenchError(
+            f"budget costs {costs!r} are not [a, b] and seconds per drafter", "measure them again"
+        )
+    return {**costs, "verify": verify, "draft": draft}
 
 
 def write_cached(path, key: Mapping, costs: dict, **about) -> None:
@@ -119,7 +137,7 @@ def startup_costs(probe: Probe) -> dict:
     target and pool, else measured now (a few seconds) and cached."""
     key = cost_key(probe.target, probe.pool, probe.draft_length)
     path = cache_file(key)
-    cached = read_cached(path, key)
+    cached = read_cached(path, key, budget_costs_of)
     if cached is not None:
         return cached
     start = time.perf_counter()

@@ -85,7 +85,7 @@ def check_resumable(
     state after the finished queries is not in the records. Refuse instead of silently differing."""
     for mi, m in enumerate(methods):
         if (
-            getattr(selectors[m.name], "carry_over", False)
+            getattr(selectors.get(m.name), "carry_over", False)
             and m.name in done_methods
             and any(i == mi for _, i in todo)
         ):
@@ -151,7 +151,9 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     batched = batch_size(cfg) > 1
     if batched:
         check_queries(batch_size(cfg), len(s.queries))
-    selectors = {} if batched else prepared_selectors(s, methods, records, todo)
+    # every check a method's selector gets runs at every batch size (a policy on its training queries, a resumable
+    # state, trees); only the warm-up is batch 1's own (the batched decoder warms its rows itself)
+    selectors = prepared_selectors(s, methods, records, todo, warm=not batched)
     try:
         with records, tqdm(total=len(todo), desc="eval", unit="query x method") as bar:
             if batched:  # decoding.batch_size queries a forward (pipelines/batched.py)
@@ -171,18 +173,21 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     return s.out
 
 
-def prepared_selectors(s: Session, methods: list[Method], records: Records, todo) -> dict[str, Selector]:
+def prepared_selectors(
+    s: Session, methods: list[Method], records: Records, todo, warm: bool = True
+) -> dict[str, Selector]:
     """One selector per method for the whole run (``reset`` starts each query; selectors that carry statistics
     across queries keep them), checked (a policy not on its training queries, a resumable state, trees on a target
-    that takes them), and the methods warmed up when anything is left to decode."""
-    selectors = {m.name: m.make_selector() for m in methods}
+    that takes them), and the methods warmed up when anything is left to decode (``warm``: batch 1 only). The
+    batch-only methods (``goodput:``, ``hf:generate``) have no selector of their own and are not checked here."""
+    selectors = {m.name: m.make_selector() for m in methods if not m.name.startswith(BATCH_ONLY)}
     for name, selector in selectors.items():  # a trained policy must not be evaluated on its training queries
         if isinstance(selector, PolicySelector):
             check_not_trained_on(selector.policy, s.queries, where=f"the policy of method '{name}'")
     check_resumable(selectors, methods, todo, {m for _, m in records.done}, s.out)
     for name, selector in selectors.items():
         check_trees(selector, s.target, name)
-    if todo:
+    if todo and warm:
         s.warm_up(
             lambda prompt, lim, rng, m=m: s.decode(
                 m.make_selector(), prompt, rng, replace(s.spec, limits=lim), query=s.queries[0]

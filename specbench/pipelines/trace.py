@@ -33,7 +33,7 @@ from specbench.decoding.drafter import DecodeContext
 from specbench.decoding.loop import DecodeSpec
 from specbench.decoding.trace import QueryTrace, check_decoder_only, check_greedy, trace, trace_lengths
 from specbench.errors import SpecbenchError
-from specbench.files import atomic_write_text
+from specbench.files import atomic_write_text, existing
 from specbench.pipelines.profile import interleaved, measure_trees, measure_verify, profile_dict, repeat_to
 from specbench.pipelines.session.core import Session
 from specbench.pipelines.session.prompting import example_id, prompt_fingerprint
@@ -227,6 +227,7 @@ def load_traces(run: str | Path, partial: bool = False) -> tuple[list[dict], dic
     its (last) ``traces.jsonl`` line, in the order of the examples; and ``costs.json``. Without ``partial``, a trace
     that has not finished every query it planned (``plan.json``: stopped, or still running) is refused."""
     run = Path(run)
+    existing(run, "the trace run", "point traces= at a `specbench trace` run directory")
     if not run.is_dir():
         raise SpecbenchError(
             f"no trace run directory at {run}", "point traces= at a `specbench trace` run directory"

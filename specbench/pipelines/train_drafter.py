@@ -232,6 +232,11 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
         p.requires_grad_(False)
     trainee = TRAINEES[str(cfg.drafter.kind)](cfg, target, train_ex, eos)
     spec = fit_spec(cfg, trainee.default_lr)
+    from specbench import provenance
+
+    provenance.record(
+        ckpt
+    )  # the code that trains the head, where the head lives (a resumed part: its own entry)
     train_items = val_items = []
     teacher_started = time.perf_counter()
     # a finished run (rerun for its files) needs no teacher pass
@@ -386,5 +391,12 @@ def compare(dirs: list[Path]) -> pd.DataFrame:
 if __name__ == "__main__":  # python -m specbench.pipelines.train_drafter DIR... : compare checkpoints
     import sys
 
+    from specbench.errors import exit_on
+    from specbench.files import existing
+
+    try:
+        existing(sys.argv[1:], "the trained head", "pass checkpoint directories of train-drafter (out=<dir>)")
+    except SpecbenchError as exc:
+        exit_on(exc)
     table = compare([Path(a) for a in sys.argv[1:]])
     print(tables.to_markdown(table.round(3)))

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from specbench.errors import SpecbenchError
-from specbench.files import atomic_write_text
+from specbench.errors import SpecbenchError, exit_on
+from specbench.files import atomic_write_text, existing
 from specbench.pipelines.methods import AGAIN
 from specbench.reproduction import intervals as CI
 from specbench.reproduction.compare import pair_columns, paired, short_name
@@ -229,6 +229,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--draws", type=int, default=DRAWS, help="exact null draws per (pair, n)")
     parser.add_argument("--resamples", type=int, default=CI.RESAMPLES, help="bootstrap resamples per draw")
     args = parser.parse_args(argv)
+    try:
+        existing(
+            args.runs,
+            "the eval run",
+            "run `make aa-cpu` first (it writes the runs), or pass their directories",
+        )
+    except SpecbenchError as exc:
+        exit_on(exc)
     page = calibration_page(args.runs, args.draws, args.resamples)
     atomic_write_text(args.runs[0] / "calibration.md", page)
     print(page)

@@ -30,7 +30,6 @@ runs: one run's ratio at a large batch moves with the process's own noise.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -38,8 +37,8 @@ from omegaconf import OmegaConf
 
 from specbench import provenance
 from specbench.arms import AUTOREGRESSIVE, GOODPUT, HF_GENERATE
-from specbench.errors import SpecbenchError
-from specbench.files import atomic_write_text
+from specbench.errors import SpecbenchError, exit_on
+from specbench.files import atomic_write_text, existing
 from specbench.pipelines.tables import to_markdown
 from specbench.records import BATCHES, CONFIG, EXAMPLES, ROUNDS, read_jsonl
 from specbench.reproduction import intervals as CI
@@ -339,7 +338,9 @@ def plot(t: pd.DataFrame, path: Path) -> None:
 
 def write(runs: list[Path], out: Path, before: Path | None = None, repeats: list[Path] | None = None) -> Path:
     """The page of ``runs`` (one a batch size), with ``before`` (batch 1 of the code before batching) and ``repeats``
-    (more runs of some batch sizes: the ratios' spread over runs) when given."""
+    (more runs of some batch sizes: the ratios' spread over runs) when given. Runs that did not decode the same
+    queries with the same target, data and limits are refused: their ratios across runs would compare other work."""
+    check_comparable([*runs, *(repeats or []), *([before] if before is not None else [])])
     t = table(runs)
     compared = before_lines(runs, before) if before is not None else []
     out = Path(out)
@@ -373,6 +374,64 @@ def write(runs: list[Path], out: Path, before: Path | None = None, repeats: list
     atomic_write_text(out, "\n".join(lines))
     t.to_csv(out.with_suffix(".csv"), index=False)
     return out
+
+
+# what two runs of the page must share: the target, the data, the limits and the decoding (batch size aside)
+COMPARED = (
+    "target.model",
+    "target.dtype",
+    "dataset",
+    "decoding.max_new_tokens",
+    "decoding.draft_length",
+    "decoding.temperature",
+    "decoding.top_k",
+    "decoding.top_p",
+)
+
+
+def run_identity(run: Path) -> dict:
+    """What a run decoded: the ``COMPARED`` settings of its config.yaml and the queries of its records."""
+    from omegaconf import OmegaConf
+
+    from specbench.records import CONFIG, EXAMPLES, read_jsonl
+
+    config = Path(run) / CONFIG
+    if not config.is_file():
+        raise SpecbenchError(
+            f"{run} holds no {CONFIG}: not an eval run directory", "pass eval run directories"
+        )
+    cfg = OmegaConf.load(config)
+    found = {k: OmegaConf.to_container(v) if OmegaConf.is_config(v := OmegaConf.select(cfg, k)) else v
+             for k in COMPARED}  # fmt: skip
+    path = Path(run) / EXAMPLES
+    found["queries"] = sorted({str(e.get("query_id")) for e in read_jsonl(path)}) if path.is_file() else []
+    return found
+
+
+def check_comparable(runs: list[Path]) -> None:
+    """Refuse runs that did not decode the same queries with the same target, data and limits (batch size aside),
+    naming what differs: the page pairs them by batch size and reads ratios across them."""
+    first, *rest = [(Path(r), run_identity(r)) for r in runs]
+    for run, found in rest:
+        mine, theirs = set(first[1]["queries"]), set(found["queries"])
+        # a run that stopped before its last queries (or a before run missing one) decoded a part of the same queries
+        same_queries = mine <= theirs or theirs <= mine
+        differ = [k for k in found if k != "queries" and found[k] != first[1][k]] + (
+            [] if same_queries else ["queries"]
+        )
+        if differ:
+            what = "; ".join(
+                f"{k}: {len(first[1][k])} vs {len(found[k])} queries ({len(set(first[1][k]) ^ set(found[k]))} differ)"
+                if k == "queries"
+                else f"{k}: {first[1][k]!r} vs {found[k]!r}"
+                for k in differ
+            )
+            raise SpecbenchError(
+                f"{run} did not decode what {first[0]} did ({what}): the page's ratios across runs would compare "
+                "other work",
+                "pass runs of one experiment that differ only in decoding.batch_size (make batch-throughput writes "
+                "them), each finished",
+            )
 
 
 def wave_lines(runs: list[Path]) -> list[str]:
@@ -486,9 +545,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=Path, nargs="+", default=[], help="more runs of some batch sizes")
     a = p.parse_args(argv)
     try:
+        existing(
+            [*a.runs, a.before, *a.repeats],
+            "the eval run",
+            "run `make batch-throughput` first, or pass "
+            "the directories of its runs (outputs/batch_cpu/b<size>)",
+        )
         print(write(a.runs, a.out, a.before, a.repeats).read_text(encoding="utf-8"))
     except SpecbenchError as exc:
-        sys.exit(f"error: {exc.problem}\nfix:   {exc.fix}")
+        exit_on(exc)
 
 
 if __name__ == "__main__":

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from specbench.errors import SpecbenchError
-from specbench.files import atomic_write_text
+from specbench.errors import SpecbenchError, exit_on
+from specbench.files import atomic_write_text, existing
 from specbench.pipelines.tables import to_markdown
 from specbench.reproduction import compare
 from specbench.reproduction import verdicts as V
@@ -213,6 +213,12 @@ if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit("usage: python -m specbench.reproduction.budget_decisions RUN_DIR")
     try:
+        existing(
+            sys.argv[1],
+            "the eval run",
+            "run `make budget-decisions` first (it writes the runs), or pass the "
+            "directory of an eval run that decoded with the budget",
+        )
         print(write(Path(sys.argv[1])).read_text(encoding="utf-8"))
     except SpecbenchError as exc:
-        sys.exit(str(exc))
+        exit_on(exc)

@@ -20,7 +20,14 @@ from specbench.reproduction.compare import (
     timed,
 )
 from specbench.reproduction.exhibit import CascadeRun, Exhibit, ExhibitSpec, Layout
-from specbench.reproduction.inputs import load_examples, run_table
+from specbench.reproduction.inputs import (
+    load_examples,
+    margin_in_units,
+    run_table,
+    task_columns,
+    task_quality,
+)
+from specbench.reproduction.premises import CASCADE_MARGIN_POINTS
 from specbench.reproduction.published import Published
 from specbench.reproduction.runs import (
     CASCADES_GREEDY,
@@ -260,32 +267,11 @@ def separation_note(table: pd.DataFrame) -> str:
     )
 
 
-def task_columns(curves: pd.DataFrame) -> dict[str, str]:
-    """task -> the quality column its run judged it on (curves.csv's ``metric``: the run's ``quality_metric`` or
-    the task registry's), for the tasks with one."""
-    if "metric" not in curves:
-        return {}
-    named = curves[curves.metric.fillna("").astype(str) != ""]
-    return {str(t): str(m) for t, m in zip(named.task, named.metric)}
-
-
 def quality_text(columns: dict[str, str]) -> str:
     """How a page names the tasks' quality columns."""
     from specbench.tasks.registry import quality_label
 
     return "each task's own metric: " + ", ".join(f"{quality_label(t, c)} ({t})" for t, c in columns.items())
-
-
-def task_quality(ex: pd.DataFrame, key: str) -> pd.Series:
-    """Per-record quality on the column ``key`` of the records' metric (NaN where a record has none)."""
-    return pd.Series(
-        [
-            float((q or {}).get(key)) if isinstance(q, dict) and (q or {}).get(key) is not None else math.nan
-            for q in ex.quality
-        ],
-        index=ex.index,
-        dtype=float,
-    )
 
 
 def quality_gap(p: dict[str, pd.DataFrame], m: str) -> tuple[float, float, float] | None:
@@ -305,38 +291,11 @@ LOSSLESS_SD = (
 )
 
 
-def margin_in_units(metric: str) -> float:
-    """The non-inferiority margin, fixed before the runs (``premises.CASCADE_MARGIN_POINTS``: 1 point of the
-    metric), in the metric's own units: a point of a 0-100 score (BLEU, ROUGE), a hundredth of an accuracy."""
-    from specbench.reproduction.premises import CASCADE_MARGIN_POINTS
-
-    return CASCADE_MARGIN_POINTS / 100 if metric in ("accuracy", "exact_match") else CASCADE_MARGIN_POINTS
-
-
 def quality_margin(ex: pd.DataFrame, metric: str = "") -> float:
     """The non-inferiority margin of a point's quality against the target's: a fixed number of the metric's points
     stated beforehand (:func:`margin_in_units`). (Until issue 67 it was lossless SD's own scatter, the larger end of
     its paired interval, which shrinks like 1/sqrt(n), so that no lossy point could pass at a large n.)"""
-    return margin_in_units(metric)
-
-
-def separation(root_or_ex, run_or_task: str, task: str | None = None) -> tuple[float, str, int]:
-    """(the target's mean per-query score minus the drafter alone's, the metric, n) on ``task``: paired per query on
-    the task's quality column of the run (``separation(root, run, task)``: read from the run's records and curves)."""
-    from specbench.arms import AUTOREGRESSIVE
-    from specbench.pipelines.cascade_curves import ALONE
-
-    if task is None:
-        raise TypeError("separation(root, run, task)")
-    root, run = root_or_ex, run_or_task
-    ex = load_examples(root, run)
-    columns = task_columns(run_table(root, f"{run}/{CURVES_CSV}"))
-    metric = columns[task]
-    p = paired(ex, [AUTOREGRESSIVE, ALONE], task)
-    d = (task_quality(p[AUTOREGRESSIVE], metric) - task_quality(p[ALONE], metric)).dropna()
-    if d.empty:
-        raise ValueError(f"no query of {task} scored by both the target and the drafter alone")
-    return float(d.mean()), metric, len(d)
+    return margin_in_units(metric, CASCADE_MARGIN_POINTS)
 
 
 AT_QUALITY, BELOW_QUALITY, CANNOT_TELL = "at the target's quality", "below", "cannot tell"

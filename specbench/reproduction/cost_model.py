@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from specbench.errors import SpecbenchError
+from specbench.errors import SpecbenchError, exit_on
+from specbench.files import existing
 from specbench.reproduction.inputs import load_examples, load_round_values
 
 FIELDS = (
@@ -160,10 +161,15 @@ if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit("usage: python -m specbench.reproduction.cost_model RUN_DIR")
     try:
+        existing(
+            sys.argv[1],
+            "the eval run",
+            "pass the directory of an eval run (specbench eval ... hydra.run.dir=DIR)",
+        )
         print(check(Path(sys.argv[1])).to_string(index=False))
         print(tree_overhead(Path(sys.argv[1])).to_string(index=False))
         cal = budget_calibration(Path(sys.argv[1]))
         if cal is not None:
             print(cal.to_string(index=False))
     except SpecbenchError as exc:
-        sys.exit(str(exc))
+        exit_on(exc)

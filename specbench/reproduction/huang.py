@@ -312,7 +312,7 @@ def quality_verdict(ex: pd.DataFrame, pair: dict[str, str]) -> V.Verdict:
     """The policy's output keeps the target's quality: per task, its per-query score minus autoregressive
     decoding's on Table 1's metric, non-inferior within QUALITY_MARGIN points (greedy decoding is lossless, so only a
     bf16 rounding tie that changed an output can move it)."""
-    from specbench.reproduction.cascade_exhibits import task_quality
+    from specbench.reproduction.inputs import task_quality
 
     claim = (
         f"the policy's output keeps the target's quality on both tasks (within {QUALITY_MARGIN:g} point of "

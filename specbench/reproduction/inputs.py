@@ -342,3 +342,55 @@ def load_round_values(
 def load_rounds(root: Path, run: str, methods: tuple[str, ...]) -> pd.DataFrame:
     """The per-round records of ``methods`` in the run ``root/run``: query_id, task, method, round, arm."""
     return load_round_values(root, run, methods)
+
+
+# ---------------------------------------------------------------- per-query quality (the cascades, Table 1)
+
+
+def task_columns(curves: pd.DataFrame) -> dict[str, str]:
+    """task -> the quality column its run judged it on (curves.csv's ``metric``: the run's ``quality_metric`` or
+    the task registry's), for the tasks with one."""
+    if "metric" not in curves:
+        return {}
+    named = curves[curves.metric.fillna("").astype(str) != ""]
+    return {str(t): str(m) for t, m in zip(named.task, named.metric)}
+
+
+def task_quality(ex: pd.DataFrame, key: str) -> pd.Series:
+    """Per-record quality on the column ``key`` of the records' metric (NaN where a record has none)."""
+    return pd.Series(
+        [
+            float((q or {}).get(key)) if isinstance(q, dict) and (q or {}).get(key) is not None else math.nan
+            for q in ex.quality
+        ],
+        index=ex.index,
+        dtype=float,
+    )
+
+
+def margin_in_units(metric: str, points: float) -> float:
+    """A margin of ``points`` of a metric in the metric's own units: a point of a 0-100 score (BLEU, ROUGE), a
+    hundredth of an accuracy."""
+    return points / 100 if metric in ("accuracy", "exact_match") else points
+
+
+def separation(root_or_ex, run_or_task: str, task: str | None = None) -> tuple[float, str, int]:
+    """(the target's mean per-query score minus the drafter alone's, the metric, n) on ``task``: paired per query on
+    the task's quality column of the run (``separation(root, run, task)``: read from the run's records and curves)."""
+    from specbench.arms import AUTOREGRESSIVE
+    from specbench.pipelines.cascade_curves import ALONE
+
+    if task is None:
+        raise TypeError("separation(root, run, task)")
+    root, run = root_or_ex, run_or_task
+    from specbench.records import CURVES_CSV
+    from specbench.reproduction.compare import paired
+
+    ex = load_examples(root, run)
+    columns = task_columns(run_table(root, f"{run}/{CURVES_CSV}"))
+    metric = columns[task]
+    p = paired(ex, [AUTOREGRESSIVE, ALONE], task)
+    d = (task_quality(p[AUTOREGRESSIVE], metric) - task_quality(p[ALONE], metric)).dropna()
+    if d.empty:
+        raise ValueError(f"no query of {task} scored by both the target and the drafter alone")
+    return float(d.mean()), metric, len(d)

@@ -43,8 +43,8 @@ import pandas as pd
 
 from specbench.decoding.replay_costs import Costs
 from specbench.decoding.trace import QueryTrace
-from specbench.errors import SpecbenchError
-from specbench.files import atomic_write_text
+from specbench.errors import SpecbenchError, exit_on
+from specbench.files import atomic_write_text, existing
 from specbench.pipelines import replay as replay_pipeline
 from specbench.pipelines.tables import to_markdown
 from specbench.pipelines.trace import load_traces
@@ -757,9 +757,15 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     arms = [x for x in a.arms.split(",") if x] if a.arms else None
     try:
+        existing(
+            a.trace_run,
+            "the trace run",
+            "run its `specbench trace` first (make trace-seed), or pass its directory",
+        )
+        existing(a.live, "the live run", "run the live check first (make trace-seed runs it), or drop --live")
         write(Path(a.trace_run), Path(a.out), a.seeds, Path(a.live) if a.live else None, arms)
     except SpecbenchError as exc:
-        raise SystemExit(f"error: {exc.problem}\nfix:   {exc.fix}") from None
+        exit_on(exc)
 
 
 if __name__ == "__main__":

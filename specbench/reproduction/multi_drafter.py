@@ -28,8 +28,8 @@ import numpy as np
 import pandas as pd
 
 from specbench.arms import AUTOREGRESSIVE
-from specbench.errors import SpecbenchError
-from specbench.files import atomic_write_text
+from specbench.errors import SpecbenchError, exit_on
+from specbench.files import atomic_write_text, existing
 from specbench.pipelines.tables import print_table, to_markdown
 from specbench.pipelines.tables import with_oracle as with_task_oracle
 from specbench.reproduction import compare
@@ -348,6 +348,8 @@ def parse_args(argv: list[str]) -> tuple[Path, list[str] | None, float]:
 
 if __name__ == "__main__":
     try:
-        print(f"written: {write(*parse_args(sys.argv[1:]))}")
+        args = parse_args(sys.argv[1:])
+        existing(args[0], "the eval run", "pass the directory of an eval run (make trees-cpu writes one)")
+        print(f"written: {write(*args)}")
     except SpecbenchError as exc:
-        sys.exit(str(exc))
+        exit_on(exc)

@@ -494,13 +494,13 @@ def changing_best(src: Sources, part: str) -> Measured:
     f"{SEPARABILITY_MARGINS:g} x {CASCADE_MARGIN_POINTS:g} point of the metric",
 )
 def cascade_separability(src: Sources, part: str) -> Measured:
-    from specbench.reproduction import cascade_exhibits as CE
+    from specbench.reproduction.inputs import margin_in_units, separation
 
     exhibit, rest = part.split("#", 1)
     task = rest.rsplit(":", 1)[-1]
     run = exhibit
-    gap, metric, n = CE.separation(src.root, run, task)
-    needed = SEPARABILITY_MARGINS * CE.margin_in_units(metric)
+    gap, metric, n = separation(src.root, run, task)
+    needed = SEPARABILITY_MARGINS * margin_in_units(metric, CASCADE_MARGIN_POINTS)
     return Measured(
         gap,
         gap >= needed,

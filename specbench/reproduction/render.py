@@ -41,12 +41,55 @@ def recorded(root: Path) -> dict:
     except (ValueError, UnicodeDecodeError):
         found = None
     if not isinstance(found, dict):
+        scale = scale_of_steps(Path(root))
+        layout = LAYOUTS_OF.get(scale, scale)
         raise SpecbenchError(
             f"{record} is damaged (not the JSON object `specbench reproduce` writes)",
-            'write it again: {"scale": "cpu", "layout": "cpu"} (or "paper" for both), or pass '
-            "--layout to `specbench report`",
+            (
+                f'write it again: {{"scale": "{scale}", "layout": "{layout}"}} (the scale its steps were run at), '
+                if scale
+                else 'write it again with the scale its steps were run at: {"scale": "cpu", "layout": "cpu"} '
+                '(or "tiny" with layout "cpu", or "paper" for both), '
+            )
+            + "or pass --layout to `specbench report`",
         )
     return found
+
+
+LAYOUTS_OF = {
+    "tiny": "cpu",
+    "cpu": "cpu",
+    "paper": "paper",
+}  # each scale's report layout (conf/scale/<scale>.yaml)
+
+
+def scale_of_steps(root: Path) -> str | None:
+    """The scale a root's steps were run at, read off their recorded overrides (a ``.done`` or ``.step.json``): the
+    scale whose own overrides for that step's command they hold (tiny's name its tiny target; paper steps read a
+    paper experiment), cpu when none does; None without a recorded step."""
+    from omegaconf import OmegaConf
+
+    from specbench.configs import conf_dir
+
+    own = {  # each scale's own overrides by command (conf/scale/<scale>.yaml), read as the plan reads them
+        name: OmegaConf.to_container(OmegaConf.load(Path(conf_dir()) / "scale" / f"{name}.yaml")).get(
+            "overrides"
+        )
+        or {}
+        for name in ("tiny", "paper")
+    }
+    for path in sorted([*Path(root).rglob(".done"), *Path(root).rglob(".step.json")]):
+        try:
+            step = json.loads(path.read_text(encoding="utf-8"))
+            overrides, command = {str(o) for o in step.get("overrides") or []}, str(step.get("command"))
+        except (ValueError, OSError, AttributeError):
+            continue
+        for name, by_command in own.items():
+            mine = {str(o) for o in by_command.get(command) or ()}
+            if mine and mine <= overrides:
+                return name
+        return "paper" if any("vicuna" in o or "t5_" in o for o in overrides) else "cpu"
+    return None
 
 
 def recorded_scale(root: Path) -> str | None:
@@ -79,8 +122,22 @@ def build(
         try:
             done.append(mark_unfinished(builder(root, published), root))
         except NotRun as exc:
-            missing.append(str(exc))
-    return correct([*done, *extra], sources or premises.Sources(Path(root))), missing
+            missing.append(missing_line(Path(root), str(exc)))
+    return correct([*done, *extra], sources or premises.Sources(Path(root)), missing), missing
+
+
+DAMAGED = "damaged: "
+
+
+def missing_line(root: Path, rel: str) -> str:
+    """What an exhibit lacks: a file its step has not written yet (``rel``), or, when that step finished (its
+    ``.done`` is there), a file lost since (``damaged: ...``)."""
+    from specbench.reproduction.runs import DONE
+
+    step = next((p for p in (Path(root) / rel).parents if (p / DONE).is_file()), None)
+    if step is None:
+        return rel
+    return f"{DAMAGED}{rel} is missing, though its step {step.relative_to(root)} finished"
 
 
 def premise_measurer(sources: premises.Sources):
@@ -96,14 +153,16 @@ def premise_measurer(sources: premises.Sources):
     return measure
 
 
-def correct(exhibits: list[Exhibit], sources: premises.Sources | None = None) -> list[Exhibit]:
+def correct(
+    exhibits: list[Exhibit], sources: premises.Sources | None = None, missing: list[str] = ()
+) -> list[Exhibit]:
     """``exhibits`` and the statements exhibits (:func:`statements.judge`): every verdict of an exhibit is a part
     of one statement, each statement judged once over its parts (a part whose premise fails on ``sources`` set
     aside as not testable here), Holm's family-wise correction run over the statements of each family (the seeds',
     this project's own: ``exhibit.FAMILIES``), for a held and a not-held conclusion alike: one that does not pass
     it reads ``inconclusive``. The parts stay at their own level."""
     measure = premise_measurer(sources) if sources is not None else None
-    judged = statements.judge(exhibits, premise_of=measure)
+    judged = statements.judge(exhibits, premise_of=measure, missing=missing)
     for ex in judged:
         ex.premises = dict(measure.found) if measure is not None else {}
     return [*exhibits, *judged]
@@ -237,7 +296,9 @@ def _root(root) -> Path:
     root = Path(root)
     if not root.is_dir():
         raise SpecbenchError(
-            f"no run directory {root}",
+            f"the reproduce root {root} does not exist"
+            if not root.exists()
+            else f"{root} is not a directory",
             "run `make reproduce-cpu` (or specbench reproduce) first, or pass the root its runs were written to",
         )
     return root
@@ -428,8 +489,12 @@ def report_index(
         ]
         for ex in own:
             index += write_exhibit(ex, out, long_horizon, aa)
-    if missing:
-        index += ["## Not run yet", "", *[f"- needs `{m}`" for m in missing], ""]
+    damaged = [m for m in missing if m.startswith(DAMAGED)]
+    not_run = [m for m in missing if not m.startswith(DAMAGED)]
+    if damaged:
+        index += ["## Damaged", "", *[f"- {m.removeprefix(DAMAGED)}" for m in damaged], ""]
+    if not_run:
+        index += ["## Not run yet", "", *[f"- needs `{m}`" for m in not_run], ""]
     return index
 
 
@@ -614,6 +679,10 @@ def summary_markdown(exhibits: list[Exhibit], missing: list[str], provenance: st
         *rows,
         "",
     ]
-    if missing:
-        lines += [f"Not run yet: {', '.join(f'`{m}`' for m in missing)}.", ""]
+    damaged = [m.removeprefix(DAMAGED) for m in missing if m.startswith(DAMAGED)]
+    not_run = [m for m in missing if not m.startswith(DAMAGED)]
+    if damaged:
+        lines += [f"Damaged: {'; '.join(damaged)}.", ""]
+    if not_run:
+        lines += [f"Not run yet: {', '.join(f'`{m}`' for m in not_run)}.", ""]
     return "\n".join(lines)

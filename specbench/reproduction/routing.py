@@ -24,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from specbench.errors import SpecbenchError
+from specbench.errors import SpecbenchError, exit_on
 from specbench.files import atomic_write_text
 from specbench.pipelines import replay as replay_pipeline
 from specbench.pipelines.collected import read_rows
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SpecbenchError("no --stream given", "pass --stream NAME=TRACE_RUN:COLLECT_RUN")
         write(Path(a.out), Path(a.policy), [x for x in a.arms.split(",") if x], streams)
     except SpecbenchError as exc:
-        raise SystemExit(f"error: {exc.problem}\nfix:   {exc.fix}") from None
+        exit_on(exc)
 
 
 if __name__ == "__main__":

@@ -269,18 +269,27 @@ def judge(
     exhibits: list[Exhibit],
     statements: tuple[Statement, ...] = STATEMENTS,
     premise_of: PremiseOf | None = None,
+    missing: list[str] = (),
 ) -> list[Exhibit]:
     """The statements exhibits (one per family that has parts): each statement judged once over its parts
     (:func:`judge_statement`), Holm's correction run over each family's statements, for held and not-held
-    conclusions alike; ``premise_of(premise, part)`` measures a part's premise (None: premises not applied)."""
+    conclusions alike; ``premise_of(premise, part)`` measures a part's premise (None: premises not applied). A
+    statement of the exhibits' kind (a family with parts) whose parts are all missing is kept, not judged, saying
+    which data it lacks (``missing``: the report's lines of what is not run yet or damaged), so the family's count of
+    statements does not shrink with its data."""
     out = []
     by_family = grouped(exhibits, statements)
+    for s in statements:
+        if s.judged and s not in by_family and _belongs(s, missing):
+            by_family[s] = []
     for family in (SEED, PROJECT):
         mine = [(s, parts) for s, parts in by_family.items() if s.family == family]
-        scoped = [s for s in statements if s.family == family and not s.judged]
-        if not mine:  # the statements of another scope are listed beside judged ones, never alone
+        if not any(parts for _, parts in mine):  # a family none of whose exhibits ran is not on the page
             continue
-        judged = V.holm([judge_statement(s, parts, premise_of) for s, parts in mine])
+        scoped = [s for s in statements if s.family == family and not s.judged]
+        judged = V.holm(
+            [judge_statement(s, parts, premise_of) if parts else lacking(s, missing) for s, parts in mine]
+        )
         rows = [
             {
                 "statement": s.key,
@@ -315,6 +324,39 @@ def judge(
         ex.scoped = scoped
         out.append(ex)
     return out
+
+
+def _exhibits_of(s: Statement) -> set[str]:
+    """The exhibit keys a statement's parts come from (the part keys' prefixes)."""
+    return {p.split("#", 1)[0] for p in s.parts}
+
+
+def _belongs(s: Statement, missing: list[str]) -> bool:
+    """Whether a statement without parts is this report's to count: the runs of one of its exhibits are listed as not
+    run yet or damaged (an exhibit of another scale, or outside the plan and not given, is not; nor is a statement an
+    exhibit that was built did not give parts to, which stays on the page unjudged as before)."""
+    mine = _exhibits_of(s)
+    from specbench.reproduction.catalog import EXHIBITS
+
+    runs = {r.dir for spec in EXHIBITS if spec.key in mine for r in spec.runs}
+    return any(r in m for m in missing for r in runs)
+
+
+def lacking(s: Statement, missing: list[str]) -> V.Verdict:
+    """A statement whose parts are all missing: not judged, naming what its runs lack (damaged or not run yet)."""
+    from specbench.reproduction.catalog import EXHIBITS
+
+    runs = {r.dir for spec in EXHIBITS if spec.key in _exhibits_of(s) for r in spec.runs}
+    found = [m for m in missing if any(r in m for r in runs)]
+    what = "; ".join(found) or "the runs outside the plan its parts come from were not given to the report"
+    damaged = any(m.startswith("damaged:") for m in found)
+    return V.Verdict(
+        s.text,
+        None,
+        f"{'its data are damaged' if damaged else 'not run yet'}: {what}",
+        n=0,
+        reason="damaged data" if damaged else "not run yet",
+    )
 
 
 def refresh_table(ex: Exhibit) -> None:

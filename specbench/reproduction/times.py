@@ -21,7 +21,7 @@ import json
 import time
 from pathlib import Path
 
-from specbench.errors import SpecbenchError
+from specbench.errors import SpecbenchError, exit_on
 from specbench.files import atomic_write_text
 
 LOG = Path("outputs/make_times.jsonl")
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
             atomic_write_text(Path(a.out), page(Path(a.log)))
             print(f"wrote {a.out}")
     except SpecbenchError as exc:
-        raise SystemExit(f"error: {exc.problem}\nfix:   {exc.fix}") from None
+        exit_on(exc)
 
 
 if __name__ == "__main__":

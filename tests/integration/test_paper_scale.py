@@ -171,7 +171,9 @@ def test_answers_group_turns_and_keep_non_numeric_ids():
 def test_eval_refuses_a_policy_trained_on_its_queries(tmp_path):
     """huang_t5's leak: a policy collected on some queries is refused on an evaluation slice that
     contains any of them, and accepted on a disjoint one (dataset.offset past the collected rows)."""
-    base = TINY + ["pool=tiny_llama_hf", "dataset.limit=2"]
+    # without the quantized drafter, the one kind of the tiny pool that does not batch, so the same policy runs at
+    # every batch size below
+    base = TINY + ["pool=tiny_llama_hf", "~pool.drafters.quantized", "dataset.limit=2"]
     collect.run(cfg_of("collect", base + ["collect.max_new_tokens=5"]), tmp_path / "c")
     rows = collected.read_rows([tmp_path / "c"])
     assert all(len(r["fingerprint"]) == 16 for r in rows)
@@ -187,6 +189,14 @@ def test_eval_refuses_a_policy_trained_on_its_queries(tmp_path):
         evaluate.run(cfg_of("eval", base + policy + ["dataset.offset=1"]), tmp_path / "overlap")
     assert "dataset.offset" in info.value.fix
     assert not (tmp_path / "overlap" / "examples.jsonl").exists()
+    # issue 71: every check a method's selectors get runs at every batch size (it was skipped when batching)
+    for batch in (2, 4):
+        with pytest.raises(SpecbenchError, match=r"evaluation queries were collected to train the policy"):
+            evaluate.run(
+                cfg_of("eval", base + policy + [f"decoding.batch_size={batch}", "dataset.limit=4"]),
+                tmp_path / f"overlap_b{batch}",
+            )
+        assert not (tmp_path / f"overlap_b{batch}" / "examples.jsonl").exists()
     out = evaluate.run(
         cfg_of("eval", base + policy + ["dataset.offset=2", "dataset.limit=1"]), tmp_path / "held_out"
     )

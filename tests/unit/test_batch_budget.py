@@ -124,3 +124,27 @@ def test_an_unscored_drafter_is_bounded_by_its_depth_and_a_scored_one_by_its_bes
         budget.observe("d", Draft([1, 2], None), 0)  # depth 1 always rejected
     assert budget.ceiling("d", 2, scored=False)[0] < 0.1
     assert budget.ceiling("d", 2, scored=True)[0] > 0.9  # an unseen top score bin keeps its prior (0.95)
+
+
+def test_a_damaged_cached_cost_profile_is_measured_again_naming_its_file(tmp_path, caplog):
+    """Issue 71: one ``seconds`` value "abc" in a cached batch profile stopped the run with a fix that named no file;
+    it is measured again (``read_cached`` returns nothing) with a warning naming the file, as a garbage file is."""
+    import json
+    import logging
+
+    from specbench.pipelines.cost_cache import budget_costs_of, read_cached
+    from specbench.selection.batch_budget import ForwardCosts
+
+    key = {"machine": "m"}
+    path = tmp_path / "batch-x.json"
+    good = {"rows": [1, 2], "q": [1, 4], "seconds": [[0.01, 0.02], [0.02, 0.03]]}
+    path.write_text(json.dumps({"key": key, "costs": good}))
+    assert read_cached(path, key, ForwardCosts.from_dict)(2, 4) == 0.03
+    path.write_text(json.dumps({"key": key, "costs": {**good, "seconds": [[0.01, "abc"], [0.02, 0.03]]}}))
+    with caplog.at_level(logging.WARNING):
+        assert read_cached(path, key, ForwardCosts.from_dict) is None
+    assert str(path) in caplog.text and "measuring again" in caplog.text
+    path.write_text(json.dumps({"key": key, "costs": {"verify": [0.01, "x"], "draft": {"a": 0.001}}}))
+    assert read_cached(path, key, budget_costs_of) is None
+    path.write_text(json.dumps({"key": key, "costs": {"verify": [0.01, 0.002], "draft": {"a": 0.001}}}))
+    assert read_cached(path, key, budget_costs_of)["verify"] == [0.01, 0.002]

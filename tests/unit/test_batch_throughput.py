@@ -246,3 +246,22 @@ def test_batch_one_is_set_beside_the_code_before_batching(tmp_path):
     provenance.record(before, {"commit": "d" * 40, "dirty": False, "packages": {}})
     with pytest.raises(SpecbenchError, match="did not run"):  # a run resumed at this code's commit spans it
         T.before_table([now], before)
+
+
+def test_runs_of_other_queries_or_settings_are_refused(tmp_path):
+    """Issue 71: the page paired runs by batch size only, so three unrelated runs read as "11.7x autoregressive at
+    batch 1"; runs that did not decode the same queries with the same target, data and limits are refused, naming
+    what differs."""
+    rows = [("a", "autoregressive", 10, 1.0, [1]), ("b", "autoregressive", 10, 1.0, [2])]
+    one, four = _run(tmp_path / "b1", 1, rows), _run(tmp_path / "b4", 4, rows)
+    T.write([one, four], tmp_path / "same.md")  # the same queries and settings: fine
+    other = _run(
+        tmp_path / "q", 4, [("c", "autoregressive", 10, 1.0, [1]), ("d", "autoregressive", 10, 1.0, [2])]
+    )
+    with pytest.raises(SpecbenchError, match=r"did not decode what .*queries: 2 vs 2 queries \(4 differ\)"):
+        T.write([one, other], tmp_path / "page.md")
+    longer = _run(tmp_path / "m", 4, rows)
+    (longer / "config.yaml").write_text("decoding:\n  batch_size: 4\n  max_new_tokens: 256\n")
+    with pytest.raises(SpecbenchError, match=r"decoding.max_new_tokens: None vs 256"):
+        T.write([one, four], tmp_path / "page.md", repeats=[longer])
+    assert not (tmp_path / "page.md").exists()

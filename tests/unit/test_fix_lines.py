@@ -125,3 +125,20 @@ def test_no_fix_line_offers_the_setting_already_in_force():
     for bad in ("decoding.draft_length=0", "decoding.top_p=2", "dataset.limit=0"):
         exc = raised(validated, bad)
         assert bad not in exc.fix, (bad, exc.fix)
+
+
+@pytest.mark.parametrize("method", ["goodput:nope", "fixed:prompt_lookp", "tree:prompt_lookp+suffix"])
+def test_at_batch_a_drafter_not_in_the_pool_is_named_as_missing_with_the_nearest(method):
+    """Issue 71: at decoding.batch_size above 1, a drafter the pool lacks was called "of a kind that does not draft
+    per row of a batch yet"; it is named as missing, with the pool's drafters and the nearest name, and the fix's
+    suggestion passes the batch check."""
+    from specbench.pipelines.batch_settings import check_batched
+
+    cfg = composed("pool=smollm2_budget", "decoding.batch_size=2", f"methods=[autoregressive,{method}]")
+    exc = raised(check_batched, cfg)
+    assert "no drafter" in exc.problem and "not draft per row" not in exc.problem
+    assert all(name in exc.problem for name in cfg.pool.drafters)
+    if "lookp" in method:
+        assert "did you mean 'prompt_lookup'?" in exc.fix
+        check_batched(composed("pool=smollm2_budget", "decoding.batch_size=2",
+                               f"methods=[autoregressive,{method.replace('prompt_lookp', 'prompt_lookup')}]"))  # fmt: skip

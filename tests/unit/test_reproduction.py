@@ -156,7 +156,7 @@ def test_report_renders_from_fixture_runs_and_lists_what_is_missing(tmp_path):
 
 
 def test_report_of_nothing_is_a_clear_error(tmp_path):
-    with pytest.raises(SpecbenchError, match="no run directory"):
+    with pytest.raises(SpecbenchError, match="does not exist"):
         render.write(tmp_path / "nope")
     (tmp_path / "empty").mkdir()
     with pytest.raises(SpecbenchError, match="make reproduce-cpu"):
@@ -497,3 +497,31 @@ def test_fig3_on_the_harder_pool_is_one_claim_judged_on_both_pools(tmp_path):
     assert "make huang-fig3-pool" in fig3 and "(headroom 1.6%)" in fig3
     table = pd.read_csv(out / "huang" / "fig3.csv")
     assert set(table["pool"]) == {"two specialists, one per template", "seven drafters, one template"}
+
+
+def test_missing_exhibit_data_keeps_the_headlines_denominator_and_is_named_damaged(tmp_path):
+    """Issue 71: with a finished step's files deleted, the statements its exhibit judges stay on the page (not
+    judged, naming the damage), so the headline keeps its denominator, and the report says "damaged", not "not run
+    yet", for a step that ran."""
+    root = tmp_path / "reproduce"
+    _huang_fixture(root)
+    sweep = root / "huang" / "depth" / "alpha"  # a second exhibit with data: Fig. 2's sweep
+    sweep.mkdir(parents=True)
+    pd.DataFrame({"alpha": [0.0, 1.0], "val_reward": [0.5, 0.6], "speedup_replayed": [1.0, 1.1]}).to_csv(
+        sweep / "alpha_sweep.csv", index=False
+    )
+    whole = (render.write(root) / "REPORT.md").read_text()
+    count = re.search(r"of the seeds' (\d+) statements", whole).group(1)
+    (root / "huang" / "eval" / ".done").write_text("{}")
+    (root / "huang" / "eval" / "summary.csv").unlink()
+    text = (render.write(root) / "REPORT.md").read_text()
+    assert re.search(r"of the seeds' (\d+) statements", text).group(1) == count
+    assert (
+        "## Damaged" in text
+        and "huang/eval/summary.csv is missing, though its step huang/eval finished" in text
+    )
+    assert "needs `huang/eval/summary.csv`" not in text
+    assert (
+        "**not judged**: each specialist drafter speeds up its own task more than the other does (damaged data; "
+        in text
+    )

@@ -128,23 +128,9 @@ class Session:
             cfg.target.get("context_limit"),
         )
         clock = Clock(target.device, phases=bool(OmegaConf.select(cfg, "timing.phases", default=False)))
-        session = cls(
-            cfg=cfg,
-            out=out,
-            queries=queries,
-            loaded=loaded,
-            target=target,
-            pool=pool,
-            prompter=prompter,
-            sampling=sampling,
-            limits=limits,
-            eos_ids=eos_ids,
-            clock=clock,
-            cascade=cascade,
-            context=context,
-            fit_context=bool(dec.get("fit_context", False)),
-            tie_tolerance=tie_tolerance_of(cfg),
-        )
+        session = cls(cfg=cfg, out=out, queries=queries, loaded=loaded, target=target, pool=pool, prompter=prompter,
+                      sampling=sampling, limits=limits, eos_ids=eos_ids, clock=clock, cascade=cascade, context=context,
+                      fit_context=bool(dec.get("fit_context", False)), tie_tolerance=tie_tolerance_of(cfg))  # fmt: skip
         session.check_prompts()
         return session
 
