@@ -90,39 +90,42 @@ budget-decisions: install
 	cp $(DECISIONS_TASK_OUT)/budget_decisions.md docs/budget-by-task-local-cpu.md  # the per-task calibration beside
 	$(RECORD_TIME)
 
-# Throughput against batch size (issue 57; conf/experiment/batch_cpu.yaml: 40 held-out queries, 128 new tokens, bf16;
-# batched autoregressive decoding, prompt lookup and the retrieval drafter alone and with the batch budget, UCB between
-# them (one a row), Hugging Face generate) at decoding.batch_size 1, 4, 16 and 32, one run directory each (resumable),
-# then the page (tokens per second, the ratios, the budget's caps and calibration, where each batch's time went, what
-# a forward cost, a plot), copied to docs/batch-throughput-cpu.md. 47 minutes on 2 CPUs, measured alone (the four runs 34
-# at ee99112, the repeats below 13 at 1d3a002).
+# Throughput against batch size (issues 57 and 68; conf/experiment/batch_cpu.yaml: 40 held-out queries, 128 new tokens,
+# bf16; batched autoregressive decoding twice (the A/A arm), prompt lookup and the retrieval drafter alone and with the
+# batch budget, UCB between them (one a row), Hugging Face generate) at decoding.batch_size 1, 4, 16 and 32, one run
+# directory each (resumable); then BATCH_REPEATS more runs (processes, seeded apart so each starts its waves with
+# another method) of each of BATCH_REPEAT_SIZES, so the page gives each ratio's spread over runs ("Runs again": at
+# least 3 runs at batch 4); then one forward's cost through transformers' path and this engine's (FORWARD_OUT:
+# milliseconds, bytes, the memory floor); then the page, copied to docs/batch-throughput-cpu.md. About 80 minutes on 2
+# CPUs, measured alone (the four runs 34 at ee99112, the repeats 13 at 1d3a002, before the batch-4 repeats and the
+# forward costs were added).
 BATCH_OUT ?= outputs/batch_cpu
 BATCH_SIZES ?= 1 4 16 32
-BATCH_METHODS ?= autoregressive,fixed:prompt_lookup,fixed:suffix,selector:ucb,goodput:prompt_lookup,goodput:suffix,hf:generate
-# Then BATCH_REPEATS more runs (processes) of each of BATCH_REPEAT_SIZES with the budget, autoregressive decoding and
-# generate, so the page gives each ratio's spread over runs ("Runs again"): one process's ratio at a large batch moves
-# with its own noise (the same autoregressive work at batch 32 took a third longer in one process than in the next).
+BATCH_METHODS ?= autoregressive,again:autoregressive,fixed:prompt_lookup,fixed:suffix,selector:ucb,goodput:prompt_lookup,goodput:suffix,hf:generate
 BATCH_REPEATS ?= 2 3
-BATCH_REPEAT_SIZES ?= 16 32
-BATCH_REPEAT_METHODS ?= autoregressive,goodput:prompt_lookup,goodput:suffix,hf:generate
+BATCH_REPEAT_SIZES ?= 4 16 32
+BATCH_REPEAT_METHODS ?= autoregressive,again:autoregressive,fixed:prompt_lookup,fixed:suffix,goodput:prompt_lookup,goodput:suffix,hf:generate
+FORWARD_OUT ?= $(BATCH_OUT)/forwards
 batch-throughput: install
 	for b in $(BATCH_SIZES); do m=; [ $$b = 1 ] || m="methods=[$(BATCH_METHODS)]"; \
 		$(SPECBENCH) eval experiment=batch_cpu decoding.batch_size=$$b hydra.run.dir=$(BATCH_OUT)/b$$b $$m || exit 1; done
 	for r in $(BATCH_REPEATS); do for b in $(BATCH_REPEAT_SIZES); do \
 		$(SPECBENCH) eval experiment=batch_cpu decoding.batch_size=$$b hydra.run.dir=$(BATCH_OUT)/b$${b}_run$$r \
-		"methods=[$(BATCH_REPEAT_METHODS)]" || exit 1; done; done
+		seed=$$r "methods=[$(BATCH_REPEAT_METHODS)]" || exit 1; done; done
+	[ -f $(FORWARD_OUT)/forward_costs.csv ] || $(PYTHON) -m specbench.pipelines.forward_costs --out $(FORWARD_OUT)
 	$(PYTHON) -m specbench.reproduction.batch_throughput $(foreach b,$(BATCH_SIZES),$(BATCH_OUT)/b$(b)) --out $(BATCH_OUT)/batch_throughput.md \
-		--repeats $(foreach r,$(BATCH_REPEATS),$(foreach b,$(BATCH_REPEAT_SIZES),$(BATCH_OUT)/b$(b)_run$(r)))
+		--repeats $(foreach r,$(BATCH_REPEATS),$(foreach b,$(BATCH_REPEAT_SIZES),$(BATCH_OUT)/b$(b)_run$(r))) \
+		--forwards $(FORWARD_OUT)/forward_costs.csv
 	cp $(BATCH_OUT)/batch_throughput.md docs/batch-throughput-cpu.md  # the generated page the docs quote
 	cp $(BATCH_OUT)/batch_throughput.png docs/  # its picture, under the name the page links
 	$(RECORD_TIME)
 
-# Issue 57's batch-1 check: batch_cpu's queries and settings at batch size 1, autoregressive decoding, prompt lookup
-# and the retrieval drafter (the budget's pool: the same drafter settings as batch_cpu's), run by this code and by the
-# code before batched decoding (BATCH_BEFORE, from a detached worktree, run from this directory so the data paths
-# hold), each alone and resumable; then the page of their paired speed ratios (batch_throughput --before), copied to
-# docs/batch-one-cpu.md. 15 minutes on 2 CPUs, measured alone.
-BATCH_BEFORE ?= 65d8096
+# The batch-1 check (issues 57 and 68): batch_cpu's queries and settings at batch size 1, autoregressive decoding,
+# prompt lookup and the retrieval drafter (the budget's pool: the same drafter settings as batch_cpu's), run by this
+# code and by the code before the one engine (BATCH_BEFORE, c9d5e7a: from a detached worktree, run from this directory
+# so the data paths hold), each alone and resumable; then the page of their paired speed ratios (batch_throughput
+# --before), copied to docs/batch-one-cpu.md. 15 minutes on 2 CPUs, measured alone.
+BATCH_BEFORE ?= c9d5e7a
 # The CLI with the working directory taken off sys.path, so the package comes from PYTHONPATH (python -m would put this
 # checkout first and run this code: the page refuses a before run recorded at this code's commit).
 RUN_CLI_OFF_CWD = import sys; sys.path.remove(''); from specbench.cli import main; sys.argv[0] = 'specbench'; sys.exit(main())

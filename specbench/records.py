@@ -50,6 +50,10 @@ class Round:
     # and the seconds it predicted for the round (drafting and verification), beside the measured ones above.
     expected: float | None = None
     predicted_s: float | None = None
+    # ...the context length it was priced at (the committed tokens), and what decided it (``Plan.label``: ``plan``,
+    # ``probe:<arm>``, ``floor:<arm>``)
+    context: int | None = None
+    decided: str | None = None
     # Batched decoding: the batch's target forward (from 0) that verified this round; None decoding one query alone.
     forward: int | None = None
 

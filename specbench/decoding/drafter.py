@@ -265,7 +265,7 @@ class Drafter:
     # its drafts may carry ``Draft.scores`` (what a budget calibrates by score bin); False: never, so a batch budget
     # bounds a draft's acceptance by its depth before it is drafted (``BatchBudget.may_draft``)
     scored: bool = False
-    # a row's view of a drafter that drafts many rows of a batch in one forward (``drafters/batched.py``): the batch
+    # a row's view of a drafter that drafts many rows of a batch in one forward (``drafters/batched.py``): the loop
     # asks it for every such row at once (``ModelRows.propose``); None: each row drafts on its own
     shared_rows = None
     # the drafters it shares observation work with (``ObservationGroup``)
@@ -304,7 +304,7 @@ class Drafter:
         raise NotImplementedError
 
     def for_row(self) -> Drafter:
-        """A drafter of the same settings for one row of a batch (``decoding/batch.py``), with per-query state of its
+        """A drafter of the same settings for one row of a batch (``decoding/engine.py``), with per-query state of its
         own (a batch drafts for several queries at once). A kind that says nothing of it cannot draft in a batch."""
         raise SpecbenchError(
             f"drafter '{self.name}' ({type(self).__name__}) cannot draft in a batch yet: batched decoding takes "
@@ -313,13 +313,13 @@ class Drafter:
             f"decode with decoding.batch_size=1, or use methods whose drafters batch (not '{self.name}')",
         )
 
-    def for_rows(self, prompts: list[list[int]]) -> list[Drafter]:
-        """One drafter for each row of a batch, the rows' ``prompts`` given: by default a ``for_row`` each; a kind
-        that drafts many rows in one forward returns views of one shared state (``ModelDrafter``)."""
-        return [self.for_row() for _ in prompts]
+    def cohort(self) -> Cohort:
+        """The drafter's rows in one call of the loop (``Cohort``): by default a ``for_row`` each; a kind that drafts
+        many rows in one forward gives views of one shared state, admissions included (``ModelDrafter``)."""
+        return Cohort(self)
 
     def finish(self) -> None:
-        """A row of a batch finished its generation (``decoding/batch.py``): drafters with memory keep it now."""
+        """A row of a batch finished its generation (``decoding/engine.py``): drafters with memory keep it now."""
 
     def standalone_model(self) -> torch.nn.Module | None:
         """A model of the drafter's own that can generate without the target (its "alone" output), or None."""
@@ -338,6 +338,17 @@ class Drafter:
         if self.group is None:
             return None
         return verification.shared.get(self.group, {}).get(self.name)
+
+
+class Cohort:
+    """A drafter's rows in one call of the loop: ``view(prompt)`` gives a row that joins its own drafter (by default
+    the drafter's ``for_row``; a shared kind's view of its one batched state)."""
+
+    def __init__(self, drafter: Drafter):
+        self.drafter = drafter
+
+    def view(self, prompt: list[int]) -> Drafter:
+        return self.drafter.for_row()
 
 
 def observations(watching: Mapping[str, Drafter], verification: Verification) -> dict[str, float | None]:

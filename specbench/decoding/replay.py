@@ -41,8 +41,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from specbench.arms import AUTOREGRESSIVE
-from specbench.decoding.loop import Generation, Limits, round_members, tree_label
+from specbench.decoding.generation import Generation, Limits
 from specbench.decoding.replay_costs import AUTOREGRESSIVE_ROUND, SWITCH, Costs, round_kind
+from specbench.decoding.rounds import Counts, round_members, round_record, tree_label
 from specbench.decoding.trace import QueryTrace
 from specbench.decoding.tree import TokenTree, build_tree
 from specbench.decoding.verify import block_efficiency
@@ -268,34 +269,17 @@ def _emit(w: _Walk, t: int, accepted_raw: int) -> list[int]:
 
 
 def _round(w: _Walk, t: int, o: _Outcome, made, unused, emitted: int, switched: bool) -> Round:
-    """The round's record with its predicted times (the module docstring's clock)."""
+    """The round's record with its predicted times (the module docstring's clock), built as the live loop builds its
+    own (``rounds.round_record``)."""
     costs = w.costs
     routed = unused.t_sync + unused.t_propose if unused is not None else 0.0
-    first_use = any(d.first for d in made.values())
     t_verify = costs.verify(o.drafted + 1, w.trace.prompt_len + t) + costs.overhead(
         round_kind(o.drafted, o.tree is not None)
     )
-    setup = switched or first_use
-    t_sync = sum(d.t_sync for d in made.values())
-    t_draft = sum(d.t_propose for d in made.values()) + routed + (0.0 if setup else t_sync)
-    if switched and not first_use:  # beyond the catch-up curve, what a live switch pays (fit_overheads)
-        t_sync += costs.overhead(SWITCH)
-    accepted = min(o.accepted_raw, emitted)
-    return Round(
-        index=len(w.gen.rounds),
-        arm=o.arm,
-        drafted=o.drafted,
-        accepted=accepted,
-        n_max=o.n_max,
-        be=block_efficiency(accepted, o.n_max),
-        bd=o.bd,
-        emitted=emitted,
-        t_select=0.0,
-        t_draft=t_draft,
-        t_verify=t_verify,
-        t_switch=t_sync if setup else 0.0,
-        switched=switched,
-        first_use=first_use,
+    # beyond the catch-up curve, what a live switch pays (fit_overheads)
+    counts = Counts(o.drafted, min(o.accepted_raw, emitted), o.n_max, o.bd, emitted)
+    return round_record(
+        len(w.gen.rounds), o.arm, counts, made, routed, switched, (0.0, t_verify), costs.overhead(SWITCH)
     )
 
 

@@ -1,7 +1,11 @@
-"""One speculative round, in steps: ``draft`` (the selector's choice -> the members' drafts), ``verify`` (chain,
-tree or cascade -> a ``Verified``), ``commit`` (EOS, deciders, the target's cache and recorded states), then
-``feedback`` (the ``Round`` record and the selector's update). ``decode`` (``loop.py``) is a short loop over
-``play_round``; the replay (``replay.py``) resolves a choice with the same ``round_members``.
+"""One row's speculative round, in steps, shared by every batch size: ``choose`` (the row's selector picks),
+``draft`` (its choice -> the members' drafts), ``scored`` (what the verification forward feeds for the row: a chain,
+or a token tree), ``judge`` (the row's rows of that forward -> a ``Verified``: chain, tree or cascade verdict),
+``commit`` (one end-of-sequence cut, the deciders, the committed tokens and recorded states, and the cache slots the
+row keeps), then ``record`` (the one ``Round`` record) and ``learn`` (the selector's update). The engine
+(``engine.py``) runs them for every row in flight around one forward; ``decode`` (``loop.py``) is its batch of one; the
+replay (``replay.py``) resolves a choice with the same ``round_members`` and records a round with the same
+``round_record``.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from specbench.decoding.tree import (
 )
 from specbench.decoding.verify import block_divergence, block_efficiency, verify_greedy, verify_sampling
 from specbench.errors import SpecbenchError
-from specbench.models.target import Target
+from specbench.models.cache import common_prefix
 from specbench.records import Round
 from specbench.selection.base import Feedback, Plan, Route, Selector, feedback_of
 
@@ -77,7 +81,7 @@ def round_members(
     ``draft_with(name)``, and the routed-away draft (a ``Route``'s first arm, drafted but not played: its time
     still counts), or None. ``plays(drafted, min_match)``: whether a ``Route``'s first draft plays alone (and, with
     ``min_expected``, ``expected_tokens(drafted)``: its expected accepted tokens, when the caller's drafts have them).
-    Shared by the loop and its replay (``decoding/replay.py``), so both resolve a choice alike.
+    Shared by the engine and the replay (``decoding/replay.py``), so both resolve a choice alike.
     A ``Plan`` (a cost-model budget) drafts its ``first`` drafters, then those ``more`` names, then keeps the tokens
     ``prune`` names: ``cut(made, keep)`` cuts one member's draft (callers without ``cut`` cannot play a Plan); a
     member left with no token is dropped, its drafting time counted with the routed-away draft's."""
@@ -122,7 +126,8 @@ def _merged(dropped: list) -> Drafted:
     )
 
 
-def _cut(made: Drafted, keep) -> Drafted:
+def cut_draft(made: Drafted, keep) -> Drafted:
+    """A member's draft cut to the token indices ``keep`` (a plan's pruning, the batch budget's cap)."""
     return replace(made, draft=keep_tokens(made.draft, keep))
 
 
@@ -131,22 +136,51 @@ def tree_label(members) -> str:
     return "tree:" + "+".join(members)
 
 
-@dataclass
-class Walk:
-    """One decode call's state across its rounds: who plays (target, pool, selector), how (``spec``, ``rng``), what
-    the drafters see (``ctx``), which target layers are recorded and who watches them, and the generation so far."""
+def matched(made: Drafted, min_match: int) -> bool:
+    """Whether a route's first draft plays alone: it drafted and matched at least ``min_match`` tokens of context
+    (``round_members``' ``plays``)."""
+    return bool(made.draft.tokens) and (made.draft.match or 0) >= min_match
 
-    target: Target
-    pool: Mapping[str, Drafter]
+
+@dataclass
+class Turn:
+    """A row's round in progress: the selector's ``choice`` and the time it took, the round's members and their
+    drafts, the routed-away draft, the time spent planning, the verified tree (several drafts or a tree draft;
+    None: a chain), and a budget's plan of the round (expected accepted tokens, predicted seconds)."""
+
+    choice: object
+    t_select: float
+    members: tuple[str, ...] = ()
+    made: dict[str, Drafted] = field(default_factory=dict)
+    unused: Drafted | None = None
+    t_plan: float = 0.0
+    tree: TokenTree | None = None
+    planned: tuple[float, float] | None = None
+
+    @property
+    def routed(self) -> float:
+        return self.unused.t_sync + self.unused.t_propose if self.unused is not None else 0.0
+
+
+@dataclass
+class Row:
+    """One query in flight: who plays it (``selector`` over ``pool``: the row's own drafters), how (``spec``, whose
+    limits are the row's own, and ``rng``), what its drafters see (``ctx``), the target layers recorded and who
+    watches them, its committed tokens, and the generation so far."""
+
     selector: Selector
+    pool: Mapping[str, Drafter]
     spec: object  # loop.DecodeSpec
     rng: torch.Generator
     ctx: DecodeContext
     layers: tuple[int, ...]
     watching: dict[str, Drafter]
     gen: object  # loop.Generation
+    tokens: list[int]  # committed: the decoder's tokens (prompt, then output, for a decoder-only target)
     t_reset: float = 0.0
+    t0: float = 0.0  # when the row joined (its prefill began): its ``seconds`` run from there
     prev_members: tuple[str, ...] | None = None
+    turn: Turn | None = None
 
     @property
     def lossy(self) -> bool:
@@ -156,12 +190,97 @@ class Walk:
     def certify(self) -> bool:
         return self.spec.sampling.greedy and not self.lossy
 
+    @property
+    def room(self) -> int:
+        """Draft tokens this round may have: ``max_new_tokens`` left beside the bonus token (never overshoot)."""
+        return self.spec.limits.max_new_tokens - len(self.gen.tokens) - 1
+
+    @property
+    def done(self) -> bool:
+        return self.gen.stop == "eos" or len(self.gen.tokens) >= self.spec.limits.max_new_tokens
+
+    def asked(self, name: str) -> int:
+        """The tokens drafter ``name`` is asked for this round: its draft length, within the room."""
+        drafter = self.pool[name]
+        return min(drafter.draft_length or self.spec.limits.draft_length, self.room)
+
+
+def choose(row: Row) -> None:
+    """The row's selector picks this round's arm, route, tree or plan (timed)."""
+    clock = row.spec.clock
+    t0 = clock.now()
+    row.selector.at(len(row.tokens))
+    choice = row.selector.select()
+    row.turn = Turn(choice, clock.now() - t0)
+
+
+def draft_with(row: Row, name: str) -> Drafted:
+    """Member ``name`` synced with the row's committed tokens, then proposing up to its draft length (no more than
+    the room); a lossy cascade drafts one token more (see below)."""
+    spec, clock, cascade, lossy = row.spec, row.spec.clock, row.spec.cascade, row.lossy
+    drafter = row.pool[name]
+    k = row.asked(name)
+    ta = clock.now()
+    first = drafter.sync(row.ctx, row.tokens) and drafter.drafts
+    tb = clock.now()
+    # A lossy cascade rule may keep the last draft token too, so it drafts one token more (in the bonus token's
+    # room) and the target scores all but that one: a round whose drafts are all kept emits only drafter tokens,
+    # and at a never-deferring alpha the output is the drafter's own.
+    n = k + 1 if lossy else k
+    # a sequential cascade stops drafting where it defers: the target's row after the draft gives that token
+    stop = {"stop_below": cascade.stop_below} if lossy and cascade.sequential else {}
+    made = (
+        drafter.propose(row.tokens, n, spec.sampling, row.rng, spec.eos_ids, **stop)
+        if n > 0
+        else Draft([], None)
+    )
+    if stop:
+        made = cascade.cut(made)
+    return Drafted(made, k, n if drafter.drafts else 0, first, tb - ta, clock.now() - tb)
+
+
+def draft(row: Row) -> None:
+    """The round's members and their drafts (``round_members`` over ``draft_with``), and the time the choice spent
+    outside the drafters (a plan's own decisions: the selector's)."""
+    clock, turn = row.spec.clock, row.turn
+    t0 = clock.now()
+    turn.members, turn.made, turn.unused = round_members(
+        turn.choice,
+        lambda name: draft_with(row, name),
+        matched,
+        type(row.selector).__name__,
+        cut=cut_draft,
+        greedy=row.spec.sampling.greedy,
+    )
+    spent = clock.now() - t0
+    turn.t_plan = max(spent - turn.routed - sum(d.t_sync + d.t_propose for d in turn.made.values()), 0.0)
+
+
+def scored(row: Row) -> tuple[list[int], TokenTree | None]:
+    """What the verification forward feeds for the row: its last committed token, then its draft (a chain, the
+    first ``k`` tokens) or its token tree's nodes, with the tree (None for a chain, and for a tree that is one path:
+    a chain forward scores it with the same rows)."""
+    turn = row.turn
+    members, made = turn.members, turn.made
+    if len(members) == 1 and not made[members[0]].draft.is_tree:
+        one = made[members[0]]
+        return [row.tokens[-1], *one.draft.tokens[: one.k]], None
+    if row.lossy:  # a selector that returns several arms without declaring ``trees``, or a tree draft
+        raise cascade_with_tree(
+            type(row.selector).__name__ if len(members) > 1 else f"drafter '{members[0]}'"
+        )
+    turn.tree = build_tree(
+        {m: made[m].draft.tokens for m in members}, {m: made[m].draft.parents for m in members}
+    )
+    nodes = [row.tokens[-1], *turn.tree.tokens]
+    return nodes, (None if turn.tree.is_chain else turn.tree)
+
 
 @dataclass
 class Verified:
-    """What one verification forward decided: the round's ``arm`` label, its output tokens (``new``), the kept draft
-    tokens (``accepted``), the verified tree (None for a chain) and its verdict, the forward's rows along the
-    accepted path (``logits`` with the bonus row, ``p`` at the drafted positions, ``states``), the scored draft
+    """What one verification forward decided for a row: the round's ``arm`` label, its output tokens (``new``), the
+    kept draft tokens (``accepted``), the verified tree (None for a chain) and its verdict, the forward's rows along
+    the accepted path (``logits`` with the bonus row, ``p`` at the drafted positions, ``states``), the scored draft
     along that path, ``n_max``, Block Divergence (the round's and each tree member's), deferred positions."""
 
     arm: str
@@ -182,65 +301,19 @@ class Verified:
         return min(self.verdict.accepted, len(self.new))
 
 
-def matched(made: Drafted, min_match: int) -> bool:
-    """Whether a route's first draft plays alone: it drafted and matched at least ``min_match`` tokens of context
-    (``round_members``' ``plays`` for the loop and a batch's rows)."""
-    return bool(made.draft.tokens) and (made.draft.match or 0) >= min_match
-
-
-def draft(w: Walk, choice, room: int) -> tuple[tuple[str, ...], dict[str, Drafted], Drafted | None]:
-    """The members of the round and their drafts (``round_members``), each synced then proposing up to its draft
-    length (no more than ``room``); the routed-away draft, if any."""
-    sampling, clock, cascade, lossy = w.spec.sampling, w.spec.clock, w.spec.cascade, w.lossy
-
-    def draft_with(name: str) -> Drafted:
-        drafter = w.pool[name]
-        k = min(drafter.draft_length or w.spec.limits.draft_length, room)
-        ta = clock.now()
-        first = drafter.sync(w.ctx, w.target.tokens) and drafter.drafts
-        tb = clock.now()
-        # A lossy cascade rule may keep the last draft token too, so it drafts one token more (in the
-        # bonus token's room) and the target scores all but that one: a round whose drafts are all kept
-        # emits only drafter tokens, and at a never-deferring alpha the output is the drafter's own.
-        n = k + 1 if lossy else k
-        # a sequential cascade stops drafting where it defers: the target's row after the draft gives that token
-        stop = {"stop_below": cascade.stop_below} if lossy and cascade.sequential else {}
-        made = (
-            drafter.propose(w.target.tokens, n, sampling, w.rng, w.spec.eos_ids, **stop)
-            if n > 0
-            else Draft([], None)
-        )
-        if stop:
-            made = cascade.cut(made)
-        return Drafted(made, k, n if drafter.drafts else 0, first, tb - ta, clock.now() - tb)
-
-    return round_members(
-        choice,
-        draft_with,
-        matched,
-        type(w.selector).__name__,
-        cut=_cut,
-        greedy=sampling.greedy,
-    )
-
-
-def verify(w: Walk, members: tuple[str, ...], made: Mapping[str, Drafted]) -> Verified:
-    """One target forward over the round's draft (a chain) or drafts (a token tree), and its verdict."""
-    if len(members) == 1 and not made[members[0]].draft.is_tree:
-        return verify_chain(w, members[0], made[members[0]])
-    if w.lossy:  # a selector that returns several arms without declaring ``trees``, or a tree draft
-        raise cascade_with_tree(type(w.selector).__name__ if len(members) > 1 else f"drafter '{members[0]}'")
-    return verify_tree(w, members, made)
-
-
-def verify_chain(w: Walk, arm: str, made: Drafted) -> Verified:
-    sampling, cascade, rng = w.spec.sampling, w.spec.cascade, w.rng
+def judge(row: Row, logits: torch.Tensor, states: Mapping[int, torch.Tensor]) -> Verified:
+    """The row's verdict from its rows of the forward (``logits`` ``[n + 1, V]``, ``states``): a chain's (greedy,
+    speculative sampling, or a cascade rule's) or a token tree's."""
+    turn = row.turn
+    if turn.tree is not None:
+        return _judge_tree(row, logits, states)
+    arm = turn.members[0]
+    made = turn.made[arm]
+    sampling, cascade, rng = row.spec.sampling, row.spec.cascade, row.rng
     draft, k = made.draft, made.k
-    scored = draft.tokens[:k]  # [k + 1, V] logits: a bonus row unless the draft has k + 1 tokens
-    scores = w.target.score(scored, layers=w.layers)
-    logits = scores.logits
+    path = draft.tokens[:k]  # [k + 1, V] logits: a bonus row unless the draft has k + 1 tokens
     deferred = len(draft.tokens) if cascade is not None else 0
-    if w.lossy and draft.tokens:
+    if row.lossy and draft.tokens:
         verdict, deferred = cascade.verify(draft.tokens, draft.probs, draft.raw, logits, sampling, rng)
         p = logits_to_probs(logits, sampling)
     elif sampling.greedy:
@@ -249,22 +322,22 @@ def verify_chain(w: Walk, arm: str, made: Drafted) -> Verified:
     else:
         p = logits_to_probs(logits, sampling)
         verdict = verify_sampling(draft.tokens, draft.probs, p, rng)
-    if w.lossy and cascade.sequential:  # it defers where its draft stopped short: the target gives that token
+    if (
+        row.lossy and cascade.sequential
+    ):  # it defers where its draft stopped short: the target gives that token
         deferred = int(len(draft.tokens) <= k)
     bd = block_divergence(draft.tokens, draft.probs, p, made.n_max) if draft.tokens else 0.0
-    return Verified(arm, verdict.tokens, verdict, logits, p, scores.states, scored, made.n_max, bd, deferred)
+    return Verified(arm, verdict.tokens, verdict, logits, p, dict(states), path, made.n_max, bd, deferred)
 
 
-def verify_tree(w: Walk, members: tuple[str, ...], made: Mapping[str, Drafted]) -> Verified:
-    sampling = w.spec.sampling
-    tree = build_tree({m: made[m].draft.tokens for m in members}, {m: made[m].draft.parents for m in members})
-    scores = w.target.score_tree(tree, layers=w.layers)
-    logits = scores.logits
+def _judge_tree(row: Row, logits: torch.Tensor, states: Mapping[int, torch.Tensor]) -> Verified:
+    turn, sampling = row.turn, row.spec.sampling
+    tree, made, members = turn.tree, turn.made, turn.members
     p_all = logits_to_probs(logits, sampling)
     if sampling.greedy:
         tv = verify_tree_greedy(tree, logits)
     else:
-        tv = verify_tree_sampling(tree, {m: made[m].draft.probs for m in members}, p_all, w.rng)
+        tv = verify_tree_sampling(tree, {m: made[m].draft.probs for m in members}, p_all, row.rng)
     rows = tree.rows(tv.path)
     mine = {m: member_divergence(tree, m, made[m].draft.probs, p_all, made[m].n_max) for m in members}
     return Verified(
@@ -273,7 +346,7 @@ def verify_tree(w: Walk, members: tuple[str, ...], made: Mapping[str, Drafted]) 
         tv,
         logits[rows],
         p_all[rows[:-1]],
-        {layer: x[rows] for layer, x in scores.states.items()},
+        {layer: x[rows] for layer, x in states.items()},
         [tree.tokens[n] for n in tv.path],
         max(d.n_max for d in made.values()),
         max(mine.values()),
@@ -282,92 +355,142 @@ def verify_tree(w: Walk, members: tuple[str, ...], made: Mapping[str, Drafted]) 
     )
 
 
-def commit(w: Walk, v: Verified) -> bool:
-    """Cut the output at EOS, certify it, append it, and move the target (and the recorded states) past it; True
-    when the generation is done."""
-    gen, target = w.gen, w.target
+def commit(row: Row, v: Verified) -> list[int]:
+    """Cut the output after an EOS (kept), certify it, append it, and record the target's states at the committed
+    positions; the offsets of the forward's inputs the row's cache keeps (its last committed token and the accepted
+    draft tokens, or a tree's root and accepted path)."""
+    gen = row.gen
     for i, tok in enumerate(v.new):
-        if tok in w.spec.eos_ids:
+        if tok in row.spec.eos_ids:
             v.new = v.new[: i + 1]
             gen.stop = "eos"
             break
-    if w.certify:  # row i of the forward (along the accepted path) chose output token i of the round
+    if row.certify:  # row i of the forward (along the accepted path) chose output token i of the round
         gen.deciders.extend(deciders(v.logits, len(v.new)))
-    last = len(target.tokens) - 1  # position of the last committed token: the first scored row
+    last = len(row.tokens) - 1  # position of the last committed token: the first scored row
     gen.tokens.extend(v.new)
-    done = gen.stop == "eos" or len(gen.tokens) >= w.spec.limits.max_new_tokens
-    if not done:
-        if v.tree is None:
-            target.commit(v.new)
-        else:
-            target.commit_tree(v.verdict.path, v.new)
-        if w.layers:  # rows of the last committed token and the accepted draft tokens
-            w.ctx.record_states(v.states, rows=len(v.new), start=last)
-    return done
+    gen.target_calls += 1
+    if (
+        row.layers
+    ):  # rows of the last committed token and the accepted draft tokens (as the target's cache keeps)
+        row.ctx.record_states(v.states, rows=len(v.new), start=last)
+    row.tokens.extend(v.new)
+    if v.tree is not None:
+        return v.tree.rows(v.verdict.path)
+    # what the cache holds after the round: the committed tokens but the last (a cascade may emit a drafter token
+    # past the scored ones, which the next forward feeds)
+    return list(range(1 + min(common_prefix(v.path_draft, v.new), len(v.new) - 1)))
 
 
-def side_observations(w: Walk, v: Verified, members, context: list[int], room: int) -> dict[str, float]:
+def side_observations(row: Row, v: Verified, context: list[int]) -> dict[str, float]:
     """Under full information: what each watching drafter outside the round would have had (``observations``)."""
-    if not (w.watching and w.selector.full_information):
+    if not (row.watching and row.selector.full_information):
         return {}
-    limits = w.spec.limits
+    limits = row.spec.limits
     seen = Verification(
         draft=v.path_draft,
         p=v.p,
         accepted=v.accepted,
         played=v.arm,
-        sampling=w.spec.sampling,
+        sampling=row.spec.sampling,
         states=v.states,
         context=context,
-        query=w.ctx,
+        query=row.ctx,
         draft_length=limits.draft_length,
-        room=room,
-        eos_ids=w.spec.eos_ids,
+        room=limits.max_new_tokens - (len(row.gen.tokens) - len(v.new)) - 1,
+        eos_ids=row.spec.eos_ids,
     )
     return {
         name: obs
-        for name, obs in observations(w.watching, seen).items()  # each group's work once
-        if obs is not None and name not in members
+        for name, obs in observations(row.watching, seen).items()  # each group's work once
+        if obs is not None and name not in row.turn.members
     }
 
 
-def feedback(w: Walk, choice, members, made: Mapping[str, Drafted], v: Verified, times: dict) -> Round:
-    """The round's record, and the selector's update from it (each member's own feedback after a tree round)."""
-    switched = w.prev_members is not None and members != w.prev_members
+@dataclass(frozen=True)
+class Counts:
+    """What a round drafted, accepted and emitted, its draft length limit and Block Divergence."""
+
+    drafted: int
+    accepted: int
+    n_max: int
+    bd: float
+    emitted: int
+
+
+def round_record(
+    index: int,
+    arm: str,
+    counts: Counts,
+    made: Mapping[str, object],
+    routed: float,
+    switched: bool,
+    times: tuple[float, float],
+    switch_overhead: float = 0.0,
+) -> Round:
+    """The one ``Round`` record of a round, live or replayed (``times``: its ``t_select`` and ``t_verify``): a switch or
+    a member's first use in the query books the members' catch-up as ``t_switch`` (plus ``switch_overhead`` on a
+    switch that is not a first use: what a replay adds for a live switch), else it is drafting; ``routed`` (a
+    routed-away or pruned draft) is drafting."""
+    drafted, accepted, n_max, bd, emitted = (
+        counts.drafted,
+        counts.accepted,
+        counts.n_max,
+        counts.bd,
+        counts.emitted,
+    )
+    t_select, t_verify = times
     first_use = any(d.first for d in made.values())
     setup = switched or first_use
     t_sync = sum(d.t_sync for d in made.values())
-    t_draft = sum(d.t_propose for d in made.values()) + times["routed"] + (0.0 if setup else t_sync)
-    accepted = v.accepted
-    rnd = Round(
-        index=len(w.gen.rounds),
-        arm=v.arm,
-        drafted=v.tree.size if v.tree is not None else len(made[v.arm].draft.tokens),
+    t_draft = sum(d.t_propose for d in made.values()) + routed + (0.0 if setup else t_sync)
+    if switched and not first_use:
+        t_sync += switch_overhead
+    return Round(
+        index=index,
+        arm=arm,
+        drafted=drafted,
         accepted=accepted,
-        n_max=v.n_max,
-        be=block_efficiency(accepted, v.n_max),
-        bd=v.bd,
-        emitted=len(v.new),
-        t_select=times["select"],
+        n_max=n_max,
+        be=block_efficiency(accepted, n_max),
+        bd=bd,
+        emitted=emitted,
+        t_select=t_select,
         t_draft=t_draft,
-        t_verify=times["verify"],
+        t_verify=t_verify,
         t_switch=t_sync if setup else 0.0,
         switched=switched,
         first_use=first_use,
-        deferred=v.deferred,
     )
-    if isinstance(choice, Plan):
-        rnd.expected, rnd.predicted_s = choice.estimate()
+
+
+def record(row: Row, v: Verified, t_select: float, t_verify: float, forward: int | None) -> Round:
+    """The row's round record (``round_record``), with what a cascade deferred, a tree's size, a plan's estimates
+    and the forward that verified it, appended to its generation."""
+    turn, gen = row.turn, row.gen
+    switched = row.prev_members is not None and turn.members != row.prev_members
+    drafted = v.tree.size if v.tree is not None else len(turn.made[v.arm].draft.tokens)
+    counts = Counts(drafted, v.accepted, v.n_max, v.bd, len(v.new))
+    rnd = round_record(len(gen.rounds), v.arm, counts, turn.made, turn.routed, switched, (t_select, t_verify))
+    rnd.deferred, rnd.forward = v.deferred, forward
+    if isinstance(turn.choice, Plan):
+        rnd.expected, rnd.predicted_s = turn.choice.estimate()
+        rnd.context, rnd.decided = len(row.tokens) - len(v.new), turn.choice.label
+    elif turn.planned is not None:
+        rnd.expected, rnd.predicted_s = turn.planned
     if v.tree is not None:  # a tree round, of several drafters' drafts or of one drafter's own tree
         rnd.tree_size = v.tree.size
-    learn(w.selector, rnd, members, made, v)
+    gen.rounds.append(rnd)
+    row.prev_members = turn.members
     return rnd
 
 
-def learn(selector: Selector, rnd: Round, members, made: Mapping[str, Drafted], v: Verified) -> None:
-    """The selector's update from the round: each member's own feedback after a tree of several drafters'
-    drafts (``update_tree``), else the arm's; each with the outcomes of its judged nodes (shared by the loop and
-    a batch's tree rows, ``decoding/batch.py``)."""
+def learn(
+    selector: Selector, rnd: Round, members, made: Mapping[str, Drafted], v: Verified, choice: object = None
+) -> None:
+    """The selector's update from the round: each member's own feedback after a tree of several drafters' drafts
+    (``update_tree``), else the arm's; each with the outcomes of its judged nodes; a ``Plan`` (``choice``) then
+    settles with the measured round."""
     accepted = rnd.accepted
     if v.tree is None:
         nodes = {v.arm: chain_outcomes(len(made[v.arm].draft.tokens), accepted)}
@@ -395,34 +518,29 @@ def learn(selector: Selector, rnd: Round, members, made: Mapping[str, Drafted], 
         )
     else:
         selector.update(v.arm, feedback_of(rnd, nodes[v.arm]))
+    if isinstance(choice, Plan) and choice.settle is not None:
+        choice.settle(rnd)
 
 
-def play_round(w: Walk) -> bool:
-    """One round: choose, draft, verify, commit, observe, learn. True when the generation is done."""
-    clock, gen = w.spec.clock, w.gen
-    t0 = clock.now()
-    choice = w.selector.select()
-    t1 = clock.now()
-    room = w.spec.limits.max_new_tokens - len(gen.tokens) - 1  # room for the bonus token: never overshoot
-    members, made, unused = draft(w, choice, room)
-    t3 = clock.now()
-    v = verify(w, members, made)
-    # the committed tokens before the round (what a watching drafter replays the round from)
-    context = list(w.target.tokens) if w.watching and w.selector.full_information else []
-    done = commit(w, v)
-    t4 = clock.now()
-    side = side_observations(w, v, members, context, room)
-    t5 = clock.now()
-    routed = unused.t_sync + unused.t_propose if unused is not None else 0.0
-    # what the drafting phase spent outside the drafters (a plan's own decisions): the selector's time
-    planning = max((t3 - t1) - routed - sum(d.t_sync + d.t_propose for d in made.values()), 0.0)
-    times = {
-        "select": (t1 - t0) + planning + (t5 - t4) + (0.0 if gen.rounds else w.t_reset),
-        "verify": t4 - t3,
-        "routed": routed,
-    }
-    gen.rounds.append(feedback(w, choice, members, made, v, times))
-    for name, side_bd in side.items():
-        w.selector.observe(name, side_bd)
-    w.prev_members = members
-    return done
+__all__ = [
+    "Counts",
+    "Drafted",
+    "Row",
+    "Turn",
+    "Verified",
+    "cascade_with_tree",
+    "choose",
+    "commit",
+    "cut_draft",
+    "draft",
+    "draft_with",
+    "judge",
+    "learn",
+    "matched",
+    "record",
+    "round_members",
+    "round_record",
+    "scored",
+    "side_observations",
+    "tree_label",
+]

@@ -62,7 +62,7 @@ class SpecOptions:
 
     extra_eos_ids: Annotated[list[int] | None, list_of(integer(0), null=True)]
     fit_context: Annotated[bool, boolean()]
-    # eval only (pipelines/batched.py): queries decoded together, one target forward a round for all of them
+    # eval only (pipelines/waves.py): queries decoded together, one target forward a round for all of them
     batch_size: Annotated[int, integer(1, note=" (queries decoded together; 1: one at a time)")]
     # eval at batch_size > 1: the queries a method decodes in one go, finished rows refilled (null: 4 x batch_size)
     batch_wave: Annotated[int | None, integer(1, null=True, note=" (queries a method decodes in one go)")] = (

@@ -16,6 +16,7 @@ from specbench.decoding.drafter import (
     full_precision,
 )
 from specbench.decoding.sampling import logits_to_probs
+from specbench.drafters.batched import ModelRows
 from specbench.drafters.dynamic_tree import TreeShape, frontier_attention, grow, tree_shape
 from specbench.errors import SpecbenchError
 from specbench.models.cache import CachedLM, check_tree_attention
@@ -110,12 +111,10 @@ class ModelDrafter(Drafter):
             logits = self.lm.forward([tok], last_only=True)[-1]
         return steps.draft()
 
-    def for_rows(self, prompts: list[list[int]]) -> list[Drafter]:
-        """Views of one batched copy of the model, one a row: the batch drafts every row that uses it in one forward
-        a position (``drafters/batched.py``); chains of decoder-only drafters only."""
-        from specbench.drafters.batched import ModelRows
-
-        return list(ModelRows(self, prompts).views)
+    def cohort(self):
+        """One batched copy of the model, a view a row, admissions included: the loop drafts every row that uses it
+        in one forward a position (``drafters/batched.py``); chains of decoder-only drafters only."""
+        return ModelRows(self)
 
     def _propose_tree(self, logits: torch.Tensor, k: int, sampling, rng, eos_ids) -> Draft:
         """A dynamic draft tree: one forward per depth over the frontier; each frontier node sees the committed

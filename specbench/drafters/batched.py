@@ -1,8 +1,8 @@
-"""Model drafters and draft heads at batch (issue 57, item 2): one drafter forward for every row of a batch that
-drafts with it.
+"""Model drafters and draft heads over rows: one drafter forward for every row of a batch that drafts with it.
 
-``ModelDrafter.for_rows`` gives each row a view (``ModelRow``) of one shared ``ModelRows``: the drafter's model with
-one batched KV cache (``models/batched.py``: each row at its own positions, rows of different lengths in one forward).
+A model drafter's ``cohort`` (``drafters/base.py``) is one ``ModelRows`` for a call of the loop, and each row's view of
+it a ``ModelRow``: the drafter's model with one batched KV cache (``models/batched.py``: each row at its own
+positions, rows of different lengths in one forward), which a row joins at its first draft, admissions included.
 Each round every row that drafts with it hands in its committed tokens; the cache of each row is first cut back to
 its longest prefix that is still committed (``BatchedLM.rewind``: a rejected draft's slots leave it), then one
 forward feeds every row the committed tokens it has not seen, and then one forward per draft position feeds each row
@@ -11,11 +11,12 @@ that draft with another drafter this round feed nothing (their slots of the forw
 drafts exactly what the drafter drafts for it alone (the same tokens and distributions, to the rounding of a
 batched matrix product), and ``ModelRow.propose`` drafts one row the same way.
 
-Chains of decoder-only drafters only: a dynamic draft tree or an encoder-decoder drafter is refused when the rows
-are made, before any forward. The cache starts, at the first draft, with every row that has not finished
-(their prompts); a finished row (``finish``) leaves it at the next draft.
+Chains of decoder-only drafters only: a dynamic draft tree or an encoder-decoder drafter is refused when the cohort is
+made, before any forward. A finished row (``finish``) leaves the cache at the next draft. This module knows the
+drafter kinds only through the protocol (``decoding/drafter.py``) and what their ``cohort`` hands it: the kinds import
+it, never the other way.
 
-A draft head does the same over its own stack (``HeadRows``, from ``EagleDrafter.for_rows``): its cache holds pairs
+A draft head does the same over its own stack (``HeadRows``, from the eagle kind's ``cohort``): its cache holds pairs
 ``(f_t, x_{t+1})`` of the row's target features and tokens, so each row is fed its own query's recorded target
 states, and its draft steps feed predicted features instead of tokens (``BatchedLM.feed``).
 """
@@ -23,40 +24,41 @@ states, and its draft steps feed predicted features instead of tokens (``Batched
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
-from specbench.decoding.drafter import Draft, Drafter, DraftSteps
+from specbench.decoding.drafter import Cohort, Draft, Drafter, DraftSteps
 from specbench.decoding.sampling import SamplingParams, logits_to_probs
 from specbench.errors import SpecbenchError
 from specbench.models.batched import BatchedLM
 from specbench.models.cache import common_prefix
 
-if TYPE_CHECKING:
-    from specbench.drafters.base import ModelDrafter
-    from specbench.drafters.eagle.eagle1 import EagleDrafter
 
-
-class SharedRows:
-    """A drafter drafting for the rows of one batch with one batched cache (``lm``); one view a row, in ``views``.
-    ``_start`` begins the cache with the unfinished rows at their first draft."""
+class SharedRows(Cohort):
+    """A drafter drafting for the rows of one call of the loop with one batched cache (``lm``), a view a row
+    (``view``): a view joins the cache at its first draft and leaves it at the draft after its row finished, so
+    admissions share the one cache too."""
 
     lm: BatchedLM
-    views: list
 
-    def _rows(self) -> dict[int, int]:
-        """Start the cache with every unfinished row, or let finished rows leave it; each live view's cache row."""
-        if self.live is None:
-            self.live = [v for v in self.views if not v.done]
-            self._start(self.live)
-        elif any(v.done for v in self.live):
+    def __init__(self, drafter: Drafter):
+        super().__init__(drafter)
+        self.live: list = []  # the views in the cache's row order
+
+    def _rows(self, views) -> dict[int, int]:
+        """Finished views leave the cache, ``views`` not in it join it; each live view's cache row."""
+        if any(v.done for v in self.live):
             keep = [r for r, v in enumerate(self.live) if not v.done]
             self.lm.drop(keep)
             self.live = [self.live[r] for r in keep]
+        at = {id(v) for v in self.live}
+        joining = [v for v in dict.fromkeys(views) if id(v) not in at]
+        if joining:
+            self._admit(joining)
+            self.live += joining
         return {id(v): r for r, v in enumerate(self.live)}
 
-    def _start(self, live: list) -> None:
+    def _admit(self, views: list) -> None:
         raise NotImplementedError
 
     @torch.inference_mode()
@@ -78,9 +80,9 @@ class SharedRows:
 
 
 class ModelRows(SharedRows):
-    """``drafter``'s model drafting for the rows of one batch (one view a prompt, in ``views``)."""
+    """``drafter``'s model drafting for the rows of one call of the loop (a ``ModelRow`` view a row)."""
 
-    def __init__(self, drafter: ModelDrafter, prompts: Sequence[list[int]]):
+    def __init__(self, drafter: Drafter):
         name = drafter.name
         _chains_only(drafter)
         if drafter.lm.is_encoder_decoder:
@@ -89,20 +91,21 @@ class ModelRows(SharedRows):
                 "decoder-only drafters",
                 f"drop '{name}' from the batched methods, or decode with decoding.batch_size=1",
             )
-        self.drafter = drafter
+        super().__init__(drafter)
         self.lm = BatchedLM(drafter.lm.model, drafter.lm.vocab_size)
-        self.views = [ModelRow(drafter, self, list(p)) for p in prompts]
-        self.live: list[ModelRow] | None = None  # the views in the cache's row order, once it has started
 
-    def _start(self, live: list[ModelRow]) -> None:
-        """Each row's prompt but its last token cached (the first draft feeds it)."""
-        self.lm.start([v.prompt for v in live])
+    def view(self, prompt: list[int]) -> ModelRow:
+        return ModelRow(self.drafter, self, list(prompt))
+
+    def _admit(self, views: list[ModelRow]) -> None:
+        """Each joining row's prompt but its last token cached (its first draft feeds it)."""
+        self.lm.admit([v.prompt for v in views])
 
     def _propose(self, views, tokens, ks, sampling: SamplingParams, rng, eos_ids) -> list[Draft]:
         """Each view's draft (the module's docstring)."""
-        at = self._rows()
+        at = self._rows(views)
         inputs: list[list[int]] = [[] for _ in self.live]
-        lengths = self.lm.n.tolist()
+        lengths = self.lm.lengths
         for v, toks in zip(views, tokens):
             r = at[id(v)]
             match = min(
@@ -132,29 +135,30 @@ class ModelRows(SharedRows):
 
 
 class HeadRows(SharedRows):
-    """A draft head (``drafters/eagle``) drafting for the rows of one batch: one head forward a position for every
-    row that drafts with it, over one batched cache of the head's stack (``BatchedLM.feed``), each row fed its own
-    target states (its query's, which the batch records every round). Each round a row's cache is cut back to its
-    pairs ``(f_t, x_{t+1})`` still committed, one forward feeds every row the committed pairs it has not seen, then
-    each further forward feeds each row its last predicted feature and draft token, and one product of the LM head
-    scores every row's next token; so a row drafts what the head drafts for it alone (``EagleDrafter.propose``), to
-    the rounding of a batched product. The cache starts empty (a head has no pair before the first committed
-    feature)."""
+    """A draft head (``drafters/eagle``) drafting for the rows of one call of the loop: one head forward a position
+    for every row that drafts with it, over one batched cache of the head's stack (``BatchedLM.feed``), each row fed
+    its own target states (its query's, which the loop records every round). Each round a row's cache is cut back to
+    its pairs ``(f_t, x_{t+1})`` still committed, one forward feeds every row the committed pairs it has not seen,
+    then each further forward feeds each row its last predicted feature and draft token, and one product of the LM
+    head scores every row's next token; so a row drafts what the head drafts for it alone (``the head's own propose``),
+    to the rounding of a batched product. A row joins with an empty cache (a head has no pair before the first
+    committed feature)."""
 
-    def __init__(self, drafter: EagleDrafter, rows: int):
+    def __init__(self, drafter: Drafter):
         _chains_only(drafter)
-        self.drafter = drafter
+        super().__init__(drafter)
         self.lm = BatchedLM(drafter.head.stack)
-        self.views = [HeadRow(drafter, self) for _ in range(rows)]
-        self.live: list[HeadRow] | None = None
 
-    def _start(self, live: list[HeadRow]) -> None:
-        self.lm.start([[0]] * len(live))  # one-token sequences: nothing cached
+    def view(self, prompt: list[int]) -> HeadRow:
+        return HeadRow(self.drafter, self)
+
+    def _admit(self, views: list[HeadRow]) -> None:
+        self.lm.admit([[0]] * len(views))  # one-token sequences: nothing cached
 
     def _propose(self, views, tokens, ks, sampling: SamplingParams, rng, eos_ids) -> list[Draft]:
         """Each view's draft (the class's docstring); each view synced with its row's query first (``Drafter.sync``)."""
-        at, head = self._rows(), self.drafter
-        lengths, fed = self.lm.n.tolist(), {}
+        at, head = self._rows(views), self.drafter
+        lengths, fed = self.lm.lengths, {}
         for v, toks in zip(views, tokens):
             n = len(toks)
             if n < 2:  # no committed feature yet: nothing to draft from, as alone
@@ -203,7 +207,7 @@ class HeadRow(Drafter):
     """One row's view of a ``HeadRows``: the head's settings, the tokens ``x_{t+1}`` of the committed pairs the
     shared cache holds for the row (``real``), and ``shared_rows``, which the batch asks for every row at once."""
 
-    def __init__(self, drafter: EagleDrafter, rows: HeadRows):
+    def __init__(self, drafter: Drafter, rows: HeadRows):
         self.name = drafter.name
         self.cost = drafter.cost
         self.draft_length = drafter.draft_length
@@ -237,7 +241,7 @@ class ModelRow(Drafter):
     """One row's view of a ``ModelRows``: the drafter's settings, the tokens the shared cache holds for the row
     (``seen``), and ``shared_rows``, which the batch asks for every row of this drafter at once."""
 
-    def __init__(self, drafter: ModelDrafter, rows: ModelRows, prompt: list[int]):
+    def __init__(self, drafter: Drafter, rows: ModelRows, prompt: list[int]):
         if not prompt:
             raise ValueError("every row needs a prompt of at least one token")
         self.name = drafter.name

@@ -185,5 +185,5 @@ def build(
     )
 
 
-# its drafter drafts the rows of a batch in one forward (ModelDrafter.for_rows; pipelines/batch_settings.py): chains
+# its drafter drafts the rows of a batch in one forward (ModelDrafter.cohort; pipelines/batch_settings.py): chains
 build.batches = "chains"

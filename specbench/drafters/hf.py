@@ -106,7 +106,7 @@ def build(
     return with_tree(drafter, tree, name)
 
 
-# its drafter drafts the rows of a batch in one forward (ModelDrafter.for_rows; pipelines/batch_settings.py): decoder-only
+# its drafter drafts the rows of a batch in one forward (ModelDrafter.cohort; pipelines/batch_settings.py): decoder-only
 # chains (a tree config is refused for batches)
 build.batches = "chains"
 

@@ -13,6 +13,9 @@ import torch
 from transformers import DynamicCache, EncoderDecoderCache
 
 from specbench.errors import SpecbenchError
+from specbench.models import frontier
+from specbench.models.attention import PACKED, pack
+from specbench.models.frontier import FrontierCache
 
 
 def crop_cache(cache, keep: int) -> None:
@@ -50,7 +53,9 @@ class CachedLM:
 
     For encoder-decoder models the encoder runs once per query in ``reset`` and the cache covers
     the decoder tokens. ``vocab_size`` trims padded logit rows so every model in a pool yields
-    distributions over the same ids.
+    distributions over the same ids. A decoder-only model's cache is written in place (``models/frontier.py``: a
+    forward copies only its new keys and values, a crop moves a length) and its grouped-query attention never
+    expands K and V (``models/attention.py``); where either cannot be used, transformers' own (said once).
     """
 
     def __init__(self, model: torch.nn.Module, vocab_size: int | None = None):
@@ -63,6 +68,8 @@ class CachedLM:
         self.encoder_outputs = None
         self._cache_kw = cache_argument(model)
         self._keep_kw = keep_argument(model)
+        pack(model)
+        self._in_place = (not self.is_encoder_decoder) and frontier.supported(model)
 
     @torch.inference_mode()
     def reset(self, encoder_ids: list[int] | None = None, encoder_outputs=None) -> None:
@@ -70,7 +77,11 @@ class CachedLM:
         ``encoder_outputs`` (the same encoder's output, computed elsewhere) is given."""
         # An explicit cache object: transformers 4.x would otherwise return legacy tuples.
         self.cache = (
-            EncoderDecoderCache(DynamicCache(), DynamicCache()) if self.is_encoder_decoder else DynamicCache()
+            EncoderDecoderCache(DynamicCache(), DynamicCache())
+            if self.is_encoder_decoder
+            else FrontierCache(1)
+            if self._in_place
+            else DynamicCache()
         )
         self.cached = []
         self.encoder_outputs = None
@@ -121,7 +132,10 @@ class CachedLM:
             out = self.model(encoder_outputs=self.encoder_outputs, decoder_input_ids=x, **kwargs)
         else:
             out = self.model(input_ids=x, **kwargs)
-        self.cache = out[self._cache_kw]
+        if self._in_place:
+            self.cache.advance(len(ids))
+        else:
+            self.cache = out[self._cache_kw]
         self.cached.extend(ids)
         logits = out.logits[0, -1:] if last_only else out.logits[0]
         if self.vocab_size is not None and logits.shape[-1] != self.vocab_size:
@@ -137,12 +151,18 @@ class CachedLM:
         if rows == list(range(start, start + len(rows))):
             self.crop(start + len(rows))
             return
-        select_cache_positions(self.cache, start, rows)
+        if self._in_place:
+            self.cache.keep(0, start, [r - start for r in rows])
+        else:
+            select_cache_positions(self.cache, start, rows)
         self.cached[start:] = [self.cached[r] for r in rows]
 
     def crop(self, keep: int) -> None:
         if keep < len(self.cached):
-            crop_cache(self.cache, keep)
+            if self._in_place:
+                self.cache.set_length(0, keep)
+            else:
+                crop_cache(self.cache, keep)
         del self.cached[keep:]
 
     def keep_common(self, tokens: list[int], max_keep: int) -> None:
@@ -159,7 +179,7 @@ class CachedLM:
         return self.forward(tokens[len(self.cached) :], last_only=True)[-1]
 
 
-TREE_ATTENTION = ("eager", "sdpa")  # the attention implementations that read a custom 4D mask
+TREE_ATTENTION = ("eager", "sdpa", PACKED)  # the attention implementations that read a custom 4D mask
 
 
 def check_tree_attention(model: torch.nn.Module, who: str) -> None:

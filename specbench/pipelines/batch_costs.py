@@ -1,5 +1,5 @@
 """The batch budget's start-up profile: seconds of one batched target forward by rows and new tokens per row
-(``selection/batch_budget.ForwardCosts``), measured on the run's own target, dtype, device and threads before any
+(``decoding/batch_budget.ForwardCosts``), measured on the run's own target, dtype, device and threads before any
 timed generation, and cached per machine like the budget's profile (``pipelines/cost_cache.py``:
 ``$SPECBENCH_CACHE/profiles/batch-<key>.json``).
 
@@ -16,12 +16,12 @@ import logging
 import statistics
 import time
 
+from specbench.decoding.batch_budget import ForwardCosts
 from specbench.models.batched import BatchedLM
 from specbench.models.target import Target
 from specbench.pipelines.cost_cache import cache_file, machine_key, read_cached, write_cached
 from specbench.pipelines.profile import repeat_to
 from specbench.pipelines.session.schedule import rotation
-from specbench.selection.batch_budget import ForwardCosts
 from specbench.timing import Clock
 
 log = logging.getLogger(__name__)

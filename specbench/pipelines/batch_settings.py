@@ -5,7 +5,7 @@ whose drafter kind drafts per row (its builder's ``batches``), ``goodput:<drafte
 batch budget), ``tree:<a>+<b>`` over such drafters, selector methods whose selector chooses arms, routes or token
 trees over such a pool (one selector a row; not cost-model plans), and ``hf:generate``; ``goodput:`` and
 ``hf:generate`` run only in batches, so a batch size of 1 refuses them. Each refusal names the method or key and the
-fix. The batched eval itself is ``pipelines/batched.py``.
+fix. The batched eval itself is ``pipelines/waves.py``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
-from specbench.arms import AUTOREGRESSIVE, BATCH_ONLY, GOODPUT, HF_GENERATE
+from specbench.arms import AGAIN, AUTOREGRESSIVE, BATCH_ONLY, GOODPUT, HF_GENERATE
 from specbench.errors import SpecbenchError
 
 FIX = "decoding.batch_size=1 (one query at a time runs every method)"
@@ -98,7 +98,8 @@ def check_batched(cfg: DictConfig, command: str = "eval") -> None:
 def _check_methods(cfg: DictConfig, size: int) -> None:
     """Each method of a batched run: one that batches, with drafters that draft per row."""
     drafters = OmegaConf.to_container(cfg.pool.drafters, resolve=False) if cfg.pool.get("drafters") else {}
-    for spec in [str(m) for m in cfg.get("methods") or []]:
+    for given in [str(m) for m in cfg.get("methods") or []]:
+        spec = given.removeprefix(AGAIN)  # an A/A method batches as the method it runs again
         prefix = "fixed:" if spec.startswith("fixed:") else GOODPUT if spec.startswith(GOODPUT) else None
         if spec in (AUTOREGRESSIVE, HF_GENERATE):
             continue

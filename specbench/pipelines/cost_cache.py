@@ -1,6 +1,8 @@
 """The cost-model budget's start-up profile (``selector.costs: profile``): verification seconds ``a + b * nodes`` and
-each drafter's drafting seconds a round, measured on the run's own target, dtype, device, threads and pool before any
-timed generation, and cached per machine so that later runs read them instead of measuring again.
+each drafter's drafting seconds a round at each context of a small grid that spans the run's contexts (``run_contexts``:
+its shortest prompt to its longest prompt and output), measured on the run's own target, dtype, device, threads and
+pool before any timed generation, and cached per machine so that later runs read them instead of measuring again. The
+budget interpolates between the grid's contexts and corrects the profile online (``selection/costs.py``).
 
 The cache file is ``$SPECBENCH_CACHE/profiles/budget-<key>.json``; ``<key>`` hashes what the costs depend on: the
 machine (device name, threads, torch version), the target (its name, dtype, device) and each drafter (its kind, its
@@ -32,20 +34,32 @@ from specbench.timing import Clock
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
-CONTEXT = 256  # tokens in the cache before each timed forward (the first query's prompt, repeated)
+FORMAT = 2  # 2: costs by context (1: one context)
+CONTEXT = (
+    256  # tokens in the cache before each timed forward without a grid (the first query's prompt, repeated)
+)
+GRID = 3  # contexts a profile measures: the run's shortest, their geometric mean, the run's longest
 NODES = (0, 4, 8, 12, 16, 24)  # verified draft tokens per timed forward
 REPEATS, WARMUP = 7, 2
 
 
 def machine_key(target: Target) -> dict:
-    """What any measured cost depends on besides the workload: the target in its dtype, the device, threads, torch."""
+    """What any measured cost depends on besides the workload: the target in its dtype, the device, threads, torch,
+    transformers, and the forward path (``frontier.ENGINE``: the cache written in place and the attention the target
+    runs), so costs measured by another engine are measured again."""
+    import transformers
+
+    from specbench.models.frontier import ENGINE
+
     device = target.device
     return {
         **profiling.identity(target),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "engine": ENGINE,
+        "attention": getattr(target.model.config, "_attn_implementation", None),
     }
 
 
@@ -92,15 +106,24 @@ def read_cached(path, key: Mapping, parse=None):
 
 
 def budget_costs_of(costs: dict) -> dict:
-    """A cached budget profile checked: ``verify`` two numbers, ``draft`` a number per drafter (else refused, so
-    ``read_cached`` measures it again)."""
-    verify = [float(x) for x in costs["verify"]]
-    draft = {str(k): float(v) for k, v in costs["draft"].items()}
-    if len(verify) != 2 or not all(x == x and x >= 0 for x in [*verify, *draft.values()]):
-        raise SpecbenchError(
-            f"budget costs {costs!r} are not [a, b] and seconds per drafter", "measure them again"
-        )
-    return {**costs, "verify": verify, "draft": draft}
+    """A cached budget profile checked (``selection.budget.fixed_costs``: an ``[a, b]`` and seconds per drafter at
+    each context; else refused, so ``read_cached`` measures it again)."""
+    from specbench.selection.budget import fixed_costs
+
+    checked = fixed_costs(costs, list(costs["draft"]))
+    if not checked["profiled"] or any(x != x for v in checked["verify"] for x in v):
+        raise SpecbenchError(f"budget costs {costs!r} are not a measured profile", "measure them again")
+    return costs
+
+
+def run_contexts(shortest: int, longest: int, limit: int | None = None) -> tuple[int, ...]:
+    """The profile's grid: ``GRID`` contexts from ``shortest`` to ``longest`` tokens, geometric (the cost of a
+    forward is nearly flat at short contexts and grows with the cache), rounded to 16 tokens, within ``limit``
+    (the target's positions less a forward's room)."""
+    top = max(16, min(longest, limit) if limit else longest)
+    low = max(16, min(shortest, top))
+    points = [low * (top / low) ** (i / (GRID - 1)) for i in range(GRID)]
+    return tuple(sorted({max(16, int(round(p / 16.0)) * 16) for p in points}))
 
 
 def write_cached(path, key: Mapping, costs: dict, **about) -> None:
@@ -121,8 +144,8 @@ def write_cached(path, key: Mapping, costs: dict, **about) -> None:
 @dataclass(frozen=True)
 class Probe:
     """What the start-up profile is measured on: the run's target and pool as they decode (``draft_length``: the
-    loop's, for a drafter without its own), the first query's ``prompt`` (repeated into the timed context), the run's
-    ``sampling`` and its ``clock``."""
+    loop's, for a drafter without its own), the first query's ``prompt`` (repeated into the timed contexts), the run's
+    ``sampling`` and its ``clock``, and the ``contexts`` of the grid (``run_contexts``)."""
 
     target: Target
     pool: Mapping[str, Drafter]
@@ -130,12 +153,18 @@ class Probe:
     draft_length: int
     sampling: SamplingParams
     clock: Clock
+    contexts: tuple[int, ...] = (CONTEXT,)
+
+
+def profile_key(probe: Probe) -> dict:
+    """What a profile depends on: ``cost_key``'s, and the grid of contexts it is measured at."""
+    return {**cost_key(probe.target, probe.pool, probe.draft_length), "contexts": list(probe.contexts)}
 
 
 def startup_costs(probe: Probe) -> dict:
-    """``{verify: [a, b], draft: {drafter: seconds a round}}`` for ``pool``: the cached profile of this machine,
-    target and pool, else measured now (a few seconds) and cached."""
-    key = cost_key(probe.target, probe.pool, probe.draft_length)
+    """``{contexts, verify: [[a, b], ...], draft: {drafter: [seconds a round, ...]}, profiled: true}`` for ``pool``:
+    the cached profile of this machine, target, pool and grid, else measured now (seconds) and cached."""
+    key = profile_key(probe)
     path = cache_file(key)
     cached = read_cached(path, key, budget_costs_of)
     if cached is not None:
@@ -143,39 +172,41 @@ def startup_costs(probe: Probe) -> dict:
     start = time.perf_counter()
     costs = measure_costs(probe)
     log.info(
-        "budget costs: measured at start-up in %.1f s (verify %.4f s + %.5f s a node; draft %s); cached in %s",
+        "budget costs: measured at start-up in %.1f s at contexts %s (verify %s s + %s s a node); cached in %s",
         time.perf_counter() - start,
-        *costs["verify"],
-        ", ".join(f"{k} {v:.4f} s" for k, v in costs["draft"].items()),
+        costs["contexts"],
+        [round(a, 4) for a, _ in costs["verify"]],
+        [round(b, 5) for _, b in costs["verify"]],
         path,
     )
-    write_cached(path, key, costs, context=CONTEXT, nodes=list(NODES), repeats=REPEATS)
+    write_cached(path, key, costs, nodes=list(NODES), repeats=REPEATS)
     return costs
 
 
 def measure_costs(probe: Probe) -> dict:
-    """Verification seconds over ``NODES`` draft tokens after a ``CONTEXT``-token prefill, fitted as ``a + b * n``
-    (least squares), and each drafter's median seconds a round (sync + propose of its draft length)."""
+    """At each context of ``probe.contexts``: verification seconds over ``NODES`` draft tokens after that many
+    tokens of prefill, fitted as ``a + b * n`` (least squares), and each drafter's median seconds a round (sync +
+    propose of its draft length)."""
     target, clock = probe.target, probe.clock
-    source = repeat_to(probe.prompt, CONTEXT + max(NODES) + 1)
-    seconds = measure_verify(target, source, CONTEXT, [n + 1 for n in NODES], REPEATS, WARMUP, clock)
-    a, b = fit_line(list(NODES), seconds)
+    source = repeat_to(probe.prompt, max(probe.contexts) + max(NODES) + 1)
     rng = torch.Generator(device=target.device).manual_seed(0)
-    draft = {}
-    for name, d in probe.pool.items():
-        if name == AUTOREGRESSIVE or not d.drafts:
-            continue
-        got = measure_drafters(
-            target,
-            {name: d},
-            source[:CONTEXT],
-            d.draft_length or probe.draft_length,
-            probe.sampling,
-            rng,
-            Readings(REPEATS, WARMUP, clock),
-        )[name]
-        draft[name] = got["seconds_per_token"] * max(got["drafted"], 1)
-    return {"verify": [a, b], "draft": draft}
+    drafting = {n: d for n, d in probe.pool.items() if n != AUTOREGRESSIVE and d.drafts}
+    verify, draft = [], {name: [] for name in drafting}
+    for context in probe.contexts:
+        seconds = measure_verify(target, source, context, [n + 1 for n in NODES], REPEATS, WARMUP, clock)
+        verify.append(list(fit_line(list(NODES), seconds)))
+        for name, d in drafting.items():
+            got = measure_drafters(
+                target,
+                {name: d},
+                source[:context],
+                d.draft_length or probe.draft_length,
+                probe.sampling,
+                rng,
+                Readings(REPEATS, WARMUP, clock),
+            )[name]
+            draft[name].append(got["seconds_per_token"] * max(got["drafted"], 1))
+    return {"contexts": list(probe.contexts), "verify": verify, "draft": draft, "profiled": True}
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:

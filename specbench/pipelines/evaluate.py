@@ -18,17 +18,17 @@ from tqdm.auto import tqdm
 
 from specbench.arms import AUTOREGRESSIVE, BATCH_ONLY
 from specbench.decoding import certify
-from specbench.decoding.loop import check_trees
+from specbench.decoding.engine import check_trees
 from specbench.errors import SpecbenchError
 from specbench.pipelines import forks, spec_bench, tables
 from specbench.pipelines.batch_settings import batch_size, check_batched, check_queries
-from specbench.pipelines.cost_cache import Probe, startup_costs
+from specbench.pipelines.cost_cache import NODES, Probe, run_contexts, startup_costs
 from specbench.pipelines.methods import Method, check_methods, parse_methods
 from specbench.pipelines.session.core import Session, policy_checkpoint
 from specbench.pipelines.session.prompting import example_id, turns_of
 from specbench.pipelines.session.run_dir import RECORDS
 from specbench.pipelines.session.run_records import Records, write_after_stop
-from specbench.pipelines.session.schedule import rotation
+from specbench.pipelines.waves import decode_waves
 from specbench.policy import check_not_trained_on, load_checkpoint
 from specbench.records import CONVERGENCE_CSV, FORKS_CSV, ROUNDS, read_jsonl
 from specbench.selection import PolicySelector, Selector
@@ -127,16 +127,26 @@ def check_methods_early(cfg: DictConfig) -> None:
         check_methods(cfg)
 
 
+def probe_of(s: Session) -> Probe:
+    """What a budget's start-up profile measures: the run's target and pool, on a grid of contexts from its shortest
+    prompt to its longest prompt and output (``cost_cache.run_contexts``)."""
+    lengths = [len(s.prompter(q)) for q in s.queries]
+    positions = getattr(s.target.model.config, "max_position_embeddings", None)
+    limit = positions - max(NODES) - 2 if positions else None
+    contexts = run_contexts(min(lengths), max(lengths) + s.limits.max_new_tokens, limit)
+    return Probe(
+        s.target, s.pool, s.prompter(s.queries[0]), s.limits.draft_length, s.sampling, s.clock, contexts
+    )
+
+
 def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     use_policy_pool(cfg)
     check_methods_early(cfg)
     check_batched(cfg)
     s = Session.open(cfg, output_dir, RECORDS, "eval")
-    costs = functools.cache(  # a budget's start-up cost profile (costs: profile), measured once
-        lambda: startup_costs(
-            Probe(s.target, s.pool, s.prompter(s.queries[0]), s.limits.draft_length, s.sampling, s.clock)
-        )
-    )
+    costs = functools.cache(
+        lambda: startup_costs(probe_of(s))
+    )  # a budget's profile (costs: profile), measured once
     methods = parse_methods(cfg.methods, s.pool, cfg.get("selector"), cfg, costs)
     max_turns = int(cfg.dataset.get("max_turns") or 1)
     records = s.records()
@@ -152,18 +162,13 @@ def run(cfg: DictConfig, output_dir: str | Path) -> Path:
     if batched:
         check_queries(batch_size(cfg), len(s.queries))
     # every check a method's selector gets runs at every batch size (a policy on its training queries, a resumable
-    # state, trees); only the warm-up is batch 1's own (the batched decoder warms its rows itself)
+    # state, trees); only the warm-up is batch 1's own (the batched decoder warms each method on a batch itself)
     selectors = prepared_selectors(s, methods, records, todo, warm=not batched)
     try:
         with records, tqdm(total=len(todo), desc="eval", unit="query x method") as bar:
-            if batched:  # decoding.batch_size queries a forward (pipelines/batched.py)
-                from specbench.pipelines.batched import decode_batches
-
-                decode_batches(s, methods, records, set(todo), bar)
-            else:
-                decode_all(
-                    s, methods, selectors, records, set(todo), int(cfg.get("conversation_length") or 1), bar
-                )
+            decode_waves(
+                s, methods, selectors, records, set(todo), int(cfg.get("conversation_length") or 1), bar
+            )
     except BaseException:
         write_after_stop(
             records, s.out, "eval", "summary", lambda: write_summary(s, cfg, records, partial=True)
@@ -177,10 +182,10 @@ def prepared_selectors(
     s: Session, methods: list[Method], records: Records, todo, warm: bool = True
 ) -> dict[str, Selector]:
     """One selector per method for the whole run (``reset`` starts each query; selectors that carry statistics
-    across queries keep them), checked (a policy not on its training queries, a resumable state, trees on a target
-    that takes them), and the methods warmed up when anything is left to decode (``warm``: batch 1 only). The
-    batch-only methods (``goodput:``, ``hf:generate``) have no selector of their own and are not checked here."""
-    selectors = {m.name: m.make_selector() for m in methods if not m.name.startswith(BATCH_ONLY)}
+    across queries keep them; a batch's rows each play a copy), checked (a policy not on its training queries, a
+    resumable state, trees on a target that takes them), and the methods warmed up when anything is left to decode
+    (``warm``: batch 1 only; the batch-only methods are warmed by their batches)."""
+    selectors = {m.name: m.make_selector() for m in methods}
     for name, selector in selectors.items():  # a trained policy must not be evaluated on its training queries
         if isinstance(selector, PolicySelector):
             check_not_trained_on(selector.policy, s.queries, where=f"the policy of method '{name}'")
@@ -193,51 +198,9 @@ def prepared_selectors(
                 m.make_selector(), prompt, rng, replace(s.spec, limits=lim), query=s.queries[0]
             )
             for m in methods
+            if not m.batch_only
         )
     return selectors
-
-
-def decode_all(s: Session, methods, selectors, records: Records, todo: set, size: int, bar) -> None:
-    """Every (query, method) of ``todo``, written as it finishes. Conversations: each ``size`` consecutive queries
-    are the turns of one chat, so the task may change inside it; each method runs a whole conversation (methods
-    rotate per conversation), and a finished turn is decoded again only to rebuild the chat's history."""
-    max_turns = int(s.cfg.dataset.get("max_turns") or 1)
-    conversations = [range(i, min(i + size, len(s.queries))) for i in range(0, len(s.queries), size)]
-    for ci, conversation in enumerate(conversations):
-        for mi in rotation(len(methods), ci):
-            if not any((qi, mi) in todo for qi in conversation):
-                continue
-            m = methods[mi]
-            history: list[tuple[str, str]] = []
-            for qi in conversation:
-                query, rng = s.queries[qi], s.rng(qi, mi)
-                for turn in range(turns_of(query, max_turns)):
-                    gen = s.decode(
-                        selectors[m.name],
-                        s.prompter(query, turn, history),
-                        rng,
-                        replace(s.spec, stream=m.name),
-                        query=query,
-                    )
-                    text = s.text(gen.tokens)
-                    history.append((s.prompter.user_text(query, turn), text))
-                    ex_id = example_id(query, turn)
-                    if (ex_id, m.name) in records.done:  # redone only to rebuild the chat history
-                        continue
-                    # the chat this generation is a turn of, and which turn
-                    chat = {"conversation": s.queries[conversation[0]].id, "conversation_turn": len(history)}
-                    records.write(
-                        query,
-                        ex_id,
-                        m.name,
-                        gen,
-                        text,
-                        query.reference if turn == 0 else None,
-                        turn=turn + 1,
-                        **(chat if size > 1 else {}),
-                    )
-                if (qi, mi) in todo:
-                    bar.update(1)
 
 
 def write_summary(s: Session, cfg: DictConfig, records: Records, partial: bool = False) -> None:

@@ -1,5 +1,6 @@
 """Methods of a run: ``methods=[autoregressive, fixed:<arm>, fixed:*, selector, selector:<name>]`` -> selectors (and the
-batch-only ``goodput:<arm>`` and ``hf:generate``, which ``pipelines/batched.py`` decodes)."""
+batch-only ``goodput:<arm>`` and ``hf:generate``, which ``pipelines/waves.py`` decodes: ``Method.budget``,
+``Method.hf``)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,12 @@ from hydra.errors import InstantiationException
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from specbench.arms import AUTOREGRESSIVE, GOODPUT, HF_GENERATE
+from specbench.arms import AGAIN, AUTOREGRESSIVE, GOODPUT, HF_GENERATE
 from specbench.configs import canonical_option, load_option
 from specbench.errors import SpecbenchError
 from specbench.selection import Fixed, FixedTree, Selector
 from specbench.selection.budget import PROFILE
 from specbench.validate import check_arguments
-
-AGAIN = "again:"  # a method run a second time in the same run (A/A: the noise between two runs of one method)
 
 
 @dataclass
@@ -26,6 +25,19 @@ class Method:
     name: str
     make_selector: Callable[[], Selector]
     config: dict | None = None  # a selector method's instantiated config (replay reseeds it: ``reseeded``)
+    # the batch-only methods (``arms.BATCH_ONLY``): ``goodput:<drafter>`` (its drafter, with the batch budget cutting
+    # each round's drafts) and ``hf:generate`` (Hugging Face's batched greedy decoding)
+    budget: bool = False
+    hf: bool = False
+
+    @property
+    def drafter(self) -> str:
+        """The drafter a ``goodput:`` method drafts with."""
+        return self.make_selector().arm if self.budget else AUTOREGRESSIVE
+
+    @property
+    def batch_only(self) -> bool:
+        return self.budget or self.hf
 
     def reseeded(self, arms: list[str], offset: int) -> Selector:
         """A new selector of this method whose ``seed`` (and its inner UCB's) is shifted by ``offset``; methods
@@ -77,12 +89,12 @@ def parse_methods(
             new = [Method(f"fixed:{a}", lambda a=a: Fixed(arms, a)) for a in chosen]
         elif spec.startswith("tree:"):
             new = [tree_method(spec, arms)]
-        elif (
-            spec.startswith(GOODPUT) or spec == HF_GENERATE
-        ):  # batch-only (pipelines/batched.py decodes them)
-            arm = spec[len(GOODPUT) :] if spec.startswith(GOODPUT) else AUTOREGRESSIVE
+        elif spec.startswith(GOODPUT):  # batch-only (pipelines/waves.py): the drafter under the batch budget
+            arm = spec[len(GOODPUT) :]
             Fixed(arms, arm)  # validates the drafter's name now
-            new = [Method(spec, lambda a=arm: Fixed(arms, a))]
+            new = [Method(spec, lambda a=arm: Fixed(arms, a), budget=True)]
+        elif spec == HF_GENERATE:  # batch-only: Hugging Face's batched greedy decoding
+            new = [Method(spec, lambda: Fixed(arms, AUTOREGRESSIVE), hf=True)]
         else:
             raise SpecbenchError(
                 f"unknown method '{spec}'",
@@ -107,7 +119,7 @@ def again_methods(spec: str, pool: dict, selector_cfg, root, costs) -> list[Meth
         )
     found = parse_methods([inner], pool, selector_cfg, root, costs)
     return [
-        Method(AGAIN + m.name, m.make_selector, m.config)
+        Method(AGAIN + m.name, m.make_selector, m.config, m.budget, m.hf)
         for m in found
         if m.name != AUTOREGRESSIVE or inner == AUTOREGRESSIVE
     ]

@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from specbench.arms import AGAIN
 from specbench.errors import SpecbenchError, exit_on
 from specbench.files import atomic_write_text, existing
-from specbench.pipelines.methods import AGAIN
 from specbench.reproduction import intervals as CI
 from specbench.reproduction.compare import pair_columns, paired, short_name
 from specbench.reproduction.inputs import load_examples

@@ -144,6 +144,43 @@ def repeat_table(runs: list[Path], repeats: list[Path]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+AA = "again:autoregressive"  # the A/A arm: autoregressive decoding run twice in one run
+AA_RESOLVES = 0.05  # the half-width the A/A interval must stay within to tell a 5% difference apart
+
+
+def aa_lines(r: pd.DataFrame) -> list[str]:
+    """The A/A arm's reading at each batch size run more than once: its interval over runs, whether it holds 1 and
+    whether its half-width is within ``AA_RESOLVES`` (the page resolves a 5% difference there)."""
+    out = []
+    for _, row in r[r.method == AA].iterrows():
+        half = (row["95% CI high"] - row["95% CI low"]) / 2
+        holds = row["95% CI low"] <= 1 <= row["95% CI high"]
+        out.append(
+            f"- batch {int(row['batch size'])}: the A/A ratio is {row['mean']:.3f} over {int(row['runs'])} runs, 95% "
+            f"interval [{row['95% CI low']:.3f}, {row['95% CI high']:.3f}] (half-width {half:.3f}): "
+            + (
+                "it holds 1"
+                if holds
+                else "**it does not hold 1**: the two identical arms differ beyond the noise"
+            )
+            + (
+                f", and resolves {AA_RESOLVES:.0%}"
+                if half <= AA_RESOLVES
+                else f", and is wider than {AA_RESOLVES:.0%}: a ratio within it is not told apart"
+            )
+            + "."
+        )
+    if not out:
+        return []
+    return [
+        "",
+        f"A/A (`{AA}`: autoregressive decoding a second time in the same runs, its own slot in the rotation), the "
+        "noise every ratio above is read against:",
+        "",
+        *out,
+    ]
+
+
 def repeat_lines(runs: list[Path], repeats: list[Path]) -> list[str]:
     r = repeat_table(runs, repeats)
     if r.empty:
@@ -246,6 +283,58 @@ def budget_table(runs: list[Path]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def work_table(runs: list[Path]) -> pd.DataFrame:
+    """Per run's batch size and method: the target forwards, the rows in a forward, the tokens a forward fed (every
+    row's last token and its draft or tree), the new tokens a forward gave, and the milliseconds a forward took (its
+    rows' shares of it, with their verdicts). At batch 1 each round is its own forward."""
+    rows = []
+    for run in map(Path, runs):
+        if not (run / ROUNDS).is_file():
+            continue
+        size = batch_size(run)
+        r = pd.DataFrame(list(read_jsonl(run / ROUNDS)))
+        if r.empty or "method" not in r:
+            continue
+        if "forward" not in r or r["forward"].isna().all():
+            r["forward"] = range(len(r))
+        tree = pd.Series(r.get("tree_size", 0), index=r.index).fillna(0)
+        r["fed"] = 1 + r.drafted.where(tree == 0, tree)
+        if "emitted" not in r:  # records before the emitted count: the accepted tokens and the bonus token
+            r["emitted"] = r["accepted"] + 1 if "accepted" in r else 1
+        for method, g in r.groupby("method", sort=True):
+            # a forward is one of a wave: the same forward index within one wave's queries
+            per = g.groupby(["forward", g.query_id.map(_wave_of(run, method))])
+            rows.append(
+                {
+                    "batch size": size,
+                    "method": method,
+                    "forwards": per.ngroups,
+                    "rows a forward": float(per.size().mean()),
+                    "tokens fed a forward": float(per.fed.sum().mean()),
+                    "new tokens a forward": float(per.emitted.sum().mean()),
+                    "ms a forward": 1000 * float(per.t_verify.sum().mean()),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def _wave_of(run: Path, method: str) -> dict:
+    """``{query id: its wave}`` for ``method`` in a batched run (``batches.jsonl``); every query its own at batch 1."""
+    if not (Path(run) / BATCHES).is_file():
+        return _Own()
+    return {
+        q: b["batch"]
+        for b in read_jsonl(Path(run) / BATCHES)
+        if b["method"] == method
+        for q in b["query_ids"]
+    }
+
+
+class _Own(dict):
+    def __missing__(self, key):
+        return key
+
+
 def _batched_rounds(runs: list[Path]):
     """Each batched run's batches in the order they ran: ``(run, batch size, the batch's record, its rows' rounds)``."""
     for run in map(Path, runs):
@@ -336,7 +425,13 @@ def plot(t: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
-def write(runs: list[Path], out: Path, before: Path | None = None, repeats: list[Path] | None = None) -> Path:
+def write(
+    runs: list[Path],
+    out: Path,
+    before: Path | None = None,
+    repeats: list[Path] | None = None,
+    forwards: Path | None = None,
+) -> Path:
     """The page of ``runs`` (one a batch size), with ``before`` (batch 1 of the code before batching) and ``repeats``
     (more runs of some batch sizes: the ratios' spread over runs) when given. Runs that did not decode the same
     queries with the same target, data and limits are refused: their ratios across runs would compare other work."""
@@ -357,6 +452,7 @@ def write(runs: list[Path], out: Path, before: Path | None = None, repeats: list
         + " ".join(str(r) for r in runs)
         + (f" --before {before}" if before is not None else "")
         + (" --repeats " + " ".join(str(r) for r in repeats) if repeats else "")
+        + (f" --forwards {forwards}" if forwards is not None else "")
         + "` from the runs' records (nothing re-timed). Each run is one process; its methods were interleaved "
         "batch by batch (wave by wave) over the same queries; seconds are the batches' (waves') wall time.",
         "",
@@ -368,6 +464,8 @@ def write(runs: list[Path], out: Path, before: Path | None = None, repeats: list
         *repeat_lines(runs, repeats or []),
         *compared,
         *budget_lines(runs),
+        *work_lines(runs),
+        *cost_lines(forwards),
         *batch_lines(runs),
         *forward_lines(runs),
     ]
@@ -516,6 +614,50 @@ def batch_lines(runs: list[Path]) -> list[str]:
     ]
 
 
+def work_lines(runs: list[Path]) -> list[str]:
+    w = work_table(runs)
+    if w.empty:
+        return []
+    return [
+        "",
+        "## Tokens a forward and what a forward cost, by batch size",
+        "",
+        "Per run and method: its target forwards, the rows in a forward, the tokens a forward fed (each row's last "
+        "committed token and its draft or tree nodes), the new tokens a forward gave, and its milliseconds (the rows' "
+        "shares of the forward, verdicts included). Speculation pays where new tokens a forward grow faster than "
+        "the milliseconds do.",
+        "",
+        to_markdown(w, floatfmt=".2f"),
+        "",
+    ]
+
+
+def cost_lines(forwards: Path | None) -> list[str]:
+    """The forward-cost measurement (``pipelines/forward_costs.py``) when given: its table by rows, context and query
+    tokens, transformers' path beside this engine's, and the copies and memory floor behind them."""
+    if forwards is None:
+        return []
+    t = pd.read_csv(forwards)
+    wide = t.pivot_table(
+        index=["rows", "context", "q"], columns="path", values=["ms", "MB allocated", "x floor"]
+    )
+    wide.columns = [f"{a} ({b})" for a, b in wide.columns]
+    wide = wide.reset_index()
+    return [
+        "",
+        "## One forward, transformers' path against this engine's",
+        "",
+        f"From `{forwards}` (`python -m specbench.pipelines.forward_costs`: the same rows fed both ways, alternating; "
+        "MB allocated read off one profiled forward; x floor: milliseconds over the memory floor, the bytes a "
+        "forward must read over the machine's bandwidth). transformers' path concatenates the whole cache every "
+        "forward and copies K and V to every query head when a mask meets more than one query token; this engine "
+        "writes the new keys and values in place and packs the query heads.",
+        "",
+        to_markdown(wide, floatfmt=".2f"),
+        "",
+    ]
+
+
 def forward_lines(runs: list[Path]) -> list[str]:
     f = forward_times(runs)
     if f.empty:
@@ -543,15 +685,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, required=True, help="the page (Markdown; its .csv and .png beside it)")
     p.add_argument("--before", type=Path, default=None, help="a batch-1 run of the code before batching")
     p.add_argument("--repeats", type=Path, nargs="+", default=[], help="more runs of some batch sizes")
+    p.add_argument(
+        "--forwards", type=Path, default=None, help="forward_costs.csv (pipelines/forward_costs.py)"
+    )
     a = p.parse_args(argv)
     try:
         existing(
-            [*a.runs, a.before, *a.repeats],
+            [*a.runs, a.before, *a.repeats, a.forwards],
             "the eval run",
             "run `make batch-throughput` first, or pass "
             "the directories of its runs (outputs/batch_cpu/b<size>)",
         )
-        print(write(a.runs, a.out, a.before, a.repeats).read_text(encoding="utf-8"))
+        print(write(a.runs, a.out, a.before, a.repeats, a.forwards).read_text(encoding="utf-8"))
     except SpecbenchError as exc:
         exit_on(exc)
 

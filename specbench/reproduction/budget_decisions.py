@@ -12,7 +12,12 @@ rounds a budget built (``Round.expected`` set):
   a round beyond the retrieval draft's own accepted length (``member_accepted``), and the share of those rounds in
   which the model's draft went further;
 - the speed: each budget method against every single drafter (``fixed:<d>``), paired per query with a 95% interval,
-  and the claim "at least ``margin`` times prompt lookup" judged on it.
+  and the claim "at least ``margin`` times prompt lookup" judged on it;
+- issue 69's checks: predicted against measured seconds by context length (``Round.context``), the reliability table
+  (realised against expected accepted tokens by decile of the round's estimate), the share of rounds the floor
+  decided (``Round.decided``: a drafter alone overruling the plan, or probed), and the budget against its best single
+  drafter (the fastest over the run) overall and on every task of at least ``MIN_TASK`` queries, judged at
+  ``FLOOR_MARGIN`` of its speed.
 
     python -m specbench.reproduction.budget_decisions outputs/budget_decisions_cpu   (make budget-decisions)
 """
@@ -47,11 +52,17 @@ FIELDS = (
     "predicted_s",
     "t_draft",
     "t_verify",
+    "context",
+    "decided",
 )
 ALL = "all"
 RETRIEVAL = "suffix"  # the retrieval drafter's pool name in smollm2_budget
 LOOKUP = "fixed:prompt_lookup"
 MARGIN = 1.10  # issue 58's goal: the best multi-drafter method at least 1.10x prompt lookup
+FLOOR_MARGIN = (
+    0.97  # issue 69's goal: the budget at least 0.97x its best single drafter (the interval's lower end)
+)
+MIN_TASK = 8  # a task is judged apart with at least this many queries
 
 
 def budget_rounds(run_dir: Path) -> pd.DataFrame:
@@ -157,6 +168,101 @@ def speeds(run_dir: Path, margin: float = MARGIN) -> tuple[pd.DataFrame, list[V.
     return pd.DataFrame(rows), verdicts
 
 
+def by_context(rounds: pd.DataFrame) -> pd.DataFrame:
+    """Predicted against measured seconds (drafting and verification) by context bin, per budget method (rounds
+    that recorded their context)."""
+    from specbench.selection.costs import context_bin
+
+    g = (
+        rounds[pd.to_numeric(rounds.get("context"), errors="coerce").notna()].copy()
+        if "context" in rounds
+        else None
+    )
+    if g is None or g.empty:
+        return pd.DataFrame()
+    g["bin"] = [context_bin(float(c)) for c in g.context]
+    rows = []
+    for (method, b), t in g.groupby(["method", "bin"], sort=True):
+        measured = t.t_draft.sum() + t.t_verify.sum()
+        low = 0 if b == 0 else 64 * 2**b
+        rows.append(
+            {
+                "method": method,
+                "context": f"{low}-{64 * 2 ** (b + 1) - 1}",
+                "rounds": len(t),
+                "predicted s a round": t.predicted_s.mean(),
+                "measured s a round": measured / len(t),
+                "predicted / measured": t.predicted_s.sum() / measured if measured > 0 else np.nan,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def reliability(rounds: pd.DataFrame) -> pd.DataFrame:
+    """Realised against expected accepted tokens by decile of the round's expected tokens, per budget method."""
+    rows = []
+    for method, g in rounds.groupby("method", sort=True):
+        if len(g) < 10:
+            continue
+        decile = pd.qcut(g.expected.rank(method="first"), 10, labels=False)
+        for d, t in g.groupby(decile, sort=True):
+            rows.append(
+                {
+                    "method": method,
+                    "decile": int(d) + 1,
+                    "rounds": len(t),
+                    "expected": t.expected.mean(),
+                    "realised": t.accepted.mean(),
+                    "realised / expected": t.accepted.sum() / t.expected.sum()
+                    if t.expected.sum() > 0
+                    else np.nan,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def floor_shares(rounds: pd.DataFrame) -> pd.DataFrame:
+    """Per budget method and task: the share of rounds the plan decided, a probe, or the floor (a drafter alone
+    that measured better than the plan in the query)."""
+    if "decided" not in rounds:
+        return pd.DataFrame()
+    label = rounds.decided.fillna("plan").astype(str).str.split(":").str[0]
+    rows = []
+    for (method, task), g in _groups(rounds.assign(label=label)):
+        rows.append(
+            {"method": method, "task": task, "rounds": len(g)}
+            | {k: float((g.label == k).mean()) for k in ("plan", "probe", "floor")}
+        )
+    return pd.DataFrame(rows)
+
+
+def against_best(run_dir: Path, margin: float = FLOOR_MARGIN) -> list[V.Verdict]:
+    """Each budget method against its best single drafter (the fastest over the run, by summed seconds over summed
+    tokens), overall and per task of at least ``MIN_TASK`` queries: held when the paired interval's lower end is at
+    least ``margin``."""
+    run_dir = Path(run_dir)
+    ex = load_examples(run_dir.parent, run_dir.name)
+    singles = sorted(m for m in set(ex.method) if str(m).startswith("fixed:"))
+    if not singles:
+        return []
+    rate = {m: ex[ex.method == m].new_tokens.sum() / ex[ex.method == m].seconds.sum() for m in singles}
+    best = max(singles, key=lambda m: rate[m])
+    out = []
+    for m in sorted(set(budget_rounds(run_dir).method)):
+        for task in [
+            None,
+            *sorted(t for t, g in ex[ex.method == m].groupby("task") if g.query_id.nunique() >= MIN_TASK),
+        ]:
+            where = f" on {task}" if task else " over every task"
+            claim = f"{m} keeps at least {margin:g}x its best single drafter ({best}){where}"
+            out.append(compare.faster_on(ex, claim, m, best, task, threshold=margin, at_least=True))
+    return out
+
+
+def _table(df: pd.DataFrame, empty: str) -> str:
+    return to_markdown(df, floatfmt=".3f") if len(df) else empty
+
+
 def _ci(v: V.Verdict) -> str:
     return f"[{v.interval[0]:.3f}, {v.interval[1]:.3f}]" if v.interval else "n/a"
 
@@ -179,8 +285,10 @@ def reading(table: pd.DataFrame) -> list[str]:
 def write(run_dir: Path, margin: float = MARGIN) -> Path:
     """``budget_decisions.md`` (and ``.csv``) in ``run_dir``; its path."""
     run_dir = Path(run_dir)
-    table = decisions(budget_rounds(run_dir))
+    rounds = budget_rounds(run_dir)
+    table = decisions(rounds)
     speed, verdicts = speeds(run_dir, margin)
+    older = "This run's rounds did not record it (a run before issue 69)."
     lines = [
         f"# What the budget decided, and what it got ({run_dir.name})",
         "",
@@ -201,6 +309,22 @@ def write(run_dir: Path, margin: float = MARGIN) -> Path:
         to_markdown(speed, floatfmt=".3f") if len(speed) else "No single drafter ran beside the budget.",
         "",
         *[f"- {v.line()}" for v in verdicts],
+        "",
+        "## Against the best single drafter (issue 69's floor)",
+        "",
+        *[f"- {v.line()}" for v in against_best(run_dir)],
+        "",
+        "## Who decided: the plan, a probe, the floor",
+        "",
+        _table(floor_shares(rounds), older),
+        "",
+        "## Predicted against measured seconds by context length",
+        "",
+        _table(by_context(rounds), older),
+        "",
+        "## Reliability: realised against expected accepted tokens by decile of the estimate",
+        "",
+        _table(reliability(rounds), "Too few rounds."),
         "",
     ]
     table.to_csv(run_dir / "budget_decisions.csv", index=False)

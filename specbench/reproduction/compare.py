@@ -3,43 +3,19 @@ process, speed and MAT ratios judged with ``verdicts``, the published values set
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from specbench.pipelines.methods import AGAIN
+from specbench.arms import AGAIN
 from specbench.pipelines.tables import ALL_TASKS, pyplot
 from specbench.reproduction import intervals as CI
 from specbench.reproduction import verdicts as V
-from specbench.reproduction.inputs import drafter_speeds
+from specbench.reproduction.inputs import drafter_speeds, paired
 from specbench.reproduction.published import Published, lookup
 from specbench.reproduction.runs import EXAMPLES
-
-
-def paired(ex: pd.DataFrame, methods: list[str], task: str | None = None) -> dict[str, pd.DataFrame]:
-    """``{method: its records}`` on the queries every one of ``methods`` ran (in ``task``; None or ``all``: every
-    task), aligned by query id; a query whose records come from different timing processes (a resumed run)
-    is left out, as the summary's speedups never pair two processes."""
-    sub = ex if task in (None, ALL_TASKS) else ex[ex.task == task]
-    per = {m: sub[sub.method == m].set_index("query_id") for m in dict.fromkeys(methods)}
-    if not per or any(p.empty for p in per.values()):
-        return {m: p.iloc[:0] for m, p in per.items()}
-    common = sorted(set.intersection(*(set(p.index) for p in per.values())), key=str)
-    if "process" in sub:
-
-        def one_process(q):
-            procs = {str(p.at[q, "process"]) for p in per.values() if _present(p.at[q, "process"])}
-            return len(procs) <= 1
-
-        common = [q for q in common if one_process(q)]
-    return {m: p.loc[common] for m, p in per.items()}
-
-
-def _present(x) -> bool:
-    return x is not None and not (isinstance(x, float) and math.isnan(x))
 
 
 def pair_columns(a: pd.DataFrame, b: pd.DataFrame, cost: str = "seconds") -> dict[str, np.ndarray]:

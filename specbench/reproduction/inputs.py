@@ -384,7 +384,6 @@ def separation(root_or_ex, run_or_task: str, task: str | None = None) -> tuple[f
         raise TypeError("separation(root, run, task)")
     root, run = root_or_ex, run_or_task
     from specbench.records import CURVES_CSV
-    from specbench.reproduction.compare import paired
 
     ex = load_examples(root, run)
     columns = task_columns(run_table(root, f"{run}/{CURVES_CSV}"))
@@ -394,3 +393,28 @@ def separation(root_or_ex, run_or_task: str, task: str | None = None) -> tuple[f
     if d.empty:
         raise ValueError(f"no query of {task} scored by both the target and the drafter alone")
     return float(d.mean()), metric, len(d)
+
+
+def paired(ex: pd.DataFrame, methods: list[str], task: str | None = None) -> dict[str, pd.DataFrame]:
+    """``{method: its records}`` on the queries every one of ``methods`` ran (in ``task``; None or ``all``: every
+    task), aligned by query id; a query whose records come from different timing processes (a resumed run)
+    is left out, as the summary's speedups never pair two processes."""
+    from specbench.pipelines.tables import ALL_TASKS
+
+    sub = ex if task in (None, ALL_TASKS) else ex[ex.task == task]
+    per = {m: sub[sub.method == m].set_index("query_id") for m in dict.fromkeys(methods)}
+    if not per or any(p.empty for p in per.values()):
+        return {m: p.iloc[:0] for m, p in per.items()}
+    common = sorted(set.intersection(*(set(p.index) for p in per.values())), key=str)
+    if "process" in sub:
+
+        def one_process(q):
+            procs = {str(p.at[q, "process"]) for p in per.values() if _present(p.at[q, "process"])}
+            return len(procs) <= 1
+
+        common = [q for q in common if one_process(q)]
+    return {m: p.loc[common] for m, p in per.items()}
+
+
+def _present(x) -> bool:
+    return x is not None and not (isinstance(x, float) and math.isnan(x))

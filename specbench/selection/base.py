@@ -48,12 +48,17 @@ class Plan:
     asks ``more(drafts)`` which further drafters draft (given ``{name: Draft}`` so far), then
     ``prune(drafts)`` which of all their tokens enter the verified tree (``{name: kept draft indices}``, each
     kept set closed under parents). ``estimate()`` after pruning: ``(expected accepted tokens, predicted
-    seconds)`` of the round, recorded beside what it measured."""
+    seconds)`` of the round, recorded beside what it measured. ``label``: what decided the round (the budget's
+    ``plan``, a ``probe:<arm>`` of one drafter alone, or ``floor:<arm>`` where that arm's measured goodput
+    overruled the plan), recorded as ``Round.decided``; ``settle(round)``: given the round's record once it is
+    measured (its emitted tokens and seconds)."""
 
     first: tuple[str, ...]
     more: Callable
     prune: Callable
     estimate: Callable
+    label: str = "plan"
+    settle: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,10 @@ class Selector:
     def playable(self) -> list[str]:
         """The arms this selector may play in a generation (all of its arms unless it is pinned to one)."""
         return list(self.arms)
+
+    def at(self, context: int) -> None:
+        """The row's context length (its committed tokens: the prompt and the output so far), told before each
+        ``select`` (a cost model prices a round by it)."""
 
     def set_embedding(self, embedding) -> None:
         """The query's embedding from the target (``Target.embed``), given before ``reset``."""

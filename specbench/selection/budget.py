@@ -10,14 +10,19 @@ accepted tokens per predicted second:
   accepted, a Beta posterior whose prior mean is the score itself (``calibration.prior`` pseudo-rounds). Every verified token
   whose parent was accepted is one observation (``Feedback.nodes``). A node's estimate is the product along its
   path: its expected contribution to the round's accepted tokens.
-- **Costs, measured online** (or given: ``costs``, which makes every decision independent of the clock).
-  Verification seconds ``a + b * nodes`` by least squares over the rounds played
-  (until it has 8 rounds of varied sizes: ``b = node_cost * a``, the profiled 0.025 of a step per node); each
-  drafter's drafting seconds a round as a running mean.
+- **Costs by context** (``selection/costs.py``): verification seconds ``a + b * nodes`` and each drafter's seconds a
+  round as functions of the context length (the committed tokens, told by ``Selector.at``): from the start-up profile
+  over a grid of contexts that spans the run's (``costs: profile``), interpolated, or fitted online without one; in
+  both cases corrected online by context bin from the seconds every round records. Given ``costs`` are never
+  corrected: every decision is then independent of the clock.
+- **The drafter's own signals.** A retrieval draft's match length (``Draft.match``: the suffix drafter's, prompt
+  lookup's n-gram) refines each node's calibration bin (its prior: the bin without it), so a long match's tokens are
+  expected as long matches have been kept. With ``calibration.by_query`` (the default) each query also keeps its
+  own table, whose prior is the run's.
 - **Who drafts.** A model drafter drafts when ``(1 + E_r + G_m) / (t_v(n_r + n_m) + d_r + d_m)`` beats
   ``(1 + E_r) / (t_v(n_r) + d_r)``: ``E_r`` the retrieval draft's expected tokens, ``G_m`` the model's marginal
   tokens (a running mean of what its draft added beyond the retrieval draft's own accepted length, kept apart
-  for rounds whose retrieval draft was empty and the rest; optimistic at first), ``n_m`` its running mean of
+  for rounds whose retrieval draft was empty and the rest; optimistic at first: ``calibration.optimism``), ``n_m`` its running mean of
   verified nodes. (Keeping it apart by the retrieval draft's expected tokens as well, in four buckets, measured
   1.608x against the retrieval drafter's 1.672x on tuning rows, mixed_local offset 16, where this rule had
   measured 1.914x against 1.871x: not kept.)
@@ -36,25 +41,42 @@ tokens are accepted less (or more) than its task's moves its own estimates after
 accepted tokens the rounds before got over those they expected, unscaled (per task with ``by_task``, ``prior``
 pseudo-tokens at 1): the budget keeps the nodes whose estimates are highest, so the kept nodes' estimates run high (a
 winner's curse) even where each table is right on average, and this factor takes that out of what it expects.
+
+**The floor** (``floor``; null: off). Within each query the budget measures the goodput (emitted tokens over the
+round's seconds, a ratio of sums) of its plan and of each of its drafters played alone, every node of its draft
+verified: after the plan's first round each drafter is probed alone ``floor.probes`` times (alternating with the
+plan), then the option with fewest rounds every ``floor.every`` rounds. The option that plays is the leader: the plan
+until an arm's goodput beats the leader's by more than ``floor.z`` standard errors of their difference (the per-round
+rates' spread), then that arm (``Round.decided``: ``floor:<arm>``) until another option beats it so. A plan whose
+cost model or estimates are wrong thus loses, within the query, to an arm that measures better. With given ``costs``
+a round's seconds are its predicted ones (decisions stay clock-free).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Annotated
 
 from specbench.arms import AUTOREGRESSIVE
 from specbench.errors import SpecbenchError
 from specbench.selection.base import Feedback, Plan, Selector
+from specbench.selection.costs import ContextCosts, VerifyCost, profile_of
 from specbench.validate import COUNT, Rule, boolean, list_of, mapping, number, text
 
 BINS = 10
-MIN_FIT = 8  # rounds before the verification cost's slope is fitted
 PROFILE = "profile"  # costs: measured at start-up on the run's machine, target and pool, cached (pipelines/cost_cache.py)
 
 
+def match_bucket(match: int) -> int:
+    """A match length's signal bucket: 0, 1, 2, 3-4, 5-8, 9-16, then 17 and more."""
+    return 0 if match <= 0 else min((int(match) - 1).bit_length() + 1, 6)
+
+
 class Calibration:
-    """Beta posteriors of acceptance by (kind, bin): the prior mean is the bin's score (or 0.5 for depth bins), or,
-    with a ``parent`` (a wider calibration: every task's where this is one task's), the parent's estimate."""
+    """Beta posteriors of acceptance by (kind, bin[, match bucket]): the prior mean of a (kind, bin) cell is the bin's
+    score (or 0.5 for depth bins), that of a cell refined by the draft's match length is its (kind, bin) cell's estimate;
+    with a ``parent`` (a wider calibration: every task's where this is one task's) the parent's estimate."""
 
     def __init__(self, prior: float, parent: Calibration | None = None):
         self.prior = prior
@@ -63,60 +85,38 @@ class Calibration:
         self.trials: dict[tuple, float] = {}
 
     @staticmethod
-    def key(local: float | None, depth: int) -> tuple:
-        if local is None:
-            return ("depth", min(depth, BINS))
-        return ("score", min(int(max(local, 0.0) * BINS), BINS - 1))
+    def key(local: float | None, depth: int, match: int | None = None) -> tuple:
+        cell = (
+            ("depth", min(depth, BINS))
+            if local is None
+            else ("score", min(int(max(local, 0.0) * BINS), BINS - 1))
+        )
+        return cell if match is None else (*cell, match_bucket(match))
 
     def estimate(self, key: tuple) -> float:
         if self.parent is not None:
             mean = self.parent.estimate(key)
+        elif len(key) > 2:
+            mean = self.estimate(key[:2])
         else:
             mean = 0.5 if key[0] == "depth" else (key[1] + 0.5) / BINS
         return (self.hits.get(key, 0.0) + self.prior * mean) / (self.trials.get(key, 0.0) + self.prior)
 
     def observe(self, key: tuple, accepted: bool) -> None:
-        self.hits[key] = self.hits.get(key, 0.0) + float(accepted)
-        self.trials[key] = self.trials.get(key, 0.0) + 1.0
+        for k in (key, key[:2]) if len(key) > 2 else (key,):
+            self.hits[k] = self.hits.get(k, 0.0) + float(accepted)
+            self.trials[k] = self.trials.get(k, 0.0) + 1.0
 
 
-class VerifyCost:
-    """Seconds of a verification forward over ``n`` nodes: ``a + b n`` fitted online (prior slope ``node_cost * a``)."""
-
-    def __init__(self, node_cost: float):
-        self.node_cost = node_cost
-        self.s = [0.0] * 5  # count, sum n, sum n^2, sum t, sum n t
-        self.fixed: tuple[float, float] | None = None  # given coefficients: nothing is fitted
-
-    def observe(self, n: int, t: float) -> None:
-        for i, v in enumerate((1.0, n, n * n, t, n * t)):
-            self.s[i] += v
-
-    def coefficients(self) -> tuple[float, float]:
-        if self.fixed is not None:
-            return self.fixed
-        c, sn, snn, st, snt = self.s
-        if c == 0:
-            return 0.03, 0.03 * self.node_cost  # before any round: a nominal step (only ratios matter)
-        var = snn / c - (sn / c) ** 2
-        if c >= MIN_FIT and var > 1.0:
-            b = max((snt / c - (sn / c) * (st / c)) / var, 0.0)
-            return max(st / c - b * sn / c, 1e-6), b
-        a = (st / c) / (1.0 + self.node_cost * sn / c)
-        return a, self.node_cost * a
-
-    def __call__(self, n: int) -> float:
-        a, b = self.coefficients()
-        return a + b * n
-
-
-def fixed_costs(costs, drafters: list[str]) -> tuple[tuple[float, float], dict[str, float]] | None:
-    """``costs`` (``{verify: [a, b], draft: {drafter: seconds}}`` or None) checked: verification ``a + b * nodes``
-    seconds and each drafter's drafting seconds a round, given instead of measured."""
+def fixed_costs(costs, drafters: list[str]) -> dict | None:
+    """``costs`` checked, as a profile over contexts (``costs.profile_of``): ``{verify: [a, b], draft: {drafter:
+    seconds}}`` (one context), or ``{contexts: [c, ...], verify: [[a, b], ...], draft: {drafter: [seconds, ...]}}``
+    (seconds by context); None for None."""
     if costs is None:
         return None
     fix = (
-        "set selector.costs to {verify: [seconds a forward, seconds a node], draft: {<drafter>: seconds a round}}, "
+        "set selector.costs to {verify: [seconds a forward, seconds a node], draft: {<drafter>: seconds a round}} "
+        "(or by context: {contexts: [c1, c2], verify: [[a1, b1], [a2, b2]], draft: {<drafter>: [s1, s2]}}), "
         f"'{PROFILE}' (measured at start-up, cached per machine) or null to measure them online"
     )
     if costs == PROFILE:
@@ -126,20 +126,35 @@ def fixed_costs(costs, drafters: list[str]) -> tuple[tuple[float, float], dict[s
             fix,
         )
     try:
-        a, b = (float(x) for x in costs["verify"])
-        draft = {str(k): float(v) for k, v in (costs.get("draft") or {}).items()}
+        profile = profile_of(costs, drafters)
+        contexts = [float(c) for c in profile["contexts"]]
+        verify = [(float(a), float(b)) for a, b in profile["verify"]]
+        draft = {
+            str(k): [float(v)] * len(contexts) if isinstance(v, int | float) else [float(x) for x in v]
+            for k, v in profile["draft"].items()
+        }
     except (TypeError, ValueError, KeyError, AttributeError):
-        raise SpecbenchError(
-            f"budget: costs {costs!r} is not {{verify: [a, b], draft: {{drafter: seconds}}}}", fix
-        ) from None
+        raise SpecbenchError(f"budget: costs {costs!r} are not of either form", fix) from None
     unknown = [k for k in draft if k not in drafters]
-    if a <= 0 or b < 0 or any(v < 0 for v in draft.values()) or unknown:
+    if (
+        len(verify) != len(contexts)
+        or any(len(v) != len(contexts) for v in draft.values())
+        or any(a <= 0 or b < 0 for a, b in verify)
+        or any(x < 0 for v in draft.values() for x in v)
+        or any(c < 0 for c in contexts)
+        or unknown
+    ):
         raise SpecbenchError(
-            f"budget: costs need a > 0, b >= 0, drafting seconds >= 0 for drafters of the pool "
-            f"(got verify [{a}, {b}], draft {draft})",
+            "budget: costs need one [a, b] with a > 0, b >= 0 per context, drafting seconds >= 0 per context for "
+            f"drafters of the pool, contexts >= 0 (got contexts {contexts}, verify {verify}, draft {draft})",
             fix,
         )
-    return (a, b), {d: draft.get(d, 0.0) for d in drafters}
+    return {
+        "contexts": contexts,
+        "verify": verify,
+        "draft": {d: draft.get(d, [0.0] * len(contexts)) for d in drafters},
+        "profiled": bool(costs.get("profiled", False)),  # measured at start-up: corrected online
+    }
 
 
 def _shape(draft) -> tuple[list[int], list[int], list[tuple[int, ...]]]:
@@ -154,26 +169,118 @@ def _shape(draft) -> tuple[list[int], list[int], list[tuple[int, ...]]]:
     return parents, depths, paths
 
 
+def _first(draft, k: int):
+    """A draft's first ``k`` tokens (a tree's parents precede their children, so they are closed under parents)."""
+    if len(draft.tokens) <= k:
+        return draft
+    cut = lambda xs: None if xs is None else xs[:k]  # noqa: E731
+    return dataclasses.replace(
+        draft, tokens=draft.tokens[:k], parents=cut(draft.parents), scores=cut(draft.scores)
+    )
+
+
 def _running(old: float | None, new: float, weight: float = 0.1) -> float:
     return new if old is None else (1 - weight) * old + weight * new
+
+
+PLAN = "plan"
+
+
+class Floor:
+    """The budget's floor within a query (see the module's docstring): each option's measured rounds (``plan`` or a
+    drafter alone), the leader, and the probe schedule."""
+
+    def __init__(self, arms: list[str], probes: int = 2, every: int = 16, z: float = 1.0):
+        self.arms = list(arms)
+        self.probes, self.every, self.z = int(probes), int(every), float(z)
+        self.reset()
+
+    def reset(self) -> None:
+        self.stats: dict[str, list[float]] = {
+            o: [0.0] * 5 for o in (PLAN, *self.arms)
+        }  # n, tokens, s, sum r, r^2
+        self.leader = PLAN
+        self.settled = 0  # rounds measured in this query
+
+    def goodput(self, option: str) -> float:
+        n, tokens, seconds, _, _ = self.stats[option]
+        return tokens / seconds if n and seconds > 0 else 0.0
+
+    def _se2(self, option: str) -> float:
+        n, _, _, s1, s2 = self.stats[option]
+        if n < 2:
+            return math.inf
+        var = max(s2 / n - (s1 / n) ** 2, 0.0) * n / (n - 1)
+        return var / n
+
+    def beats(self, challenger: str, leader: str) -> bool:
+        """Whether ``challenger``'s goodput exceeds ``leader``'s by more than ``z`` standard errors of the difference."""
+        margin = self.z * math.sqrt(self._se2(challenger) + self._se2(leader))
+        return self.goodput(challenger) - self.goodput(leader) > margin
+
+    def choose(self) -> tuple[str, str]:
+        """This round's option and its label (``plan``, ``probe:<option>``, ``floor:<arm>``)."""
+        t = self.settled
+        if t >= 1:
+            options = [o for o in (PLAN, *self.arms) if o != self.leader]
+            short = [o for o in options if self.stats[o][0] < self.probes]
+            if short and t % 2 == 1:
+                return short[0], f"probe:{short[0]}"
+            if not short and t % self.every == 0:
+                o = min(options, key=lambda x: self.stats[x][0])
+                return o, f"probe:{o}"
+        return self.leader, (PLAN if self.leader == PLAN else f"floor:{self.leader}")
+
+    def observe(self, option: str, tokens: float, seconds: float) -> None:
+        self.settled += 1
+        if seconds <= 0:
+            return
+        r = tokens / seconds
+        for i, v in enumerate((1.0, tokens, seconds, r, r * r)):
+            self.stats[option][i] += v
+        challengers = [o for o in self.stats if o != self.leader and self.stats[o][0] >= self.probes]
+        if challengers:
+            best = max(challengers, key=self.goodput)
+            if self.beats(best, self.leader):
+                self.leader = best
 
 
 COSTS = Rule(
     lambda v: isinstance(v, dict) or v == "profile",
     "a mapping or 'profile'",
     null=True,
-    note=" ({verify: [a, b], draft: {drafter: seconds}}; profile: measured at start-up and cached; null: measured "
-    "online)",
-    keys={"verify": list_of(number(0)), "draft": mapping(keys={"*": number(0)})},
+    note=" ({verify: [a, b], draft: {drafter: seconds}}, or by context {contexts: [...], verify: [[a, b], ...], "
+    "draft: {drafter: [seconds, ...]}}; profile: measured at start-up over the run's contexts and cached; null: "
+    "measured online)",
+    keys={
+        "contexts": list_of(number(0)),
+        "verify": list_of(Rule(lambda v: isinstance(v, list | tuple | int | float), "a number or [a, b]")),
+        "draft": mapping(keys={"*": Rule(lambda v: isinstance(v, list | tuple | int | float), "seconds")}),
+        "profiled": boolean(),
+    },
 )
 
 CALIBRATION = mapping(
     null=True,
     note=" ({prior: pseudo-rounds behind each bin's prior, by_task: a table per task too, by_query: a table per "
-    "query too, kept: estimates scaled by realised over expected tokens}; null: {prior: 2.0, by_task: false, "
-    "by_query: false, kept: false})",
-    keys={"prior": number(0), "by_task": boolean(), "by_query": boolean(), "kept": boolean()},
+    "query too, kept: estimates scaled by realised over expected tokens, optimism: a model drafter's added tokens "
+    "before it has drafted}; null: {prior: 2.0, by_task: false, by_query: true, kept: false, optimism: 2.0})",
+    keys={
+        "prior": number(0),
+        "by_task": boolean(),
+        "by_query": boolean(),
+        "kept": boolean(),
+        "optimism": number(0),
+    },
 )
+
+FLOOR = mapping(
+    null=True,
+    note=" ({probes: rounds each drafter plays alone early in a query, every: rounds between later probes, z: standard "
+    "errors an option must beat the leader by}; null: no floor)",
+    keys={"probes": number(1), "every": number(2), "z": number(0)},
+)
+FLOOR_DEFAULTS = {"probes": 2, "every": 16, "z": 1.0}
 
 
 class Budget(Selector):
@@ -187,9 +294,9 @@ class Budget(Selector):
         models: Annotated[list[str] | None, list_of(text(), null=True)] = None,
         max_nodes: Annotated[int, COUNT] = 24,
         node_cost: Annotated[float, number(0)] = 0.025,
-        optimism: Annotated[float, number(0)] = 2.0,
         costs: Annotated[dict | str | None, COSTS] = None,
         calibration: Annotated[dict | None, CALIBRATION] = None,
+        floor: Annotated[dict | None, FLOOR] = FLOOR_DEFAULTS,
     ):
         super().__init__(arms)
         drafters = [a for a in self.arms if a != AUTOREGRESSIVE]
@@ -209,7 +316,8 @@ class Budget(Selector):
             )
         self.models = models
         self.max_nodes = int(max_nodes)
-        settings = {"prior": 2.0, "by_task": False, "by_query": False, "kept": False, **(calibration or {})}
+        settings = {"prior": 2.0, "by_task": False, "by_query": True, "kept": False, "optimism": 2.0}
+        settings.update(calibration or {})
         self.calibration = {name: Calibration(float(settings["prior"])) for name in drafters}
         # by_task: one calibration per (task, drafter) besides the run's, its prior the run's estimate
         self.by_task = bool(settings["by_task"])
@@ -221,30 +329,35 @@ class Budget(Selector):
         # kept: accepted and expected (unscaled) tokens of the rounds so far, by task (None: every task)
         self.kept = bool(settings["kept"])
         self.totals: dict[str | None, list[float]] = {}
-        self.verify_cost = VerifyCost(float(node_cost))
-        self.t_draft: dict[str, float | None] = {name: None for name in drafters}
-        self.fixed = fixed_costs(costs, drafters)
-        if (
-            self.fixed is not None
-        ):  # given costs: decisions read no clock (reproducible; seeded synthetic tests)
-            self.verify_cost.fixed = self.fixed[0]
-            self.t_draft.update(self.fixed[1])
+        given = fixed_costs(costs, drafters)
+        self.costs = ContextCosts(
+            drafters, float(node_cost), given, correct=given is None or bool(given.get("profiled"))
+        )
+        self.fixed = given is not None and not self.costs.correct
+        self.floor = None if floor is None else Floor([retrieval, *models], **{**FLOOR_DEFAULTS, **floor})
         # marginal accepted tokens a model drafter adds, by whether the retrieval draft was empty (True) or not
         self.gain: dict[tuple[str, bool], float] = {
-            (m, e): float(optimism) for m in models for e in (True, False)
+            (m, e): float(settings["optimism"]) for m in models for e in (True, False)
         }
         self.nodes: dict[str, float | None] = {m: None for m in models}
         self._keys: dict[str, list[tuple]] = {}
         self._round: tuple[float, int, float] = (0.0, 0, 0.0)
         self._unscaled = 0.0  # this round's expected tokens before calibration.kept's scale
         self._empty = True  # this round's retrieval draft was empty
+        self._context = 0  # the row's committed tokens (Selector.at)
+        self._option = PLAN
 
     def playable(self) -> list[str]:
         return [self.retrieval, *self.models]
 
+    def at(self, context: int) -> None:
+        self._context = int(context)
+
     def reset(self, query=None) -> None:
         self._task = getattr(query, "task", None) if self.by_task else None
         self.query_calibration = {}
+        if self.floor is not None:
+            self.floor.reset()
 
     def _calibrations(self, name: str) -> list[Calibration]:
         """The calibrations a drafter's nodes are estimated by (the first) and learn into: the query's own (with
@@ -265,7 +378,11 @@ class Budget(Selector):
     # -- one round -------------------------------------------------------------------------------
     def select(self) -> Plan:
         self._keys = {}
-        return Plan((self.retrieval,), self._more, self._prune, self._estimate)
+        option, label = self.floor.choose() if self.floor is not None else (PLAN, PLAN)
+        self._option = option
+        if option == PLAN:
+            return Plan((self.retrieval,), self._more, self._prune, self._estimate, label, self._settle)
+        return Plan((option,), lambda drafts: (), self._all, self._estimate, label, self._settle)
 
     def _node_estimates(self, name: str, draft, shape=None) -> tuple[list[float], list[tuple]]:
         """Each draft token's estimated chance of being accepted (product along its path), and its calibration key
@@ -278,7 +395,7 @@ class Budget(Selector):
             if draft.scores is not None:
                 above = 1.0 if parent < 0 else draft.scores[parent]
                 local = draft.scores[i] / above if above > 0 else 0.0
-            key = cal.key(local, depths[i])
+            key = cal.key(local, depths[i], draft.match)
             keys.append(key)
             est.append((1.0 if parent < 0 else est[parent]) * cal.estimate(key))
         f = self._factor()
@@ -293,6 +410,9 @@ class Budget(Selector):
         prior = self.calibration[self.retrieval].prior
         return (got + prior) / (expected + prior)
 
+    def _draft_s(self, name: str) -> float | None:
+        return self.costs.draft(name, self._context)
+
     def _more(self, drafts) -> tuple[str, ...]:
         if not self.models:
             return ()
@@ -300,27 +420,35 @@ class Budget(Selector):
         est, _ = self._node_estimates(self.retrieval, ret)
         e_r, n_r = sum(est), len(ret.tokens)
         self._empty = n_r == 0
-        d_r = self.t_draft[self.retrieval] or 0.0
-        base = (1.0 + e_r) / (self.verify_cost(n_r) + d_r)
+        c = self._context
+        d_r = self._draft_s(self.retrieval) or 0.0
+        base = (1.0 + e_r) / (self.costs.verify(n_r, c) + d_r)
         best, best_rate = None, base
         for m in self.models:
-            d_m = self.t_draft[m]
+            d_m = self._draft_s(m)
             if d_m is None:  # never drafted: try it
                 return (m,)
             n_m = self.nodes[m] if self.nodes[m] is not None else 4.0
-            rate = (1.0 + e_r + self.gain[(m, self._empty)]) / (self.verify_cost(n_r + n_m) + d_r + d_m)
+            rate = (1.0 + e_r + self.gain[(m, self._empty)]) / (self.costs.verify(n_r + n_m, c) + d_r + d_m)
             if rate > best_rate:
                 best, best_rate = m, rate
         return () if best is None else (best,)
 
+    def _all(self, drafts, greedy: bool = True) -> dict[str, list[int]]:
+        """A drafter alone (a probe or the floor's leader): every node of its draft verified (greedy: its first
+        ``max_nodes``, parents before children; under sampling nothing is cut)."""
+        if greedy:
+            drafts = {m: _first(d, self.max_nodes) for m, d in drafts.items()}
+        return self._prune(drafts, greedy=False)
+
     def _prune(self, drafts, greedy: bool = True) -> dict[str, list[int]]:
-        spent = sum(self.t_draft[m] or 0.0 for m in drafts)
+        spent = sum(self._draft_s(m) or 0.0 for m in drafts)
         shape = {m: _shape(d) for m, d in drafts.items()}  # (parents, depths, paths) of each draft
         scored = {m: self._node_estimates(m, d, shape[m]) for m, d in drafts.items()}
         if not greedy:  # keep every draw (no cut by value keeps the law)
             keep = {m: list(range(len(d.tokens))) for m, d in drafts.items()}
         else:
-            a, b = self.verify_cost.coefficients()
+            a, b = self.costs.coefficients(self._context)
             order = sorted(
                 ((e, m, i) for m, (est, _) in scored.items() for i, e in enumerate(est)),
                 key=lambda x: (-x[0], shape[x[1]][1][x[2]], x[1], x[2]),
@@ -353,12 +481,19 @@ class Budget(Selector):
                 if path not in seen:
                     seen.add(path)
                     total_expected += est[i]
-        self._round = (total_expected, len(seen), self.verify_cost(len(seen)) + spent)
+        self._round = (total_expected, len(seen), self.costs.verify(len(seen), self._context) + spent)
         self._unscaled = total_expected / self._factor()
         return keep
 
     def _estimate(self) -> tuple[float, float]:
         return self._round[0], self._round[2]
+
+    def _settle(self, rnd) -> None:
+        """The floor's measurement of the round: its emitted tokens over its seconds (predicted with given costs)."""
+        if self.floor is None:
+            return
+        seconds = self._round[2] if self.fixed else rnd.t_select + rnd.t_draft + rnd.t_verify + rnd.t_switch
+        self.floor.observe(self._option, float(rnd.emitted), seconds)
 
     # -- learning --------------------------------------------------------------------------------
     def _learn(self, name: str, fb: Feedback, base: int) -> None:
@@ -368,9 +503,8 @@ class Budget(Selector):
             if i < len(keys):
                 for cal in self._calibrations(name):
                     cal.observe(keys[i], accepted)
-        if name in self.t_draft and self.fixed is None:
-            self.t_draft[name] = _running(self.t_draft[name], fb.t_draft)
-        if name in self.nodes:
+        self.costs.observe_draft(name, self._context, fb.t_draft)
+        if name in self.nodes and self._option == PLAN:
             key = (name, self._empty)
             self.gain[key] = _running(self.gain[key], float(max(fb.accepted - base, 0)))
             self.nodes[name] = _running(self.nodes[name], float(fb.drafted))
@@ -385,7 +519,7 @@ class Budget(Selector):
     def update(self, arm: str, feedback: Feedback) -> None:
         self._learn(arm, feedback, 0)
         self._count(feedback.accepted)
-        self.verify_cost.observe(self._round[1], feedback.t_verify)
+        self.costs.observe_verify(self._round[1], self._context, feedback.t_verify)
 
     def update_tree(self, feedback: dict[str, Feedback]) -> None:
         base = feedback[self.retrieval].accepted if self.retrieval in feedback else 0
@@ -393,4 +527,7 @@ class Budget(Selector):
             self._learn(name, fb, base)
         self._count(max((fb.accepted for fb in feedback.values()), default=0))
         if feedback:
-            self.verify_cost.observe(self._round[1], next(iter(feedback.values())).t_verify)
+            self.costs.observe_verify(self._round[1], self._context, next(iter(feedback.values())).t_verify)
+
+
+__all__ = ["BINS", "Budget", "Calibration", "Floor", "VerifyCost", "fixed_costs"]

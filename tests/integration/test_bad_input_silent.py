@@ -60,6 +60,7 @@ def lines(path: Path) -> list[str]:
 # ----------------------------------------------------------------- 1. resuming a directory of another config
 
 
+@pytest.mark.slow  # 34 s: the slow set
 def test_eval_refuses_to_resume_a_directory_of_another_target(tmp_path):
     """Repro: eval tiny_llama into d1, then eval tiny_t5 into d1 (it decoded nothing and reported the
     old target's numbers under the new title, and overwrote config.yaml)."""
@@ -530,3 +531,35 @@ def test_fit_context_stops_a_long_generation_at_the_end_of_the_context(tmp_path)
         assert e["stop"] == "context" and 1 <= e["new_tokens"] < 64, e
     # both stop at the same position, and it stays lossless: the drafter's output is the target's
     assert len({tuple(e["output_ids"]) for e in examples}) == 1
+
+
+def test_fit_context_cuts_each_row_of_a_batch_on_its_own(tmp_path):
+    """Issue 68: at batch 2 a long prompt's row stops at the context's end while its short neighbour decodes all its
+    tokens, both as at batch 1 (the batch once gave every row the shortest row's limit)."""
+    data = tmp_path / "mixed.jsonl"
+    rows = [
+        {"question": "Tom has " + "many apples and " * 120 + "how many?", "answer": "#### 1"},
+        {"question": "Tom has two apples. How many?", "answer": "#### 2"},
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = [
+        "target=tiny_llama",
+        "pool=tiny",
+        "dataset=gsm8k",
+        f"dataset.path={data}",
+        "decoding.max_new_tokens=64",
+        "decoding.fit_context=true",
+        "warmup.max_new_tokens=0",
+        "methods=[autoregressive,fixed:prompt_lookup]",
+    ]
+    evaluate.run(cfg_of("eval", base), tmp_path / "one")
+    evaluate.run(cfg_of("eval", [*base, "decoding.batch_size=2"]), tmp_path / "two")
+    one, two = ({(e["query_id"], e["method"]): e for e in map(json.loads, lines(tmp_path / d / "examples.jsonl"))}
+                for d in ("one", "two"))  # fmt: skip
+    assert set(one) == set(two) and len(one) == 4
+    for key, e in two.items():
+        assert (e["output_ids"], e["stop"]) == (one[key]["output_ids"], one[key]["stop"]), key
+    stops = sorted({e["stop"] for e in two.values()})
+    assert (
+        "context" in stops and len(stops) == 2
+    )  # the long row stopped at the context, the short one did not

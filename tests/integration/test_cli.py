@@ -106,6 +106,7 @@ def test_eval_encoder_decoder_with_hf_drafter(tmp_path):
     assert (summary.exact_match == 1.0).all()
 
 
+@pytest.mark.slow  # 24 s: the slow set
 def test_several_selectors_in_one_run(tmp_path):
     res = specbench(
         "eval",
@@ -162,6 +163,7 @@ def test_empty_dataset_is_an_error(tmp_path):
     assert "empty" in res.stderr
 
 
+@pytest.mark.slow  # 20 s: the slow set
 def test_two_turn_chat_and_quality_columns(tmp_path):
     """MT-Bench-shaped data: both turns are generated and recorded; task metrics reach the summary."""
     mt = tmp_path / "question.jsonl"
@@ -195,6 +197,7 @@ def test_two_turn_chat_and_quality_columns(tmp_path):
     assert summary.set_index("task").loc["translation", "bleu"] == pytest.approx(expected, abs=1e-3)
 
 
+@pytest.mark.slow  # 33 s: the slow set
 def test_metasd_experiment_writes_table_and_convergence(tmp_path):
     res = specbench(
         "eval",

@@ -233,7 +233,10 @@ def test_budget_sampling_law(retrieval_pool):
 
     target, pool = retrieval_pool
     two_token_law(
-        target, pool, Budget(list(pool), retrieval="suffix", models=["tree_sub"], optimism=5.0), seed=3
+        target,
+        pool,
+        Budget(list(pool), retrieval="suffix", models=["tree_sub"], calibration={"optimism": 5.0}),
+        seed=3,
     )
 
 

@@ -176,6 +176,7 @@ def test_cache_rolls_back_after_partial_acceptance(eagle_pool, tiny_decode):
     torch.testing.assert_close(warm.probs, cold.probs, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow  # 35 s: the heads' law in the slow set (its greedy equality in make test)
 def test_sampling_law_matches_target(eagle_pool, tiny_decode):
     from tests.integration.test_sampling_lossless import SAMPLING, check_law, exact_two_token_law
 

@@ -235,10 +235,9 @@ def test_a_batch_drafts_each_row_as_its_head_alone(heads, tiny_decode):
     """EAGLE-3 heads of both layouts at batch (``HeadRows``: one forward of a head's stack a draft position for every
     row that plays it, each row fed its own aux-layer states), rows of different prompts: each row's output, and each
     round's drafted and accepted tokens, equal its prompt decoded alone, every row's head drafting."""
-    from specbench.decoding.batch import decode_batch
     from specbench.decoding.loop import DecodeSpec, Limits
-    from specbench.models.batched import BatchedLM
     from specbench.timing import Clock
+    from tests.batching import decode_batch
 
     target, pool, _ = heads
     texts = (PROMPTS[0], PROMPTS[1], PROMPTS[1] + " abc", PROMPTS[0][:30])
@@ -246,8 +245,7 @@ def test_a_batch_drafts_each_row_as_its_head_alone(heads, tiny_decode):
     arms = ("eagle3", "speculators", "eagle3", "speculators")
     eos = frozenset({int(target.tokenizer.eos_token_id)})
     spec = DecodeSpec(SamplingParams(), Limits(max_new_tokens=24, draft_length=3), eos, Clock())
-    lm = BatchedLM(target.model, target.vocab_size)
-    result = decode_batch(lm, [pool[a] for a in arms], prompts, spec, torch.Generator())
+    result = decode_batch(target, [pool[a] for a in arms], prompts, spec, torch.Generator())
     for arm, prompt, gen in zip(arms, prompts, result.generations):
         alone = tiny_decode(target, pool, arm, prompt, max_new_tokens=24, draft_length=3, eos_ids=eos)
         assert gen.tokens == alone.tokens, arm

@@ -253,6 +253,7 @@ def test_reward_sources_and_costs():
         scores.rewards(old, ["autoregressive", "d"], RewardSpec(0.5, "params", "proxy", "acceptance"))
 
 
+@pytest.mark.slow  # 61 s: the slow set (the pipeline's pieces are tested apart in make test)
 def test_collect_train_eval_through_the_cli(tmp_path):
     def run(*args):
         res = subprocess.run(

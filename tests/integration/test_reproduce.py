@@ -18,6 +18,7 @@ from tests.conftest import write_tiny_shipped
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
+@pytest.mark.slow  # 130 s: the slow set (make test-slow, which CI runs too)
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not present (a user's fresh clone)")
 def test_dry_run_builds_every_exhibit_and_resumes(tmp_path, monkeypatch, tiny_llama_target, capsys):
     cache = tmp_path / "cache"

@@ -344,7 +344,7 @@ def test_three_token_law(law_setup, tiny_decode, arm, setting, draft_length):
 @pytest.mark.parametrize(
     "setting, draft_length",
     [
-        pytest.param("t0.7", 2, id="t0.7-k2"),
+        pytest.param("t0.7", 2, id="t0.7-k2", marks=pytest.mark.slow),  # 32 s: all three in the slow set
         pytest.param("t1.3", 3, id="t1.3-k3", marks=pytest.mark.slow),
         pytest.param("top_p0.9", 3, id="top_p0.9-k3", marks=pytest.mark.slow),
     ],
@@ -449,3 +449,35 @@ def test_law_test_rejects_mutations(law_setup, tiny_decode, monkeypatch, mutatio
     # (the unmutated loop on the same prompt, setting, draft length and seed passes: the grid's
     # quantized_dynamic-t0.7-k2 case)
     assert not verdict["ok"], f"the law test accepted the '{mutation}' mutant: {verdict}"
+
+
+@pytest.mark.slow  # 2,000 batches of three rows
+def test_three_token_law_in_a_batch_of_three_two_in_flight(law_setup):
+    """Issue 68: three rows of model drafters (the HF drafter twice, drafting in one forward a position, and the early
+    exit) of three prompts, two in flight (the third joins when one finishes, into the row it frees), one target
+    forward a round: each row's first three tokens follow its own prompt's exact law, rejections and all."""
+    from specbench.decoding.engine import verifier_for
+    from specbench.decoding.loop import DecodeSpec, Limits
+    from specbench.timing import Clock
+    from tests.batching import decode_batch
+
+    target, pool, prompts = law_setup
+    sampling = SETTINGS["t0.7"]
+    arms = ["hf", "early_exit", "hf"]
+    chosen = [prompts["hf"], prompts["early_exit"], prompts["quantized_weight"]]
+    laws = [exact_law(target, p, sampling) for p in chosen]
+    spec = DecodeSpec(
+        sampling, Limits(max_new_tokens=LAW_TOKENS, draft_length=LAW_TOKENS - 1), frozenset(), Clock()
+    )
+    verifier, rng = verifier_for(target, 2), torch.Generator().manual_seed(4321)
+    counts = [Counter() for _ in arms]
+    rejected = [0] * len(arms)
+    for _ in range(RUNS):
+        result = decode_batch(target, [pool[a] for a in arms], chosen, spec, rng, rows=2, verifier=verifier)
+        for r, gen in enumerate(result.generations):
+            assert len(gen.tokens) == LAW_TOKENS
+            counts[r][tuple(gen.tokens)] += 1
+            rejected[r] += gen.rounds[0].accepted < gen.rounds[0].drafted
+    assert all(n > 0.1 * RUNS for n in rejected)  # every row's drafts were rejected often
+    for r in range(len(arms)):
+        check(counts[r], laws[r])

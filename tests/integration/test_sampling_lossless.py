@@ -5,7 +5,7 @@ from the target itself under the same processing (temperature 1, top-k 4: at mos
 ``decode`` with ``max_new_tokens=2`` drafts one token in its first round (room is left for the bonus
 token), so every path of verification is used: acceptance plus bonus token, rejection plus a
 residual draw, then (after a rejection) one plain target step. The same law holds for every row of a batch
-(``decode_batch`` at batch 2 and 4), a row verifying a token tree included.
+(the one loop over rows at batch 2 and 4), a row verifying a token tree included.
 """
 
 from __future__ import annotations
@@ -108,7 +108,9 @@ def check_law(counts: Counter, law: dict, runs: int) -> None:
     assert stat < chi2_critical(cells - 1), f"chi-square {stat:.1f} with {cells - 1} degrees of freedom"
 
 
-@pytest.mark.parametrize("arm", ["early_exit", "prompt_lookup"])
+@pytest.mark.parametrize(
+    "arm", [pytest.param("early_exit", marks=pytest.mark.slow), "prompt_lookup"]
+)  # 31 s, 23 s
 def test_two_token_law_matches_target(sampling_setup, tiny_decode, arm):
     target, pool, prompt, lookup_token = sampling_setup
     law = exact_two_token_law(target, prompt)
@@ -148,6 +150,7 @@ def test_two_token_law_matches_target(sampling_setup, tiny_decode, arm):
         assert accepted / RUNS == pytest.approx(p_x, abs=0.04)
 
 
+@pytest.mark.slow  # 33 s (the tree laws of test_tree_sampling.py run in make test)
 def test_two_token_law_with_both_drafts_in_one_tree(sampling_setup, tiny_decode):
     """The early exit's sampled draft and prompt lookup's one-hot draft as siblings of one token tree (room
     for one draft token each): multi-draft verification through the real loop keeps the target's law."""
@@ -180,18 +183,24 @@ def test_two_token_law_with_both_drafts_in_one_tree(sampling_setup, tiny_decode)
     check_law(counts, law, RUNS)
 
 
-@pytest.mark.parametrize("rows, flight", [(2, None), (4, None), (4, 2)])
+@pytest.mark.parametrize(
+    "rows, flight",
+    [
+        (2, None),
+        *(pytest.param(r, f, marks=pytest.mark.slow) for r, f in ((4, None), (4, 2))),
+    ],  # 90-110 s each
+)
 def test_two_token_law_matches_target_in_a_batch(sampling_setup, rows, flight):
-    """Batched speculative sampling (``decode_batch``): rows of different prompt lengths (the prompt after 0, 1, ...
+    """Batched speculative sampling (the one loop over rows, ``engine.decode_rows``): rows of different prompt lengths (the prompt after 0, 1, ...
     copies of its first words), the last row the autoregressive arm, the others prompt lookup, but for one row at
     batch 4 that drafts with the early exit (a model drafter, drafting in a batched forward of its own); one target
     forward a round, all rows at once or two in flight (the others joining as rows finish). Each row's two-token law
     is its own prompt's target law, and prompt lookup's draft is accepted at the target's probability of it."""
-    from specbench.decoding.batch import decode_batch
     from specbench.decoding.drafter import AutoregressiveArm
+    from specbench.decoding.engine import verifier_for
     from specbench.decoding.loop import DecodeSpec, Limits
-    from specbench.models.batched import BatchedLM
     from specbench.timing import Clock
+    from tests.batching import decode_batch
 
     target, pool, prompt, lookup_token = sampling_setup
     pre = target.tokenizer("Sum: ")["input_ids"]
@@ -203,11 +212,12 @@ def test_two_token_law_matches_target_in_a_batch(sampling_setup, rows, flight):
     drafters = [AutoregressiveArm() if a == "autoregressive" else pool[a] for a in arms]
     laws = [exact_two_token_law(target, p) for p in prompts]
     spec = DecodeSpec(SAMPLING, Limits(max_new_tokens=2, draft_length=4), frozenset(), Clock())
-    lm, rng = BatchedLM(target.model, target.vocab_size), torch.Generator().manual_seed(99)
+    rng = torch.Generator().manual_seed(99)
+    verifier = verifier_for(target, flight or rows)  # one cache for every batch, as a run's
     counts = [Counter() for _ in prompts]
     accepted = [0] * rows
     for _ in range(RUNS):
-        result = decode_batch(lm, drafters, prompts, spec, rng, rows=flight)
+        result = decode_batch(target, drafters, prompts, spec, rng, rows=flight, verifier=verifier)
         for r, gen in enumerate(result.generations):
             assert len(gen.tokens) == 2 and gen.deciders is None
             counts[r][tuple(gen.tokens)] += 1
@@ -226,27 +236,27 @@ def test_two_token_law_matches_target_in_a_batch(sampling_setup, rows, flight):
 @pytest.mark.slow  # 3,000 batches: in the slow set, beside the widest laws
 def test_two_token_law_of_a_tree_row_in_a_batch(sampling_setup):
     """A batch row whose selector builds a token tree each round (the early exit's sampled draft and prompt lookup's
-    one-hot draft as siblings, ``FixedTree`` in a ``RowSelector``), beside a prompt-lookup row of a longer prompt:
+    one-hot draft as siblings, a ``FixedTree`` row), beside a prompt-lookup row of a longer prompt:
     the tree row's two-token law is its prompt's target law, and so is its neighbour's."""
-    from specbench.decoding.batch import RowSelector, decode_batch
+    from specbench.decoding.engine import Player, verifier_for
     from specbench.decoding.loop import DecodeSpec, Limits
-    from specbench.models.batched import BatchedLM
     from specbench.selection import FixedTree
     from specbench.timing import Clock
+    from tests.batching import decode_batch
 
     target, pool, prompt, lookup_token = sampling_setup
     prompts = [prompt, target.tokenizer("Sum: ")["input_ids"] + prompt]
     laws = [exact_two_token_law(target, p) for p in prompts]
     players = [
-        RowSelector(FixedTree(list(pool), ["early_exit", "prompt_lookup"]), pool),
+        Player(FixedTree(list(pool), ["early_exit", "prompt_lookup"]), pool),
         pool["prompt_lookup"],
     ]
     spec = DecodeSpec(SAMPLING, Limits(max_new_tokens=2, draft_length=4), frozenset(), Clock())
-    lm, rng = BatchedLM(target.model, target.vocab_size), torch.Generator().manual_seed(7)
+    rng, verifier = torch.Generator().manual_seed(7), verifier_for(target, 2)
     counts = [Counter(), Counter()]
     siblings = 0
     for _ in range(RUNS):
-        result = decode_batch(lm, players, prompts, spec, rng)
+        result = decode_batch(target, players, prompts, spec, rng, verifier=verifier)
         for r, gen in enumerate(result.generations):
             assert len(gen.tokens) == 2
             counts[r][tuple(gen.tokens)] += 1

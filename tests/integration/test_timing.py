@@ -57,21 +57,22 @@ def timed_run(tmp_path, monkeypatch):
 
         return forward
 
-    original_decode = session_module.decode
+    original_decode = session_module.decode_rows
 
-    def decode(target, pool, selector, prompt_ids, spec, *args, **kwargs):
+    def decode_rows(target, jobs, spec, *args, **kwargs):
         warm, clock = spec.limits.max_new_tokens == WARM, spec.clock
         clock.cost = WARM_COST if warm else TIMED_COST
         start = clock.t
-        gen = original_decode(target, pool, selector, prompt_ids, spec, *args, **kwargs)
+        result = original_decode(target, jobs, spec, *args, **kwargs)
+        (gen,) = result.generations  # batch 1: one generation a call
         log.append(
             {"warm": warm, "span": clock.t - start, "tokens": list(gen.tokens), "seconds": gen.seconds}
         )
         clock.cost = TIMED_COST
-        return gen
+        return result
 
     monkeypatch.setattr(session_module, "Clock", make_clock)
-    monkeypatch.setattr(session_module, "decode", decode)
+    monkeypatch.setattr(session_module, "decode_rows", decode_rows)
     monkeypatch.setattr(Target, "prefill", advancing(Target.prefill))
     monkeypatch.setattr(Target, "score", advancing(Target.score))
     with initialize_config_dir(config_dir=conf_dir(), version_base=None):

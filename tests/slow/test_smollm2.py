@@ -198,3 +198,40 @@ def test_token_tree_of_lookup_and_heads_equals_autoregressive(smollm2):
             assert torch.allclose(
                 logits[tree.rows(path)], chain[-(len(path) + 1) :].float(), atol=1e-3, rtol=1e-4
             )
+
+
+def test_four_rows_of_mixed_drafters_each_equal_their_prompt_alone(smollm2):
+    """Issue 68: the real SmolLM2 in fp32, 4 rows in one cache (prompt lookup, a shipped head, the shipped small
+    drafter, the autoregressive arm) over prompts of about 20 to 384 tokens, two in flight at a time so rows join as
+    others finish: every row's output and rounds equal its prompt decoded alone."""
+    from omegaconf import OmegaConf
+
+    from specbench.configs import conf_dir
+    from tests.batching import decode_batch
+
+    loaded, target, _, prompts = smollm2
+    small = OmegaConf.to_container(OmegaConf.load(f"{conf_dir()}/drafter/small.yaml"))
+    small.update(layers_key="num_hidden_layers", draft_length=None)
+    pool = build_pool(
+        target,
+        {
+            "prompt_lookup": {"_target_": "specbench.drafters.prompt_lookup.build"},
+            "eagle_math": {"_target_": "specbench.drafters.eagle.build", "checkpoint": "package:eagle_math"},
+            "small": small,
+        },
+    )
+    long = (prompts[1] * 3)[:384]
+    ids = [prompts[0][:20], prompts[0], long, prompts[1]]
+    assert min(map(len, ids)) <= 20 and max(map(len, ids)) == 384
+    arms = ["prompt_lookup", "eagle_math", "small", "autoregressive"]
+    eos = frozenset({loaded.tokenizer.eos_token_id})
+    spec = DecodeSpec(SamplingParams(), Limits(32, 4), eos, Clock())
+    for rows in (4, 2):
+        result = decode_batch(target, [pool[a] for a in arms], ids, spec, torch.Generator(), rows=rows)
+        for arm, prompt, gen in zip(arms, ids, result.generations):
+            alone = greedy(target, pool, arm, prompt, eos, 32)
+            assert gen.tokens == alone.tokens, (rows, arm)
+            assert [(r.drafted, r.accepted) for r in gen.rounds] == [
+                (r.drafted, r.accepted) for r in alone.rounds
+            ]
+        assert sum(g.accepted for g in result.generations[:3]) > 0

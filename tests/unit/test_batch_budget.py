@@ -1,4 +1,4 @@
-"""The batch budget's pure parts (``selection/batch_budget.py``): the forward cost grid (exact at its points, linear
+"""The batch budget's pure parts (``decoding/batch_budget.py``): the forward cost grid (exact at its points, linear
 between, extended beyond, never cheaper for more), the cap of the most expected tokens per second (none where the
 forward's cost grows as fast as the tokens, the whole draft where it is flat, a short cap in between), and the
 acceptance statistics it learns from verdicts."""
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from specbench.decoding.batch_budget import BatchBudget, ForwardCosts, best_cap, path_chances
 from specbench.decoding.drafter import Draft
 from specbench.errors import SpecbenchError
-from specbench.selection.batch_budget import BatchBudget, ForwardCosts, best_cap, path_chances
 
 GRID = ForwardCosts((1, 4), (1, 3), ((1.0, 2.0), (3.0, 7.0)))
 
@@ -132,8 +132,8 @@ def test_a_damaged_cached_cost_profile_is_measured_again_naming_its_file(tmp_pat
     import json
     import logging
 
+    from specbench.decoding.batch_budget import ForwardCosts
     from specbench.pipelines.cost_cache import budget_costs_of, read_cached
-    from specbench.selection.batch_budget import ForwardCosts
 
     key = {"machine": "m"}
     path = tmp_path / "batch-x.json"
@@ -147,4 +147,13 @@ def test_a_damaged_cached_cost_profile_is_measured_again_naming_its_file(tmp_pat
     path.write_text(json.dumps({"key": key, "costs": {"verify": [0.01, "x"], "draft": {"a": 0.001}}}))
     assert read_cached(path, key, budget_costs_of) is None
     path.write_text(json.dumps({"key": key, "costs": {"verify": [0.01, 0.002], "draft": {"a": 0.001}}}))
-    assert read_cached(path, key, budget_costs_of)["verify"] == [0.01, 0.002]
+    assert (
+        read_cached(path, key, budget_costs_of) is None
+    )  # one context, not measured: a profile before issue 69
+    profile = {
+        "contexts": [64, 512],
+        "verify": [[0.01, 0.002], [0.02, 0.003]],
+        "draft": {"a": [0.001, 0.002]},
+    }
+    path.write_text(json.dumps({"key": key, "costs": {**profile, "profiled": True}}))
+    assert read_cached(path, key, budget_costs_of)["verify"] == [[0.01, 0.002], [0.02, 0.003]]

@@ -107,7 +107,7 @@ def test_a_calibration_by_task_learns_each_tasks_own_acceptance():
     budget.reset(SimpleNamespace(task="new"))
     fresh = budget._calibrations("ret")[0]
     assert fresh is not run_wide and fresh.estimate(("score", 5)) == run_wide.estimate(("score", 5))
-    plain = Budget(ARMS, retrieval="ret", models=["head"])
+    plain = Budget(ARMS, retrieval="ret", models=["head"], calibration={"by_query": False})
     plain.reset(SimpleNamespace(task="easy"))
     assert plain._calibrations("ret") == [plain.calibration["ret"]]  # by_task off: one run-wide table
 
@@ -227,7 +227,7 @@ def test_prune_keeps_nodes_that_pay_for_their_verification():
 
 def test_a_model_drafts_only_where_its_marginal_tokens_pay():
     costs = {"verify": [0.04, 0.001], "draft": {"ret": 0.0, "head": 0.012}}
-    budget = Budget(ARMS, retrieval="ret", models=["head"], costs=costs, optimism=0.0)
+    budget = Budget(ARMS, retrieval="ret", models=["head"], costs=costs, calibration={"optimism": 0.0})
     empty, strong = Draft([], None, scores=[]), Draft([1, 2, 3], None, scores=[0.95, 0.9, 0.85])
     for _ in range(
         50

@@ -654,6 +654,7 @@ def test_again_runs_a_method_a_second_time_under_its_own_name():
             parse_methods([bad], pool, None)
 
 
+@pytest.mark.slow  # 38 s
 def test_aa_pairs_give_a_noise_floor_a_false_positive_rate_and_explain_small_held_effects(tmp_path):
     """Two runs of one method differ only by noise: the floor brackets 1, the machinery rarely calls either faster,
     and a held verdict whose effect lies inside the floor is counted as one an A/A difference could explain."""
@@ -944,6 +945,7 @@ def test_the_per_query_oracle_is_cross_fitted_on_an_aa_repeat(tmp_path):
     assert hindsight > 1.04 and abs(crossed - 1) < 0.02, (hindsight, crossed)
 
 
+@pytest.mark.slow  # 43 s
 def test_the_report_states_the_aa_false_hold_rate_beside_each_verdict_family(tmp_path):
     """Issue 42: each section of the report's index says how often its interval falsely holds on the report's own A/A
     pairs at the n its verdicts rest on (exact null draws of the pair's queries)."""

@@ -52,6 +52,7 @@ from specbench.drafters.base import (
     TreeDraft,
     check_confidence_threshold,
 )
+from specbench.drafters.batched import HeadRows
 from specbench.drafters.dynamic_tree import TreeShape, frontier_attention, grow, tree_shape
 from specbench.drafters.eagle.head import EagleHead, HeadLogits
 from specbench.drafters.head_files import load_state, read_meta, resolve_checkpoint, vocab_fingerprint
@@ -152,13 +153,11 @@ class EagleDrafter(Drafter):
         self.real = []
         self._hat = None
 
-    def for_rows(self, prompts: list[list[int]]) -> list[Drafter]:
-        """Views of one batched copy of the head's cache, one a row, each fed its row's own target states: the batch
-        drafts every row that uses the head in one head forward a position (``drafters/batched.py``); chains only,
-        as a batch verifies one chain a row."""
-        from specbench.drafters.batched import HeadRows
-
-        return list(HeadRows(self, len(prompts)).views)
+    def cohort(self):
+        """One batched copy of the head's cache, a view a row (admissions included), each fed its row's own target
+        states: the loop drafts every row that uses the head in one head forward a position
+        (``drafters/batched.py``); chains only (a dynamic draft tree does not batch)."""
+        return HeadRows(self)
 
     @torch.inference_mode()
     def _feed(self, features: torch.Tensor, tokens: list[int]) -> torch.Tensor:
@@ -385,6 +384,6 @@ def build(
     return drafter
 
 
-# its drafter drafts the rows of a batch in one head forward a position (EagleDrafter.for_rows, each row fed its own
+# its drafter drafts the rows of a batch in one head forward a position (EagleDrafter.cohort, each row fed its own
 # target states; pipelines/batch_settings.py): chains (a tree config is refused for batches)
 build.batches = "chains"

@@ -387,7 +387,7 @@ def build(
 
 
 build.batches = (
-    "chains"  # one head forward a position for a batch's rows, as the eagle kind (EagleDrafter.for_rows)
+    "chains"  # one head forward a position for a batch's rows, as the eagle kind (EagleDrafter.cohort)
 )
 
 __all__ = ["Eagle3Drafter", "Eagle3Head", "Eagle3Layout", "build", "default_aux_layers", "load_eagle3"]

@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 
 from specbench.drafters.head_files import CONFIG_FILE, damaged, load_state, resolve_checkpoint
 from specbench.errors import SpecbenchError
 from specbench.models.target import Target
-
-if TYPE_CHECKING:
-    from specbench.drafters.eagle.eagle3 import Eagle3Head
 
 AUX_KEY = "eagle_aux_hidden_state_layer_ids"
 LAYOUT_FIX = (
@@ -199,7 +196,7 @@ def check_fit(path, config: dict, layer: dict, state: dict, target: Target, aux:
     return Fit(layer, embed, draft_vocab)
 
 
-def load_own(head: Eagle3Head, state: dict, path) -> None:
+def load_own(head: torch.nn.Module, state: dict, path) -> None:
     """The checkpoint's tensors into ``head``, refused unless they fit it exactly."""
     own = head.state_dict()
     state = {k: v for k, v in state.items() if k not in ("d2t", "t2d")}

@@ -23,7 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from specbench.decoding.cascade import Cascade
 from specbench.decoding.drafter import AUTOREGRESSIVE, Drafter
-from specbench.decoding.loop import DecodeSpec, Generation, Limits, decode
+from specbench.decoding.engine import BatchResult, Job, Player, decode_rows
+from specbench.decoding.generation import DecodeSpec, Generation, Limits
 from specbench.decoding.sampling import SamplingParams
 from specbench.files import files_fingerprint
 from specbench.models import Target
@@ -185,30 +186,47 @@ class Session:
         target: Target | None = None,
         pool: Mapping[str, Drafter] | None = None,
     ) -> Generation:
-        """The one decode loop: ``spec`` (default: the run's) with its limits cut to the target's context,
-        ``target`` and ``pool`` the run's unless given (a drafter decoding alone, a cascade's two-model pool)."""
+        """The one decode loop's batch of one: ``spec`` (default: the run's) with its limits cut to the target's
+        context, ``target`` and ``pool`` the run's unless given (a drafter decoding alone, a cascade's two-model
+        pool)."""
+        job = Job(Player(selector, self.pool if pool is None else pool), list(prompt_ids), query=query)
+        return self.decode_rows([job], rng, spec, target=target).generations[0]
+
+    def decode_rows(
+        self,
+        jobs: list[Job],
+        rng: torch.Generator,
+        spec: DecodeSpec | None = None,
+        *,
+        width: int = 1,
+        budget=None,
+        verifier=None,
+        target: Target | None = None,
+    ) -> BatchResult:
+        """The one decode loop (``engine.decode_rows``) over ``jobs``, at most ``width`` at once: each row's limits
+        (the spec's) cut to the target's context on their own (``decoding.fit_context``: a row cut there stops with
+        ``context``), each generation fingerprinted with its prompt."""
         spec = spec or self.spec
-        asked = spec.limits
-        limits = self.context.fit(
-            getattr(query, "id", "(unnamed)"),
-            len(prompt_ids),
-            asked,
-            self.target.is_encoder_decoder,
-            self.fit_context,
-        )
-        gen = decode(
-            target or self.target,
-            self.pool if pool is None else pool,
-            selector,
-            prompt_ids,
-            replace(spec, limits=limits),
-            rng,
-            query,
-        )
-        if limits is not asked and gen.stop == "length":
-            gen.stop = "context"  # cut at the context's end, before max_new_tokens
-        gen.prompt_sha = prompt_fingerprint(prompt_ids)
-        return gen
+        target = target or self.target
+        fitted = [
+            replace(
+                job,
+                limits=self.context.fit(
+                    getattr(job.query, "id", "(unnamed)"),
+                    len(job.prompt),
+                    spec.limits,
+                    target.is_encoder_decoder,
+                    self.fit_context,
+                ),
+            )
+            for job in jobs
+        ]
+        result = decode_rows(target, fitted, spec, rng, width=width, budget=budget, verifier=verifier)
+        for gen, job in zip(result.generations, fitted):
+            if job.limits is not spec.limits and gen.stop == "length":
+                gen.stop = "context"  # cut at the context's end, before max_new_tokens
+            gen.prompt_sha = prompt_fingerprint(job.prompt)
+        return result
 
     def fixed(self, arm: str, pool: Mapping[str, Drafter] | None = None) -> Fixed:
         return Fixed(list(self.pool if pool is None else pool), arm)
