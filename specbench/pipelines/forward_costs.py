@@ -33,7 +33,7 @@ import pandas as pd
 import torch
 from transformers import DynamicCache
 
-from specbench.errors import exit_on
+from specbench.errors import SpecbenchError, exit_on
 from specbench.files import atomic_write_text
 from specbench.models import Target, load_model
 from specbench.models.attention import stock_attention
@@ -91,7 +91,9 @@ class Transformers:
                 use_cache=True,
                 **{self.kw: self.cache},
             )
-        self.cache.crop(n)  # a slice: the next forward's concatenation copies the whole cache again
+        self.cache.crop(
+            -q
+        )  # back to n (negative: tokens removed, in transformers 4 and 5); the next forward copies it all again
 
 
 class Engine:
@@ -198,16 +200,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--contexts", type=int, nargs="+", default=[128, 512])
     parser.add_argument("--q", type=int, nargs="+", default=[1, 5, 8])
     args = parser.parse_args(argv)
-    with exit_on():
+    try:
         target = Target(load_model(args.model, dtype=args.dtype, device="cpu"))
         t = measure(target, args.rows, args.contexts, args.q)
-        args.out.mkdir(parents=True, exist_ok=True)
-        t.to_csv(args.out / "forward_costs.csv", index=False)
-        command = "python -m specbench.pipelines.forward_costs " + " ".join(
-            sys.argv[1:] if argv is None else argv
-        )
-        atomic_write_text(args.out / "forward_costs.md", page(t, command.strip()))
-        print(to_markdown(t, floatfmt=".2f"))
+    except SpecbenchError as exc:
+        exit_on(exc)
+    args.out.mkdir(parents=True, exist_ok=True)
+    t.to_csv(args.out / "forward_costs.csv", index=False)
+    command = "python -m specbench.pipelines.forward_costs " + " ".join(
+        sys.argv[1:] if argv is None else argv
+    )
+    atomic_write_text(args.out / "forward_costs.md", page(t, command.strip()))
+    print(to_markdown(t, floatfmt=".2f"))
 
 
 if __name__ == "__main__":

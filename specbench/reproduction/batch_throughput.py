@@ -254,17 +254,21 @@ def _check_other_code(now: Path, before: Path) -> None:
         )
 
 
+def _rounds_of(runs: list[Path]):
+    """Each run with rounds: ``(run, its batch size, its rounds.jsonl as a frame)``."""
+    for run in map(Path, runs):
+        if not (run / ROUNDS).is_file():
+            continue
+        r = pd.DataFrame(list(read_jsonl(run / ROUNDS)))
+        if not r.empty and "method" in r:
+            yield run, batch_size(run), r
+
+
 def budget_table(runs: list[Path]) -> pd.DataFrame:
     """Per run and batch-budget method: rounds, draft tokens verified and offered a row-round, the share of
     row-rounds that verified none, accepted over expected tokens, and measured over predicted forward seconds."""
     rows = []
-    for run in map(Path, runs):
-        if not (run / ROUNDS).is_file():
-            continue
-        size = batch_size(run)
-        r = pd.DataFrame(list(read_jsonl(run / ROUNDS)))
-        if r.empty or "method" not in r:
-            continue
+    for _, size, r in _rounds_of(runs):
         for method, g in r[r.method.str.startswith(GOODPUT)].groupby("method", sort=True):
             rows.append(
                 {
@@ -288,13 +292,7 @@ def work_table(runs: list[Path]) -> pd.DataFrame:
     row's last token and its draft or tree), the new tokens a forward gave, and the milliseconds a forward took (its
     rows' shares of it, with their verdicts). At batch 1 each round is its own forward."""
     rows = []
-    for run in map(Path, runs):
-        if not (run / ROUNDS).is_file():
-            continue
-        size = batch_size(run)
-        r = pd.DataFrame(list(read_jsonl(run / ROUNDS)))
-        if r.empty or "method" not in r:
-            continue
+    for run, size, r in _rounds_of(runs):
         if "forward" not in r or r["forward"].isna().all():
             r["forward"] = range(len(r))
         tree = pd.Series(r.get("tree_size", 0), index=r.index).fillna(0)
