@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from specbench.decoding.acceptance import rule as acceptance_rule
 from specbench.decoding.certify import deciders
 from specbench.decoding.drafter import DecodeContext, Draft, Drafter, Verification, keep_tokens, observations
 from specbench.decoding.sampling import logits_to_probs
@@ -27,7 +28,7 @@ from specbench.decoding.tree import (
     verify_tree_greedy,
     verify_tree_sampling,
 )
-from specbench.decoding.verify import block_divergence, block_efficiency, verify_greedy, verify_sampling
+from specbench.decoding.verify import block_divergence, block_efficiency, verify_greedy
 from specbench.errors import SpecbenchError
 from specbench.models.cache import common_prefix
 from specbench.records import Round
@@ -321,7 +322,7 @@ def judge(row: Row, logits: torch.Tensor, states: Mapping[int, torch.Tensor]) ->
         p = logits_to_probs(logits[: len(draft.tokens)], sampling) if draft.tokens else None
     else:
         p = logits_to_probs(logits, sampling)
-        verdict = verify_sampling(draft.tokens, draft.probs, p, rng)
+        verdict = acceptance_rule(sampling.acceptance)(draft.tokens, draft.probs, p, rng)
     if (
         row.lossy and cascade.sequential
     ):  # it defers where its draft stopped short: the target gives that token
@@ -332,6 +333,11 @@ def judge(row: Row, logits: torch.Tensor, states: Mapping[int, torch.Tensor]) ->
 
 def _judge_tree(row: Row, logits: torch.Tensor, states: Mapping[int, torch.Tensor]) -> Verified:
     turn, sampling = row.turn, row.spec.sampling
+    if not sampling.greedy and sampling.acceptance != "full":
+        raise SpecbenchError(
+            f"decoding.acceptance={sampling.acceptance} is defined for chains; this round verifies a token tree",
+            "use decoding.acceptance=full with tree methods and tree drafters (or a chain drafter)",
+        )
     tree, made, members = turn.tree, turn.made, turn.members
     p_all = logits_to_probs(logits, sampling)
     if sampling.greedy:

@@ -22,6 +22,15 @@ TEMPERATURE = Rule(
 )
 
 
+ACCEPTANCE = ("full", "onehot", "strict", "block")  # decoding/acceptance.py's rules
+ACCEPTANCE_RULE = Rule(
+    lambda v: v in ACCEPTANCE,
+    f"one of {', '.join(ACCEPTANCE)}",
+    note=" (full: the p/q rule; onehot: drafts judged as argmax; strict: equal to the target's sample; block: "
+    "block verification)",
+)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """``temperature == 0`` means greedy decoding; top-k/top-p apply to sampling only.
@@ -34,6 +43,8 @@ class SamplingParams:
     temperature: Annotated[float, TEMPERATURE] = 0.0
     top_k: Annotated[int, integer(0, note=" (0: off)")] = 0
     top_p: Annotated[float, number(0, 1, low_open=True)] = 1.0
+    # the lossless rule a sampled chain draft is verified by (decoding/acceptance.py); greedy decoding ignores it
+    acceptance: Annotated[str, ACCEPTANCE_RULE] = "full"
 
     def __post_init__(self):
         check_arguments(SamplingParams, vars(self), "decoding")

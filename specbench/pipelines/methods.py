@@ -205,11 +205,34 @@ def check_methods(cfg: DictConfig) -> None:
         "selector" in methods and context_aware(OmegaConf.select(cfg, "selector._target_", default=None))
     ):
         return
-    names = [AUTOREGRESSIVE, *((cfg.get("pool") or {}).get("drafters") or {})]
-    parse_methods(
+    drafters = (cfg.get("pool") or {}).get("drafters") or {}
+    names = [AUTOREGRESSIVE, *drafters]
+    methods = parse_methods(
         cfg.methods,
         {name: None for name in names},
         cfg.get("selector"),
         cfg,
         lambda: {"verify": [1.0, 0.0], "draft": {}},
     )  # costs: profile is measured later
+    check_chains(cfg, methods, drafters)
+
+
+def check_chains(cfg: DictConfig, methods: list[Method], drafters: Mapping) -> None:
+    """A sampled run whose ``decoding.acceptance`` is not ``full`` verifies chains only: a method that may play a
+    token tree (a tree selector, a plan, one of ``drafters`` whose config drafts trees) is refused by name."""
+    dec = cfg.get("decoding") or {}
+    rule = str(dec.get("acceptance", "full"))
+    if rule == "full" or float(dec.get("temperature", 0.0) or 0.0) == 0.0:
+        return
+    tree_drafters = {n for n, d in drafters.items() if isinstance(d, Mapping | DictConfig) and d.get("tree")}
+    for m in methods:
+        if m.hf:
+            continue
+        selector = m.make_selector()
+        trees = sorted(set(selector.playable()) & tree_drafters)
+        if selector.trees or selector.plans or trees:
+            what = f"its drafters {', '.join(trees)} draft trees" if trees else "it verifies token trees"
+            raise SpecbenchError(
+                f"method {m.name}: decoding.acceptance={rule} is defined for chains, and {what}",
+                "use decoding.acceptance=full for this method, or set the drafters' tree to null (chains)",
+            )

@@ -21,7 +21,7 @@ Power, shown by a computation and by mutations:
   exceeds the critical value with probability >= 0.95 for every ``d >= 0.085`` (>= 0.5 at ``d = 0.065``).
 - Shown: two wrong verifications injected with ``monkeypatch`` where the loop calls them are
   REJECTED on the same data: the target's ``p`` drawn from at a rejection instead of the residual
-  ``norm(max(0, p - q))`` (``specbench.decoding.rounds.verify_sampling``), and a drafter that samples
+  ``norm(max(0, p - q))`` (``specbench.decoding.acceptance.RULES['full']``), and a drafter that samples
   at the temperature but reports its untempered ``q`` (``ModelDrafter.propose``). For each, the
   exact first-token law of the mutant is computed from ``p`` and ``q`` (a lower bound on its 3-token
   TV distance) and checked to exceed the detectable ``d`` before the run, so the rejection is power,
@@ -436,7 +436,11 @@ def test_law_test_rejects_mutations(law_setup, tiny_decode, monkeypatch, mutatio
     q_t = first_position(drafter, prompt, sampling)
     if mutation == "p_as_residual":
         shift = first_token_tv_p_residual(p, q_t)
-        monkeypatch.setattr("specbench.decoding.rounds.verify_sampling", verify_sampling_p_residual)
+        from specbench.decoding import acceptance
+
+        monkeypatch.setitem(
+            acceptance.RULES, "full", verify_sampling_p_residual
+        )  # the rule rounds.judge applies
     else:
         shift = first_token_tv_untempered(
             p, q_t, first_position(drafter, prompt, replace(sampling, temperature=1.0))

@@ -10,6 +10,7 @@ residual draw, then (after a rejection) one plain target step. The same law hold
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 
@@ -184,13 +185,18 @@ def test_two_token_law_with_both_drafts_in_one_tree(sampling_setup, tiny_decode)
 
 
 @pytest.mark.parametrize(
-    "rows, flight",
+    "rows, flight, acceptance",
     [
-        (2, None),
-        *(pytest.param(r, f, marks=pytest.mark.slow) for r, f in ((4, None), (4, 2))),
-    ],  # 90-110 s each
+        (2, None, "full"),
+        *(
+            pytest.param(r, f, "full", marks=pytest.mark.slow) for r, f in ((4, None), (4, 2))
+        ),  # 90-110 s each
+        # the other lossless rules (decoding/acceptance.py) through the engine, at batch 2 and 4
+        *(pytest.param(2, None, a, marks=pytest.mark.slow) for a in ("onehot", "strict", "block")),
+        pytest.param(4, 2, "block", marks=pytest.mark.slow),
+    ],
 )
-def test_two_token_law_matches_target_in_a_batch(sampling_setup, rows, flight):
+def test_two_token_law_matches_target_in_a_batch(sampling_setup, rows, flight, acceptance):
     """Batched speculative sampling (the one loop over rows, ``engine.decode_rows``): rows of different prompt lengths (the prompt after 0, 1, ...
     copies of its first words), the last row the autoregressive arm, the others prompt lookup, but for one row at
     batch 4 that drafts with the early exit (a model drafter, drafting in a batched forward of its own); one target
@@ -211,7 +217,8 @@ def test_two_token_law_matches_target_in_a_batch(sampling_setup, rows, flight):
     ]
     drafters = [AutoregressiveArm() if a == "autoregressive" else pool[a] for a in arms]
     laws = [exact_two_token_law(target, p) for p in prompts]
-    spec = DecodeSpec(SAMPLING, Limits(max_new_tokens=2, draft_length=4), frozenset(), Clock())
+    sampling = dataclasses.replace(SAMPLING, acceptance=acceptance)
+    spec = DecodeSpec(sampling, Limits(max_new_tokens=2, draft_length=4), frozenset(), Clock())
     rng = torch.Generator().manual_seed(99)
     verifier = verifier_for(target, flight or rows)  # one cache for every batch, as a run's
     counts = [Counter() for _ in prompts]
@@ -224,7 +231,9 @@ def test_two_token_law_matches_target_in_a_batch(sampling_setup, rows, flight):
             accepted[r] += gen.accepted
     for r, arm in enumerate(arms):
         check_law(counts[r], laws[r], RUNS)
-        if arm == "prompt_lookup":
+        if (
+            arm == "prompt_lookup"
+        ):  # a one-token deterministic draft: every rule keeps it with the target's p(x)
             p_x = sum(p for (x1, _), p in laws[r].items() if x1 == lookup_token)
             assert accepted[r] / RUNS == pytest.approx(p_x, abs=0.04)
             # row 0 is the setup's prompt: its draft is accepted about half the time

@@ -39,7 +39,7 @@ from specbench.pipelines.session.prompting import (
 from specbench.pipelines.session.run_dir import RunFiles, start_run
 from specbench.pipelines.session.run_records import Records
 from specbench.pipelines.session.schedule import seed_for
-from specbench.pipelines.session.settings import cascade_of, tie_tolerance_of
+from specbench.pipelines.session.settings import cascade_of, check_acceptance, tie_tolerance_of
 from specbench.policy.checkpoint import checkpoint_file
 from specbench.selection import Fixed, Selector
 from specbench.selection.base import context_aware
@@ -114,10 +114,14 @@ class Session:
         out = start_run(cfg, output_dir, files, command, sections)
         dec = cfg.decoding
         sampling = SamplingParams(
-            temperature=float(dec.temperature), top_k=int(dec.top_k), top_p=float(dec.top_p)
+            temperature=float(dec.temperature),
+            top_k=int(dec.top_k),
+            top_p=float(dec.top_p),
+            acceptance=str(dec.get("acceptance", "full")),
         )
         limits = Limits(max_new_tokens=dec.max_new_tokens, draft_length=dec.draft_length)
         cascade = cascade_of(cfg)
+        check_acceptance(sampling, cascade)
         inputs = load_inputs(cfg, cfg.dataset.get("max_input_tokens"))
         queries, loaded, target, prompter = inputs.queries, inputs.loaded, inputs.target, inputs.prompter
         eos_ids = eos_ids_of(loaded, dec.get("extra_eos_ids"), target.vocab_size)

@@ -10,6 +10,7 @@ from omegaconf import DictConfig, open_dict
 
 from specbench.decoding.cascade import Cascade
 from specbench.decoding.certify import DEFAULT_TOLERANCE, tolerance_for
+from specbench.errors import SpecbenchError
 from specbench.models.devices import AUTO, auto_dtype, dtype_name, resolve_device
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,18 @@ def tie_tolerance_of(cfg: DictConfig) -> float:
     else the generic default of that dtype (``certify.DEFAULT_TOLERANCE``)."""
     dtype = dtype_name(cfg.target.get("dtype"), cfg.target.get("device"))
     return tolerance_for(cfg.target.get("tie_tolerance"), dtype, DEFAULT_TOLERANCE.get(dtype, 1.0))
+
+
+def check_acceptance(sampling, cascade: Cascade | None) -> None:
+    """A sampled run's acceptance rule (``decoding.acceptance``) against its cascade, before any model loads: the
+    lossy cascade rules verify against their own mixture, so only ``full`` goes with them."""
+    if sampling.greedy or sampling.acceptance == "full" or cascade is None or cascade.lossless:
+        return
+    raise SpecbenchError(
+        f"decoding.acceptance={sampling.acceptance} is a lossless rule; cascade={cascade.rule} verifies against "
+        "its own mixture (lossy)",
+        "drop the cascade to compare lossless rules, or keep decoding.acceptance=full with a cascade rule",
+    )
 
 
 def cascade_of(cfg: DictConfig) -> Cascade | None:
