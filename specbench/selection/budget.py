@@ -333,7 +333,6 @@ class Budget(Selector):
         self.costs = ContextCosts(
             drafters, float(node_cost), given, correct=given is None or bool(given.get("profiled"))
         )
-        self.fixed = given is not None and not self.costs.correct
         self.floor = None if floor is None else Floor([retrieval, *models], **{**FLOOR_DEFAULTS, **floor})
         # marginal accepted tokens a model drafter adds, by whether the retrieval draft was empty (True) or not
         self.gain: dict[tuple[str, bool], float] = {
@@ -349,6 +348,11 @@ class Budget(Selector):
 
     def playable(self) -> list[str]:
         return [self.retrieval, *self.models]
+
+    @property
+    def fixed(self) -> bool:
+        """Given costs: never corrected, and the floor counts a round's predicted seconds (decisions read no clock)."""
+        return not self.costs.correct
 
     def at(self, context: int) -> None:
         self._context = int(context)
